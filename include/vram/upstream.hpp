@@ -1,0 +1,67 @@
+// vram/upstream.hpp: where pools get raw memory from.
+//
+// An Upstream hands out and takes back raw blocks; pools call it only on a miss or when
+// they give memory back, never on their warm path. The same pool logic runs over host
+// memory (CI, no GPU) and over device memory (production), which is how the pool
+// contract tests run everywhere.
+//
+//   auto device = std::make_shared<vram::DeviceMemoryUpstream>(0);   // cudaMalloc on GPU 0
+//   auto host = std::make_shared<vram::HostMemoryUpstream>(1_GiB);   // emulated capacity
+//   vram::DevicePool pool(device);
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <string_view>
+
+namespace vram {
+
+enum class MemoryKind { device, host, pinned_host };
+
+class Upstream {
+ public:
+  virtual ~Upstream() = default;
+  // At least `bytes` (> 0) bytes aligned to alignment(). Throws vram::OutOfMemory when the
+  // memory is exhausted and vram::CudaError for any other failure.
+  virtual void* allocate(std::size_t bytes) = 0;
+  // Takes back a block from allocate() with the same byte count. Never throws; tolerates a
+  // CUDA runtime that is shutting down.
+  virtual void deallocate(void* block, std::size_t bytes) noexcept = 0;
+  virtual MemoryKind kind() const noexcept = 0;
+  virtual std::string_view name() const noexcept = 0;
+  virtual std::size_t alignment() const noexcept { return 256; }
+};
+
+// cudaMalloc / cudaFree on one device (the current device at construction by default).
+class DeviceMemoryUpstream final : public Upstream {
+ public:
+  DeviceMemoryUpstream();
+  explicit DeviceMemoryUpstream(int device);
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* block, std::size_t bytes) noexcept override;
+  MemoryKind kind() const noexcept override { return MemoryKind::device; }
+  std::string_view name() const noexcept override { return "cudaMalloc"; }
+  int device() const noexcept { return device_; }
+
+ private:
+  int device_;
+};
+
+// Plain host memory (256-byte aligned). `capacity_bytes` emulates a device of that size:
+// an allocation that would exceed it throws vram::OutOfMemory, like a full GPU.
+class HostMemoryUpstream final : public Upstream {
+ public:
+  explicit HostMemoryUpstream(std::size_t capacity_bytes = SIZE_MAX)
+      : capacity_bytes_(capacity_bytes) {}
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* block, std::size_t bytes) noexcept override;
+  MemoryKind kind() const noexcept override { return MemoryKind::host; }
+  std::string_view name() const noexcept override { return "host"; }
+  std::size_t live_bytes() const noexcept { return live_bytes_.load(std::memory_order_relaxed); }
+
+ private:
+  std::size_t capacity_bytes_;
+  std::atomic<std::size_t> live_bytes_{0};
+};
+
+}  // namespace vram

@@ -1,0 +1,119 @@
+#include "vram/cuda/error.hpp"
+
+#include <cuda.h>
+
+#include <string>
+
+#include "vram/cuda/driver_api.hpp"
+
+namespace vram {
+
+CudaError::CudaError(std::string call, int code, bool driver_error, std::string error_name,
+                     std::string message)
+    : std::runtime_error(std::move(message)),
+      call_(std::move(call)),
+      code_(code),
+      driver_error_(driver_error),
+      error_name_(std::move(error_name)) {}
+
+OutOfMemory::OutOfMemory(std::size_t requested_bytes, std::size_t cached_bytes,
+                         std::size_t in_use_bytes, std::string detail)
+    : requested_bytes_(requested_bytes),
+      cached_bytes_(cached_bytes),
+      in_use_bytes_(in_use_bytes),
+      message_("vram: out of memory: " + std::to_string(requested_bytes) + " bytes requested (" +
+               std::to_string(cached_bytes) + " bytes cached, " + std::to_string(in_use_bytes) +
+               " bytes in use by this pool)" + (detail.empty() ? "" : ": " + detail)) {}
+
+namespace cuda {
+
+std::string_view fix_hint(cudaError_t result) noexcept {
+  switch (result) {
+    case cudaErrorNoDevice:
+      return "Fix: no CUDA device is visible; check `nvidia-smi -L` and CUDA_VISIBLE_DEVICES.";
+    case cudaErrorInsufficientDriver:
+      return "Fix: no CUDA driver, or one older than this toolkit; install a driver that "
+             "supports the CUDA runtime vram was built with (see `vram info`).";
+    case cudaErrorMemoryAllocation:
+      return "Fix: the device is out of memory; free or trim pools (trim()), lower "
+             "max_cached_bytes, or request less.";
+    case cudaErrorNotSupported:
+      return "Fix: this device or driver does not support the operation; check `vram info` "
+             "(memory pools need CUDA 11.2+ and a driver that reports memoryPoolsSupported).";
+    case cudaErrorInvalidDevice:
+      return "Fix: the device ordinal is out of range; use 0 .. vram::cuda::Device::count()-1.";
+    case cudaErrorInvalidValue:
+      return "Fix: an argument is invalid (null pointer, zero size or a size beyond the "
+             "device); check the values passed.";
+    case cudaErrorCudartUnloading:
+    case cudaErrorContextIsDestroyed:
+      return "Fix: the CUDA runtime is shutting down or the context was destroyed; destroy "
+             "pools before cudaDeviceReset() and never use them from static destructors.";
+    case cudaErrorHostMemoryAlreadyRegistered:
+      return "Fix: the host range is already registered; register each range once.";
+    default:
+      return {};
+  }
+}
+
+std::string_view driver_fix_hint(int result) noexcept {
+  switch (static_cast<CUresult>(result)) {
+    case CUDA_ERROR_NO_DEVICE:
+      return fix_hint(cudaErrorNoDevice);
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return fix_hint(cudaErrorMemoryAllocation);
+    case CUDA_ERROR_NOT_SUPPORTED:
+      return fix_hint(cudaErrorNotSupported);
+    case CUDA_ERROR_INVALID_DEVICE:
+      return fix_hint(cudaErrorInvalidDevice);
+    case CUDA_ERROR_INVALID_VALUE:
+      return fix_hint(cudaErrorInvalidValue);
+    case CUDA_ERROR_DEINITIALIZED:
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+    case CUDA_ERROR_INVALID_CONTEXT:
+      return "Fix: no live CUDA context for this call (driver shut down, cudaDeviceReset() "
+             "ran, or the context was destroyed); create pools after the device is set up "
+             "and destroy them before it is reset.";
+    default:
+      return {};
+  }
+}
+
+CudaError make_error(cudaError_t result, std::string_view call) {
+  std::string name = cudaGetErrorName(result);
+  std::string message =
+      std::string(call) + " failed: " + name + " (" + cudaGetErrorString(result) + ")";
+  if (auto fix = fix_hint(result); !fix.empty()) {
+    message += ". ";
+    message += fix;
+  }
+  return CudaError(std::string(call), static_cast<int>(result), false, std::move(name),
+                   std::move(message));
+}
+
+void check_driver(int result, const char* call) {
+  if (result == CUDA_SUCCESS) [[likely]]
+    return;
+  std::string name = driver_error_name(result);
+  std::string message =
+      std::string(call) + " failed: " + name + " (" + driver_error_string(result) + ")";
+  if (auto fix = driver_fix_hint(result); !fix.empty()) {
+    message += ". ";
+    message += fix;
+  }
+  throw CudaError(call, result, true, std::move(name), std::move(message));
+}
+
+bool is_shutdown_error(cudaError_t result) noexcept {
+  return result == cudaErrorCudartUnloading || result == cudaErrorContextIsDestroyed ||
+         result == cudaErrorInitializationError || result == cudaErrorNoDevice ||
+         result == cudaErrorInsufficientDriver;
+}
+
+bool is_driver_shutdown_error(int result) noexcept {
+  return result == CUDA_ERROR_DEINITIALIZED || result == CUDA_ERROR_CONTEXT_IS_DESTROYED ||
+         result == CUDA_ERROR_NOT_INITIALIZED || result == CUDA_ERROR_INVALID_CONTEXT;
+}
+
+}  // namespace cuda
+}  // namespace vram

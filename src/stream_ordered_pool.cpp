@@ -1,0 +1,253 @@
+#include "vram/stream_ordered_pool.hpp"
+
+#include <cuda.h>
+
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "vram/cuda/device.hpp"
+#include "vram/cuda/driver_api.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram/cuda/event.hpp"
+
+namespace vram {
+namespace {
+
+CUmemoryPool as_pool(void* pool) { return static_cast<CUmemoryPool>(pool); }
+
+void check_alignment(std::size_t alignment) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > 256) {
+    throw InvalidArgument("vram::StreamOrderedPool: alignment " + std::to_string(alignment) +
+                          " is not a power of two up to 256. Fix: pool blocks are 256-byte "
+                          "aligned; ask for 256 or less.");
+  }
+}
+
+}  // namespace
+
+StreamOrderedPool::StreamOrderedPool(Options options) {
+  const auto& api = cuda::driver_api();
+  device_ = options.device < 0 ? cuda::Device::current() : options.device;
+  cuda::DeviceGuard guard(device_);
+  if (!cuda::Device::memory_pools_supported(device_)) {
+    throw CudaError("cudaDeviceGetAttribute(cudaDevAttrMemoryPoolsSupported)",
+                    static_cast<int>(cudaErrorNotSupported), false, "cudaErrorNotSupported",
+                    "device " + std::to_string(device_) +
+                        " does not support stream-ordered memory pools "
+                        "(memoryPoolsSupported == 0). Fix: use vram::DevicePool, or a driver "
+                        "and GPU with memory-pool support (CUDA 11.2+, not under some vGPU "
+                        "or MPS setups).");
+  }
+  // Make the primary context current on this thread (the runtime does it on first use)
+  // and remember it, so calls from threads without a current context can bind it.
+  cuda::check(cudaFree(nullptr), "cudaFree(nullptr) (context initialization)");
+  CUcontext context = nullptr;
+  cuda::check_driver(api.require(api.ctx_get_current)(&context), "cuCtxGetCurrent");
+  context_ = context;
+  CUdevice cu_device = 0;
+  cuda::check_driver(api.require(api.device_get)(&cu_device, device_), "cuDeviceGet");
+  CUmemoryPool pool = nullptr;
+  if (options.private_pool) {
+    CUmemPoolProps props{};
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.handleTypes =
+        options.ipc_shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = cu_device;
+    cuda::check_driver(api.require(api.mem_pool_create)(&pool, &props), "cuMemPoolCreate");
+    owned_ = true;
+  } else {
+    cuda::check_driver(api.require(api.device_get_default_mem_pool)(&pool, cu_device),
+                       "cuDeviceGetDefaultMemPool");
+  }
+  if (pool == nullptr) {
+    throw CudaError("cuDeviceGetDefaultMemPool", 0, true, "CUDA_SUCCESS",
+                    "cuDeviceGetDefaultMemPool reported success but returned a null pool. Fix: "
+                    "update the NVIDIA driver.");
+  }
+  pool_ = pool;
+  try {
+    set_release_threshold(options.release_threshold);
+  } catch (...) {
+    destroy();
+    throw;
+  }
+}
+
+StreamOrderedPool::~StreamOrderedPool() { destroy(); }
+
+StreamOrderedPool::StreamOrderedPool(StreamOrderedPool&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)),
+      context_(std::exchange(other.context_, nullptr)),
+      device_(other.device_),
+      owned_(std::exchange(other.owned_, false)),
+      failed_frees_(other.failed_frees_.load(std::memory_order_relaxed)) {}
+
+StreamOrderedPool& StreamOrderedPool::operator=(StreamOrderedPool&& other) noexcept {
+  if (this != &other) {
+    destroy();
+    pool_ = std::exchange(other.pool_, nullptr);
+    context_ = std::exchange(other.context_, nullptr);
+    device_ = other.device_;
+    owned_ = std::exchange(other.owned_, false);
+    failed_frees_.store(other.failed_frees_.load(std::memory_order_relaxed));
+  }
+  return *this;
+}
+
+void StreamOrderedPool::destroy() noexcept {
+  // The default pool belongs to the context: nothing to destroy. A private pool with
+  // blocks still allocated is released by the driver once they are freed.
+  if (owned_ && pool_ != nullptr) {
+    if (auto f = cuda::driver_api().mem_pool_destroy.function; f != nullptr)
+      (void)f(as_pool(pool_));
+  }
+  pool_ = nullptr;
+  owned_ = false;
+}
+
+void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) {
+  if (bytes == 0) {
+    throw InvalidArgument(
+        "vram::StreamOrderedPool::allocate_async: zero bytes requested. Fix: keep zero-sized "
+        "buffers as null sentinels and ask for at least one byte.");
+  }
+  static const auto alloc =
+      cuda::driver_api().require(cuda::driver_api().mem_alloc_from_pool_async);
+  CUdeviceptr block = 0;
+  CUresult result = alloc(&block, bytes, as_pool(pool_), stream);
+  if (result == CUDA_ERROR_INVALID_CONTEXT && context_ != nullptr) {
+    // First use on a thread with no current context: bind the device's primary context.
+    const auto& api = cuda::driver_api();
+    if (api.require(api.ctx_set_current)(static_cast<CUcontext>(context_)) == CUDA_SUCCESS) {
+      result = alloc(&block, bytes, as_pool(pool_), stream);
+    }
+  }
+  if (result == CUDA_ERROR_OUT_OF_MEMORY) {
+    const std::size_t used = used_bytes();
+    const std::size_t reserved = reserved_bytes();
+    throw OutOfMemory(bytes, reserved > used ? reserved - used : 0, used,
+                      "cuMemAllocFromPoolAsync on device " + std::to_string(device_) +
+                          " returned CUDA_ERROR_OUT_OF_MEMORY");
+  }
+  cuda::check_driver(result, "cuMemAllocFromPoolAsync");
+  if (block == 0) {
+    throw CudaError("cuMemAllocFromPoolAsync", 0, true, "CUDA_SUCCESS",
+                    "cuMemAllocFromPoolAsync returned a null device pointer after reporting "
+                    "success for " +
+                        std::to_string(bytes) + " bytes. Fix: update the NVIDIA driver.");
+  }
+  return reinterpret_cast<void*>(block);
+}
+
+void StreamOrderedPool::deallocate_async(void* block, cudaStream_t stream) noexcept {
+  if (block == nullptr) return;
+  static const auto free_async = cuda::driver_api().mem_free_async.function;
+  if (free_async == nullptr) return;
+  CUresult result = free_async(reinterpret_cast<CUdeviceptr>(block), stream);
+  if (result == CUDA_ERROR_INVALID_CONTEXT && context_ != nullptr) {
+    if (auto set = cuda::driver_api().ctx_set_current.function;
+        set != nullptr && set(static_cast<CUcontext>(context_)) == CUDA_SUCCESS) {
+      result = free_async(reinterpret_cast<CUdeviceptr>(block), stream);
+    }
+  }
+  if (result != CUDA_SUCCESS && !cuda::is_driver_shutdown_error(result)) {
+    failed_frees_.fetch_add(1, std::memory_order_relaxed);
+    std::fprintf(stderr, "vram::StreamOrderedPool: cuMemFreeAsync(%p) failed: %s\n", block,
+                 cuda::driver_error_name(result).c_str());
+  }
+}
+
+void* StreamOrderedPool::allocate_async(std::size_t bytes, std::size_t alignment,
+                                        ::cuda::stream_ref stream) {
+  check_alignment(alignment);
+  return allocate_async(bytes, stream.get());
+}
+
+void StreamOrderedPool::deallocate_async(void* block, std::size_t /*bytes*/,
+                                         std::size_t /*alignment*/,
+                                         ::cuda::stream_ref stream) noexcept {
+  deallocate_async(block, stream.get());
+}
+
+void* StreamOrderedPool::allocate(std::size_t bytes, std::size_t alignment) {
+  check_alignment(alignment);
+  void* block = allocate_async(bytes, cudaStreamPerThread);
+  cuda::check(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize");
+  return block;
+}
+
+void StreamOrderedPool::deallocate(void* block, std::size_t /*bytes*/,
+                                   std::size_t /*alignment*/) noexcept {
+  deallocate_async(block, cudaStreamPerThread);
+  if (cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void StreamOrderedPool::hand_over(cudaStream_t from, cudaStream_t to) {
+  cuda::Event handed_over;
+  handed_over.record(from);
+  handed_over.make_wait(to);
+}
+
+std::uint64_t StreamOrderedPool::get_attribute(int attribute, const char* label) const {
+  const auto& api = cuda::driver_api();
+  cuuint64_t value = 0;
+  cuda::check_driver(api.require(api.mem_pool_get_attribute)(
+                         as_pool(pool_), static_cast<CUmemPool_attribute>(attribute), &value),
+                     label);
+  return value;
+}
+
+void StreamOrderedPool::set_attribute(int attribute, std::uint64_t value, const char* label) {
+  const auto& api = cuda::driver_api();
+  cuuint64_t raw = value;
+  cuda::check_driver(api.require(api.mem_pool_set_attribute)(
+                         as_pool(pool_), static_cast<CUmemPool_attribute>(attribute), &raw),
+                     label);
+}
+
+void StreamOrderedPool::set_release_threshold(std::uint64_t bytes) {
+  set_attribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes,
+                "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)");
+}
+
+std::uint64_t StreamOrderedPool::release_threshold() const {
+  return get_attribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                       "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)");
+}
+
+std::size_t StreamOrderedPool::reserved_bytes() const {
+  return get_attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                       "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)");
+}
+
+std::size_t StreamOrderedPool::used_bytes() const {
+  return get_attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+                       "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)");
+}
+
+std::size_t StreamOrderedPool::reserved_high_water() const {
+  return get_attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+                       "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)");
+}
+
+std::size_t StreamOrderedPool::used_high_water() const {
+  return get_attribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                       "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH)");
+}
+
+void StreamOrderedPool::reset_high_water() {
+  set_attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0,
+                "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)");
+  set_attribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0,
+                "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH)");
+}
+
+void StreamOrderedPool::trim(std::size_t min_keep_bytes) {
+  const auto& api = cuda::driver_api();
+  cuda::check_driver(api.require(api.mem_pool_trim_to)(as_pool(pool_), min_keep_bytes),
+                     "cuMemPoolTrimTo");
+}
+
+}  // namespace vram

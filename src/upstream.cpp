@@ -1,0 +1,68 @@
+#include "vram/upstream.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "vram/cuda/device.hpp"
+#include "vram/cuda/error.hpp"
+
+namespace vram {
+
+DeviceMemoryUpstream::DeviceMemoryUpstream() : device_(cuda::Device::current()) {}
+
+DeviceMemoryUpstream::DeviceMemoryUpstream(int device) : device_(device) {
+  int count = 0;
+  cuda::check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (device < 0 || device >= count) {
+    cuda::check(cudaErrorInvalidDevice, "DeviceMemoryUpstream");
+  }
+}
+
+void* DeviceMemoryUpstream::allocate(std::size_t bytes) {
+  cuda::DeviceGuard guard(device_);
+  void* block = nullptr;
+  cudaError_t status = cudaMalloc(&block, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    throw OutOfMemory(
+        bytes, 0, 0,
+        "cudaMalloc on device " + std::to_string(device_) + " returned cudaErrorMemoryAllocation");
+  }
+  cuda::check(status, "cudaMalloc");
+  return block;
+}
+
+void DeviceMemoryUpstream::deallocate(void* block, std::size_t /*bytes*/) noexcept {
+  if (block == nullptr) return;
+  // cudaFree needs no current-device switch: the runtime finds the owning context.
+  if (cudaFree(block) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void* HostMemoryUpstream::allocate(std::size_t bytes) {
+  const std::size_t rounded = (bytes + 255) & ~std::size_t{255};
+  if (rounded < bytes) throw OutOfMemory(bytes, 0, 0, "host upstream: size overflows");
+  std::size_t live = live_bytes_.load(std::memory_order_relaxed);
+  do {
+    if (rounded > capacity_bytes_ || live > capacity_bytes_ - rounded) {
+      throw OutOfMemory(bytes, 0, 0,
+                        "host upstream capacity of " + std::to_string(capacity_bytes_) +
+                            " bytes reached (" + std::to_string(live) + " live)");
+    }
+  } while (!live_bytes_.compare_exchange_weak(live, live + rounded, std::memory_order_relaxed));
+  void* block = std::aligned_alloc(256, rounded);
+  if (block == nullptr) {
+    live_bytes_.fetch_sub(rounded, std::memory_order_relaxed);
+    throw OutOfMemory(bytes, 0, 0, "aligned_alloc returned null");
+  }
+  return block;
+}
+
+void HostMemoryUpstream::deallocate(void* block, std::size_t bytes) noexcept {
+  if (block == nullptr) return;
+  live_bytes_.fetch_sub((bytes + 255) & ~std::size_t{255}, std::memory_order_relaxed);
+  std::free(block);
+}
+
+}  // namespace vram

@@ -1,0 +1,116 @@
+// The CUDA layer: discovery without a driver (CPU) and streams, events, guards and driver
+// entry points on the GPU.
+#include <gtest/gtest.h>
+
+#include <cuda.h>
+
+#include "gpu_test_policy.hpp"
+#include "vram/cuda/device.hpp"
+#include "vram/cuda/driver_api.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram/cuda/event.hpp"
+#include "vram/cuda/stream.hpp"
+#include "vram/units.hpp"
+
+namespace vram::testing {
+namespace {
+
+TEST(DeviceDiscovery, CountNeverThrowsAndExplainsZero) {
+  const auto availability = cuda::Device::availability();
+  EXPECT_EQ(availability.count, cuda::Device::count());
+  if (availability.count == 0) {
+    EXPECT_FALSE(availability.reason.empty());
+  } else {
+    EXPECT_TRUE(availability.reason.empty());
+  }
+}
+
+TEST(DeviceDiscovery, VersionStrings) {
+  EXPECT_EQ(cuda::Device::version_string(13000), "13.0");
+  EXPECT_EQ(cuda::Device::version_string(12080), "12.8");
+  EXPECT_EQ(cuda::Device::version_string(0), "none");
+}
+
+TEST(CudaLayerGpu, StreamsCreateQueryAndSynchronize) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  EXPECT_NE(stream.get(), nullptr);
+  stream.synchronize();
+  EXPECT_TRUE(stream.ready());
+  cuda::Stream moved(std::move(stream));
+  EXPECT_EQ(stream.get(), nullptr);
+  moved.synchronize();
+}
+
+TEST(CudaLayerGpu, EventsRecordQueryAndTime) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  cuda::Event start(cuda::Event::Timing::enabled);
+  cuda::Event stop(cuda::Event::Timing::enabled);
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, 64 << 20), cudaSuccess);
+  start.record(stream.get());
+  ASSERT_EQ(cudaMemsetAsync(device, 1, 64 << 20, stream.get()), cudaSuccess);
+  stop.record(stream.get());
+  stop.wait();
+  EXPECT_TRUE(stop.ready());
+  EXPECT_GT(cuda::Event::elapsed_ms(start, stop), 0.0F);
+  cuda::Event untimed;  // timing off by default: elapsed time is an error
+  untimed.record(stream.get());
+  untimed.wait();
+  EXPECT_THROW((void)cuda::Event::elapsed_ms(untimed, untimed), CudaError);
+  cudaFree(device);
+}
+
+TEST(CudaLayerGpu, InvalidOrdinalBecomesACudaErrorWithAFix) {
+  VRAM_GPU_TEST_OR_SKIP();
+  try {
+    (void)cuda::Device::properties(cuda::Device::count() + 7);
+    FAIL() << "an invalid ordinal must throw";
+  } catch (const CudaError& error) {
+    EXPECT_EQ(error.error_name(), "cudaErrorInvalidDevice");
+    EXPECT_NE(std::string(error.what()).find("Fix: the device ordinal is out of range"),
+              std::string::npos)
+        << error.what();
+  }
+  EXPECT_THROW(cuda::DeviceGuard guard(999), CudaError);
+}
+
+TEST(CudaLayerGpu, DeviceGuardRestoresThePreviousDevice) {
+  VRAM_GPU_TEST_OR_SKIP();
+  const int before = cuda::Device::current();
+  {
+    cuda::DeviceGuard guard(cuda::Device::count() - 1);
+    EXPECT_EQ(cuda::Device::current(), cuda::Device::count() - 1);
+  }
+  EXPECT_EQ(cuda::Device::current(), before);
+}
+
+TEST(CudaLayerGpu, PropertiesDescribeTheDevice) {
+  VRAM_GPU_TEST_OR_SKIP();
+  const auto p = cuda::Device::properties(0);
+  EXPECT_FALSE(p.name.empty());
+  EXPECT_GE(p.compute_major, 7);
+  EXPECT_GT(p.total_memory_bytes, p.free_memory_bytes / 2);
+  EXPECT_GT(p.copy_engines, 0);
+  EXPECT_FALSE(p.pci_bus_id.empty());
+  EXPECT_GT(p.driver_version, 0);
+}
+
+TEST(CudaLayerGpu, DriverEntryPointsResolveAndCanBeCalled) {
+  VRAM_GPU_TEST_OR_SKIP();
+  const auto& api = cuda::driver_api();
+  ASSERT_NE(api.mem_alloc_from_pool_async.function, nullptr);
+  ASSERT_NE(api.device_get_default_mem_pool.function, nullptr);
+  ASSERT_EQ(cudaFree(nullptr), cudaSuccess);  // make the primary context current
+  CUdevice device = 0;
+  cuda::check_driver(api.require(api.device_get)(&device, 0), "cuDeviceGet");
+  CUmemoryPool pool = nullptr;
+  cuda::check_driver(api.require(api.device_get_default_mem_pool)(&pool, device),
+                     "cuDeviceGetDefaultMemPool");
+  EXPECT_NE(pool, nullptr);
+  EXPECT_EQ(cuda::driver_error_name(CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
+}
+
+}  // namespace
+}  // namespace vram::testing

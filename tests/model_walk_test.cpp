@@ -1,0 +1,120 @@
+// Model-based random walk: seeded sequences of pool operations checked against a simple
+// reference model after every step (VRAM_WALK_SEED replays one; the seed is printed).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <random>
+
+#include "test_upstreams.hpp"
+#include "vram/device_pool.hpp"
+#include "vram/pinned_staging_pool.hpp"
+#include "vram/size_classes.hpp"
+#include "vram/testing/witness.hpp"
+#include "vram/units.hpp"
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+
+std::uint64_t walk_seed() {
+  const char* text = std::getenv("VRAM_WALK_SEED");
+  return text ? std::strtoull(text, nullptr, 10) : 20261130;
+}
+
+TEST(ModelWalk, DevicePoolMatchesTheReferenceModel) {
+  const std::uint64_t base = walk_seed();
+  for (std::uint64_t run = 0; run < 20; ++run) {
+    const std::uint64_t seed = base + run;
+    SCOPED_TRACE("VRAM_WALK_SEED=" + std::to_string(seed));
+    std::mt19937_64 random(seed);
+    const std::size_t capacity = (4 + random() % 28) * 1_MiB;
+    auto upstream = std::make_shared<TestUpstream>(
+        std::make_shared<HostMemoryUpstream>(), TestUpstream::Options{.capacity_bytes = capacity});
+    DevicePool::Options options;
+    options.validate_releases = true;
+    options.max_cached_bytes = (random() % 8) * 1_MiB;
+    options.max_cached_blocks_per_class = 1 + random() % 8;
+    options.thread_cache_blocks = random() % 5;
+    DevicePool pool(upstream, options);
+    std::map<void*, std::size_t> model;  // live block -> class bytes
+    std::size_t model_in_use = 0;
+    for (int step = 0; step < 1500; ++step) {
+      const unsigned action = random() % 100;
+      if (action < 55) {
+        const std::size_t bytes = 1 + random() % (2_MiB);
+        try {
+          void* block = pool.allocate(bytes);
+          const std::size_t class_bytes = SizeClasses::round_up(bytes);
+          // No overlap with any live block.
+          auto next = model.lower_bound(block);
+          if (next != model.end()) {
+            ASSERT_LE(static_cast<char*>(block) + class_bytes, static_cast<char*>(next->first));
+          }
+          if (next != model.begin()) {
+            auto previous = std::prev(next);
+            ASSERT_LE(static_cast<char*>(previous->first) + previous->second,
+                      static_cast<char*>(block));
+          }
+          model[block] = class_bytes;
+          model_in_use += class_bytes;
+        } catch (const OutOfMemory&) {
+          // Legitimate only when the upstream really is full.
+          ASSERT_GT(model_in_use + SizeClasses::round_up(bytes), capacity);
+        }
+      } else if (action < 95 && !model.empty()) {
+        auto it = model.begin();
+        std::advance(it, static_cast<long>(random() % model.size()));
+        pool.deallocate(it->first, it->second);
+        model_in_use -= it->second;
+        model.erase(it);
+      } else {
+        const std::size_t keep = (random() % 4) * 1_MiB;
+        pool.trim(keep);
+        ASSERT_LE(pool.stats().bytes_cached, keep);
+      }
+      const auto s = pool.stats();
+      ASSERT_EQ(s.bytes_in_use, model_in_use) << "step " << step;
+      ASSERT_EQ(s.bytes_reserved, upstream->live_bytes()) << "step " << step;
+      ASSERT_EQ(s.bytes_reserved, s.bytes_in_use + s.bytes_cached) << "step " << step;
+      ASSERT_LE(s.bytes_cached - s.bytes_cached_in_threads, options.max_cached_bytes);
+      ASSERT_EQ(s.invalid_releases, 0U);
+    }
+    for (auto& [block, bytes] : model) pool.deallocate(block, bytes);
+    pool.trim(0);
+    ASSERT_EQ(upstream->live_bytes(), 0U);
+  }
+}
+
+TEST(ModelWalk, StagingPoolStaysWithinItsBounds) {
+  std::mt19937_64 random(walk_seed());
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  PinnedStagingPool pool(upstream, {.max_buffers = 3, .max_bytes = 8_MiB});
+  std::vector<PooledStaging> live;
+  std::uint64_t acquires = 0;
+  for (int step = 0; step < 3000; ++step) {
+    const unsigned action = random() % 10;
+    if (action < 5 || live.empty()) {
+      live.push_back(pool.acquire(1 + random() % (4_MiB)));
+      ++acquires;
+    } else {
+      const std::size_t index = random() % live.size();
+      PooledStaging staging = std::move(live[index]);
+      live.erase(live.begin() + static_cast<long>(index));
+      if (action < 9) {
+        staging.retire(WitnessMint::completed_copy_of(staging.data(), staging.len()));
+      }  // else dropped without a witness
+    }
+    const auto s = pool.stats();
+    ASSERT_LE(s.free_buffers, 3U);
+    ASSERT_LE(s.free_bytes, 8_MiB);
+    ASSERT_EQ(s.pin_calls + s.reuses, acquires);
+    std::size_t live_capacity = 0;
+    for (auto& staging : live) live_capacity += staging.capacity();
+    ASSERT_EQ(upstream->live_bytes(), live_capacity + s.free_bytes);
+  }
+}
+
+}  // namespace
+}  // namespace vram::testing

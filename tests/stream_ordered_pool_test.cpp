@@ -1,0 +1,215 @@
+// StreamOrderedPool on the GPU: usable memory, reuse, trim, accounting, zero bytes,
+// cross-stream hand-over, private pools, threads without a context, a reset device.
+#include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
+
+#include "gpu_test_policy.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram/cuda/stream.hpp"
+#include "vram/stream_ordered_pool.hpp"
+#include "vram/units.hpp"
+#ifdef VRAM_HAVE_TEST_KERNELS
+#include "test_kernels.hpp"
+#endif
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+
+TEST(StreamOrderedPoolGpu, ServesUsableMemory) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool pool;
+  cuda::Stream stream;
+  constexpr std::size_t kWords = 1024;
+  void* block = pool.allocate_async(kWords * 4, stream.get());
+  ASSERT_NE(block, nullptr);
+  std::vector<std::uint32_t> host(kWords, 0);
+  // cudaMemsetAsync works bytewise: a repeated byte makes a known word.
+  ASSERT_EQ(cudaMemsetAsync(block, 0xAB, kWords * 4, stream.get()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(host.data(), block, kWords * 4, cudaMemcpyDeviceToHost, stream.get()),
+            cudaSuccess);
+  stream.synchronize();
+  for (std::size_t i = 0; i < kWords; ++i) ASSERT_EQ(host[i], 0xABABABABu) << "word " << i;
+  EXPECT_GE(pool.used_bytes(), kWords * 4);
+  pool.deallocate_async(block, stream.get());
+  stream.synchronize();
+}
+
+TEST(StreamOrderedPoolGpu, ReusesReservedMemoryAndTrimReturnsIt) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool pool;
+  cuda::Stream stream;
+  const std::size_t bytes = 4_MiB;
+  void* first = pool.allocate_async(bytes, stream.get());
+  pool.deallocate_async(first, stream.get());
+  stream.synchronize();
+  const std::size_t reserved_after_free = pool.reserved_bytes();
+  EXPECT_GE(reserved_after_free, bytes) << "retain-all must keep the freed block reserved";
+  void* second = pool.allocate_async(bytes, stream.get());
+  stream.synchronize();
+  EXPECT_EQ(pool.reserved_bytes(), reserved_after_free) << "realloc must reuse, not grow";
+  pool.deallocate_async(second, stream.get());
+  stream.synchronize();
+  pool.trim(0);
+  EXPECT_LT(pool.reserved_bytes(), reserved_after_free);
+}
+
+TEST(StreamOrderedPoolGpu, AccountsSeveralLiveBlocks) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool pool;
+  cuda::Stream stream;
+  void* a = pool.allocate_async(4096, stream.get());
+  void* b = pool.allocate_async(8192, stream.get());
+  void* c = pool.allocate_async(16384, stream.get());
+  stream.synchronize();
+  const std::size_t used_all = pool.used_bytes();
+  EXPECT_GE(used_all, 4096U + 8192U + 16384U);
+  pool.deallocate_async(b, stream.get());
+  stream.synchronize();
+  const std::size_t used_after = pool.used_bytes();
+  EXPECT_LT(used_after, used_all);
+  EXPECT_GE(used_after, 4096U + 16384U);
+  EXPECT_GE(pool.used_high_water(), used_all);
+  pool.deallocate_async(a, stream.get());
+  pool.deallocate_async(c, stream.get());
+  stream.synchronize();
+  pool.reset_high_water();
+  EXPECT_LE(pool.used_high_water(), used_after);
+}
+
+TEST(StreamOrderedPoolGpu, RejectsZeroBytesAndIgnoresNull) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool pool;
+  cuda::Stream stream;
+  try {
+    (void)pool.allocate_async(0, stream.get());
+    FAIL() << "zero bytes must throw";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("Fix:"), std::string::npos);
+  }
+  pool.deallocate_async(nullptr, stream.get());
+  EXPECT_EQ(pool.failed_frees(), 0U);
+  EXPECT_THROW((void)pool.allocate_async(64, 4096, ::cuda::stream_ref(stream.get())),
+               InvalidArgument);
+}
+
+TEST(StreamOrderedPoolGpu, ReleaseThresholdIsSetAndChangeable) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool pool;
+  EXPECT_EQ(pool.release_threshold(), StreamOrderedPool::kRetainAll);
+  pool.set_release_threshold(64_MiB);
+  EXPECT_EQ(pool.release_threshold(), 64_MiB);
+  pool.set_release_threshold(StreamOrderedPool::kRetainAll);
+}
+
+TEST(StreamOrderedPoolGpu, OutOfMemoryIsABadAlloc) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool pool({.private_pool = true});
+  cuda::Stream stream;
+  EXPECT_THROW((void)pool.allocate_async(std::size_t{1} << 50, stream.get()), std::bad_alloc);
+  void* block = pool.allocate_async(4096, stream.get());  // still serving
+  pool.deallocate_async(block, stream.get());
+  stream.synchronize();
+}
+
+#ifdef VRAM_HAVE_TEST_KERNELS
+TEST(StreamOrderedPoolGpu, CrossStreamReuseWithHandOverKeepsDataCorrect) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool pool;
+  cuda::Stream first;
+  cuda::Stream second;
+  const std::size_t bytes = 8_MiB;
+  const std::size_t words = bytes / 4;
+  void* a = pool.allocate_async(bytes, first.get());
+  // ~150 ms kernel writes A on the first stream; A is freed behind it on that stream.
+  launch_spin_then_fill(a, words, 0x11111111u, 150'000'000ull, first.get());
+  pool.deallocate_async(a, first.get());
+  StreamOrderedPool::hand_over(first.get(), second.get());
+  EXPECT_FALSE(first.ready()) << "the first stream's kernel should still run";
+  void* b = pool.allocate_async(bytes, second.get());  // may reuse A's memory, safely
+  launch_fill(b, words, 0x22222222u, second.get());
+  unsigned long long* mismatches = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(mismatches, 0, sizeof *mismatches, second.get()), cudaSuccess);
+  launch_count_mismatches(b, words, 0x22222222u, mismatches, second.get());
+  unsigned long long host = 1;
+  ASSERT_EQ(cudaMemcpyAsync(&host, mismatches, sizeof host, cudaMemcpyDeviceToHost, second.get()),
+            cudaSuccess);
+  second.synchronize();
+  EXPECT_EQ(host, 0U) << "the first stream's kernel overwrote the second stream's block";
+  pool.deallocate_async(b, second.get());
+  second.synchronize();
+  cudaFree(mismatches);
+}
+#endif
+
+TEST(StreamOrderedPoolGpu, PrivatePoolsAreCreatedAndDestroyed) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  {
+    StreamOrderedPool pool({.private_pool = true, .release_threshold = 0});
+    EXPECT_TRUE(pool.is_private());
+    void* block = pool.allocate_async(1_MiB, stream.get());
+    pool.deallocate_async(block, stream.get());
+    stream.synchronize();
+    EXPECT_EQ(pool.release_threshold(), 0U);
+  }
+  StreamOrderedPool shareable({.private_pool = true, .ipc_shareable = true});
+  void* block = shareable.allocate_async(2_MiB, stream.get());
+  shareable.deallocate_async(block, stream.get());
+  stream.synchronize();
+  StreamOrderedPool default_pool;
+  EXPECT_NE(default_pool.native_handle(), shareable.native_handle());
+}
+
+TEST(StreamOrderedPoolGpu, WorksFromAThreadWithNoCurrentContext) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool pool;
+  cuda::Stream stream;
+  std::exception_ptr failure;
+  std::thread([&] {
+    try {
+      void* block = pool.allocate_async(1_MiB, stream.get());
+      pool.deallocate_async(block, stream.get());
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }).join();
+  stream.synchronize();
+  if (failure) std::rethrow_exception(failure);
+  EXPECT_EQ(pool.failed_frees(), 0U);
+}
+
+TEST(StreamOrderedPoolGpu, SynchronousFormsWork) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool pool;
+  void* block = pool.allocate(4096);
+  ASSERT_EQ(cudaMemset(block, 0, 4096), cudaSuccess);
+  pool.deallocate(block, 4096);
+}
+
+// Last in this file: resets the device, so it creates everything it uses itself.
+TEST(StreamOrderedPoolGpu, UseAfterDeviceResetThrowsAndTeardownIsQuiet) {
+  VRAM_GPU_TEST_OR_SKIP();
+  auto pool = std::make_unique<StreamOrderedPool>(StreamOrderedPoolOptions{.private_pool = true});
+  void* block = pool->allocate_async(1_MiB, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaDeviceReset(), cudaSuccess);
+  try {
+    (void)pool->allocate_async(1_MiB, nullptr);
+    ADD_FAILURE() << "allocating from a pool whose context is gone must throw";
+  } catch (const CudaError& error) {
+    EXPECT_FALSE(std::string(error.what()).empty());
+  } catch (const std::bad_alloc&) {
+    // Some drivers report the destroyed pool as out of memory: also a clear failure.
+  }
+  pool->deallocate_async(block, nullptr);  // noexcept, must not crash
+  pool.reset();                            // destroy after the context: quiet
+  ASSERT_EQ(cudaFree(nullptr), cudaSuccess) << "the device comes back for later tests";
+}
+
+}  // namespace
+}  // namespace vram::testing

@@ -1,0 +1,188 @@
+// Stress: many threads, random sizes, random order, leases handed between threads. Every
+// block carries its owner's tag from acquire to release, so one block given to two owners
+// at once is caught. Bounded in time (VRAM_STRESS_SECONDS, default 2 per test); the seed
+// is printed (VRAM_STRESS_SEED replays it).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gpu_test_policy.hpp"
+#include "test_upstreams.hpp"
+#include "vram/cuda/event.hpp"
+#include "vram/cuda/stream.hpp"
+#include "vram/pending_work.hpp"
+#include "vram/units.hpp"
+#ifdef VRAM_HAVE_TEST_KERNELS
+#include "test_kernels.hpp"
+#endif
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+
+double stress_seconds() {
+  const char* text = std::getenv("VRAM_STRESS_SECONDS");
+  return text ? std::atof(text) : 2.0;
+}
+
+std::uint64_t stress_seed() {
+  const char* text = std::getenv("VRAM_STRESS_SEED");
+  return text ? std::strtoull(text, nullptr, 10)
+              : static_cast<std::uint64_t>(
+                    std::chrono::steady_clock::now().time_since_epoch().count());
+}
+
+struct Tagged {
+  DevicePool::Lease lease;
+  std::uint32_t tag = 0;
+};
+
+void write_tag(Tagged& t) {
+  auto* words = static_cast<std::uint32_t*>(t.lease.data());
+  const std::size_t count = t.lease.size() / 4;
+  for (std::size_t i = 0; i < count; ++i) words[i] = t.tag;
+}
+
+bool tag_intact(const Tagged& t) {
+  const auto* words = static_cast<const std::uint32_t*>(t.lease.data());
+  const std::size_t count = t.lease.size() / 4;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (words[i] != t.tag) return false;
+  }
+  return true;
+}
+
+TEST(Stress, HostPoolManyThreadsRandomSizesHandedBetweenThreads) {
+  const std::uint64_t seed = stress_seed();
+  std::printf("[stress] seed %llu (VRAM_STRESS_SEED=%llu replays it)\n",
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Options options;
+  options.validate_releases = true;
+  options.max_cached_bytes = 8_MiB;  // small: exercise upstream frees too
+  DevicePool pool(upstream, options);
+  constexpr int kThreads = 8;
+  std::mutex handoff_mutex;
+  std::deque<Tagged> handoff;  // leases passed from one thread to another
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> operations{0};
+  std::atomic<std::uint64_t> corruptions{0};
+  std::atomic<std::uint32_t> next_tag{1};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 random(seed + static_cast<std::uint64_t>(t));
+      std::vector<Tagged> mine;
+      auto release_one = [&](std::size_t index) {
+        if (!tag_intact(mine[index])) ++corruptions;
+        mine[index] = std::move(mine.back());
+        mine.pop_back();
+      };
+      while (!stop.load(std::memory_order_relaxed)) {
+        const unsigned action = random() % 10;
+        if (action < 5 || mine.empty()) {
+          const std::size_t bytes = 4 * (1 + random() % (16_KiB));  // up to 64 KiB
+          Tagged fresh{pool.acquire(bytes), next_tag.fetch_add(1)};
+          write_tag(fresh);
+          mine.push_back(std::move(fresh));
+        } else if (action < 8) {
+          release_one(random() % mine.size());
+        } else if (action < 9) {
+          std::lock_guard lock(handoff_mutex);
+          handoff.push_back(std::move(mine.back()));
+          mine.pop_back();
+        } else {
+          std::lock_guard lock(handoff_mutex);
+          if (!handoff.empty()) {
+            mine.push_back(std::move(handoff.front()));
+            handoff.pop_front();
+          }
+        }
+        if (mine.size() > 64) release_one(0);
+        ++operations;
+      }
+      while (!mine.empty()) release_one(mine.size() - 1);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(stress_seconds()));
+  stop = true;
+  for (auto& thread : threads) thread.join();
+  for (auto& t : handoff) EXPECT_TRUE(tag_intact(t));
+  handoff.clear();
+  std::printf("[stress] %llu operations over %d threads\n",
+              static_cast<unsigned long long>(operations.load()), kThreads);
+  EXPECT_EQ(corruptions.load(), 0U) << "a block was handed to two owners (seed " << seed << ")";
+  const auto s = pool.stats();
+  EXPECT_EQ(s.invalid_releases, 0U);
+  EXPECT_EQ(s.bytes_in_use, 0U);
+  EXPECT_EQ(s.acquires, s.releases);
+  EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+  EXPECT_GT(operations.load(), 1000U);
+}
+
+#ifdef VRAM_HAVE_TEST_KERNELS
+TEST(StressGpu, KernelsTagBlocksOnManyStreamsWithPendingRelease) {
+  VRAM_GPU_TEST_OR_SKIP();
+  const std::uint64_t seed = stress_seed();
+  std::printf("[stress-gpu] seed %llu\n", static_cast<unsigned long long>(seed));
+  DevicePool pool(0, DevicePool::Options{.max_cached_bytes = 256_MiB});
+  constexpr int kThreads = 4;
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> dispatches{0};
+  std::vector<unsigned long long> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 random(seed + static_cast<std::uint64_t>(t));
+      cuda::Stream stream;
+      unsigned long long* counter = nullptr;
+      cuda::check(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof *counter), "cudaMalloc");
+      cuda::check(cudaMemsetAsync(counter, 0, sizeof *counter, stream.get()), "cudaMemsetAsync");
+      PendingWorkQueue<cuda::Event> in_flight;
+      std::uint32_t tag = static_cast<std::uint32_t>(t) << 24;
+      while (!stop.load(std::memory_order_relaxed)) {
+        const std::size_t bytes = 4 * (1 + random() % (256_KiB));
+        auto lease = pool.acquire(bytes);
+        ++tag;
+        // Fill with this owner's tag, let other streams run, then verify on the device.
+        launch_fill(lease.data(), bytes / 4, tag, stream.get());
+        launch_spin_then_fill(counter, 0, 0, 20'000, stream.get());
+        launch_count_mismatches(lease.data(), bytes / 4, tag, counter, stream.get());
+        cuda::Event done;
+        done.record(stream.get());
+        in_flight.submit(std::move(done), std::move(lease));
+        in_flight.collect();
+        ++dispatches;
+      }
+      in_flight.drain();
+      cuda::check(cudaMemcpy(&mismatches[t], counter, sizeof *counter, cudaMemcpyDeviceToHost),
+                  "cudaMemcpy");
+      cudaFree(counter);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(stress_seconds()));
+  stop = true;
+  for (auto& thread : threads) thread.join();
+  std::printf("[stress-gpu] %llu dispatches on %d streams\n",
+              static_cast<unsigned long long>(dispatches.load()), kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(mismatches[t], 0U) << "stream " << t << " saw its block overwritten (seed " << seed
+                                 << ")";
+  }
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  EXPECT_GT(dispatches.load(), 100U);
+}
+#endif
+
+}  // namespace
+}  // namespace vram::testing

@@ -1,0 +1,208 @@
+#include "bench/allocators.hpp"
+
+#include <cub/util_allocator.cuh>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+
+#include "vram/cuda/error.hpp"
+#include "vram/device_pool.hpp"
+#include "vram/stream_ordered_pool.hpp"
+#include "vram/units.hpp"
+
+namespace vram::bench {
+namespace {
+
+using namespace vram::literals;
+
+DevicePool::Options bench_pool_options() {
+  DevicePool::Options options;
+  options.max_cached_bytes = 16_GiB;
+  options.validate_releases = false;
+  return options;
+}
+
+class OurDevicePool final : public BenchAllocator {
+ public:
+  explicit OurDevicePool(std::shared_ptr<Upstream> upstream, std::string label)
+      : pool_(std::move(upstream), bench_pool_options()), label_(std::move(label)) {}
+  std::string name() const override { return label_; }
+  bool ours() const override { return true; }
+  void* allocate(std::size_t bytes, cudaStream_t) override { return pool_.allocate(bytes); }
+  void deallocate(void* block, std::size_t bytes, cudaStream_t) override {
+    pool_.deallocate(block, bytes);
+  }
+  std::size_t peak_reserved_bytes() override { return pool_.stats().peak_bytes_reserved; }
+  void reset_peak() override {
+    pool_.trim(0);
+    pool_.reset_peak();
+  }
+  void release_cache() override { pool_.trim(0); }
+
+ private:
+  DevicePool pool_;
+  std::string label_;
+};
+
+class OurStreamOrderedPool final : public BenchAllocator {
+ public:
+  explicit OurStreamOrderedPool(int device) : pool_(StreamOrderedPool::Options{.device = device}) {}
+  std::string name() const override { return "vram StreamOrderedPool"; }
+  bool ours() const override { return true; }
+  void* allocate(std::size_t bytes, cudaStream_t stream) override {
+    return pool_.allocate_async(bytes, stream);
+  }
+  void deallocate(void* block, std::size_t, cudaStream_t stream) override {
+    pool_.deallocate_async(block, stream);
+  }
+  void finish(cudaStream_t stream) override {
+    cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  std::size_t peak_reserved_bytes() override { return pool_.reserved_high_water(); }
+  void reset_peak() override {
+    cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    pool_.trim(0);
+    pool_.reset_high_water();
+  }
+  void release_cache() override {
+    cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    pool_.trim(0);
+  }
+
+ private:
+  StreamOrderedPool pool_;
+};
+
+class CudaMallocAsyncPeer final : public BenchAllocator {
+ public:
+  explicit CudaMallocAsyncPeer(int device) {
+    cuda::check(cudaDeviceGetDefaultMemPool(&pool_, device), "cudaDeviceGetDefaultMemPool");
+    std::uint64_t retain_all = UINT64_MAX;
+    cuda::check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &retain_all),
+                "cudaMemPoolSetAttribute");
+  }
+  std::string name() const override { return "cudaMallocAsync"; }
+  bool ours() const override { return false; }
+  void* allocate(std::size_t bytes, cudaStream_t stream) override {
+    void* block = nullptr;
+    cuda::check(cudaMallocAsync(&block, bytes, stream), "cudaMallocAsync");
+    return block;
+  }
+  void deallocate(void* block, std::size_t, cudaStream_t stream) override {
+    cuda::check(cudaFreeAsync(block, stream), "cudaFreeAsync");
+  }
+  void finish(cudaStream_t stream) override {
+    cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  std::size_t peak_reserved_bytes() override {
+    std::uint64_t value = 0;
+    cuda::check(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &value),
+                "cudaMemPoolGetAttribute");
+    return value;
+  }
+  void reset_peak() override {
+    release_cache();
+    std::uint64_t zero = 0;
+    cuda::check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero),
+                "cudaMemPoolSetAttribute");
+  }
+  void release_cache() override {
+    cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cuda::check(cudaMemPoolTrimTo(pool_, 0), "cudaMemPoolTrimTo");
+  }
+
+ private:
+  cudaMemPool_t pool_ = nullptr;
+};
+
+// CUB configured so every benchmarked size is cached: bins of powers of two from 256 B to
+// 1 GiB (bin_growth 2, min_bin 8, max_bin 30), 16 GiB cache.
+class CubCachingPeer final : public BenchAllocator {
+ public:
+  explicit CubCachingPeer(int device) : device_(device), cub_(2, 8, 30, 16_GiB, true) {}
+  ~CubCachingPeer() override { (void)cub_.FreeAllCached(); }
+  std::string name() const override { return "CUB CachingDeviceAllocator"; }
+  bool ours() const override { return false; }
+  void* allocate(std::size_t bytes, cudaStream_t stream) override {
+    void* block = nullptr;
+    cuda::check(cub_.DeviceAllocate(device_, &block, bytes, stream), "cub::DeviceAllocate");
+    return block;
+  }
+  void deallocate(void* block, std::size_t, cudaStream_t) override {
+    cuda::check(cub_.DeviceFree(device_, block), "cub::DeviceFree");
+  }
+  void finish(cudaStream_t stream) override {
+    cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  std::size_t peak_reserved_bytes() override {
+    std::lock_guard lock(cub_.mutex);
+    auto it = cub_.cached_bytes.find(device_);
+    return it == cub_.cached_bytes.end() ? 0 : it->second.free + it->second.live;
+  }
+  void reset_peak() override { release_cache(); }
+  void release_cache() override { (void)cub_.FreeAllCached(); }
+
+ private:
+  int device_;
+  cub::CachingDeviceAllocator cub_;
+};
+
+class CudaMallocPeer final : public BenchAllocator {
+ public:
+  std::string name() const override { return "cudaMalloc"; }
+  bool ours() const override { return false; }
+  void* allocate(std::size_t bytes, cudaStream_t) override {
+    void* block = nullptr;
+    cuda::check(cudaMalloc(&block, bytes), "cudaMalloc");
+    live_ += bytes;
+    peak_ = std::max(peak_.load(), live_.load());
+    return block;
+  }
+  void deallocate(void* block, std::size_t bytes, cudaStream_t) override {
+    cuda::check(cudaFree(block), "cudaFree");
+    live_ -= bytes;
+  }
+  std::size_t peak_reserved_bytes() override { return peak_; }
+  void reset_peak() override { peak_ = live_.load(); }
+
+ private:
+  std::atomic<std::size_t> live_{0};
+  std::atomic<std::size_t> peak_{0};
+};
+
+class MallocPeer final : public BenchAllocator {
+ public:
+  std::string name() const override { return "malloc/free (host reference)"; }
+  bool ours() const override { return false; }
+  void* allocate(std::size_t bytes, cudaStream_t) override {
+    void* block = std::malloc(bytes);
+    if (block == nullptr) throw std::bad_alloc();
+    return block;
+  }
+  void deallocate(void* block, std::size_t, cudaStream_t) override { std::free(block); }
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<BenchAllocator>> make_device_allocators(int device) {
+  std::vector<std::unique_ptr<BenchAllocator>> result;
+  result.push_back(std::make_unique<OurDevicePool>(std::make_shared<DeviceMemoryUpstream>(device),
+                                                   "vram DevicePool"));
+  result.push_back(std::make_unique<OurStreamOrderedPool>(device));
+  result.push_back(std::make_unique<CudaMallocAsyncPeer>(device));
+  result.push_back(std::make_unique<CubCachingPeer>(device));
+  result.push_back(std::make_unique<CudaMallocPeer>());
+  return result;
+}
+
+std::vector<std::unique_ptr<BenchAllocator>> make_host_allocators() {
+  std::vector<std::unique_ptr<BenchAllocator>> result;
+  result.push_back(std::make_unique<OurDevicePool>(std::make_shared<HostMemoryUpstream>(),
+                                                   "vram DevicePool (host upstream)"));
+  result.push_back(std::make_unique<MallocPeer>());
+  return result;
+}
+
+}  // namespace vram::bench

@@ -1,0 +1,71 @@
+#include "bench/harness.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace vram::bench {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Summary summarize(std::vector<double> values) {
+  Summary s;
+  if (values.empty()) return s;
+  std::sort(values.begin(), values.end());
+  auto at = [&](double q) {
+    const double position = q * static_cast<double>(values.size() - 1);
+    const auto low = static_cast<std::size_t>(std::floor(position));
+    const auto high = static_cast<std::size_t>(std::ceil(position));
+    return values[low] + (values[high] - values[low]) * (position - static_cast<double>(low));
+  };
+  s.median = at(0.5);
+  s.p10 = at(0.1);
+  s.p90 = at(0.9);
+  s.samples = values.size();
+  return s;
+}
+
+std::vector<double> time_per_operation(const std::function<void(std::size_t)>& batch,
+                                       std::size_t repetitions, double target_batch_ms) {
+  // Warm-up, also used to size the batch.
+  std::size_t n = 1;
+  double elapsed = 0;
+  for (;;) {
+    const double start = now_seconds();
+    batch(n);
+    elapsed = now_seconds() - start;
+    if (elapsed * 1e3 >= target_batch_ms / 4 || n >= (std::size_t{1} << 24)) break;
+    n *= 4;
+  }
+  const double per_op = elapsed / static_cast<double>(n);
+  n = std::max<std::size_t>(1, static_cast<std::size_t>(target_batch_ms * 1e-3 / per_op));
+  std::vector<double> result;
+  result.reserve(repetitions);
+  for (std::size_t r = 0; r < repetitions; ++r) {
+    const double start = now_seconds();
+    batch(n);
+    result.push_back((now_seconds() - start) * 1e9 / static_cast<double>(n));
+  }
+  return result;
+}
+
+Progress::Progress(std::size_t total)
+    : total_(total), terminal_(isatty(STDERR_FILENO) != 0), started_(now_seconds()) {}
+
+void Progress::step(const std::string& label) {
+  ++done_;
+  if (!terminal_) return;
+  std::fprintf(stderr, "\r\033[K[%zu/%zu %4.0fs] %s", done_, total_, now_seconds() - started_,
+               label.c_str());
+  std::fflush(stderr);
+}
+
+void Progress::finish() {
+  if (terminal_) std::fprintf(stderr, "\r\033[K");
+}
+
+}  // namespace vram::bench

@@ -1,0 +1,44 @@
+// Timing helpers for `vram bench`: batches timed with a steady clock (device work is
+// synchronized inside the batch), warm-up excluded, median and spread over repetitions.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace vram::bench {
+
+struct Summary {
+  double median = 0;
+  double p10 = 0;
+  double p90 = 0;
+  std::size_t samples = 0;
+};
+
+Summary summarize(std::vector<double> values);
+
+// Times `batch(n)` (which runs n operations) and returns nanoseconds per operation for
+// each of `repetitions` batches, after one warm-up batch. The batch size is chosen so a
+// batch takes about `target_batch_ms`.
+std::vector<double> time_per_operation(const std::function<void(std::size_t)>& batch,
+                                       std::size_t repetitions, double target_batch_ms);
+
+double now_seconds();
+
+// One progress line on a terminal (stderr), rewritten in place; silent otherwise.
+class Progress {
+ public:
+  explicit Progress(std::size_t total);
+  void step(const std::string& label);
+  void finish();
+
+ private:
+  std::size_t total_;
+  std::size_t done_ = 0;
+  bool terminal_;
+  double started_;
+};
+
+}  // namespace vram::bench

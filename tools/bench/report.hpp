@@ -1,0 +1,56 @@
+// What `vram bench` measured, and how it is shown: tables, verdicts, JSON and SVG.
+#pragma once
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench/harness.hpp"
+
+namespace vram::bench {
+
+struct Measurement {
+  std::string scenario;   // pairs, threads, mixed, pagein, pinning
+  std::string parameter;  // "64 KiB", "16 threads", ...
+  double parameter_value = 0;
+  std::string allocator;
+  bool ours = false;
+  bool reference = false;  // a ceiling (not a peer): shown, left out of verdicts
+  std::string unit;        // "ns/pair", "M pairs/s", "GB/s", ...
+  bool lower_is_better = true;
+  Summary value;
+  std::map<std::string, double> extra;  // peak_reserved_mib, pin_calls, ...
+};
+
+struct Environment {
+  bool gpu = false;
+  std::string device_name = "none";
+  std::string driver = "none";
+  std::string runtime;
+  std::string date;
+  std::string git_commit;
+  std::string no_gpu_reason;
+  bool quick = false;
+};
+
+struct Verdict {
+  std::string scenario;
+  std::string parameter;
+  std::string ours;
+  double ours_value = 0;
+  std::string best_peer;
+  double peer_value = 0;
+  std::string unit;
+  double advantage = 0;  // > 1: ours better by this factor
+};
+
+std::vector<Verdict> verdicts(const std::vector<Measurement>& results);
+void print_tables(const std::vector<Measurement>& results, const std::vector<Verdict>& verdicts);
+std::string to_json(const Environment& env, const std::vector<Measurement>& results,
+                    const std::vector<Verdict>& verdicts);
+// Bar chart of the "pairs" scenario: time per pair by allocator and size, log scale.
+std::string to_svg(const Environment& env, const std::vector<Measurement>& results);
+std::string format_bytes(std::size_t bytes);
+
+}  // namespace vram::bench
