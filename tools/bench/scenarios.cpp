@@ -129,7 +129,7 @@ void run_threads(const BenchConfig& c, Allocators& allocators, Progress& progres
 
 void run_mixed(const BenchConfig& c, Allocators& allocators, Progress& progress,
                std::vector<Measurement>& results) {
-  const std::size_t operations = c.quick ? 20000 : 100000;
+  const std::size_t operations = c.quick ? 20000 : 50000;
   const std::size_t max_bytes = c.gpu ? 8_MiB : 4_MiB;
   const std::size_t live_cap = c.gpu ? 4_GiB : 512_MiB;
   struct Operation {
