@@ -1,9 +1,11 @@
 #include "vram/device_pool.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <mutex>
+#include <new>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -64,19 +66,36 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
             : SizeClasses::index_for(
                   std::min(options.thread_cache_max_block_bytes, SizeClasses::kMaxBytes)) +
                   1;
-    rings.reserve(SizeClasses::kCount);
-    for (std::size_t i = 0; i < SizeClasses::kCount; ++i) {
-      rings.push_back(std::make_unique<MpmcRing<void*>>(
-          std::max<std::size_t>(options.max_cached_blocks_per_class, 1)));
-    }
+    ring_capacity = std::max<std::size_t>(options.max_cached_blocks_per_class, 1);
   }
 
   ~DevicePoolCore() {
     for (auto& cache : caches) free_thread_cache_blocks(*cache);
     for (std::size_t index = 0; index < rings.size(); ++index) {
+      MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
+      if (ring == nullptr) continue;
       void* block = nullptr;
-      while (rings[index]->try_pop(block)) free_to_upstream(block, SizeClasses::bytes_of(index));
+      while (ring->try_pop(block)) free_to_upstream(block, SizeClasses::bytes_of(index));
+      delete ring;
     }
+  }
+
+  // The shared free list of a class, or null if no block of that class was ever cached.
+  MpmcRing<void*>* ring_of(std::size_t index) const noexcept {
+    return rings[index].load(std::memory_order_acquire);
+  }
+  // Creates the class's ring on its first release (host allocation off the warm path).
+  MpmcRing<void*>* ring_for_release(std::size_t index) noexcept {
+    MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
+    if (ring != nullptr) [[likely]]
+      return ring;
+    MpmcRing<void*>* fresh = new (std::nothrow) MpmcRing<void*>(ring_capacity);
+    if (fresh == nullptr) return nullptr;
+    if (!rings[index].compare_exchange_strong(ring, fresh, std::memory_order_acq_rel)) {
+      delete fresh;  // another thread won; `ring` now holds its ring
+      return ring;
+    }
+    return fresh;
   }
 
   ThreadCache& cache_for_this_thread();
@@ -100,7 +119,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   DevicePool::Options options;
   std::size_t thread_cache_classes = 0;
   std::size_t upstream_alignment = 256;
-  std::vector<std::unique_ptr<MpmcRing<void*>>> rings;
+  std::size_t ring_capacity = 1;
+  // Tier 2: one lazily created ring per size class (at most max_cached_blocks_per_class).
+  std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
 
   alignas(kCacheLine) std::atomic<std::size_t> shared_cached_bytes{0};
   alignas(kCacheLine) std::atomic<std::uint64_t> trim_epoch{0};
@@ -239,7 +260,9 @@ void DevicePoolCore::release_to_shared(std::size_t index, void* block,
                                        std::size_t class_bytes) noexcept {
   const std::size_t cached =
       shared_cached_bytes.fetch_add(class_bytes, std::memory_order_relaxed) + class_bytes;
-  if (cached > options.max_cached_bytes || !rings[index]->try_push(block)) {
+  MpmcRing<void*>* ring = nullptr;
+  if (cached > options.max_cached_bytes || (ring = ring_for_release(index)) == nullptr ||
+      !ring->try_push(block)) {
     shared_cached_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
     free_to_upstream(block, class_bytes);
   }
@@ -258,9 +281,10 @@ void DevicePoolCore::trim(std::size_t keep_bytes) noexcept {
   if (tl_last_uid == uid) tl_last_cache->seen_epoch = trim_epoch.load(std::memory_order_relaxed);
   for (std::size_t index = rings.size(); index-- > 0;) {
     const std::size_t class_bytes = SizeClasses::bytes_of(index);
+    MpmcRing<void*>* ring = ring_of(index);
     void* block = nullptr;
-    while (shared_cached_bytes.load(std::memory_order_relaxed) > keep_bytes &&
-           rings[index]->try_pop(block)) {
+    while (ring != nullptr && shared_cached_bytes.load(std::memory_order_relaxed) > keep_bytes &&
+           ring->try_pop(block)) {
       shared_cached_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
       free_to_upstream(block, class_bytes);
     }
@@ -324,7 +348,7 @@ void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment) {
     block = bin.blocks[--bin.count];
     cache.cached_bytes.store(cache.cached_bytes.load(std::memory_order_relaxed) - class_bytes,
                              std::memory_order_relaxed);
-  } else if (rings[index]->try_pop(block)) {
+  } else if (MpmcRing<void*>* ring = ring_of(index); ring != nullptr && ring->try_pop(block)) {
     shared_cached_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
   } else {
     block = allocate_from_upstream(bytes, class_bytes);
@@ -387,7 +411,9 @@ void DevicePoolCore::deallocate(void* block, std::size_t bytes) noexcept {
   }
   bump(cache->releases, 1);
   bump(cache->released_bytes, class_bytes);
-  if (index < thread_cache_classes && cache->bins[index].count < options.thread_cache_blocks) {
+  if (index < thread_cache_classes && cache->bins[index].count < options.thread_cache_blocks &&
+      cache->cached_bytes.load(std::memory_order_relaxed) + class_bytes <=
+          options.thread_cache_max_bytes) {
     auto& bin = cache->bins[index];
     bin.blocks[bin.count++] = block;
     cache->cached_bytes.store(cache->cached_bytes.load(std::memory_order_relaxed) + class_bytes,

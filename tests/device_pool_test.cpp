@@ -144,3 +144,22 @@ TEST(DevicePool, ThreadCacheCanBeTurnedOff) {
 
 }  // namespace
 }  // namespace vram::testing
+
+namespace vram::testing {
+namespace {
+
+TEST(DevicePool, ThreadCacheIsBoundedInBytes) {
+  DevicePool::Options options;
+  options.validate_releases = true;
+  options.thread_cache_max_bytes = 8192;
+  DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
+  std::vector<DevicePool::Lease> leases;
+  for (int i = 0; i < 4; ++i) leases.push_back(pool.acquire(4096));
+  leases.clear();
+  const auto s = pool.stats();
+  EXPECT_EQ(s.bytes_cached_in_threads, 8192U);
+  EXPECT_EQ(s.bytes_cached, 4U * 4096);
+}
+
+}  // namespace
+}  // namespace vram::testing

@@ -19,8 +19,8 @@
 // Structure and hot path
 //   Requests round up to a size class (size_classes.hpp: 4 per power of two, < 25% waste).
 //   Tier 1, per thread: a few blocks per class (thread_cache_blocks, classes up to
-//   thread_cache_max_block_bytes), touched only by its thread: acquire and release are a
-//   pop and push on a thread-local array.
+//   thread_cache_max_block_bytes, at most thread_cache_max_bytes in all), touched only by
+//   its thread: acquire and release are a pop and push on a thread-local array.
 //   Tier 2, shared: per class a bounded lock-free MPMC ring (Vyukov) of free blocks.
 //   A miss goes to the upstream. Warm acquire/release make no CUDA call, take no lock and
 //   allocate no host memory (first use of a pool on a thread registers that thread once).
@@ -28,7 +28,7 @@
 // Retention bound
 //   The shared rings hold at most max_cached_bytes and max_cached_blocks_per_class blocks
 //   per class; a release beyond either frees the block to the upstream. Each thread's
-//   cache holds in addition at most thread_cache_blocks per eligible class.
+//   cache holds in addition at most thread_cache_max_bytes (default 32 MiB).
 //   trim(keep) frees the shared rings down to `keep` bytes and the calling thread's cache
 //   at once; every other thread's cache is freed at that thread's next pool call (or exit).
 //
@@ -84,9 +84,10 @@ struct DevicePoolStats {
 // Configuration of a DevicePool (see the class comment for what each bound means).
 struct DevicePoolOptions {
   std::size_t max_cached_bytes = std::size_t{4} << 30;
-  std::size_t max_cached_blocks_per_class = 64;
-  std::size_t thread_cache_blocks = 4;  // 0 turns the per-thread tier off; at most 16
-  std::size_t thread_cache_max_block_bytes = std::size_t{256} << 10;
+  std::size_t max_cached_blocks_per_class = 1024;  // ring of a class, made on first use
+  std::size_t thread_cache_blocks = 4;             // 0 turns the per-thread tier off; at most 16
+  std::size_t thread_cache_max_block_bytes = std::size_t{4} << 20;
+  std::size_t thread_cache_max_bytes = std::size_t{32} << 20;  // per thread, all classes
 #ifdef NDEBUG
   bool validate_releases = false;
 #else

@@ -22,7 +22,7 @@ namespace {
 void print_bench_usage(std::FILE* out) {
   std::fprintf(out,
                "usage: vram bench [--quick] [--scenario NAME[,NAME...]]... [--json FILE] "
-               "[--svg FILE] [--host-only] [--device N]\n"
+               "[--svg FILE] [--markdown FILE] [--host-only] [--device N]\n"
                "  scenarios: pairs (warm alloc+free by size), threads (1..16 threads, a stream "
                "each),\n"
                "             mixed (random 70/30 workload, peak reserved), pagein (staging "
@@ -59,6 +59,9 @@ int run_bench(const std::vector<std::string>& args) {
   bench::BenchConfig config;
   std::string json_path;
   std::string svg_path;
+  std::string markdown_path;
+  std::string command = "vram bench";
+  for (const auto& arg : args) command += " " + arg;
   bool host_only = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -76,11 +79,13 @@ int run_bench(const std::vector<std::string>& args) {
       config.quick = true;
     } else if (arg == "--host-only") {
       host_only = true;
-    } else if (arg == "--json" || arg == "--svg" || arg == "--scenario" || arg == "--device") {
+    } else if (arg == "--json" || arg == "--svg" || arg == "--scenario" || arg == "--device" ||
+               arg == "--markdown") {
       const std::string* v = value(arg.c_str());
       if (v == nullptr) return 2;
       if (arg == "--json") json_path = *v;
       if (arg == "--svg") svg_path = *v;
+      if (arg == "--markdown") markdown_path = *v;
       if (arg == "--device") config.device = std::atoi(v->c_str());
       if (arg == "--scenario") {
         std::size_t start = 0;
@@ -110,6 +115,7 @@ int run_bench(const std::vector<std::string>& args) {
   if (config.scenarios.empty()) config.scenarios = bench::known_scenarios();
   if (!json_path.empty() && !can_write(json_path, "--json")) return 2;
   if (!svg_path.empty() && !can_write(svg_path, "--svg")) return 2;
+  if (!markdown_path.empty() && !can_write(markdown_path, "--markdown")) return 2;
 
   bench::Environment env;
   env.quick = config.quick;
@@ -149,6 +155,10 @@ int run_bench(const std::vector<std::string>& args) {
   if (!json_path.empty()) {
     std::ofstream(json_path) << bench::to_json(env, results, verdicts);
     std::printf("wrote %s\n", json_path.c_str());
+  }
+  if (!markdown_path.empty()) {
+    std::ofstream(markdown_path) << bench::to_markdown(env, results, verdicts, command);
+    std::printf("wrote %s\n", markdown_path.c_str());
   }
   if (!svg_path.empty()) {
     std::ofstream(svg_path) << bench::to_svg(env, results);

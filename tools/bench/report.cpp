@@ -45,6 +45,12 @@ std::string number(double value) {
   return buffer;
 }
 
+std::string brief(double value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%.4g", value);
+  return buffer;
+}
+
 std::string xml_escape(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -183,6 +189,41 @@ std::string to_json(const Environment& env, const std::vector<Measurement>& resu
   }
   out << "\n  ]\n}\n";
   return out.str();
+}
+
+std::string to_markdown(const Environment& env, const std::vector<Measurement>& results,
+                        const std::vector<Verdict>& verdicts, const std::string& command) {
+  std::ostringstream md;
+  md << "Date " << env.date << ", " << env.device_name << ", driver (CUDA) " << env.driver
+     << ", runtime " << env.runtime << ", commit " << env.git_commit
+     << (env.gpu ? "" : ", host-only (no GPU)") << (env.quick ? ", --quick" : "") << ".\n"
+     << "Command: `" << command << "`\n";
+  std::vector<std::string> scenarios;
+  for (const auto& m : results) {
+    if (std::find(scenarios.begin(), scenarios.end(), m.scenario) == scenarios.end()) {
+      scenarios.push_back(m.scenario);
+    }
+  }
+  for (const auto& scenario : scenarios) {
+    md << "\n### " << scenario << "\n\n| parameter | allocator | median | p10 .. p90 | notes |\n"
+       << "|---|---|---|---|---|\n";
+    for (const auto& m : results) {
+      if (m.scenario != scenario) continue;
+      std::string notes;
+      for (const auto& [key, value] : m.extra) notes += key + "=" + brief(value) + " ";
+      md << "| " << m.parameter << " | " << (m.ours ? "**" + m.allocator + "**" : m.allocator)
+         << " | " << brief(m.value.median) << " " << m.unit << " | " << brief(m.value.p10) << " .. "
+         << brief(m.value.p90) << " | " << notes << "|\n";
+    }
+    for (const auto& v : verdicts) {
+      if (v.scenario != scenario) continue;
+      md << "\nVerdict " << v.parameter << ": " << v.ours << " " << brief(v.ours_value) << " "
+         << v.unit << " vs best peer " << v.best_peer << " " << brief(v.peer_value) << " " << v.unit
+         << ": **" << brief(v.advantage >= 1 ? v.advantage : 1 / v.advantage) << "x "
+         << (v.advantage >= 1 ? "better" : "worse") << "**\n";
+    }
+  }
+  return md.str();
 }
 
 std::string to_svg(const Environment& env, const std::vector<Measurement>& results) {

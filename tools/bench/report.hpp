@@ -51,6 +51,9 @@ std::string to_json(const Environment& env, const std::vector<Measurement>& resu
                     const std::vector<Verdict>& verdicts);
 // Bar chart of the "pairs" scenario: time per pair by allocator and size, log scale.
 std::string to_svg(const Environment& env, const std::vector<Measurement>& results);
+// The same tables in Markdown, headed by the environment, for bench/RESULTS.md.
+std::string to_markdown(const Environment& env, const std::vector<Measurement>& results,
+                        const std::vector<Verdict>& verdicts, const std::string& command);
 std::string format_bytes(std::size_t bytes);
 
 }  // namespace vram::bench

@@ -56,6 +56,16 @@ void run_pairs(const BenchConfig& c, Allocators& allocators, Progress& progress,
   cudaStream_t s = stream_holder ? stream_holder->get() : nullptr;
   const std::size_t repetitions = c.quick ? 7 : 15;
   const double batch_ms = c.quick ? 8 : 20;
+  // Warm every allocator on every size first (pool creation, driver first-use costs),
+  // so no allocator pays another's start-up inside its timed batches.
+  for (auto& a : allocators) {
+    for (std::size_t bytes : pair_sizes(c)) {
+      for (int i = 0; i < (bytes >= 64_MiB ? 4 : 200); ++i) {
+        a->deallocate(a->allocate(bytes, s), bytes, s);
+      }
+      a->finish(s);
+    }
+  }
   for (std::size_t bytes : pair_sizes(c)) {
     for (auto& a : allocators) {
       progress.step("pairs " + format_bytes(bytes) + " " + a->name());
@@ -357,7 +367,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("threads")) steps += thread_counts(config).size() * per_scenario;
   if (wanted("mixed")) steps += per_scenario;
   if (wanted("pagein") && config.gpu) steps += 5;
-  if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 5) * 2;
+  if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 6) * 2;
   Progress progress(steps);
   if (wanted("pairs")) run_pairs(config, allocators, progress, results);
   if (wanted("threads")) run_threads(config, allocators, progress, results);
