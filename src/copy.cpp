@@ -41,9 +41,7 @@ PendingCopy copy_to_device_async(void* device_destination, const PooledStaging& 
 
 CopyResult copy_to_device(void* device_destination, const void* host_source, std::size_t bytes,
                           cudaStream_t stream) {
-  PendingCopy pending = copy_to_device_async(device_destination, host_source, bytes, stream);
-  CopyCompleted completed = std::move(pending).wait();
-  return CopyResult{std::move(completed), pending.elapsed_ms()};
+  return copy_to_device_async(device_destination, host_source, bytes, stream).wait_timed();
 }
 
 CopyResult copy_to_device(void* device_destination, const PooledStaging& source,
@@ -67,6 +65,11 @@ CopyCompleted PendingCopy::wait() && {
   end_.wait();  // host-observed completion: only now may a witness exist
   waited_ = true;
   return CopyCompleted(source_, bytes_);
+}
+
+CopyResult PendingCopy::wait_timed() && {
+  CopyCompleted completed = std::move(*this).wait();
+  return CopyResult{std::move(completed), elapsed_ms()};
 }
 
 float PendingCopy::elapsed_ms() const { return cuda::Event::elapsed_ms(start_, end_); }

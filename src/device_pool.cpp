@@ -144,10 +144,10 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::unordered_map<void*, std::size_t> live_blocks;
 
   // Set when the DevicePool handle died with blocks still leased: the core keeps itself
-  // alive through self_holder until the last of those blocks is released.
+  // alive through self_reference until the last of those blocks is released.
   std::atomic<bool> orphaned{false};
   std::atomic<std::int64_t> orphan_blocks_outstanding{0};
-  std::shared_ptr<DevicePoolCore>* self_holder = nullptr;
+  std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
 };
 
 namespace {
@@ -404,7 +404,9 @@ void DevicePoolCore::deallocate(void* block, std::size_t bytes) noexcept {
       bump(cache->released_bytes, class_bytes);
       free_to_upstream(block, class_bytes);
       if (orphan_blocks_outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        delete std::exchange(self_holder, nullptr);  // last lease back: the core may go
+        // Last lease back: drop the self-reference as the very last action (this may
+        // destroy *this, like `delete this`).
+        std::shared_ptr<DevicePoolCore> last = std::move(self_reference);
       }
       return;
     }
@@ -515,7 +517,7 @@ DevicePool::~DevicePool() {
                  "straight back to the upstream.\n",
                  static_cast<long long>(outstanding), now.bytes_in_use);
     core_->orphan_blocks_outstanding.store(outstanding, std::memory_order_relaxed);
-    core_->self_holder = new std::shared_ptr<detail::DevicePoolCore>(core_);
+    core_->self_reference = core_;
     core_->orphaned.store(true, std::memory_order_release);
     core_->trim_epoch.fetch_add(1, std::memory_order_release);
   }

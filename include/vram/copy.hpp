@@ -77,6 +77,8 @@ class PendingCopy {
 
   bool ready() const;
   [[nodiscard]] CopyCompleted wait() &&;
+  // wait(), plus the copy's elapsed time from its CUDA events.
+  [[nodiscard]] CopyResult wait_timed() &&;
   // Elapsed time of the copy in ms; valid after wait().
   float elapsed_ms() const;
 

@@ -31,7 +31,7 @@ struct SizeClasses {
     const std::size_t m = bytes - 1;
     const unsigned k = static_cast<unsigned>(std::bit_width(m)) - 1;  // 2^k <= m < 2^(k+1)
     const std::size_t quarter = (m >> (k - 2)) & 3;
-    return (k - kMinShift) * 4 + quarter + 1;
+    return std::size_t{k - kMinShift} * 4 + quarter + 1;
   }
 
   static constexpr std::size_t bytes_of(std::size_t index) noexcept {

@@ -20,6 +20,9 @@ enum class MemoryKind { device, host, pinned_host };
 
 class Upstream {
  public:
+  Upstream() = default;
+  Upstream(const Upstream&) = delete;
+  Upstream& operator=(const Upstream&) = delete;
   virtual ~Upstream() = default;
   // At least `bytes` (> 0) bytes aligned to alignment(). Throws vram::OutOfMemory when the
   // memory is exhausted and vram::CudaError for any other failure.

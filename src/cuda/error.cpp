@@ -10,7 +10,7 @@ namespace vram {
 
 CudaError::CudaError(std::string call, int code, bool driver_error, std::string error_name,
                      std::string message)
-    : std::runtime_error(std::move(message)),
+    : std::runtime_error(message),
       call_(std::move(call)),
       code_(code),
       driver_error_(driver_error),

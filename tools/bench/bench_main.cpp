@@ -25,10 +25,11 @@ void print_bench_usage(std::FILE* out) {
                "[--svg FILE] [--markdown FILE] [--host-only] [--device N]\n"
                "  scenarios: pairs (warm alloc+free by size), threads (1..16 threads, a stream "
                "each),\n"
-               "             mixed (random 70/30 workload, peak reserved), pagein (staging "
-               "pool vs\n"
-               "             pinning per page-in vs pageable), pinning (fast pin path vs "
-               "cudaHostAlloc)\n"
+               "             mixed (random 70/30 workload, peak reserved), overhead "
+               "(StreamOrderedPool\n"
+               "             vs raw cudaMallocAsync, interleaved), pagein (staging pool vs "
+               "pinning per\n"
+               "             page-in vs pageable), pinning (fast pin path vs cudaHostAlloc)\n"
                "  --quick      a short run (under 30 s on an H200)\n"
                "  --host-only  run the host-memory scenarios even when a GPU is visible\n");
 }
@@ -97,7 +98,7 @@ int run_bench(const std::vector<std::string>& args) {
           if (std::find(known.begin(), known.end(), name) == known.end()) {
             std::fprintf(stderr,
                          "vram bench: unknown scenario '%s' (known: pairs, threads, mixed, "
-                         "pagein, pinning)\n",
+                         "overhead, pagein, pinning)\n",
                          name.c_str());
             return 2;
           }

@@ -51,6 +51,19 @@ std::string brief(double value) {
   return buffer;
 }
 
+// Decade tick labels: "1 ns", "10 ns", "100 ns", "1 us", ... "1 ms", "10 ms".
+std::string duration_label(double ns) {
+  const char* units[] = {"ns", "us", "ms", "s"};
+  int unit = 0;
+  while (ns >= 1000 && unit < 3) {
+    ns /= 1000;
+    ++unit;
+  }
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g %s", ns, units[unit]);
+  return buffer;
+}
+
 std::string xml_escape(const std::string& text) {
   std::string out;
   for (char c : text) {
@@ -271,7 +284,7 @@ std::string to_svg(const Environment& env, const std::vector<Measurement>& resul
     svg << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << y << "\" y2=\""
         << y << "\" stroke=\"#ddd\"/>\n";
     svg << "<text x=\"" << left - 8 << "\" y=\"" << y + 4 << "\" text-anchor=\"end\">"
-        << number(std::pow(10.0, d)) << " ns</text>\n";
+        << duration_label(std::pow(10.0, d)) << "</text>\n";
   }
   const double group_w = sizes.empty() ? plot_w : static_cast<double>(plot_w) / sizes.size();
   const double bar_w = allocators.empty() ? 10 : (group_w * 0.8) / allocators.size();

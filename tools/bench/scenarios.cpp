@@ -14,6 +14,7 @@
 #include "vram/cuda/stream.hpp"
 #include "vram/pinned_host_upstream.hpp"
 #include "vram/pinned_staging_pool.hpp"
+#include "vram/stream_ordered_pool.hpp"
 #include "vram/units.hpp"
 
 namespace vram::bench {
@@ -345,6 +346,61 @@ void run_pinning(const BenchConfig& c, Progress& progress, std::vector<Measureme
   }
 }
 
+// StreamOrderedPool against raw cudaMallocAsync/cudaFreeAsync on the same default pool and
+// stream, batches interleaved (order alternating per round) so drift hits both alike: the
+// cost our wrapper adds per allocate+free pair.
+void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurement>& results) {
+  const std::size_t rounds = c.quick ? 15 : 41;
+  const std::size_t pairs = 2000;
+  cuda::Stream stream;
+  StreamOrderedPool pool(StreamOrderedPoolOptions{.device = c.device});
+  auto ours = [&](std::size_t bytes) {
+    for (std::size_t i = 0; i < pairs; ++i) {
+      pool.deallocate_async(pool.allocate_async(bytes, stream.get()), stream.get());
+    }
+    stream.synchronize();
+  };
+  auto raw = [&](std::size_t bytes) {
+    for (std::size_t i = 0; i < pairs; ++i) {
+      void* block = nullptr;
+      cuda::check(cudaMallocAsync(&block, bytes, stream.get()), "cudaMallocAsync");
+      cuda::check(cudaFreeAsync(block, stream.get()), "cudaFreeAsync");
+    }
+    stream.synchronize();
+  };
+  for (std::size_t bytes : {std::size_t{256}, 64_KiB, 16_MiB}) {
+    progress.step("overhead " + format_bytes(bytes));
+    ours(bytes);
+    raw(bytes);
+    std::vector<double> ours_ns;
+    std::vector<double> raw_ns;
+    for (std::size_t r = 0; r < rounds; ++r) {
+      for (int turn = 0; turn < 2; ++turn) {
+        const bool ours_now = (turn == 0) == (r % 2 == 0);
+        const double start = now_seconds();
+        ours_now ? ours(bytes) : raw(bytes);
+        const double ns = (now_seconds() - start) * 1e9 / static_cast<double>(pairs);
+        (ours_now ? ours_ns : raw_ns).push_back(ns);
+      }
+    }
+    Measurement mine;
+    mine.scenario = "overhead";
+    mine.parameter = format_bytes(bytes);
+    mine.parameter_value = static_cast<double>(bytes);
+    mine.allocator = "vram StreamOrderedPool";
+    mine.ours = true;
+    mine.unit = "ns/pair";
+    mine.value = summarize(ours_ns);
+    Measurement peer = mine;
+    peer.allocator = "cudaMallocAsync (raw, same pool)";
+    peer.ours = false;
+    peer.value = summarize(raw_ns);
+    mine.extra["overhead_pct"] = (mine.value.median / peer.value.median - 1.0) * 100.0;
+    results.push_back(mine);
+    results.push_back(peer);
+  }
+}
+
 }  // namespace
 
 const std::vector<std::string>& known_scenarios() {
@@ -352,7 +408,9 @@ const std::vector<std::string>& known_scenarios() {
   return names;
 }
 
-bool scenario_needs_gpu(const std::string& name) { return name == "pagein" || name == "pinning"; }
+bool scenario_needs_gpu(const std::string& name) {
+  return name == "pagein" || name == "pinning" || name == "overhead";
+}
 
 std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   std::vector<Measurement> results;
@@ -366,13 +424,15 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("pairs")) steps += pair_sizes(config).size() * per_scenario;
   if (wanted("threads")) steps += thread_counts(config).size() * per_scenario;
   if (wanted("mixed")) steps += per_scenario;
+  if (wanted("overhead") && config.gpu) steps += 3;
   if (wanted("pagein") && config.gpu) steps += 5;
-  if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 6) * 2;
+  if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 7) * 2;
   Progress progress(steps);
   if (wanted("pairs")) run_pairs(config, allocators, progress, results);
   if (wanted("threads")) run_threads(config, allocators, progress, results);
   if (wanted("mixed")) run_mixed(config, allocators, progress, results);
   allocators.clear();
+  if (config.gpu && wanted("overhead")) run_overhead(config, progress, results);
   if (config.gpu && wanted("pagein")) run_pagein(config, progress, results);
   if (config.gpu && wanted("pinning")) run_pinning(config, progress, results);
   progress.finish();
