@@ -79,29 +79,31 @@ std::string_view driver_fix_hint(int result) noexcept {
   }
 }
 
-CudaError make_error(cudaError_t result, std::string_view call) {
-  std::string name = cudaGetErrorName(result);
-  std::string message =
-      std::string(call) + " failed: " + name + " (" + cudaGetErrorString(result) + ")";
-  if (auto fix = fix_hint(result); !fix.empty()) {
+namespace {
+
+// "<call> failed: <name> (<text>). <Fix: ...>" for runtime and driver errors alike.
+CudaError describe(std::string_view call, int code, bool driver_error, std::string name,
+                   std::string_view text, std::string_view fix) {
+  std::string message = std::string(call) + " failed: " + name + " (" + std::string(text) + ")";
+  if (!fix.empty()) {
     message += ". ";
     message += fix;
   }
-  return CudaError(std::string(call), static_cast<int>(result), false, std::move(name),
-                   std::move(message));
+  return CudaError(std::string(call), code, driver_error, std::move(name), std::move(message));
+}
+
+}  // namespace
+
+CudaError make_error(cudaError_t result, std::string_view call) {
+  return describe(call, static_cast<int>(result), false, cudaGetErrorName(result),
+                  cudaGetErrorString(result), fix_hint(result));
 }
 
 void check_driver(int result, const char* call) {
   if (result == CUDA_SUCCESS) [[likely]]
     return;
-  std::string name = driver_error_name(result);
-  std::string message =
-      std::string(call) + " failed: " + name + " (" + driver_error_string(result) + ")";
-  if (auto fix = driver_fix_hint(result); !fix.empty()) {
-    message += ". ";
-    message += fix;
-  }
-  throw CudaError(call, result, true, std::move(name), std::move(message));
+  throw describe(call, result, true, driver_error_name(result), driver_error_string(result),
+                 driver_fix_hint(result));
 }
 
 bool is_shutdown_error(cudaError_t result) noexcept {
