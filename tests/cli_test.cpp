@@ -164,3 +164,22 @@ TEST(Cli, InfoRunsWithOrWithoutADevice) {
 
 }  // namespace
 }  // namespace vram::testing
+
+namespace vram::testing {
+namespace {
+
+TEST(Cli, EveryDocumentedScenarioIsAccepted) {
+  // GPU-only scenarios are accepted and reported as skipped on a host-only run.
+  ::testing::internal::CaptureStdout();
+  const int code = cli::run_bench({"--host-only", "--scenario", "overhead,pagein,pinning"});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(code, 0) << out;
+  for (const char* name : {"overhead", "pagein", "pinning"}) {
+    EXPECT_NE(out.find(std::string("scenario '") + name + "' skipped: it needs a GPU"),
+              std::string::npos)
+        << out;
+  }
+}
+
+}  // namespace
+}  // namespace vram::testing

@@ -306,7 +306,7 @@ void run_pagein(const BenchConfig& c, Progress& progress, std::vector<Measuremen
 void run_pinning(const BenchConfig& c, Progress& progress, std::vector<Measurement>& results) {
   std::vector<std::size_t> sizes =
       c.quick ? std::vector<std::size_t>{1_MiB, 64_MiB, 1_GiB}
-              : std::vector<std::size_t>{1_MiB, 16_MiB, 256_MiB, 1_GiB, 8_GiB};
+              : std::vector<std::size_t>{64_KiB, 256_KiB, 1_MiB, 16_MiB, 256_MiB, 1_GiB, 8_GiB};
   struct Method {
     std::string name;
     bool ours;
@@ -404,7 +404,8 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
 }  // namespace
 
 const std::vector<std::string>& known_scenarios() {
-  static const std::vector<std::string> names = {"pairs", "threads", "mixed", "pagein", "pinning"};
+  static const std::vector<std::string> names = {"pairs",    "threads", "mixed",
+                                                 "overhead", "pagein",  "pinning"};
   return names;
 }
 
