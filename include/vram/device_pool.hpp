@@ -43,6 +43,8 @@
 //   debug builds) the release is rejected with a message on stderr and counted in
 //   invalid_releases, and nothing is cached; without it (release builds) the behaviour is
 //   undefined: the block would be cached and handed out again.
+//   cudaDeviceReset() invalidates every cached block, and the warm path (no driver call)
+//   cannot notice: call trim(0) before a reset, or destroy the pool.
 //   Destroying the pool with blocks still leased: the cache is freed, a warning names the
 //   bytes still leased, and the pool's bookkeeping stays alive until the last of them is
 //   released (each then goes straight back to the upstream), so no lease dangles.
