@@ -3,11 +3,38 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <vector>
 
 #include "vram/cuda/error.hpp"
 #include "vram/pinned_staging_pool.hpp"
 
 namespace vram {
+namespace {
+
+// Timing events recycled per thread: creating and destroying two events per copy costs
+// microseconds that a small page-in feels. An event goes back only after the host saw it
+// complete, so a recycled event is never still pending.
+constexpr std::size_t kMaxCachedEvents = 16;
+thread_local std::vector<cuda::Event> tl_event_cache;
+
+cuda::Event take_timing_event() {
+  if (!tl_event_cache.empty()) {
+    cuda::Event event = std::move(tl_event_cache.back());
+    tl_event_cache.pop_back();
+    return event;
+  }
+  return cuda::Event(cuda::Event::Timing::enabled);
+}
+
+void recycle_timing_event(cuda::Event& event) noexcept {
+  if (event.get() == nullptr || tl_event_cache.size() >= kMaxCachedEvents) return;
+  try {
+    tl_event_cache.push_back(std::move(event));
+  } catch (...) {  // no room: the event is simply destroyed
+  }
+}
+
+}  // namespace
 
 bool CopyCompleted::covers_range_in(const void* begin, std::size_t size) const noexcept {
   const auto first = reinterpret_cast<std::uintptr_t>(begin);
@@ -24,8 +51,8 @@ PendingCopy copy_to_device_async(void* device_destination, const void* host_sour
   if (device_destination == nullptr || host_source == nullptr) {
     throw InvalidArgument("vram::copy_to_device: null destination or source.");
   }
-  cuda::Event start(cuda::Event::Timing::enabled);
-  cuda::Event end(cuda::Event::Timing::enabled);
+  cuda::Event start = take_timing_event();
+  cuda::Event end = take_timing_event();
   start.record(stream);
   cuda::check(
       cudaMemcpyAsync(device_destination, host_source, bytes, cudaMemcpyHostToDevice, stream),
@@ -50,13 +77,18 @@ CopyResult copy_to_device(void* device_destination, const PooledStaging& source,
 }
 
 PendingCopy::~PendingCopy() {
-  if (waited_ || end_.get() == nullptr) return;
-  try {
-    end_.wait();  // the source must not be reused or freed while the DMA reads it
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "vram::PendingCopy: waiting for an abandoned copy failed: %s\n",
-                 error.what());
+  if (end_.get() == nullptr) return;  // moved from
+  if (!waited_) {
+    try {
+      end_.wait();  // the source must not be reused or freed while the DMA reads it
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "vram::PendingCopy: waiting for an abandoned copy failed: %s\n",
+                   error.what());
+      return;  // the events may still be pending: not recycled
+    }
   }
+  recycle_timing_event(start_);
+  recycle_timing_event(end_);
 }
 
 bool PendingCopy::ready() const { return waited_ || end_.ready(); }

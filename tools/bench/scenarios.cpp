@@ -212,8 +212,13 @@ void run_mixed(const BenchConfig& c, Allocators& allocators, Progress& progress,
   }
 }
 
-void run_pagein(const BenchConfig& c, Progress& progress, std::vector<Measurement>& results) {
-  const std::size_t bytes = 16_MiB;
+std::vector<std::size_t> pagein_chunks(const BenchConfig& c) {
+  if (c.quick) return {16_MiB};
+  return {16_MiB, 1_MiB};
+}
+
+void run_pagein(const BenchConfig& c, std::size_t bytes, Progress& progress,
+                std::vector<Measurement>& results) {
   const std::size_t page_ins = 64;
   const std::size_t repetitions = c.quick ? 3 : 7;
   const std::string parameter = std::to_string(page_ins) + " x " + format_bytes(bytes);
@@ -223,7 +228,7 @@ void run_pagein(const BenchConfig& c, Progress& progress, std::vector<Measuremen
   std::vector<char> pageable(bytes, 1);
   auto measure = [&](const std::string& name, bool ours, bool reference,
                      const std::function<void()>& loop) {
-    progress.step("pagein " + name);
+    progress.step("pagein " + parameter + " " + name);
     loop();  // warm-up
     std::vector<double> samples;
     for (std::size_t r = 0; r < repetitions; ++r) {
@@ -426,7 +431,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("threads")) steps += thread_counts(config).size() * per_scenario;
   if (wanted("mixed")) steps += per_scenario;
   if (wanted("overhead") && config.gpu) steps += 3;
-  if (wanted("pagein") && config.gpu) steps += 5;
+  if (wanted("pagein") && config.gpu) steps += 5 * pagein_chunks(config).size();
   if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 7) * 2;
   Progress progress(steps);
   if (wanted("pairs")) run_pairs(config, allocators, progress, results);
@@ -434,7 +439,9 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("mixed")) run_mixed(config, allocators, progress, results);
   allocators.clear();
   if (config.gpu && wanted("overhead")) run_overhead(config, progress, results);
-  if (config.gpu && wanted("pagein")) run_pagein(config, progress, results);
+  if (config.gpu && wanted("pagein")) {
+    for (std::size_t bytes : pagein_chunks(config)) run_pagein(config, bytes, progress, results);
+  }
   if (config.gpu && wanted("pinning")) run_pinning(config, progress, results);
   progress.finish();
   return results;
