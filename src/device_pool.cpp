@@ -356,8 +356,15 @@ void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment) {
   bump(cache.acquires, 1);
   bump(cache.acquired_bytes, class_bytes);
   if (options.validate_releases) {
-    std::lock_guard lock(live_mutex);
-    live_blocks[block] = class_bytes;
+    try {
+      std::lock_guard lock(live_mutex);
+      live_blocks[block] = class_bytes;
+    } catch (...) {  // could not record it: undo the acquire so nothing is lost
+      bump(cache.releases, 1);
+      bump(cache.released_bytes, class_bytes);
+      release_to_shared(index, block, class_bytes);
+      throw;
+    }
   }
   return block;
 }
