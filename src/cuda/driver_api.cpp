@@ -31,7 +31,6 @@ DriverApi resolve_all() {
   resolve(api.device_get, "cuDeviceGet", 2000);
   resolve(api.ctx_get_current, "cuCtxGetCurrent", 4000);
   resolve(api.ctx_set_current, "cuCtxSetCurrent", 4000);
-  resolve(api.device_primary_ctx_retain, "cuDevicePrimaryCtxRetain", 7000);
   resolve(api.device_get_default_mem_pool, "cuDeviceGetDefaultMemPool", 11020);
   resolve(api.mem_pool_create, "cuMemPoolCreate", 11020);
   resolve(api.mem_pool_destroy, "cuMemPoolDestroy", 11020);

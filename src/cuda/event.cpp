@@ -1,43 +1,30 @@
 #include "vram/cuda/event.hpp"
 
-#include <utility>
-
 #include "vram/cuda/error.hpp"
 
 namespace vram::cuda {
 
 Event::Event(Timing timing) {
   unsigned int flags = timing == Timing::enabled ? cudaEventDefault : cudaEventDisableTiming;
-  check(cudaEventCreateWithFlags(&event_, flags), "cudaEventCreateWithFlags");
+  cudaEvent_t event = nullptr;
+  check(cudaEventCreateWithFlags(&event, flags), "cudaEventCreateWithFlags");
+  event_ = detail::UniqueHandle<cudaEvent_t, &Event::destroy>(event);
 }
 
-Event::~Event() { destroy(); }
-
-Event::Event(Event&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
-
-Event& Event::operator=(Event&& other) noexcept {
-  if (this != &other) {
-    destroy();
-    event_ = std::exchange(other.event_, nullptr);
-  }
-  return *this;
-}
-
-void Event::destroy() noexcept {
-  if (event_ != nullptr && cudaEventDestroy(event_) != cudaSuccess) (void)cudaGetLastError();
-  event_ = nullptr;
+void Event::destroy(cudaEvent_t event) noexcept {
+  if (cudaEventDestroy(event) != cudaSuccess) (void)cudaGetLastError();
 }
 
 void Event::record(cudaStream_t stream) {
-  check(cudaEventRecord(event_, stream), "cudaEventRecord");
+  check(cudaEventRecord(event_.get(), stream), "cudaEventRecord");
 }
 
 void Event::make_wait(cudaStream_t stream) const {
-  check(cudaStreamWaitEvent(stream, event_, 0), "cudaStreamWaitEvent");
+  check(cudaStreamWaitEvent(stream, event_.get(), 0), "cudaStreamWaitEvent");
 }
 
 bool Event::ready() const {
-  cudaError_t status = cudaEventQuery(event_);
+  cudaError_t status = cudaEventQuery(event_.get());
   if (status == cudaErrorNotReady) {
     (void)cudaGetLastError();
     return false;
@@ -46,11 +33,11 @@ bool Event::ready() const {
   return true;
 }
 
-void Event::wait() const { check(cudaEventSynchronize(event_), "cudaEventSynchronize"); }
+void Event::wait() const { check(cudaEventSynchronize(event_.get()), "cudaEventSynchronize"); }
 
 float Event::elapsed_ms(const Event& start, const Event& stop) {
   float ms = 0.0F;
-  check(cudaEventElapsedTime(&ms, start.event_, stop.event_), "cudaEventElapsedTime");
+  check(cudaEventElapsedTime(&ms, start.event_.get(), stop.event_.get()), "cudaEventElapsedTime");
   return ms;
 }
 

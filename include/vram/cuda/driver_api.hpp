@@ -31,7 +31,6 @@ struct DriverApi {
   DriverEntry<PFN_cuDeviceGet_v2000> device_get;
   DriverEntry<PFN_cuCtxGetCurrent_v4000> ctx_get_current;
   DriverEntry<PFN_cuCtxSetCurrent_v4000> ctx_set_current;
-  DriverEntry<PFN_cuDevicePrimaryCtxRetain_v7000> device_primary_ctx_retain;
   DriverEntry<PFN_cuDeviceGetDefaultMemPool_v11020> device_get_default_mem_pool;
   DriverEntry<PFN_cuMemPoolCreate_v11020> mem_pool_create;
   DriverEntry<PFN_cuMemPoolDestroy_v11020> mem_pool_destroy;

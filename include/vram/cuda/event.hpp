@@ -11,19 +11,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include "vram/cuda/unique_handle.hpp"
+
 namespace vram::cuda {
 
 class Event {
  public:
   enum class Timing { disabled, enabled };
   explicit Event(Timing timing = Timing::disabled);
-  ~Event();
-  Event(Event&& other) noexcept;
-  Event& operator=(Event&& other) noexcept;
-  Event(const Event&) = delete;
-  Event& operator=(const Event&) = delete;
 
-  cudaEvent_t get() const noexcept { return event_; }
+  cudaEvent_t get() const noexcept { return event_.get(); }
   void record(cudaStream_t stream);
   // Makes `stream` wait for this event (cudaStreamWaitEvent) without blocking the host.
   void make_wait(cudaStream_t stream) const;
@@ -34,8 +31,8 @@ class Event {
   static float elapsed_ms(const Event& start, const Event& stop);
 
  private:
-  void destroy() noexcept;
-  cudaEvent_t event_ = nullptr;
+  static void destroy(cudaEvent_t event) noexcept;
+  detail::UniqueHandle<cudaEvent_t, &Event::destroy> event_;
 };
 
 }  // namespace vram::cuda

@@ -7,26 +7,23 @@
 
 #include <cuda_runtime_api.h>
 
+#include "vram/cuda/unique_handle.hpp"
+
 namespace vram::cuda {
 
 class Stream {
  public:
   enum class Kind { non_blocking, blocking };
   explicit Stream(Kind kind = Kind::non_blocking, int priority = 0);
-  ~Stream();
-  Stream(Stream&& other) noexcept;
-  Stream& operator=(Stream&& other) noexcept;
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
 
-  cudaStream_t get() const noexcept { return stream_; }
+  cudaStream_t get() const noexcept { return stream_.get(); }
   void synchronize() const;
   // True when all work queued so far has completed (cudaStreamQuery), without blocking.
   bool ready() const;
 
  private:
-  void destroy() noexcept;
-  cudaStream_t stream_ = nullptr;
+  static void destroy(cudaStream_t stream) noexcept;
+  detail::UniqueHandle<cudaStream_t, &Stream::destroy> stream_;
 };
 
 }  // namespace vram::cuda
