@@ -70,7 +70,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   }
 
   ~DevicePoolCore() {
-    for (auto& cache : caches) free_thread_cache_blocks(*cache);
+    for (auto& cache : caches) empty_thread_cache(*cache, false);
     for (std::size_t index = 0; index < rings.size(); ++index) {
       MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
       if (ring == nullptr) continue;
@@ -107,7 +107,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void* allocate_from_upstream(std::size_t requested, std::size_t class_bytes);
   void release_to_shared(std::size_t index, void* block, std::size_t class_bytes) noexcept;
   void free_to_upstream(void* block, std::size_t class_bytes) noexcept;
-  void free_thread_cache_blocks(ThreadCache& cache) noexcept;
+  // Moves a thread cache's blocks to the shared tier (thread exit) or frees them (trim).
+  void empty_thread_cache(ThreadCache& cache, bool keep_in_shared) noexcept;
   void trim(std::size_t keep_bytes) noexcept;
   // Called when a thread sees a new trim epoch. Returns true when the pool is orphaned.
   bool on_epoch_change(ThreadCache& cache) noexcept;
@@ -221,17 +222,7 @@ void DevicePoolCore::retire(ThreadCache* cache) noexcept {
   auto it = std::find_if(caches.begin(), caches.end(),
                          [cache](const auto& owned) { return owned.get() == cache; });
   if (it == caches.end()) return;
-  for (std::size_t index = 0; index < cache->bins.size(); ++index) {
-    auto& bin = cache->bins[index];
-    for (std::uint32_t i = 0; i < bin.count; ++i) {
-      if (orphaned.load(std::memory_order_relaxed)) {
-        free_to_upstream(bin.blocks[i], SizeClasses::bytes_of(index));
-      } else {
-        release_to_shared(index, bin.blocks[i], SizeClasses::bytes_of(index));
-      }
-    }
-    bin.count = 0;
-  }
+  empty_thread_cache(*cache, /*keep_in_shared=*/!orphaned.load(std::memory_order_relaxed));
   retired_acquires += cache->acquires.load(std::memory_order_relaxed);
   retired_releases += cache->releases.load(std::memory_order_relaxed);
   retired_acquired_bytes += cache->acquired_bytes.load(std::memory_order_relaxed);
@@ -245,11 +236,16 @@ void DevicePoolCore::free_to_upstream(void* block, std::size_t class_bytes) noex
   reserved_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
 }
 
-void DevicePoolCore::free_thread_cache_blocks(ThreadCache& cache) noexcept {
+void DevicePoolCore::empty_thread_cache(ThreadCache& cache, bool keep_in_shared) noexcept {
   for (std::size_t index = 0; index < cache.bins.size(); ++index) {
     auto& bin = cache.bins[index];
+    const std::size_t class_bytes = SizeClasses::bytes_of(index);
     for (std::uint32_t i = 0; i < bin.count; ++i) {
-      free_to_upstream(bin.blocks[i], SizeClasses::bytes_of(index));
+      if (keep_in_shared) {
+        release_to_shared(index, bin.blocks[i], class_bytes);
+      } else {
+        free_to_upstream(bin.blocks[i], class_bytes);
+      }
     }
     bin.count = 0;
   }
@@ -269,14 +265,14 @@ void DevicePoolCore::release_to_shared(std::size_t index, void* block,
 }
 
 bool DevicePoolCore::on_epoch_change(ThreadCache& cache) noexcept {
-  free_thread_cache_blocks(cache);
+  empty_thread_cache(cache, false);
   if (orphaned.load(std::memory_order_acquire)) return true;  // stay on the slow path
   cache.seen_epoch = trim_epoch.load(std::memory_order_relaxed);
   return false;
 }
 
 void DevicePoolCore::trim(std::size_t keep_bytes) noexcept {
-  if (tl_last_uid == uid) free_thread_cache_blocks(*tl_last_cache);
+  if (tl_last_uid == uid) empty_thread_cache(*tl_last_cache, false);
   trim_epoch.fetch_add(1, std::memory_order_release);
   if (tl_last_uid == uid) tl_last_cache->seen_epoch = trim_epoch.load(std::memory_order_relaxed);
   for (std::size_t index = rings.size(); index-- > 0;) {

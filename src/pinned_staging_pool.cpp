@@ -25,20 +25,42 @@ struct StagingPoolState {
     if (!upstream) throw InvalidArgument("vram::PinnedStagingPool: the upstream is null");
   }
 
-  // Keeps `buffer` if the bounds allow; otherwise it is freed when it goes out of scope.
-  void keep_or_free(PinnedBuffer buffer) {
-    std::unique_lock lock(mutex);
-    if (free_list.size() < options.max_buffers &&
-        buffer.capacity() <= options.max_bytes - std::min(options.max_bytes, free_bytes)) {
-      free_bytes += buffer.capacity();
-      free_list.push_back(std::move(buffer));
-      lock.unlock();
-      retired.fetch_add(1, std::memory_order_relaxed);
-      return;
+  // Whether one more buffer of `capacity` bytes stays within both bounds. Needs `mutex`.
+  bool fits_locked(std::size_t capacity) const {
+    return free_list.size() < options.max_buffers &&
+           capacity <= options.max_bytes - std::min(options.max_bytes, free_bytes);
+  }
+
+  // Moves `buffer` into the free list if the bounds allow; otherwise leaves it to the
+  // caller, who frees it outside the lock (unpinning can take milliseconds).
+  bool try_keep(PinnedBuffer& buffer) {
+    std::lock_guard lock(mutex);
+    if (!fits_locked(buffer.capacity())) return false;
+    free_bytes += buffer.capacity();
+    free_list.push_back(std::move(buffer));
+    return true;
+  }
+
+  // One real pin, counted per pool and process-wide.
+  PinnedBuffer pin(std::size_t len) {
+    PinnedBuffer fresh(upstream, len);
+    pin_calls.fetch_add(1, std::memory_order_relaxed);
+    global_pins.fetch_add(1, std::memory_order_relaxed);
+    return fresh;
+  }
+
+  // The one way back into the free list: a witness covering the buffer, then the bounds.
+  // A buffer that fails either is freed when `buffer` goes out of scope.
+  void take_back(PinnedBuffer buffer, const CopyCompleted& completed) {
+    if (!completed.covers_range_in(buffer.data(), buffer.capacity())) {
+      witness_mismatches.fetch_add(1, std::memory_order_relaxed);
+      return;  // proves nothing about this buffer
     }
-    lock.unlock();
-    freed_over_bounds.fetch_add(1, std::memory_order_relaxed);
-    // `buffer` is freed here, outside the lock: unpinning can take milliseconds.
+    if (try_keep(buffer)) {
+      retired.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      freed_over_bounds.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 
   std::shared_ptr<Upstream> upstream;
@@ -115,37 +137,24 @@ PooledStaging PinnedStagingPool::acquire(std::size_t len) {
       return PooledStaging(state_, std::move(buffer), len);
     }
   }
-  PinnedBuffer fresh(s.upstream, len);  // pin outside the lock
-  s.pin_calls.fetch_add(1, std::memory_order_relaxed);
-  global_pins.fetch_add(1, std::memory_order_relaxed);
-  return PooledStaging(state_, std::move(fresh), len);
+  return PooledStaging(state_, s.pin(len), len);  // pinned outside the lock
 }
 
 void PinnedStagingPool::release(PinnedBuffer buffer, CopyCompleted completed) {
   if (!buffer) return;
-  if (!completed.covers_range_in(buffer.data(), buffer.capacity())) {
-    state_->witness_mismatches.fetch_add(1, std::memory_order_relaxed);
-    return;  // proves nothing about this buffer: freed, never reused
-  }
-  state_->keep_or_free(std::move(buffer));
+  state_->take_back(std::move(buffer), completed);
 }
 
 void PinnedStagingPool::reserve(std::size_t count, std::size_t len) {
   if (len == 0) throw InvalidArgument("vram::PinnedStagingPool::reserve: zero bytes requested.");
+  auto& s = *state_;
   for (std::size_t i = 0; i < count; ++i) {
     {
-      std::lock_guard lock(state_->mutex);
-      if (state_->free_list.size() >= state_->options.max_buffers ||
-          state_->free_bytes + len > state_->options.max_bytes) {
-        return;
-      }
+      std::lock_guard lock(s.mutex);
+      if (!s.fits_locked(len)) return;  // do not pin what could not be kept
     }
-    PinnedBuffer fresh(state_->upstream, len);
-    state_->pin_calls.fetch_add(1, std::memory_order_relaxed);
-    global_pins.fetch_add(1, std::memory_order_relaxed);
-    std::lock_guard lock(state_->mutex);
-    state_->free_bytes += fresh.capacity();
-    state_->free_list.push_back(std::move(fresh));
+    PinnedBuffer fresh = s.pin(len);
+    if (!s.try_keep(fresh)) return;  // bounds filled meanwhile: `fresh` is freed
   }
 }
 
@@ -224,13 +233,8 @@ void PooledStaging::drop_without_witness() noexcept {
 void PooledStaging::retire(CopyCompleted completed) {
   if (!buffer_ || !pool_) return;
   auto pool = std::move(pool_);
-  if (!completed.covers_range_in(buffer_.data(), buffer_.capacity())) {
-    pool->witness_mismatches.fetch_add(1, std::memory_order_relaxed);
-    buffer_.reset();
-    return;
-  }
-  pool->keep_or_free(std::move(buffer_));
   len_ = 0;
+  pool->take_back(std::move(buffer_), completed);
 }
 
 PinnedBuffer PooledStaging::into_inner() noexcept {

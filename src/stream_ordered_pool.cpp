@@ -107,6 +107,13 @@ void StreamOrderedPool::destroy() noexcept {
   owned_ = false;
 }
 
+bool StreamOrderedPool::bind_context() const noexcept {
+  // A thread's first call may find no current context: bind the device's primary context.
+  auto set = cuda::driver_api().ctx_set_current.function;
+  return context_ != nullptr && set != nullptr &&
+         set(static_cast<CUcontext>(context_)) == CUDA_SUCCESS;
+}
+
 void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) {
   if (bytes == 0) {
     throw InvalidArgument(
@@ -117,12 +124,8 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) 
       cuda::driver_api().require(cuda::driver_api().mem_alloc_from_pool_async);
   CUdeviceptr block = 0;
   CUresult result = alloc(&block, bytes, as_pool(pool_), stream);
-  if (result == CUDA_ERROR_INVALID_CONTEXT && context_ != nullptr) {
-    // First use on a thread with no current context: bind the device's primary context.
-    const auto& api = cuda::driver_api();
-    if (api.require(api.ctx_set_current)(static_cast<CUcontext>(context_)) == CUDA_SUCCESS) {
-      result = alloc(&block, bytes, as_pool(pool_), stream);
-    }
+  if (result == CUDA_ERROR_INVALID_CONTEXT && bind_context()) {
+    result = alloc(&block, bytes, as_pool(pool_), stream);
   }
   if (result == CUDA_ERROR_OUT_OF_MEMORY) {
     const std::size_t used = used_bytes();
@@ -146,11 +149,8 @@ void StreamOrderedPool::deallocate_async(void* block, cudaStream_t stream) noexc
   static const auto free_async = cuda::driver_api().mem_free_async.function;
   if (free_async == nullptr) return;
   CUresult result = free_async(reinterpret_cast<CUdeviceptr>(block), stream);
-  if (result == CUDA_ERROR_INVALID_CONTEXT && context_ != nullptr) {
-    if (auto set = cuda::driver_api().ctx_set_current.function;
-        set != nullptr && set(static_cast<CUcontext>(context_)) == CUDA_SUCCESS) {
-      result = free_async(reinterpret_cast<CUdeviceptr>(block), stream);
-    }
+  if (result == CUDA_ERROR_INVALID_CONTEXT && bind_context()) {
+    result = free_async(reinterpret_cast<CUdeviceptr>(block), stream);
   }
   if (result != CUDA_SUCCESS && !cuda::is_driver_shutdown_error(result)) {
     failed_frees_.fetch_add(1, std::memory_order_relaxed);

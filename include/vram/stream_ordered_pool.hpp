@@ -95,6 +95,8 @@ class StreamOrderedPool {
   std::uint64_t get_attribute(int attribute, const char* label) const;
   void set_attribute(int attribute, std::uint64_t value, const char* label);
   void destroy() noexcept;
+  // Makes the pool's device context current on this thread; false if it cannot.
+  bool bind_context() const noexcept;
 
   void* pool_ = nullptr;     // CUmemoryPool
   void* context_ = nullptr;  // CUcontext: the device's primary context

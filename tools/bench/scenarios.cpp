@@ -34,14 +34,14 @@ Allocators make_allocators(const BenchConfig& c) {
 }
 
 Measurement make(const std::string& scenario, const std::string& parameter, double value,
-                 const BenchAllocator& a, const std::string& unit, bool lower_is_better,
-                 const std::vector<double>& samples) {
+                 const std::string& allocator, bool ours, const std::string& unit,
+                 bool lower_is_better, const std::vector<double>& samples) {
   Measurement m;
   m.scenario = scenario;
   m.parameter = parameter;
   m.parameter_value = value;
-  m.allocator = a.name();
-  m.ours = a.ours();
+  m.allocator = allocator;
+  m.ours = ours;
   m.unit = unit;
   m.lower_is_better = lower_is_better;
   m.value = summarize(samples);
@@ -50,11 +50,9 @@ Measurement make(const std::string& scenario, const std::string& parameter, doub
 
 void run_pairs(const BenchConfig& c, Allocators& allocators, Progress& progress,
                std::vector<Measurement>& results) {
-  cuda::Stream* stream_holder = nullptr;
   std::unique_ptr<cuda::Stream> stream;
   if (c.gpu) stream = std::make_unique<cuda::Stream>();
-  stream_holder = stream.get();
-  cudaStream_t s = stream_holder ? stream_holder->get() : nullptr;
+  cudaStream_t s = stream ? stream->get() : nullptr;
   const std::size_t repetitions = c.quick ? 7 : 15;
   const double batch_ms = c.quick ? 8 : 20;
   // Warm every allocator on every size first (pool creation, driver first-use costs),
@@ -79,8 +77,8 @@ void run_pairs(const BenchConfig& c, Allocators& allocators, Progress& progress,
             a->finish(s);
           },
           repetitions, batch_ms);
-      results.push_back(make("pairs", format_bytes(bytes), static_cast<double>(bytes), *a,
-                             "ns/pair", true, samples));
+      results.push_back(make("pairs", format_bytes(bytes), static_cast<double>(bytes), a->name(),
+                             a->ours(), "ns/pair", true, samples));
       a->release_cache();
     }
   }
@@ -131,8 +129,8 @@ void run_threads(const BenchConfig& c, Allocators& allocators, Progress& progres
         const double elapsed = now_seconds() - start;
         if (r > 0) samples.push_back(static_cast<double>(total.load()) / elapsed / 1e6);
       }
-      results.push_back(make("threads", std::to_string(threads) + " threads", threads, *a,
-                             "M pairs/s", false, samples));
+      results.push_back(make("threads", std::to_string(threads) + " threads", threads, a->name(),
+                             a->ours(), "M pairs/s", false, samples));
       a->release_cache();
     }
   }
@@ -204,7 +202,8 @@ void run_mixed(const BenchConfig& c, Allocators& allocators, Progress& progress,
       }
       a->finish(s);
     }
-    auto m = make("mixed", parameter, static_cast<double>(max_bytes), *a, "ns/op", true, samples);
+    auto m = make("mixed", parameter, static_cast<double>(max_bytes), a->name(), a->ours(), "ns/op",
+                  true, samples);
     m.extra["peak_reserved_mib"] = static_cast<double>(a->peak_reserved_bytes()) / (1 << 20);
     m.extra["operations"] = static_cast<double>(plan.size());
     results.push_back(m);
@@ -236,16 +235,9 @@ void run_pagein(const BenchConfig& c, std::size_t bytes, Progress& progress,
       loop();
       samples.push_back(static_cast<double>(bytes * page_ins) / (now_seconds() - start) / 1e9);
     }
-    Measurement m;
-    m.scenario = "pagein";
-    m.parameter = parameter;
-    m.parameter_value = static_cast<double>(bytes);
-    m.allocator = name;
-    m.ours = ours;
+    Measurement m =
+        make("pagein", parameter, static_cast<double>(bytes), name, ours, "GB/s", false, samples);
     m.reference = reference;
-    m.unit = "GB/s";
-    m.lower_is_better = false;
-    m.value = summarize(samples);
     results.push_back(m);
     return results.size() - 1;
   };
@@ -336,15 +328,8 @@ void run_pinning(const BenchConfig& c, Progress& progress, std::vector<Measureme
         rates.push_back(static_cast<double>(bytes) / (pinned - start) / 1e9);
         unpin_ms.push_back((freed - pinned) * 1e3);
       }
-      Measurement m;
-      m.scenario = "pinning";
-      m.parameter = format_bytes(bytes);
-      m.parameter_value = static_cast<double>(bytes);
-      m.allocator = method.name;
-      m.ours = method.ours;
-      m.unit = "GB/s";
-      m.lower_is_better = false;
-      m.value = summarize(rates);
+      Measurement m = make("pinning", format_bytes(bytes), static_cast<double>(bytes), method.name,
+                           method.ours, "GB/s", false, rates);
       m.extra["unpin_ms"] = summarize(unpin_ms).median;
       results.push_back(m);
     }
@@ -388,18 +373,10 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
         (ours_now ? ours_ns : raw_ns).push_back(ns);
       }
     }
-    Measurement mine;
-    mine.scenario = "overhead";
-    mine.parameter = format_bytes(bytes);
-    mine.parameter_value = static_cast<double>(bytes);
-    mine.allocator = "vram StreamOrderedPool";
-    mine.ours = true;
-    mine.unit = "ns/pair";
-    mine.value = summarize(ours_ns);
-    Measurement peer = mine;
-    peer.allocator = "cudaMallocAsync (raw, same pool)";
-    peer.ours = false;
-    peer.value = summarize(raw_ns);
+    Measurement mine = make("overhead", format_bytes(bytes), static_cast<double>(bytes),
+                            "vram StreamOrderedPool", true, "ns/pair", true, ours_ns);
+    Measurement peer = make("overhead", format_bytes(bytes), static_cast<double>(bytes),
+                            "cudaMallocAsync (raw, same pool)", false, "ns/pair", true, raw_ns);
     mine.extra["overhead_pct"] = (mine.value.median / peer.value.median - 1.0) * 100.0;
     results.push_back(mine);
     results.push_back(peer);
