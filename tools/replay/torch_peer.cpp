@@ -20,7 +20,8 @@ namespace {
 
 namespace torch_alloc = c10::cuda::CUDACachingAllocator;
 
-constexpr auto kAggregate = static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+// StatType::AGGREGATE, which is 0 in every version (its namespace moved between them).
+constexpr std::size_t kAggregate = 0;
 
 class TorchCachingPeer final : public ReplayAllocator {
  public:
