@@ -7,4 +7,5 @@
 namespace vram::cli {
 int run_info(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
+int run_replay(const std::vector<std::string>& args);
 }  // namespace vram::cli

@@ -14,7 +14,9 @@ void print_usage(std::FILE* out) {
                "usage: vram <command> [options]\n"
                "  info                 devices, driver, PCIe link, memory pools, copy engines\n"
                "  bench [options]      our pools vs cudaMalloc, cudaMallocAsync, CUB, pinning\n"
-               "                       (vram bench --help for its options)\n");
+               "                       (vram bench --help for its options)\n"
+               "  replay TRACE...      replay allocation traces through our pools and the peers\n"
+               "                       (vram replay --help for its options)\n");
 }
 
 }  // namespace
@@ -30,6 +32,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "info") return vram::cli::run_info(args);
     if (command == "bench") return vram::cli::run_bench(args);
+    if (command == "replay") return vram::cli::run_replay(args);
   } catch (const std::exception& error) {
     std::fprintf(stderr, "vram %s: %s\n", command.c_str(), error.what());
     return 1;

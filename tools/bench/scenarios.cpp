@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "bench/allocators.hpp"
+#include "bench/replay_scenario.hpp"
 #include "vram/copy.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
@@ -386,8 +387,8 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
 }  // namespace
 
 const std::vector<std::string>& known_scenarios() {
-  static const std::vector<std::string> names = {"pairs",    "threads", "mixed",
-                                                 "overhead", "pagein",  "pinning"};
+  static const std::vector<std::string> names = {"pairs",  "threads", "mixed",   "overhead",
+                                                 "pagein", "pinning", "batched", "replay"};
   return names;
 }
 
@@ -407,6 +408,8 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("pairs")) steps += pair_sizes(config).size() * per_scenario;
   if (wanted("threads")) steps += thread_counts(config).size() * per_scenario;
   if (wanted("mixed")) steps += per_scenario;
+  if (wanted("batched")) steps += batched_thread_counts().size() * per_scenario;
+  if (wanted("replay")) steps += replay_steps(config);
   if (wanted("overhead") && config.gpu) steps += 3;
   if (wanted("pagein") && config.gpu) steps += 5 * pagein_chunks(config).size();
   if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 7) * 2;
@@ -414,7 +417,9 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("pairs")) run_pairs(config, allocators, progress, results);
   if (wanted("threads")) run_threads(config, allocators, progress, results);
   if (wanted("mixed")) run_mixed(config, allocators, progress, results);
+  if (wanted("batched")) run_batched(config, allocators, progress, results);
   allocators.clear();
+  if (wanted("replay")) run_replay(config, progress, results);
   if (config.gpu && wanted("overhead")) run_overhead(config, progress, results);
   if (config.gpu && wanted("pagein")) {
     for (std::size_t bytes : pagein_chunks(config)) run_pagein(config, bytes, progress, results);

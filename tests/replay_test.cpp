@@ -1,0 +1,422 @@
+// `vram replay`: trace parsing (plain and gzip, bad input), the replay driver's figures and
+// stream-order rule over host memory, the JSON report, capacity search, and the bench's
+// replay and batched scenarios. One GPU test replays the sample through every peer.
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench/scenarios.hpp"
+#include "commands.hpp"
+#include "gpu_test_policy.hpp"
+#include "replay/replay.hpp"
+#include "replay/replay_allocator.hpp"
+#include "replay/trace.hpp"
+
+namespace vram::testing {
+namespace {
+
+using replay::AllocatorSpec;
+using replay::ReplayOptions;
+using replay::Trace;
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * 1024;
+
+std::string sample_path() { return std::string(VRAM_TEST_DATA_DIR) + "/replay_sample.csv"; }
+
+std::string read_file(const std::string& path) {
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  return text.str();
+}
+
+std::string temp_path(const std::string& name) { return ::testing::TempDir() + name; }
+
+void write_gzip(const std::string& path, const std::string& text) {
+  gzFile file = gzopen(path.c_str(), "wb");
+  ASSERT_NE(file, nullptr);
+  ASSERT_EQ(gzwrite(file, text.data(), static_cast<unsigned>(text.size())),
+            static_cast<int>(text.size()));
+  ASSERT_EQ(gzclose(file), Z_OK);
+}
+
+std::string parse_error(const std::string& text, const std::string& name = "t.csv") {
+  try {
+    (void)replay::parse_trace(text, name);
+  } catch (const replay::TraceError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+const std::string kHeader = "Thread,Time,Action,Pointer,Size,Stream\n";
+
+TEST(ReplayTrace, ParsesEveryActionAndComputesPeakLive) {
+  const Trace trace = replay::read_trace(sample_path());
+  // tests/data/replay_sample.csv: 11 data rows, one of them `allocate failure`.
+  EXPECT_EQ(trace.rows, 11U);
+  EXPECT_EQ(trace.events.size(), 10U);
+  EXPECT_EQ(trace.slots, 5U);
+  EXPECT_EQ(trace.allocate_failures, 1U);
+  EXPECT_EQ(trace.unknown_frees, 0U);
+  EXPECT_EQ(trace.live_at_end, 0U);
+  ASSERT_EQ(trace.streams.size(), 1U);
+  // Live at row 7: 0x3000 (1 MiB) + 0x4000 (8 KiB) + 0x5000 (2 MiB); never more before.
+  EXPECT_EQ(trace.peak_live_bytes, 1 * MiB + 8 * KiB + 2 * MiB);
+  EXPECT_EQ(trace.peak_live_row, 7U);
+  EXPECT_EQ(trace.name, "replay_sample");
+  // `free` (older logs) frees like `deallocate`: the 0x1000 block's free is event 5.
+  EXPECT_FALSE(trace.events[5].allocate);
+  EXPECT_EQ(trace.events[5].slot, trace.events[0].slot);
+  EXPECT_EQ(trace.events[5].line, 7U);
+}
+
+TEST(ReplayTrace, ColumnsByHeaderNameHexAndDecimalAndStreams) {
+  const Trace trace = replay::parse_trace(
+      "Action,Size,Pointer,Stream\n"
+      "allocate,0x100,4096,7\n"
+      "ALLOCATE,512,0x2000,0x9\n"
+      "\n"
+      "deallocate,256,0x1000,7\n"
+      "free,512,8192,9\n",
+      "x.csv");
+  ASSERT_EQ(trace.events.size(), 4U);
+  EXPECT_EQ(trace.events[0].bytes, 256U);
+  EXPECT_EQ(trace.streams, (std::vector<std::uint64_t>{7, 9}));
+  EXPECT_EQ(trace.events[1].stream_index, 1U);
+  EXPECT_EQ(trace.events[3].slot, trace.events[1].slot);  // 8192 == 0x2000
+  EXPECT_EQ(trace.peak_live_bytes, 768U);
+  EXPECT_EQ(trace.events[2].line, 5U);  // the blank line counts as a line, not as a row
+}
+
+TEST(ReplayTrace, GzipTraceReadsLikeThePlainOne) {
+  const std::string text = read_file(sample_path());
+  const std::string gz = temp_path("replay_sample_copy.csv.gz");
+  write_gzip(gz, text);
+  const Trace plain = replay::read_trace(sample_path());
+  const Trace packed = replay::read_trace(gz);
+  ASSERT_EQ(packed.events.size(), plain.events.size());
+  for (std::size_t i = 0; i < plain.events.size(); ++i) {
+    EXPECT_EQ(packed.events[i].allocate, plain.events[i].allocate) << i;
+    EXPECT_EQ(packed.events[i].bytes, plain.events[i].bytes) << i;
+    EXPECT_EQ(packed.events[i].slot, plain.events[i].slot) << i;
+    EXPECT_EQ(packed.events[i].line, plain.events[i].line) << i;
+  }
+  EXPECT_EQ(packed.peak_live_bytes, plain.peak_live_bytes);
+  EXPECT_EQ(packed.name, "replay_sample_copy");
+  std::remove(gz.c_str());
+}
+
+TEST(ReplayTrace, TruncatedGzipIsAnErrorNamingTheFile) {
+  const std::string gz = temp_path("replay_truncated.csv.gz");
+  std::string text = kHeader;
+  for (int i = 0; i < 2000; ++i) {
+    text += "1,0,allocate,0x" + std::to_string(1000 + i) + "00,4096,0\n";
+  }
+  write_gzip(gz, text);
+  const std::string packed = read_file(gz);
+  std::ofstream(gz, std::ios::binary | std::ios::trunc) << packed.substr(0, packed.size() / 2);
+  try {
+    (void)replay::read_trace(gz);
+    ADD_FAILURE() << "a truncated gzip file was read without error";
+  } catch (const replay::TraceError& error) {
+    EXPECT_NE(std::string(error.what()).find(gz + ":"), std::string::npos) << error.what();
+  }
+  std::remove(gz.c_str());
+}
+
+TEST(ReplayTrace, MalformedLinesNameFileLineAndProblem) {
+  const std::string a = parse_error(kHeader + "1,0,allocate,0x10,64,0\n1,0,allocate,0x20,abc,0\n");
+  EXPECT_NE(a.find("t.csv:3:"), std::string::npos) << a;
+  EXPECT_NE(a.find("bad size 'abc'"), std::string::npos) << a;
+  const std::string b = parse_error(kHeader + "1,0,reallocate,0x10,64,0\n");
+  EXPECT_NE(b.find("t.csv:2:"), std::string::npos) << b;
+  EXPECT_NE(b.find("unknown action 'reallocate'"), std::string::npos) << b;
+  const std::string c = parse_error(kHeader + "1,0,allocate,0x10,64\n");
+  EXPECT_NE(c.find("t.csv:2: expected 6 comma-separated fields, got 5"), std::string::npos) << c;
+  const std::string d = parse_error("1,0,allocate,0x10,64,0\n");
+  EXPECT_NE(d.find("t.csv:1: header must name"), std::string::npos) << d;
+  const std::string e = parse_error(kHeader + "1,0,allocate,0xZZ,64,0\n");
+  EXPECT_NE(e.find("t.csv:2: bad pointer '0xZZ'"), std::string::npos) << e;
+  const std::string f = parse_error(kHeader + "1,0,allocate,0x10,0,0\n");
+  EXPECT_NE(f.find("t.csv:2: allocation of 0 bytes"), std::string::npos) << f;
+  const std::string g = parse_error("");
+  EXPECT_NE(g.find("t.csv:1: no header line"), std::string::npos) << g;
+  const std::string h = parse_error(kHeader + "1,0,allocate,0x10,99999999999999999999999,0\n");
+  EXPECT_NE(h.find("bad size"), std::string::npos) << h;
+}
+
+TEST(ReplayTrace, CliExitsTwoOnAMalformedTraceNamingFileAndLine) {
+  const std::string path = temp_path("replay_bad.csv");
+  std::ofstream(path) << kHeader << "1,0,allocate,0x10,64,0\n1,0,allocate,0x20,-5,0\n";
+  ::testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStdout();
+  const int code = cli::run_replay({"--host-only", path});
+  (void)::testing::internal::GetCapturedStdout();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(err.find(path + ":3: bad size '-5'"), std::string::npos) << err;
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(cli::run_replay({"--host-only", temp_path("no-such-trace.csv")}), 2);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("cannot open"), std::string::npos);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(cli::run_replay({"--host-only"}), 2);
+  EXPECT_EQ(cli::run_replay({"--host-only", "--frobnicate", path}), 2);
+  (void)::testing::internal::GetCapturedStderr();
+  std::remove(path.c_str());
+}
+
+TEST(ReplayTrace, UnknownFreesAreCountedAndSkippedReusedLivePointersReported) {
+  const Trace trace = replay::parse_trace(kHeader +
+                                              "1,0,deallocate,0x900,64,0\n"  // never allocated
+                                              "1,0,allocate,0x100,64,0\n"
+                                              "1,0,deallocate,0x100,64,0\n"
+                                              "1,0,deallocate,0x100,64,0\n"  // double free
+                                              "1,0,allocate,0x200,128,0\n"
+                                              "1,0,allocate,0x200,256,0\n"  // lost free
+                                              "1,0,deallocate,0x200,256,0\n",
+                                          "u.csv");
+  EXPECT_EQ(trace.unknown_frees, 2U);
+  ASSERT_EQ(trace.unknown_free_examples.size(), 2U);
+  EXPECT_NE(trace.unknown_free_examples[0].find("u.csv:2: free of unknown pointer 0x900"),
+            std::string::npos)
+      << trace.unknown_free_examples[0];
+  EXPECT_NE(trace.unknown_free_examples[1].find("u.csv:5:"), std::string::npos);
+  EXPECT_EQ(trace.reused_live_pointers, 1U);
+  ASSERT_EQ(trace.reused_live_examples.size(), 1U);
+  EXPECT_NE(trace.reused_live_examples[0].find("u.csv:7: pointer 0x200 allocated again"),
+            std::string::npos)
+      << trace.reused_live_examples[0];
+  // allocate, free, allocate, implicit free, allocate, free: consistent for the replay.
+  ASSERT_EQ(trace.events.size(), 6U);
+  EXPECT_FALSE(trace.events[3].allocate);
+  EXPECT_EQ(trace.events[3].slot, trace.events[2].slot);
+  EXPECT_EQ(trace.live_at_end, 0U);
+  EXPECT_EQ(trace.peak_live_bytes, 256U);
+  const auto result = replay::replay_trace(trace, replay::device_pool_spec(), ReplayOptions{});
+  EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
+  EXPECT_EQ(result.operations, 6U);
+}
+
+TEST(ReplayHostOnly, SampleTraceFigures) {
+  const Trace trace = replay::read_trace(sample_path());
+  const auto result = replay::replay_trace(trace, replay::device_pool_spec(), ReplayOptions{});
+  EXPECT_EQ(result.trace, "replay_sample");
+  EXPECT_EQ(result.allocator, "vram DevicePool");
+  EXPECT_EQ(result.operations, 10U);
+  EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
+  EXPECT_EQ(result.peak_live_bytes, trace.peak_live_bytes);
+  EXPECT_GE(result.peak_reserved_bytes, result.peak_live_bytes);
+  EXPECT_GE(result.reserved_over_live(), 1.0);
+  ASSERT_TRUE(result.upstream_allocations.has_value());
+  // Five allocations of five different sizes: at least one upstream call, at most five.
+  EXPECT_GE(*result.upstream_allocations, 1U);
+  EXPECT_LE(*result.upstream_allocations, 5U);
+  EXPECT_GT(result.ns_per_op, 0.0);
+  EXPECT_EQ(result.held_back_frees, 0U);  // one stream: frees go through at once
+}
+
+TEST(ReplayHostOnly, FailingAllocationReportsItsRow) {
+  // Rows: 0 allocate 1 MiB, 1 allocate 1 MiB, 2 `allocate failure` (skipped, still a row),
+  // 3 free, 4 allocate 4 MiB: cannot fit a 3 MiB device, whatever is cached.
+  const Trace trace = replay::parse_trace(kHeader +
+                                              "1,0,allocate,0x100000,1048576,0\n"
+                                              "1,0,allocate,0x200000,1048576,0\n"
+                                              "1,0,allocate failure,0x0,99,0\n"
+                                              "1,0,deallocate,0x100000,1048576,0\n"
+                                              "1,0,allocate,0x400000,4194304,0\n"
+                                              "1,0,deallocate,0x400000,4194304,0\n",
+                                          "fail.csv");
+  ReplayOptions options;
+  options.capacity_bytes = 3 * MiB;
+  const auto result = replay::replay_trace(trace, replay::device_pool_spec(), options);
+  ASSERT_TRUE(result.failed_at.has_value());
+  EXPECT_EQ(*result.failed_at, 4U);
+  EXPECT_EQ(result.failed_line, 6U);
+  EXPECT_EQ(result.operations, 3U);  // the events before the failing one
+  EXPECT_FALSE(result.failure.empty());
+  // With room for it the same trace runs to the end.
+  options.capacity_bytes = 6 * MiB;
+  EXPECT_FALSE(replay::replay_trace(trace, replay::device_pool_spec(), options).failed_at);
+}
+
+// A stream-unaware allocator that records the order of calls, to check the driver.
+struct CallLog {
+  std::vector<std::string> calls;
+};
+
+AllocatorSpec recording_spec(CallLog& log, bool stream_ordered) {
+  class Recording final : public replay::ReplayAllocator {
+   public:
+    Recording(CallLog& log, bool ordered) : log_(log), ordered_(ordered) {}
+    void* allocate(std::size_t bytes, replay::ReplayStream stream) override {
+      log_.calls.push_back("alloc " + std::to_string(bytes) + " s" + std::to_string(stream.index));
+      return reinterpret_cast<void*>(next_ += 4096);
+    }
+    void deallocate(void*, std::size_t bytes, replay::ReplayStream stream) override {
+      log_.calls.push_back("free " + std::to_string(bytes) + " s" + std::to_string(stream.index));
+    }
+    bool stream_ordered() const override { return ordered_; }
+    std::size_t peak_reserved_bytes() override { return 0; }
+    std::optional<std::uint64_t> upstream_allocations() override { return std::nullopt; }
+
+   private:
+    CallLog& log_;
+    bool ordered_;
+    std::uintptr_t next_ = 0;
+  };
+  AllocatorSpec spec;
+  spec.name = "recording";
+  spec.needs_gpu = false;
+  spec.make = [&log, stream_ordered](const replay::ReplayContext&) {
+    return std::make_unique<Recording>(log, stream_ordered);
+  };
+  return spec;
+}
+
+// Stream 1 frees a block; stream 2 allocates the same size right after.
+const std::string kCrossStream = kHeader +
+                                 "1,0,allocate,0x100000,1048576,1\n"
+                                 "1,0,deallocate,0x100000,1048576,1\n"
+                                 "1,0,allocate,0x100000,1048576,2\n"
+                                 "1,0,deallocate,0x100000,1048576,2\n";
+
+TEST(ReplayHostOnly, CrossStreamFreeIsNotReusableBeforeEmulatedCompletion) {
+  const Trace trace = replay::parse_trace(kCrossStream, "streams.csv");
+  ASSERT_EQ(trace.streams.size(), 2U);
+  ReplayOptions options;
+  options.stream_lag = 8;
+  // The driver holds stream 1's free back past stream 2's allocation.
+  CallLog log;
+  auto result = replay::replay_trace(trace, recording_spec(log, false), options);
+  ASSERT_GE(log.calls.size(), 3U);
+  EXPECT_EQ(log.calls[0], "alloc 1048576 s0");
+  EXPECT_EQ(log.calls[1], "alloc 1048576 s1");  // before stream 0's free reached the allocator
+  EXPECT_EQ(log.calls[2], "free 1048576 s0");
+  EXPECT_EQ(result.held_back_frees, 2U);
+  // So DevicePool cannot hand stream 2 the block stream 1 freed: two upstream allocations.
+  result = replay::replay_trace(trace, replay::device_pool_spec(), options);
+  EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
+  EXPECT_EQ(result.upstream_allocations.value_or(0), 2U);
+  EXPECT_GE(result.peak_reserved_bytes, 2 * MiB);
+  // Once the emulated completion has passed (lag 1: one event later) the block is reused.
+  options.stream_lag = 1;
+  result = replay::replay_trace(trace, replay::device_pool_spec(), options);
+  EXPECT_EQ(result.upstream_allocations.value_or(0), 1U);
+  // A stream-ordered allocator is called in trace order, nothing held back.
+  CallLog ordered;
+  result = replay::replay_trace(trace, recording_spec(ordered, true), options);
+  EXPECT_EQ(ordered.calls, (std::vector<std::string>{"alloc 1048576 s0", "free 1048576 s0",
+                                                     "alloc 1048576 s1", "free 1048576 s1"}));
+  EXPECT_EQ(result.held_back_frees, 0U);
+}
+
+TEST(ReplayHostOnly, HeldBackFreesAreWaitedForBeforeAnAllocationFails) {
+  // Room for one 1 MiB block only: stream 2's allocation fits once stream 1's held-back
+  // free is completed (the driver waits for it, as a stream-ordered pool would).
+  const Trace trace = replay::parse_trace(kCrossStream, "streams.csv");
+  ReplayOptions options;
+  options.stream_lag = 8;
+  options.capacity_bytes = 1 * MiB + MiB / 2;
+  const auto result = replay::replay_trace(trace, replay::device_pool_spec(), options);
+  EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
+  EXPECT_LE(result.peak_reserved_bytes, options.capacity_bytes);
+}
+
+TEST(ReplayHostOnly, CapacitySearchFindsASurvivingCapacityAtLeastPeakLive) {
+  const Trace trace = replay::read_trace(sample_path());
+  const auto spec = replay::device_pool_spec();
+  const auto unbounded = replay::replay_trace(trace, spec, ReplayOptions{});
+  const auto capacity =
+      replay::min_capacity(trace, spec, ReplayOptions{}, unbounded.peak_reserved_bytes);
+  ASSERT_TRUE(capacity.has_value());
+  EXPECT_GE(*capacity, trace.peak_live_bytes);
+  ReplayOptions bounded;
+  bounded.capacity_bytes = *capacity;
+  EXPECT_FALSE(replay::replay_trace(trace, spec, bounded).failed_at.has_value());
+  bounded.capacity_bytes = trace.peak_live_bytes - 1;
+  EXPECT_TRUE(replay::replay_trace(trace, spec, bounded).failed_at.has_value());
+}
+
+TEST(ReplayCli, JsonHasOneRecordPerTraceAndAllocatorWithNullFailedAt) {
+  const std::string json = temp_path("replay-test.json");
+  std::remove(json.c_str());
+  ::testing::internal::CaptureStdout();
+  const int code =
+      cli::run_replay({"--host-only", "--capacity-search", sample_path(), "--json", json});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("vram DevicePool"), std::string::npos) << out;
+  EXPECT_NE(out.find("skipped: cudaMallocAsync (private pool)"), std::string::npos) << out;
+  const std::string text = read_file(json);
+  for (const char* key :
+       {"\"trace\": \"replay_sample\"", "\"allocator\": \"vram DevicePool\"", "\"operations\": 10",
+        "\"ns_per_op\": ", "\"peak_live_bytes\": 3153920",
+        "\"peak_reserved_bytes\": ", "\"upstream_allocations\": ", "\"failed_at\": null",
+        "\"min_capacity_bytes\": ", "\"mode\": \"host-only\"",
+        "\"allocator\": \"CUB CachingDeviceAllocator\", \"reason\""}) {
+    EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
+  }
+  // One record (DevicePool) for the one trace; no temporary left behind.
+  std::size_t records = 0;
+  for (std::size_t at = text.find("\"ns_per_op\""); at != std::string::npos;
+       at = text.find("\"ns_per_op\"", at + 1)) {
+    ++records;
+  }
+  EXPECT_EQ(records, 1U);
+  for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir())) {
+    EXPECT_EQ(entry.path().filename().string().find("replay-test.json.tmp"), std::string::npos);
+  }
+  std::remove(json.c_str());
+}
+
+TEST(ReplayBench, ReplayAndBatchedScenariosRunHostOnly) {
+  const std::string dir = temp_path("replay-bench-traces");
+  std::filesystem::create_directories(dir);
+  write_gzip(dir + "/sample.csv.gz", read_file(sample_path()));
+  ASSERT_EQ(setenv("VRAM_TRACE_DIR", dir.c_str(), 1), 0);
+  const std::string json = temp_path("replay-bench.json");
+  ::testing::internal::CaptureStdout();
+  const int code =
+      cli::run_bench({"--quick", "--host-only", "--scenario", "replay,batched", "--json", json});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  unsetenv("VRAM_TRACE_DIR");
+  ASSERT_EQ(code, 0) << out;
+  const std::string text = read_file(json);
+  EXPECT_NE(text.find("\"scenario\": \"replay\""), std::string::npos) << text;
+  EXPECT_NE(text.find("\"scenario\": \"batched\""), std::string::npos) << text;
+  EXPECT_NE(text.find("16 threads"), std::string::npos) << text;
+  EXPECT_NE(text.find("reserved_over_live"), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+  std::remove(json.c_str());
+}
+
+TEST(ReplayGpu, SampleTraceThroughEveryPeerOnTheDevice) {
+  VRAM_GPU_TEST_OR_SKIP();
+  const Trace trace = replay::read_trace(sample_path());
+  ReplayOptions options;
+  options.device = true;
+  const auto specs = replay::all_replay_allocators();
+  ASSERT_GE(specs.size(), 4U);
+  for (const auto& spec : specs) {
+    const auto result = replay::replay_trace(trace, spec, options);
+    EXPECT_FALSE(result.failed_at.has_value()) << spec.name << ": " << result.failure;
+    EXPECT_EQ(result.operations, trace.events.size()) << spec.name;
+    EXPECT_GE(result.peak_reserved_bytes, trace.peak_live_bytes) << spec.name;
+  }
+  // Two streams on the device: DevicePool's frees are held back until their event fired.
+  const Trace streams = replay::parse_trace(kCrossStream, "streams.csv");
+  const auto result = replay::replay_trace(streams, replay::device_pool_spec(), options);
+  EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
+  EXPECT_EQ(result.held_back_frees, 2U);
+}
+
+}  // namespace
+}  // namespace vram::testing

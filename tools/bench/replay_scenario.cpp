@@ -1,0 +1,199 @@
+#include "bench/replay_scenario.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "replay/replay.hpp"
+#include "replay/replay_allocator.hpp"
+#include "replay/trace.hpp"
+#include "vram/cuda/stream.hpp"
+
+namespace vram::bench {
+namespace {
+
+std::vector<replay::AllocatorSpec> replay_specs(const BenchConfig& config) {
+  std::vector<replay::AllocatorSpec> specs;
+  for (auto& spec : replay::all_replay_allocators()) {
+    if (config.gpu || !spec.needs_gpu) specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+}  // namespace
+
+// $VRAM_TRACE_DIR, else bench/traces under the working directory, else under the source
+// tree the binary was built from.
+std::vector<std::string> replay_trace_paths() {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> dirs;
+  if (const char* env = std::getenv("VRAM_TRACE_DIR"); env != nullptr && *env != '\0') {
+    dirs.emplace_back(env);
+  } else {
+    dirs.emplace_back("bench/traces");
+#ifdef VRAM_SOURCE_DIR
+    dirs.emplace_back(fs::path(VRAM_SOURCE_DIR) / "bench" / "traces");
+#endif
+  }
+  for (const auto& dir : dirs) {
+    std::error_code error;
+    if (!fs::is_directory(dir, error)) continue;
+    std::vector<std::string> paths;
+    for (const auto& entry : fs::directory_iterator(dir, error)) {
+      const std::string name = entry.path().filename().string();
+      if (name.size() > 7 && name.compare(name.size() - 7, 7, ".csv.gz") == 0) {
+        paths.push_back(entry.path().string());
+      }
+    }
+    std::sort(paths.begin(), paths.end());
+    if (!paths.empty()) return paths;
+  }
+  return {};
+}
+
+std::size_t replay_steps(const BenchConfig& config) {
+  return replay_trace_paths().size() * replay_specs(config).size();
+}
+
+void run_replay(const BenchConfig& config, Progress& progress, std::vector<Measurement>& results) {
+  const auto paths = replay_trace_paths();
+  if (paths.empty()) {
+    std::printf(
+        "vram bench: scenario 'replay' found no traces (bench/traces/*.csv.gz or "
+        "$VRAM_TRACE_DIR); nothing replayed\n");
+    return;
+  }
+  const auto specs = replay_specs(config);
+  if (!config.gpu) {
+    std::printf("vram bench: scenario 'replay' host-only: peers that need a GPU skipped\n");
+  }
+  replay::ReplayOptions options;
+  options.device = config.gpu;
+  options.device_id = config.device;
+  const std::size_t repetitions = config.quick ? 1 : 3;
+  for (std::size_t t = 0; t < paths.size(); ++t) {
+    replay::Trace trace;
+    try {
+      trace = replay::read_trace(paths[t]);
+    } catch (const replay::TraceError& error) {
+      std::printf("vram bench: scenario 'replay' skips a trace: %s\n", error.what());
+      continue;
+    }
+    for (const auto& spec : specs) {
+      progress.step("replay " + trace.name + " " + spec.name);
+      std::vector<double> samples;
+      replay::ReplayResult last;
+      for (std::size_t r = 0; r < repetitions; ++r) {
+        last = replay::replay_trace(trace, spec, options);
+        samples.push_back(last.ns_per_op);
+      }
+      Measurement m;
+      m.scenario = "replay";
+      m.parameter = trace.name;
+      m.parameter_value = static_cast<double>(t);
+      m.allocator = spec.name;
+      m.ours = spec.name.rfind("vram", 0) == 0;
+      m.unit = "ns/op";
+      m.lower_is_better = true;
+      m.value = summarize(samples);
+      m.extra["operations"] = static_cast<double>(last.operations);
+      m.extra["peak_live_mib"] = static_cast<double>(last.peak_live_bytes) / (1 << 20);
+      m.extra["peak_reserved_mib"] = static_cast<double>(last.peak_reserved_bytes) / (1 << 20);
+      m.extra["reserved_over_live"] = last.reserved_over_live();
+      if (last.upstream_allocations) {
+        m.extra["upstream_allocations"] = static_cast<double>(*last.upstream_allocations);
+      }
+      if (last.failed_at) m.extra["failed_at"] = static_cast<double>(*last.failed_at);
+      results.push_back(m);
+    }
+  }
+}
+
+std::vector<unsigned> batched_thread_counts() { return {1, 4, 16}; }
+
+void run_batched(const BenchConfig& config,
+                 std::vector<std::unique_ptr<BenchAllocator>>& allocators, Progress& progress,
+                 std::vector<Measurement>& results) {
+  constexpr std::size_t kLive = 32;
+  const double seconds = config.quick ? 0.1 : 0.3;
+  const std::size_t repetitions = config.quick ? 3 : 5;
+  // Per thread a fixed plan: sizes log-uniform in [256 B, 1 MiB], free order shuffled.
+  struct Plan {
+    std::vector<std::size_t> sizes;
+    std::vector<std::size_t> free_order;
+  };
+  const unsigned most = batched_thread_counts().back();
+  std::vector<Plan> plans(most);
+  for (unsigned t = 0; t < most; ++t) {
+    std::mt19937_64 random(1234 + t);
+    std::uniform_real_distribution<double> exponent(8.0, 20.0);
+    for (std::size_t i = 0; i < kLive; ++i) {
+      plans[t].sizes.push_back(static_cast<std::size_t>(std::exp2(exponent(random))));
+    }
+    plans[t].free_order.resize(kLive);
+    std::iota(plans[t].free_order.begin(), plans[t].free_order.end(), std::size_t{0});
+    std::shuffle(plans[t].free_order.begin(), plans[t].free_order.end(), random);
+  }
+  for (unsigned threads : batched_thread_counts()) {
+    std::vector<std::unique_ptr<cuda::Stream>> streams;
+    for (unsigned t = 0; t < threads && config.gpu; ++t) {
+      streams.push_back(std::make_unique<cuda::Stream>());
+    }
+    for (auto& a : allocators) {
+      progress.step("batched " + std::to_string(threads) + " " + a->name());
+      std::vector<double> samples;
+      for (std::size_t r = 0; r <= repetitions; ++r) {  // r == 0 is the warm-up
+        std::atomic<bool> stop{false};
+        std::atomic<unsigned> ready{0};
+        std::atomic<std::uint64_t> total{0};
+        std::vector<std::thread> workers;
+        for (unsigned t = 0; t < threads; ++t) {
+          workers.emplace_back([&, t] {
+            cudaStream_t s = config.gpu ? streams[t]->get() : nullptr;
+            const Plan& plan = plans[t];
+            void* blocks[kLive];
+            std::uint64_t pairs = 0;
+            ready.fetch_add(1);
+            while (ready.load() < threads) {
+            }
+            while (!stop.load(std::memory_order_relaxed)) {
+              for (std::size_t i = 0; i < kLive; ++i) blocks[i] = a->allocate(plan.sizes[i], s);
+              for (std::size_t i : plan.free_order) a->deallocate(blocks[i], plan.sizes[i], s);
+              pairs += kLive;
+            }
+            a->finish(s);
+            total.fetch_add(pairs);
+          });
+        }
+        while (ready.load() < threads) {
+        }
+        const double start = now_seconds();
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        stop.store(true);
+        for (auto& w : workers) w.join();
+        const double elapsed = now_seconds() - start;
+        if (r > 0) samples.push_back(static_cast<double>(total.load()) / elapsed / 1e6);
+      }
+      Measurement m;
+      m.scenario = "batched";
+      m.parameter = std::to_string(threads) + " threads";
+      m.parameter_value = threads;
+      m.allocator = a->name();
+      m.ours = a->ours();
+      m.unit = "M pairs/s";
+      m.lower_is_better = false;
+      m.value = summarize(samples);
+      m.extra["live_blocks_per_thread"] = kLive;
+      results.push_back(m);
+      a->release_cache();
+    }
+  }
+}
+
+}  // namespace vram::bench

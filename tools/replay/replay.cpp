@@ -1,0 +1,225 @@
+#include "replay/replay.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <vector>
+
+#include "vram/cuda/error.hpp"
+#include "vram/cuda/stream.hpp"
+
+namespace vram::replay {
+namespace {
+
+// A free the driver holds back until its stream's work at the free has completed.
+struct HeldFree {
+  std::uint32_t slot;
+  std::size_t bytes;
+  ReplayStream stream;
+  std::size_t ready_at;  // host-only: event index of the emulated completion
+  cudaEvent_t event;     // device: recorded on the stream at the free
+};
+
+class Driver {
+ public:
+  Driver(const Trace& trace, ReplayAllocator& allocator, const ReplayOptions& options)
+      : trace_(trace), allocator_(allocator), options_(options), blocks_(trace.slots, nullptr) {
+    if (options.device) {
+      for (std::size_t i = 0; i < trace.streams.size(); ++i) {
+        streams_.push_back(std::make_unique<cuda::Stream>());
+      }
+    }
+    hold_back_ = !allocator.stream_ordered() && trace.streams.size() > 1;
+  }
+
+  ~Driver() {
+    // Untimed cleanup; never throws (a failed allocator may be in a bad state).
+    try {
+      drain(0, true);
+      for (std::size_t slot = 0; slot < blocks_.size(); ++slot) {
+        if (blocks_[slot] != nullptr) {
+          allocator_.deallocate(blocks_[slot], sizes_of_live_[slot], stream_of_live_[slot]);
+        }
+      }
+      allocator_.synchronize();
+    } catch (const std::exception&) {
+    }
+    for (cudaEvent_t event : spare_events_) (void)cudaEventDestroy(event);
+  }
+
+  ReplayResult run() {
+    ReplayResult result;
+    result.trace = trace_.name;
+    result.peak_live_bytes = trace_.peak_live_bytes;
+    sizes_of_live_.assign(trace_.slots, 0);
+    stream_of_live_.assign(trace_.slots, ReplayStream{});
+    const auto start = std::chrono::steady_clock::now();
+    std::size_t done = 0;
+    const std::size_t count = trace_.events.size();
+    for (; done < count; ++done) {
+      const TraceEvent& event = trace_.events[done];
+      const ReplayStream stream = stream_for(event.stream_index);
+      if (event.allocate) {
+        if (hold_back_) drain(done, false);
+        void* block = nullptr;
+        try {
+          block = allocator_.allocate(event.bytes, stream);
+        } catch (const std::exception& first) {
+          if (!held_.empty()) {
+            drain(done, true);  // wait for the held-back frees, then try once more
+            try {
+              block = allocator_.allocate(event.bytes, stream);
+            } catch (const std::exception& second) {
+              fail(result, event, second.what());
+              break;
+            }
+          } else {
+            fail(result, event, first.what());
+            break;
+          }
+        }
+        blocks_[event.slot] = block;
+        sizes_of_live_[event.slot] = event.bytes;
+        stream_of_live_[event.slot] = stream;
+      } else {
+        void* block = blocks_[event.slot];
+        blocks_[event.slot] = nullptr;
+        if (hold_back_) {
+          hold(event, block, stream, done);
+        } else {
+          allocator_.deallocate(block, event.bytes, stream);
+        }
+      }
+    }
+    allocator_.synchronize();
+    const double elapsed =
+        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+    result.operations = done;
+    result.ns_per_op = done == 0 ? 0.0 : elapsed / static_cast<double>(done);
+    result.peak_reserved_bytes = allocator_.peak_reserved_bytes();
+    result.upstream_allocations = allocator_.upstream_allocations();
+    result.held_back_frees = held_total_;
+    result.held_back_peak = held_peak_;
+    return result;
+  }
+
+ private:
+  ReplayStream stream_for(std::uint32_t index) const {
+    return ReplayStream{index, streams_.empty() ? nullptr : streams_[index]->get()};
+  }
+
+  void fail(ReplayResult& result, const TraceEvent& event, const char* what) {
+    result.failed_at = event.row;
+    result.failed_line = event.line;
+    result.failure = what;
+  }
+
+  void hold(const TraceEvent& event, void* block, ReplayStream stream, std::size_t index) {
+    HeldFree held{event.slot, event.bytes, stream, index + options_.stream_lag, nullptr};
+    if (options_.device) {
+      if (spare_events_.empty()) {
+        cudaEvent_t created = nullptr;
+        cuda::check(cudaEventCreateWithFlags(&created, cudaEventDisableTiming),
+                    "cudaEventCreateWithFlags");
+        spare_events_.push_back(created);
+      }
+      held.event = spare_events_.back();
+      spare_events_.pop_back();
+      cuda::check(cudaEventRecord(held.event, stream.handle), "cudaEventRecord");
+    }
+    held_blocks_.push_back(block);
+    held_.push_back(held);
+    ++held_total_;
+    held_peak_ = std::max(held_peak_, held_.size());
+  }
+
+  // Deallocates held-back frees whose stream work has completed, oldest first; all of
+  // them (waiting on the device) when `force`.
+  void drain(std::size_t index, bool force) {
+    while (!held_.empty()) {
+      HeldFree& front = held_.front();
+      if (options_.device) {
+        if (force) {
+          cuda::check(cudaEventSynchronize(front.event), "cudaEventSynchronize");
+        } else {
+          const cudaError_t state = cudaEventQuery(front.event);
+          if (state == cudaErrorNotReady) break;
+          cuda::check(state, "cudaEventQuery");
+        }
+        spare_events_.push_back(front.event);
+      } else if (!force && front.ready_at > index) {
+        break;
+      }
+      allocator_.deallocate(held_blocks_.front(), front.bytes, front.stream);
+      held_.pop_front();
+      held_blocks_.pop_front();
+    }
+  }
+
+  const Trace& trace_;
+  ReplayAllocator& allocator_;
+  const ReplayOptions& options_;
+  std::vector<void*> blocks_;  // by slot: the live block of that allocation, or null
+  std::vector<std::size_t> sizes_of_live_;
+  std::vector<ReplayStream> stream_of_live_;
+  std::vector<std::unique_ptr<cuda::Stream>> streams_;
+  bool hold_back_ = false;
+  std::deque<HeldFree> held_;
+  std::deque<void*> held_blocks_;
+  std::vector<cudaEvent_t> spare_events_;
+  std::size_t held_total_ = 0;
+  std::size_t held_peak_ = 0;
+};
+
+}  // namespace
+
+ReplayResult replay_trace(const Trace& trace, const AllocatorSpec& spec,
+                          const ReplayOptions& options) {
+  ReplayContext context;
+  context.device = options.device;
+  context.device_id = options.device_id;
+  context.capacity_bytes = options.capacity_bytes;
+  std::unique_ptr<ReplayAllocator> allocator = spec.make(context);
+  ReplayResult result;
+  {
+    Driver driver(trace, *allocator, options);
+    result = driver.run();
+  }
+  result.allocator = spec.name;
+  return result;
+}
+
+std::optional<std::size_t> min_capacity(const Trace& trace, const AllocatorSpec& spec,
+                                        const ReplayOptions& options,
+                                        std::size_t unbounded_peak_reserved) {
+  auto survives = [&](std::size_t capacity) {
+    ReplayOptions bounded = options;
+    bounded.capacity_bytes = capacity;
+    return !replay_trace(trace, spec, bounded).failed_at.has_value();
+  };
+  constexpr std::size_t kStep = 256;
+  auto round_up = [](std::size_t bytes) { return (bytes + kStep - 1) / kStep * kStep; };
+  // Below the trace's peak live bytes nothing can survive: that is the failing bound.
+  std::size_t fails = trace.peak_live_bytes == 0 ? 0 : trace.peak_live_bytes - 1;
+  std::size_t holds = round_up(std::max(unbounded_peak_reserved, trace.peak_live_bytes));
+  int widen = 0;
+  while (!survives(holds)) {
+    if (++widen > 4 || holds > SIZE_MAX / 4) return std::nullopt;
+    fails = holds;
+    holds *= 2;
+  }
+  while (holds - fails > std::max<std::size_t>(4096, holds / 1000)) {
+    const std::size_t mid = round_up(fails + (holds - fails) / 2);
+    if (mid >= holds) break;
+    if (survives(mid)) {
+      holds = mid;
+    } else {
+      fails = mid;
+    }
+  }
+  return holds;
+}
+
+}  // namespace vram::replay

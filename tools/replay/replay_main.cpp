@@ -1,0 +1,372 @@
+// `vram replay`: argument handling, the table on stdout and the --json file.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "replay/replay_cli.hpp"
+#include "vram/cuda/device.hpp"
+
+namespace vram::replay {
+namespace {
+
+std::string json_string(const std::string& text) {
+  std::string out = "\"";
+  for (unsigned char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buffer[8];
+      std::snprintf(buffer, sizeof buffer, "\\u%04x", c);
+      out += buffer;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char buffer[40];
+  std::snprintf(buffer, sizeof buffer, "%.6g", value);
+  return buffer;
+}
+
+template <typename T>
+std::string json_optional(const std::optional<T>& value) {
+  return value ? std::to_string(*value) : "null";
+}
+
+}  // namespace
+
+TraceSummary TraceSummary::of(const Trace& trace) {
+  TraceSummary s;
+  s.name = trace.name;
+  s.path = trace.path;
+  s.events = trace.events.size();
+  s.allocations = trace.slots;
+  s.streams = trace.streams.size();
+  s.peak_live_bytes = trace.peak_live_bytes;
+  s.allocate_failures = trace.allocate_failures;
+  s.unknown_frees = trace.unknown_frees;
+  s.reused_live_pointers = trace.reused_live_pointers;
+  s.free_size_mismatches = trace.free_size_mismatches;
+  s.live_at_end = trace.live_at_end;
+  return s;
+}
+
+std::string human_bytes(std::size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  char buffer[32];
+  if (unit == 0) {
+    std::snprintf(buffer, sizeof buffer, "%zu B", bytes);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.2f %s", value, units[unit]);
+  }
+  return buffer;
+}
+
+std::string to_json(const ReplayReport& report) {
+  std::string out = "{\n  \"tool\": \"vram replay\",\n";
+  out += "  \"mode\": " + json_string(report.device ? "device" : "host-only") + ",\n";
+  out += "  \"device\": " + json_string(report.device_name) + ",\n";
+  out += "  \"stream_lag_events\": " + std::to_string(report.stream_lag) + ",\n";
+  out += "  \"traces\": [";
+  for (std::size_t i = 0; i < report.traces.size(); ++i) {
+    const TraceSummary& t = report.traces[i];
+    out += i == 0 ? "\n" : ",\n";
+    out += "    {\"trace\": " + json_string(t.name) + ", \"path\": " + json_string(t.path) +
+           ", \"events\": " + std::to_string(t.events) +
+           ", \"allocations\": " + std::to_string(t.allocations) +
+           ", \"streams\": " + std::to_string(t.streams) +
+           ", \"peak_live_bytes\": " + std::to_string(t.peak_live_bytes) +
+           ", \"allocate_failures_in_trace\": " + std::to_string(t.allocate_failures) +
+           ", \"unknown_frees\": " + std::to_string(t.unknown_frees) +
+           ", \"reused_live_pointers\": " + std::to_string(t.reused_live_pointers) +
+           ", \"free_size_mismatches\": " + std::to_string(t.free_size_mismatches) +
+           ", \"live_at_end\": " + std::to_string(t.live_at_end) + "}";
+  }
+  out += report.traces.empty() ? "],\n" : "\n  ],\n";
+  out += "  \"records\": [";
+  for (std::size_t i = 0; i < report.runs.size(); ++i) {
+    const AllocatorRun& run = report.runs[i];
+    const ReplayResult& r = run.result;
+    out += i == 0 ? "\n" : ",\n";
+    out += "    {\"trace\": " + json_string(r.trace) +
+           ", \"allocator\": " + json_string(r.allocator) +
+           ", \"operations\": " + std::to_string(r.operations) +
+           ", \"ns_per_op\": " + json_number(r.ns_per_op) +
+           ", \"peak_live_bytes\": " + std::to_string(r.peak_live_bytes) +
+           ", \"peak_reserved_bytes\": " + std::to_string(r.peak_reserved_bytes) +
+           ", \"reserved_over_live\": " + json_number(r.reserved_over_live()) +
+           ", \"upstream_allocations\": " + json_optional(r.upstream_allocations) +
+           ", \"failed_at\": " + json_optional(r.failed_at) +
+           ", \"failed_line\": " + (r.failed_at ? std::to_string(r.failed_line) : "null") +
+           ", \"failure\": " + (r.failed_at ? json_string(r.failure) : "null") +
+           ", \"held_back_frees\": " + std::to_string(r.held_back_frees) +
+           ", \"min_capacity_bytes\": " + json_optional(run.min_capacity_bytes) +
+           ", \"min_capacity_method\": " +
+           (run.capacity_method.empty() ? "null" : json_string(run.capacity_method)) + "}";
+  }
+  out += report.runs.empty() ? "],\n" : "\n  ],\n";
+  out += "  \"skipped\": [";
+  for (std::size_t i = 0; i < report.skipped.size(); ++i) {
+    out += i == 0 ? "\n" : ",\n";
+    out += "    {\"allocator\": " + json_string(report.skipped[i].allocator) +
+           ", \"reason\": " + json_string(report.skipped[i].reason) + "}";
+  }
+  out += report.skipped.empty() ? "]\n}\n" : "\n  ]\n}\n";
+  return out;
+}
+
+}  // namespace vram::replay
+
+namespace vram::cli {
+namespace {
+
+using namespace vram::replay;
+
+void print_replay_usage(std::FILE* out) {
+  std::fprintf(
+      out,
+      "usage: vram replay TRACE... [--json FILE] [--host-only] [--capacity-search]\n"
+      "                   [--device N] [--stream-lag N]\n"
+      "  Replays allocation traces (RMM logging_resource_adaptor CSV, or .csv.gz) through\n"
+      "  vram DevicePool and the peers (cudaMallocAsync on a private pool, CUB, cudaMalloc,\n"
+      "  PyTorch's caching allocator when built with VRAM_WITH_TORCH) and reports per trace\n"
+      "  and allocator: operations, ns/op, peak live and peak reserved bytes, their ratio,\n"
+      "  upstream (driver) allocations and the row of a failing event.\n"
+      "  --host-only        replay over host memory (an emulated device); peers that need\n"
+      "                     a GPU are listed as skipped\n"
+      "  --capacity-search  the smallest device capacity each allocator survives the trace\n"
+      "                     with (host-only: binary search over the emulated capacity;\n"
+      "                     device: the peak reserved bytes, no search)\n"
+      "  --stream-lag N     host-only: a free's stream work completes N events later\n"
+      "                     (default 8); matters only for stream-unaware allocators on\n"
+      "                     multi-stream traces\n"
+      "  --json FILE        one record per trace and allocator (written atomically)\n"
+      "  Exit status: 0 replayed (an allocator failing is a result), 2 bad input or usage.\n");
+}
+
+bool parse_count(const std::string& text, std::size_t& value) {
+  std::uint64_t parsed = 0;
+  if (!parse_number(text, parsed)) return false;
+  value = static_cast<std::size_t>(parsed);
+  return true;
+}
+
+void print_trace_header(const Trace& trace) {
+  std::printf("\ntrace %s (%s): %zu events, %zu allocations, %zu stream%s, peak live %s\n",
+              trace.name.c_str(), trace.path.c_str(), trace.events.size(), trace.slots,
+              trace.streams.size(), trace.streams.size() == 1 ? "" : "s",
+              human_bytes(trace.peak_live_bytes).c_str());
+  if (trace.allocate_failures > 0) {
+    std::printf("  %zu 'allocate failure' rows in the trace (not replayed)\n",
+                trace.allocate_failures);
+  }
+  if (trace.unknown_frees > 0) {
+    std::printf("  %zu frees of unknown pointers skipped; first:\n", trace.unknown_frees);
+    for (const auto& example : trace.unknown_free_examples) {
+      std::printf("    %s\n", example.c_str());
+    }
+  }
+  if (trace.reused_live_pointers > 0) {
+    std::printf("  %zu pointers allocated again while live; first:\n", trace.reused_live_pointers);
+    for (const auto& example : trace.reused_live_examples) {
+      std::printf("    %s\n", example.c_str());
+    }
+  }
+  if (trace.free_size_mismatches > 0) {
+    std::printf(
+        "  %zu frees with a size other than the allocation's (replayed with the "
+        "allocation's size)\n",
+        trace.free_size_mismatches);
+  }
+  std::printf("  %-32s %10s %9s %13s %8s %10s %10s %13s\n", "allocator", "ops", "ns/op",
+              "peak reserved", "res/live", "upstream", "failed_at", "min capacity");
+}
+
+void print_run(const AllocatorRun& run) {
+  const ReplayResult& r = run.result;
+  const std::string upstream =
+      r.upstream_allocations ? std::to_string(*r.upstream_allocations) : "n/a";
+  const std::string failed = r.failed_at ? std::to_string(*r.failed_at) : "-";
+  const std::string capacity = run.min_capacity_bytes
+                                   ? human_bytes(*run.min_capacity_bytes)
+                                   : (run.capacity_method.empty() ? "-" : "none found");
+  std::printf("  %-32s %10zu %9.1f %13s %7.2fx %10s %10s %13s\n", r.allocator.c_str(), r.operations,
+              r.ns_per_op, human_bytes(r.peak_reserved_bytes).c_str(), r.reserved_over_live(),
+              upstream.c_str(), failed.c_str(), capacity.c_str());
+  if (r.failed_at) {
+    std::printf("    failed at row %zu (line %zu): %s\n", *r.failed_at, r.failed_line,
+                r.failure.c_str());
+  }
+  if (r.held_back_frees > 0) {
+    std::printf("    %zu frees held back for stream order (stream-unaware allocator)\n",
+                r.held_back_frees);
+  }
+}
+
+}  // namespace
+
+int run_replay(const std::vector<std::string>& args) {
+  std::vector<std::string> paths;
+  std::string json_path;
+  bool host_only = false;
+  bool capacity_search = false;
+  ReplayOptions options;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    auto value = [&](const char* flag) -> const std::string* {
+      if (i + 1 >= args.size()) {
+        std::fprintf(stderr, "vram replay: %s needs a value\n", flag);
+        return nullptr;
+      }
+      return &args[++i];
+    };
+    if (arg == "--help" || arg == "-h") {
+      print_replay_usage(stdout);
+      return 0;
+    } else if (arg == "--host-only") {
+      host_only = true;
+    } else if (arg == "--capacity-search") {
+      capacity_search = true;
+    } else if (arg == "--json") {
+      const std::string* v = value("--json");
+      if (v == nullptr) return 2;
+      json_path = *v;
+    } else if (arg == "--device" || arg == "--stream-lag") {
+      const std::string* v = value(arg.c_str());
+      std::size_t n = 0;
+      if (v == nullptr) return 2;
+      if (!parse_count(*v, n)) {
+        std::fprintf(stderr, "vram replay: %s needs a number, got '%s'\n", arg.c_str(), v->c_str());
+        return 2;
+      }
+      if (arg == "--device") options.device_id = static_cast<int>(n);
+      if (arg == "--stream-lag") options.stream_lag = n;
+    } else if (arg.rfind("--", 0) == 0) {
+      std::fprintf(stderr, "vram replay: unknown option '%s'\n", arg.c_str());
+      print_replay_usage(stderr);
+      return 2;
+    } else {
+      paths.push_back(arg);
+    }
+  }
+  if (paths.empty()) {
+    std::fprintf(stderr, "vram replay: no trace given\n");
+    print_replay_usage(stderr);
+    return 2;
+  }
+  // The --json file is written to a temporary next to it and renamed after success.
+  const std::string json_temp =
+      json_path.empty() ? std::string() : json_path + ".tmp." + std::to_string(getpid());
+  if (!json_path.empty()) {
+    std::FILE* probe = std::fopen(json_temp.c_str(), "w");
+    if (probe == nullptr) {
+      std::fprintf(stderr, "vram replay: cannot write --json file '%s': %s\n", json_path.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
+    std::fclose(probe);
+  }
+  auto discard_temp = [&] {
+    if (!json_temp.empty()) std::remove(json_temp.c_str());
+  };
+
+  std::vector<Trace> traces;
+  try {
+    for (const auto& path : paths) traces.push_back(read_trace(path));
+  } catch (const TraceError& error) {
+    std::fprintf(stderr, "vram replay: %s\n", error.what());
+    discard_temp();
+    return 2;
+  }
+
+  ReplayReport report;
+  report.stream_lag = options.stream_lag;
+  const auto availability = cuda::Device::availability();
+  options.device = !host_only && availability.count > options.device_id;
+  report.device = options.device;
+  if (options.device) {
+    report.device_name = cuda::Device::properties(options.device_id).name;
+    std::printf("vram replay on %s (device %d)\n", report.device_name.c_str(), options.device_id);
+  } else {
+    report.device_name = "host-only (emulated device)";
+    std::printf(
+        "vram replay: host-only (%s): pool logic over host memory, emulated device; "
+        "ns/op are host figures, not device ones\n",
+        host_only ? "--host-only" : availability.reason.c_str());
+  }
+  std::vector<AllocatorSpec> specs;
+  for (auto& spec : all_replay_allocators()) {
+    if (!options.device && spec.needs_gpu) {
+      report.skipped.push_back({spec.name, "needs a GPU (host-only replay)"});
+      continue;
+    }
+    specs.push_back(std::move(spec));
+  }
+  for (const auto& skipped : report.skipped) {
+    std::printf("  skipped: %s (%s)\n", skipped.allocator.c_str(), skipped.reason.c_str());
+  }
+
+  for (const Trace& trace : traces) {
+    report.traces.push_back(TraceSummary::of(trace));
+    print_trace_header(trace);
+    for (const AllocatorSpec& spec : specs) {
+      AllocatorRun run;
+      try {
+        run.result = replay_trace(trace, spec, options);
+        if (capacity_search) {
+          if (options.device) {
+            run.capacity_method = "device: peak reserved bytes (no search on a real device)";
+            run.min_capacity_bytes = run.result.peak_reserved_bytes;
+          } else {
+            run.capacity_method = "binary search over the emulated capacity (host-only)";
+            run.min_capacity_bytes =
+                min_capacity(trace, spec, options, run.result.peak_reserved_bytes);
+          }
+        }
+      } catch (const std::exception& error) {
+        // Setting up the allocator failed (not an allocation of the trace): no record.
+        std::printf("  %-32s error: %s\n", spec.name.c_str(), error.what());
+        report.skipped.push_back({spec.name, "trace " + trace.name + ": " + error.what()});
+        continue;
+      }
+      print_run(run);
+      report.runs.push_back(std::move(run));
+    }
+  }
+
+  if (!json_path.empty()) {
+    std::FILE* file = std::fopen(json_temp.c_str(), "w");
+    const std::string text = to_json(report);
+    const bool written =
+        file != nullptr && std::fwrite(text.data(), 1, text.size(), file) == text.size();
+    const bool closed = file != nullptr && std::fclose(file) == 0;
+    if (!written || !closed || std::rename(json_temp.c_str(), json_path.c_str()) != 0) {
+      std::fprintf(stderr, "vram replay: cannot write --json file '%s': %s\n", json_path.c_str(),
+                   std::strerror(errno));
+      discard_temp();
+      return 1;
+    }
+    std::printf("wrote %s\n", json_path.c_str());
+  }
+  return 0;
+}
+
+}  // namespace vram::cli
