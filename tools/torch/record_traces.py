@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import workloads  # noqa: E402
-from snapshot_to_csv import write_csv  # noqa: E402
+from snapshot_to_csv import convert, device_trace  # noqa: E402
 
 
 def main():
@@ -45,7 +45,8 @@ def main():
         stats = torch.cuda.memory_stats()
         path = os.path.join(args.out_dir, f"{name}.csv.gz")
         with gzip.open(path, "wt", newline="") as out:
-            events = write_csv(snapshot, out)
+            counts = convert(device_trace(snapshot, torch.cuda.current_device()), out)
+        events = counts["allocate"] + counts["deallocate"]
         print(f"{name}: {steps} steps in {time.time() - start:.1f} s, {events} events -> {path}; "
               f"torch peak allocated {stats['allocated_bytes.all.peak'] / 2**20:.0f} MiB, "
               f"peak reserved {stats['reserved_bytes.all.peak'] / 2**20:.0f} MiB, "
