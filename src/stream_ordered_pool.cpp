@@ -197,8 +197,7 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, std::size_t alignment
   return allocate_async(bytes, stream.get());
 }
 
-void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes,
-                                         std::size_t /*alignment*/,
+void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes, std::size_t /*alignment*/,
                                          ::cuda::stream_ref stream) noexcept {
   deallocate_async(block, bytes, stream.get());
 }

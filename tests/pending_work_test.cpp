@@ -94,8 +94,8 @@ struct CountingFence {
   }
 };
 
-static_assert(Completion<ManualFence> && Completion<FiresWhenWaited> &&
-              Completion<CountingFence> && Completion<cuda::Event>);
+static_assert(Completion<ManualFence> && Completion<FiresWhenWaited> && Completion<CountingFence> &&
+              Completion<cuda::Event>);
 
 TEST(PendingWork, MoveAssignmentWaitsForTheOldWorkFirst) {
   DevicePool pool(std::make_shared<HostMemoryUpstream>());

@@ -310,7 +310,7 @@ TEST(StreamOrderedPoolGpu, UseAfterDeviceResetThrowsAndTeardownIsQuiet) {
     // Some drivers report the destroyed pool as out of memory: also a clear failure.
   }
   pool->deallocate_async(block, 1_MiB, nullptr);  // noexcept, must not crash
-  pool.reset();                            // destroy after the context: quiet
+  pool.reset();                                   // destroy after the context: quiet
   ASSERT_EQ(cudaFree(nullptr), cudaSuccess) << "the device comes back for later tests";
 }
 

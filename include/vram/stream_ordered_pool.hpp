@@ -87,7 +87,9 @@ class StreamOrderedPool {
   static void hand_over(cudaStream_t from, cudaStream_t to);
 
   // This object's own bytes in use (allocated through it, not yet freed through it).
-  std::size_t bytes_in_use() const noexcept { return bytes_in_use_.load(std::memory_order_relaxed); }
+  std::size_t bytes_in_use() const noexcept {
+    return bytes_in_use_.load(std::memory_order_relaxed);
+  }
 
   // Pool-wide (every user of the pool; see "Figures").
   void set_release_threshold(std::uint64_t bytes);
