@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "staging_lease.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/pinned_host_upstream.hpp"
 
@@ -49,20 +50,7 @@ struct StagingPoolState {
     return fresh;
   }
 
-  // The one way back into the free list: a witness covering the buffer, then the bounds.
-  // A buffer that fails either is freed when `buffer` goes out of scope.
-  void take_back(PinnedBuffer buffer, const CopyCompleted& completed) {
-    if (!completed.covers_range_in(buffer.data(), buffer.capacity())) {
-      witness_mismatches.fetch_add(1, std::memory_order_relaxed);
-      return;  // proves nothing about this buffer
-    }
-    if (try_keep(buffer)) {
-      retired.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      freed_over_bounds.fetch_add(1, std::memory_order_relaxed);
-    }
-  }
-
+  const std::uint64_t id = StagingLease::next_id();  // identity checked by release()
   std::shared_ptr<Upstream> upstream;
   PinnedStagingPool::Options options;
   mutable std::mutex mutex;
@@ -74,6 +62,7 @@ struct StagingPoolState {
   std::atomic<std::uint64_t> freed_over_bounds{0};
   std::atomic<std::uint64_t> freed_without_witness{0};
   std::atomic<std::uint64_t> witness_mismatches{0};
+  std::atomic<std::uint64_t> foreign_buffers{0};
 };
 
 }  // namespace detail
@@ -86,7 +75,8 @@ PinnedBuffer::PinnedBuffer(std::shared_ptr<Upstream> upstream, std::size_t capac
 PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept
     : upstream_(std::move(other.upstream_)),
       data_(std::exchange(other.data_, nullptr)),
-      capacity_(std::exchange(other.capacity_, 0)) {}
+      capacity_(std::exchange(other.capacity_, 0)),
+      lease_(std::move(other.lease_)) {}
 
 PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
   if (this != &other) {
@@ -94,15 +84,34 @@ PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
     upstream_ = std::move(other.upstream_);
     data_ = std::exchange(other.data_, nullptr);
     capacity_ = std::exchange(other.capacity_, 0);
+    lease_ = std::move(other.lease_);
   }
   return *this;
 }
 
+std::uint64_t PinnedBuffer::lease_id() const noexcept { return lease_ ? lease_->id : 0; }
+
+std::uint64_t PinnedBuffer::copies_in_flight() const noexcept {
+  return lease_ ? lease_->copies_in_flight() : 0;
+}
+
 void PinnedBuffer::reset() noexcept {
-  if (data_ != nullptr) upstream_->deallocate(data_, capacity_);
+  if (data_ != nullptr) {
+    if (lease_ && lease_->copies_in_flight() != 0) {
+      // A DMA may still read this memory: park it on the ledger, which the in-flight
+      // PendingCopy objects keep alive; the last of them frees it after its wait. A copy
+      // observed between the check and here only makes the parking unnecessary, not unsafe.
+      lease_->parked_upstream = std::move(upstream_);
+      lease_->parked = data_;
+      lease_->parked_bytes = capacity_;
+    } else {
+      upstream_->deallocate(data_, capacity_);
+    }
+  }
   data_ = nullptr;
   capacity_ = 0;
   upstream_.reset();
+  lease_.reset();
 }
 
 PinnedStagingPool::PinnedStagingPool(Options options)
@@ -118,6 +127,8 @@ PooledStaging PinnedStagingPool::acquire(std::size_t len) {
         "buffers as null sentinels and ask for at least one byte.");
   }
   auto& s = *state_;
+  // A new ledger for every loan, made before the free list is touched (it can throw).
+  auto lease = std::make_shared<detail::StagingLease>(s.id, detail::StagingLease::next_id());
   {
     std::lock_guard lock(s.mutex);
     auto best = s.free_list.end();
@@ -134,15 +145,56 @@ PooledStaging PinnedStagingPool::acquire(std::size_t len) {
       s.free_bytes -= buffer.capacity();
       s.reuses.fetch_add(1, std::memory_order_relaxed);
       global_reuse_count.fetch_add(1, std::memory_order_relaxed);
+      buffer.lease_ = std::move(lease);
       return PooledStaging(state_, std::move(buffer), len);
     }
   }
-  return PooledStaging(state_, s.pin(len), len);  // pinned outside the lock
+  PinnedBuffer fresh = s.pin(len);  // pinned outside the lock
+  fresh.lease_ = std::move(lease);
+  return PooledStaging(state_, std::move(fresh), len);
 }
 
-void PinnedStagingPool::release(PinnedBuffer buffer, CopyCompleted completed) {
+void PinnedStagingPool::take_back(detail::StagingPoolState& pool, PinnedBuffer& buffer,
+                                  CopyCompleted& completed, const char* caller) {
+  const detail::StagingLease& lease = *buffer.lease_;
+  std::string refusal;
+  if (!completed) {
+    refusal = "the witness is empty (moved from, or of a copy from raw host memory)";
+  } else if (completed.lease() != lease.id) {
+    refusal = "the witness names lease " + std::to_string(completed.lease()) +
+              ", not this buffer's current lease " + std::to_string(lease.id) +
+              " (a witness of another buffer, or of an earlier loan of this one)";
+  } else if (const std::uint64_t in_flight = lease.copies_in_flight(); in_flight != 0) {
+    refusal = std::to_string(in_flight) +
+              " copy(ies) issued from this lease are not yet observed complete";
+  }
+  if (!refusal.empty()) {
+    pool.witness_mismatches.fetch_add(1, std::memory_order_relaxed);
+    throw InvalidArgument(std::string("vram::PinnedStagingPool::") + caller +
+                          ": witness refused: " + refusal +
+                          ". The buffer stays with the caller. Fix: wait() every PendingCopy "
+                          "issued from this lease and retire with one of their witnesses.");
+  }
+  PinnedBuffer kept = std::move(buffer);
+  kept.lease_.reset();  // the loan ends; the next acquire() makes a new one
+  if (pool.try_keep(kept)) {
+    pool.retired.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    pool.freed_over_bounds.fetch_add(1, std::memory_order_relaxed);
+  }  // else `kept` is freed here, outside the lock
+}
+
+void PinnedStagingPool::release(PinnedBuffer&& buffer, CopyCompleted completed) {
   if (!buffer) return;
-  state_->take_back(std::move(buffer), completed);
+  if (!buffer.lease_ || buffer.lease_->pool_id != state_->id) {
+    state_->foreign_buffers.fetch_add(1, std::memory_order_relaxed);
+    throw InvalidArgument(
+        "vram::PinnedStagingPool::release: this PinnedBuffer is not a lease of this pool (" +
+        std::string(buffer.lease_ ? "another pool's" : "made outside any pool") +
+        "). The buffer stays with the caller. Fix: release a buffer to the pool it was "
+        "acquired from; a buffer made by hand is freed by destroying it.");
+  }
+  take_back(*state_, buffer, completed, "release");
 }
 
 void PinnedStagingPool::reserve(std::size_t count, std::size_t len) {
@@ -182,6 +234,7 @@ PinnedStagingStats PinnedStagingPool::stats() const {
   out.freed_over_bounds = s.freed_over_bounds.load(std::memory_order_relaxed);
   out.freed_without_witness = s.freed_without_witness.load(std::memory_order_relaxed);
   out.witness_mismatches = s.witness_mismatches.load(std::memory_order_relaxed);
+  out.foreign_buffers = s.foreign_buffers.load(std::memory_order_relaxed);
   std::lock_guard lock(s.mutex);
   out.free_buffers = s.free_list.size();
   out.free_bytes = s.free_bytes;
@@ -191,7 +244,7 @@ PinnedStagingStats PinnedStagingPool::stats() const {
 void PinnedStagingPool::reset_counters() noexcept {
   auto& s = *state_;
   for (auto* counter : {&s.pin_calls, &s.reuses, &s.retired, &s.freed_over_bounds,
-                        &s.freed_without_witness, &s.witness_mismatches}) {
+                        &s.freed_without_witness, &s.witness_mismatches, &s.foreign_buffers}) {
     counter->store(0, std::memory_order_relaxed);
   }
 }
@@ -231,10 +284,14 @@ void PooledStaging::drop_without_witness() noexcept {
 }
 
 void PooledStaging::retire(CopyCompleted completed) {
-  if (!buffer_ || !pool_) return;
-  auto pool = std::move(pool_);
+  if (!buffer_ || !pool_) {
+    throw InvalidArgument(
+        "vram::PooledStaging::retire: this lease is empty (moved from, already retired, or "
+        "into_inner()). Fix: retire the lease that holds the buffer.");
+  }
+  PinnedStagingPool::take_back(*pool_, buffer_, completed, "retire");  // throws if refused
+  pool_.reset();
   len_ = 0;
-  pool->take_back(std::move(buffer_), completed);
 }
 
 PinnedBuffer PooledStaging::into_inner() noexcept {

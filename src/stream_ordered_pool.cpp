@@ -27,6 +27,11 @@ void check_alignment(std::size_t alignment) {
 }  // namespace
 
 StreamOrderedPool::StreamOrderedPool(Options options) {
+  if (options.use_default_pool && options.ipc_shareable) {
+    throw InvalidArgument(
+        "vram::StreamOrderedPool: ipc_shareable needs a private pool, but use_default_pool is "
+        "set (the default pool's handle types are fixed). Fix: drop one of the two options.");
+  }
   const auto& api = cuda::driver_api();
   device_ = options.device < 0 ? cuda::Device::current() : options.device;
   cuda::DeviceGuard guard(device_);
@@ -48,7 +53,7 @@ StreamOrderedPool::StreamOrderedPool(Options options) {
   CUdevice cu_device = 0;
   cuda::check_driver(api.require(api.device_get)(&cu_device, device_), "cuDeviceGet");
   CUmemoryPool pool = nullptr;
-  if (options.private_pool) {
+  if (!options.use_default_pool) {
     CUmemPoolProps props{};
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     props.handleTypes =
@@ -68,7 +73,13 @@ StreamOrderedPool::StreamOrderedPool(Options options) {
   }
   pool_ = pool;
   try {
-    set_release_threshold(options.release_threshold);
+    // A private pool retains freed memory unless told otherwise; the default pool is
+    // touched only when asked (and restored in destroy()).
+    if (options.release_threshold.has_value()) {
+      set_release_threshold(*options.release_threshold);
+    } else if (owned_) {
+      set_release_threshold(kRetainAll);
+    }
   } catch (...) {
     destroy();
     throw;
@@ -82,6 +93,8 @@ StreamOrderedPool::StreamOrderedPool(StreamOrderedPool&& other) noexcept
       context_(std::exchange(other.context_, nullptr)),
       device_(other.device_),
       owned_(std::exchange(other.owned_, false)),
+      restore_threshold_(std::exchange(other.restore_threshold_, std::nullopt)),
+      bytes_in_use_(other.bytes_in_use_.exchange(0, std::memory_order_relaxed)),
       failed_frees_(other.failed_frees_.load(std::memory_order_relaxed)) {}
 
 StreamOrderedPool& StreamOrderedPool::operator=(StreamOrderedPool&& other) noexcept {
@@ -91,20 +104,35 @@ StreamOrderedPool& StreamOrderedPool::operator=(StreamOrderedPool&& other) noexc
     context_ = std::exchange(other.context_, nullptr);
     device_ = other.device_;
     owned_ = std::exchange(other.owned_, false);
+    restore_threshold_ = std::exchange(other.restore_threshold_, std::nullopt);
+    bytes_in_use_.store(other.bytes_in_use_.exchange(0, std::memory_order_relaxed),
+                        std::memory_order_relaxed);
     failed_frees_.store(other.failed_frees_.load(std::memory_order_relaxed));
   }
   return *this;
 }
 
 void StreamOrderedPool::destroy() noexcept {
-  // The default pool belongs to the context: nothing to destroy. A private pool with
-  // blocks still allocated is released by the driver once they are freed.
+  // The default pool belongs to the context: nothing to destroy, but the release threshold
+  // this object changed goes back to what it found (errors, e.g. after shutdown, ignored).
+  // A private pool with blocks still allocated is released by the driver once they are
+  // freed.
+  if (!owned_ && pool_ != nullptr && restore_threshold_.has_value()) {
+    if (auto set = cuda::driver_api().mem_pool_set_attribute.function; set != nullptr) {
+      cuuint64_t raw = *restore_threshold_;
+      CUresult result = set(as_pool(pool_), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &raw);
+      if (result == CUDA_ERROR_INVALID_CONTEXT && bind_context()) {
+        (void)set(as_pool(pool_), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &raw);
+      }
+    }
+  }
   if (owned_ && pool_ != nullptr) {
     if (auto f = cuda::driver_api().mem_pool_destroy.function; f != nullptr)
       (void)f(as_pool(pool_));
   }
   pool_ = nullptr;
   owned_ = false;
+  restore_threshold_.reset();
 }
 
 bool StreamOrderedPool::bind_context() const noexcept {
@@ -128,8 +156,8 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) 
     result = alloc(&block, bytes, as_pool(pool_), stream);
   }
   if (result == CUDA_ERROR_OUT_OF_MEMORY) {
-    const std::size_t used = used_bytes();
-    const std::size_t reserved = reserved_bytes();
+    const std::size_t used = pool_used_bytes();
+    const std::size_t reserved = pool_reserved_bytes();
     throw OutOfMemory(bytes, reserved > used ? reserved - used : 0, used,
                       "cuMemAllocFromPoolAsync on device " + std::to_string(device_) +
                           " returned CUDA_ERROR_OUT_OF_MEMORY");
@@ -141,10 +169,12 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) 
                     "success for " +
                         std::to_string(bytes) + " bytes. Fix: update the NVIDIA driver.");
   }
+  bytes_in_use_.fetch_add(bytes, std::memory_order_relaxed);
   return reinterpret_cast<void*>(block);
 }
 
-void StreamOrderedPool::deallocate_async(void* block, cudaStream_t stream) noexcept {
+void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes,
+                                         cudaStream_t stream) noexcept {
   if (block == nullptr) return;
   static const auto free_async = cuda::driver_api().mem_free_async.function;
   if (free_async == nullptr) return;
@@ -156,7 +186,9 @@ void StreamOrderedPool::deallocate_async(void* block, cudaStream_t stream) noexc
     failed_frees_.fetch_add(1, std::memory_order_relaxed);
     std::fprintf(stderr, "vram::StreamOrderedPool: cuMemFreeAsync(%p) failed: %s\n", block,
                  cuda::driver_error_name(result).c_str());
+    return;  // not freed: still counted in use
   }
+  bytes_in_use_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 void* StreamOrderedPool::allocate_async(std::size_t bytes, std::size_t alignment,
@@ -165,10 +197,9 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, std::size_t alignment
   return allocate_async(bytes, stream.get());
 }
 
-void StreamOrderedPool::deallocate_async(void* block, std::size_t /*bytes*/,
-                                         std::size_t /*alignment*/,
+void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes, std::size_t /*alignment*/,
                                          ::cuda::stream_ref stream) noexcept {
-  deallocate_async(block, stream.get());
+  deallocate_async(block, bytes, stream.get());
 }
 
 void* StreamOrderedPool::allocate(std::size_t bytes, std::size_t alignment) {
@@ -178,9 +209,9 @@ void* StreamOrderedPool::allocate(std::size_t bytes, std::size_t alignment) {
   return block;
 }
 
-void StreamOrderedPool::deallocate(void* block, std::size_t /*bytes*/,
+void StreamOrderedPool::deallocate(void* block, std::size_t bytes,
                                    std::size_t /*alignment*/) noexcept {
-  deallocate_async(block, cudaStreamPerThread);
+  deallocate_async(block, bytes, cudaStreamPerThread);
   if (cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) (void)cudaGetLastError();
 }
 
@@ -208,6 +239,7 @@ void StreamOrderedPool::set_attribute(int attribute, std::uint64_t value, const 
 }
 
 void StreamOrderedPool::set_release_threshold(std::uint64_t bytes) {
+  if (!owned_ && !restore_threshold_.has_value()) restore_threshold_ = release_threshold();
   set_attribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes,
                 "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)");
 }
@@ -217,27 +249,27 @@ std::uint64_t StreamOrderedPool::release_threshold() const {
                        "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)");
 }
 
-std::size_t StreamOrderedPool::reserved_bytes() const {
+std::size_t StreamOrderedPool::pool_reserved_bytes() const {
   return get_attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
                        "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)");
 }
 
-std::size_t StreamOrderedPool::used_bytes() const {
+std::size_t StreamOrderedPool::pool_used_bytes() const {
   return get_attribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
                        "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_CURRENT)");
 }
 
-std::size_t StreamOrderedPool::reserved_high_water() const {
+std::size_t StreamOrderedPool::pool_reserved_high_water() const {
   return get_attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
                        "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)");
 }
 
-std::size_t StreamOrderedPool::used_high_water() const {
+std::size_t StreamOrderedPool::pool_used_high_water() const {
   return get_attribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH,
                        "cuMemPoolGetAttribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH)");
 }
 
-void StreamOrderedPool::reset_high_water() {
+void StreamOrderedPool::reset_pool_high_water() {
   set_attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH, 0,
                 "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)");
   set_attribute(CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0,

@@ -90,7 +90,7 @@ TEST(BadInputGpu, StreamOrderedPoolAbsurdSizes) {
                std::bad_alloc);
   EXPECT_THROW((void)pool.allocate_async(SIZE_MAX, stream.get()), std::exception);
   void* block = pool.allocate_async(4096, stream.get());
-  pool.deallocate_async(block, stream.get());
+  pool.deallocate_async(block, 4096, stream.get());
   stream.synchronize();
 }
 

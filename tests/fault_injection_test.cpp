@@ -76,7 +76,7 @@ TEST(FaultInjection, StagingPoolPinFailuresThrowAndLeaveCountersTrue) {
   for (int i = 0; i < 10; ++i) {
     try {
       auto staging = pool.acquire(1_MiB + static_cast<std::size_t>(i) * 4096);  // no reuse fits
-      staging.retire(WitnessMint::completed_copy_of(staging.data(), staging.len()));
+      staging.retire(WitnessMint::completed_copy_of(staging));
     } catch (const OutOfMemory&) {
       ++failures;
     }

@@ -103,7 +103,7 @@ TEST(ModelWalk, StagingPoolStaysWithinItsBounds) {
       PooledStaging staging = std::move(live[index]);
       live.erase(live.begin() + static_cast<long>(index));
       if (action < 9) {
-        staging.retire(WitnessMint::completed_copy_of(staging.data(), staging.len()));
+        staging.retire(WitnessMint::completed_copy_of(staging));
       }  // else dropped without a witness
     }
     const auto s = pool.stats();

@@ -3,9 +3,12 @@
 
 #include <atomic>
 #include <memory>
+#include <thread>
+#include <vector>
 
 #include "gpu_test_policy.hpp"
 #include "test_upstreams.hpp"
+#include "vram/completion.hpp"
 #include "vram/cuda/event.hpp"
 #include "vram/cuda/stream.hpp"
 #include "vram/pending_work.hpp"
@@ -66,6 +69,86 @@ TEST(PendingWork, DestructionWaitsForTheFence) {
   ManualFence fence;
   fence.fired->store(true);
   { PendingWork<ManualFence> work(fence, pool.acquire(4096)); }
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
+// Never fires on its own; fires when waited, counting the waits.
+struct FiresWhenWaited {
+  std::shared_ptr<std::atomic<int>> waits = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<std::atomic<bool>> fired = std::make_shared<std::atomic<bool>>(false);
+  bool ready() const { return fired->load(); }
+  void wait() {
+    waits->fetch_add(1);
+    fired->store(true);
+  }
+};
+
+// Counts waits; wait() spins until the test fires it.
+struct CountingFence {
+  std::shared_ptr<std::atomic<bool>> fired = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::atomic<int>> waits = std::make_shared<std::atomic<int>>(0);
+  bool ready() const { return fired->load(); }
+  void wait() const {
+    waits->fetch_add(1);
+    while (!fired->load()) std::this_thread::yield();
+  }
+};
+
+static_assert(Completion<ManualFence> && Completion<FiresWhenWaited> && Completion<CountingFence> &&
+              Completion<cuda::Event>);
+
+TEST(PendingWork, MoveAssignmentWaitsForTheOldWorkFirst) {
+  DevicePool pool(std::make_shared<HostMemoryUpstream>());
+  FiresWhenWaited old_fence;
+  FiresWhenWaited new_fence;
+  PendingWork<FiresWhenWaited> work(old_fence, pool.acquire(4096));
+  PendingWork<FiresWhenWaited> replacement(new_fence, pool.acquire(4096));
+  work = std::move(replacement);
+  EXPECT_EQ(old_fence.waits->load(), 1) << "the old work was dropped without waiting";
+  EXPECT_EQ(new_fence.waits->load(), 0);
+  EXPECT_EQ(work.held(), 1U);
+  EXPECT_TRUE(replacement.released());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(pool.stats().bytes_in_use, 4096U);
+  work.wait();
+  EXPECT_EQ(new_fence.waits->load(), 1);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
+TEST(PendingWork, MoveAssignmentHoldsTheOldBlockUntilItsFenceFires) {
+  DevicePool pool(std::make_shared<HostMemoryUpstream>());
+  CountingFence never_yet;
+  auto lease = pool.acquire(4096);
+  void* in_flight = lease.data();
+  PendingWork<CountingFence> work(never_yet, std::move(lease));
+  CountingFence done;
+  done.fired->store(true);
+  std::atomic<bool> assigned{false};
+  std::thread assigner([&] {
+    work = PendingWork<CountingFence>(done, std::vector<DevicePool::Lease>{});
+    assigned = true;
+  });
+  while (never_yet.waits->load() == 0) std::this_thread::yield();  // the assignment waits
+  EXPECT_FALSE(assigned.load());
+  {
+    auto other = pool.acquire(4096);
+    EXPECT_NE(other.data(), in_flight) << "a block of unfinished work was handed out again";
+  }
+  never_yet.fired->store(true);
+  assigner.join();
+  EXPECT_TRUE(assigned.load());
+  EXPECT_TRUE(work.released());
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
+TEST(PendingWork, MovedFromWorkHoldsNothing) {
+  DevicePool pool(std::make_shared<HostMemoryUpstream>());
+  FiresWhenWaited fence;
+  PendingWork<FiresWhenWaited> work(fence, pool.acquire(4096), pool.acquire(4096));
+  PendingWork<FiresWhenWaited> moved(std::move(work));
+  EXPECT_TRUE(work.released());  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(moved.held(), 2U);
+  moved.wait();
+  EXPECT_EQ(fence.waits->load(), 1);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 

@@ -23,7 +23,7 @@ namespace {
 using namespace vram::literals;
 
 CopyCompleted witness_for(const PooledStaging& staging) {
-  return WitnessMint::completed_copy_of(staging.data(), staging.len());
+  return WitnessMint::completed_copy_of(staging);
 }
 
 std::shared_ptr<TestUpstream> host_upstream() {
@@ -108,27 +108,28 @@ TEST(PinnedStagingPool, IntoInnerThenReleaseReturnsTheBuffer) {
   const auto* data = staging.data();
   PinnedBuffer raw = staging.into_inner();
   EXPECT_FALSE(staging);
-  auto witness = WitnessMint::completed_copy_of(raw.data(), raw.capacity());
+  auto witness = WitnessMint::completed_copy_of(raw);
   pool.release(std::move(raw), std::move(witness));
   EXPECT_EQ(pool.stats().free_buffers, 1U);
   EXPECT_EQ(pool.acquire(1_MiB).data(), data);
 }
 
-TEST(PinnedStagingPool, WitnessOfAnotherBufferDoesNotReturnThisOne) {
+TEST(PinnedStagingPool, WitnessOfAnotherBufferIsRefusedAndLosesNothing) {
   auto upstream = host_upstream();
   PinnedStagingPool pool(upstream);
   PinnedStagingPool other_pool(host_upstream());
-  auto mine = pool.acquire(1_MiB);
-  auto theirs = other_pool.acquire(1_MiB);
-  mine.retire(witness_for(theirs));  // proves nothing about `mine`
-  const auto s = pool.stats();
-  EXPECT_EQ(s.witness_mismatches, 1U);
-  EXPECT_EQ(s.free_buffers, 0U);
-  EXPECT_EQ(upstream->live_bytes(), 0U);  // freed, not kept
-  // A witness for part of the buffer (the bytes a copy read) is enough.
-  auto staging = pool.acquire(1_MiB);
-  staging.retire(WitnessMint::completed_copy_of(staging.data() + 4096, 4096));
-  EXPECT_EQ(pool.stats().free_buffers, 1U);
+  {
+    auto mine = pool.acquire(1_MiB);
+    auto theirs = other_pool.acquire(1_MiB);
+    EXPECT_THROW(mine.retire(witness_for(theirs)), InvalidArgument);  // proves nothing here
+    const auto s = pool.stats();
+    EXPECT_EQ(s.witness_mismatches, 1U);
+    EXPECT_EQ(s.free_buffers, 0U);
+    EXPECT_TRUE(mine) << "the lease stays with the caller";
+    EXPECT_EQ(upstream->live_bytes(), 1_MiB);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);  // dropped without a witness: freed, not kept
+  EXPECT_EQ(pool.stats().freed_without_witness, 1U);
 }
 
 TEST(PinnedStagingPool, CountersResetButBuffersStay) {
@@ -180,7 +181,7 @@ TEST(PinnedStagingPool, BuffersOutliveThePool) {
     survivor.emplace(pool.acquire(4096));
   }
   std::memset(survivor->data(), 1, survivor->len());
-  survivor->retire(WitnessMint::completed_copy_of(survivor->data(), 4096));
+  survivor->retire(WitnessMint::completed_copy_of(*survivor));
   survivor.reset();
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
@@ -277,11 +278,11 @@ TEST(PinnedStagingPoolGpu, PendingCopyWithholdsTheWitnessUntilTheCopyIsDone) {
   launch_spin_then_fill(device, 1, 0, 200'000'000ull, stream.get());
   PendingCopy copy = copy_to_device_async(device, staging, stream.get());
   EXPECT_FALSE(copy.ready()) << "the copy cannot be done while the kernel ahead of it runs";
-  CopyCompleted witness = std::move(copy).wait();
-  EXPECT_TRUE(copy.ready());
-  EXPECT_GT(copy.elapsed_ms(), 0.0F);
+  CopyResult result = std::move(copy).wait_timed();
+  EXPECT_TRUE(copy.ready());  // NOLINT(bugprone-use-after-move): consumed reads as ready
+  EXPECT_GT(result.elapsed_ms, 0.0F);
   EXPECT_TRUE(stream.ready());
-  staging.retire(std::move(witness));
+  staging.retire(std::move(result.completed));
   EXPECT_EQ(pool.stats().free_buffers, 1U);
   std::vector<unsigned char> back(bytes);
   ASSERT_EQ(cudaMemcpy(back.data(), device, bytes, cudaMemcpyDeviceToHost), cudaSuccess);

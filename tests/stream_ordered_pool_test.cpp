@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "gpu_test_policy.hpp"
+#include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
 #include "vram/stream_ordered_pool.hpp"
@@ -33,8 +34,8 @@ TEST(StreamOrderedPoolGpu, ServesUsableMemory) {
             cudaSuccess);
   stream.synchronize();
   for (std::size_t i = 0; i < kWords; ++i) ASSERT_EQ(host[i], 0xABABABABu) << "word " << i;
-  EXPECT_GE(pool.used_bytes(), kWords * 4);
-  pool.deallocate_async(block, stream.get());
+  EXPECT_GE(pool.pool_used_bytes(), kWords * 4);
+  pool.deallocate_async(block, kWords * 4, stream.get());
   stream.synchronize();
 }
 
@@ -44,17 +45,17 @@ TEST(StreamOrderedPoolGpu, ReusesReservedMemoryAndTrimReturnsIt) {
   cuda::Stream stream;
   const std::size_t bytes = 4_MiB;
   void* first = pool.allocate_async(bytes, stream.get());
-  pool.deallocate_async(first, stream.get());
+  pool.deallocate_async(first, bytes, stream.get());
   stream.synchronize();
-  const std::size_t reserved_after_free = pool.reserved_bytes();
+  const std::size_t reserved_after_free = pool.pool_reserved_bytes();
   EXPECT_GE(reserved_after_free, bytes) << "retain-all must keep the freed block reserved";
   void* second = pool.allocate_async(bytes, stream.get());
   stream.synchronize();
-  EXPECT_EQ(pool.reserved_bytes(), reserved_after_free) << "realloc must reuse, not grow";
-  pool.deallocate_async(second, stream.get());
+  EXPECT_EQ(pool.pool_reserved_bytes(), reserved_after_free) << "realloc must reuse, not grow";
+  pool.deallocate_async(second, bytes, stream.get());
   stream.synchronize();
   pool.trim(0);
-  EXPECT_LT(pool.reserved_bytes(), reserved_after_free);
+  EXPECT_LT(pool.pool_reserved_bytes(), reserved_after_free);
 }
 
 TEST(StreamOrderedPoolGpu, AccountsSeveralLiveBlocks) {
@@ -65,19 +66,19 @@ TEST(StreamOrderedPoolGpu, AccountsSeveralLiveBlocks) {
   void* b = pool.allocate_async(8192, stream.get());
   void* c = pool.allocate_async(16384, stream.get());
   stream.synchronize();
-  const std::size_t used_all = pool.used_bytes();
+  const std::size_t used_all = pool.pool_used_bytes();
   EXPECT_GE(used_all, 4096U + 8192U + 16384U);
-  pool.deallocate_async(b, stream.get());
+  pool.deallocate_async(b, 8192, stream.get());
   stream.synchronize();
-  const std::size_t used_after = pool.used_bytes();
+  const std::size_t used_after = pool.pool_used_bytes();
   EXPECT_LT(used_after, used_all);
   EXPECT_GE(used_after, 4096U + 16384U);
-  EXPECT_GE(pool.used_high_water(), used_all);
-  pool.deallocate_async(a, stream.get());
-  pool.deallocate_async(c, stream.get());
+  EXPECT_GE(pool.pool_used_high_water(), used_all);
+  pool.deallocate_async(a, 4096, stream.get());
+  pool.deallocate_async(c, 16384, stream.get());
   stream.synchronize();
-  pool.reset_high_water();
-  EXPECT_LE(pool.used_high_water(), used_after);
+  pool.reset_pool_high_water();
+  EXPECT_LE(pool.pool_used_high_water(), used_after);
 }
 
 TEST(StreamOrderedPoolGpu, RejectsZeroBytesAndIgnoresNull) {
@@ -90,7 +91,7 @@ TEST(StreamOrderedPoolGpu, RejectsZeroBytesAndIgnoresNull) {
   } catch (const InvalidArgument& error) {
     EXPECT_NE(std::string(error.what()).find("Fix:"), std::string::npos);
   }
-  pool.deallocate_async(nullptr, stream.get());
+  pool.deallocate_async(nullptr, 0, stream.get());
   EXPECT_EQ(pool.failed_frees(), 0U);
   EXPECT_THROW((void)pool.allocate_async(64, 4096, ::cuda::stream_ref(stream.get())),
                InvalidArgument);
@@ -107,11 +108,11 @@ TEST(StreamOrderedPoolGpu, ReleaseThresholdIsSetAndChangeable) {
 
 TEST(StreamOrderedPoolGpu, OutOfMemoryIsABadAlloc) {
   VRAM_GPU_TEST_OR_SKIP();
-  StreamOrderedPool pool({.private_pool = true});
+  StreamOrderedPool pool;
   cuda::Stream stream;
   EXPECT_THROW((void)pool.allocate_async(std::size_t{1} << 50, stream.get()), std::bad_alloc);
   void* block = pool.allocate_async(4096, stream.get());  // still serving
-  pool.deallocate_async(block, stream.get());
+  pool.deallocate_async(block, 4096, stream.get());
   stream.synchronize();
 }
 
@@ -126,7 +127,7 @@ TEST(StreamOrderedPoolGpu, CrossStreamReuseWithHandOverKeepsDataCorrect) {
   void* a = pool.allocate_async(bytes, first.get());
   // ~150 ms kernel writes A on the first stream; A is freed behind it on that stream.
   launch_spin_then_fill(a, words, 0x11111111u, 150'000'000ull, first.get());
-  pool.deallocate_async(a, first.get());
+  pool.deallocate_async(a, bytes, first.get());
   StreamOrderedPool::hand_over(first.get(), second.get());
   EXPECT_FALSE(first.ready()) << "the first stream's kernel should still run";
   void* b = pool.allocate_async(bytes, second.get());  // may reuse A's memory, safely
@@ -140,7 +141,7 @@ TEST(StreamOrderedPoolGpu, CrossStreamReuseWithHandOverKeepsDataCorrect) {
             cudaSuccess);
   second.synchronize();
   EXPECT_EQ(host, 0U) << "the first stream's kernel overwrote the second stream's block";
-  pool.deallocate_async(b, second.get());
+  pool.deallocate_async(b, bytes, second.get());
   second.synchronize();
   cudaFree(mismatches);
 }
@@ -150,18 +151,19 @@ TEST(StreamOrderedPoolGpu, PrivatePoolsAreCreatedAndDestroyed) {
   VRAM_GPU_TEST_OR_SKIP();
   cuda::Stream stream;
   {
-    StreamOrderedPool pool({.private_pool = true, .release_threshold = 0});
+    StreamOrderedPool pool({.release_threshold = 0});
     EXPECT_TRUE(pool.is_private());
     void* block = pool.allocate_async(1_MiB, stream.get());
-    pool.deallocate_async(block, stream.get());
+    pool.deallocate_async(block, 1_MiB, stream.get());
     stream.synchronize();
     EXPECT_EQ(pool.release_threshold(), 0U);
   }
-  StreamOrderedPool shareable({.private_pool = true, .ipc_shareable = true});
+  StreamOrderedPool shareable({.ipc_shareable = true});
   void* block = shareable.allocate_async(2_MiB, stream.get());
-  shareable.deallocate_async(block, stream.get());
+  shareable.deallocate_async(block, 2_MiB, stream.get());
   stream.synchronize();
-  StreamOrderedPool default_pool;
+  StreamOrderedPool default_pool({.use_default_pool = true});
+  EXPECT_FALSE(default_pool.is_private());
   EXPECT_NE(default_pool.native_handle(), shareable.native_handle());
 }
 
@@ -173,7 +175,7 @@ TEST(StreamOrderedPoolGpu, WorksFromAThreadWithNoCurrentContext) {
   std::thread([&] {
     try {
       void* block = pool.allocate_async(1_MiB, stream.get());
-      pool.deallocate_async(block, stream.get());
+      pool.deallocate_async(block, 1_MiB, stream.get());
     } catch (...) {
       failure = std::current_exception();
     }
@@ -191,10 +193,111 @@ TEST(StreamOrderedPoolGpu, SynchronousFormsWork) {
   pool.deallocate(block, 4096);
 }
 
+TEST(StreamOrderedPool, IpcWithTheDefaultPoolIsRejectedBeforeAnyCudaCall) {
+  try {
+    StreamOrderedPool pool({.use_default_pool = true, .ipc_shareable = true});
+    FAIL() << "ipc_shareable needs a private pool";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("Fix:"), std::string::npos);
+  }
+}
+
+// The device's default pool, read through the runtime (not through the class under test).
+std::uint64_t default_pool_threshold() {
+  cudaMemPool_t pool = nullptr;
+  cuda::check(cudaDeviceGetDefaultMemPool(&pool, cuda::Device::current()),
+              "cudaDeviceGetDefaultMemPool");
+  std::uint64_t value = 0;
+  cuda::check(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &value),
+              "cudaMemPoolGetAttribute");
+  return value;
+}
+
+void set_default_pool_threshold(std::uint64_t value) {
+  cudaMemPool_t pool = nullptr;
+  cuda::check(cudaDeviceGetDefaultMemPool(&pool, cuda::Device::current()),
+              "cudaDeviceGetDefaultMemPool");
+  cuda::check(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &value),
+              "cudaMemPoolSetAttribute");
+}
+
+TEST(StreamOrderedPoolGpu, DefaultConstructedPoolIsPrivateAndLeavesTheDefaultPoolAlone) {
+  VRAM_GPU_TEST_OR_SKIP();
+  const std::uint64_t original = default_pool_threshold();
+  constexpr std::uint64_t kMarker = 12345;
+  set_default_pool_threshold(kMarker);
+  {
+    StreamOrderedPool pool;
+    EXPECT_TRUE(pool.is_private());
+    cudaMemPool_t device_default = nullptr;
+    ASSERT_EQ(cudaDeviceGetDefaultMemPool(&device_default, cuda::Device::current()), cudaSuccess);
+    EXPECT_NE(pool.native_handle(), static_cast<void*>(device_default));
+    EXPECT_EQ(pool.release_threshold(), StreamOrderedPool::kRetainAll);
+    pool.set_release_threshold(64_MiB);
+    EXPECT_EQ(default_pool_threshold(), kMarker) << "a private pool changed the default pool";
+  }
+  EXPECT_EQ(default_pool_threshold(), kMarker);
+  set_default_pool_threshold(original);
+}
+
+TEST(StreamOrderedPoolGpu, DefaultPoolThresholdIsChangedOnlyWhenAskedAndRestored) {
+  VRAM_GPU_TEST_OR_SKIP();
+  const std::uint64_t original = default_pool_threshold();
+  constexpr std::uint64_t kMarker = 12345;
+  set_default_pool_threshold(kMarker);
+  {
+    StreamOrderedPool pool({.use_default_pool = true});
+    EXPECT_FALSE(pool.is_private());
+    EXPECT_EQ(default_pool_threshold(), kMarker) << "changed without being asked";
+    EXPECT_EQ(pool.release_threshold(), kMarker);
+  }
+  EXPECT_EQ(default_pool_threshold(), kMarker);
+  {
+    StreamOrderedPool pool({.use_default_pool = true, .release_threshold = 0});
+    EXPECT_EQ(default_pool_threshold(), 0U);
+    pool.set_release_threshold(StreamOrderedPool::kRetainAll);
+    EXPECT_EQ(default_pool_threshold(), StreamOrderedPool::kRetainAll);
+  }
+  EXPECT_EQ(default_pool_threshold(), kMarker) << "not restored at destruction";
+  {
+    StreamOrderedPool pool({.use_default_pool = true});
+    pool.set_release_threshold(1_MiB);
+    StreamOrderedPool moved = std::move(pool);
+    EXPECT_EQ(default_pool_threshold(), 1_MiB);
+  }
+  EXPECT_EQ(default_pool_threshold(), kMarker) << "a move lost the value to restore";
+  set_default_pool_threshold(original);
+}
+
+TEST(StreamOrderedPoolGpu, BytesInUseCountsOnlyThisObject) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool mine({.use_default_pool = true});
+  StreamOrderedPool theirs({.use_default_pool = true});
+  cuda::Stream stream;
+  void* a = mine.allocate_async(4096, stream.get());
+  void* b = mine.allocate_async(8192, std::size_t{256}, ::cuda::stream_ref(stream.get()));
+  void* other = theirs.allocate_async(1_MiB, stream.get());
+  EXPECT_EQ(mine.bytes_in_use(), 4096U + 8192U);
+  EXPECT_EQ(theirs.bytes_in_use(), 1_MiB);
+  stream.synchronize();
+  EXPECT_GE(mine.pool_used_bytes(), 4096U + 8192U + 1_MiB) << "pool-wide: both objects' blocks";
+  mine.deallocate_async(b, 8192, 256, ::cuda::stream_ref(stream.get()));
+  EXPECT_EQ(mine.bytes_in_use(), 4096U);
+  mine.deallocate_async(a, 4096, stream.get());
+  theirs.deallocate_async(other, 1_MiB, stream.get());
+  EXPECT_EQ(mine.bytes_in_use(), 0U);
+  EXPECT_EQ(theirs.bytes_in_use(), 0U);
+  void* sync_block = mine.allocate(1024);
+  EXPECT_EQ(mine.bytes_in_use(), 1024U);
+  mine.deallocate(sync_block, 1024);
+  EXPECT_EQ(mine.bytes_in_use(), 0U);
+  stream.synchronize();
+}
+
 // Last in this file: resets the device, so it creates everything it uses itself.
 TEST(StreamOrderedPoolGpu, UseAfterDeviceResetThrowsAndTeardownIsQuiet) {
   VRAM_GPU_TEST_OR_SKIP();
-  auto pool = std::make_unique<StreamOrderedPool>(StreamOrderedPoolOptions{.private_pool = true});
+  auto pool = std::make_unique<StreamOrderedPool>(StreamOrderedPoolOptions{});
   void* block = pool->allocate_async(1_MiB, nullptr);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   ASSERT_EQ(cudaDeviceReset(), cudaSuccess);
@@ -206,8 +309,8 @@ TEST(StreamOrderedPoolGpu, UseAfterDeviceResetThrowsAndTeardownIsQuiet) {
   } catch (const std::bad_alloc&) {
     // Some drivers report the destroyed pool as out of memory: also a clear failure.
   }
-  pool->deallocate_async(block, nullptr);  // noexcept, must not crash
-  pool.reset();                            // destroy after the context: quiet
+  pool->deallocate_async(block, 1_MiB, nullptr);  // noexcept, must not crash
+  pool.reset();                                   // destroy after the context: quiet
   ASSERT_EQ(cudaFree(nullptr), cudaSuccess) << "the device comes back for later tests";
 }
 

@@ -14,7 +14,8 @@
 //   ...
 //   in_flight.collect();   // each step: returns the blocks of every finished dispatch
 //
-// Fence requirements: `bool ready()` (non-blocking) and `void wait()` (blocking).
+// Fence: any vram::Completion (completion.hpp): `ready()` non-blocking, `wait()` blocking.
+// Destroying or move-assigning over unfinished work waits for its fence first.
 #pragma once
 
 #include <cstdio>
@@ -23,11 +24,12 @@
 #include <utility>
 #include <vector>
 
+#include "vram/completion.hpp"
 #include "vram/device_pool.hpp"
 
 namespace vram {
 
-template <class Fence>
+template <Completion Fence>
 class PendingWork {
  public:
   using Lease = DevicePool::Lease;
@@ -39,23 +41,25 @@ class PendingWork {
   }
   PendingWork(Fence fence, std::vector<Lease> leases)
       : fence_(std::move(fence)), leases_(std::move(leases)) {}
-  PendingWork(PendingWork&&) noexcept = default;
-  PendingWork& operator=(PendingWork&&) noexcept = default;
+  PendingWork(PendingWork&& other) noexcept
+      : fence_(std::move(other.fence_)), leases_(std::exchange(other.leases_, {})) {}
+  // Waits for this object's own unfinished work first (as the destructor does), so the
+  // blocks it holds cannot go back to their pools while that work may still use them.
+  PendingWork& operator=(PendingWork&& other) noexcept {
+    if (this != &other) {
+      finish();
+      fence_ = std::move(other.fence_);
+      leases_ = std::exchange(other.leases_, {});
+    }
+    return *this;
+  }
+  PendingWork(const PendingWork&) = delete;
+  PendingWork& operator=(const PendingWork&) = delete;
 
   // Destroying unfinished work waits for it first, so its blocks can never be reused
   // early. If the wait fails (device lost, driver shut down), the blocks are leaked
   // deliberately rather than handed out while they may still be in use.
-  ~PendingWork() {
-    if (leases_.empty()) return;
-    try {
-      fence_.wait();
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "vram::PendingWork: wait failed (%s); leaking %zu block(s)\n",
-                   error.what(), leases_.size());
-      for (auto& lease : leases_) (void)lease.release();
-    }
-    leases_.clear();
-  }
+  ~PendingWork() { finish(); }
 
   // Returns true once the work has completed and the leases went back to their pools.
   bool poll() {
@@ -75,12 +79,28 @@ class PendingWork {
   std::size_t held() const noexcept { return leases_.size(); }
 
  private:
+  void finish() noexcept {
+    if (leases_.empty()) return;
+    try {
+      fence_.wait();
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "vram::PendingWork: wait failed (%s); leaking %zu block(s)\n",
+                   error.what(), leases_.size());
+      for (auto& lease : leases_) (void)lease.release();
+    } catch (...) {
+      std::fprintf(stderr, "vram::PendingWork: wait failed; leaking %zu block(s)\n",
+                   leases_.size());
+      for (auto& lease : leases_) (void)lease.release();
+    }
+    leases_.clear();
+  }
+
   Fence fence_;
   std::vector<Lease> leases_;
 };
 
 // In-order queue of dispatches; collect() releases every finished one at the front.
-template <class Fence>
+template <Completion Fence>
 class PendingWorkQueue {
  public:
   template <class... Leases>

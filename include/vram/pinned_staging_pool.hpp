@@ -12,19 +12,31 @@
 //   staging.retire(std::move(done.completed));       // reusable from now on
 //
 // When a buffer may be handed out again
-//   Only after retire(CopyCompleted) or release(buffer, CopyCompleted), with a witness
-//   that the copy reading the buffer completed (see copy.hpp). Without a witness there
-//   is no way to return it: destroying a PooledStaging frees its buffer (counted in
-//   freed_without_witness), never reuses it. A witness whose copied range is not inside
-//   the buffer (from another buffer or another pool's copy) proves nothing about it:
-//   the buffer is freed, not reused, and witness_mismatches counts it.
+//   Only after retire(CopyCompleted) or release(buffer, CopyCompleted) with a witness that
+//   names the buffer's current lease, and only once every copy issued from that lease
+//   (copy_to_device[_async] on the PooledStaging) has been observed complete (see copy.hpp
+//   for why this is sound). Every acquire() is a new lease with a process-unique id, so a
+//   witness of an earlier loan of the same buffer, or of an earlier pin at the same
+//   address, names nothing current.
+//   A refused witness (empty/moved-from, another lease, a stale lease, or copies from the
+//   lease still unobserved) throws vram::InvalidArgument and loses nothing: the lease (or
+//   the PinnedBuffer given to release()) stays with the caller, intact, and can be retired
+//   later with a valid witness. witness_mismatches counts refusals. release() of a buffer
+//   that is not a lease of this pool (another pool's, or a PinnedBuffer made by hand over
+//   any upstream, pageable or not) throws vram::InvalidArgument, leaves the buffer with the
+//   caller, and counts foreign_buffers.
+//   Without a witness there is no way back: destroying a PooledStaging (or PinnedBuffer)
+//   frees its buffer (counted in freed_without_witness), never reuses it; if copies issued
+//   from it are still unobserved, the memory is freed only once the last of their
+//   PendingCopy objects has waited for its copy and gone.
 //
 // Choice and bounds
 //   acquire(len) takes the smallest free buffer with capacity >= len (best fit, no
 //   power-of-two rounding) or pins exactly len bytes. A returned buffer is kept only
 //   while the free list stays within max_buffers and max_bytes; otherwise it is freed.
 //   Thread-safe: one mutex around the free list (a page-in costs milliseconds; the lock
-//   is held for a scan of at most max_buffers entries, never during a pin or unpin).
+//   is held for a scan of at most max_buffers entries, never during a pin or unpin). One
+//   lease is used by one thread at a time; its PendingCopy objects may be waited anywhere.
 #pragma once
 
 #include <atomic>
@@ -32,6 +44,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 
 #include "vram/copy.hpp"
 #include "vram/upstream.hpp"
@@ -42,7 +55,13 @@ namespace detail {
 struct StagingPoolState;
 }
 
-// An owning pinned buffer (move-only). Destruction frees it to its upstream.
+namespace detail {
+struct StagingLease;
+}
+
+// An owning pinned buffer (move-only). Destruction frees it to its upstream (deferred while
+// copies issued from its lease are unobserved). A buffer made with this constructor is no
+// pool's lease: no PinnedStagingPool::release() accepts it.
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
@@ -56,12 +75,20 @@ class PinnedBuffer {
   std::byte* data() const noexcept { return data_; }
   std::size_t capacity() const noexcept { return capacity_; }
   explicit operator bool() const noexcept { return data_ != nullptr; }
+  // The lease this buffer is on loan under; 0 when it is not a pool's lease.
+  std::uint64_t lease_id() const noexcept;
+  // Copies issued from the lease whose completion no host has observed yet.
+  std::uint64_t copies_in_flight() const noexcept;
   void reset() noexcept;
 
  private:
+  friend class PinnedStagingPool;
+  friend class PooledStaging;
+  friend class PendingCopy;
   std::shared_ptr<Upstream> upstream_;
   std::byte* data_ = nullptr;
   std::size_t capacity_ = 0;
+  std::shared_ptr<detail::StagingLease> lease_;  // set while on loan from a pool
 };
 
 struct PinnedStagingStats {
@@ -70,7 +97,8 @@ struct PinnedStagingStats {
   std::uint64_t retired = 0;    // buffers returned with a witness and kept
   std::uint64_t freed_over_bounds = 0;
   std::uint64_t freed_without_witness = 0;
-  std::uint64_t witness_mismatches = 0;
+  std::uint64_t witness_mismatches = 0;  // witnesses refused by retire()/release()
+  std::uint64_t foreign_buffers = 0;     // release() of a buffer not leased from this pool
   std::size_t free_buffers = 0;
   std::size_t free_bytes = 0;
 };
@@ -94,8 +122,11 @@ class PinnedStagingPool {
 
   // Throws vram::InvalidArgument for zero bytes, vram::PinningError when pinning fails.
   [[nodiscard]] PooledStaging acquire(std::size_t len);
-  // Returns a raw buffer (from PooledStaging::into_inner) with its witness.
-  void release(PinnedBuffer buffer, CopyCompleted completed);
+  // Returns a raw buffer (from PooledStaging::into_inner) with a witness of its lease.
+  // Throws vram::InvalidArgument, leaving `buffer` with the caller intact, when the buffer
+  // is not this pool's lease or the witness does not prove it idle (see the class comment).
+  // An empty buffer is a no-op.
+  void release(PinnedBuffer&& buffer, CopyCompleted completed);
   // Pins `count` buffers of `len` bytes into the free list now (as the bounds allow).
   void reserve(std::size_t count, std::size_t len);
   // Frees every retained buffer.
@@ -115,15 +146,24 @@ class PinnedStagingPool {
   const Options& options() const noexcept;
 
  private:
+  friend class PooledStaging;
+  // The one way back into the free list. Throws (leaving `buffer` untouched) unless
+  // `completed` names the buffer's current lease and no copy from it is unobserved.
+  static void take_back(detail::StagingPoolState& pool, PinnedBuffer& buffer,
+                        CopyCompleted& completed, const char* caller);
   std::shared_ptr<detail::StagingPoolState> state_;
 };
 
-// A staging buffer borrowed from a PinnedStagingPool. Move-only. Returns to the pool only
-// through retire(witness); destroyed without one, it frees its buffer. Never throws or
-// asserts on destruction. The pool may be destroyed first: the buffer stays valid.
+// A staging buffer borrowed from a PinnedStagingPool: one lease. Move-only. Returns to the
+// pool only through retire(witness); destroyed without one, it frees its buffer (after
+// any copies issued from it). Never throws or asserts on destruction. The pool may be
+// destroyed first: the buffer stays valid.
 class PooledStaging {
  public:
-  PooledStaging(PooledStaging&&) noexcept = default;
+  PooledStaging(PooledStaging&& other) noexcept
+      : pool_(std::move(other.pool_)),
+        buffer_(std::move(other.buffer_)),
+        len_(std::exchange(other.len_, 0)) {}
   PooledStaging& operator=(PooledStaging&& other) noexcept;
   PooledStaging(const PooledStaging&) = delete;
   PooledStaging& operator=(const PooledStaging&) = delete;
@@ -136,14 +176,20 @@ class PooledStaging {
   std::span<std::byte> bytes() noexcept { return {buffer_.data(), len_}; }
   std::span<const std::byte> bytes() const noexcept { return {buffer_.data(), len_}; }
   explicit operator bool() const noexcept { return static_cast<bool>(buffer_); }
+  std::uint64_t lease_id() const noexcept { return buffer_.lease_id(); }
+  std::uint64_t copies_in_flight() const noexcept { return buffer_.copies_in_flight(); }
 
-  // Back to the pool for reuse, proven after the copy that read it completed.
+  // Back to the pool for reuse, proven after every copy issued from this lease completed.
+  // Throws vram::InvalidArgument (this lease stays intact) for a refused witness or an
+  // empty (moved-from, already returned) lease.
   void retire(CopyCompleted completed);
-  // Hands out the raw buffer for a path that returns it later with release().
+  // Hands out the raw buffer, still on this lease, for a path that returns it later with
+  // release(). Copies issued before stay counted on it.
   [[nodiscard]] PinnedBuffer into_inner() noexcept;
 
  private:
   friend class PinnedStagingPool;
+  friend class PendingCopy;
   PooledStaging(std::shared_ptr<detail::StagingPoolState> pool, PinnedBuffer buffer,
                 std::size_t len) noexcept
       : pool_(std::move(pool)), buffer_(std::move(buffer)), len_(len) {}

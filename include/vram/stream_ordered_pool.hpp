@@ -1,26 +1,36 @@
 // vram/stream_ordered_pool.hpp: the driver's stream-ordered allocator, bound and configured.
 //
-// Binds the device's default CUDA memory pool (owned by the context: nothing to destroy)
-// or, on request, a private pool it creates and destroys, and drives it with
-// cuMemAllocFromPoolAsync / cuMemFreeAsync. The release threshold is set at construction
-// so freed memory stays reserved across stream syncs (default: retain everything).
+// By default creates a private CUDA memory pool (cuMemPoolCreate) that this object owns and
+// destroys, and drives it with cuMemAllocFromPoolAsync / cuMemFreeAsync. Nothing outside
+// the object changes. The device's default pool, shared with every cudaMallocAsync user
+// in the process (PyTorch included), is an explicit option (.use_default_pool = true); on
+// it the object changes nothing unless asked (.release_threshold set, or a call of
+// set_release_threshold / reset_pool_high_water / trim), and it restores the release
+// threshold it found when it is destroyed.
 //
-//   vram::StreamOrderedPool pool({.device = 0});
+//   vram::StreamOrderedPool pool({.device = 0});     // private pool, retains freed memory
 //   void* p = pool.allocate_async(1 << 20, stream);
 //   kernel<<<..., stream>>>(p);
-//   pool.deallocate_async(p, stream);          // reusable by later work on `stream`
-//   pool.trim(0);                              // hand the reservation back
+//   pool.deallocate_async(p, 1 << 20, stream);       // reusable by later work on `stream`
+//   pool.trim(0);                                    // hand the reservation back
 //
 // When a freed block may be handed out again (the driver's rule, which we keep)
-//   A block freed with deallocate_async(p, s) may back any later allocation on stream s
+//   A block freed with deallocate_async(p, n, s) may back any later allocation on stream s
 //   at once (stream order makes it safe). Another stream t gets it only after t waits for
 //   an event recorded on s after the free; hand_over(s, t) records and waits for you.
 //   A block used on several streams must be freed on a stream that has waited for all of
 //   them (hand_over each to the freeing stream first).
 //
+// Figures
+//   bytes_in_use(): bytes allocated through THIS object and not yet freed through it (an
+//   atomic counter; deallocation takes the size, as in cuda::mr). The pool_* figures are
+//   the driver's, pool-wide: on the default pool they include every other user's blocks,
+//   and reset_pool_high_water() / trim() / set_release_threshold() act for all of them.
+//
 // Bad input: zero bytes -> vram::InvalidArgument (zero-sized buffers are null sentinels);
 // null free -> no-op; driver out of memory -> vram::OutOfMemory; a null pointer returned
-// with success -> vram::CudaError. After cudaDeviceReset() or driver shutdown, calls throw
+// with success -> vram::CudaError; ipc_shareable with the default pool ->
+// vram::InvalidArgument. After cudaDeviceReset() or driver shutdown, calls throw
 // vram::CudaError and deallocation/destruction quietly do nothing.
 #pragma once
 
@@ -31,14 +41,17 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace vram {
 
 struct StreamOrderedPoolOptions {
-  int device = -1;             // -1: the current device
-  bool private_pool = false;   // cuMemPoolCreate instead of the device's default pool
-  bool ipc_shareable = false;  // private pool: POSIX file-descriptor handles for IPC
-  std::uint64_t release_threshold = UINT64_MAX;  // retain all freed memory
+  int device = -1;                // -1: the current device
+  bool use_default_pool = false;  // the device's default pool (shared) instead of a private one
+  bool ipc_shareable = false;     // private pool: POSIX file-descriptor handles for IPC
+  // Unset: a private pool retains all freed memory (kRetainAll); the default pool's
+  // threshold is left as it is. Set: applied (on the default pool, restored at destruction).
+  std::optional<std::uint64_t> release_threshold = std::nullopt;
 };
 
 class StreamOrderedPool {
@@ -56,9 +69,9 @@ class StreamOrderedPool {
   StreamOrderedPool& operator=(const StreamOrderedPool&) = delete;
 
   [[nodiscard]] void* allocate_async(std::size_t bytes, cudaStream_t stream);
-  // Never throws. Shutdown errors are ignored; any other failure is reported on stderr
-  // and counted in failed_frees().
-  void deallocate_async(void* block, cudaStream_t stream) noexcept;
+  // `bytes` must be the size the block was allocated with. Never throws. Shutdown errors
+  // are ignored; any other failure is reported on stderr and counted in failed_frees().
+  void deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept;
 
   // CCCL cuda::mr::async_resource forms (alignment up to 256).
   [[nodiscard]] void* allocate_async(std::size_t bytes, std::size_t alignment,
@@ -69,16 +82,23 @@ class StreamOrderedPool {
   [[nodiscard]] void* allocate(std::size_t bytes, std::size_t alignment = 256);
   void deallocate(void* block, std::size_t bytes, std::size_t alignment = 256) noexcept;
 
-  // Makes `to` wait (without blocking the host) for everything queued on `from` so far.
+  // Makes `to` wait (without blocking the host) for everything queued on `from` so far:
+  // a vram::cuda::Event recorded on `from`, waited on the device (see completion.hpp).
   static void hand_over(cudaStream_t from, cudaStream_t to);
 
+  // This object's own bytes in use (allocated through it, not yet freed through it).
+  std::size_t bytes_in_use() const noexcept {
+    return bytes_in_use_.load(std::memory_order_relaxed);
+  }
+
+  // Pool-wide (every user of the pool; see "Figures").
   void set_release_threshold(std::uint64_t bytes);
   std::uint64_t release_threshold() const;
-  std::size_t reserved_bytes() const;
-  std::size_t used_bytes() const;
-  std::size_t reserved_high_water() const;
-  std::size_t used_high_water() const;
-  void reset_high_water();
+  std::size_t pool_reserved_bytes() const;
+  std::size_t pool_used_bytes() const;
+  std::size_t pool_reserved_high_water() const;
+  std::size_t pool_used_high_water() const;
+  void reset_pool_high_water();
   void trim(std::size_t min_keep_bytes);
 
   int device() const noexcept { return device_; }
@@ -102,6 +122,9 @@ class StreamOrderedPool {
   void* context_ = nullptr;  // CUcontext: the device's primary context
   int device_ = 0;
   bool owned_ = false;
+  // Default pool only: the release threshold found before this object first changed it.
+  std::optional<std::uint64_t> restore_threshold_;
+  std::atomic<std::size_t> bytes_in_use_{0};
   std::atomic<std::uint64_t> failed_frees_{0};
 };
 

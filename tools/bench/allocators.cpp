@@ -54,17 +54,17 @@ class OurStreamOrderedPool final : public BenchAllocator {
   void* allocate(std::size_t bytes, cudaStream_t stream) override {
     return pool_.allocate_async(bytes, stream);
   }
-  void deallocate(void* block, std::size_t, cudaStream_t stream) override {
-    pool_.deallocate_async(block, stream);
+  void deallocate(void* block, std::size_t bytes, cudaStream_t stream) override {
+    pool_.deallocate_async(block, bytes, stream);
   }
   void finish(cudaStream_t stream) override {
     cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
-  std::size_t peak_reserved_bytes() override { return pool_.reserved_high_water(); }
+  std::size_t peak_reserved_bytes() override { return pool_.pool_reserved_high_water(); }
   void reset_peak() override {
     cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     pool_.trim(0);
-    pool_.reset_high_water();
+    pool_.reset_pool_high_water();
   }
   void release_cache() override {
     cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");

@@ -344,10 +344,10 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
   const std::size_t rounds = c.quick ? 15 : 41;
   const std::size_t pairs = 2000;
   cuda::Stream stream;
-  StreamOrderedPool pool(StreamOrderedPoolOptions{.device = c.device});
+  StreamOrderedPool pool(StreamOrderedPoolOptions{.device = c.device, .use_default_pool = true});
   auto ours = [&](std::size_t bytes) {
     for (std::size_t i = 0; i < pairs; ++i) {
-      pool.deallocate_async(pool.allocate_async(bytes, stream.get()), stream.get());
+      pool.deallocate_async(pool.allocate_async(bytes, stream.get()), bytes, stream.get());
     }
     stream.synchronize();
   };
