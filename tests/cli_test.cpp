@@ -4,9 +4,9 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
-#include <filesystem>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -235,8 +235,8 @@ TEST(CliOutput, AFailingRunLeavesAnExistingOutputFileUntouched) {
   const std::string keep = directory + "vram-keep.json";
   write_text(keep, "precious");
   // An unwritable --svg is found before anything runs: exit 2, keep.json not truncated.
-  auto run = capture_bench({"--quick", "--host-only", "--scenario", "pairs", "--json", keep, "--svg",
-                    "/nonexistent-dir/x.svg"});
+  auto run = capture_bench({"--quick", "--host-only", "--scenario", "pairs", "--json", keep,
+                            "--svg", "/nonexistent-dir/x.svg"});
   EXPECT_EQ(run.code, 2) << run.err;
   EXPECT_NE(run.err.find("cannot write --svg file"), std::string::npos) << run.err;
   EXPECT_EQ(read_text(keep), "precious");
@@ -322,8 +322,8 @@ TEST(CliOptions, ADeviceThatDoesNotExistIsAnError) {
 TEST(CliOptions, EveryValueOptionTakesTheEqualsForm) {
   const std::string json = ::testing::TempDir() + "vram-equals.json";
   const std::string markdown = ::testing::TempDir() + "vram-equals.md";
-  const auto run = capture_bench({"--quick", "--host-only", "--scenario=pairs", "--json=" + json,
-                          "--markdown=" + markdown});
+  const auto run = capture_bench(
+      {"--quick", "--host-only", "--scenario=pairs", "--json=" + json, "--markdown=" + markdown});
   ASSERT_EQ(run.code, 0) << run.err;
   EXPECT_TRUE(JsonChecker(read_text(json)).valid());
   EXPECT_NE(read_text(markdown).find("### pairs"), std::string::npos);
@@ -336,8 +336,8 @@ TEST(CliOptions, EveryValueOptionTakesTheEqualsForm) {
 TEST(CliOptions, HelpDescribesEveryOptionScenarioAndExitCode) {
   const auto run = capture_bench({"--help"});
   EXPECT_EQ(run.code, 0);
-  for (const char* option : {"--quick", "--scenario", "--device", "--host-only", "--json",
-                             "--svg", "--markdown", "--help", "exit codes", "'-'"}) {
+  for (const char* option : {"--quick", "--scenario", "--device", "--host-only", "--json", "--svg",
+                             "--markdown", "--help", "exit codes", "'-'"}) {
     EXPECT_NE(run.out.find(option), std::string::npos) << option;
   }
   for (const char* scenario : {"pairs", "threads", "mixed", "overhead", "pagein", "pinning"}) {
@@ -371,8 +371,7 @@ TEST(CliInfo, WithoutADeviceInfoPrintsTheLibrarysFixHint) {
   const std::string out = ::testing::internal::GetCapturedStdout();
   EXPECT_NE(out.find("Fix:"), std::string::npos) << out;
   EXPECT_EQ(out.find("driver version is insufficient"), std::string::npos) << out;
-  EXPECT_EQ(cli::no_device_explanation().find("driver version is insufficient"),
-            std::string::npos);
+  EXPECT_EQ(cli::no_device_explanation().find("driver version is insufficient"), std::string::npos);
 }
 
 }  // namespace

@@ -206,7 +206,8 @@ TEST(Readme, HeadlineFiguresAreTheBlockOfResultsAndHoldItsTables) {
   const std::string pairs = bullet_starting(block, "DevicePool warm acquire+release pair");
   auto r = ranges_of(pairs);
   ASSERT_EQ(r.size(), 4U) << pairs;
-  expect_range(r[0], medians(rows, "pairs", {"vram DevicePool"}, {"256 B", "4 KiB", "64 KiB", "1 MiB"}),
+  expect_range(r[0],
+               medians(rows, "pairs", {"vram DevicePool"}, {"256 B", "4 KiB", "64 KiB", "1 MiB"}),
                Kind::over_runs, "DevicePool pair, 256 B to 1 MiB");
   expect_range(r[1], medians(rows, "pairs", {"vram DevicePool"}, {"16 MiB", "256 MiB"}),
                Kind::latest_run, "DevicePool pair, 16 and 256 MiB");
@@ -218,12 +219,12 @@ TEST(Readme, HeadlineFiguresAreTheBlockOfResultsAndHoldItsTables) {
   const std::string threads = bullet_starting(block, "DevicePool at 16 threads");
   r = ranges_of(threads);
   ASSERT_EQ(r.size(), 2U) << threads;
-  expect_range(r[0], medians(rows, "threads", {"vram DevicePool"}, {"16 threads"}),
-               Kind::over_runs, "DevicePool at 16 threads");
-  expect_range(r[1],
-               medians(rows, "threads", {"CUB CachingDeviceAllocator", "cudaMallocAsync"},
-                       {"16 threads"}),
-               Kind::latest_run, "CUB and cudaMallocAsync at 16 threads");
+  expect_range(r[0], medians(rows, "threads", {"vram DevicePool"}, {"16 threads"}), Kind::over_runs,
+               "DevicePool at 16 threads");
+  expect_range(
+      r[1],
+      medians(rows, "threads", {"CUB CachingDeviceAllocator", "cudaMallocAsync"}, {"16 threads"}),
+      Kind::latest_run, "CUB and cudaMallocAsync at 16 threads");
 
   const std::string pagein = bullet_starting(block, "Page-in");
   r = ranges_of(pagein);

@@ -9,8 +9,8 @@
 // file untouched. `--json -` writes the JSON to stdout; the human-readable tables then go
 // to stderr.
 #include <cuda_runtime_api.h>
-#include <unistd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -90,15 +90,15 @@ std::string make_temporary_beside(const std::string& path) {
 bool can_create(const OutputFile& output) {
   struct stat info {};
   if (stat(output.path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-    std::fprintf(stderr, "vram bench: cannot write %s file '%s': it is a directory\n",
-                 output.flag, output.path.c_str());
+    std::fprintf(stderr, "vram bench: cannot write %s file '%s': it is a directory\n", output.flag,
+                 output.path.c_str());
     return false;
   }
   const std::string probe = make_temporary_beside(output.path);
   if (probe.empty()) {
-    std::fprintf(stderr, "vram bench: cannot write %s file '%s': cannot create a file in '%s': %s\n",
-                 output.flag, output.path.c_str(), directory_of(output.path).c_str(),
-                 std::strerror(errno));
+    std::fprintf(
+        stderr, "vram bench: cannot write %s file '%s': cannot create a file in '%s': %s\n",
+        output.flag, output.path.c_str(), directory_of(output.path).c_str(), std::strerror(errno));
     return false;
   }
   std::remove(probe.c_str());
@@ -181,7 +181,8 @@ int run_bench(const std::vector<std::string>& args) {
     std::string option = args[i];
     std::string value;
     bool has_value = false;
-    if (const auto equals = option.find('='); option.rfind("--", 0) == 0 && equals != std::string::npos) {
+    if (const auto equals = option.find('=');
+        option.rfind("--", 0) == 0 && equals != std::string::npos) {
       value = option.substr(equals + 1);
       option.resize(equals);
       has_value = true;
@@ -289,7 +290,8 @@ int run_bench(const std::vector<std::string>& args) {
     env.gpu = true;
     env.device_name = props.name;
     env.driver = cuda::Device::version_string(props.driver_version);
-    std::fprintf(human, "vram bench on device %d, %s (driver supports CUDA %s, runtime %s), commit %s%s\n",
+    std::fprintf(human,
+                 "vram bench on device %d, %s (driver supports CUDA %s, runtime %s), commit %s%s\n",
                  config.device, props.name.c_str(), env.driver.c_str(), env.runtime.c_str(),
                  env.git_commit.c_str(), config.quick ? ", quick" : "");
   } else {

@@ -40,7 +40,8 @@ std::string json_escape(const std::string& text) {
 
 // Whole numbers below 2^53 print exactly (a size, a count); others with 4 digits.
 bool whole(double value) {
-  return std::isfinite(value) && value == std::floor(value) && std::fabs(value) < 9007199254740992.0;
+  return std::isfinite(value) && value == std::floor(value) &&
+         std::fabs(value) < 9007199254740992.0;
 }
 
 std::string brief(double value) {
@@ -146,8 +147,8 @@ void print_tables(std::FILE* out, const std::vector<Measurement>& results,
   }
   for (const auto& scenario : scenarios) {
     std::fprintf(out, "\n== %s ==\n", scenario.c_str());
-    std::fprintf(out, "%-14s %-34s %14s %24s  %s\n", "parameter", "allocator", "median", "p10 .. p90",
-                "notes");
+    std::fprintf(out, "%-14s %-34s %14s %24s  %s\n", "parameter", "allocator", "median",
+                 "p10 .. p90", "notes");
     for (const auto& m : results) {
       if (m.scenario != scenario) continue;
       std::string notes;
@@ -155,16 +156,16 @@ void print_tables(std::FILE* out, const std::vector<Measurement>& results,
       char spread[64];
       std::snprintf(spread, sizeof spread, "%.4g .. %.4g", m.value.p10, m.value.p90);
       std::fprintf(out, "%-14s %-34s %10.4g %-9s %18s  %s\n", m.parameter.c_str(),
-                  (m.allocator + (m.ours ? " *" : "")).c_str(), m.value.median, m.unit.c_str(),
-                  spread, notes.c_str());
+                   (m.allocator + (m.ours ? " *" : "")).c_str(), m.value.median, m.unit.c_str(),
+                   spread, notes.c_str());
     }
     for (const auto& v : verdicts) {
       if (v.scenario != scenario) continue;
       std::fprintf(out, "verdict %s %s: %s %.4g %s vs best peer %s %.4g %s -> %.2fx %s\n",
-                  v.scenario.c_str(), v.parameter.c_str(), v.ours.c_str(), v.ours_value,
-                  v.unit.c_str(), v.best_peer.c_str(), v.peer_value, v.unit.c_str(),
-                  v.advantage >= 1 ? v.advantage : 1 / v.advantage,
-                  v.advantage >= 1 ? "better" : "WORSE");
+                   v.scenario.c_str(), v.parameter.c_str(), v.ours.c_str(), v.ours_value,
+                   v.unit.c_str(), v.best_peer.c_str(), v.peer_value, v.unit.c_str(),
+                   v.advantage >= 1 ? v.advantage : 1 / v.advantage,
+                   v.advantage >= 1 ? "better" : "WORSE");
     }
   }
   std::fprintf(out, "\n(* = vram; medians of repeated timed batches after warm-up)\n");
@@ -190,9 +191,9 @@ std::string to_json(const Environment& env, const std::vector<Measurement>& resu
         << json_escape(m.allocator) << "\", \"ours\": " << (m.ours ? "true" : "false")
         << ", \"unit\": \"" << json_escape(m.unit)
         << "\", \"lower_is_better\": " << (m.lower_is_better ? "true" : "false")
-        << ", \"median\": " << json_number(m.value.median) << ", \"p10\": " << json_number(m.value.p10)
-        << ", \"p90\": " << json_number(m.value.p90) << ", \"samples\": " << m.value.samples
-        << ", \"extra\": {";
+        << ", \"median\": " << json_number(m.value.median)
+        << ", \"p10\": " << json_number(m.value.p10) << ", \"p90\": " << json_number(m.value.p90)
+        << ", \"samples\": " << m.value.samples << ", \"extra\": {";
     bool first = true;
     for (const auto& [key, value] : m.extra) {
       out << (first ? "" : ", ") << "\"" << json_escape(key) << "\": " << json_number(value);
@@ -207,8 +208,8 @@ std::string to_json(const Environment& env, const std::vector<Measurement>& resu
         << "\", \"parameter\": \"" << json_escape(v.parameter) << "\", \"ours\": \""
         << json_escape(v.ours) << "\", \"ours_value\": " << json_number(v.ours_value)
         << ", \"best_peer\": \"" << json_escape(v.best_peer)
-        << "\", \"peer_value\": " << json_number(v.peer_value) << ", \"unit\": \"" << json_escape(v.unit)
-        << "\", \"advantage\": " << json_number(v.advantage) << "}";
+        << "\", \"peer_value\": " << json_number(v.peer_value) << ", \"unit\": \""
+        << json_escape(v.unit) << "\", \"advantage\": " << json_number(v.advantage) << "}";
   }
   out << "\n  ]\n}\n";
   return out.str();
