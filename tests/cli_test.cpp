@@ -1,5 +1,6 @@
 // The CLI's commands, called in-process: argument errors, exit codes, well-formed JSON.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cctype>
 #include <cstdio>
@@ -258,6 +259,11 @@ TEST(CliOutput, ASuccessfulRunReplacesTheFileAndLeavesNoTemporary) {
   EXPECT_TRUE(JsonChecker(text).valid()) << text;
   EXPECT_NE(run.out.find("wrote " + json), std::string::npos) << run.out;
   EXPECT_TRUE(files_starting_with(directory, "vram-replace.json.tmp").empty());
+  const mode_t mask = umask(0);
+  umask(mask);
+  struct stat info {};
+  ASSERT_EQ(stat(json.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0666 & ~mask) << "the mode a plain fopen would give";
   std::remove(json.c_str());
 }
 

@@ -81,6 +81,10 @@ std::string make_temporary_beside(const std::string& path) {
   std::string name = path + ".tmp-XXXXXX";
   const int fd = mkstemp(name.data());
   if (fd < 0) return {};
+  // mkstemp creates mode 0600; give the file the mode a plain fopen would (0666 & ~umask).
+  const mode_t mask = umask(0);
+  umask(mask);
+  (void)fchmod(fd, 0666 & ~mask);
   close(fd);
   return name;
 }
