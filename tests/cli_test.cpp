@@ -1,13 +1,20 @@
 // The CLI's commands, called in-process: argument errors, exit codes, well-formed JSON.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
+#include <string>
+#include <vector>
 
+#include "bench/report.hpp"
 #include "commands.hpp"
+#include "vram/cuda/device.hpp"
 
 namespace vram::testing {
 namespace {
@@ -169,16 +176,208 @@ namespace vram::testing {
 namespace {
 
 TEST(Cli, EveryDocumentedScenarioIsAccepted) {
-  // GPU-only scenarios are accepted and reported as skipped on a host-only run.
+  // GPU-only scenarios are accepted and reported as skipped on a host-only run; as nothing
+  // is then measured, the run exits 3.
   ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
   const int code = cli::run_bench({"--host-only", "--scenario", "overhead,pagein,pinning"});
   const std::string out = ::testing::internal::GetCapturedStdout();
-  EXPECT_EQ(code, 0) << out;
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, 3) << out << err;
   for (const char* name : {"overhead", "pagein", "pinning"}) {
     EXPECT_NE(out.find(std::string("scenario '") + name + "' skipped: it needs a GPU"),
               std::string::npos)
         << out;
   }
+}
+
+}  // namespace
+}  // namespace vram::testing
+
+namespace vram::testing {
+namespace {
+
+std::string read_text(const std::string& path) {
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  return text.str();
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// Names in `directory` that start with `prefix` (leftover temporaries).
+std::vector<std::string> files_starting_with(const std::string& directory,
+                                             const std::string& prefix) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+struct Captured {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+Captured capture_bench(const std::vector<std::string>& args) {
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = cli::run_bench(args);
+  std::string out = ::testing::internal::GetCapturedStdout();
+  std::string err = ::testing::internal::GetCapturedStderr();
+  return {code, std::move(out), std::move(err)};
+}
+
+TEST(CliOutput, AFailingRunLeavesAnExistingOutputFileUntouched) {
+  const std::string directory = ::testing::TempDir();
+  const std::string keep = directory + "vram-keep.json";
+  write_text(keep, "precious");
+  // An unwritable --svg is found before anything runs: exit 2, keep.json not truncated.
+  auto run = capture_bench({"--quick", "--host-only", "--scenario", "pairs", "--json", keep,
+                            "--svg", "/nonexistent-dir/x.svg"});
+  EXPECT_EQ(run.code, 2) << run.err;
+  EXPECT_NE(run.err.find("cannot write --svg file"), std::string::npos) << run.err;
+  EXPECT_EQ(read_text(keep), "precious");
+  // A run that measures nothing writes nothing either.
+  run = capture_bench({"--host-only", "--scenario=pagein", "--json=" + keep});
+  EXPECT_EQ(run.code, 3) << run.err;
+  EXPECT_EQ(read_text(keep), "precious");
+  EXPECT_TRUE(files_starting_with(directory, "vram-keep.json.tmp").empty());
+  std::remove(keep.c_str());
+}
+
+TEST(CliOutput, ASuccessfulRunReplacesTheFileAndLeavesNoTemporary) {
+  const std::string directory = ::testing::TempDir();
+  const std::string json = directory + "vram-replace.json";
+  write_text(json, "old");
+  const auto run = capture_bench({"--quick", "--host-only", "--scenario=pairs", "--json=" + json});
+  ASSERT_EQ(run.code, 0) << run.err;
+  const std::string text = read_text(json);
+  EXPECT_TRUE(JsonChecker(text).valid()) << text;
+  EXPECT_NE(run.out.find("wrote " + json), std::string::npos) << run.out;
+  EXPECT_TRUE(files_starting_with(directory, "vram-replace.json.tmp").empty());
+  const mode_t mask = umask(0);
+  umask(mask);
+  struct stat info {};
+  ASSERT_EQ(stat(json.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0666 & ~mask) << "the mode a plain fopen would give";
+  std::remove(json.c_str());
+}
+
+TEST(CliOutput, NothingMeasuredIsExitThreeWithAMessage) {
+  const auto run = capture_bench({"--host-only", "--scenario", "pagein"});
+  EXPECT_EQ(run.code, 3);
+  EXPECT_NE(run.err.find("nothing was measured"), std::string::npos) << run.err;
+}
+
+TEST(CliOutput, JsonDashWritesOnlyJsonToStdout) {
+  const auto run = capture_bench({"--quick", "--host-only", "--scenario", "pairs", "--json", "-"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_TRUE(JsonChecker(run.out).valid()) << run.out;
+  EXPECT_NE(run.out.find("\"scenario\": \"pairs\""), std::string::npos);
+  EXPECT_NE(run.err.find("verdict pairs"), std::string::npos) << "tables go to stderr";
+  EXPECT_FALSE(std::filesystem::exists("-"));
+}
+
+TEST(CliOutput, JsonSizesAndCountsAreWholeNumbers) {
+  EXPECT_EQ(bench::json_number(1048576.0), "1048576");
+  EXPECT_EQ(bench::json_number(268435456.0), "268435456");
+  EXPECT_EQ(bench::json_number(50000.0), "50000");
+  EXPECT_EQ(bench::json_number(9.435), "9.435");
+  EXPECT_EQ(bench::json_number(0.0), "0");
+  EXPECT_EQ(bench::json_number(std::numeric_limits<double>::quiet_NaN()), "null");
+  const auto run = capture_bench({"--quick", "--host-only", "--scenario", "pairs", "--json", "-"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  const std::string key = "\"parameter_value\": ";
+  std::size_t found = 0;
+  for (auto at = run.out.find(key); at != std::string::npos; at = run.out.find(key, at + 1)) {
+    const std::size_t start = at + key.size();
+    const std::size_t end = run.out.find_first_not_of("0123456789", start);
+    ASSERT_GT(end, start) << run.out.substr(at, 40);
+    EXPECT_EQ(run.out[end], ',') << "not a whole number: " << run.out.substr(at, 40);
+    ++found;
+  }
+  EXPECT_GT(found, 0U);
+}
+
+TEST(CliOptions, BadDeviceOrdinalsAreRefused) {
+  for (const char* value : {"abc", "-1", "99999999999", "1e3", "0x1", "", " 1", "1 "}) {
+    for (const bool equals_form : {false, true}) {
+      const auto run = equals_form ? capture_bench({std::string("--device=") + value})
+                                   : capture_bench({"--device", value});
+      EXPECT_EQ(run.code, 2) << "'" << value << "'";
+      EXPECT_NE(run.err.find("--device needs a device ordinal"), std::string::npos)
+          << "'" << value << "': " << run.err;
+    }
+  }
+}
+
+TEST(CliOptions, ADeviceThatDoesNotExistIsAnError) {
+  // Ordinal == count is one past the last device, on a GPU machine or not.
+  const int count = vram::cuda::Device::count();
+  const auto run = capture_bench({"--quick", "--device", std::to_string(count)});
+  EXPECT_EQ(run.code, 2) << run.out << run.err;
+  const std::string expected = count == 0 ? "no CUDA device is usable" : "does not exist";
+  EXPECT_NE(run.err.find(expected), std::string::npos) << run.err;
+  EXPECT_EQ(run.out.find("verdict"), std::string::npos) << "nothing may run: " << run.out;
+}
+
+TEST(CliOptions, EveryValueOptionTakesTheEqualsForm) {
+  const std::string json = ::testing::TempDir() + "vram-equals.json";
+  const std::string markdown = ::testing::TempDir() + "vram-equals.md";
+  const auto run = capture_bench(
+      {"--quick", "--host-only", "--scenario=pairs", "--json=" + json, "--markdown=" + markdown});
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_TRUE(JsonChecker(read_text(json)).valid());
+  EXPECT_NE(read_text(markdown).find("### pairs"), std::string::npos);
+  EXPECT_EQ(capture_bench({"--quick=yes"}).code, 2);
+  EXPECT_EQ(capture_bench({"--scenario="}).code, 2);
+  std::remove(json.c_str());
+  std::remove(markdown.c_str());
+}
+
+TEST(CliOptions, HelpDescribesEveryOptionScenarioAndExitCode) {
+  const auto run = capture_bench({"--help"});
+  EXPECT_EQ(run.code, 0);
+  for (const char* option : {"--quick", "--scenario", "--device", "--host-only", "--json", "--svg",
+                             "--markdown", "--help", "exit codes", "'-'"}) {
+    EXPECT_NE(run.out.find(option), std::string::npos) << option;
+  }
+  for (const char* scenario : {"pairs", "threads", "mixed", "overhead", "pagein", "pinning"}) {
+    EXPECT_NE(run.out.find(std::string("  ") + scenario + " "), std::string::npos) << scenario;
+  }
+}
+
+TEST(CliOutput, HostOnlyMallocShowsItsRealPeak) {
+  const auto run = capture_bench({"--quick", "--host-only", "--scenario", "mixed", "--json", "-"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  const auto at = run.out.find("\"allocator\": \"malloc/free (host reference)\"");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  const std::string key = "\"peak_reserved_mib\": ";
+  const auto peak = run.out.find(key, at);
+  ASSERT_NE(peak, std::string::npos) << run.out.substr(at);
+  EXPECT_GT(std::stod(run.out.substr(peak + key.size())), 0.0) << run.out.substr(at, 400);
+}
+
+TEST(CliInfo, VersionNamesTheReleaseAndCommit) {
+  const std::string version = cli::version_text();
+  EXPECT_EQ(version.rfind("vram ", 0), 0U) << version;
+  EXPECT_NE(version.find("commit "), std::string::npos) << version;
+}
+
+TEST(CliInfo, WithoutADeviceInfoPrintsTheLibrarysFixHint) {
+  if (vram::cuda::Device::count() > 0) {
+    GTEST_SKIP() << "a CUDA device is visible: the no-device message cannot be shown here";
+  }
+  ::testing::internal::CaptureStdout();
+  EXPECT_EQ(cli::run_info({}), 0);
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_NE(out.find("Fix:"), std::string::npos) << out;
+  EXPECT_EQ(out.find("driver version is insufficient"), std::string::npos) << out;
+  EXPECT_EQ(cli::no_device_explanation().find("driver version is insufficient"), std::string::npos);
 }
 
 }  // namespace

@@ -179,9 +179,21 @@ class MallocPeer final : public BenchAllocator {
   void* allocate(std::size_t bytes, cudaStream_t) override {
     void* block = std::malloc(bytes);
     if (block == nullptr) throw std::bad_alloc();
+    live_ += bytes;
+    peak_ = std::max(peak_.load(), live_.load());
     return block;
   }
-  void deallocate(void* block, std::size_t, cudaStream_t) override { std::free(block); }
+  void deallocate(void* block, std::size_t bytes, cudaStream_t) override {
+    std::free(block);
+    live_ -= bytes;
+  }
+  // Peak bytes live (requested), as for cudaMalloc: malloc's own overhead is not seen.
+  std::size_t peak_reserved_bytes() override { return peak_; }
+  void reset_peak() override { peak_ = live_.load(); }
+
+ private:
+  std::atomic<std::size_t> live_{0};
+  std::atomic<std::size_t> peak_{0};
 };
 
 }  // namespace

@@ -1,12 +1,23 @@
 // `vram bench`: argument handling, environment capture and output files.
+//
+// Exit codes: 0 measured and wrote everything; 1 a run-time failure (a CUDA error, an
+// output file that could not be written at the end); 2 bad usage (unknown option or
+// scenario, bad or missing value, a --device that does not exist, an output path that
+// cannot be created); 3 nothing was measured (every scenario asked for needs a GPU and
+// none is in use). Output files are written to a temporary file beside the target and
+// renamed over it only after the whole run succeeded, so a failed run leaves an existing
+// file untouched. `--json -` writes the JSON to stdout; the human-readable tables then go
+// to stderr.
 #include <cuda_runtime_api.h>
-#include <algorithm>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -19,30 +30,139 @@
 namespace vram::cli {
 namespace {
 
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitNothingMeasured = 3;
+
 void print_bench_usage(std::FILE* out) {
-  std::fprintf(out,
-               "usage: vram bench [--quick] [--scenario NAME[,NAME...]]... [--json FILE] "
-               "[--svg FILE] [--markdown FILE] [--host-only] [--device N]\n"
-               "  scenarios: pairs (warm alloc+free by size), threads (1..16 threads, a stream "
-               "each),\n"
-               "             mixed (random 70/30 workload, peak reserved), overhead "
-               "(StreamOrderedPool\n"
-               "             vs raw cudaMallocAsync, interleaved), pagein (staging pool vs "
-               "pinning per\n"
-               "             page-in vs pageable), pinning (fast pin path vs cudaHostAlloc)\n"
-               "  --quick      a short run (under 30 s on an H200)\n"
-               "  --host-only  run the host-memory scenarios even when a GPU is visible\n");
+  std::fprintf(
+      out,
+      "usage: vram bench [options]\n"
+      "Measures vram's pools against the allocators you would use instead and prints a\n"
+      "table and a verdict per scenario. Without a GPU, runs the host-memory scenarios.\n"
+      "\n"
+      "options (a value may follow as the next argument or after '=': --json=F):\n"
+      "  --quick              a short run (under 30 s on an H200)\n"
+      "  --scenario LIST      comma-separated, repeatable; default: all of\n"
+      "                         pairs     warm allocate+free pair by size\n"
+      "                         threads   1..16 threads, a stream each\n"
+      "                         batched   32 live blocks of mixed sizes per thread, freed out\n"
+      "                                   of order, at 1, 4 and 16 threads\n"
+      "                         mixed     random 70/30 allocate/free workload, peak reserved\n"
+      "                         overhead  StreamOrderedPool vs raw cudaMallocAsync (GPU)\n"
+      "                         pagein    staging pool vs pinning per page-in (GPU)\n"
+      "                         pinning   fast pin path vs cudaHostAlloc (GPU)\n"
+      "                         replay    bench/traces/*.csv.gz (or $VRAM_TRACE_DIR) through\n"
+      "                                   every allocator, as `vram replay`\n"
+      "  --device N           the CUDA device ordinal to measure (default 0); a device\n"
+      "                       that does not exist is an error\n"
+      "  --host-only          run the host-memory scenarios even when a GPU is visible\n"
+      "  --json FILE          results as JSON ('-': to stdout, tables then go to stderr)\n"
+      "  --svg FILE           bar chart of the pairs scenario\n"
+      "  --markdown FILE      the tables in Markdown, as in bench/RESULTS.md\n"
+      "  -h, --help           this text\n"
+      "Output files are replaced only after the whole run succeeded.\n"
+      "exit codes: 0 done; 1 run-time failure; 2 bad usage or unknown device;\n"
+      "            3 nothing measured (the scenarios asked for need a GPU)\n");
 }
 
-bool can_write(const std::string& path, const char* flag) {
-  std::FILE* file = std::fopen(path.c_str(), "w");
-  if (file == nullptr) {
-    std::fprintf(stderr, "vram bench: cannot write %s file '%s': %s\n", flag, path.c_str(),
-                 std::strerror(errno));
+// Output file handling: a path to be replaced at the end of a successful run.
+struct OutputFile {
+  const char* flag;
+  std::string path;  // empty: not requested; "-": stdout (JSON only)
+  std::string content;
+};
+
+std::string directory_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Creates an empty temporary file beside `path`; returns its name, or "" with errno set.
+std::string make_temporary_beside(const std::string& path) {
+  std::string name = path + ".tmp-XXXXXX";
+  const int fd = mkstemp(name.data());
+  if (fd < 0) return {};
+  // mkstemp creates mode 0600; give the file the mode a plain fopen would (0666 & ~umask).
+  const mode_t mask = umask(0);
+  umask(mask);
+  (void)fchmod(fd, 0666 & ~mask);
+  close(fd);
+  return name;
+}
+
+// Checked before any measurement: the directory takes a new file and the path is not a
+// directory. The target itself is not opened, so an existing file is left as it is.
+bool can_create(const OutputFile& output) {
+  struct stat info {};
+  if (stat(output.path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    std::fprintf(stderr, "vram bench: cannot write %s file '%s': it is a directory\n", output.flag,
+                 output.path.c_str());
     return false;
   }
-  std::fclose(file);
+  const std::string probe = make_temporary_beside(output.path);
+  if (probe.empty()) {
+    std::fprintf(
+        stderr, "vram bench: cannot write %s file '%s': cannot create a file in '%s': %s\n",
+        output.flag, output.path.c_str(), directory_of(output.path).c_str(), std::strerror(errno));
+    return false;
+  }
+  std::remove(probe.c_str());
   return true;
+}
+
+// Writes every requested file to a temporary beside it, then renames them all. On any
+// failure nothing is renamed and the temporaries are removed.
+bool write_outputs(std::vector<OutputFile>& outputs, std::FILE* human) {
+  std::vector<std::pair<std::string, const OutputFile*>> written;
+  auto discard = [&] {
+    for (const auto& [temporary, output] : written) std::remove(temporary.c_str());
+  };
+  for (const auto& output : outputs) {
+    if (output.path.empty() || output.path == "-") continue;
+    const std::string temporary = make_temporary_beside(output.path);
+    std::FILE* file = temporary.empty() ? nullptr : std::fopen(temporary.c_str(), "w");
+    bool ok = file != nullptr;
+    if (ok) {
+      written.emplace_back(temporary, &output);
+      ok = std::fwrite(output.content.data(), 1, output.content.size(), file) ==
+           output.content.size();
+      ok = (std::fclose(file) == 0) && ok;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "vram bench: writing %s file '%s' failed: %s; no file was replaced\n",
+                   output.flag, output.path.c_str(), std::strerror(errno));
+      discard();
+      return false;
+    }
+  }
+  for (const auto& [temporary, output] : written) {
+    if (std::rename(temporary.c_str(), output->path.c_str()) != 0) {
+      std::fprintf(stderr, "vram bench: renaming '%s' to '%s' failed: %s\n", temporary.c_str(),
+                   output->path.c_str(), std::strerror(errno));
+      discard();
+      return false;
+    }
+    std::fprintf(human, "wrote %s\n", output->path.c_str());
+  }
+  for (const auto& output : outputs) {
+    if (output.path == "-") std::fputs(output.content.c_str(), stdout);
+  }
+  std::fflush(stdout);
+  return true;
+}
+
+// A device ordinal: decimal digits only, fitting an int ("abc", "-1", "1e3" and
+// 99999999999 are refused).
+bool parse_device(const std::string& text, int& device) {
+  if (text.empty() || text.size() > 9) return false;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+  }
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), device);
+  return error == std::errc() && end == text.data() + text.size();
 }
 
 std::string utc_now() {
@@ -58,65 +178,98 @@ std::string utc_now() {
 
 int run_bench(const std::vector<std::string>& args) {
   bench::BenchConfig config;
-  std::string json_path;
-  std::string svg_path;
-  std::string markdown_path;
+  OutputFile json{"--json", {}, {}};
+  OutputFile svg{"--svg", {}, {}};
+  OutputFile markdown{"--markdown", {}, {}};
   std::string command = "vram bench";
   for (const auto& arg : args) command += " " + arg;
   bool host_only = false;
+  bool device_given = false;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    auto value = [&](const char* flag) -> const std::string* {
+    std::string option = args[i];
+    std::string value;
+    bool has_value = false;
+    if (const auto equals = option.find('=');
+        option.rfind("--", 0) == 0 && equals != std::string::npos) {
+      value = option.substr(equals + 1);
+      option.resize(equals);
+      has_value = true;
+    }
+    const bool takes_value = option == "--json" || option == "--svg" || option == "--scenario" ||
+                             option == "--device" || option == "--markdown";
+    if (takes_value && !has_value) {
       if (i + 1 >= args.size()) {
-        std::fprintf(stderr, "vram bench: %s needs a value\n", flag);
-        return nullptr;
+        std::fprintf(stderr, "vram bench: %s needs a value (vram bench --help)\n", option.c_str());
+        return kExitUsage;
       }
-      return &args[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
+      value = args[++i];
+    } else if (!takes_value && has_value) {
+      std::fprintf(stderr, "vram bench: %s takes no value\n", option.c_str());
+      return kExitUsage;
+    }
+    if (option == "--help" || option == "-h") {
       print_bench_usage(stdout);
-      return 0;
-    } else if (arg == "--quick") {
+      return kExitOk;
+    } else if (option == "--quick") {
       config.quick = true;
-    } else if (arg == "--host-only") {
+    } else if (option == "--host-only") {
       host_only = true;
-    } else if (arg == "--json" || arg == "--svg" || arg == "--scenario" || arg == "--device" ||
-               arg == "--markdown") {
-      const std::string* v = value(arg.c_str());
-      if (v == nullptr) return 2;
-      if (arg == "--json") json_path = *v;
-      if (arg == "--svg") svg_path = *v;
-      if (arg == "--markdown") markdown_path = *v;
-      if (arg == "--device") config.device = std::atoi(v->c_str());
-      if (arg == "--scenario") {
-        std::size_t start = 0;
-        while (start <= v->size()) {
-          const std::size_t comma = v->find(',', start);
-          const std::string name =
-              v->substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-          const auto& known = bench::known_scenarios();
-          if (std::find(known.begin(), known.end(), name) == known.end()) {
-            std::fprintf(stderr,
-                         "vram bench: unknown scenario '%s' (known: pairs, threads, mixed, "
-                         "overhead, pagein, pinning)\n",
-                         name.c_str());
-            return 2;
-          }
-          config.scenarios.push_back(name);
-          if (comma == std::string::npos) break;
-          start = comma + 1;
+    } else if (option == "--json") {
+      json.path = value;
+    } else if (option == "--svg") {
+      svg.path = value;
+    } else if (option == "--markdown") {
+      markdown.path = value;
+    } else if (option == "--device") {
+      if (!parse_device(value, config.device)) {
+        std::fprintf(stderr,
+                     "vram bench: --device needs a device ordinal (0, 1, ...; see `vram info`), "
+                     "got '%s'\n",
+                     value.c_str());
+        return kExitUsage;
+      }
+      device_given = true;
+    } else if (option == "--scenario") {
+      std::size_t start = 0;
+      for (;;) {
+        const std::size_t comma = value.find(',', start);
+        const std::string name =
+            value.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+        const auto& known = bench::known_scenarios();
+        if (std::find(known.begin(), known.end(), name) == known.end()) {
+          std::string names;
+          for (const auto& k : known) names += (names.empty() ? "" : ", ") + k;
+          std::fprintf(stderr, "vram bench: unknown scenario '%s' (known: %s)\n", name.c_str(),
+                       names.c_str());
+          return kExitUsage;
         }
+        if (std::find(config.scenarios.begin(), config.scenarios.end(), name) ==
+            config.scenarios.end()) {
+          config.scenarios.push_back(name);
+        }
+        if (comma == std::string::npos) break;
+        start = comma + 1;
       }
     } else {
-      std::fprintf(stderr, "vram bench: unknown option '%s'\n", arg.c_str());
+      std::fprintf(stderr, "vram bench: unknown option '%s'\n", args[i].c_str());
       print_bench_usage(stderr);
-      return 2;
+      return kExitUsage;
     }
   }
   if (config.scenarios.empty()) config.scenarios = bench::known_scenarios();
-  if (!json_path.empty() && !can_write(json_path, "--json")) return 2;
-  if (!svg_path.empty() && !can_write(svg_path, "--svg")) return 2;
-  if (!markdown_path.empty() && !can_write(markdown_path, "--markdown")) return 2;
+  if (svg.path == "-" || markdown.path == "-") {
+    std::fprintf(stderr, "vram bench: only --json can write to stdout ('-')\n");
+    return kExitUsage;
+  }
+  if (device_given && host_only) {
+    std::fprintf(stderr, "vram bench: --device and --host-only exclude each other\n");
+    return kExitUsage;
+  }
+  for (const OutputFile* output : {&json, &svg, &markdown}) {
+    if (!output->path.empty() && output->path != "-" && !can_create(*output)) return kExitUsage;
+  }
+  // With the JSON on stdout, everything meant for a person goes to stderr.
+  std::FILE* human = json.path == "-" ? stderr : stdout;
 
   bench::Environment env;
   env.quick = config.quick;
@@ -126,46 +279,58 @@ int run_bench(const std::vector<std::string>& args) {
   (void)cudaRuntimeGetVersion(&runtime_version);
   env.runtime = cuda::Device::version_string(runtime_version);
   const auto availability = cuda::Device::availability();
-  config.gpu = !host_only && availability.count > config.device && config.device >= 0;
+  if (!host_only && device_given && config.device >= availability.count) {
+    // An explicit device that is not there is an error, GPU machine or not.
+    if (availability.count == 0) {
+      std::fprintf(stderr, "vram bench: --device %d: no CUDA device is usable (%s)\n",
+                   config.device, no_device_explanation().c_str());
+    } else {
+      std::fprintf(stderr,
+                   "vram bench: --device %d does not exist: %d device(s) visible, ordinals "
+                   "0..%d (see `vram info`)\n",
+                   config.device, availability.count, availability.count - 1);
+    }
+    return kExitUsage;
+  }
+  config.gpu = !host_only && availability.count > 0;
   if (config.gpu) {
     const auto props = cuda::Device::properties(config.device);
     env.gpu = true;
     env.device_name = props.name;
     env.driver = cuda::Device::version_string(props.driver_version);
-    std::printf("vram bench on %s (driver supports CUDA %s, runtime %s), commit %s%s\n",
-                props.name.c_str(), env.driver.c_str(), env.runtime.c_str(), env.git_commit.c_str(),
-                config.quick ? ", quick" : "");
+    std::fprintf(human,
+                 "vram bench on device %d, %s (driver supports CUDA %s, runtime %s), commit %s%s\n",
+                 config.device, props.name.c_str(), env.driver.c_str(), env.runtime.c_str(),
+                 env.git_commit.c_str(), config.quick ? ", quick" : "");
   } else {
-    env.no_gpu_reason = host_only ? "--host-only" : availability.reason;
-    if (availability.count > 0 && !host_only) {
-      env.no_gpu_reason = "device " + std::to_string(config.device) + " does not exist";
-    }
-    std::printf(
-        "vram bench: no GPU in use (%s); running host-only scenarios: the pools' own "
-        "hot-path cost over host memory, not device numbers.\n",
-        env.no_gpu_reason.c_str());
+    env.no_gpu_reason = host_only ? "--host-only" : no_device_explanation();
+    std::fprintf(human,
+                 "vram bench: no GPU in use (%s); running host-only scenarios: the pools' own "
+                 "hot-path cost over host memory, not device numbers.\n",
+                 env.no_gpu_reason.c_str());
     for (const auto& name : config.scenarios) {
       if (bench::scenario_needs_gpu(name)) {
-        std::printf("vram bench: scenario '%s' skipped: it needs a GPU\n", name.c_str());
+        std::fprintf(human, "vram bench: scenario '%s' skipped: it needs a GPU\n", name.c_str());
       }
     }
   }
   const auto results = bench::run_scenarios(config);
+  if (results.empty()) {
+    std::fprintf(stderr,
+                 "vram bench: nothing was measured: the scenarios asked for need a GPU and none "
+                 "is in use; no output file written (exit %d)\n",
+                 kExitNothingMeasured);
+    return kExitNothingMeasured;
+  }
   const auto verdicts = bench::verdicts(results);
-  bench::print_tables(results, verdicts);
-  if (!json_path.empty()) {
-    std::ofstream(json_path) << bench::to_json(env, results, verdicts);
-    std::printf("wrote %s\n", json_path.c_str());
+  bench::print_tables(human, results, verdicts);
+  if (!json.path.empty()) json.content = bench::to_json(env, results, verdicts);
+  if (!markdown.path.empty()) {
+    markdown.content = bench::to_markdown(env, results, verdicts, command);
   }
-  if (!markdown_path.empty()) {
-    std::ofstream(markdown_path) << bench::to_markdown(env, results, verdicts, command);
-    std::printf("wrote %s\n", markdown_path.c_str());
-  }
-  if (!svg_path.empty()) {
-    std::ofstream(svg_path) << bench::to_svg(env, results);
-    std::printf("wrote %s\n", svg_path.c_str());
-  }
-  return 0;
+  if (!svg.path.empty()) svg.content = bench::to_svg(env, results);
+  std::vector<OutputFile> outputs{std::move(json), std::move(svg), std::move(markdown)};
+  return write_outputs(outputs, human) ? kExitOk : kExitFailure;
 }
 
 }  // namespace vram::cli

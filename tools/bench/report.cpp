@@ -38,16 +38,19 @@ std::string json_escape(const std::string& text) {
   return out;
 }
 
-std::string number(double value) {
-  if (!std::isfinite(value)) return "null";
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, "%.6g", value);
-  return buffer;
+// Whole numbers below 2^53 print exactly (a size, a count); others with 4 digits.
+bool whole(double value) {
+  return std::isfinite(value) && value == std::floor(value) &&
+         std::fabs(value) < 9007199254740992.0;
 }
 
 std::string brief(double value) {
   char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%.4g", value);
+  if (whole(value) && std::fabs(value) >= 1e4) {
+    std::snprintf(buffer, sizeof buffer, "%.0f", value);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.4g", value);
+  }
   return buffer;
 }
 
@@ -84,6 +87,13 @@ bool better(const Measurement& a, const Measurement& b) {
 }
 
 }  // namespace
+
+std::string json_number(double value) {
+  if (!std::isfinite(value)) return "null";
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, whole(value) ? "%.0f" : "%.6g", value);
+  return buffer;
+}
 
 std::string format_bytes(std::size_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
@@ -127,7 +137,8 @@ std::vector<Verdict> verdicts(const std::vector<Measurement>& results) {
   return out;
 }
 
-void print_tables(const std::vector<Measurement>& results, const std::vector<Verdict>& verdicts) {
+void print_tables(std::FILE* out, const std::vector<Measurement>& results,
+                  const std::vector<Verdict>& verdicts) {
   std::vector<std::string> scenarios;
   for (const auto& m : results) {
     if (std::find(scenarios.begin(), scenarios.end(), m.scenario) == scenarios.end()) {
@@ -135,29 +146,29 @@ void print_tables(const std::vector<Measurement>& results, const std::vector<Ver
     }
   }
   for (const auto& scenario : scenarios) {
-    std::printf("\n== %s ==\n", scenario.c_str());
-    std::printf("%-14s %-34s %14s %24s  %s\n", "parameter", "allocator", "median", "p10 .. p90",
-                "notes");
+    std::fprintf(out, "\n== %s ==\n", scenario.c_str());
+    std::fprintf(out, "%-14s %-34s %14s %24s  %s\n", "parameter", "allocator", "median",
+                 "p10 .. p90", "notes");
     for (const auto& m : results) {
       if (m.scenario != scenario) continue;
       std::string notes;
-      for (const auto& [key, value] : m.extra) notes += key + "=" + number(value) + " ";
+      for (const auto& [key, value] : m.extra) notes += key + "=" + json_number(value) + " ";
       char spread[64];
       std::snprintf(spread, sizeof spread, "%.4g .. %.4g", m.value.p10, m.value.p90);
-      std::printf("%-14s %-34s %10.4g %-9s %18s  %s\n", m.parameter.c_str(),
-                  (m.allocator + (m.ours ? " *" : "")).c_str(), m.value.median, m.unit.c_str(),
-                  spread, notes.c_str());
+      std::fprintf(out, "%-14s %-34s %10.4g %-9s %18s  %s\n", m.parameter.c_str(),
+                   (m.allocator + (m.ours ? " *" : "")).c_str(), m.value.median, m.unit.c_str(),
+                   spread, notes.c_str());
     }
     for (const auto& v : verdicts) {
       if (v.scenario != scenario) continue;
-      std::printf("verdict %s %s: %s %.4g %s vs best peer %s %.4g %s -> %.2fx %s\n",
-                  v.scenario.c_str(), v.parameter.c_str(), v.ours.c_str(), v.ours_value,
-                  v.unit.c_str(), v.best_peer.c_str(), v.peer_value, v.unit.c_str(),
-                  v.advantage >= 1 ? v.advantage : 1 / v.advantage,
-                  v.advantage >= 1 ? "better" : "WORSE");
+      std::fprintf(out, "verdict %s %s: %s %.4g %s vs best peer %s %.4g %s -> %.2fx %s\n",
+                   v.scenario.c_str(), v.parameter.c_str(), v.ours.c_str(), v.ours_value,
+                   v.unit.c_str(), v.best_peer.c_str(), v.peer_value, v.unit.c_str(),
+                   v.advantage >= 1 ? v.advantage : 1 / v.advantage,
+                   v.advantage >= 1 ? "better" : "WORSE");
     }
   }
-  std::printf("\n(* = vram; medians of repeated timed batches after warm-up)\n");
+  std::fprintf(out, "\n(* = vram; medians of repeated timed batches after warm-up)\n");
 }
 
 std::string to_json(const Environment& env, const std::vector<Measurement>& results,
@@ -176,16 +187,16 @@ std::string to_json(const Environment& env, const std::vector<Measurement>& resu
     const auto& m = results[i];
     out << (i ? ",\n    " : "\n    ") << "{\"scenario\": \"" << json_escape(m.scenario)
         << "\", \"parameter\": \"" << json_escape(m.parameter)
-        << "\", \"parameter_value\": " << number(m.parameter_value) << ", \"allocator\": \""
+        << "\", \"parameter_value\": " << json_number(m.parameter_value) << ", \"allocator\": \""
         << json_escape(m.allocator) << "\", \"ours\": " << (m.ours ? "true" : "false")
         << ", \"unit\": \"" << json_escape(m.unit)
         << "\", \"lower_is_better\": " << (m.lower_is_better ? "true" : "false")
-        << ", \"median\": " << number(m.value.median) << ", \"p10\": " << number(m.value.p10)
-        << ", \"p90\": " << number(m.value.p90) << ", \"samples\": " << m.value.samples
-        << ", \"extra\": {";
+        << ", \"median\": " << json_number(m.value.median)
+        << ", \"p10\": " << json_number(m.value.p10) << ", \"p90\": " << json_number(m.value.p90)
+        << ", \"samples\": " << m.value.samples << ", \"extra\": {";
     bool first = true;
     for (const auto& [key, value] : m.extra) {
-      out << (first ? "" : ", ") << "\"" << json_escape(key) << "\": " << number(value);
+      out << (first ? "" : ", ") << "\"" << json_escape(key) << "\": " << json_number(value);
       first = false;
     }
     out << "}}";
@@ -195,10 +206,10 @@ std::string to_json(const Environment& env, const std::vector<Measurement>& resu
     const auto& v = verdicts[i];
     out << (i ? ",\n    " : "\n    ") << "{\"scenario\": \"" << json_escape(v.scenario)
         << "\", \"parameter\": \"" << json_escape(v.parameter) << "\", \"ours\": \""
-        << json_escape(v.ours) << "\", \"ours_value\": " << number(v.ours_value)
+        << json_escape(v.ours) << "\", \"ours_value\": " << json_number(v.ours_value)
         << ", \"best_peer\": \"" << json_escape(v.best_peer)
-        << "\", \"peer_value\": " << number(v.peer_value) << ", \"unit\": \"" << json_escape(v.unit)
-        << "\", \"advantage\": " << number(v.advantage) << "}";
+        << "\", \"peer_value\": " << json_number(v.peer_value) << ", \"unit\": \""
+        << json_escape(v.unit) << "\", \"advantage\": " << json_number(v.advantage) << "}";
   }
   out << "\n  ]\n}\n";
   return out.str();
@@ -299,7 +310,7 @@ std::string to_svg(const Environment& env, const std::vector<Measurement>& resul
         svg << "<rect x=\"" << gx + a * bar_w << "\" y=\"" << y << "\" width=\"" << bar_w - 2
             << "\" height=\"" << (top + plot_h) - y << "\" fill=\"" << colors[a % 6] << "\"><title>"
             << xml_escape(m->allocator) << " " << xml_escape(m->parameter) << ": "
-            << number(m->value.median) << " ns</title></rect>\n";
+            << json_number(m->value.median) << " ns</title></rect>\n";
       }
     }
   }

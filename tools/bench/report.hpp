@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -46,7 +47,9 @@ struct Verdict {
 };
 
 std::vector<Verdict> verdicts(const std::vector<Measurement>& results);
-void print_tables(const std::vector<Measurement>& results, const std::vector<Verdict>& verdicts);
+// The human-readable tables and verdicts, to `out` (stdout, or stderr when JSON goes to stdout).
+void print_tables(std::FILE* out, const std::vector<Measurement>& results,
+                  const std::vector<Verdict>& verdicts);
 std::string to_json(const Environment& env, const std::vector<Measurement>& results,
                     const std::vector<Verdict>& verdicts);
 // Bar chart of the "pairs" scenario: time per pair by allocator and size, log scale.
@@ -55,5 +58,8 @@ std::string to_svg(const Environment& env, const std::vector<Measurement>& resul
 std::string to_markdown(const Environment& env, const std::vector<Measurement>& results,
                         const std::vector<Verdict>& verdicts, const std::string& command);
 std::string format_bytes(std::size_t bytes);
+// A JSON number: integral values (sizes, counts) in full (1048576, never 1.04858e+06),
+// others with 6 significant digits; null for NaN and infinities.
+std::string json_number(double value);
 
 }  // namespace vram::bench
