@@ -77,7 +77,7 @@ struct WeightLayer {
 struct WeightPagerOptions {
   std::size_t budget_bytes = 0;
   std::size_t prefetch_depth = 1;
-  std::vector<std::size_t> schedule;  // one step's layer order; empty: 0, 1, ..., n-1
+  std::vector<std::size_t> schedule{};  // one step's layer order; empty: 0, 1, ..., n-1
   HostWeights host = HostWeights::automatic;
   int device = 0;
   std::size_t register_chunk_bytes = std::size_t{2} << 30;  // clamped to 2 GiB

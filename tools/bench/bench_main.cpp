@@ -113,7 +113,7 @@ int run_bench(const std::vector<std::string>& args) {
       return 2;
     }
   }
-  if (config.scenarios.empty()) config.scenarios = bench::known_scenarios();
+  if (config.scenarios.empty()) config.scenarios = bench::default_scenarios();
   if (!json_path.empty() && !can_write(json_path, "--json")) return 2;
   if (!svg_path.empty() && !can_write(svg_path, "--svg")) return 2;
   if (!markdown_path.empty() && !can_write(markdown_path, "--markdown")) return 2;
