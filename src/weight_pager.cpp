@@ -19,6 +19,7 @@
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
 #include "vram/cuda/stream.hpp"
+#include "vram/detail/parallel_copy.hpp"
 #include "vram/pinned_host_upstream.hpp"
 #include "vram/pinned_staging_pool.hpp"
 #include "vram/upstream.hpp"
@@ -33,102 +34,6 @@ constexpr std::size_t kTimingSamples = 8;
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
-
-// Copies one buffer with several threads (the caller helps). A copy is split into one
-// contiguous part per thread; run() returns once every part is done and no worker is still
-// inside the job, so the next run() may reuse the fields.
-class FillPool {
- public:
-  explicit FillPool(unsigned threads) {
-    for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
-  }
-  ~FillPool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    wake_.notify_all();
-    for (auto& worker : workers_) worker.join();
-  }
-  FillPool(const FillPool&) = delete;
-  FillPool& operator=(const FillPool&) = delete;
-
-  void run(std::byte* destination, const std::byte* source, std::size_t bytes) {
-    constexpr std::size_t kMinPart = std::size_t{1} << 20;
-    const std::size_t parts =
-        std::min<std::size_t>(workers_.size() + 1, std::max<std::size_t>(1, bytes / kMinPart));
-    if (parts <= 1) {
-      std::memcpy(destination, source, bytes);
-      return;
-    }
-    Job job{destination, source, bytes, (bytes + parts - 1) / parts, parts};
-    {
-      std::unique_lock lock(mutex_);
-      idle_.wait(lock, [&] { return busy_ == 0; });
-      job_ = job;
-      next_part_.store(0);
-      done_parts_.store(0);
-      ++generation_;
-    }
-    wake_.notify_all();
-    work(job);
-    std::unique_lock lock(mutex_);
-    idle_.wait(lock, [&] { return done_parts_.load() == parts && busy_ == 0; });
-  }
-
- private:
-  struct Job {
-    std::byte* destination = nullptr;
-    const std::byte* source = nullptr;
-    std::size_t bytes = 0;
-    std::size_t part = 0;
-    std::size_t parts = 0;
-  };
-
-  void work(const Job& job) {
-    for (;;) {
-      const std::size_t index = next_part_.fetch_add(1);
-      if (index >= job.parts) return;
-      const std::size_t begin = index * job.part;
-      const std::size_t length = std::min(job.part, job.bytes - std::min(job.bytes, begin));
-      if (length > 0) std::memcpy(job.destination + begin, job.source + begin, length);
-      if (done_parts_.fetch_add(1) + 1 == job.parts) {
-        std::lock_guard lock(mutex_);
-        idle_.notify_all();
-      }
-    }
-  }
-
-  void loop() {
-    std::uint64_t seen = 0;
-    for (;;) {
-      Job job;
-      {
-        std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        job = job_;
-        ++busy_;
-      }
-      work(job);
-      std::lock_guard lock(mutex_);
-      --busy_;
-      idle_.notify_all();
-    }
-  }
-
-  std::vector<std::thread> workers_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  std::condition_variable idle_;
-  Job job_;
-  std::uint64_t generation_ = 0;
-  std::size_t busy_ = 0;  // workers inside the current job
-  bool stop_ = false;
-  std::atomic<std::size_t> next_part_{0};
-  std::atomic<std::size_t> done_parts_{0};
-};
 
 // One sampled page-in: its copy time and, once acquired, how long the compute waited.
 struct TimingSample {
@@ -153,7 +58,7 @@ struct SlotEvents {
 };
 
 // Pageable weights: a driver thread stages each page-in through pinned buffers, filled by
-// a FillPool, in chunks, on the copy stream; acquire() waits only until the copy of the
+// a ParallelCopy, in chunks, on the copy stream; acquire() waits only until the copy of the
 // layer it needs has been issued.
 class Stager {
  public:
@@ -327,7 +232,7 @@ class Stager {
   bool issuing_ = false;
   bool stopping_ = false;
   std::exception_ptr failure_;
-  FillPool fill_;
+  detail::ParallelCopy fill_;
   std::thread driver_;  // last: started after everything it uses exists
 };
 
@@ -506,7 +411,8 @@ class CudaPagerDevice final : public PagerDevice {
       slot.recorded = 0;
     }
     if (copy_ && cudaStreamSynchronize(copy_->get()) != cudaSuccess) (void)cudaGetLastError();
-    if (arena != nullptr) DeviceMemoryUpstream(device_).deallocate(arena, arena_bytes);
+    (void)arena_bytes;
+    if (arena != nullptr && cudaFree(arena) != cudaSuccess) (void)cudaGetLastError();
     unregister_all();
   }
 

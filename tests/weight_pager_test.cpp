@@ -11,6 +11,7 @@
 #include "gpu_test_policy.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
+#include "vram/detail/parallel_copy.hpp"
 #include "vram/units.hpp"
 #include "vram/weight_pager.hpp"
 
@@ -231,6 +232,25 @@ TEST(PagerSchedule, AllSlotsAcquiredIsOutOfMemoryAndRecoverable) {
   schedule.release(streamed[0]);
   const auto acquired = schedule.acquire(streamed[5]);
   EXPECT_NE(acquired.slot, PagerSchedule::kNone);
+}
+
+// ---- the staged path's parallel host copy ------------------------------------------
+
+TEST(ParallelCopy, CopiesEveryByteForManySizesBackToBack) {
+  detail::ParallelCopy copy(4);
+  std::vector<std::byte> source(9_MiB + 123);
+  for (std::size_t i = 0; i < source.size(); ++i) source[i] = std::byte(i * 131 % 251);
+  std::vector<std::byte> destination(source.size());
+  for (std::size_t bytes : {std::size_t{1}, 4_KiB, 1_MiB - 1, 2_MiB + 7, 9_MiB + 123}) {
+    for (int round = 0; round < 20; ++round) {
+      std::fill(destination.begin(), destination.end(), std::byte{0});
+      const std::size_t offset = static_cast<std::size_t>(round) % 3;
+      const std::size_t length = std::min(bytes, source.size() - offset);
+      copy.run(destination.data() + offset, source.data() + offset, length);
+      ASSERT_EQ(std::memcmp(destination.data() + offset, source.data() + offset, length), 0)
+          << bytes << " bytes, round " << round;
+    }
+  }
 }
 
 // ---- the pager over host memory (the CUDA seam replaced) ------------------------------
