@@ -53,8 +53,8 @@ struct SlotEvents {
   std::vector<cuda::Event> releases;
   std::vector<cudaStream_t> release_streams;
   std::size_t recorded = 0;
-  std::uint64_t wanted = 0;          // staged: ticket of the latest page-in queued
-  TimingSample* sample = nullptr;    // the latest page-in's sample, until acquired
+  std::uint64_t wanted = 0;        // staged: ticket of the latest page-in queued
+  TimingSample* sample = nullptr;  // the latest page-in's sample, until acquired
 };
 
 // Pageable weights: a driver thread stages each page-in through pinned buffers, filled by
@@ -270,7 +270,8 @@ class CudaPagerDevice final : public PagerDevice {
         merged.push_back(range);
       }
     }
-    const std::size_t chunk = std::max(kPage, std::min(chunk_bytes, kMaxRegisterChunk) / kPage * kPage);
+    const std::size_t chunk =
+        std::max(kPage, std::min(chunk_bytes, kMaxRegisterChunk) / kPage * kPage);
     for (const auto& [begin, end] : merged) {
       for (std::uintptr_t at = begin; at < end; at += chunk) {
         const std::size_t length = std::min<std::size_t>(chunk, end - at);
@@ -322,8 +323,7 @@ class CudaPagerDevice final : public PagerDevice {
     }
   }
 
-  void page_in(std::size_t slot_index, void* device, const void* host,
-               std::size_t bytes) override {
+  void page_in(std::size_t slot_index, void* device, const void* host, std::size_t bytes) override {
     cuda::DeviceGuard guard(device_);
     SlotEvents& slot = slots_[slot_index];
     if (slot.sample != nullptr) {  // evicted before it was acquired: no compute wait to see
@@ -566,7 +566,7 @@ struct PagerState {
     std::lock_guard lock(mutex);
     check_usable();
     const std::size_t slot = schedule->release(layer);  // throws: no change
-    if (slot == PagerSchedule::kNone) return;            // resident: never evicted
+    if (slot == PagerSchedule::kNone) return;           // resident: never evicted
     try {
       device->record_release(slot, stream);
     } catch (const std::exception& error) {
@@ -597,12 +597,12 @@ WeightPager::WeightPager(std::vector<WeightLayer> layers, WeightPagerOptions opt
     }
     bytes.push_back(layers[i].bytes);
   }
-  PagerPlan plan = plan_residency(std::move(bytes), options.schedule,
-                                  PagerPlanOptions{.budget_bytes = options.budget_bytes,
-                                                   .prefetch_depth = options.prefetch_depth,
-                                                   .alignment = 256,
-                                                   .copy_to_compute_ratio =
-                                                       options.copy_to_compute_ratio});
+  PagerPlan plan =
+      plan_residency(std::move(bytes), options.schedule,
+                     PagerPlanOptions{.budget_bytes = options.budget_bytes,
+                                      .prefetch_depth = options.prefetch_depth,
+                                      .alignment = 256,
+                                      .copy_to_compute_ratio = options.copy_to_compute_ratio});
   if (options.print_plan_warnings) {
     for (const auto& warning : plan.warnings) std::fprintf(stderr, "%s\n", warning.c_str());
   }
@@ -697,9 +697,9 @@ WeightPagerStats WeightPager::stats() const {
   std::lock_guard lock(state.mutex);
   state.device->collect(state.counters);
   WeightPagerStats stats = state.counters;
-  stats.effective_gbps =
-      stats.timed_copy_ms > 0 ? static_cast<double>(stats.timed_bytes) / stats.timed_copy_ms / 1e6
-                              : 0;
+  stats.effective_gbps = stats.timed_copy_ms > 0
+                             ? static_cast<double>(stats.timed_bytes) / stats.timed_copy_ms / 1e6
+                             : 0;
   return stats;
 }
 

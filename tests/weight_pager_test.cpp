@@ -124,8 +124,7 @@ TEST(PagerPlan, BadInputIsRejected) {
   EXPECT_THROW(plan_residency(uniform(2, 1_MiB), {}, {.budget_bytes = 0}), InvalidArgument);
   EXPECT_THROW(plan_residency({1_MiB, 0}, {}, {.budget_bytes = 4_MiB}), InvalidArgument);
   EXPECT_THROW(plan_residency({1_MiB, 2_MiB}, {}, {.budget_bytes = 1_MiB}), InvalidArgument);
-  EXPECT_THROW(plan_residency(uniform(2, 1_MiB), {0, 2}, {.budget_bytes = 1_MiB}),
-               InvalidArgument);
+  EXPECT_THROW(plan_residency(uniform(2, 1_MiB), {0, 2}, {.budget_bytes = 1_MiB}), InvalidArgument);
   EXPECT_THROW(plan_residency({SIZE_MAX}, {}, {.budget_bytes = SIZE_MAX}), InvalidArgument);
 }
 
@@ -133,8 +132,8 @@ TEST(PagerPlan, BadInputIsRejected) {
 
 TEST(PagerSchedule, CyclicStepPagesInExactlyTheStreamedLayers) {
   for (std::size_t depth : {1U, 2U, 3U}) {
-    const auto plan = plan_residency(uniform(48, 256_MiB), {},
-                                     {.budget_bytes = 4_GiB, .prefetch_depth = depth});
+    const auto plan =
+        plan_residency(uniform(48, 256_MiB), {}, {.budget_bytes = 4_GiB, .prefetch_depth = depth});
     PagerSchedule schedule(plan);
     for (int step = 0; step < 4; ++step) {
       EXPECT_EQ(run_step(schedule), plan.streamed_layers()) << "depth " << depth;
@@ -217,8 +216,8 @@ TEST(PagerSchedule, ReleaseOfANotAcquiredLayerThrowsAndChangesNothing) {
 }
 
 TEST(PagerSchedule, AllSlotsAcquiredIsOutOfMemoryAndRecoverable) {
-  const auto plan = plan_residency(uniform(8, 10), {},
-                                   {.budget_bytes = 30, .prefetch_depth = 1, .alignment = 1});
+  const auto plan =
+      plan_residency(uniform(8, 10), {}, {.budget_bytes = 30, .prefetch_depth = 1, .alignment = 1});
   ASSERT_EQ(plan.slot_count, 2U);
   PagerSchedule schedule(plan);
   std::vector<std::size_t> streamed;
@@ -315,8 +314,8 @@ struct HostLayers {
       data.emplace_back(words + i, static_cast<std::uint32_t>(0xA5000000U + i));
     }
     for (std::size_t i = 0; i < count; ++i) {
-      layers.push_back({"layer." + std::to_string(i), data[i].data(),
-                        data[i].size() * sizeof(std::uint32_t)});
+      layers.push_back(
+          {"layer." + std::to_string(i), data[i].data(), data[i].size() * sizeof(std::uint32_t)});
     }
   }
 };
@@ -428,8 +427,8 @@ TEST(WeightPagerHost, PinFailureFallsBackWithOneWarningOrThrowsWhenPinnedWasAske
   log->fail_pin = true;
   ::testing::internal::CaptureStderr();
   {
-    auto pager = make_host_pager(host, {.budget_bytes = 3_KiB, .host = HostWeights::automatic},
-                                 log);
+    auto pager =
+        make_host_pager(host, {.budget_bytes = 3_KiB, .host = HostWeights::automatic}, log);
     EXPECT_FALSE(pager.load().pinned);
     EXPECT_NE(pager.load().fallback_reason.find("refused"), std::string::npos);
     EXPECT_TRUE(log->configured_staged);
@@ -456,7 +455,8 @@ TEST(WeightPagerHost, MovedFromPagerThrows) {
   auto log = std::make_shared<FakeLog>();
   auto pager = make_host_pager(host, {.budget_bytes = 4_KiB}, log);
   WeightPager other = std::move(pager);
-  EXPECT_THROW((void)pager.acquire(0, nullptr), InvalidArgument);  // NOLINT(bugprone-use-after-move)
+  EXPECT_THROW((void)pager.acquire(0, nullptr),
+               InvalidArgument);  // NOLINT(bugprone-use-after-move)
   (void)other.acquire(0, nullptr);
   other.release(0, nullptr);
 }

@@ -44,15 +44,15 @@ struct PagerPlanOptions {
 };
 
 struct PagerPlan {
-  std::vector<std::size_t> layer_bytes;  // as given
-  std::vector<std::size_t> schedule;     // one step, layer indices (validated)
-  std::vector<bool> resident;            // per layer: kept in VRAM for good
-  std::vector<std::size_t> offset;       // per resident layer: its place in the arena
-  std::size_t resident_bytes = 0;        // aligned, at the start of the arena
-  std::size_t slot_bytes = 0;            // aligned largest streamed layer (0: no ring)
-  std::size_t slot_count = 0;            // prefetch_depth + 1 (0: everything resident)
-  std::size_t arena_bytes = 0;           // resident_bytes + slot_count * slot_bytes <= budget
-  std::size_t prefetch_depth = 0;        // effective depth (<= the requested one)
+  std::vector<std::size_t> layer_bytes;     // as given
+  std::vector<std::size_t> schedule;        // one step, layer indices (validated)
+  std::vector<bool> resident;               // per layer: kept in VRAM for good
+  std::vector<std::size_t> offset;          // per resident layer: its place in the arena
+  std::size_t resident_bytes = 0;           // aligned, at the start of the arena
+  std::size_t slot_bytes = 0;               // aligned largest streamed layer (0: no ring)
+  std::size_t slot_count = 0;               // prefetch_depth + 1 (0: everything resident)
+  std::size_t arena_bytes = 0;              // resident_bytes + slot_count * slot_bytes <= budget
+  std::size_t prefetch_depth = 0;           // effective depth (<= the requested one)
   std::size_t streamed_bytes_per_step = 0;  // bytes of the streamed layers' uses in one step
   std::size_t longest_streamed_run = 0;     // consecutive streamed uses in the cyclic step
   std::vector<std::string> warnings;        // the plan check; empty when nothing to say
@@ -84,8 +84,8 @@ class PagerSchedule {
   };
   struct Acquired {
     bool resident = false;
-    std::size_t slot = kNone;  // the slot holding the layer when not resident
-    bool hit = false;          // no page-in had to be issued for this acquire
+    std::size_t slot = kNone;          // the slot holding the layer when not resident
+    bool hit = false;                  // no page-in had to be issued for this acquire
     std::span<const PageIn> page_ins;  // to issue now, in order; valid until the next call
   };
 

@@ -82,8 +82,8 @@ struct WeightPagerOptions {
   int device = 0;
   std::size_t register_chunk_bytes = std::size_t{2} << 30;  // clamped to 2 GiB
   std::size_t staging_chunk_bytes = std::size_t{16} << 20;
-  std::size_t staging_buffers = 3;  // 2: double, 3: triple buffering
-  unsigned fill_threads = 0;        // 0: min(8, hardware threads)
+  std::size_t staging_buffers = 3;    // 2: double, 3: triple buffering
+  unsigned fill_threads = 0;          // 0: min(8, hardware threads)
   unsigned stall_sample_period = 16;  // time every Nth page-in; 0: never
   double copy_to_compute_ratio = 0;   // estimate for the plan check; 0: unknown
   bool print_plan_warnings = true;    // the plan check's warnings to stderr at construction
@@ -92,30 +92,30 @@ struct WeightPagerOptions {
 
 struct WeightPagerStats {
   std::uint64_t acquires = 0;
-  std::uint64_t hits = 0;          // acquires that issued no page-in (resident or prefetched)
-  std::uint64_t page_ins = 0;      // copies issued (prefetches + demand)
-  std::uint64_t prefetches = 0;    // of page_ins: issued ahead of the acquire
+  std::uint64_t hits = 0;        // acquires that issued no page-in (resident or prefetched)
+  std::uint64_t page_ins = 0;    // copies issued (prefetches + demand)
+  std::uint64_t prefetches = 0;  // of page_ins: issued ahead of the acquire
   std::uint64_t bytes_paged_in = 0;
   std::uint64_t timed_page_ins = 0;  // page-ins whose copy time was measured (sampled)
   std::uint64_t timed_bytes = 0;
   double timed_copy_ms = 0;
-  double effective_gbps = 0;         // timed_bytes / timed_copy_ms
-  std::uint64_t stall_samples = 0;   // timed page-ins acquired (compute wait measured)
-  std::uint64_t stalled = 0;         // of those: the compute waited
-  double stall_ms_sampled = 0;       // sum of the measured waits
-  double host_wait_ms = 0;           // pageable: acquire waited for the copy to be issued
+  double effective_gbps = 0;            // timed_bytes / timed_copy_ms
+  std::uint64_t stall_samples = 0;      // timed page-ins acquired (compute wait measured)
+  std::uint64_t stalled = 0;            // of those: the compute waited
+  double stall_ms_sampled = 0;          // sum of the measured waits
+  double host_wait_ms = 0;              // pageable: acquire waited for the copy to be issued
   std::uint64_t staging_pin_calls = 0;  // pageable: pins by the staging pool (after load: 0)
 };
 
 struct WeightPagerLoad {
   HostWeights requested = HostWeights::automatic;
-  bool pinned = false;             // the pager reads the weights from page-locked memory
-  std::size_t pinned_bytes = 0;    // registered by the pager (page-rounded, merged ranges)
-  std::size_t register_calls = 0;  // cudaHostRegister calls (chunks <= register_chunk_bytes)
+  bool pinned = false;                   // the pager reads the weights from page-locked memory
+  std::size_t pinned_bytes = 0;          // registered by the pager (page-rounded, merged ranges)
+  std::size_t register_calls = 0;        // cudaHostRegister calls (chunks <= register_chunk_bytes)
   std::size_t already_pinned_bytes = 0;  // found page-locked already; left as is
   double pin_seconds = 0;
-  double upload_seconds = 0;       // resident layers copied in at construction
-  std::string fallback_reason;     // automatic mode: why it stages instead (empty: pinned)
+  double upload_seconds = 0;    // resident layers copied in at construction
+  std::string fallback_reason;  // automatic mode: why it stages instead (empty: pinned)
 };
 
 // The CUDA side of the pager, behind a seam: the production implementation lives in

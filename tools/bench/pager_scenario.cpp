@@ -40,8 +40,9 @@ namespace vram::bench {
 
 std::size_t pager_scenario_steps(const BenchConfig&) { return 0; }
 void run_pager_scenario(const BenchConfig&, Progress&, std::vector<Measurement>&) {
-  std::printf("vram bench: scenario 'pager' skipped: built without the bench kernels "
-              "(VRAM_BENCH_KERNELS=OFF)\n");
+  std::printf(
+      "vram bench: scenario 'pager' skipped: built without the bench kernels "
+      "(VRAM_BENCH_KERNELS=OFF)\n");
 }
 
 #else
@@ -60,13 +61,12 @@ struct StackShape {
 
 StackShape shape_for(const BenchConfig& c) {
   if (c.quick) return {16, 64_MiB, 384_MiB, 1, 4};  // 1 GiB under 384 MiB
-  return {48, 256_MiB, 4_GiB, 1, 5};               // 12 GiB under 4 GiB
+  return {48, 256_MiB, 4_GiB, 1, 5};                // 12 GiB under 4 GiB
 }
 
-Measurement make_measurement(const std::string& parameter, double value,
-                             const std::string& name, bool ours, bool reference,
-                             const std::string& unit, bool lower_is_better,
-                             const std::vector<double>& samples) {
+Measurement make_measurement(const std::string& parameter, double value, const std::string& name,
+                             bool ours, bool reference, const std::string& unit,
+                             bool lower_is_better, const std::vector<double>& samples) {
   Measurement m;
   m.scenario = "pager";
   m.parameter = parameter;
@@ -183,9 +183,8 @@ int compute_blocks() {
   return 4 * sms;
 }
 
-void run_compute(const void* weights, std::size_t bytes, unsigned intensity, float* out,
-                 int blocks,
-             cudaStream_t stream) {
+void run_compute(const void* weights, std::size_t bytes, unsigned intensity, float* out, int blocks,
+                 cudaStream_t stream) {
   cuda::check(launch_pager_compute(weights, bytes, intensity, out, blocks, stream),
               "pager_compute<<<>>>");
 }
@@ -246,8 +245,8 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
   const StackShape shape = shape_for(c);
   const std::size_t n = shape.layers;
   const std::size_t bytes = shape.layer_bytes;
-  const std::string stack = std::to_string(n) + " x " + format_bytes(bytes) + ", budget " +
-                            format_bytes(shape.budget);
+  const std::string stack =
+      std::to_string(n) + " x " + format_bytes(bytes) + ", budget " + format_bytes(shape.budget);
   cuda::Stream compute;
   cuda::Stream side;  // the two-slot pattern's copy stream
   const int blocks = compute_blocks();
@@ -315,8 +314,8 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
 
     // (b) the copy bound, from the rate measured in this run.
     {
-      Measurement& bound = record("copy bound (streamed bytes / pinned H2D)", false, true,
-                                  {copy_bound_ms});
+      Measurement& bound =
+          record("copy bound (streamed bytes / pinned H2D)", false, true, {copy_bound_ms});
       bound.extra["pinned_h2d_gbps"] = pinned_gbps;
       bound.extra["streamed_gib_per_step"] = streamed_bytes / double(1_GiB);
     }
@@ -347,7 +346,8 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
       m.extra["sampled_stall_ms"] = stats.stall_ms_sampled;
       m.extra["stalled_of_samples"] = static_cast<double>(stats.stalled);
       m.extra["pin_at_load_s"] = pager.load().pin_seconds;
-      m.extra["pinned_at_load_gib"] = static_cast<double>(pager.load().pinned_bytes) / double(1_GiB);
+      m.extra["pinned_at_load_gib"] =
+          static_cast<double>(pager.load().pinned_bytes) / double(1_GiB);
       m.extra["resident_layers"] = static_cast<double>(n - plan.streamed_layers());
     }
 
@@ -416,9 +416,9 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
           void* staging = nullptr;
           cuda::check(cudaHostAlloc(&staging, bytes, cudaHostAllocPortable), "cudaHostAlloc");
           std::memcpy(staging, host.layer(i), bytes);
-          cuda::check(cudaMemcpyAsync(slot.get(), staging, bytes, cudaMemcpyHostToDevice,
-                                      compute.get()),
-                      "cudaMemcpyAsync(pin per page-in)");
+          cuda::check(
+              cudaMemcpyAsync(slot.get(), staging, bytes, cudaMemcpyHostToDevice, compute.get()),
+              "cudaMemcpyAsync(pin per page-in)");
           compute.synchronize();
           cuda::check(cudaFreeHost(staging), "cudaFreeHost");
           compute_layer(slot.get());
