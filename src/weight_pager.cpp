@@ -7,7 +7,6 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
@@ -83,6 +82,7 @@ class Stager {
             .max_bytes = std::max<std::size_t>(2, options.staging_buffers) *
                          std::max<std::size_t>(kPage, options.staging_chunk_bytes)}),
         ring_(std::max<std::size_t>(2, options.staging_buffers)),
+        queue_(2 * slots.size() + 4),
         issued_(slots.size(), 0),
         fill_(options.fill_threads != 0
                   ? options.fill_threads
@@ -97,7 +97,11 @@ class Stager {
   void enqueue(const Job& job) {
     {
       std::unique_lock lock(mutex_);
-      queue_.push_back(job);
+      // A fixed ring (no allocation per page-in); full only if the compute thread queued
+      // more page-ins than it ever waited for: it waits for the stager to take one.
+      changed_.wait(lock, [&] { return queued_ < queue_.size() || failure_ != nullptr; });
+      if (failure_) std::rethrow_exception(failure_);
+      queue_[(head_ + queued_++) % queue_.size()] = job;
     }
     changed_.notify_all();
   }
@@ -116,7 +120,7 @@ class Stager {
 
   void drain() {
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return (queue_.empty() && !issuing_) || failure_ != nullptr; });
+    changed_.wait(lock, [&] { return (queued_ == 0 && !issuing_) || failure_ != nullptr; });
     if (failure_) std::rethrow_exception(failure_);
   }
 
@@ -161,10 +165,11 @@ class Stager {
       Job job{};
       {
         std::unique_lock lock(mutex_);
-        changed_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, and nothing left to issue
-        job = queue_.front();
-        queue_.pop_front();
+        changed_.wait(lock, [&] { return stopping_ || queued_ > 0; });
+        if (queued_ == 0) return;  // stopping, and nothing left to issue
+        job = queue_[head_];
+        head_ = (head_ + 1) % queue_.size();
+        --queued_;
         issuing_ = true;
       }
       std::exception_ptr failure;
@@ -227,7 +232,9 @@ class Stager {
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<Job> queue_;
+  std::vector<Job> queue_;  // ring: queued_ jobs from head_
+  std::size_t head_ = 0;
+  std::size_t queued_ = 0;
   std::vector<std::uint64_t> issued_;
   bool issuing_ = false;
   bool stopping_ = false;
@@ -640,7 +647,7 @@ WeightPager::WeightPager(std::vector<WeightLayer> layers, WeightPagerOptions opt
                    failure.c_str());
     }
   }
-  state->load.pinned = !staged;
+  state->load.pinned = !staged && plan.slot_count > 0;
 
   state->arena = static_cast<std::byte*>(state->device->allocate_arena(plan.arena_bytes));
   state->arena_bytes = plan.arena_bytes;

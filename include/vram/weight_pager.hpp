@@ -109,7 +109,7 @@ struct WeightPagerStats {
 
 struct WeightPagerLoad {
   HostWeights requested = HostWeights::automatic;
-  bool pinned = false;                   // the pager reads the weights from page-locked memory
+  bool pinned = false;  // the streamed layers are read from page-locked host memory
   std::size_t pinned_bytes = 0;          // registered by the pager (page-rounded, merged ranges)
   std::size_t register_calls = 0;        // cudaHostRegister calls (chunks <= register_chunk_bytes)
   std::size_t already_pinned_bytes = 0;  // found page-locked already; left as is
