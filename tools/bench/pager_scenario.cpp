@@ -230,7 +230,7 @@ unsigned calibrate_intensity(std::size_t bytes, double target_ms, float* out, in
     return static_cast<double>(cuda::Event::elapsed_ms(start, end));
   };
   const double base = time_at(0);
-  const unsigned probe = 16;
+  const unsigned probe = 256;  // long enough (ms) for a clean slope
   const double per_unit = std::max(1e-6, (time_at(probe) - base) / probe);
   const double wanted = (target_ms - base) / per_unit;
   return static_cast<unsigned>(std::clamp(wanted, 1.0, 1e6));
