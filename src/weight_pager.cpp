@@ -288,8 +288,8 @@ class CudaPagerDevice final : public PagerDevice {
           (void)cudaGetLastError();
           std::string reason = std::string("cudaHostRegister of ") + std::to_string(length) +
                                " bytes returned " + cudaGetErrorName(status) + " (" +
-                               cudaGetErrorString(status) + "); RLIMIT_MEMLOCK is " +
-                               memlock_limit_text();
+                               cudaGetErrorString(status) + "; RLIMIT_MEMLOCK " +
+                               memlock_limit_text() + ", which CUDA pinning may ignore)";
           unregister_all();
           load.pinned_bytes = 0;
           load.register_calls = 0;
@@ -633,17 +633,17 @@ WeightPager::WeightPager(std::vector<WeightLayer> layers, WeightPagerOptions opt
     if (!failure.empty()) {
       if (options.host == HostWeights::pinned) {
         throw PinningError("vram::WeightPager: pinning the host weights failed: " + failure +
-                           ". Fix: raise the locked-memory limit (`ulimit -l unlimited`, "
-                           "`docker run --ulimit memlock=-1`), free host memory, or use "
-                           "HostWeights::automatic / pageable to stage them instead.");
+                           ". Fix: free host memory or raise the container's (cgroup) memory "
+                           "limit, which page-locked memory counts against; or use "
+                           "HostWeights::automatic / pageable to stage the weights instead.");
       }
       staged = true;
       state->load.fallback_reason = failure;
       std::fprintf(stderr,
                    "vram::WeightPager: WARNING: pinning the host weights failed (%s); paging them "
-                   "through pinned staging buffers instead, which is slower. Fix: raise the "
-                   "locked-memory limit (ulimit -l), or pass HostWeights::pageable to silence "
-                   "this.\n",
+                   "through pinned staging buffers instead, which is slower. Fix: free host "
+                   "memory or raise the container's memory limit; pass HostWeights::pageable "
+                   "to stage without trying to pin.\n",
                    failure.c_str());
     }
   }

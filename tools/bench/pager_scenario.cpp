@@ -238,7 +238,7 @@ unsigned calibrate_intensity(std::size_t bytes, double target_ms, float* out, in
 
 }  // namespace
 
-std::size_t pager_scenario_steps(const BenchConfig&) { return 12; }
+std::size_t pager_scenario_steps(const BenchConfig&) { return 13; }
 
 void run_pager_scenario(const BenchConfig& c, Progress& progress,
                         std::vector<Measurement>& results) {
