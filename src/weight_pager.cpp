@@ -135,25 +135,20 @@ class Stager {
     changed_.notify_all();
     if (driver_.joinable()) driver_.join();
     // The last copies still read their buffers: retire each with its witness (or, if the
-    // wait fails, let the PendingCopy destructor handle it and the buffer be freed).
+    // wait fails, the PendingCopy destructor waits and the buffer is freed, not reused).
     for (auto& buffer : ring_) {
       try {
-        if (buffer.copy) buffer.staging->retire(std::move(*buffer.copy).wait());
+        retire(buffer);
       } catch (const std::exception& error) {
         std::fprintf(stderr, "vram::WeightPager: waiting for a staged copy failed: %s\n",
                      error.what());
+        buffer.copy.reset();
+        buffer.staging.reset();
       }
-      buffer.copy.reset();
-      buffer.staging.reset();
     }
   }
 
  private:
-  struct Buffer {
-    std::optional<PooledStaging> staging;
-    std::optional<PendingCopy> copy;
-  };
-
   void loop() {
     try {
       cuda::check(cudaSetDevice(device_), "cudaSetDevice");
@@ -205,21 +200,32 @@ class Stager {
     slot.ready.record(copy_);
   }
 
-  // THE ONE PLACE that uses the copy-witness API (copy.hpp, pinned_staging_pool.hpp).
-  // A buffer is refilled only after retire() took the witness of the copy that last read
-  // it; that wait() is a host wait on this thread (not the compute thread), and with
-  // staging_buffers >= 2 it overlaps the fill of the next buffers with earlier DMAs.
-  // When the witness API changes (issue 10), adapt this function only.
-  void stage_chunk(Buffer& buffer, std::byte* device, const std::byte* host, std::size_t bytes) {
-    if (buffer.copy) {
-      buffer.staging->retire(std::move(*buffer.copy).wait());
-      buffer.copy.reset();
-    }
+  // ---- THE ONE PLACE that uses the copy-witness API (copy.hpp, pinned_staging_pool.hpp):
+  // Buffer, retire() and stage_chunk(). When the witness API changes (issue 10), adapt
+  // these three only; the rest of the stager sees "a ring of buffers, each refilled after
+  // its previous copy completed".
+  struct Buffer {
+    std::optional<PooledStaging> staging;  // the pinned buffer, while a copy may read it
+    std::optional<PendingCopy> copy;       // the copy that reads it, until its witness
+  };
+
+  // Back to the pool, proven after the copy that read it: wait() is a host wait on the
+  // stager thread (never the compute thread) for a copy issued staging_buffers chunks ago.
+  void retire(Buffer& buffer) {
+    if (buffer.copy) buffer.staging->retire(std::move(*buffer.copy).wait());
+    buffer.copy.reset();
     buffer.staging.reset();
+  }
+
+  // Fills one chunk into a staging buffer (reused only after retire()) and queues its copy
+  // on the copy stream. With staging_buffers >= 2 the fill overlaps earlier chunks' DMAs.
+  void stage_chunk(Buffer& buffer, std::byte* device, const std::byte* host, std::size_t bytes) {
+    retire(buffer);
     buffer.staging.emplace(pool_.acquire(bytes));  // best fit: a retired buffer, no pin
     fill_.run(buffer.staging->data(), host, bytes);
     buffer.copy.emplace(copy_to_device_async(device, *buffer.staging, copy_));
   }
+  // ---- end of the witness-API spot.
 
   int device_;
   cudaStream_t copy_;
