@@ -545,6 +545,37 @@ TEST(WeightPagerGpu, DeeperPrefetchAndAutomaticPinning) {
                  256_KiB / 4);
 }
 
+TEST(WeightPagerGpu, StepsAlternatingBetweenTwoStreamsSeeTheRightBytes) {
+  VRAM_GPU_TEST_OR_SKIP();
+  // Eviction after a release on stream A must wait for A even when the next user is B.
+  const std::size_t words = 512_KiB / 4;
+  GpuLayers host(8, words);
+  WeightPager pager(host.layers, {.budget_bytes = 3 * 512_KiB,
+                                  .prefetch_depth = 1,
+                                  .host = HostWeights::pinned,
+                                  .print_plan_warnings = false});
+  cuda::Stream streams[2];
+  unsigned long long* mismatches = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches), cudaSuccess);
+  ASSERT_EQ(cudaMemset(mismatches, 0, sizeof *mismatches), cudaSuccess);
+  for (int step = 0; step < 4; ++step) {
+    const cudaStream_t stream = streams[step % 2].get();
+    for (std::size_t i = 0; i < 8; ++i) {
+      const void* device = pager.acquire(i, stream);
+      // A slow reader: a later page-in into its slot must not overwrite it early.
+      launch_spin_then_fill(nullptr, 0, 0, 20000, stream);  // spins 20 us, writes nothing
+      launch_count_mismatches(device, words, GpuLayers::pattern(i), mismatches, stream);
+      pager.release(i, stream);
+    }
+  }
+  streams[0].synchronize();
+  streams[1].synchronize();
+  unsigned long long found = 1;
+  ASSERT_EQ(cudaMemcpy(&found, mismatches, sizeof found, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(mismatches);
+  EXPECT_EQ(found, 0U);
+}
+
 TEST(WeightPagerGpu, PinsOnlyTheStreamedLayersAndReportsIt) {
   VRAM_GPU_TEST_OR_SKIP();
   GpuLayers host(8, 1_MiB / 4);
