@@ -87,8 +87,7 @@ PagerPlan plan_residency(std::vector<std::size_t> layer_bytes, std::vector<std::
     total += bytes;
   }
   if (!total_overflows && total <= options.budget_bytes) {
-    plan.resident.assign(n, true);
-    plan.prefetch_depth = options.prefetch_depth;
+    plan.resident.assign(n, true);  // nothing streams: no slots, no prefetch
   } else {
     // Candidates for the largest streamed (slot) size: every distinct aligned layer size.
     std::vector<std::size_t> sizes(aligned);

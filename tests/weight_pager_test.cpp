@@ -357,6 +357,24 @@ TEST(WeightPagerHost, DeliversEachLayersBytesUnderABudgetOfThreeLayers) {
   EXPECT_TRUE(pager.load().pinned);
 }
 
+TEST(WeightPagerHost, EverythingResidentMeansNoPageInsAndNoPin) {
+  HostLayers host(4, 256);
+  auto log = std::make_shared<FakeLog>();
+  auto pager = make_host_pager(host, {.budget_bytes = 1_MiB, .host = HostWeights::pinned}, log);
+  EXPECT_EQ(pager.plan().slot_count, 0U);
+  for (int step = 0; step < 2; ++step) {
+    for (std::size_t i = 0; i < 4; ++i) {
+      const void* device = pager.acquire(i, nullptr);
+      EXPECT_EQ(std::memcmp(device, host.data[i].data(), host.layers[i].bytes), 0);
+      pager.release(i, nullptr);
+    }
+  }
+  EXPECT_EQ(pager.stats().page_ins, 0U);
+  EXPECT_EQ(pager.stats().hits, 8U);
+  EXPECT_EQ(pager.load().register_calls, 0U);  // resident layers are copied once, not pinned
+  EXPECT_FALSE(pager.load().pinned);
+}
+
 TEST(WeightPagerHost, AcquireByNameAndUnknownNames) {
   HostLayers host(4, 256);
   auto log = std::make_shared<FakeLog>();
