@@ -81,7 +81,7 @@ struct WeightPagerOptions {
   HostWeights host = HostWeights::automatic;
   int device = 0;
   std::size_t register_chunk_bytes = std::size_t{2} << 30;  // clamped to 2 GiB
-  std::size_t staging_chunk_bytes = std::size_t{16} << 20;
+  std::size_t staging_chunk_bytes = std::size_t{32} << 20;
   std::size_t staging_buffers = 3;    // 2: double, 3: triple buffering
   unsigned fill_threads = 0;          // 0: min(8, hardware threads)
   unsigned stall_sample_period = 16;  // time every Nth page-in; 0: never
@@ -109,9 +109,9 @@ struct WeightPagerStats {
 
 struct WeightPagerLoad {
   HostWeights requested = HostWeights::automatic;
-  bool pinned = false;  // the streamed layers are read from page-locked host memory
-  std::size_t pinned_bytes = 0;          // registered by the pager (page-rounded, merged ranges)
-  std::size_t register_calls = 0;        // cudaHostRegister calls (chunks <= register_chunk_bytes)
+  bool pinned = false;             // the streamed layers are read from page-locked host memory
+  std::size_t pinned_bytes = 0;    // registered by the pager (page-rounded, merged ranges)
+  std::size_t register_calls = 0;  // cudaHostRegister calls (chunks <= register_chunk_bytes)
   std::size_t already_pinned_bytes = 0;  // found page-locked already; left as is
   double pin_seconds = 0;
   double upload_seconds = 0;    // resident layers copied in at construction
