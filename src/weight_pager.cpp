@@ -357,8 +357,7 @@ class CudaPagerDevice final : public PagerDevice {
     const cudaStream_t copy = copy_->get();
     for (std::size_t i = 0; i < releases; ++i) slot.releases[i].make_wait(copy);
     if (sample != nullptr) sample->start.record(copy);
-    cuda::check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, copy),
-                "cudaMemcpyAsync(page-in)");
+    copy_registered(static_cast<std::byte*>(device), host, bytes, copy);
     if (sample != nullptr) {
       sample->end.record(copy);
       sample->recorded.store(true, std::memory_order_release);
@@ -477,6 +476,36 @@ class CudaPagerDevice final : public PagerDevice {
         }
       }
       sample->state = TimingSample::State::free;
+    }
+  }
+
+  // One copy per registration the source range crosses: CUDA wants a copy's host range
+  // inside one registration (or none). registered_ is sorted by address (it is filled from
+  // sorted, merged ranges), so a layer inside one registration is a single copy.
+  void copy_registered(std::byte* device, const void* host, std::size_t bytes, cudaStream_t copy) {
+    auto at = reinterpret_cast<std::uintptr_t>(host);
+    const std::uintptr_t end = at + bytes;
+    while (at < end) {
+      std::size_t piece = end - at;
+      auto after = std::upper_bound(
+          registered_.begin(), registered_.end(), at,
+          [](std::uintptr_t address, const std::pair<void*, std::size_t>& registration) {
+            return address < reinterpret_cast<std::uintptr_t>(registration.first);
+          });
+      if (after != registered_.begin()) {
+        const auto begin = reinterpret_cast<std::uintptr_t>(std::prev(after)->first);
+        const std::uintptr_t stop = begin + std::prev(after)->second;
+        if (at < stop) piece = std::min<std::size_t>(piece, stop - at);
+      }
+      if (after != registered_.end()) {  // the next registration starts a new piece
+        const auto next = reinterpret_cast<std::uintptr_t>(after->first);
+        if (next > at) piece = std::min<std::size_t>(piece, next - at);
+      }
+      cuda::check(cudaMemcpyAsync(device, reinterpret_cast<const void*>(at), piece,
+                                  cudaMemcpyHostToDevice, copy),
+                  "cudaMemcpyAsync(page-in)");
+      device += piece;
+      at += piece;
     }
   }
 
