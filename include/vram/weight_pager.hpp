@@ -48,8 +48,9 @@
 // A Handle (handle()) outlives the pager safely: its calls then throw InvalidArgument
 // ("pager destroyed"). Destroying the pager waits for its copies and for the release
 // events recorded, warns about layers still acquired, then frees the arena, the staging
-// buffers and unregisters the host weights. A CUDA error inside acquire/release leaves the
-// pager broken: later calls throw (vram::CudaError names the first failure).
+// buffers and unregisters the host weights. A CUDA error inside acquire/release is thrown
+// (vram::CudaError) and leaves the pager broken: later acquire/release calls throw
+// vram::InvalidArgument quoting that first failure.
 #pragma once
 
 #include <cuda_runtime_api.h>
