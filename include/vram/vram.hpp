@@ -8,6 +8,7 @@
 #include "vram/cuda/event.hpp"
 #include "vram/cuda/stream.hpp"
 #include "vram/device_pool.hpp"
+#include "vram/pager_plan.hpp"
 #include "vram/pending_work.hpp"
 #include "vram/pinned_host_upstream.hpp"
 #include "vram/pinned_staging_pool.hpp"
@@ -15,3 +16,4 @@
 #include "vram/stream_ordered_pool.hpp"
 #include "vram/units.hpp"
 #include "vram/upstream.hpp"
+#include "vram/weight_pager.hpp"

@@ -44,7 +44,7 @@ void print_bench_usage(std::FILE* out) {
       "\n"
       "options (a value may follow as the next argument or after '=': --json=F):\n"
       "  --quick              a short run (under 30 s on an H200)\n"
-      "  --scenario LIST      comma-separated, repeatable; default: all of\n"
+      "  --scenario LIST      comma-separated, repeatable; default: all but pager:\n"
       "                         pairs     warm allocate+free pair by size\n"
       "                         threads   1..16 threads, a stream each\n"
       "                         batched   32 live blocks of mixed sizes per thread, freed out\n"
@@ -55,6 +55,9 @@ void print_bench_usage(std::FILE* out) {
       "                         pinning   fast pin path vs cudaHostAlloc (GPU)\n"
       "                         replay    bench/traces/*.csv.gz (or $VRAM_TRACE_DIR) through\n"
       "                                   every allocator, as `vram replay`\n"
+      "                       and, only when named (about a minute on an H200):\n"
+      "                         pager     WeightPager vs all-resident, copy bound, two-slot,\n"
+      "                                   synchronous and pin-per-page-in baselines (GPU)\n"
       "  --device N           the CUDA device ordinal to measure (default 0); a device\n"
       "                       that does not exist is an error\n"
       "  --host-only          run the host-memory scenarios even when a GPU is visible\n"
@@ -256,7 +259,7 @@ int run_bench(const std::vector<std::string>& args) {
       return kExitUsage;
     }
   }
-  if (config.scenarios.empty()) config.scenarios = bench::known_scenarios();
+  if (config.scenarios.empty()) config.scenarios = bench::default_scenarios();
   if (svg.path == "-" || markdown.path == "-") {
     std::fprintf(stderr, "vram bench: only --json can write to stdout ('-')\n");
     return kExitUsage;

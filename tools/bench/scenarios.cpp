@@ -387,13 +387,20 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
 }  // namespace
 
 const std::vector<std::string>& known_scenarios() {
-  static const std::vector<std::string> names = {"pairs",  "threads", "mixed",   "overhead",
-                                                 "pagein", "pinning", "batched", "replay"};
+  static const std::vector<std::string> names = {"pairs",   "threads", "mixed",  "overhead",
+                                                 "pagein",  "pinning", "batched", "replay",
+                                                 "pager"};
+  return names;
+}
+
+std::vector<std::string> default_scenarios() {
+  std::vector<std::string> names = known_scenarios();
+  names.erase(std::remove(names.begin(), names.end(), "pager"), names.end());
   return names;
 }
 
 bool scenario_needs_gpu(const std::string& name) {
-  return name == "pagein" || name == "pinning" || name == "overhead";
+  return name == "pagein" || name == "pinning" || name == "overhead" || name == "pager";
 }
 
 std::vector<Measurement> run_scenarios(const BenchConfig& config) {
@@ -413,6 +420,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("overhead") && config.gpu) steps += 3;
   if (wanted("pagein") && config.gpu) steps += 5 * pagein_chunks(config).size();
   if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 7) * 2;
+  if (wanted("pager") && config.gpu) steps += pager_scenario_steps(config);
   Progress progress(steps);
   if (wanted("pairs")) run_pairs(config, allocators, progress, results);
   if (wanted("threads")) run_threads(config, allocators, progress, results);
@@ -425,6 +433,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
     for (std::size_t bytes : pagein_chunks(config)) run_pagein(config, bytes, progress, results);
   }
   if (config.gpu && wanted("pinning")) run_pinning(config, progress, results);
+  if (config.gpu && wanted("pager")) run_pager_scenario(config, progress, results);
   progress.finish();
   return results;
 }

@@ -17,7 +17,14 @@ struct BenchConfig {
 };
 
 const std::vector<std::string>& known_scenarios();
+// What `vram bench` runs without --scenario: all known but the long `pager` scenario.
+std::vector<std::string> default_scenarios();
 bool scenario_needs_gpu(const std::string& name);
 std::vector<Measurement> run_scenarios(const BenchConfig& config);
+
+// The `pager` scenario (bench/pager_scenario.cpp): WeightPager against its baselines.
+std::size_t pager_scenario_steps(const BenchConfig& config);
+void run_pager_scenario(const BenchConfig& config, Progress& progress,
+                        std::vector<Measurement>& results);
 
 }  // namespace vram::bench
