@@ -14,11 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "source_tree.hpp"
+
 namespace vram::testing {
 namespace {
 
 std::string read_source(const std::string& relative) {
-  std::ifstream file(std::string(VRAM_SOURCE_DIR) + "/" + relative);
+  std::ifstream file(source_path(relative));
   std::stringstream text;
   text << file.rdbuf();
   return text.str();
@@ -58,7 +60,7 @@ std::string example_region(const std::string& path, const std::string& name) {
 
 TEST(Readme, SnippetsAreTheExamplesAsTheyAre) {
   const auto readme = lines_of(read_source("README.md"));
-  ASSERT_FALSE(readme.empty()) << "README.md not found under " << VRAM_SOURCE_DIR;
+  ASSERT_FALSE(readme.empty()) << "README.md not found at " << source_path("README.md");
   const std::regex marker(R"(<!-- snippet: (\S+) (\S+) -->)");
   std::set<std::string> seen;
   for (std::size_t i = 0; i < readme.size(); ++i) {

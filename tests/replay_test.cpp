@@ -18,6 +18,7 @@
 #include "replay/replay.hpp"
 #include "replay/replay_allocator.hpp"
 #include "replay/trace.hpp"
+#include "source_tree.hpp"
 
 namespace vram::testing {
 namespace {
@@ -29,7 +30,7 @@ using replay::Trace;
 constexpr std::size_t KiB = 1024;
 constexpr std::size_t MiB = 1024 * 1024;
 
-std::string sample_path() { return std::string(VRAM_TEST_DATA_DIR) + "/replay_sample.csv"; }
+std::string sample_path() { return vram::testing::source_path("tests/data/replay_sample.csv"); }
 
 std::string read_file(const std::string& path) {
   std::stringstream text;

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The GPU machine's part of a session (docs/GPU-STATUS.md): run from the repository root on
+# the H200 with the Release build from the build machine carried in build/.
+#   tools/gpu/h200_run.sh cxx   OUT   tests, compute-sanitizer, replay, benchmarks
+#   tools/gpu/h200_run.sh torch OUT   builds the PyTorch plug-in and the Torch replay peer
+#                                     there (Torch exists only on that machine), runs them
+# Every log lands in OUT; OUT/results.tar.gz holds them all (the device tool returns few files).
+set -uo pipefail
+mode=$1
+out=$2
+mkdir -p "$out/logs"
+log=$out/logs
+status=0
+step() {  # step NAME TIMEOUT_S CMD...: runs CMD, logs it, records its exit code
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name: $*" | tee -a "$log/steps.txt"
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$log/$name.txt" 2>&1
+  local rc=$?
+  echo "   rc=$rc in $((SECONDS - start)) s" | tee -a "$log/steps.txt"
+  tail -n 4 "$log/$name.txt"
+  [ $rc -eq 0 ] || status=1
+}
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv >"$log/gpu.txt" 2>&1
+git log -1 --format='%H %cI' >"$log/commit.txt" 2>/dev/null || true
+
+case $mode in
+  cxx)
+    export VRAM_REQUIRE_GPU=1
+    step tests 240 ./build/tests/vram_tests
+    step memcheck 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \
+      ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*' --gtest_brief=1
+    step racecheck 120 compute-sanitizer --tool racecheck ./build/tests/vram_tests \
+      --gtest_filter='*Gpu*' --gtest_brief=1
+    step replay 180 ./build/vram replay bench/traces/*.csv.gz --json "$log/replay.json"
+    step bench 300 ./build/vram bench --scenario pairs,batched,replay,pager \
+      --json "$log/bench.json" --markdown "$log/bench.md"
+    ;;
+  torch)
+    py=${PYTHON:-/opt/torch/.venv/bin/python3}
+    prefix=$($py -c 'import torch;print(torch.utils.cmake_prefix_path)')
+    step torch_build 300 bash -c "cmake -S . -B build-torch -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
+      -DVRAM_BUILD_TORCH_PLUGIN=ON -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch -j16"
+    step replay_torch 240 ./build-torch/vram replay bench/traces/*.csv.gz --json "$log/replay_torch.json"
+    step torch_checks 420 tests/python/run_all_on_gpu.sh "$log/torch"
+    ;;
+esac
+tar czf "$out/results.tar.gz" -C "$out" logs
+echo "== $mode done, status $status"
+exit $status
