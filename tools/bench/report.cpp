@@ -165,7 +165,8 @@ void print_tables(std::FILE* out, const std::vector<Measurement>& results,
                    v.scenario.c_str(), v.parameter.c_str(), v.ours.c_str(), v.ours_value,
                    v.unit.c_str(), v.best_peer.c_str(), v.peer_value, v.unit.c_str(),
                    v.advantage >= 1 ? v.advantage : 1 / v.advantage,
-                   v.advantage >= 1 ? "better" : "WORSE");
+                   // Within 0.5% either way is a tie, not a win or a loss.
+                   v.advantage > 1.005 ? "better" : v.advantage >= 0.995 ? "on par" : "WORSE");
     }
   }
   std::fprintf(out, "\n(* = vram; medians of repeated timed batches after warm-up)\n");
