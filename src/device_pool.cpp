@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -20,28 +21,48 @@ namespace {
 
 constexpr std::size_t kMaxThreadCacheDepth = 16;
 
-// Single-writer counter update: only the owning thread writes, others only read, so a
-// relaxed load + store is exact and needs no locked instruction.
+// Update of a counter written only by the holder of its cache's state word: a relaxed load
+// + store is exact and needs no locked instruction; stats() reads it concurrently.
 inline void bump(std::atomic<std::uint64_t>& counter, std::uint64_t delta) noexcept {
   counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+}
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
 }
 
 std::atomic<std::uint64_t> next_pool_uid{1};
 
 }  // namespace
 
-// Tier 1: one thread's blocks and counters for one pool. Invariant: only the owning thread
-// touches bins and writes the counters while it lives; after retire() nobody does.
+// Tier 1: one thread's blocks and counters for one pool.
+//
+// Ownership handshake (the state word). Whoever moves `state` from kFree to kOwner (its
+// thread, for the length of one pool call) or kOther (trim(), for the length of a steal)
+// owns the bins and the counters until it stores kFree again; the CAS is an acquire and
+// the store a release, so each holder sees the previous holder's writes. The owner never
+// waits for anything but a steal in progress (a few pointer moves); trim() never waits for
+// an owner (it asks it to flush instead, see flush_requested). Pool destruction moves
+// every state to kClosed for good (waiting for calls in progress to end); a thread that
+// finds kClosed takes the pool's slow path.
 struct ThreadCache {
+  enum : std::uint32_t { kFree = 0, kOwner = 1, kOther = 2, kClosed = 3 };
   struct Bin {
     std::uint32_t count = 0;
     void* blocks[kMaxThreadCacheDepth] = {};
   };
-  explicit ThreadCache(std::size_t classes, std::uint64_t epoch)
-      : bins(classes), seen_epoch(epoch) {}
+  explicit ThreadCache(std::size_t classes) : bins(classes) {}
 
+  alignas(kCacheLine) std::atomic<std::uint32_t> state{kFree};
+  // Set by a trim() that found the owner inside a call: the owner frees its bins to the
+  // upstream right after that call.
+  std::atomic<bool> flush_requested{false};
+  bool owner_alive = true;  // guarded by the pool's registry_mutex
   std::vector<Bin> bins;
-  std::uint64_t seen_epoch;
   std::atomic<std::uint64_t> acquires{0};
   std::atomic<std::uint64_t> releases{0};
   std::atomic<std::uint64_t> acquired_bytes{0};
@@ -51,7 +72,12 @@ struct ThreadCache {
 
 // Accounting invariant (when quiescent):
 //   bytes_reserved == bytes_in_use + shared_cached_bytes + sum(thread cached_bytes)
-//   bytes_in_use   == sum(acquired_bytes) - sum(released_bytes)   (threads + retired)
+//   bytes_in_use   == sum(acquired_bytes) - sum(released_bytes)  (thread caches + slow path)
+//
+// Lifetime: ThreadCaches are owned by the core and live as long as it does (a cache of an
+// exited thread is kept, empty, and adopted by the next thread that registers), so raw
+// pointers to them stay valid. The core lives while the DevicePool handle lives, and after
+// that while blocks are still leased (self_reference), see close().
 struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   DevicePoolCore(std::shared_ptr<Upstream> upstream_in, const DevicePool::Options& options_in)
       : uid(next_pool_uid.fetch_add(1, std::memory_order_relaxed)),
@@ -70,7 +96,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   }
 
   ~DevicePoolCore() {
-    for (auto& cache : caches) empty_thread_cache(*cache, false);
+    // close() has run (the handle's destructor) and every block is back: only the cache
+    // remains, which close() already freed; free whatever a racing thread exit parked.
+    for (auto& cache : caches) take_bins(*cache, nullptr);
     for (std::size_t index = 0; index < rings.size(); ++index) {
       MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
       if (ring == nullptr) continue;
@@ -80,17 +108,20 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     }
   }
 
-  // The shared free list of a class, or null if no block of that class was ever cached.
   MpmcRing<void*>* ring_of(std::size_t index) const noexcept {
     return rings[index].load(std::memory_order_acquire);
   }
-  // Creates the class's ring on its first release (host allocation off the warm path).
+  // Creates the class's ring on its first release; null when the host is out of memory.
   MpmcRing<void*>* ring_for_release(std::size_t index) noexcept {
     MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
     if (ring != nullptr) [[likely]]
       return ring;
-    MpmcRing<void*>* fresh = new (std::nothrow) MpmcRing<void*>(ring_capacity);
-    if (fresh == nullptr) return nullptr;
+    MpmcRing<void*>* fresh = nullptr;
+    try {
+      fresh = new MpmcRing<void*>(ring_capacity);
+    } catch (...) {  // std::bad_alloc from the ring or its cells: cache nothing
+      return nullptr;
+    }
     if (!rings[index].compare_exchange_strong(ring, fresh, std::memory_order_acq_rel)) {
       delete fresh;  // another thread won; `ring` now holds its ring
       return ring;
@@ -98,20 +129,33 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     return fresh;
   }
 
-  ThreadCache& cache_for_this_thread();
-  ThreadCache& register_thread();
+  // This thread's cache, locked (kOwner); null when there is none (the thread's
+  // thread_local directory is gone, registering failed, or the pool is closed).
+  ThreadCache* lock_own_cache() noexcept;
+  void unlock_own_cache(ThreadCache& cache) noexcept;
+  ThreadCache* find_or_register() noexcept;
   void retire(ThreadCache* cache) noexcept;
 
   void* allocate(std::size_t bytes, std::size_t alignment);
   void deallocate(void* block, std::size_t bytes) noexcept;
-  void* allocate_from_upstream(std::size_t requested, std::size_t class_bytes);
+  void* allocate_from_upstream(std::size_t requested, std::size_t class_bytes, ThreadCache* held);
+  void* take_shared_or_upstream(std::size_t requested, std::size_t index, ThreadCache* held);
   void release_to_shared(std::size_t index, void* block, std::size_t class_bytes) noexcept;
   void free_to_upstream(void* block, std::size_t class_bytes) noexcept;
-  // Moves a thread cache's blocks to the shared tier (thread exit) or frees them (trim).
-  void empty_thread_cache(ThreadCache& cache, bool keep_in_shared) noexcept;
-  void trim(std::size_t keep_bytes) noexcept;
-  // Called when a thread sees a new trim epoch. Returns true when the pool is orphaned.
-  bool on_epoch_change(ThreadCache& cache) noexcept;
+  // Moves a cache's blocks (its holder calls this) to the shared tier, or frees them to the
+  // upstream when `to_shared` is null.
+  struct Taken {
+    std::size_t index;
+    void* block;
+  };
+  void take_bins(ThreadCache& cache, std::vector<Taken>* out) noexcept;
+  void put_taken(std::vector<Taken>& taken, bool to_shared) noexcept;
+  // Frees cached blocks: every thread cache (idle, exited or `held`, the caller's own,
+  // already locked), then the shared tier down to keep_bytes.
+  void trim(std::size_t keep_bytes, ThreadCache* held) noexcept;
+  // Called once by the handle's destructor. Returns true when blocks are still leased (the
+  // core then keeps itself alive until the last one is released).
+  bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
   bool validate_release(void* block, std::size_t class_bytes) noexcept;
   DevicePoolStats stats() const;
 
@@ -125,7 +169,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
 
   alignas(kCacheLine) std::atomic<std::size_t> shared_cached_bytes{0};
-  alignas(kCacheLine) std::atomic<std::uint64_t> trim_epoch{0};
   alignas(kCacheLine) std::atomic<std::size_t> reserved_bytes{0};
   std::atomic<std::size_t> peak_reserved_bytes{0};
   std::atomic<std::uint64_t> upstream_allocations{0};
@@ -134,28 +177,34 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::atomic<std::uint64_t> oom_retries{0};
   std::atomic<std::uint64_t> invalid_releases{0};
 
-  mutable std::mutex registry_mutex;  // guards caches and the retired_* totals
+  // Lock order: slow_mutex, then registry_mutex. Nobody waits for a cache's state word
+  // while holding either, except close() after it has closed every cache.
+  mutable std::mutex registry_mutex;  // guards caches, spare_caches, closing
   std::vector<std::unique_ptr<ThreadCache>> caches;
-  std::uint64_t retired_acquires = 0;
-  std::uint64_t retired_releases = 0;
-  std::uint64_t retired_acquired_bytes = 0;
-  std::uint64_t retired_released_bytes = 0;
+  std::vector<ThreadCache*> spare_caches;  // of exited threads, empty, adoptable
+  bool closing = false;
+
+  // The slow path: calls on threads without a usable cache (see lock_own_cache) and
+  // every call once the pool is closed. Counters written under slow_mutex.
+  std::mutex slow_mutex;
+  std::atomic<std::uint64_t> slow_acquires{0};
+  std::atomic<std::uint64_t> slow_releases{0};
+  std::atomic<std::uint64_t> slow_acquired_bytes{0};
+  std::atomic<std::uint64_t> slow_released_bytes{0};
+  bool orphaned = false;                           // guarded by slow_mutex
+  std::uint64_t orphan_blocks_outstanding = 0;     // guarded by slow_mutex
+  std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
 
   std::mutex live_mutex;  // validate_releases only
   std::unordered_map<void*, std::size_t> live_blocks;
-
-  // Set when the DevicePool handle died with blocks still leased: the core keeps itself
-  // alive through self_reference until the last of those blocks is released.
-  std::atomic<bool> orphaned{false};
-  std::atomic<std::int64_t> orphan_blocks_outstanding{0};
-  std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
 };
 
 namespace {
 
 // Per thread: which ThreadCache belongs to which pool. The two scalars are the fast path
-// (the pool used last); the directory is consulted on a switch and retires the caches
-// of pools still alive when the thread exits.
+// (the pool used last); the directory is consulted on a switch and retires the caches of
+// pools still alive when the thread exits. A thread whose directory is already destroyed
+// (thread_local teardown order) uses the pool's slow path and parks nothing.
 thread_local std::uint64_t tl_last_uid = 0;
 thread_local ThreadCache* tl_last_cache = nullptr;
 thread_local bool tl_directory_gone = false;
@@ -181,53 +230,89 @@ thread_local ThreadDirectory tl_directory;
 
 }  // namespace
 
-inline ThreadCache& DevicePoolCore::cache_for_this_thread() {
-  if (tl_last_uid == uid) [[likely]]
-    return *tl_last_cache;
-  return register_thread();
-}
-
-ThreadCache& DevicePoolCore::register_thread() {
-  if (!tl_directory_gone) {
+ThreadCache* DevicePoolCore::find_or_register() noexcept {
+  if (tl_directory_gone) return nullptr;
+  try {
     auto& entries = tl_directory.entries;
     for (auto& entry : entries) {
       if (entry.uid == uid) {
         tl_last_uid = uid;
         tl_last_cache = entry.cache;
-        return *entry.cache;
+        return entry.cache;
       }
     }
     std::erase_if(entries, [](const ThreadDirectory::Entry& e) { return e.core.expired(); });
-  }
-  // An orphaned pool keeps every thread on the slow path (an epoch no thread can match).
-  const std::uint64_t epoch = orphaned.load(std::memory_order_acquire)
-                                  ? ~std::uint64_t{0}
-                                  : trim_epoch.load(std::memory_order_relaxed);
-  auto cache = std::make_unique<ThreadCache>(thread_cache_classes, epoch);
-  ThreadCache* raw = cache.get();
-  {
-    std::lock_guard lock(registry_mutex);
-    caches.push_back(std::move(cache));
-  }
-  if (!tl_directory_gone) {
-    tl_directory.entries.push_back({uid, weak_from_this(), raw});
+    entries.reserve(entries.size() + 1);  // the push_back below cannot throw
+    ThreadCache* cache = nullptr;
+    {
+      std::lock_guard lock(registry_mutex);
+      if (closing) return nullptr;
+      if (!spare_caches.empty()) {
+        cache = spare_caches.back();
+        spare_caches.pop_back();
+      } else {
+        caches.push_back(std::make_unique<ThreadCache>(thread_cache_classes));
+        cache = caches.back().get();
+      }
+      cache->owner_alive = true;
+    }
+    entries.push_back({uid, weak_from_this(), cache});
     tl_last_uid = uid;
-    tl_last_cache = raw;
+    tl_last_cache = cache;
+    return cache;
+  } catch (...) {  // host out of memory: this call takes the slow path
+    return nullptr;
   }
-  return *raw;
+}
+
+inline ThreadCache* DevicePoolCore::lock_own_cache() noexcept {
+  ThreadCache* cache = tl_last_uid == uid ? tl_last_cache : find_or_register();
+  if (cache == nullptr) return nullptr;
+  for (;;) {
+    std::uint32_t expected = ThreadCache::kFree;
+    if (cache->state.compare_exchange_weak(expected, ThreadCache::kOwner, std::memory_order_acquire,
+                                           std::memory_order_relaxed)) [[likely]] {
+      return cache;
+    }
+    if (expected == ThreadCache::kClosed) return nullptr;
+    cpu_relax();  // a trim() is moving this cache's blocks out: a few pointer moves
+  }
+}
+
+inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
+  // seq_cst store then load: a trim() that set flush_requested and then saw kOwner is
+  // ordered before this store, so the load below sees its request.
+  cache.state.store(ThreadCache::kFree, std::memory_order_seq_cst);
+  if (cache.flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
+    std::uint32_t expected = ThreadCache::kFree;
+    if (cache.state.compare_exchange_strong(expected, ThreadCache::kOwner,
+                                            std::memory_order_acquire)) {
+      cache.flush_requested.store(false, std::memory_order_relaxed);
+      std::vector<Taken> taken;
+      take_bins(cache, &taken);
+      cache.state.store(ThreadCache::kFree, std::memory_order_release);
+      put_taken(taken, false);
+    }
+  }
 }
 
 void DevicePoolCore::retire(ThreadCache* cache) noexcept {
+  std::uint32_t expected = ThreadCache::kFree;
+  while (!cache->state.compare_exchange_weak(expected, ThreadCache::kOwner,
+                                             std::memory_order_acquire)) {
+    if (expected == ThreadCache::kClosed) return;  // close() took its blocks already
+    expected = ThreadCache::kFree;
+    cpu_relax();
+  }
+  take_bins(*cache, nullptr);  // to the shared tier; its counters stay in the cache
+  cache->flush_requested.store(false, std::memory_order_relaxed);
+  cache->state.store(ThreadCache::kFree, std::memory_order_release);
   std::lock_guard lock(registry_mutex);
-  auto it = std::find_if(caches.begin(), caches.end(),
-                         [cache](const auto& owned) { return owned.get() == cache; });
-  if (it == caches.end()) return;
-  empty_thread_cache(*cache, /*keep_in_shared=*/!orphaned.load(std::memory_order_relaxed));
-  retired_acquires += cache->acquires.load(std::memory_order_relaxed);
-  retired_releases += cache->releases.load(std::memory_order_relaxed);
-  retired_acquired_bytes += cache->acquired_bytes.load(std::memory_order_relaxed);
-  retired_released_bytes += cache->released_bytes.load(std::memory_order_relaxed);
-  caches.erase(it);
+  cache->owner_alive = false;
+  try {
+    spare_caches.push_back(cache);
+  } catch (...) {  // not adoptable; it stays empty and counted
+  }
 }
 
 void DevicePoolCore::free_to_upstream(void* block, std::size_t class_bytes) noexcept {
@@ -236,20 +321,37 @@ void DevicePoolCore::free_to_upstream(void* block, std::size_t class_bytes) noex
   reserved_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
 }
 
-void DevicePoolCore::empty_thread_cache(ThreadCache& cache, bool keep_in_shared) noexcept {
+void DevicePoolCore::take_bins(ThreadCache& cache, std::vector<Taken>* out) noexcept {
   for (std::size_t index = 0; index < cache.bins.size(); ++index) {
     auto& bin = cache.bins[index];
     const std::size_t class_bytes = SizeClasses::bytes_of(index);
     for (std::uint32_t i = 0; i < bin.count; ++i) {
-      if (keep_in_shared) {
-        release_to_shared(index, bin.blocks[i], class_bytes);
-      } else {
-        free_to_upstream(bin.blocks[i], class_bytes);
+      if (out != nullptr) {
+        try {
+          out->push_back({index, bin.blocks[i]});
+          continue;
+        } catch (...) {  // no host memory for the list: free it here
+          free_to_upstream(bin.blocks[i], class_bytes);
+          continue;
+        }
       }
+      release_to_shared(index, bin.blocks[i], class_bytes);
     }
     bin.count = 0;
   }
   cache.cached_bytes.store(0, std::memory_order_relaxed);
+}
+
+void DevicePoolCore::put_taken(std::vector<Taken>& taken, bool to_shared) noexcept {
+  for (const Taken& t : taken) {
+    const std::size_t class_bytes = SizeClasses::bytes_of(t.index);
+    if (to_shared) {
+      release_to_shared(t.index, t.block, class_bytes);
+    } else {
+      free_to_upstream(t.block, class_bytes);
+    }
+  }
+  taken.clear();
 }
 
 void DevicePoolCore::release_to_shared(std::size_t index, void* block,
@@ -264,17 +366,49 @@ void DevicePoolCore::release_to_shared(std::size_t index, void* block,
   }
 }
 
-bool DevicePoolCore::on_epoch_change(ThreadCache& cache) noexcept {
-  empty_thread_cache(cache, false);
-  if (orphaned.load(std::memory_order_acquire)) return true;  // stay on the slow path
-  cache.seen_epoch = trim_epoch.load(std::memory_order_relaxed);
-  return false;
-}
-
-void DevicePoolCore::trim(std::size_t keep_bytes) noexcept {
-  if (tl_last_uid == uid) empty_thread_cache(*tl_last_cache, false);
-  trim_epoch.fetch_add(1, std::memory_order_release);
-  if (tl_last_uid == uid) tl_last_cache->seen_epoch = trim_epoch.load(std::memory_order_relaxed);
+void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held) noexcept {
+  std::vector<ThreadCache*> snapshot;
+  try {
+    std::lock_guard lock(registry_mutex);
+    snapshot.reserve(caches.size());
+    for (auto& cache : caches) snapshot.push_back(cache.get());
+  } catch (...) {  // no host memory for the list: only the shared tier is trimmed
+  }
+  std::vector<Taken> taken;
+  for (ThreadCache* cache : snapshot) {
+    if (cache == held) {
+      take_bins(*cache, &taken);
+      continue;
+    }
+    bool stolen = false;
+    for (int attempt = 0; attempt < 64 && !stolen; ++attempt) {
+      std::uint32_t expected = ThreadCache::kFree;
+      if (cache->state.compare_exchange_weak(expected, ThreadCache::kOther,
+                                             std::memory_order_acquire)) {
+        take_bins(*cache, &taken);
+        cache->state.store(ThreadCache::kFree, std::memory_order_release);
+        stolen = true;
+      } else if (expected == ThreadCache::kClosed) {
+        stolen = true;  // nothing to take
+      } else {
+        cpu_relax();
+      }
+    }
+    if (!stolen) {
+      // The owner is inside a call (or itself trimming): ask it to flush on the way out,
+      // then try once more in case it left before seeing the request.
+      cache->flush_requested.store(true, std::memory_order_seq_cst);
+      std::uint32_t expected = ThreadCache::kFree;
+      if (cache->state.compare_exchange_strong(expected, ThreadCache::kOther,
+                                               std::memory_order_seq_cst)) {
+        cache->flush_requested.store(false, std::memory_order_relaxed);
+        take_bins(*cache, &taken);
+        cache->state.store(ThreadCache::kFree, std::memory_order_release);
+      }
+    }
+    put_taken(taken, false);
+  }
+  put_taken(taken, false);
   for (std::size_t index = rings.size(); index-- > 0;) {
     const std::size_t class_bytes = SizeClasses::bytes_of(index);
     MpmcRing<void*>* ring = ring_of(index);
@@ -287,13 +421,54 @@ void DevicePoolCore::trim(std::size_t keep_bytes) noexcept {
   }
 }
 
-void* DevicePoolCore::allocate_from_upstream(std::size_t requested, std::size_t class_bytes) {
+bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept {
+  std::vector<ThreadCache*> all;
+  {
+    std::lock_guard lock(registry_mutex);
+    closing = true;  // no cache registers from now on: `caches` is frozen
+  }
+  // Close every cache, waiting for calls in progress on them (each is short: no call waits
+  // for anything while holding its cache except upstream calls and trim's bounded tries).
+  for (auto& cache : caches) {
+    std::uint32_t expected = ThreadCache::kFree;
+    while (!cache->state.compare_exchange_weak(expected, ThreadCache::kClosed,
+                                               std::memory_order_acquire)) {
+      expected = ThreadCache::kFree;
+      cpu_relax();
+    }
+    take_bins(*cache, nullptr);
+  }
+  // Every call from now on takes the slow path, serialised by slow_mutex: the count of
+  // leased blocks is exact.
+  std::lock_guard slow(slow_mutex);
+  std::uint64_t acquires = slow_acquires.load(std::memory_order_relaxed);
+  std::uint64_t releases = slow_releases.load(std::memory_order_relaxed);
+  std::uint64_t acquired = slow_acquired_bytes.load(std::memory_order_relaxed);
+  std::uint64_t released = slow_released_bytes.load(std::memory_order_relaxed);
+  for (auto& cache : caches) {
+    acquires += cache->acquires.load(std::memory_order_relaxed);
+    releases += cache->releases.load(std::memory_order_relaxed);
+    acquired += cache->acquired_bytes.load(std::memory_order_relaxed);
+    released += cache->released_bytes.load(std::memory_order_relaxed);
+  }
+  trim(0, nullptr);
+  blocks = acquires - releases;
+  bytes = acquired - released;
+  if (blocks == 0) return false;
+  orphaned = true;
+  orphan_blocks_outstanding = blocks;
+  self_reference = shared_from_this();
+  return true;
+}
+
+void* DevicePoolCore::allocate_from_upstream(std::size_t requested, std::size_t class_bytes,
+                                             ThreadCache* held) {
   void* block = nullptr;
   try {
     block = upstream->allocate(class_bytes);
   } catch (const OutOfMemory&) {
     oom_retries.fetch_add(1, std::memory_order_relaxed);
-    trim(0);
+    trim(0, held);
     try {
       block = upstream->allocate(class_bytes);
     } catch (const OutOfMemory& second) {
@@ -315,6 +490,17 @@ void* DevicePoolCore::allocate_from_upstream(std::size_t requested, std::size_t 
   return block;
 }
 
+void* DevicePoolCore::take_shared_or_upstream(std::size_t requested, std::size_t index,
+                                              ThreadCache* held) {
+  const std::size_t class_bytes = SizeClasses::bytes_of(index);
+  void* block = nullptr;
+  if (MpmcRing<void*>* ring = ring_of(index); ring != nullptr && ring->try_pop(block)) {
+    shared_cached_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
+    return block;
+  }
+  return allocate_from_upstream(requested, class_bytes, held);
+}
+
 void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment) {
   if (bytes == 0) [[unlikely]] {
     throw InvalidArgument(
@@ -334,30 +520,44 @@ void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment) {
   }
   const std::size_t index = SizeClasses::index_for(bytes);
   const std::size_t class_bytes = SizeClasses::bytes_of(index);
-  ThreadCache& cache = cache_for_this_thread();
-  if (cache.seen_epoch != trim_epoch.load(std::memory_order_relaxed)) [[unlikely]] {
-    (void)on_epoch_change(cache);
-  }
   void* block = nullptr;
-  if (index < thread_cache_classes && cache.bins[index].count > 0) {
-    auto& bin = cache.bins[index];
-    block = bin.blocks[--bin.count];
-    cache.cached_bytes.store(cache.cached_bytes.load(std::memory_order_relaxed) - class_bytes,
-                             std::memory_order_relaxed);
-  } else if (MpmcRing<void*>* ring = ring_of(index); ring != nullptr && ring->try_pop(block)) {
-    shared_cached_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
+  if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
+    try {
+      if (index < thread_cache_classes && cache->bins[index].count > 0) {
+        auto& bin = cache->bins[index];
+        block = bin.blocks[--bin.count];
+        bump(cache->cached_bytes, 0 - std::uint64_t{class_bytes});
+      } else {
+        block = take_shared_or_upstream(bytes, index, cache);
+      }
+    } catch (...) {
+      unlock_own_cache(*cache);
+      throw;
+    }
+    bump(cache->acquires, 1);
+    bump(cache->acquired_bytes, class_bytes);
+    unlock_own_cache(*cache);
   } else {
-    block = allocate_from_upstream(bytes, class_bytes);
+    std::lock_guard lock(slow_mutex);
+    if (orphaned) [[unlikely]] {
+      throw InvalidArgument(
+          "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
+          "while it is used.");
+    }
+    block = take_shared_or_upstream(bytes, index, nullptr);
+    bump(slow_acquires, 1);
+    bump(slow_acquired_bytes, class_bytes);
   }
-  bump(cache.acquires, 1);
-  bump(cache.acquired_bytes, class_bytes);
   if (options.validate_releases) {
     try {
       std::lock_guard lock(live_mutex);
       live_blocks[block] = class_bytes;
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
-      bump(cache.releases, 1);
-      bump(cache.released_bytes, class_bytes);
+      {
+        std::lock_guard lock(slow_mutex);
+        bump(slow_releases, 1);
+        bump(slow_released_bytes, class_bytes);
+      }
       release_to_shared(index, block, class_bytes);
       throw;
     }
@@ -394,51 +594,44 @@ void DevicePoolCore::deallocate(void* block, std::size_t bytes) noexcept {
   const std::size_t index = SizeClasses::index_for(bytes);
   const std::size_t class_bytes = SizeClasses::bytes_of(index);
   if (options.validate_releases && !validate_release(block, class_bytes)) return;
-  ThreadCache* cache = nullptr;
-  try {
-    cache = &cache_for_this_thread();
-  } catch (...) {  // registering this thread could not allocate: bypass the caches
+  if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
+    bump(cache->releases, 1);
+    bump(cache->released_bytes, class_bytes);
+    if (index < thread_cache_classes && cache->bins[index].count < options.thread_cache_blocks &&
+        cache->cached_bytes.load(std::memory_order_relaxed) + class_bytes <=
+            options.thread_cache_max_bytes) {
+      auto& bin = cache->bins[index];
+      bin.blocks[bin.count++] = block;
+      bump(cache->cached_bytes, class_bytes);
+    } else {
+      release_to_shared(index, block, class_bytes);
+    }
+    unlock_own_cache(*cache);
+    return;
+  }
+  // Slow path. When orphaned, the last release drops the self-reference after the lock is
+  // released (declared first, destroyed last): that may destroy *this.
+  std::shared_ptr<DevicePoolCore> last;
+  std::lock_guard lock(slow_mutex);
+  bump(slow_releases, 1);
+  bump(slow_released_bytes, class_bytes);
+  if (!orphaned) {
     release_to_shared(index, block, class_bytes);
     return;
   }
-  if (cache->seen_epoch != trim_epoch.load(std::memory_order_relaxed)) [[unlikely]] {
-    if (on_epoch_change(*cache)) {  // orphaned: straight back to the upstream
-      bump(cache->releases, 1);
-      bump(cache->released_bytes, class_bytes);
-      free_to_upstream(block, class_bytes);
-      if (orphan_blocks_outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        // Last lease back: drop the self-reference as the very last action (this may
-        // destroy *this, like `delete this`).
-        std::shared_ptr<DevicePoolCore> last = std::move(self_reference);
-      }
-      return;
-    }
-  }
-  bump(cache->releases, 1);
-  bump(cache->released_bytes, class_bytes);
-  if (index < thread_cache_classes && cache->bins[index].count < options.thread_cache_blocks &&
-      cache->cached_bytes.load(std::memory_order_relaxed) + class_bytes <=
-          options.thread_cache_max_bytes) {
-    auto& bin = cache->bins[index];
-    bin.blocks[bin.count++] = block;
-    cache->cached_bytes.store(cache->cached_bytes.load(std::memory_order_relaxed) + class_bytes,
-                              std::memory_order_relaxed);
-    return;
-  }
-  release_to_shared(index, block, class_bytes);
+  free_to_upstream(block, class_bytes);
+  if (--orphan_blocks_outstanding == 0) last = std::move(self_reference);
 }
 
 DevicePoolStats DevicePoolCore::stats() const {
   DevicePoolStats s;
-  std::uint64_t acquired_bytes = 0;
-  std::uint64_t released_bytes = 0;
+  std::uint64_t acquired_bytes = slow_acquired_bytes.load(std::memory_order_relaxed);
+  std::uint64_t released_bytes = slow_released_bytes.load(std::memory_order_relaxed);
+  s.acquires = slow_acquires.load(std::memory_order_relaxed);
+  s.releases = slow_releases.load(std::memory_order_relaxed);
   std::size_t thread_cached = 0;
   {
     std::lock_guard lock(registry_mutex);
-    s.acquires = retired_acquires;
-    s.releases = retired_releases;
-    acquired_bytes = retired_acquired_bytes;
-    released_bytes = retired_released_bytes;
     for (const auto& cache : caches) {
       s.acquires += cache->acquires.load(std::memory_order_relaxed);
       s.releases += cache->releases.load(std::memory_order_relaxed);
@@ -509,20 +702,14 @@ DevicePool& DevicePool::operator=(DevicePool&& other) noexcept {
 
 DevicePool::~DevicePool() {
   if (!core_) return;
-  core_->trim(0);
-  const DevicePoolStats now = core_->stats();
-  const auto outstanding =
-      static_cast<std::int64_t>(now.acquires) - static_cast<std::int64_t>(now.releases);
-  if (outstanding > 0) {
+  std::uint64_t blocks = 0;
+  std::uint64_t bytes = 0;
+  if (core_->close(blocks, bytes)) {
     std::fprintf(stderr,
-                 "vram::DevicePool destroyed with %lld block(s), %zu bytes, still leased; the "
+                 "vram::DevicePool destroyed with %llu block(s), %llu bytes, still leased; the "
                  "pool's bookkeeping stays alive until they are released, and each then goes "
                  "straight back to the upstream.\n",
-                 static_cast<long long>(outstanding), now.bytes_in_use);
-    core_->orphan_blocks_outstanding.store(outstanding, std::memory_order_relaxed);
-    core_->self_reference = core_;
-    core_->orphaned.store(true, std::memory_order_release);
-    core_->trim_epoch.fetch_add(1, std::memory_order_release);
+                 static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(bytes));
   }
   core_.reset();
 }
@@ -540,7 +727,7 @@ DevicePool::Lease DevicePool::acquire(std::size_t bytes) {
   return Lease(core_.get(), block, bytes);
 }
 
-void DevicePool::trim(std::size_t keep_bytes) { core_->trim(keep_bytes); }
+void DevicePool::trim(std::size_t keep_bytes) { core_->trim(keep_bytes, nullptr); }
 
 DevicePoolStats DevicePool::stats() const { return core_->stats(); }
 

@@ -29,8 +29,18 @@
 //   The shared rings hold at most max_cached_bytes and max_cached_blocks_per_class blocks
 //   per class; a release beyond either frees the block to the upstream. Each thread's
 //   cache holds in addition at most thread_cache_max_bytes (default 32 MiB).
-//   trim(keep) frees the shared rings down to `keep` bytes and the calling thread's cache
-//   at once; every other thread's cache is freed at that thread's next pool call (or exit).
+//   trim(keep) frees every thread's cache (idle, exited or busy) and then the shared rings
+//   down to `keep` bytes. An idle thread's cache is taken at once; a thread inside a pool
+//   call at that moment frees its cache when that call returns.
+//
+// Thread caches without a lock on the warm path
+//   Each thread cache has a state word. Its thread claims it with one uncontended CAS for
+//   the length of a call (nobody else waits on it: it is its thread's cache line); trim()
+//   claims it the same way to take the blocks out, so it reaches idle threads, and asks a
+//   busy owner to flush on its way out. The cache of an exited thread is emptied into the
+//   shared rings and adopted by the next thread that registers. A thread whose
+//   thread_local teardown already destroyed vram's per-thread directory uses a slow path
+//   (a pool mutex, no thread cache), so nothing it releases is stranded.
 //
 // Out of memory
 //   An upstream OutOfMemory trims the whole shared cache and retries once; a second
@@ -48,6 +58,11 @@
 //   Destroying the pool with blocks still leased: the cache is freed, a warning names the
 //   bytes still leased, and the pool's bookkeeping stays alive until the last of them is
 //   released (each then goes straight back to the upstream), so no lease dangles.
+//   Destruction may race releases on other threads: it closes every thread cache (waiting
+//   for calls in progress), after which all calls are serialised by a pool mutex, so the
+//   count of leased blocks is exact and every block reaches the upstream exactly once
+//   (tests/device_pool_test.cpp DevicePoolLifetime.*, run under ASan and TSan).
+//   Allocating from a pool while another thread destroys it is undefined.
 //
 // Counters are per thread, written with plain stores by their owner and summed by
 // stats(), which is exact when no acquire or release runs at the same moment.
