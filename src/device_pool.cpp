@@ -35,6 +35,22 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+// Spins briefly, then yields: the thread waited for may be descheduled (more threads than
+// cores), and spinning through its time slice would only delay it.
+class Backoff {
+ public:
+  void pause() noexcept {
+    if (++spins_ < 64) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  unsigned spins_ = 0;
+};
+
 std::atomic<std::uint64_t> next_pool_uid{1};
 
 }  // namespace
@@ -61,6 +77,10 @@ struct ThreadCache {
   // Set by a trim() that found the owner inside a call: the owner frees its bins to the
   // upstream right after that call.
   std::atomic<bool> flush_requested{false};
+  // Set by the owner around calls that may block (upstream calls, trim): trim() waits for
+  // an owner inside a call only when this is clear, so two trimming owners never wait for
+  // each other. See SlowSection.
+  std::atomic<bool> in_slow_call{false};
   bool owner_alive = true;  // guarded by the pool's registry_mutex
   std::vector<Bin> bins;
   std::atomic<std::uint64_t> acquires{0};
@@ -148,7 +168,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     std::size_t index;
     void* block;
   };
-  void take_bins(ThreadCache& cache, std::vector<Taken>* out) noexcept;
+  void take_bins(ThreadCache& cache, std::vector<Taken>* out, bool to_upstream = false) noexcept;
   void put_taken(std::vector<Taken>& taken, bool to_shared) noexcept;
   // Frees cached blocks: every thread cache (idle, exited or `held`, the caller's own,
   // already locked), then the shared tier down to keep_bytes.
@@ -268,6 +288,7 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
 inline ThreadCache* DevicePoolCore::lock_own_cache() noexcept {
   ThreadCache* cache = tl_last_uid == uid ? tl_last_cache : find_or_register();
   if (cache == nullptr) return nullptr;
+  Backoff backoff;
   for (;;) {
     std::uint32_t expected = ThreadCache::kFree;
     if (cache->state.compare_exchange_weak(expected, ThreadCache::kOwner, std::memory_order_acquire,
@@ -275,34 +296,28 @@ inline ThreadCache* DevicePoolCore::lock_own_cache() noexcept {
       return cache;
     }
     if (expected == ThreadCache::kClosed) return nullptr;
-    cpu_relax();  // a trim() is moving this cache's blocks out: a few pointer moves
+    backoff.pause();  // a trim() is moving this cache's blocks out: a few pointer moves
   }
 }
 
 inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
-  // seq_cst store then load: a trim() that set flush_requested and then saw kOwner is
-  // ordered before this store, so the load below sees its request.
-  cache.state.store(ThreadCache::kFree, std::memory_order_seq_cst);
+  // The request is honoured before the release of the state word: once kFree is stored,
+  // close() may take the cache and destroy the pool, so nothing after it may touch them.
   if (cache.flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
-    std::uint32_t expected = ThreadCache::kFree;
-    if (cache.state.compare_exchange_strong(expected, ThreadCache::kOwner,
-                                            std::memory_order_acquire)) {
-      cache.flush_requested.store(false, std::memory_order_relaxed);
-      std::vector<Taken> taken;
-      take_bins(cache, &taken);
-      cache.state.store(ThreadCache::kFree, std::memory_order_release);
-      put_taken(taken, false);
-    }
+    cache.flush_requested.store(false, std::memory_order_relaxed);
+    take_bins(cache, nullptr, /*to_upstream=*/true);
   }
+  cache.state.store(ThreadCache::kFree, std::memory_order_release);
 }
 
 void DevicePoolCore::retire(ThreadCache* cache) noexcept {
   std::uint32_t expected = ThreadCache::kFree;
+  Backoff backoff;
   while (!cache->state.compare_exchange_weak(expected, ThreadCache::kOwner,
                                              std::memory_order_acquire)) {
     if (expected == ThreadCache::kClosed) return;  // close() took its blocks already
     expected = ThreadCache::kFree;
-    cpu_relax();
+    backoff.pause();
   }
   take_bins(*cache, nullptr);  // to the shared tier; its counters stay in the cache
   cache->flush_requested.store(false, std::memory_order_relaxed);
@@ -321,7 +336,8 @@ void DevicePoolCore::free_to_upstream(void* block, std::size_t class_bytes) noex
   reserved_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
 }
 
-void DevicePoolCore::take_bins(ThreadCache& cache, std::vector<Taken>* out) noexcept {
+void DevicePoolCore::take_bins(ThreadCache& cache, std::vector<Taken>* out,
+                               bool to_upstream) noexcept {
   for (std::size_t index = 0; index < cache.bins.size(); ++index) {
     auto& bin = cache.bins[index];
     const std::size_t class_bytes = SizeClasses::bytes_of(index);
@@ -335,7 +351,11 @@ void DevicePoolCore::take_bins(ThreadCache& cache, std::vector<Taken>* out) noex
           continue;
         }
       }
-      release_to_shared(index, bin.blocks[i], class_bytes);
+      if (to_upstream) {
+        free_to_upstream(bin.blocks[i], class_bytes);
+      } else {
+        release_to_shared(index, bin.blocks[i], class_bytes);
+      }
     }
     bin.count = 0;
   }
@@ -380,31 +400,26 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held) noexcept {
       take_bins(*cache, &taken);
       continue;
     }
-    bool stolen = false;
-    for (int attempt = 0; attempt < 64 && !stolen; ++attempt) {
+    // Waits for an owner inside a short call; an owner inside a call that may block (an
+    // upstream call, its own trim) is asked to flush before it returns instead. The seq_cst
+    // store/load pairs here and in SlowSection guarantee one side sees the other.
+    Backoff backoff;
+    for (;;) {
       std::uint32_t expected = ThreadCache::kFree;
       if (cache->state.compare_exchange_weak(expected, ThreadCache::kOther,
                                              std::memory_order_acquire)) {
         take_bins(*cache, &taken);
-        cache->state.store(ThreadCache::kFree, std::memory_order_release);
-        stolen = true;
-      } else if (expected == ThreadCache::kClosed) {
-        stolen = true;  // nothing to take
-      } else {
-        cpu_relax();
-      }
-    }
-    if (!stolen) {
-      // The owner is inside a call (or itself trimming): ask it to flush on the way out,
-      // then try once more in case it left before seeing the request.
-      cache->flush_requested.store(true, std::memory_order_seq_cst);
-      std::uint32_t expected = ThreadCache::kFree;
-      if (cache->state.compare_exchange_strong(expected, ThreadCache::kOther,
-                                               std::memory_order_seq_cst)) {
         cache->flush_requested.store(false, std::memory_order_relaxed);
-        take_bins(*cache, &taken);
         cache->state.store(ThreadCache::kFree, std::memory_order_release);
+        break;
       }
+      if (expected == ThreadCache::kClosed) break;  // close() took its blocks
+      if (expected == ThreadCache::kOwner && cache->in_slow_call.load(std::memory_order_seq_cst)) {
+        cache->flush_requested.store(true, std::memory_order_seq_cst);
+        if (cache->in_slow_call.load(std::memory_order_seq_cst)) break;  // it will see it
+        continue;
+      }
+      backoff.pause();
     }
     put_taken(taken, false);
   }
@@ -431,10 +446,11 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
   // for anything while holding its cache except upstream calls and trim's bounded tries).
   for (auto& cache : caches) {
     std::uint32_t expected = ThreadCache::kFree;
+    Backoff backoff;
     while (!cache->state.compare_exchange_weak(expected, ThreadCache::kClosed,
                                                std::memory_order_acquire)) {
       expected = ThreadCache::kFree;
-      cpu_relax();
+      backoff.pause();
     }
     take_bins(*cache, nullptr);
   }
@@ -461,8 +477,25 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
   return true;
 }
 
+// Marks the holder of `cache` as inside a call that may block (see ThreadCache).
+class SlowSection {
+ public:
+  explicit SlowSection(ThreadCache* cache) noexcept : cache_(cache) {
+    if (cache_ != nullptr) cache_->in_slow_call.store(true, std::memory_order_seq_cst);
+  }
+  ~SlowSection() {
+    if (cache_ != nullptr) cache_->in_slow_call.store(false, std::memory_order_seq_cst);
+  }
+  SlowSection(const SlowSection&) = delete;
+  SlowSection& operator=(const SlowSection&) = delete;
+
+ private:
+  ThreadCache* cache_;
+};
+
 void* DevicePoolCore::allocate_from_upstream(std::size_t requested, std::size_t class_bytes,
                                              ThreadCache* held) {
+  SlowSection slow(held);
   void* block = nullptr;
   try {
     block = upstream->allocate(class_bytes);

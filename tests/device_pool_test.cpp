@@ -275,14 +275,21 @@ TEST(DevicePoolLifetime, DestroyWhileOtherThreadsRelease) {
   for (int t = 0; t < kReleasers; ++t) {
     releasers.emplace_back([&, t] {
       for (std::uint64_t round = 1; round <= rounds; ++round) {
-        while (round_go.load(std::memory_order_acquire) < round) std::this_thread::yield();
+        for (std::uint64_t seen = round_go.load(std::memory_order_acquire); seen < round;
+             seen = round_go.load(std::memory_order_acquire)) {
+          round_go.wait(seen, std::memory_order_acquire);
+        }
         // Some releases go through this thread's cache, some after the pool is gone.
         for (auto& lease : handed[t]) {
           lease.reset();
-          if ((round + t) % 3 == 0) std::this_thread::yield();
+          if ((round + t) % 3 == 0) {  // vary the interleaving without leaving the CPU
+            volatile int sink = 0;
+            for (int spin = 0; spin < 200; ++spin) sink = spin;
+          }
         }
         handed[t].clear();
         done.fetch_add(1, std::memory_order_acq_rel);
+        done.notify_all();
       }
     });
   }
@@ -297,11 +304,13 @@ TEST(DevicePoolLifetime, DestroyWhileOtherThreadsRelease) {
     pool->deallocate(pool->allocate(4096), 4096);  // something cached
     ::testing::internal::CaptureStderr();
     round_go.store(round, std::memory_order_release);
+    round_go.notify_all();
     if (round % 2 == 1) std::this_thread::yield();
     pool.reset();  // races the releasers
     if (!::testing::internal::GetCapturedStderr().empty()) ++warnings;
-    while (done.load(std::memory_order_acquire) < static_cast<int>(round) * kReleasers) {
-      std::this_thread::yield();
+    for (int seen = done.load(std::memory_order_acquire);
+         seen < static_cast<int>(round) * kReleasers; seen = done.load(std::memory_order_acquire)) {
+      done.wait(seen, std::memory_order_acquire);
     }
     ASSERT_EQ(upstream->live_bytes(), 0U) << "round " << round;
   }
