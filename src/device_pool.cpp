@@ -233,9 +233,12 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void retire(ThreadCache* cache) noexcept;
 
   void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
+  void* allocate_slow(std::size_t bytes, StreamKey key);
+  [[noreturn]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
   // deallocate() after validation.
   void release(void* block, std::size_t bytes, StreamKey key) noexcept;
+  void release_slow(void* block, std::size_t bytes, StreamKey key) noexcept;
   void* small_get(ThreadCache* cache, std::size_t index, StreamKey key);
   bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
   void* tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
@@ -577,23 +580,50 @@ void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
   }
 }
 
-void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
-  if (bytes == 0) [[unlikely]] {
+[[gnu::noinline, gnu::cold]] void DevicePoolCore::reject_request(std::size_t bytes,
+                                                                 std::size_t alignment) const {
+  if (bytes == 0) {
     throw InvalidArgument(
         "vram::DevicePool::allocate: zero bytes requested. Fix: keep zero-sized buffers as "
         "null sentinels and ask for at least one byte.");
   }
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > upstream_alignment)
-      [[unlikely]] {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > upstream_alignment) {
     throw InvalidArgument("vram::DevicePool::allocate: alignment " + std::to_string(alignment) +
                           " is not a power of two up to " + std::to_string(upstream_alignment) +
                           ". Fix: blocks are 256-byte aligned; ask for 256 or less.");
   }
-  if (bytes > SizeClasses::kMaxBytes) [[unlikely]] {
-    const DevicePoolStats now = stats();
-    throw OutOfMemory(bytes, now.bytes_cached, now.bytes_in_use,
-                      "larger than the largest block (1 TiB)");
+  const DevicePoolStats now = stats();
+  throw OutOfMemory(bytes, now.bytes_cached, now.bytes_in_use,
+                    "larger than the largest block (1 TiB)");
+}
+
+void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
+  if (bytes - 1 >= SizeClasses::kMaxBytes || alignment - 1 >= upstream_alignment ||
+      (alignment & (alignment - 1)) != 0) [[unlikely]] {
+    reject_request(bytes, alignment);
   }
+  const bool is_small = bytes <= small_max;
+  // Warm path: a block of this class in this thread's cache.
+  if (is_small && !options.validate_releases && !options.track_peak_in_use) [[likely]] {
+    const std::size_t index = SizeClasses::index_for(bytes);
+    ThreadCache* cache = lock_own_cache();
+    if (cache != nullptr && index < thread_cache_classes && cache->bins[index].count > 0 &&
+        (cache->tag == kUntagged || cache->tag == key)) [[likely]] {
+      auto& bin = cache->bins[index];
+      const std::size_t held_bytes = small_block_bytes(index);
+      void* block = bin.blocks[--bin.count];
+      bump(cache->cached_bytes, 0 - std::uint64_t{held_bytes});
+      bump(cache->acquires, 1);
+      bump(cache->acquired_bytes, held_bytes);
+      unlock_own_cache(*cache);
+      return block;
+    }
+    if (cache != nullptr) unlock_own_cache(*cache);
+  }
+  return allocate_slow(bytes, key);
+}
+
+void* DevicePoolCore::allocate_slow(std::size_t bytes, StreamKey key) {
   const bool is_small = bytes <= small_max;
   const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
   const std::size_t held_bytes = is_small ? small_block_bytes(index) : large.round(bytes);
@@ -665,6 +695,32 @@ void DevicePoolCore::deallocate(void* block, std::size_t bytes, StreamKey key) n
 }
 
 void DevicePoolCore::release(void* block, std::size_t bytes, StreamKey key) noexcept {
+  // Warm path: room in this thread's cache and nothing to retag.
+  if (bytes <= small_max && !options.track_peak_in_use) [[likely]] {
+    const std::size_t index = SizeClasses::index_for(bytes);
+    ThreadCache* cache = lock_own_cache();
+    if (cache != nullptr) [[likely]] {
+      const std::size_t held_bytes = small_block_bytes(index);
+      const std::uint64_t cached = cache->cached_bytes.load(std::memory_order_relaxed);
+      if (index < thread_cache_classes && cache->bins[index].count < options.thread_cache_blocks &&
+          cached + held_bytes <= options.thread_cache_max_bytes &&
+          (key == cache->tag || key == kUntagged || cached == 0)) [[likely]] {
+        if (cached == 0) cache->tag = key;  // an empty cache takes the tag of what it holds
+        auto& bin = cache->bins[index];
+        bin.blocks[bin.count++] = block;
+        bump(cache->cached_bytes, held_bytes);
+        bump(cache->releases, 1);
+        bump(cache->released_bytes, held_bytes);
+        unlock_own_cache(*cache);
+        return;
+      }
+      unlock_own_cache(*cache);
+    }
+  }
+  release_slow(block, bytes, key);
+}
+
+void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key) noexcept {
   const bool is_small = bytes <= small_max;
   const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
   const std::size_t held_bytes = is_small ? small_block_bytes(index) : large.round(bytes);

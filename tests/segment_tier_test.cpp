@@ -85,7 +85,8 @@ TEST(SegmentTier, StreamTaggedRangesServeTheirStreamAtOnceOthersAfterTheFence) {
   EXPECT_EQ(f.tier.allocate(1_MiB, kUntagged, false), nullptr)
       << "s1's work may still use it: not for any stream yet";
   EXPECT_EQ(f.fence.recorded(), 1U) << "a marker was recorded on s1 when another caller needed it";
-  char* other = static_cast<char*>(f.tier.allocate(1_MiB, s2, true));
+  // A whole new segment, so that afterwards a is the only free range that fits.
+  char* other = static_cast<char*>(f.tier.allocate(2_MiB, s2, true));
   EXPECT_NE(other, a);
   f.fence.complete_all();
   EXPECT_EQ(f.tier.allocate(1_MiB, s2, false), a) << "after the fence: any stream";

@@ -121,7 +121,7 @@ struct DevicePoolStats {
 struct DevicePoolOptions {
   std::size_t max_cached_bytes = std::size_t{4} << 30;  // free bytes per tier, ring bytes
   std::size_t max_cached_blocks_per_class = 64;         // ring of a class, made on first use
-  std::size_t thread_cache_blocks = 4;  // 0 turns the per-thread tier off; at most 16
+  std::size_t thread_cache_blocks = 8;  // 0 turns the per-thread tier off; at most 16
   std::size_t thread_cache_max_block_bytes = std::size_t{1} << 20;
   std::size_t thread_cache_max_bytes = std::size_t{8} << 20;  // per thread, all classes
 #ifdef NDEBUG
