@@ -123,6 +123,12 @@ TEST(DevicePoolTraces, HostOnlyReplayOfRecordedTraces) {
     if (const char* text = std::getenv("VRAM_TRACE_LARGE_SEGMENT")) {
       options.large_segment_bytes = std::strtoull(text, nullptr, 10);
     }
+    if (const char* text = std::getenv("VRAM_TRACE_SMALL_MAX")) {
+      options.small_block_max_bytes = std::strtoull(text, nullptr, 10);
+    }
+    if (const char* text = std::getenv("VRAM_TRACE_THREAD_CACHE")) {
+      options.thread_cache_blocks = std::strtoull(text, nullptr, 10);
+    }
     if (const char* text = std::getenv("VRAM_TRACE_VM")) {
       options.use_virtual_memory = text[0] != '0';
       options.unmap_before_map = text[0] == '2';
