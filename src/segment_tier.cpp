@@ -103,7 +103,10 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   const std::size_t need = round(bytes);
   auto spare = std::make_unique<Range>(Range{nullptr, 0, nullptr});  // before any change
   std::lock_guard lock(mutex_);
-  live_.reserve(live_.size() + 1);
+  if (static_cast<float>(live_.size() + 1) >
+      static_cast<float>(live_.bucket_count()) * live_.max_load_factor()) {
+    live_.reserve(2 * live_.size() + 16);  // the emplace below cannot throw or rehash
+  }
   if (options_.virtual_memory != nullptr && base_ == nullptr) reserve_range();
   if (!pending_.empty()) poll_pending(false);
   Range* r = stream != kUntagged ? best_fit(stream, need) : nullptr;
@@ -185,10 +188,15 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
       throw;
     }
   }
+  try {
+    live_.emplace(r->addr, r);
+  } catch (...) {    // no host memory for the node: the range goes back, nothing changed
+    insert_free(r);  // still under its tag
+    throw;
+  }
   r->tag = kUntagged;
   counters_.free_bytes -= r->size;
   used_ += r->size;
-  live_.emplace(r->addr, r);
   return r->addr;
 }
 
