@@ -3,45 +3,122 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/detail/mpmc_ring.hpp"
+#include "vram/detail/segment_tier.hpp"
 #include "vram/size_classes.hpp"
+#include "vram/virtual_memory.hpp"
 
 namespace vram::detail {
 namespace {
 
 constexpr std::size_t kMaxThreadCacheDepth = 16;
+constexpr std::size_t kSmallGranularity = 256;  // small blocks: class bytes rounded to 256
 
-// Single-writer counter update: only the owning thread writes, others only read, so a
-// relaxed load + store is exact and needs no locked instruction.
+// Update of a counter written only by the holder of its cache's state word (or under
+// slow_mutex): a relaxed load + store is exact and needs no locked instruction; stats()
+// reads it concurrently.
 inline void bump(std::atomic<std::uint64_t>& counter, std::uint64_t delta) noexcept {
   counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
 }
 
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+// Spins briefly, then yields: the thread waited for may be descheduled (more threads than
+// cores), and spinning through its time slice would only delay it.
+class Backoff {
+ public:
+  void pause() noexcept {
+    if (++spins_ < 64) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+
+ private:
+  unsigned spins_ = 0;
+};
+
 std::atomic<std::uint64_t> next_pool_uid{1};
+
+std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePool::Options& options,
+                                                   const std::shared_ptr<Upstream>& upstream) {
+  if (!options.use_virtual_memory) return nullptr;
+  if (upstream->kind() != MemoryKind::device) return std::make_shared<HostVirtualMemory>(upstream);
+  const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(upstream.get());
+  const int device =
+      device_upstream != nullptr ? device_upstream->device() : cuda::Device::current();
+  if (!CudaVirtualMemory::supported(device)) return nullptr;  // segments instead
+  return std::make_shared<CudaVirtualMemory>(device);
+}
+
+std::size_t reservation_for(const DevicePool::Options& options, const Upstream& upstream) {
+  if (options.virtual_reservation_bytes != 0) return options.virtual_reservation_bytes;
+  if (upstream.kind() == MemoryKind::device) {
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) return 2 * total;
+    (void)cudaGetLastError();
+  }
+  return std::size_t{64} << 30;
+}
+
+std::shared_ptr<StreamFence> default_fence(const Upstream& upstream) {
+  if (upstream.kind() != MemoryKind::device) return std::make_shared<ImmediateFence>();
+  if (const auto* device = dynamic_cast<const DeviceMemoryUpstream*>(&upstream)) {
+    return std::make_shared<CudaEventFence>(device->device());
+  }
+  return std::make_shared<CudaEventFence>(cuda::Device::current());
+}
 
 }  // namespace
 
-// Tier 1: one thread's blocks and counters for one pool. Invariant: only the owning thread
-// touches bins and writes the counters while it lives; after retire() nobody does.
+// Tier 1: one thread's small blocks and counters for one pool.
+//
+// Ownership handshake (the state word). Whoever moves `state` from kFree to kOwner (its
+// thread, for the length of one pool call) or kOther (trim(), for the length of a steal)
+// owns the bins, the tag and the counters until it stores kFree again; the CAS is an
+// acquire and the store a release, so each holder sees the previous holder's writes. The
+// owner waits only for a steal in progress. trim() waits for an owner inside a short call
+// and asks an owner inside a call that may block (in_slow_call) to flush on its way out.
+// Pool destruction moves every state to kClosed for good (waiting for calls in progress);
+// a thread that finds kClosed takes the pool's slow path.
+//
+// Stream tag: every block in the bins may be used by work on stream `tag` at once; with
+// kUntagged, by any stream (its work has completed). A stream-ordered free on another
+// stream first moves the bins to the small segment tier under their old tag.
 struct ThreadCache {
+  enum : std::uint32_t { kFree = 0, kOwner = 1, kOther = 2, kClosed = 3 };
   struct Bin {
     std::uint32_t count = 0;
     void* blocks[kMaxThreadCacheDepth] = {};
   };
-  explicit ThreadCache(std::size_t classes, std::uint64_t epoch)
-      : bins(classes), seen_epoch(epoch) {}
+  explicit ThreadCache(std::size_t classes) : bins(classes) {}
 
+  alignas(kCacheLine) std::atomic<std::uint32_t> state{kFree};
+  std::atomic<bool> flush_requested{false};
+  std::atomic<bool> in_slow_call{false};
+  StreamKey tag = kUntagged;
   std::vector<Bin> bins;
-  std::uint64_t seen_epoch;
   std::atomic<std::uint64_t> acquires{0};
   std::atomic<std::uint64_t> releases{0};
   std::atomic<std::uint64_t> acquired_bytes{0};
@@ -49,48 +126,100 @@ struct ThreadCache {
   std::atomic<std::uint64_t> cached_bytes{0};
 };
 
-// Accounting invariant (when quiescent):
-//   bytes_reserved == bytes_in_use + shared_cached_bytes + sum(thread cached_bytes)
-//   bytes_in_use   == sum(acquired_bytes) - sum(released_bytes)   (threads + retired)
+// Marks the holder of `cache` as inside a call that may block (see ThreadCache).
+class SlowSection {
+ public:
+  explicit SlowSection(ThreadCache* cache) noexcept : cache_(cache) {
+    if (cache_ != nullptr) cache_->in_slow_call.store(true, std::memory_order_seq_cst);
+  }
+  ~SlowSection() {
+    if (cache_ != nullptr) cache_->in_slow_call.store(false, std::memory_order_seq_cst);
+  }
+  SlowSection(const SlowSection&) = delete;
+  SlowSection& operator=(const SlowSection&) = delete;
+
+ private:
+  ThreadCache* cache_;
+};
+
+// Structure: small requests (<= small_max) round to a size class; their blocks come from
+// `small` (2 MiB segments, best fit) and are cached per thread (ThreadCache) and per class
+// in a bounded lock-free ring. Larger requests go to `large` directly (best fit, split,
+// coalesce; a short mutex). Accounting (when quiescent):
+//   bytes_reserved == sum of segment sizes == bytes_in_use + bytes_cached
+//   bytes_in_use   == sum(acquired_bytes) - sum(released_bytes)  (thread caches + slow path)
+//
+// Lifetime: ThreadCaches are owned by the core and live as long as it does (a cache of an
+// exited thread is kept, empty, and adopted by the next thread that registers), so raw
+// pointers to them stay valid. The core lives while the DevicePool handle lives, and after
+// that while blocks are still leased (self_reference), see close().
 struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   DevicePoolCore(std::shared_ptr<Upstream> upstream_in, const DevicePool::Options& options_in)
       : uid(next_pool_uid.fetch_add(1, std::memory_order_relaxed)),
-        upstream(std::move(upstream_in)),
-        options(options_in) {
-    if (!upstream) throw InvalidArgument("vram::DevicePool: the upstream is null");
+        upstream(upstream_in ? std::move(upstream_in)
+                             : throw InvalidArgument("vram::DevicePool: the upstream is null")),
+        options(options_in),
+        fence(options.fence ? options.fence : default_fence(*upstream)),
+        virtual_memory(make_virtual_memory(options, upstream)),
+        small_max(std::clamp<std::size_t>(options.small_block_max_bytes, 256, 2u << 20)),
+        small(*upstream, *fence, gauge,
+              SegmentTier::Options{.granularity = kSmallGranularity,
+                                   .packed_segment = 2u << 20,
+                                   .packed_limit = 0,
+                                   .max_free_bytes = options.max_cached_bytes}),
+        large(*upstream, *fence, gauge,
+              SegmentTier::Options{.granularity = 512,
+                                   .packed_segment = options.large_segment_bytes,
+                                   .packed_limit = options.large_segment_bytes / 2,
+                                   .max_free_bytes = options.max_cached_bytes,
+                                   .virtual_memory = virtual_memory.get(),
+                                   .reservation = reservation_for(options, *upstream),
+                                   .unmap_before_map = options.unmap_before_map}) {
     upstream_alignment = upstream->alignment();
     options.thread_cache_blocks = std::min(options.thread_cache_blocks, kMaxThreadCacheDepth);
+    options.small_block_max_bytes = small_max;
+    small_classes = SizeClasses::index_for(small_max) + 1;
     thread_cache_classes =
         options.thread_cache_blocks == 0 || options.thread_cache_max_block_bytes == 0
             ? 0
-            : SizeClasses::index_for(
-                  std::min(options.thread_cache_max_block_bytes, SizeClasses::kMaxBytes)) +
-                  1;
-    ring_capacity = std::max<std::size_t>(options.max_cached_blocks_per_class, 1);
+            : SizeClasses::index_for(std::min(options.thread_cache_max_block_bytes, small_max)) + 1;
   }
 
   ~DevicePoolCore() {
-    for (auto& cache : caches) empty_thread_cache(*cache, false);
-    for (std::size_t index = 0; index < rings.size(); ++index) {
-      MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
-      if (ring == nullptr) continue;
-      void* block = nullptr;
-      while (ring->try_pop(block)) free_to_upstream(block, SizeClasses::bytes_of(index));
-      delete ring;
-    }
+    // close() has run and every block is back; return what a racing thread exit parked
+    // before the tiers give every segment back (they are destroyed after this body).
+    for (auto& cache : caches) take_bins(*cache);
+    drain_rings();
+    for (auto& ring : rings) delete ring.load(std::memory_order_relaxed);
   }
 
-  // The shared free list of a class, or null if no block of that class was ever cached.
+  static std::size_t small_block_bytes(std::size_t index) noexcept {
+    return (SizeClasses::bytes_of(index) + kSmallGranularity - 1) & ~(kSmallGranularity - 1);
+  }
+  std::size_t block_bytes(std::size_t bytes) const noexcept {
+    return bytes <= small_max ? small_block_bytes(SizeClasses::index_for(bytes))
+                              : large.round(bytes);
+  }
+
   MpmcRing<void*>* ring_of(std::size_t index) const noexcept {
     return rings[index].load(std::memory_order_acquire);
   }
-  // Creates the class's ring on its first release (host allocation off the warm path).
+  // Creates the class's ring on its first release; null when the class keeps no ring or
+  // the host is out of memory.
   MpmcRing<void*>* ring_for_release(std::size_t index) noexcept {
     MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
     if (ring != nullptr) [[likely]]
       return ring;
-    MpmcRing<void*>* fresh = new (std::nothrow) MpmcRing<void*>(ring_capacity);
-    if (fresh == nullptr) return nullptr;
+    // A power of two (the ring's own rounding) that never exceeds either bound.
+    const std::size_t capacity = std::bit_floor(std::min(
+        options.max_cached_blocks_per_class, options.max_cached_bytes / small_block_bytes(index)));
+    if (capacity < 2) return nullptr;
+    MpmcRing<void*>* fresh = nullptr;
+    try {
+      fresh = new MpmcRing<void*>(capacity);
+    } catch (...) {  // std::bad_alloc from the ring or its cells: cache nothing
+      return nullptr;
+    }
     if (!rings[index].compare_exchange_strong(ring, fresh, std::memory_order_acq_rel)) {
       delete fresh;  // another thread won; `ring` now holds its ring
       return ring;
@@ -98,64 +227,82 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     return fresh;
   }
 
-  ThreadCache& cache_for_this_thread();
-  ThreadCache& register_thread();
+  ThreadCache* lock_own_cache() noexcept;
+  void unlock_own_cache(ThreadCache& cache) noexcept;
+  ThreadCache* find_or_register() noexcept;
   void retire(ThreadCache* cache) noexcept;
 
-  void* allocate(std::size_t bytes, std::size_t alignment);
-  void deallocate(void* block, std::size_t bytes) noexcept;
-  void* allocate_from_upstream(std::size_t requested, std::size_t class_bytes);
-  void release_to_shared(std::size_t index, void* block, std::size_t class_bytes) noexcept;
-  void free_to_upstream(void* block, std::size_t class_bytes) noexcept;
-  // Moves a thread cache's blocks to the shared tier (thread exit) or frees them (trim).
-  void empty_thread_cache(ThreadCache& cache, bool keep_in_shared) noexcept;
-  void trim(std::size_t keep_bytes) noexcept;
-  // Called when a thread sees a new trim epoch. Returns true when the pool is orphaned.
-  bool on_epoch_change(ThreadCache& cache) noexcept;
-  bool validate_release(void* block, std::size_t class_bytes) noexcept;
+  void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
+  void* allocate_slow(std::size_t bytes, StreamKey key);
+  [[noreturn]] void reject_request(std::size_t bytes, std::size_t alignment) const;
+  void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
+  // deallocate() after validation.
+  void release(void* block, std::size_t bytes, StreamKey key) noexcept;
+  void release_slow(void* block, std::size_t bytes, StreamKey key) noexcept;
+  void* small_get(ThreadCache* cache, std::size_t index, StreamKey key);
+  bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
+  void* tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
+                      ThreadCache* held);
+  // Moves a cache's blocks (its holder calls this) to the small tier under the cache's tag.
+  void take_bins(ThreadCache& cache) noexcept;
+  void drain_rings() noexcept;
+  // Takes every thread cache (idle, exited, or `held`: the caller's own, already locked)
+  // and the rings back to the segment tiers, then gives wholly free segments back.
+  void trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept;
+  bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
+  bool validate_release(void* block, std::size_t bytes) noexcept;
+  void note_in_use(std::int64_t delta) noexcept;
   DevicePoolStats stats() const;
 
   const std::uint64_t uid;
   std::shared_ptr<Upstream> upstream;
   DevicePool::Options options;
+  std::shared_ptr<StreamFence> fence;
+  std::shared_ptr<VirtualMemory> virtual_memory;  // the large tier's, or null
+  std::size_t small_max;
+  std::size_t small_classes = 0;
   std::size_t thread_cache_classes = 0;
   std::size_t upstream_alignment = 256;
-  std::size_t ring_capacity = 1;
-  // Tier 2: one lazily created ring per size class (at most max_cached_blocks_per_class).
+  ReservedGauge gauge;
+  SegmentTier small;
+  SegmentTier large;
+  // Small blocks shared between threads: one lazily created ring per class.
   std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
 
-  alignas(kCacheLine) std::atomic<std::size_t> shared_cached_bytes{0};
-  alignas(kCacheLine) std::atomic<std::uint64_t> trim_epoch{0};
-  alignas(kCacheLine) std::atomic<std::size_t> reserved_bytes{0};
-  std::atomic<std::size_t> peak_reserved_bytes{0};
-  std::atomic<std::uint64_t> upstream_allocations{0};
-  std::atomic<std::uint64_t> upstream_frees{0};
-  std::atomic<std::uint64_t> failed_upstream_allocations{0};
   std::atomic<std::uint64_t> oom_retries{0};
   std::atomic<std::uint64_t> invalid_releases{0};
+  // Only with options.track_peak_in_use (a shared counter on every call).
+  alignas(kCacheLine) std::atomic<std::int64_t> in_use_now{0};
+  std::atomic<std::int64_t> in_use_peak{0};
 
-  mutable std::mutex registry_mutex;  // guards caches and the retired_* totals
+  // Lock order: slow_mutex, then registry_mutex / a tier's mutex. Nobody waits for a
+  // cache's state word while holding any of them, except close() after closing them all.
+  mutable std::mutex registry_mutex;  // guards caches, spare_caches, closing
   std::vector<std::unique_ptr<ThreadCache>> caches;
-  std::uint64_t retired_acquires = 0;
-  std::uint64_t retired_releases = 0;
-  std::uint64_t retired_acquired_bytes = 0;
-  std::uint64_t retired_released_bytes = 0;
+  std::vector<ThreadCache*> spare_caches;  // of exited threads, empty, adoptable
+  bool closing = false;
+
+  // The slow path: calls on threads without a usable cache (see lock_own_cache) and every
+  // call once the pool is closed. Counters written under slow_mutex.
+  std::mutex slow_mutex;
+  std::atomic<std::uint64_t> slow_acquires{0};
+  std::atomic<std::uint64_t> slow_releases{0};
+  std::atomic<std::uint64_t> slow_acquired_bytes{0};
+  std::atomic<std::uint64_t> slow_released_bytes{0};
+  bool orphaned = false;                           // guarded by slow_mutex
+  std::uint64_t orphan_blocks_outstanding = 0;     // guarded by slow_mutex
+  std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
 
   std::mutex live_mutex;  // validate_releases only
   std::unordered_map<void*, std::size_t> live_blocks;
-
-  // Set when the DevicePool handle died with blocks still leased: the core keeps itself
-  // alive through self_reference until the last of those blocks is released.
-  std::atomic<bool> orphaned{false};
-  std::atomic<std::int64_t> orphan_blocks_outstanding{0};
-  std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
 };
 
 namespace {
 
 // Per thread: which ThreadCache belongs to which pool. The two scalars are the fast path
-// (the pool used last); the directory is consulted on a switch and retires the caches
-// of pools still alive when the thread exits.
+// (the pool used last); the directory is consulted on a switch and retires the caches of
+// pools still alive when the thread exits. A thread whose directory is already destroyed
+// (thread_local teardown order) uses the pool's slow path and parks nothing.
 thread_local std::uint64_t tl_last_uid = 0;
 thread_local ThreadCache* tl_last_cache = nullptr;
 thread_local bool tl_directory_gone = false;
@@ -181,197 +328,349 @@ thread_local ThreadDirectory tl_directory;
 
 }  // namespace
 
-inline ThreadCache& DevicePoolCore::cache_for_this_thread() {
-  if (tl_last_uid == uid) [[likely]]
-    return *tl_last_cache;
-  return register_thread();
-}
-
-ThreadCache& DevicePoolCore::register_thread() {
-  if (!tl_directory_gone) {
+ThreadCache* DevicePoolCore::find_or_register() noexcept {
+  if (tl_directory_gone) return nullptr;
+  try {
     auto& entries = tl_directory.entries;
     for (auto& entry : entries) {
       if (entry.uid == uid) {
         tl_last_uid = uid;
         tl_last_cache = entry.cache;
-        return *entry.cache;
+        return entry.cache;
       }
     }
     std::erase_if(entries, [](const ThreadDirectory::Entry& e) { return e.core.expired(); });
-  }
-  // An orphaned pool keeps every thread on the slow path (an epoch no thread can match).
-  const std::uint64_t epoch = orphaned.load(std::memory_order_acquire)
-                                  ? ~std::uint64_t{0}
-                                  : trim_epoch.load(std::memory_order_relaxed);
-  auto cache = std::make_unique<ThreadCache>(thread_cache_classes, epoch);
-  ThreadCache* raw = cache.get();
-  {
-    std::lock_guard lock(registry_mutex);
-    caches.push_back(std::move(cache));
-  }
-  if (!tl_directory_gone) {
-    tl_directory.entries.push_back({uid, weak_from_this(), raw});
+    entries.reserve(entries.size() + 1);  // the push_back below cannot throw
+    ThreadCache* cache = nullptr;
+    {
+      std::lock_guard lock(registry_mutex);
+      if (closing) return nullptr;
+      if (!spare_caches.empty()) {
+        cache = spare_caches.back();
+        spare_caches.pop_back();
+      } else {
+        caches.push_back(std::make_unique<ThreadCache>(thread_cache_classes));
+        cache = caches.back().get();
+      }
+    }
+    entries.push_back({uid, weak_from_this(), cache});
     tl_last_uid = uid;
-    tl_last_cache = raw;
+    tl_last_cache = cache;
+    return cache;
+  } catch (...) {  // host out of memory: this call takes the slow path
+    return nullptr;
   }
-  return *raw;
+}
+
+inline ThreadCache* DevicePoolCore::lock_own_cache() noexcept {
+  ThreadCache* cache = tl_last_uid == uid ? tl_last_cache : find_or_register();
+  if (cache == nullptr) return nullptr;
+  Backoff backoff;
+  for (;;) {
+    std::uint32_t expected = ThreadCache::kFree;
+    if (cache->state.compare_exchange_weak(expected, ThreadCache::kOwner, std::memory_order_acquire,
+                                           std::memory_order_relaxed)) [[likely]] {
+      return cache;
+    }
+    if (expected == ThreadCache::kClosed) return nullptr;
+    backoff.pause();  // a trim() is moving this cache's blocks out
+  }
+}
+
+inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
+  // The request is honoured before the release of the state word: once kFree is stored,
+  // close() may take the cache and destroy the pool, so nothing after it may touch them.
+  if (cache.flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
+    cache.flush_requested.store(false, std::memory_order_relaxed);
+    take_bins(cache);
+    small.trim(0, false);
+  }
+  cache.state.store(ThreadCache::kFree, std::memory_order_release);
 }
 
 void DevicePoolCore::retire(ThreadCache* cache) noexcept {
+  std::uint32_t expected = ThreadCache::kFree;
+  Backoff backoff;
+  while (!cache->state.compare_exchange_weak(expected, ThreadCache::kOwner,
+                                             std::memory_order_acquire)) {
+    if (expected == ThreadCache::kClosed) return;  // close() took its blocks already
+    expected = ThreadCache::kFree;
+    backoff.pause();
+  }
+  take_bins(*cache);  // its counters stay in the cache
+  cache->flush_requested.store(false, std::memory_order_relaxed);
+  cache->state.store(ThreadCache::kFree, std::memory_order_release);
   std::lock_guard lock(registry_mutex);
-  auto it = std::find_if(caches.begin(), caches.end(),
-                         [cache](const auto& owned) { return owned.get() == cache; });
-  if (it == caches.end()) return;
-  empty_thread_cache(*cache, /*keep_in_shared=*/!orphaned.load(std::memory_order_relaxed));
-  retired_acquires += cache->acquires.load(std::memory_order_relaxed);
-  retired_releases += cache->releases.load(std::memory_order_relaxed);
-  retired_acquired_bytes += cache->acquired_bytes.load(std::memory_order_relaxed);
-  retired_released_bytes += cache->released_bytes.load(std::memory_order_relaxed);
-  caches.erase(it);
+  try {
+    spare_caches.push_back(cache);
+  } catch (...) {  // not adoptable; it stays empty and counted
+  }
 }
 
-void DevicePoolCore::free_to_upstream(void* block, std::size_t class_bytes) noexcept {
-  upstream->deallocate(block, class_bytes);
-  upstream_frees.fetch_add(1, std::memory_order_relaxed);
-  reserved_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
-}
-
-void DevicePoolCore::empty_thread_cache(ThreadCache& cache, bool keep_in_shared) noexcept {
+void DevicePoolCore::take_bins(ThreadCache& cache) noexcept {
   for (std::size_t index = 0; index < cache.bins.size(); ++index) {
     auto& bin = cache.bins[index];
-    const std::size_t class_bytes = SizeClasses::bytes_of(index);
-    for (std::uint32_t i = 0; i < bin.count; ++i) {
-      if (keep_in_shared) {
-        release_to_shared(index, bin.blocks[i], class_bytes);
-      } else {
-        free_to_upstream(bin.blocks[i], class_bytes);
-      }
-    }
+    for (std::uint32_t i = 0; i < bin.count; ++i) (void)small.free(bin.blocks[i], cache.tag);
     bin.count = 0;
   }
+  cache.tag = kUntagged;
   cache.cached_bytes.store(0, std::memory_order_relaxed);
 }
 
-void DevicePoolCore::release_to_shared(std::size_t index, void* block,
-                                       std::size_t class_bytes) noexcept {
-  const std::size_t cached =
-      shared_cached_bytes.fetch_add(class_bytes, std::memory_order_relaxed) + class_bytes;
-  MpmcRing<void*>* ring = nullptr;
-  if (cached > options.max_cached_bytes || (ring = ring_for_release(index)) == nullptr ||
-      !ring->try_push(block)) {
-    shared_cached_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
-    free_to_upstream(block, class_bytes);
-  }
-}
-
-bool DevicePoolCore::on_epoch_change(ThreadCache& cache) noexcept {
-  empty_thread_cache(cache, false);
-  if (orphaned.load(std::memory_order_acquire)) return true;  // stay on the slow path
-  cache.seen_epoch = trim_epoch.load(std::memory_order_relaxed);
-  return false;
-}
-
-void DevicePoolCore::trim(std::size_t keep_bytes) noexcept {
-  if (tl_last_uid == uid) empty_thread_cache(*tl_last_cache, false);
-  trim_epoch.fetch_add(1, std::memory_order_release);
-  if (tl_last_uid == uid) tl_last_cache->seen_epoch = trim_epoch.load(std::memory_order_relaxed);
-  for (std::size_t index = rings.size(); index-- > 0;) {
-    const std::size_t class_bytes = SizeClasses::bytes_of(index);
+void DevicePoolCore::drain_rings() noexcept {
+  for (std::size_t index = 0; index < small_classes; ++index) {
     MpmcRing<void*>* ring = ring_of(index);
     void* block = nullptr;
-    while (ring != nullptr && shared_cached_bytes.load(std::memory_order_relaxed) > keep_bytes &&
-           ring->try_pop(block)) {
-      shared_cached_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
-      free_to_upstream(block, class_bytes);
-    }
+    while (ring != nullptr && ring->try_pop(block)) (void)small.free(block, kUntagged);
   }
 }
 
-void* DevicePoolCore::allocate_from_upstream(std::size_t requested, std::size_t class_bytes) {
-  void* block = nullptr;
+void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept {
+  std::vector<ThreadCache*> snapshot;
   try {
-    block = upstream->allocate(class_bytes);
+    std::lock_guard lock(registry_mutex);
+    snapshot.reserve(caches.size());
+    for (auto& cache : caches) snapshot.push_back(cache.get());
+  } catch (...) {  // no host memory for the list: only the shared tiers are trimmed
+  }
+  for (ThreadCache* cache : snapshot) {
+    if (cache == held) {
+      take_bins(*cache);
+      continue;
+    }
+    // Waits for an owner inside a short call; an owner inside a call that may block (an
+    // upstream call, its own trim) is asked to flush before it returns instead. The seq_cst
+    // store/load pairs here and in SlowSection guarantee one side sees the other.
+    Backoff backoff;
+    for (;;) {
+      std::uint32_t expected = ThreadCache::kFree;
+      if (cache->state.compare_exchange_weak(expected, ThreadCache::kOther,
+                                             std::memory_order_acquire)) {
+        take_bins(*cache);
+        cache->flush_requested.store(false, std::memory_order_relaxed);
+        cache->state.store(ThreadCache::kFree, std::memory_order_release);
+        break;
+      }
+      if (expected == ThreadCache::kClosed) break;  // close() took its blocks
+      if (expected == ThreadCache::kOwner && cache->in_slow_call.load(std::memory_order_seq_cst)) {
+        cache->flush_requested.store(true, std::memory_order_seq_cst);
+        if (cache->in_slow_call.load(std::memory_order_seq_cst)) break;  // it will see it
+        continue;
+      }
+      backoff.pause();
+    }
+  }
+  drain_rings();
+  small.trim(0, wait);
+  large.trim(keep_bytes, wait);
+}
+
+bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept {
+  {
+    std::lock_guard lock(registry_mutex);
+    closing = true;  // no cache registers from now on: `caches` is frozen
+  }
+  // Close every cache, waiting for calls in progress on them.
+  for (auto& cache : caches) {
+    std::uint32_t expected = ThreadCache::kFree;
+    Backoff backoff;
+    while (!cache->state.compare_exchange_weak(expected, ThreadCache::kClosed,
+                                               std::memory_order_acquire)) {
+      expected = ThreadCache::kFree;
+      backoff.pause();
+    }
+    take_bins(*cache);
+  }
+  // Every call from now on takes the slow path, serialised by slow_mutex: the count of
+  // leased blocks is exact.
+  std::lock_guard slow(slow_mutex);
+  std::uint64_t acquires = slow_acquires.load(std::memory_order_relaxed);
+  std::uint64_t releases = slow_releases.load(std::memory_order_relaxed);
+  std::uint64_t acquired = slow_acquired_bytes.load(std::memory_order_relaxed);
+  std::uint64_t released = slow_released_bytes.load(std::memory_order_relaxed);
+  for (auto& cache : caches) {
+    acquires += cache->acquires.load(std::memory_order_relaxed);
+    releases += cache->releases.load(std::memory_order_relaxed);
+    acquired += cache->acquired_bytes.load(std::memory_order_relaxed);
+    released += cache->released_bytes.load(std::memory_order_relaxed);
+  }
+  trim(0, nullptr, false);
+  blocks = acquires - releases;
+  bytes = acquired - released;
+  if (blocks == 0) return false;
+  orphaned = true;
+  orphan_blocks_outstanding = blocks;
+  self_reference = shared_from_this();
+  return true;
+}
+
+void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes,
+                                    StreamKey key, ThreadCache* held) {
+  if (void* block = tier.allocate(bytes, key, /*may_grow=*/false)) return block;
+  SlowSection slow(held);
+  // Growing: first give back the other tier's wholly free segments too.
+  (&tier == &small ? large : small).release_empty();
+  try {
+    return tier.allocate(bytes, key, true);
   } catch (const OutOfMemory&) {
     oom_retries.fetch_add(1, std::memory_order_relaxed);
-    trim(0);
-    try {
-      block = upstream->allocate(class_bytes);
-    } catch (const OutOfMemory& second) {
-      failed_upstream_allocations.fetch_add(1, std::memory_order_relaxed);
-      const DevicePoolStats now = stats();
-      throw OutOfMemory(requested, now.bytes_cached, now.bytes_in_use,
-                        std::string("upstream ") + std::string(upstream->name()) +
-                            " failed after trimming the cache and retrying (" + second.what() +
-                            ")");
-    }
   }
-  upstream_allocations.fetch_add(1, std::memory_order_relaxed);
-  const std::size_t reserved =
-      reserved_bytes.fetch_add(class_bytes, std::memory_order_relaxed) + class_bytes;
-  std::size_t peak = peak_reserved_bytes.load(std::memory_order_relaxed);
-  while (reserved > peak &&
-         !peak_reserved_bytes.compare_exchange_weak(peak, reserved, std::memory_order_relaxed)) {
+  // Everything cached, in every thread, back to the upstream (waiting for the work of
+  // stream-ordered frees), then once more.
+  trim(0, held, /*wait=*/true);
+  try {
+    return tier.allocate(bytes, key, true);
+  } catch (const OutOfMemory& second) {
+    const DevicePoolStats now = stats();
+    throw OutOfMemory(requested, now.bytes_cached, now.bytes_in_use,
+                      std::string("upstream ") + std::string(upstream->name()) +
+                          " failed after trimming the cache and retrying (" + second.what() + ")");
   }
-  return block;
 }
 
-void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment) {
-  if (bytes == 0) [[unlikely]] {
+void* DevicePoolCore::small_get(ThreadCache* cache, std::size_t index, StreamKey key) {
+  if (cache != nullptr && index < thread_cache_classes && cache->bins[index].count > 0 &&
+      (cache->tag == kUntagged || cache->tag == key)) [[likely]] {
+    auto& bin = cache->bins[index];
+    bump(cache->cached_bytes, 0 - std::uint64_t{small_block_bytes(index)});
+    return bin.blocks[--bin.count];
+  }
+  void* block = nullptr;
+  if (MpmcRing<void*>* ring = ring_of(index); ring != nullptr && ring->try_pop(block)) {
+    return block;
+  }
+  return tier_allocate(small, SizeClasses::bytes_of(index), small_block_bytes(index), key, cache);
+}
+
+// Returns false when the block is not this pool's (only detectable in the tiers).
+bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t index,
+                               StreamKey key) noexcept {
+  const std::size_t bytes = small_block_bytes(index);
+  if (cache != nullptr && index < thread_cache_classes &&
+      cache->bins[index].count < options.thread_cache_blocks &&
+      cache->cached_bytes.load(std::memory_order_relaxed) + bytes <= options.thread_cache_max_bytes)
+      [[likely]] {
+    if (cache->cached_bytes.load(std::memory_order_relaxed) == 0) {
+      cache->tag = key;  // an empty cache takes the tag of what it holds next
+    } else if (key != cache->tag && key != kUntagged) {
+      if (cache->tag != kUntagged) {
+        SlowSection slow(cache);
+        take_bins(*cache);  // the old stream's blocks keep their tag in the tier
+      }
+      cache->tag = key;  // completed (untagged) blocks are safe on `key` too
+    }
+    auto& bin = cache->bins[index];
+    bin.blocks[bin.count++] = block;
+    bump(cache->cached_bytes, bytes);
+    return true;
+  }
+  if (key == kUntagged) {
+    if (MpmcRing<void*>* ring = ring_for_release(index); ring != nullptr && ring->try_push(block)) {
+      return true;
+    }
+  }
+  SlowSection slow(cache);
+  return small.free(block, key);
+}
+
+void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
+  const std::int64_t now = in_use_now.fetch_add(delta, std::memory_order_relaxed) + delta;
+  std::int64_t peak = in_use_peak.load(std::memory_order_relaxed);
+  while (now > peak && !in_use_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+[[gnu::noinline, gnu::cold]] void DevicePoolCore::reject_request(std::size_t bytes,
+                                                                 std::size_t alignment) const {
+  if (bytes == 0) {
     throw InvalidArgument(
         "vram::DevicePool::allocate: zero bytes requested. Fix: keep zero-sized buffers as "
         "null sentinels and ask for at least one byte.");
   }
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > upstream_alignment)
-      [[unlikely]] {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > upstream_alignment) {
     throw InvalidArgument("vram::DevicePool::allocate: alignment " + std::to_string(alignment) +
                           " is not a power of two up to " + std::to_string(upstream_alignment) +
                           ". Fix: blocks are 256-byte aligned; ask for 256 or less.");
   }
-  if (bytes > SizeClasses::kMaxBytes) [[unlikely]] {
-    const DevicePoolStats now = stats();
-    throw OutOfMemory(bytes, now.bytes_cached, now.bytes_in_use,
-                      "larger than the largest size class (1 TiB)");
+  const DevicePoolStats now = stats();
+  throw OutOfMemory(bytes, now.bytes_cached, now.bytes_in_use,
+                    "larger than the largest block (1 TiB)");
+}
+
+void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
+  if (bytes - 1 >= SizeClasses::kMaxBytes || alignment - 1 >= upstream_alignment ||
+      (alignment & (alignment - 1)) != 0) [[unlikely]] {
+    reject_request(bytes, alignment);
   }
-  const std::size_t index = SizeClasses::index_for(bytes);
-  const std::size_t class_bytes = SizeClasses::bytes_of(index);
-  ThreadCache& cache = cache_for_this_thread();
-  if (cache.seen_epoch != trim_epoch.load(std::memory_order_relaxed)) [[unlikely]] {
-    (void)on_epoch_change(cache);
+  const bool is_small = bytes <= small_max;
+  // Warm path: a block of this class in this thread's cache.
+  if (is_small && !options.validate_releases && !options.track_peak_in_use) [[likely]] {
+    const std::size_t index = SizeClasses::index_for(bytes);
+    ThreadCache* cache = lock_own_cache();
+    if (cache != nullptr && index < thread_cache_classes && cache->bins[index].count > 0 &&
+        (cache->tag == kUntagged || cache->tag == key)) [[likely]] {
+      auto& bin = cache->bins[index];
+      const std::size_t held_bytes = small_block_bytes(index);
+      void* block = bin.blocks[--bin.count];
+      bump(cache->cached_bytes, 0 - std::uint64_t{held_bytes});
+      bump(cache->acquires, 1);
+      bump(cache->acquired_bytes, held_bytes);
+      unlock_own_cache(*cache);
+      return block;
+    }
+    if (cache != nullptr) unlock_own_cache(*cache);
   }
+  return allocate_slow(bytes, key);
+}
+
+void* DevicePoolCore::allocate_slow(std::size_t bytes, StreamKey key) {
+  const bool is_small = bytes <= small_max;
+  const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
+  const std::size_t held_bytes = is_small ? small_block_bytes(index) : large.round(bytes);
   void* block = nullptr;
-  if (index < thread_cache_classes && cache.bins[index].count > 0) {
-    auto& bin = cache.bins[index];
-    block = bin.blocks[--bin.count];
-    cache.cached_bytes.store(cache.cached_bytes.load(std::memory_order_relaxed) - class_bytes,
-                             std::memory_order_relaxed);
-  } else if (MpmcRing<void*>* ring = ring_of(index); ring != nullptr && ring->try_pop(block)) {
-    shared_cached_bytes.fetch_sub(class_bytes, std::memory_order_relaxed);
+  if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
+    try {
+      block = is_small ? small_get(cache, index, key)
+                       : tier_allocate(large, bytes, held_bytes, key, cache);
+    } catch (...) {
+      unlock_own_cache(*cache);
+      throw;
+    }
+    bump(cache->acquires, 1);
+    bump(cache->acquired_bytes, held_bytes);
+    unlock_own_cache(*cache);
   } else {
-    block = allocate_from_upstream(bytes, class_bytes);
+    std::lock_guard lock(slow_mutex);
+    if (orphaned) [[unlikely]] {
+      throw InvalidArgument(
+          "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
+          "while it is used.");
+    }
+    block = is_small ? small_get(nullptr, index, key)
+                     : tier_allocate(large, bytes, held_bytes, key, nullptr);
+    bump(slow_acquires, 1);
+    bump(slow_acquired_bytes, held_bytes);
   }
-  bump(cache.acquires, 1);
-  bump(cache.acquired_bytes, class_bytes);
+  if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(held_bytes));
   if (options.validate_releases) {
     try {
       std::lock_guard lock(live_mutex);
-      live_blocks[block] = class_bytes;
+      live_blocks[block] = held_bytes;
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
-      bump(cache.releases, 1);
-      bump(cache.released_bytes, class_bytes);
-      release_to_shared(index, block, class_bytes);
+      release(block, bytes, key);
       throw;
     }
   }
   return block;
 }
 
-bool DevicePoolCore::validate_release(void* block, std::size_t class_bytes) noexcept {
+bool DevicePoolCore::validate_release(void* block, std::size_t bytes) noexcept {
   std::lock_guard lock(live_mutex);
   auto it = live_blocks.find(block);
   const char* problem = nullptr;
   if (it == live_blocks.end()) {
     problem = "it was never handed out by this pool or was already released (double release)";
-  } else if (it->second != class_bytes) {
+  } else if (it->second != bytes) {
     problem = "the byte count does not match the one it was allocated with";
   } else {
     live_blocks.erase(it);
@@ -379,66 +678,104 @@ bool DevicePoolCore::validate_release(void* block, std::size_t class_bytes) noex
   }
   invalid_releases.fetch_add(1, std::memory_order_relaxed);
   std::fprintf(stderr,
-               "vram::DevicePool: release of %p (%zu class bytes) rejected: %s. The block was "
+               "vram::DevicePool: release of %p (%zu block bytes) rejected: %s. The block was "
                "not cached.\n",
-               block, class_bytes, problem);
+               block, bytes, problem);
   return false;
 }
 
-void DevicePoolCore::deallocate(void* block, std::size_t bytes) noexcept {
+void DevicePoolCore::deallocate(void* block, std::size_t bytes, StreamKey key) noexcept {
   if (block == nullptr) return;
   if (bytes == 0 || bytes > SizeClasses::kMaxBytes) {
     invalid_releases.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  const std::size_t index = SizeClasses::index_for(bytes);
-  const std::size_t class_bytes = SizeClasses::bytes_of(index);
-  if (options.validate_releases && !validate_release(block, class_bytes)) return;
-  ThreadCache* cache = nullptr;
-  try {
-    cache = &cache_for_this_thread();
-  } catch (...) {  // registering this thread could not allocate: bypass the caches
-    release_to_shared(index, block, class_bytes);
-    return;
-  }
-  if (cache->seen_epoch != trim_epoch.load(std::memory_order_relaxed)) [[unlikely]] {
-    if (on_epoch_change(*cache)) {  // orphaned: straight back to the upstream
-      bump(cache->releases, 1);
-      bump(cache->released_bytes, class_bytes);
-      free_to_upstream(block, class_bytes);
-      if (orphan_blocks_outstanding.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-        // Last lease back: drop the self-reference as the very last action (this may
-        // destroy *this, like `delete this`).
-        std::shared_ptr<DevicePoolCore> last = std::move(self_reference);
+  if (options.validate_releases && !validate_release(block, block_bytes(bytes))) return;
+  release(block, bytes, key);
+}
+
+void DevicePoolCore::release(void* block, std::size_t bytes, StreamKey key) noexcept {
+  // Warm path: room in this thread's cache and nothing to retag.
+  if (bytes <= small_max && !options.track_peak_in_use) [[likely]] {
+    const std::size_t index = SizeClasses::index_for(bytes);
+    ThreadCache* cache = lock_own_cache();
+    if (cache != nullptr) [[likely]] {
+      const std::size_t held_bytes = small_block_bytes(index);
+      const std::uint64_t cached = cache->cached_bytes.load(std::memory_order_relaxed);
+      if (index < thread_cache_classes && cache->bins[index].count < options.thread_cache_blocks &&
+          cached + held_bytes <= options.thread_cache_max_bytes &&
+          (key == cache->tag || key == kUntagged || cached == 0)) [[likely]] {
+        if (cached == 0) cache->tag = key;  // an empty cache takes the tag of what it holds
+        auto& bin = cache->bins[index];
+        bin.blocks[bin.count++] = block;
+        bump(cache->cached_bytes, held_bytes);
+        bump(cache->releases, 1);
+        bump(cache->released_bytes, held_bytes);
+        unlock_own_cache(*cache);
+        return;
       }
-      return;
+      unlock_own_cache(*cache);
     }
   }
-  bump(cache->releases, 1);
-  bump(cache->released_bytes, class_bytes);
-  if (index < thread_cache_classes && cache->bins[index].count < options.thread_cache_blocks &&
-      cache->cached_bytes.load(std::memory_order_relaxed) + class_bytes <=
-          options.thread_cache_max_bytes) {
-    auto& bin = cache->bins[index];
-    bin.blocks[bin.count++] = block;
-    cache->cached_bytes.store(cache->cached_bytes.load(std::memory_order_relaxed) + class_bytes,
-                              std::memory_order_relaxed);
+  release_slow(block, bytes, key);
+}
+
+void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key) noexcept {
+  const bool is_small = bytes <= small_max;
+  const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
+  const std::size_t held_bytes = is_small ? small_block_bytes(index) : large.round(bytes);
+  const bool track = options.track_peak_in_use;
+  if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
+    bool known = true;
+    if (is_small) {
+      known = small_put(cache, block, index, key);
+    } else {
+      SlowSection slow(cache);
+      known = large.free(block, key);
+    }
+    if (known) [[likely]] {
+      bump(cache->releases, 1);
+      bump(cache->released_bytes, held_bytes);
+    }
+    unlock_own_cache(*cache);
+    if (!known) {
+      invalid_releases.fetch_add(1, std::memory_order_relaxed);
+    } else if (track) {
+      note_in_use(-static_cast<std::int64_t>(held_bytes));
+    }
     return;
   }
-  release_to_shared(index, block, class_bytes);
+  // Slow path. When orphaned, the last release drops the self-reference after the lock is
+  // released (declared first, destroyed last): that may destroy *this.
+  std::shared_ptr<DevicePoolCore> last;
+  std::lock_guard lock(slow_mutex);
+  bool known = true;
+  if (!orphaned) {
+    known = is_small ? small_put(nullptr, block, index, key) : large.free(block, key);
+  } else {
+    known = is_small ? small.free(block, key) : large.free(block, key);
+    small.trim(0, false);  // give wholly free segments straight back
+    large.trim(0, false);
+  }
+  if (!known) {
+    invalid_releases.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  bump(slow_releases, 1);
+  bump(slow_released_bytes, held_bytes);
+  if (track) note_in_use(-static_cast<std::int64_t>(held_bytes));
+  if (orphaned && --orphan_blocks_outstanding == 0) last = std::move(self_reference);
 }
 
 DevicePoolStats DevicePoolCore::stats() const {
   DevicePoolStats s;
-  std::uint64_t acquired_bytes = 0;
-  std::uint64_t released_bytes = 0;
+  std::uint64_t acquired_bytes = slow_acquired_bytes.load(std::memory_order_relaxed);
+  std::uint64_t released_bytes = slow_released_bytes.load(std::memory_order_relaxed);
+  s.acquires = slow_acquires.load(std::memory_order_relaxed);
+  s.releases = slow_releases.load(std::memory_order_relaxed);
   std::size_t thread_cached = 0;
   {
     std::lock_guard lock(registry_mutex);
-    s.acquires = retired_acquires;
-    s.releases = retired_releases;
-    acquired_bytes = retired_acquired_bytes;
-    released_bytes = retired_released_bytes;
     for (const auto& cache : caches) {
       s.acquires += cache->acquires.load(std::memory_order_relaxed);
       s.releases += cache->releases.load(std::memory_order_relaxed);
@@ -447,17 +784,29 @@ DevicePoolStats DevicePoolCore::stats() const {
       thread_cached += cache->cached_bytes.load(std::memory_order_relaxed);
     }
   }
-  s.upstream_allocations = upstream_allocations.load(std::memory_order_relaxed);
-  s.upstream_frees = upstream_frees.load(std::memory_order_relaxed);
-  s.misses = s.upstream_allocations + failed_upstream_allocations.load(std::memory_order_relaxed);
+  std::size_t ring_bytes = 0;
+  for (std::size_t index = 0; index < small_classes; ++index) {
+    if (const MpmcRing<void*>* ring = ring_of(index)) {
+      ring_bytes += ring->size() * small_block_bytes(index);
+    }
+  }
+  const SegmentTier::Counters a = small.counters();
+  const SegmentTier::Counters b = large.counters();
+  s.upstream_allocations = a.upstream_allocations + b.upstream_allocations;
+  s.upstream_frees = a.upstream_frees + b.upstream_frees;
+  s.misses = s.upstream_allocations + a.failed_upstream_allocations + b.failed_upstream_allocations;
   s.hits = s.acquires > s.upstream_allocations ? s.acquires - s.upstream_allocations : 0;
   s.oom_retries = oom_retries.load(std::memory_order_relaxed);
   s.invalid_releases = invalid_releases.load(std::memory_order_relaxed);
   s.bytes_in_use = acquired_bytes > released_bytes ? acquired_bytes - released_bytes : 0;
+  s.bytes_reserved = gauge.reserved.load(std::memory_order_relaxed);
+  s.peak_bytes_reserved = gauge.peak.load(std::memory_order_relaxed);
+  s.bytes_cached = s.bytes_reserved > s.bytes_in_use ? s.bytes_reserved - s.bytes_in_use : 0;
   s.bytes_cached_in_threads = thread_cached;
-  s.bytes_cached = shared_cached_bytes.load(std::memory_order_relaxed) + thread_cached;
-  s.bytes_reserved = reserved_bytes.load(std::memory_order_relaxed);
-  s.peak_bytes_reserved = peak_reserved_bytes.load(std::memory_order_relaxed);
+  s.bytes_cached_in_rings = ring_bytes;
+  s.segments = a.segments + b.segments;
+  s.peak_bytes_in_use = static_cast<std::size_t>(
+      std::max<std::int64_t>(0, in_use_peak.load(std::memory_order_relaxed)));
   return s;
 }
 
@@ -481,7 +830,7 @@ DevicePool::Lease& DevicePool::Lease::operator=(Lease&& other) noexcept {
 }
 
 void DevicePool::Lease::reset() noexcept {
-  if (block_ != nullptr) core_->deallocate(block_, bytes_);
+  if (block_ != nullptr) core_->deallocate(block_, bytes_, detail::kUntagged);
   core_ = nullptr;
   block_ = nullptr;
   bytes_ = 0;
@@ -509,44 +858,52 @@ DevicePool& DevicePool::operator=(DevicePool&& other) noexcept {
 
 DevicePool::~DevicePool() {
   if (!core_) return;
-  core_->trim(0);
-  const DevicePoolStats now = core_->stats();
-  const auto outstanding =
-      static_cast<std::int64_t>(now.acquires) - static_cast<std::int64_t>(now.releases);
-  if (outstanding > 0) {
+  std::uint64_t blocks = 0;
+  std::uint64_t bytes = 0;
+  if (core_->close(blocks, bytes)) {
     std::fprintf(stderr,
-                 "vram::DevicePool destroyed with %lld block(s), %zu bytes, still leased; the "
+                 "vram::DevicePool destroyed with %llu block(s), %llu bytes, still leased; the "
                  "pool's bookkeeping stays alive until they are released, and each then goes "
                  "straight back to the upstream.\n",
-                 static_cast<long long>(outstanding), now.bytes_in_use);
-    core_->orphan_blocks_outstanding.store(outstanding, std::memory_order_relaxed);
-    core_->self_reference = core_;
-    core_->orphaned.store(true, std::memory_order_release);
-    core_->trim_epoch.fetch_add(1, std::memory_order_release);
+                 static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(bytes));
   }
   core_.reset();
 }
 
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
-  return core_->allocate(bytes, alignment);
+  return core_->allocate(bytes, alignment, detail::kUntagged);
 }
 
 void DevicePool::deallocate(void* block, std::size_t bytes, std::size_t /*alignment*/) noexcept {
-  core_->deallocate(block, bytes);
+  core_->deallocate(block, bytes, detail::kUntagged);
 }
 
 DevicePool::Lease DevicePool::acquire(std::size_t bytes) {
-  void* block = core_->allocate(bytes, kDefaultAlignment);
+  void* block = core_->allocate(bytes, kDefaultAlignment, detail::kUntagged);
   return Lease(core_.get(), block, bytes);
 }
 
-void DevicePool::trim(std::size_t keep_bytes) { core_->trim(keep_bytes); }
+void* DevicePool::allocate_async(std::size_t bytes, cudaStream_t stream) {
+  return core_->allocate(bytes, kDefaultAlignment, detail::stream_key(stream));
+}
+
+void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept {
+  core_->deallocate(block, bytes, detail::stream_key(stream));
+}
+
+std::size_t DevicePool::block_bytes(std::size_t bytes) const noexcept {
+  return core_->block_bytes(bytes);
+}
+
+void DevicePool::trim(std::size_t keep_bytes) { core_->trim(keep_bytes, nullptr, true); }
 
 DevicePoolStats DevicePool::stats() const { return core_->stats(); }
 
 void DevicePool::reset_peak() noexcept {
-  core_->peak_reserved_bytes.store(core_->reserved_bytes.load(std::memory_order_relaxed),
-                                   std::memory_order_relaxed);
+  core_->gauge.peak.store(core_->gauge.reserved.load(std::memory_order_relaxed),
+                          std::memory_order_relaxed);
+  core_->in_use_peak.store(core_->in_use_now.load(std::memory_order_relaxed),
+                           std::memory_order_relaxed);
 }
 
 const DevicePool::Options& DevicePool::options() const noexcept { return core_->options; }

@@ -78,10 +78,13 @@ TEST(CudaLayerGpu, InvalidOrdinalBecomesACudaErrorWithAFix) {
 
 TEST(CudaLayerGpu, DeviceGuardRestoresThePreviousDevice) {
   VRAM_GPU_TEST_OR_SKIP();
+  // Needs a device other than the current one, or the test could not fail.
+  if (cuda::Device::count() < 2) GTEST_SKIP() << "needs 2 GPUs to switch between";
   const int before = cuda::Device::current();
+  const int other = before == 0 ? 1 : 0;
   {
-    cuda::DeviceGuard guard(cuda::Device::count() - 1);
-    EXPECT_EQ(cuda::Device::current(), cuda::Device::count() - 1);
+    cuda::DeviceGuard guard(other);
+    EXPECT_EQ(cuda::Device::current(), other);
   }
   EXPECT_EQ(cuda::Device::current(), before);
 }

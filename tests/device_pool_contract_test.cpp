@@ -108,7 +108,7 @@ TYPED_TEST(DevicePoolContract, AccountingAddsUp) {
   }
   const auto s = pool.stats();
   EXPECT_EQ(s.bytes_in_use, 3072U + 1_MiB);
-  EXPECT_EQ(s.bytes_cached, 256U);
+  EXPECT_EQ(s.bytes_cached_in_threads, 256U);
   EXPECT_EQ(s.bytes_reserved, s.bytes_in_use + s.bytes_cached);
   EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
   EXPECT_EQ(s.peak_bytes_reserved, s.bytes_reserved);
@@ -119,16 +119,21 @@ TYPED_TEST(DevicePoolContract, AccountingAddsUp) {
 TYPED_TEST(DevicePoolContract, RetentionIsBoundedByMaxCachedBytes) {
   auto upstream = this->make_upstream();
   auto options = this->options();
-  options.max_cached_bytes = 2_MiB;
-  options.thread_cache_blocks = 0;  // only the shared, bounded tier
+  options.max_cached_bytes = 1_MiB;  // no ring can hold two 1 MiB blocks: none is made
+  options.thread_cache_blocks = 0;   // only the ring and the segments
   DevicePool pool(upstream, options);
   std::vector<DevicePool::Lease> leases;
-  for (int i = 0; i < 4; ++i) leases.push_back(pool.acquire(1_MiB));
-  leases.clear();  // 4 MiB released; at most 2 MiB may stay cached
+  for (int i = 0; i < 4; ++i) leases.push_back(pool.acquire(1_MiB));  // two 2 MiB segments
+  EXPECT_EQ(upstream->live_bytes(), 4_MiB);
+  leases.pop_back();  // 1 MiB free: within the bound, kept
+  EXPECT_EQ(pool.stats().bytes_cached, 1_MiB);
+  EXPECT_EQ(upstream->live_bytes(), 4_MiB);
+  leases.clear();  // each wholly free segment past the bound goes back
   const auto s = pool.stats();
-  EXPECT_EQ(s.bytes_cached, 2_MiB);
+  EXPECT_EQ(s.bytes_cached_in_rings, 0U);
+  EXPECT_EQ(s.bytes_cached, 0U);
   EXPECT_EQ(s.upstream_frees, 2U);
-  EXPECT_EQ(upstream->live_bytes(), 2_MiB);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
 TYPED_TEST(DevicePoolContract, RetentionIsBoundedPerClass) {
@@ -140,8 +145,8 @@ TYPED_TEST(DevicePoolContract, RetentionIsBoundedPerClass) {
   std::vector<DevicePool::Lease> leases;
   for (int i = 0; i < 5; ++i) leases.push_back(pool.acquire(4096));
   leases.clear();
-  EXPECT_EQ(pool.stats().bytes_cached, 2U * 4096);
-  EXPECT_EQ(upstream->live_bytes(), 2U * 4096);
+  EXPECT_EQ(pool.stats().bytes_cached_in_rings, 2U * 4096);
+  EXPECT_EQ(pool.stats().bytes_reserved, upstream->live_bytes());
 }
 
 TYPED_TEST(DevicePoolContract, TrimFreesCacheDownToKeep) {
@@ -152,7 +157,8 @@ TYPED_TEST(DevicePoolContract, TrimFreesCacheDownToKeep) {
     for (int i = 0; i < 4; ++i) leases.push_back(pool.acquire(1_MiB));
     leases.push_back(pool.acquire(4096));
   }
-  EXPECT_EQ(pool.stats().bytes_cached, 4_MiB + 4096);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  EXPECT_GE(pool.stats().bytes_cached, 4_MiB + 4096);
   pool.trim(1_MiB);
   EXPECT_LE(pool.stats().bytes_cached, 1_MiB);
   pool.trim(0);
@@ -164,15 +170,18 @@ TYPED_TEST(DevicePoolContract, OutOfMemoryTrimsTheCacheAndRetriesOnce) {
   auto upstream = this->make_upstream({.capacity_bytes = 4_MiB});
   DevicePool pool(upstream, this->options());
   {
-    auto a = pool.acquire(2_MiB);
-    auto b = pool.acquire(2_MiB);
-  }                                // 4 MiB cached in the 2 MiB class: the upstream is full
-  auto big = pool.acquire(3_MiB);  // another class: needs trim + retry
+    auto a = pool.acquire(1_MiB);
+    auto b = pool.acquire(1_MiB);
+  }  // both in this thread's cache: their 2 MiB segment cannot be given back on its own
+  ASSERT_EQ(pool.stats().bytes_cached_in_threads, 2_MiB);
+  auto big = pool.acquire(3_MiB);  // 2 MiB held + 3 MiB > 4 MiB: needs trim + retry
   EXPECT_TRUE(big);
   const auto s = pool.stats();
   EXPECT_EQ(s.oom_retries, 1U);
   EXPECT_EQ(s.bytes_in_use, 3_MiB);
-  EXPECT_EQ(s.bytes_cached, 0U);
+  EXPECT_EQ(s.bytes_cached_in_threads, 0U);
+  EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
+  EXPECT_EQ(upstream->live_bytes(), 3_MiB);
 }
 
 TYPED_TEST(DevicePoolContract, OutOfMemoryAfterRetryReportsSizesAndLosesNothing) {

@@ -2,11 +2,21 @@
 // (trim epochs, thread exit), destruction with live leases, moves, peaks.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <thread>
+#include <vector>
 
+#include "gpu_test_policy.hpp"
 #include "test_upstreams.hpp"
+#include "vram/cuda/stream.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/units.hpp"
+#ifdef VRAM_HAVE_TEST_KERNELS
+#include "test_kernels.hpp"
+#endif
 
 namespace vram::testing {
 namespace {
@@ -48,22 +58,21 @@ TEST(DevicePool, ForeignPointerAndWrongSizeAreRejected) {
   EXPECT_NE(message.find("never handed out"), std::string::npos) << message;
   EXPECT_NE(message.find("does not match"), std::string::npos) << message;
   EXPECT_EQ(pool.stats().invalid_releases, 2U);
-  EXPECT_EQ(pool.stats().bytes_cached, 0U);
+  EXPECT_EQ(pool.stats().bytes_cached_in_threads + pool.stats().bytes_cached_in_rings, 0U);
   pool.deallocate(block, 4096);  // the right release still works
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 
-TEST(DevicePool, TrimOnAnotherThreadReachesThisThreadsCacheAtItsNextCall) {
+TEST(DevicePool, TrimOnAnotherThreadReachesThisThreadsIdleCacheAtOnce) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool pool(upstream, validating());
   pool.deallocate(pool.allocate(4096), 4096);  // parked in this thread's cache
   EXPECT_EQ(pool.stats().bytes_cached_in_threads, 4096U);
   std::thread([&] { pool.trim(0); }).join();
-  EXPECT_EQ(upstream->live_bytes(), 4096U);  // not reachable from the other thread yet
-  pool.deallocate(pool.allocate(256), 256);  // next call here frees the old block
-  EXPECT_EQ(upstream->live_bytes(), 256U);
-  pool.trim(0);
-  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);  // taken from this (idle) thread's cache
+  EXPECT_EQ(pool.stats().bytes_cached, 0U);
+  pool.deallocate(pool.allocate(256), 256);  // this thread's cache still works
+  EXPECT_EQ(pool.stats().bytes_cached_in_threads, 256U);
 }
 
 TEST(DevicePool, ThreadExitHandsItsCacheToTheSharedTier) {
@@ -72,9 +81,9 @@ TEST(DevicePool, ThreadExitHandsItsCacheToTheSharedTier) {
   std::thread([&] { pool.deallocate(pool.allocate(4096), 4096); }).join();
   const auto s = pool.stats();
   EXPECT_EQ(s.bytes_cached_in_threads, 0U);
-  EXPECT_EQ(s.bytes_cached, 4096U);
+  EXPECT_EQ(s.bytes_in_use, 0U);
   EXPECT_EQ(s.acquires, 1U);          // counters of the exited thread are kept
-  void* again = pool.allocate(4096);  // served from the shared ring
+  void* again = pool.allocate(4096);  // served from the shared segments
   EXPECT_EQ(upstream->allocations(), 1U);
   pool.deallocate(again, 4096);
 }
@@ -92,9 +101,10 @@ TEST(DevicePool, DestroyedWithLiveLeasesKeepsThemSafe) {
   }
   const std::string warning = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(warning.find("still leased"), std::string::npos) << warning;
-  EXPECT_EQ(upstream->live_bytes(), 4096U + 8192U);  // cache freed, leases intact
+  // Cache freed; the leases' segment (one 2 MiB segment holds both) stays.
+  EXPECT_EQ(upstream->live_bytes(), 2_MiB);
   std::thread([&] { other_thread_survivor.reset(); }).join();
-  EXPECT_EQ(upstream->live_bytes(), 4096U);
+  EXPECT_EQ(upstream->live_bytes(), 2_MiB);
   survivor.reset();  // last one: memory back upstream, bookkeeping freed
   EXPECT_EQ(upstream->live_bytes(), 0U);
   EXPECT_EQ(upstream->bad_frees(), 0U);
@@ -106,20 +116,26 @@ TEST(DevicePool, MovedPoolKeepsItsBlocksAndLeases) {
   auto lease = first.acquire(4096);
   DevicePool second(std::move(first));
   lease.reset();
-  EXPECT_EQ(second.stats().bytes_cached, 4096U);
+  EXPECT_EQ(second.stats().bytes_cached_in_threads, 4096U);
   DevicePool third(std::make_shared<HostMemoryUpstream>());
   third = std::move(second);
-  EXPECT_EQ(third.stats().bytes_cached, 4096U);
+  EXPECT_EQ(third.stats().bytes_cached_in_threads, 4096U);
 }
 
 TEST(DevicePool, ResetPeakStartsANewWindow) {
   DevicePool pool(std::make_shared<HostMemoryUpstream>(), validating());
-  { auto big = pool.acquire(8_MiB); }
+  std::size_t big_reserved = 0;
+  {
+    auto big = pool.acquire(8_MiB);
+    big_reserved = pool.stats().bytes_reserved;
+  }
   pool.trim(0);
-  EXPECT_EQ(pool.stats().peak_bytes_reserved, 8_MiB);
+  EXPECT_EQ(pool.stats().peak_bytes_reserved, big_reserved);
   pool.reset_peak();
+  EXPECT_EQ(pool.stats().peak_bytes_reserved, 0U);
   auto small = pool.acquire(4096);
-  EXPECT_EQ(pool.stats().peak_bytes_reserved, 4096U);
+  EXPECT_EQ(pool.stats().peak_bytes_reserved, pool.stats().bytes_reserved);
+  EXPECT_LT(pool.stats().peak_bytes_reserved, big_reserved);
 }
 
 TEST(DevicePool, LeaseReleaseHandsOwnershipToTheCaller) {
@@ -139,7 +155,7 @@ TEST(DevicePool, ThreadCacheCanBeTurnedOff) {
   DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
   pool.deallocate(pool.allocate(4096), 4096);
   EXPECT_EQ(pool.stats().bytes_cached_in_threads, 0U);
-  EXPECT_EQ(pool.stats().bytes_cached, 4096U);
+  EXPECT_EQ(pool.stats().bytes_cached_in_rings, 4096U);
 }
 
 }  // namespace
@@ -158,8 +174,336 @@ TEST(DevicePool, ThreadCacheIsBoundedInBytes) {
   leases.clear();
   const auto s = pool.stats();
   EXPECT_EQ(s.bytes_cached_in_threads, 8192U);
-  EXPECT_EQ(s.bytes_cached, 4U * 4096);
+  EXPECT_EQ(s.bytes_cached_in_rings, 2U * 4096);
 }
+
+}  // namespace
+}  // namespace vram::testing
+
+// Lifetime and cross-thread reclamation (issue 10).
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+
+// A thread that caches blocks and then stays alive and idle (parked on a flag).
+class IdleThread {
+ public:
+  IdleThread(DevicePool& pool, std::size_t bytes, int blocks) {
+    thread_ = std::thread([this, &pool, bytes, blocks] {
+      std::vector<DevicePool::Lease> leases;
+      for (int i = 0; i < blocks; ++i) leases.push_back(pool.acquire(bytes));
+      leases.clear();  // into this thread's cache
+      parked_.store(true);
+      while (!leave_.load()) std::this_thread::yield();
+    });
+    while (!parked_.load()) std::this_thread::yield();
+  }
+  ~IdleThread() {
+    leave_.store(true);
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> parked_{false};
+  std::atomic<bool> leave_{false};
+  std::thread thread_;
+};
+
+TEST(DevicePoolLifetime, TrimReachesTheCachesOfIdleLiveThreads) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(upstream);  // validate_releases as shipped in this build type
+  IdleThread first(pool, 64_KiB, 3);
+  IdleThread second(pool, 1_MiB, 2);
+  ASSERT_EQ(pool.stats().bytes_cached_in_threads, 3 * 64_KiB + 2 * 1_MiB);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_cached, 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+TEST(DevicePoolLifetime, OutOfMemoryRetryReclaimsOtherThreadsCaches) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
+                                                 TestUpstream::Options{.capacity_bytes = 4_MiB});
+  DevicePool pool(upstream);
+  IdleThread idle(pool, 1_MiB, 2);  // a 2 MiB segment pinned by an idle thread's cache
+  ASSERT_EQ(upstream->live_bytes(), 2_MiB);
+  auto big = pool.acquire(3_MiB);  // fits only once the idle thread's cache is freed
+  EXPECT_TRUE(big);
+  EXPECT_EQ(pool.stats().oom_retries, 1U);
+  EXPECT_EQ(upstream->live_bytes(), 3_MiB);
+}
+
+// A thread_local made before the thread first uses the pool is destroyed after the pool's
+// per-thread directory: its release must still reach a place trim() can free.
+struct LateReleaser {
+  DevicePool::Lease lease;
+};
+
+TEST(DevicePoolLifetime, ReleasesDuringThreadLocalTeardownAreNotStranded) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(upstream);
+  std::thread([&] {
+    thread_local LateReleaser late;  // constructed first, destroyed last
+    late.lease = pool.acquire(4096);
+    pool.deallocate(pool.allocate(8192), 8192);  // this thread's cache
+  }).join();
+  const auto s = pool.stats();
+  EXPECT_EQ(s.bytes_in_use, 0U);
+  EXPECT_EQ(s.acquires, s.releases);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+TEST(DevicePoolLifetime, ExitedThreadCachesAreReusedNotAccumulated) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(upstream);
+  for (int i = 0; i < 50; ++i) {
+    std::thread([&] { pool.deallocate(pool.allocate(4096), 4096); }).join();
+  }
+  const auto s = pool.stats();
+  EXPECT_EQ(s.acquires, 50U);
+  EXPECT_EQ(s.releases, 50U);
+  EXPECT_EQ(s.bytes_cached_in_threads, 0U);
+  EXPECT_EQ(upstream->allocations(), 1U);  // one block went round all 50 threads
+}
+
+std::uint64_t destroy_rounds() {
+  const char* text = std::getenv("VRAM_DESTROY_ROUNDS");
+  return text ? std::strtoull(text, nullptr, 10) : 2000;
+}
+
+// Destroys pools while other threads return their leases: every block goes back to the
+// upstream exactly once (TestUpstream counts foreign and double frees), nothing leaks, no
+// use after free (ASan/TSan builds).
+TEST(DevicePoolLifetime, DestroyWhileOtherThreadsRelease) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  constexpr int kReleasers = 3;
+  constexpr int kLeasesEach = 4;
+  const std::uint64_t rounds = destroy_rounds();
+  std::vector<std::vector<DevicePool::Lease>> handed(kReleasers);
+  std::atomic<std::uint64_t> round_go{0};
+  std::atomic<int> done{0};
+  std::vector<std::thread> releasers;
+  for (int t = 0; t < kReleasers; ++t) {
+    releasers.emplace_back([&, t] {
+      for (std::uint64_t round = 1; round <= rounds; ++round) {
+        for (std::uint64_t seen = round_go.load(std::memory_order_acquire); seen < round;
+             seen = round_go.load(std::memory_order_acquire)) {
+          round_go.wait(seen, std::memory_order_acquire);
+        }
+        // Some releases go through this thread's cache, some after the pool is gone.
+        for (auto& lease : handed[t]) {
+          lease.reset();
+          if ((round + t) % 3 == 0) {  // vary the interleaving without leaving the CPU
+            volatile int sink = 0;
+            for (int spin = 0; spin < 200; ++spin) sink = spin;
+          }
+        }
+        handed[t].clear();
+        done.fetch_add(1, std::memory_order_acq_rel);
+        done.notify_all();
+      }
+    });
+  }
+  std::uint64_t warnings = 0;
+  for (std::uint64_t round = 1; round <= rounds; ++round) {
+    auto options = DevicePool::Options{};
+    options.validate_releases = round % 2 == 0;
+    auto pool = std::make_unique<DevicePool>(upstream, options);
+    for (int t = 0; t < kReleasers; ++t) {
+      for (int i = 0; i < kLeasesEach; ++i) handed[t].push_back(pool->acquire(256 << (i % 4)));
+    }
+    pool->deallocate(pool->allocate(4096), 4096);  // something cached
+    ::testing::internal::CaptureStderr();
+    round_go.store(round, std::memory_order_release);
+    round_go.notify_all();
+    if (round % 2 == 1) std::this_thread::yield();
+    pool.reset();  // races the releasers
+    if (!::testing::internal::GetCapturedStderr().empty()) ++warnings;
+    for (int seen = done.load(std::memory_order_acquire);
+         seen < static_cast<int>(round) * kReleasers; seen = done.load(std::memory_order_acquire)) {
+      done.wait(seen, std::memory_order_acquire);
+    }
+    ASSERT_EQ(upstream->live_bytes(), 0U) << "round " << round;
+  }
+  for (auto& thread : releasers) thread.join();
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+  EXPECT_EQ(upstream->allocations(), upstream->frees());
+  std::printf("[lifetime] %llu rounds, %llu destroyed with leases outstanding\n",
+              static_cast<unsigned long long>(rounds), static_cast<unsigned long long>(warnings));
+}
+
+}  // namespace
+}  // namespace vram::testing
+
+// Stream-ordered release (issue 12's contract).
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+
+cudaStream_t fake_stream(std::uintptr_t id) { return reinterpret_cast<cudaStream_t>(id); }
+
+struct StreamPool {
+  explicit StreamPool(std::size_t large_segment_bytes = std::size_t{20} << 20) {
+    DevicePool::Options options;
+    options.validate_releases = true;
+    options.large_segment_bytes = large_segment_bytes;
+    options.fence = fence;
+    pool = std::make_unique<DevicePool>(upstream, options);
+  }
+  std::shared_ptr<TestUpstream> upstream =
+      std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  std::shared_ptr<ManualFence> fence = std::make_shared<ManualFence>();
+  std::unique_ptr<DevicePool> pool;
+};
+
+TEST(DevicePoolStreams, SmallBlockFreedOnAStreamIsReusedAtOnceOnThatStreamOnly) {
+  StreamPool p;
+  DevicePool& pool = *p.pool;
+  void* a = pool.allocate_async(4096, fake_stream(1));
+  pool.deallocate_async(a, 4096, fake_stream(1));
+  void* same = pool.allocate_async(4096, fake_stream(1));
+  EXPECT_EQ(same, a) << "same stream: stream order makes immediate reuse safe";
+  pool.deallocate_async(same, 4096, fake_stream(1));
+  void* other = pool.allocate_async(4096, fake_stream(2));
+  void* plain = pool.allocate(4096);
+  EXPECT_NE(other, a) << "stream 1's work may still use it";
+  EXPECT_NE(plain, a);
+  pool.deallocate_async(other, 4096, fake_stream(2));
+  pool.deallocate(plain, 4096);
+  pool.trim(0);  // waits for the markers (ManualFence: completes them)
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  EXPECT_EQ(p.upstream->live_bytes(), 0U);
+}
+
+TEST(DevicePoolStreams, LargeBlockGoesToAnotherStreamOnlyAfterItsFenceCompletes) {
+  StreamPool p(4_MiB);  // a 4 MiB block fills its segment: no other free range to use
+  DevicePool& pool = *p.pool;
+  char* a = static_cast<char*>(pool.allocate_async(4_MiB, fake_stream(1)));
+  pool.deallocate_async(a, 4_MiB, fake_stream(1));
+  EXPECT_EQ(pool.allocate_async(4_MiB, fake_stream(1)), a);
+  pool.deallocate_async(a, 4_MiB, fake_stream(1));
+  void* b = pool.allocate_async(4_MiB, fake_stream(2));
+  EXPECT_NE(b, a);
+  EXPECT_EQ(p.fence->recorded(), 1U) << "one marker on stream 1, recorded lazily";
+  p.fence->complete_all();  // stream 1's work is done
+  void* c = pool.allocate_async(4_MiB, fake_stream(3));
+  EXPECT_EQ(c, a) << "completed: any stream";
+  pool.deallocate_async(b, 4_MiB, fake_stream(2));
+  pool.deallocate(c, 4_MiB);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
+TEST(DevicePoolStreams, PlainFreeIsReusableByEveryStream) {
+  StreamPool p;
+  DevicePool& pool = *p.pool;
+  void* a = pool.allocate(4096);
+  pool.deallocate(a, 4096);
+  EXPECT_EQ(pool.allocate_async(4096, fake_stream(7)), a);
+  pool.deallocate_async(a, 4096, fake_stream(7));
+  char* big = static_cast<char*>(pool.allocate(8_MiB));
+  pool.deallocate(big, 8_MiB);
+  EXPECT_EQ(pool.allocate_async(8_MiB, fake_stream(9)), big);
+  pool.deallocate(big, 8_MiB);
+  EXPECT_EQ(p.fence->recorded(), 0U) << "no marker needed for completed blocks";
+}
+
+TEST(DevicePoolStreams, ThreadCacheSwitchingStreamsKeepsEachBlocksStream) {
+  StreamPool p;
+  DevicePool& pool = *p.pool;
+  void* a = pool.allocate_async(4096, fake_stream(1));
+  void* b = pool.allocate_async(4096, fake_stream(2));
+  pool.deallocate_async(a, 4096, fake_stream(1));  // cache tagged stream 1
+  pool.deallocate_async(b, 4096, fake_stream(2));  // moves a out under stream 1's tag
+  EXPECT_EQ(pool.allocate_async(4096, fake_stream(2)), b);
+  void* c = pool.allocate_async(4096, fake_stream(2));
+  EXPECT_NE(c, a) << "a still belongs to stream 1";
+  EXPECT_EQ(pool.allocate_async(4096, fake_stream(1)), a);
+  pool.deallocate(a, 4096);
+  pool.deallocate(b, 4096);
+  pool.deallocate(c, 4096);
+}
+
+TEST(DevicePoolStreams, PeakInUseIsTrackedWhenAsked) {
+  DevicePool::Options options;
+  options.track_peak_in_use = true;
+  DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
+  void* a = pool.allocate(1_MiB);
+  void* b = pool.allocate(3_MiB);
+  pool.deallocate(a, 1_MiB);
+  void* c = pool.allocate(4096);
+  pool.deallocate(b, 3_MiB);
+  pool.deallocate(c, 4096);
+  const auto s = pool.stats();
+  EXPECT_EQ(s.peak_bytes_in_use, pool.block_bytes(1_MiB) + pool.block_bytes(3_MiB));
+  EXPECT_EQ(s.bytes_in_use, 0U);
+  pool.reset_peak();
+  EXPECT_EQ(pool.stats().peak_bytes_in_use, 0U);
+}
+
+TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Options options;
+  options.validate_releases = true;
+  options.use_virtual_memory = true;
+  options.virtual_reservation_bytes = 1_GiB;
+  {
+    DevicePool pool(upstream, options);
+    std::vector<DevicePool::Lease> leases;
+    for (int i = 0; i < 8; ++i) leases.push_back(pool.acquire(3_MiB + 4096 * i));
+    for (std::size_t i = 0; i < leases.size(); ++i) {
+      HostMemory::fill(leases[i].data(), leases[i].size(), static_cast<unsigned char>(i + 1));
+    }
+    for (std::size_t i = 0; i < leases.size(); ++i) {
+      EXPECT_TRUE(
+          HostMemory::holds(leases[i].data(), leases[i].size(), static_cast<unsigned char>(i + 1)));
+    }
+    auto s = pool.stats();
+    EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
+    EXPECT_LT(s.bytes_reserved, s.bytes_in_use + 2_MiB) << "granules only where blocks live";
+    leases.clear();
+    pool.trim(0);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+  }
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+#ifdef VRAM_HAVE_TEST_KERNELS
+// On the GPU: a block freed on stream A while a long kernel on A still writes it is not
+// handed to stream B until that kernel has finished; on A it is reused at once.
+TEST(DevicePoolStreamsGpu, BlockFreedBehindALongKernelIsNotReusedByAnotherStreamEarly) {
+  VRAM_GPU_TEST_OR_SKIP();
+  DevicePool pool(0);
+  cuda::Stream a;
+  cuda::Stream b;
+  constexpr std::size_t kBytes = 1 << 20;
+  constexpr std::size_t kWords = kBytes / 4;
+  void* block = pool.allocate_async(kBytes, a.get());
+  // Spins ~200 ms, then fills with 0xAAAAAAAA: the block is in use on A until then.
+  launch_spin_then_fill(block, kWords, 0xAAAAAAAAu, 200'000'000, a.get());
+  pool.deallocate_async(block, kBytes, a.get());
+  void* on_a = pool.allocate_async(kBytes, a.get());
+  EXPECT_EQ(on_a, block) << "same stream: reused at once (stream order protects it)";
+  pool.deallocate_async(on_a, kBytes, a.get());
+  void* on_b = pool.allocate_async(kBytes, b.get());
+  launch_fill(on_b, kWords, 0xBBBBBBBBu, b.get());
+  cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  // Had on_b been the block still written by A's kernel, that kernel's fill (after its
+  // spin) would have overwritten B's.
+  unsigned long long* mismatches = nullptr;
+  cuda::check(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches), "cudaMalloc");
+  cuda::check(cudaMemset(mismatches, 0, sizeof *mismatches), "cudaMemset");
+  launch_count_mismatches(on_b, kWords, 0xBBBBBBBBu, mismatches, nullptr);
+  unsigned long long host = 0;
+  cuda::check(cudaMemcpy(&host, mismatches, sizeof host, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  cudaFree(mismatches);
+  EXPECT_EQ(host, 0U) << "stream B got memory still written by stream A's kernel";
+  pool.deallocate_async(on_b, kBytes, b.get());
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+#endif
 
 }  // namespace
 }  // namespace vram::testing

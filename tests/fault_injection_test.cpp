@@ -48,10 +48,11 @@ TEST(FaultInjection, EveryNthUpstreamCallFails) {
     live.clear();
     expect_nothing_lost(pool, *upstream);
     const auto s = pool.stats();
-    // Each throw is two failed upstream calls (the try and the retry after trim).
-    EXPECT_EQ(upstream->injected_failures(), s.oom_retries + thrown);
-    EXPECT_EQ(s.misses, s.upstream_allocations + thrown);
-    EXPECT_GT(thrown + s.oom_retries, 0U) << "the schedule must have fired";
+    // misses count every upstream call, failed ones included (a segment that failed is
+    // asked again at the block's own size, then again after trim).
+    EXPECT_EQ(upstream->injected_failures(), s.misses - s.upstream_allocations);
+    EXPECT_LE(thrown, s.oom_retries);
+    EXPECT_GT(upstream->injected_failures(), 0U) << "the schedule must have fired";
     EXPECT_EQ(s.bytes_in_use, 0U);
   }
 }
@@ -63,7 +64,8 @@ TEST(FaultInjection, FailureOnceAtAByteTotalIsAbsorbedByTheRetry) {
   std::vector<DevicePool::Lease> live;
   for (int i = 0; i < 20; ++i) live.push_back(pool.acquire(1_MiB));  // 11th call fails once
   EXPECT_EQ(upstream->injected_failures(), 1U);
-  EXPECT_EQ(pool.stats().oom_retries, 1U);
+  // Absorbed by asking for a segment of just the block, or by trim + retry.
+  EXPECT_LE(pool.stats().oom_retries, 1U);
   EXPECT_EQ(pool.stats().bytes_in_use, 20_MiB);
   expect_nothing_lost(pool, *upstream);
 }

@@ -61,13 +61,14 @@ bool tag_intact(const Tagged& t) {
   return true;
 }
 
-TEST(Stress, HostPoolManyThreadsRandomSizesHandedBetweenThreads) {
+void run_host_stress(bool validate_releases) {
   const std::uint64_t seed = stress_seed();
-  std::printf("[stress] seed %llu (VRAM_STRESS_SEED=%llu replays it)\n",
-              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed));
+  std::printf("[stress] seed %llu (VRAM_STRESS_SEED=%llu replays it), validation %s\n",
+              static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed),
+              validate_releases ? "on" : "off");
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
-  options.validate_releases = true;
+  options.validate_releases = validate_releases;
   options.max_cached_bytes = 8_MiB;  // small: exercise upstream frees too
   DevicePool pool(upstream, options);
   constexpr int kThreads = 8;
@@ -130,6 +131,11 @@ TEST(Stress, HostPoolManyThreadsRandomSizesHandedBetweenThreads) {
   EXPECT_EQ(upstream->bad_frees(), 0U);
   EXPECT_GT(operations.load(), 1000U);
 }
+
+TEST(Stress, HostPoolManyThreadsRandomSizesHandedBetweenThreads) { run_host_stress(true); }
+
+// The shipped release path: no validation mutex to hide races.
+TEST(Stress, HostPoolManyThreadsWithoutReleaseValidation) { run_host_stress(false); }
 
 #ifdef VRAM_HAVE_TEST_KERNELS
 TEST(StressGpu, KernelsTagBlocksOnManyStreamsWithPendingRelease) {

@@ -11,46 +11,74 @@
 //   pool.deallocate(raw, 4096);
 //
 // When a released block may be handed out again
-//   At once: release means "no work uses this block any more". The pool never looks at
-//   streams or events. A block still read or written by queued GPU work must not be
-//   released; give its lease to a vram::PendingWork with an event recorded after that
-//   work, which releases it only once the event has fired (see pending_work.hpp).
+//   deallocate() / a Lease's return: at once, to any caller. Release means "no work uses
+//   this block any more"; a block still used by queued GPU work must not be released that
+//   way (give its lease to a vram::PendingWork, or use deallocate_async).
+//   deallocate_async(block, bytes, S): at once to later allocate_async(..., S) calls (stream
+//   order on S makes that safe); to any other stream, or to allocate(), only after the work
+//   queued on S at the free has completed. The pool records a marker (a recycled CUDA
+//   event, see stream_fence.hpp) on S lazily, when another stream needs the memory, and
+//   checks it without blocking on the allocation path; only the out-of-memory retry waits.
+//   allocate_async(bytes, S) hands out blocks that are free on S or completed.
 //
 // Structure and hot path
-//   Requests round up to a size class (size_classes.hpp: 4 per power of two, < 25% waste).
-//   Tier 1, per thread: a few blocks per class (thread_cache_blocks, classes up to
-//   thread_cache_max_block_bytes, at most thread_cache_max_bytes in all), touched only by
-//   its thread: acquire and release are a pop and push on a thread-local array.
-//   Tier 2, shared: per class a bounded lock-free MPMC ring (Vyukov) of free blocks.
-//   A miss goes to the upstream. Warm acquire/release make no CUDA call, take no lock and
-//   allocate no host memory (first use of a pool on a thread registers that thread once).
+//   Requests up to small_block_max_bytes (1 MiB) round to a size class (size_classes.hpp,
+//   rounded up to 256 bytes). Tier 1, per thread: a few blocks per class, touched only by
+//   its thread under an uncontended state word: acquire and release are a pop and a push.
+//   Tier 2: per class a bounded lock-free ring shared by all threads. Tier 3: the small
+//   segment tier, which carves blocks best-fit out of 2 MiB segments and merges them back
+//   (detail/segment_tier.hpp; a short mutex). Larger requests round to 512 bytes and go
+//   to the large segment tier (best fit, split, coalesce) over segments of
+//   large_segment_bytes (20 MiB) for requests under half that, else the request rounded up
+//   to 2 MiB. Warm small acquire/release make no CUDA call, take no lock and allocate no
+//   host memory; large ones take the large tier's mutex and make no CUDA call when a free
+//   range fits.
 //
-// Retention bound
-//   The shared rings hold at most max_cached_bytes and max_cached_blocks_per_class blocks
-//   per class; a release beyond either frees the block to the upstream. Each thread's
-//   cache holds in addition at most thread_cache_max_bytes (default 32 MiB).
-//   trim(keep) frees the shared rings down to `keep` bytes and the calling thread's cache
-//   at once; every other thread's cache is freed at that thread's next pool call (or exit).
+// Memory held (reserved) follows memory in use
+//   A tier that must grow first gives every wholly free segment (of both tiers) back to
+//   the upstream; free bytes above max_cached_bytes are given back on release; the rings
+//   hold at most max_cached_blocks_per_class blocks per class (and max_cached_bytes per
+//   class); each thread's cache at most thread_cache_max_bytes. trim(keep) takes every
+//   thread's cache (idle, exited, or busy: a thread inside a pool call frees it before the
+//   call returns) and the rings back into the segments, then gives back every wholly free
+//   segment while more than `keep` bytes are free (large tier; the small tier down to 0).
+//
+// Thread caches without a lock on the warm path
+//   Each thread cache has a state word. Its thread claims it with one uncontended CAS for
+//   the length of a call; trim() claims it the same way to take the blocks out, so it
+//   reaches idle threads. The cache of an exited thread is emptied and adopted by the next
+//   thread that registers. A thread whose thread_local teardown already destroyed vram's
+//   per-thread directory uses a slow path (a pool mutex, no thread cache), so nothing it
+//   releases is stranded.
 //
 // Out of memory
-//   An upstream OutOfMemory trims the whole shared cache and retries once; a second
-//   failure throws vram::OutOfMemory with the size asked and the bytes cached and in use.
+//   An upstream OutOfMemory trims every cache (waiting for stream-ordered frees' work) and
+//   retries once; a second failure throws vram::OutOfMemory with the size asked and the
+//   bytes cached and in use.
 //
 // Bad input (the same rules in every vram pool)
 //   Zero bytes, or an alignment above 256 or not a power of two: vram::InvalidArgument,
 //   nothing allocated. Above 1 TiB: vram::OutOfMemory. Null release: no-op.
 //   Foreign pointer, double release or wrong size: with validate_releases (default in
 //   debug builds) the release is rejected with a message on stderr and counted in
-//   invalid_releases, and nothing is cached; without it (release builds) the behaviour is
-//   undefined: the block would be cached and handed out again.
+//   invalid_releases, and nothing is cached; without it (release builds) a large block
+//   (above small_block_max_bytes) unknown to the pool is still rejected and counted, but a
+//   small one is undefined behaviour: it would be cached and handed out again.
 //   cudaDeviceReset() invalidates every cached block, and the warm path (no driver call)
 //   cannot notice: call trim(0) before a reset, or destroy the pool.
 //   Destroying the pool with blocks still leased: the cache is freed, a warning names the
 //   bytes still leased, and the pool's bookkeeping stays alive until the last of them is
 //   released (each then goes straight back to the upstream), so no lease dangles.
+//   Destruction may race releases on other threads: it closes every thread cache (waiting
+//   for calls in progress), after which all calls are serialised by a pool mutex, so the
+//   count of leased blocks is exact and every block reaches the upstream exactly once
+//   (tests/device_pool_test.cpp DevicePoolLifetime.*, run under ASan and TSan).
+//   Allocating from a pool while another thread destroys it is undefined.
 //
 // Counters are per thread, written with plain stores by their owner and summed by
 // stats(), which is exact when no acquire or release runs at the same moment.
+// peak_bytes_in_use is kept only with Options::track_peak_in_use (one shared atomic add
+// per call; exact, including concurrent calls).
 #pragma once
 
 #include <cuda/memory_resource>
@@ -59,6 +87,9 @@
 #include <cstdint>
 #include <memory>
 
+#include <cuda_runtime_api.h>
+
+#include "vram/stream_fence.hpp"
 #include "vram/upstream.hpp"
 
 namespace vram {
@@ -76,25 +107,42 @@ struct DevicePoolStats {
   std::uint64_t upstream_frees = 0;
   std::uint64_t oom_retries = 0;       // upstream OutOfMemory answered by trim + retry
   std::uint64_t invalid_releases = 0;  // rejected by validate_releases
-  std::size_t bytes_in_use = 0;        // class bytes handed out and not yet released
-  std::size_t bytes_cached = 0;        // held in free lists (both tiers)
+  std::size_t bytes_in_use = 0;        // block bytes handed out (block_bytes()) and not released
+  std::size_t bytes_cached = 0;        // reserved and not in use: caches, rings, free ranges
   std::size_t bytes_cached_in_threads = 0;
-  std::size_t bytes_reserved = 0;       // held from the upstream: in use + cached
+  std::size_t bytes_cached_in_rings = 0;
+  std::size_t bytes_reserved = 0;       // held from the upstream (segments): in use + cached
   std::size_t peak_bytes_reserved = 0;  // high-water mark of bytes_reserved
+  std::size_t peak_bytes_in_use = 0;    // high-water mark of bytes_in_use (track_peak_in_use)
+  std::uint64_t segments = 0;           // segments held from the upstream
 };
 
 // Configuration of a DevicePool (see the class comment for what each bound means).
 struct DevicePoolOptions {
-  std::size_t max_cached_bytes = std::size_t{4} << 30;
-  std::size_t max_cached_blocks_per_class = 1024;  // ring of a class, made on first use
-  std::size_t thread_cache_blocks = 4;             // 0 turns the per-thread tier off; at most 16
-  std::size_t thread_cache_max_block_bytes = std::size_t{4} << 20;
-  std::size_t thread_cache_max_bytes = std::size_t{32} << 20;  // per thread, all classes
+  std::size_t max_cached_bytes = std::size_t{4} << 30;  // free bytes per tier, ring bytes
+  std::size_t max_cached_blocks_per_class = 64;         // ring of a class, made on first use
+  std::size_t thread_cache_blocks = 8;  // 0 turns the per-thread tier off; at most 16
+  std::size_t thread_cache_max_block_bytes = std::size_t{1} << 20;
+  std::size_t thread_cache_max_bytes = std::size_t{8} << 20;  // per thread, all classes
 #ifdef NDEBUG
   bool validate_releases = false;
 #else
   bool validate_releases = true;
 #endif
+  std::size_t small_block_max_bytes = std::size_t{1} << 20;  // 256 B .. 2 MiB
+  std::size_t large_segment_bytes = std::size_t{20} << 20;
+  bool track_peak_in_use = false;
+  // The large tier over one reserved virtual address range, mapped in 2 MiB granules
+  // (CUDA virtual memory management over device memory; the host emulation,
+  // HostVirtualMemory charging the upstream per granule, over any other upstream). Free
+  // ranges merge across the whole range and reserved bytes are the granules mapped.
+  bool use_virtual_memory = false;
+  std::size_t virtual_reservation_bytes = 0;  // 0: twice the device's memory, or 64 GiB
+  bool unmap_before_map = false;              // keep reserved at in use, at the price of more maps
+  // Completion of stream-ordered frees; null: CUDA events over a device upstream, "always
+  // complete" over any other (host memory has no queued work). ManualFence emulates
+  // streams in host-only replay and tests.
+  std::shared_ptr<StreamFence> fence;
 };
 
 class DevicePool {
@@ -145,10 +193,21 @@ class DevicePool {
                   std::size_t alignment = kDefaultAlignment) noexcept;
   [[nodiscard]] Lease acquire(std::size_t bytes);
 
-  // Frees cached blocks to the upstream until at most `keep_bytes` stay cached (see above).
+  // Stream-ordered forms (see "When a released block may be handed out again"). Blocks
+  // from either allocate form may be released with either deallocate form.
+  [[nodiscard]] void* allocate_async(std::size_t bytes, cudaStream_t stream);
+  void deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept;
+
+  // Bytes a request of `bytes` occupies in the pool (its size class up to
+  // small_block_max_bytes, else rounded to 512): what bytes_in_use counts.
+  std::size_t block_bytes(std::size_t bytes) const noexcept;
+
+  // Gives cached memory back to the upstream (see above). Waits for the work of
+  // stream-ordered frees so that their memory can be given back too.
   void trim(std::size_t keep_bytes = 0);
   DevicePoolStats stats() const;
-  // Starts a new measurement window: peak_bytes_reserved restarts from bytes_reserved.
+  // Starts a new measurement window: peak_bytes_reserved restarts from bytes_reserved and
+  // peak_bytes_in_use from bytes_in_use.
   void reset_peak() noexcept;
   const Options& options() const noexcept;
   Upstream& upstream() const noexcept;

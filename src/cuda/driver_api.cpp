@@ -39,6 +39,15 @@ DriverApi resolve_all() {
   resolve(api.mem_pool_trim_to, "cuMemPoolTrimTo", 11020);
   resolve(api.mem_alloc_from_pool_async, "cuMemAllocFromPoolAsync", 11020);
   resolve(api.mem_free_async, "cuMemFreeAsync", 11020);
+  resolve(api.mem_address_reserve, "cuMemAddressReserve", 10020);
+  resolve(api.mem_address_free, "cuMemAddressFree", 10020);
+  resolve(api.mem_create, "cuMemCreate", 10020);
+  resolve(api.mem_release, "cuMemRelease", 10020);
+  resolve(api.mem_map, "cuMemMap", 10020);
+  resolve(api.mem_unmap, "cuMemUnmap", 10020);
+  resolve(api.mem_set_access, "cuMemSetAccess", 10020);
+  resolve(api.mem_get_allocation_granularity, "cuMemGetAllocationGranularity", 10020);
+  resolve(api.device_get_attribute, "cuDeviceGetAttribute", 2000);
   return api;
 }
 

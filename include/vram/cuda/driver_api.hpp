@@ -39,6 +39,16 @@ struct DriverApi {
   DriverEntry<PFN_cuMemPoolTrimTo_v11020> mem_pool_trim_to;
   DriverEntry<PFN_cuMemAllocFromPoolAsync_v11020> mem_alloc_from_pool_async;
   DriverEntry<PFN_cuMemFreeAsync_v11020> mem_free_async;
+  // Virtual memory management (DevicePool's virtual-memory large tier).
+  DriverEntry<PFN_cuMemAddressReserve_v10020> mem_address_reserve;
+  DriverEntry<PFN_cuMemAddressFree_v10020> mem_address_free;
+  DriverEntry<PFN_cuMemCreate_v10020> mem_create;
+  DriverEntry<PFN_cuMemRelease_v10020> mem_release;
+  DriverEntry<PFN_cuMemMap_v10020> mem_map;
+  DriverEntry<PFN_cuMemUnmap_v10020> mem_unmap;
+  DriverEntry<PFN_cuMemSetAccess_v10020> mem_set_access;
+  DriverEntry<PFN_cuMemGetAllocationGranularity_v10020> mem_get_allocation_granularity;
+  DriverEntry<PFN_cuDeviceGetAttribute_v2000> device_get_attribute;
 
   // The function, or throws vram::CudaError naming it and the driver version it needs.
   template <class Function>

@@ -1,0 +1,178 @@
+// vram/detail/segment_tier.hpp: DevicePool's segment tier: best-fit split and coalesce
+// over segments from the upstream, stream-tagged free ranges, one short mutex.
+//
+// Every block DevicePool hands out lives in a segment: small blocks (size classes up to
+// 1 MiB) in a SegmentTier of 2 MiB segments, larger ones in a second SegmentTier whose
+// segments are 20 MiB for requests under 10 MiB and the request rounded up to 2 MiB above
+// that. A request takes the smallest free range that fits (best fit; ties: lowest
+// address) and splits off the rest; a freed range merges with free neighbours of the
+// same tag. So memory is reused across sizes, not only within a size class.
+//
+// Reserved tracks live: when a request fits no free range, every wholly free segment is
+// given back to the upstream before a new one is taken (none of them could serve it), and
+// free bytes above max_free_bytes are given back on release. trim() gives back every
+// wholly free segment.
+//
+// Stream tags (reuse rule of DevicePool::deallocate_async): a range freed with stream S
+// is tagged S and serves later requests on S at once. It becomes untagged (usable by any
+// stream) only after a StreamFence marker recorded on S has completed; markers are
+// recorded lazily, when another stream needs memory that only S's free ranges could give
+// (or on trim), so a free costs no event record. Plain frees are untagged.
+//
+// Invariants (under the mutex): reserved == sum of segment sizes == used + free bytes
+// (free includes tagged and pending ranges); no two adjacent free ranges have the same
+// tag and neither is pending; every used range is in `live_`.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "vram/stream_fence.hpp"
+#include "vram/upstream.hpp"
+#include "vram/virtual_memory.hpp"
+
+namespace vram::detail {
+
+using StreamKey = std::uintptr_t;
+inline constexpr StreamKey kUntagged = ~StreamKey{0};
+inline StreamKey stream_key(cudaStream_t stream) noexcept {
+  return reinterpret_cast<StreamKey>(stream);
+}
+
+// Reserved bytes of several tiers together, and their high-water mark.
+struct ReservedGauge {
+  std::atomic<std::size_t> reserved{0};
+  std::atomic<std::size_t> peak{0};
+  void add(std::size_t bytes) noexcept {
+    const std::size_t now = reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    std::size_t high = peak.load(std::memory_order_relaxed);
+    while (now > high && !peak.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
+    }
+  }
+  void sub(std::size_t bytes) noexcept { reserved.fetch_sub(bytes, std::memory_order_relaxed); }
+};
+
+class SegmentTier {
+ public:
+  struct Options {
+    std::size_t granularity = 512;  // every range is a multiple of it
+    std::size_t min_segment = std::size_t{2} << 20;
+    std::size_t packed_segment = std::size_t{20} << 20;  // for requests under packed_limit
+    std::size_t packed_limit = std::size_t{10} << 20;
+    std::size_t segment_rounding = std::size_t{2} << 20;
+    std::size_t max_free_bytes = SIZE_MAX;
+    // Virtual-memory mode: one reserved range of `reservation` bytes instead of segments;
+    // reserved bytes are the granules mapped. Free granules (wholly inside free, untagged
+    // ranges) are unmapped on trim, when free mapped bytes pass max_free_bytes, when a map
+    // fails, and, with unmap_before_map, before a new map that would take reserved past
+    // the peak of used bytes plus 1/2^free_slack_shift of it.
+    VirtualMemory* virtual_memory = nullptr;
+    std::size_t reservation = std::size_t{64} << 30;
+    bool unmap_before_map = false;
+    unsigned free_slack_shift = 4;  // reserved up to the peak of used + 1/16 before unmapping
+  };
+  struct Counters {
+    std::size_t reserved = 0;
+    std::size_t peak_reserved = 0;
+    std::size_t free_bytes = 0;  // reserved - used
+    std::uint64_t upstream_allocations = 0;
+    std::uint64_t upstream_frees = 0;
+    std::uint64_t failed_upstream_allocations = 0;
+    std::uint64_t segments = 0;
+    std::uint64_t maps = 0;  // granules mapped (virtual mode; counted in upstream_allocations)
+  };
+
+  SegmentTier(Upstream& upstream, StreamFence& fence, ReservedGauge& gauge, Options options);
+  ~SegmentTier();
+  SegmentTier(const SegmentTier&) = delete;
+  SegmentTier& operator=(const SegmentTier&) = delete;
+
+  std::size_t round(std::size_t bytes) const noexcept {
+    return (bytes + options_.granularity - 1) & ~(options_.granularity - 1);
+  }
+  // A range of round(bytes) usable on `stream` (kUntagged: any stream, completed work only).
+  // Without may_grow: null when no free range fits. With it, a new segment (after giving
+  // back the wholly free ones); throws the upstream's OutOfMemory or CudaError.
+  void* allocate(std::size_t bytes, StreamKey stream, bool may_grow);
+  // Returns a block from allocate(); `tag` is the freeing stream or kUntagged. False (and
+  // nothing changed) when the block is not live here.
+  bool free(void* block, StreamKey tag) noexcept;
+  // Untags ranges whose markers completed (recording markers for every tagged stream;
+  // with `wait`, blocking until they complete), then gives back wholly free segments
+  // while more than keep_free bytes are free.
+  void trim(std::size_t keep_free, bool wait) noexcept;
+  // Gives back wholly free (untagged) segments; what a sibling tier calls before it grows.
+  void release_empty() noexcept;
+  bool owns(void* block) const noexcept;
+  Counters counters() const noexcept;
+  void reset_peak() noexcept;
+
+ private:
+  struct Segment;
+  struct Range {
+    char* addr;
+    std::size_t size;
+    Segment* segment;
+    Range* prev = nullptr;
+    Range* next = nullptr;
+    enum class State : std::uint8_t { used, free, pending } state = State::free;
+    StreamKey tag = kUntagged;
+  };
+  struct Segment {
+    char* base;
+    std::size_t size;
+    Range* first;
+  };
+  struct BySize {
+    bool operator()(const Range* a, const Range* b) const noexcept {
+      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
+    }
+  };
+  using FreeSet = std::set<Range*, BySize>;
+  struct Pending {
+    std::uint64_t marker;
+    std::vector<Range*> ranges;
+  };
+
+  Range* best_fit(StreamKey key, std::size_t bytes) noexcept;
+  void insert_free(Range* range) noexcept;  // coalesces, then files it under its tag
+  void remove_free(Range* range) noexcept;
+  void poll_pending(bool wait) noexcept;
+  bool fence_other_streams(StreamKey except) noexcept;  // true when some were fenced
+  void release_empty_segments(std::size_t keep_free) noexcept;
+  void release_segment(Segment* segment) noexcept;
+  std::size_t segment_size_for(std::size_t bytes) const noexcept;
+  // Virtual mode.
+  void reserve_range();
+  void map_range(Range* range);
+  void make_reclaimable() noexcept;  // every granule under `range`; throws OutOfMemory
+  void unmap_free_granules(std::size_t keep_free, const Range* except) noexcept;
+  std::size_t granule_of(const char* address) const noexcept {
+    return static_cast<std::size_t>(address - base_) / granule_;
+  }
+
+  Upstream& upstream_;
+  StreamFence& fence_;
+  ReservedGauge& gauge_;
+  const Options options_;
+  mutable std::mutex mutex_;
+  std::unordered_map<StreamKey, FreeSet> free_;
+  std::unordered_map<void*, Range*> live_;
+  std::vector<Pending> pending_;
+  std::vector<Segment*> segments_;
+  Counters counters_;
+  std::size_t used_ = 0;
+  char* base_ = nullptr;  // virtual mode: the reserved range
+  std::size_t granule_ = 0;
+  std::vector<std::uint64_t> handles_;  // per granule
+  std::vector<bool> mapped_;
+  std::size_t mapped_high_ = 0;
+  std::size_t used_peak_ = 0;  // granules at or above it are unmapped
+};
+
+}  // namespace vram::detail

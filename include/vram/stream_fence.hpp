@@ -1,0 +1,103 @@
+// vram/stream_fence.hpp: "has the work queued on this stream so far completed?", pluggable.
+//
+// DevicePool's stream-ordered release (deallocate_async) hands a block to another stream
+// only after the work queued on the freeing stream has completed. It asks a StreamFence:
+// record(stream) marks "everything queued on `stream` up to now", completed(marker) checks
+// it without blocking, wait(marker) blocks, release(marker) recycles it.
+//
+//   CudaEventFence   CUDA events, recycled (never created per free once warm); the default
+//                    of a pool over device memory.
+//   ImmediateFence   every marker is complete at once: host memory has no queued work;
+//                    the default of a pool over any other upstream.
+//   ManualFence      markers complete when the owner says so (complete_all / complete):
+//                    emulates streams in host-only tests and trace replay.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace vram {
+
+class StreamFence {
+ public:
+  StreamFence() = default;
+  StreamFence(const StreamFence&) = delete;
+  StreamFence& operator=(const StreamFence&) = delete;
+  virtual ~StreamFence() = default;
+  // A marker after all work queued on `stream` so far. Throws on failure (the pool then
+  // waits for nothing and keeps the blocks tagged with the stream).
+  virtual std::uint64_t record(cudaStream_t stream) = 0;
+  // Non-blocking: has the work before `marker` completed?
+  virtual bool completed(std::uint64_t marker) noexcept = 0;
+  // Blocks until it has (used only on the out-of-memory path).
+  virtual void wait(std::uint64_t marker) noexcept = 0;
+  // The marker is no longer needed.
+  virtual void release(std::uint64_t marker) noexcept = 0;
+};
+
+class ImmediateFence final : public StreamFence {
+ public:
+  std::uint64_t record(cudaStream_t) override { return 0; }
+  bool completed(std::uint64_t) noexcept override { return true; }
+  void wait(std::uint64_t) noexcept override {}
+  void release(std::uint64_t) noexcept override {}
+};
+
+// Markers are numbered 1, 2, ...; complete(n) completes every marker up to n.
+class ManualFence final : public StreamFence {
+ public:
+  std::uint64_t record(cudaStream_t) override {
+    std::lock_guard lock(mutex_);
+    return ++recorded_;
+  }
+  bool completed(std::uint64_t marker) noexcept override {
+    std::lock_guard lock(mutex_);
+    return marker <= completed_;
+  }
+  // Nothing would ever complete it: a test that waits must complete first.
+  void wait(std::uint64_t marker) noexcept override {
+    std::lock_guard lock(mutex_);
+    if (marker > completed_) completed_ = marker;
+  }
+  void release(std::uint64_t) noexcept override {}
+  void complete(std::uint64_t marker) {
+    std::lock_guard lock(mutex_);
+    if (marker > completed_) completed_ = marker;
+  }
+  void complete_all() {
+    std::lock_guard lock(mutex_);
+    completed_ = recorded_;
+  }
+  std::uint64_t recorded() const {
+    std::lock_guard lock(mutex_);
+    return recorded_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::uint64_t recorded_ = 0;
+  std::uint64_t completed_ = 0;
+};
+
+// CUDA events (cudaEventDisableTiming) on `device`, recycled through a free list.
+class CudaEventFence final : public StreamFence {
+ public:
+  explicit CudaEventFence(int device) : device_(device) {}
+  ~CudaEventFence() override;
+  std::uint64_t record(cudaStream_t stream) override;
+  bool completed(std::uint64_t marker) noexcept override;
+  void wait(std::uint64_t marker) noexcept override;
+  void release(std::uint64_t marker) noexcept override;
+  std::size_t events_created() const;
+
+ private:
+  int device_;
+  mutable std::mutex mutex_;
+  std::vector<cudaEvent_t> events_;  // marker - 1 indexes this
+  std::vector<std::uint64_t> free_;  // recycled markers
+};
+
+}  // namespace vram

@@ -1,0 +1,79 @@
+// vram/virtual_memory.hpp: reserve an address range once, back it with physical granules
+// where blocks live, take the granules back where nothing lives.
+//
+// DevicePool's large tier can run over one such range instead of separate segments
+// (Options::virtual_memory): free ranges then merge across what would have been segment
+// boundaries, and the memory held is the granules mapped, not the segments allocated.
+//
+//   CudaVirtualMemory  cuMemAddressReserve + per-granule cuMemCreate / cuMemMap /
+//                      cuMemSetAccess, cuMemUnmap + cuMemRelease (driver entry points
+//                      through vram::cuda::driver_api(); no libcuda link).
+//   HostVirtualMemory  the emulation: mmap(PROT_NONE) reserves, mprotect maps; each mapped
+//                      granule is charged to an Upstream (capacity, fault injection and
+//                      accounting as for a real device), so the memory figures can be
+//                      checked without a GPU.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "vram/upstream.hpp"
+
+namespace vram {
+
+class VirtualMemory {
+ public:
+  VirtualMemory() = default;
+  VirtualMemory(const VirtualMemory&) = delete;
+  VirtualMemory& operator=(const VirtualMemory&) = delete;
+  virtual ~VirtualMemory() = default;
+  // Mapping unit (2 MiB).
+  virtual std::size_t granularity() const noexcept = 0;
+  // The address range (bytes: a multiple of granularity()). Throws on failure.
+  virtual char* reserve(std::size_t bytes) = 0;
+  virtual void unreserve(char* base, std::size_t bytes) noexcept = 0;
+  // Backs one granule at `address` (granule-aligned) with memory usable from the device;
+  // returns the handle unmap() takes. Throws vram::OutOfMemory when no physical memory is
+  // left.
+  virtual std::uint64_t map(char* address) = 0;
+  virtual void unmap(char* address, std::uint64_t handle) noexcept = 0;
+};
+
+// The host emulation over an Upstream that supplies (and counts) the "physical" granules.
+class HostVirtualMemory final : public VirtualMemory {
+ public:
+  explicit HostVirtualMemory(std::shared_ptr<Upstream> physical,
+                             std::size_t granularity = std::size_t{2} << 20);
+  ~HostVirtualMemory() override;
+  std::size_t granularity() const noexcept override { return granularity_; }
+  char* reserve(std::size_t bytes) override;
+  void unreserve(char* base, std::size_t bytes) noexcept override;
+  std::uint64_t map(char* address) override;
+  void unmap(char* address, std::uint64_t handle) noexcept override;
+
+ private:
+  std::shared_ptr<Upstream> physical_;
+  std::size_t granularity_;
+};
+
+// CUDA virtual memory management on `device`.
+class CudaVirtualMemory final : public VirtualMemory {
+ public:
+  explicit CudaVirtualMemory(int device);
+  ~CudaVirtualMemory() override;
+  std::size_t granularity() const noexcept override { return granularity_; }
+  char* reserve(std::size_t bytes) override;
+  void unreserve(char* base, std::size_t bytes) noexcept override;
+  std::uint64_t map(char* address) override;
+  void unmap(char* address, std::uint64_t handle) noexcept override;
+  // True when the driver and device support it.
+  static bool supported(int device) noexcept;
+
+ private:
+  int device_;
+  std::size_t granularity_ = std::size_t{2} << 20;
+};
+
+}  // namespace vram

@@ -1,0 +1,416 @@
+#include "vram/detail/segment_tier.hpp"
+
+#include <algorithm>
+#include <memory>
+
+#include "vram/cuda/error.hpp"
+
+namespace vram::detail {
+
+SegmentTier::SegmentTier(Upstream& upstream, StreamFence& fence, ReservedGauge& gauge,
+                         Options options)
+    : upstream_(upstream), fence_(fence), gauge_(gauge), options_(options) {
+  if (options_.virtual_memory != nullptr) granule_ = options_.virtual_memory->granularity();
+}
+
+SegmentTier::~SegmentTier() {
+  for (Pending& p : pending_) fence_.release(p.marker);
+  if (base_ != nullptr) {
+    for (std::size_t g = 0; g < mapped_.size(); ++g) {
+      if (!mapped_[g]) continue;
+      options_.virtual_memory->unmap(base_ + g * granule_, handles_[g]);
+      gauge_.sub(granule_);
+    }
+    options_.virtual_memory->unreserve(base_, options_.reservation);
+  }
+  for (Segment* segment : segments_) {
+    if (segment->base != base_) {
+      upstream_.deallocate(segment->base, segment->size);
+      gauge_.sub(segment->size);
+    }
+    for (Range* r = segment->first; r != nullptr;) {
+      Range* next = r->next;
+      delete r;
+      r = next;
+    }
+    delete segment;
+  }
+}
+
+std::size_t SegmentTier::segment_size_for(std::size_t bytes) const noexcept {
+  const std::size_t rounding = options_.segment_rounding;
+  std::size_t size = (bytes + rounding - 1) / rounding * rounding;
+  if (bytes < options_.packed_limit) size = std::max(size, options_.packed_segment);
+  return std::max(size, options_.min_segment);
+}
+
+SegmentTier::Range* SegmentTier::best_fit(StreamKey key, std::size_t bytes) noexcept {
+  auto set = free_.find(key);
+  if (set == free_.end() || set->second.empty()) return nullptr;
+  Range probe{nullptr, bytes, nullptr};
+  auto it = set->second.lower_bound(&probe);
+  if (it == set->second.end()) return nullptr;
+  if (base_ == nullptr) return *it;
+  // Virtual mode: among the few best fits, prefer one whose granules are all mapped (no
+  // driver call, nothing unmapped elsewhere for it).
+  auto candidate = it;
+  for (int tries = 0; tries < 8 && candidate != set->second.end(); ++tries, ++candidate) {
+    const Range* r = *candidate;
+    bool mapped = true;
+    for (std::size_t g = granule_of(r->addr); g <= granule_of(r->addr + bytes - 1) && mapped; ++g) {
+      mapped = mapped_[g];
+    }
+    if (mapped) return *candidate;
+  }
+  return *it;
+}
+
+void SegmentTier::remove_free(Range* range) noexcept {
+  auto set = free_.find(range->tag);
+  if (set == free_.end()) return;
+  set->second.erase(range);
+  if (set->second.empty() && range->tag != kUntagged) free_.erase(set);
+}
+
+void SegmentTier::insert_free(Range* range) noexcept {
+  range->state = Range::State::free;
+  if (Range* prev = range->prev;
+      prev != nullptr && prev->state == Range::State::free && prev->tag == range->tag) {
+    remove_free(prev);
+    prev->size += range->size;
+    prev->next = range->next;
+    if (range->next != nullptr) range->next->prev = prev;
+    delete range;
+    range = prev;
+  }
+  if (Range* next = range->next;
+      next != nullptr && next->state == Range::State::free && next->tag == range->tag) {
+    remove_free(next);
+    range->size += next->size;
+    range->next = next->next;
+    if (next->next != nullptr) next->next->prev = range;
+    delete next;
+  }
+  try {
+    free_[range->tag].insert(range);
+  } catch (...) {
+    // No host memory for the set node: the range stays free but unfiled (not reused, and
+    // its segment is given back only at destruction). Accounting is unchanged.
+  }
+}
+
+void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) {
+  const std::size_t need = round(bytes);
+  auto spare = std::make_unique<Range>(Range{nullptr, 0, nullptr});  // before any change
+  std::lock_guard lock(mutex_);
+  if (static_cast<float>(live_.size() + 1) >
+      static_cast<float>(live_.bucket_count()) * live_.max_load_factor()) {
+    live_.reserve(2 * live_.size() + 16);  // the emplace below cannot throw or rehash
+  }
+  if (options_.virtual_memory != nullptr && base_ == nullptr) reserve_range();
+  if (!pending_.empty()) poll_pending(false);
+  Range* r = stream != kUntagged ? best_fit(stream, need) : nullptr;
+  if (r == nullptr) r = best_fit(kUntagged, need);
+  if (r == nullptr && fence_other_streams(stream)) {
+    poll_pending(false);
+    r = best_fit(kUntagged, need);
+  }
+  if (r != nullptr && base_ != nullptr && !may_grow) {
+    for (std::size_t g = granule_of(r->addr); g <= granule_of(r->addr + need - 1); ++g) {
+      if (!mapped_[g]) return nullptr;  // would need a new granule: that is growing
+    }
+  }
+  if (r != nullptr) {
+    remove_free(r);
+  } else if (!may_grow) {
+    return nullptr;
+  } else if (base_ != nullptr) {
+    throw OutOfMemory(bytes, counters_.free_bytes, used_,
+                      "the pool's reserved address range is exhausted");
+  } else {
+    // Nothing free fits: wholly free segments cannot serve this request, give them back
+    // first so reserved memory follows live memory.
+    release_empty_segments(0);
+    std::size_t size = segment_size_for(need);
+    auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
+    auto whole = std::make_unique<Range>(Range{nullptr, size, nullptr});
+    segments_.reserve(segments_.size() + 1);
+    void* base = nullptr;
+    try {
+      base = upstream_.allocate(size);
+    } catch (const OutOfMemory&) {
+      ++counters_.failed_upstream_allocations;
+      if (size == need) throw;
+      size = need;  // a segment of just this block may still fit
+      try {
+        base = upstream_.allocate(size);
+      } catch (...) {
+        ++counters_.failed_upstream_allocations;
+        throw;
+      }
+    } catch (...) {
+      ++counters_.failed_upstream_allocations;
+      throw;
+    }
+    segment->size = size;
+    whole->size = size;
+    segment->base = static_cast<char*>(base);
+    whole->addr = segment->base;
+    whole->segment = segment.get();
+    segment->first = whole.get();
+    segments_.push_back(segment.release());
+    r = whole.release();
+    ++counters_.upstream_allocations;
+    ++counters_.segments;
+    counters_.reserved += size;
+    counters_.free_bytes += size;
+    counters_.peak_reserved = std::max(counters_.peak_reserved, counters_.reserved);
+    gauge_.add(size);
+  }
+  if (r->size - need >= options_.granularity) {
+    Range* rest = spare.release();
+    *rest =
+        Range{r->addr + need, r->size - need, r->segment, r, r->next, Range::State::free, r->tag};
+    if (r->next != nullptr) r->next->prev = rest;
+    r->next = rest;
+    r->size = need;
+    try {
+      free_[rest->tag].insert(rest);  // r was maximal: rest has no free same-tag neighbour
+    } catch (...) {
+    }
+  }
+  r->state = Range::State::used;  // before mapping: nothing may merge it meanwhile
+  if (base_ != nullptr) {
+    try {
+      map_range(r);
+    } catch (...) {  // give the range back as it was (it merges with its split-off rest)
+      insert_free(r);
+      throw;
+    }
+  }
+  try {
+    live_.emplace(r->addr, r);
+  } catch (...) {    // no host memory for the node: the range goes back, nothing changed
+    insert_free(r);  // still under its tag
+    throw;
+  }
+  r->tag = kUntagged;
+  counters_.free_bytes -= r->size;
+  used_ += r->size;
+  return r->addr;
+}
+
+bool SegmentTier::free(void* block, StreamKey tag) noexcept {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(block);
+  if (it == live_.end()) return false;
+  Range* r = it->second;
+  live_.erase(it);
+  counters_.free_bytes += r->size;
+  used_ -= r->size;
+  r->tag = tag;
+  insert_free(r);
+  if (tag == kUntagged && counters_.free_bytes > options_.max_free_bytes) {
+    if (base_ != nullptr) {
+      unmap_free_granules(options_.max_free_bytes, nullptr);
+    } else {
+      release_empty_segments(options_.max_free_bytes);
+    }
+  }
+  return true;
+}
+
+void SegmentTier::poll_pending(bool wait) noexcept {
+  for (std::size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    if (wait) fence_.wait(p.marker);
+    if (!fence_.completed(p.marker)) {
+      ++i;
+      continue;
+    }
+    fence_.release(p.marker);
+    for (Range* r : p.ranges) {
+      r->tag = kUntagged;
+      insert_free(r);
+    }
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+  }
+}
+
+bool SegmentTier::fence_other_streams(StreamKey except) noexcept {
+  bool fenced = false;
+  for (auto it = free_.begin(); it != free_.end();) {
+    if (it->first == kUntagged || it->first == except || it->second.empty()) {
+      ++it;
+      continue;
+    }
+    try {
+      Pending p{fence_.record(reinterpret_cast<cudaStream_t>(it->first)), {}};
+      p.ranges.assign(it->second.begin(), it->second.end());
+      pending_.push_back(std::move(p));
+    } catch (...) {  // no marker (or no host memory): these ranges stay with their stream
+      ++it;
+      continue;
+    }
+    for (Range* r : it->second) r->state = Range::State::pending;
+    it = free_.erase(it);
+    fenced = true;
+  }
+  return fenced;
+}
+
+void SegmentTier::release_segment(Segment* segment) noexcept {
+  upstream_.deallocate(segment->base, segment->size);
+  ++counters_.upstream_frees;
+  --counters_.segments;
+  counters_.reserved -= segment->size;
+  counters_.free_bytes -= segment->size;
+  gauge_.sub(segment->size);
+  delete segment->first;
+  delete segment;
+}
+
+void SegmentTier::release_empty_segments(std::size_t keep_free) noexcept {
+  if (base_ != nullptr) return;  // virtual mode: granules, not segments, go back
+  for (std::size_t i = 0; i < segments_.size() && counters_.free_bytes > keep_free;) {
+    Segment* segment = segments_[i];
+    Range* only = segment->first;
+    if (only->next == nullptr && only->state == Range::State::free && only->tag == kUntagged) {
+      remove_free(only);
+      release_segment(segment);
+      segments_[i] = segments_.back();
+      segments_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void SegmentTier::trim(std::size_t keep_free, bool wait) noexcept {
+  std::lock_guard lock(mutex_);
+  fence_other_streams(kUntagged);
+  poll_pending(wait);
+  if (base_ != nullptr) {
+    unmap_free_granules(keep_free, nullptr);
+  } else {
+    release_empty_segments(keep_free);
+  }
+}
+
+void SegmentTier::reserve_range() {
+  const std::size_t bytes = options_.reservation / granule_ * granule_;
+  const std::size_t granules = bytes / granule_;
+  handles_.assign(granules, 0);
+  mapped_.assign(granules, false);
+  auto segment = std::make_unique<Segment>(Segment{nullptr, bytes, nullptr});
+  auto whole = std::make_unique<Range>(Range{nullptr, bytes, nullptr});
+  segments_.reserve(segments_.size() + 1);
+  free_[kUntagged];  // the set exists before the range is filed
+  base_ = options_.virtual_memory->reserve(bytes);
+  segment->base = base_;
+  whole->addr = base_;
+  whole->segment = segment.get();
+  segment->first = whole.get();
+  segments_.push_back(segment.release());
+  free_[kUntagged].insert(whole.release());
+  ++counters_.segments;
+}
+
+// Stream-tagged free ranges may still be used by queued work: fence every stream and
+// untag what has completed (without blocking), so that its granules can be unmapped.
+void SegmentTier::make_reclaimable() noexcept {
+  fence_other_streams(kUntagged);
+  poll_pending(false);
+}
+
+void SegmentTier::map_range(Range* range) {
+  const std::size_t first = granule_of(range->addr);
+  const std::size_t last = granule_of(range->addr + range->size - 1);
+  std::size_t new_bytes = 0;
+  for (std::size_t g = first; g <= last; ++g) new_bytes += mapped_[g] ? 0 : granule_;
+  if (new_bytes == 0) return;
+  const std::size_t used_after = used_ + range->size;
+  used_peak_ = std::max(used_peak_, used_after);
+  if (options_.unmap_before_map) {
+    // Reserved may exceed the peak of used bytes by 1/2^free_slack_shift: past that, free
+    // granules are unmapped before new ones are mapped. Below it, mapped free granules stay
+    // for reuse, so a loop that frees and reallocates makes no driver call.
+    const std::size_t bound = used_peak_ + (used_peak_ >> options_.free_slack_shift);
+    if (counters_.reserved + new_bytes > bound) {
+      make_reclaimable();
+      const std::size_t room = bound > used_ + new_bytes ? bound - used_ - new_bytes : 0;
+      unmap_free_granules(room, range);
+    }
+  }
+  for (std::size_t g = first; g <= last; ++g) {
+    if (mapped_[g]) continue;
+    char* address = base_ + g * granule_;
+    std::uint64_t handle = 0;
+    try {
+      handle = options_.virtual_memory->map(address);
+    } catch (const OutOfMemory&) {
+      ++counters_.failed_upstream_allocations;
+      make_reclaimable();
+      unmap_free_granules(0, range);
+      try {
+        handle = options_.virtual_memory->map(address);
+      } catch (...) {
+        ++counters_.failed_upstream_allocations;
+        throw;
+      }
+    }
+    mapped_[g] = true;
+    handles_[g] = handle;
+    mapped_high_ = std::max(mapped_high_, g + 1);
+    ++counters_.maps;
+    ++counters_.upstream_allocations;
+    counters_.reserved += granule_;
+    counters_.free_bytes += granule_;
+    counters_.peak_reserved = std::max(counters_.peak_reserved, counters_.reserved);
+    gauge_.add(granule_);
+  }
+}
+
+void SegmentTier::unmap_free_granules(std::size_t keep_free, const Range* except) noexcept {
+  auto set = free_.find(kUntagged);
+  if (set == free_.end()) return;
+  for (const Range* r : set->second) {
+    if (counters_.free_bytes <= keep_free) return;
+    if (r == except) continue;
+    const auto begin = static_cast<std::size_t>(r->addr - base_);
+    const std::size_t first = (begin + granule_ - 1) / granule_;
+    const std::size_t end = std::min((begin + r->size) / granule_, mapped_high_);  // wholly inside
+    for (std::size_t g = first; g < end && counters_.free_bytes > keep_free; ++g) {
+      if (!mapped_[g]) continue;
+      options_.virtual_memory->unmap(base_ + g * granule_, handles_[g]);
+      mapped_[g] = false;
+      ++counters_.upstream_frees;
+      counters_.reserved -= granule_;
+      counters_.free_bytes -= granule_;
+      gauge_.sub(granule_);
+    }
+  }
+}
+
+void SegmentTier::release_empty() noexcept {
+  std::lock_guard lock(mutex_);
+  release_empty_segments(0);
+}
+
+bool SegmentTier::owns(void* block) const noexcept {
+  std::lock_guard lock(mutex_);
+  return live_.count(block) != 0;
+}
+
+SegmentTier::Counters SegmentTier::counters() const noexcept {
+  std::lock_guard lock(mutex_);
+  return counters_;
+}
+
+void SegmentTier::reset_peak() noexcept {
+  std::lock_guard lock(mutex_);
+  counters_.peak_reserved = counters_.reserved;
+}
+
+}  // namespace vram::detail

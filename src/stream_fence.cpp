@@ -1,0 +1,77 @@
+#include "vram/stream_fence.hpp"
+
+#include "vram/cuda/device.hpp"
+#include "vram/cuda/error.hpp"
+
+namespace vram {
+
+CudaEventFence::~CudaEventFence() {
+  for (cudaEvent_t event : events_) {
+    if (cudaEventDestroy(event) != cudaSuccess) (void)cudaGetLastError();
+  }
+}
+
+std::uint64_t CudaEventFence::record(cudaStream_t stream) {
+  std::lock_guard lock(mutex_);
+  std::uint64_t marker = 0;
+  if (!free_.empty()) {
+    marker = free_.back();
+    free_.pop_back();
+  } else {
+    cuda::DeviceGuard guard(device_);
+    cudaEvent_t event = nullptr;
+    cuda::check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                "cudaEventCreateWithFlags");
+    try {
+      events_.push_back(event);
+    } catch (...) {
+      (void)cudaEventDestroy(event);
+      throw;
+    }
+    marker = events_.size();
+  }
+  const cudaError_t status = cudaEventRecord(events_[marker - 1], stream);
+  if (status != cudaSuccess) {
+    free_.push_back(marker);
+    cuda::check(status, "cudaEventRecord");
+  }
+  return marker;
+}
+
+bool CudaEventFence::completed(std::uint64_t marker) noexcept {
+  cudaEvent_t event = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    event = events_[marker - 1];
+  }
+  const cudaError_t status = cudaEventQuery(event);
+  if (status == cudaSuccess) return true;
+  (void)cudaGetLastError();
+  // cudaErrorNotReady: still running. Any other error (driver shutting down): nothing will
+  // run any more, so the work is as complete as it will ever be.
+  return status != cudaErrorNotReady;
+}
+
+void CudaEventFence::wait(std::uint64_t marker) noexcept {
+  cudaEvent_t event = nullptr;
+  {
+    std::lock_guard lock(mutex_);
+    event = events_[marker - 1];
+  }
+  if (cudaEventSynchronize(event) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void CudaEventFence::release(std::uint64_t marker) noexcept {
+  std::lock_guard lock(mutex_);
+  try {
+    free_.push_back(marker);
+  } catch (...) {  // the event stays allocated, unused, until the fence dies
+  }
+}
+
+std::size_t CudaEventFence::events_created() const {
+  std::lock_guard lock(mutex_);
+  return events_.size();
+}
+
+}  // namespace vram

@@ -1,0 +1,154 @@
+// SegmentTier (DevicePool's segment tiers): best fit, split and coalesce, wholly free
+// segments given back, stream tags released only after a fence, and the virtual-memory
+// mode over the host emulation (granules mapped where blocks live, unmapped on trim).
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "test_upstreams.hpp"
+#include "vram/detail/segment_tier.hpp"
+#include "vram/units.hpp"
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+using detail::kUntagged;
+using detail::SegmentTier;
+
+struct TierFixture {
+  explicit TierFixture(SegmentTier::Options options = {}, std::size_t capacity = SIZE_MAX)
+      : upstream(std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
+                                                TestUpstream::Options{.capacity_bytes = capacity})),
+        tier(*upstream, fence, gauge, options) {}
+  std::shared_ptr<TestUpstream> upstream;
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  SegmentTier tier;
+};
+
+SegmentTier::Options two_mib_segments() {
+  return {.granularity = 512, .packed_segment = 2_MiB, .packed_limit = 2_MiB};
+}
+
+TEST(SegmentTier, SplitsBestFitAndCoalesces) {
+  TierFixture f(two_mib_segments());
+  char* a = static_cast<char*>(f.tier.allocate(512_KiB, kUntagged, true));
+  char* b = static_cast<char*>(f.tier.allocate(512_KiB, kUntagged, true));
+  char* c = static_cast<char*>(f.tier.allocate(256_KiB, kUntagged, true));
+  EXPECT_EQ(f.upstream->allocations(), 1U);  // one segment, split three times
+  EXPECT_EQ(b, a + 512_KiB);
+  EXPECT_EQ(c, b + 512_KiB);
+  ASSERT_TRUE(f.tier.free(b, kUntagged));
+  // Free: b's hole (512 KiB) and the tail (768 KiB). Best fit for 384 KiB is the hole.
+  char* d = static_cast<char*>(f.tier.allocate(384_KiB, kUntagged, true));
+  EXPECT_EQ(d, b);
+  ASSERT_TRUE(f.tier.free(a, kUntagged));
+  ASSERT_TRUE(f.tier.free(d, kUntagged));
+  // a + d + the rest of b's hole merged into one 1 MiB range at a.
+  char* e = static_cast<char*>(f.tier.allocate(1_MiB, kUntagged, false));
+  EXPECT_EQ(e, a);
+  EXPECT_FALSE(f.tier.free(a + 512, kUntagged)) << "not a block: refused, nothing changed";
+  ASSERT_TRUE(f.tier.free(e, kUntagged));
+  ASSERT_TRUE(f.tier.free(c, kUntagged));
+  const auto counters = f.tier.counters();
+  EXPECT_EQ(counters.reserved, 2_MiB);
+  EXPECT_EQ(counters.free_bytes, 2_MiB);  // one whole free range again
+  EXPECT_EQ(f.tier.allocate(2_MiB, kUntagged, false), a);
+}
+
+TEST(SegmentTier, WhollyFreeSegmentsGoBackBeforeGrowingAndOnTrim) {
+  TierFixture f(two_mib_segments());
+  void* a = f.tier.allocate(1536_KiB, kUntagged, true);
+  ASSERT_TRUE(f.tier.free(a, kUntagged));
+  EXPECT_EQ(f.upstream->live_bytes(), 2_MiB);           // cached
+  void* big = f.tier.allocate(3_MiB, kUntagged, true);  // fits no free range
+  EXPECT_EQ(f.upstream->frees(), 1U);                   // the free 2 MiB segment went back first
+  EXPECT_EQ(f.upstream->live_bytes(), 4_MiB);           // 3 MiB rounded up to 2 MiB
+  EXPECT_EQ(f.gauge.reserved.load(), 4_MiB);
+  EXPECT_EQ(f.gauge.peak.load(), 4_MiB);
+  ASSERT_TRUE(f.tier.free(big, kUntagged));
+  f.tier.trim(0, false);
+  EXPECT_EQ(f.upstream->live_bytes(), 0U);
+  EXPECT_EQ(f.gauge.reserved.load(), 0U);
+}
+
+TEST(SegmentTier, StreamTaggedRangesServeTheirStreamAtOnceOthersAfterTheFence) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto s2 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  char* a = static_cast<char*>(f.tier.allocate(1_MiB, s1, true));
+  char* filler = static_cast<char*>(f.tier.allocate(1_MiB, s1, true));  // the segment is full
+  ASSERT_TRUE(f.tier.free(a, s1));
+  EXPECT_EQ(f.tier.allocate(1_MiB, s1, false), a) << "same stream: reused at once";
+  ASSERT_TRUE(f.tier.free(a, s1));
+  EXPECT_EQ(f.tier.allocate(1_MiB, kUntagged, false), nullptr)
+      << "s1's work may still use it: not for any stream yet";
+  EXPECT_EQ(f.fence.recorded(), 1U) << "a marker was recorded on s1 when another caller needed it";
+  // A whole new segment, so that afterwards a is the only free range that fits.
+  char* other = static_cast<char*>(f.tier.allocate(2_MiB, s2, true));
+  EXPECT_NE(other, a);
+  f.fence.complete_all();
+  EXPECT_EQ(f.tier.allocate(1_MiB, s2, false), a) << "after the fence: any stream";
+  ASSERT_TRUE(f.tier.free(a, kUntagged));
+  ASSERT_TRUE(f.tier.free(other, kUntagged));
+  ASSERT_TRUE(f.tier.free(filler, kUntagged));
+}
+
+SegmentTier::Options virtual_options(VirtualMemory& vm) {
+  return {.granularity = 512, .virtual_memory = &vm, .reservation = 1_GiB};
+}
+
+TEST(SegmentTierVirtual, GranulesAreMappedWhereBlocksLiveAndUnmappedOnTrim) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  HostVirtualMemory vm(upstream);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  {
+    SegmentTier tier(*upstream, fence, gauge, virtual_options(vm));
+    char* a = static_cast<char*>(tier.allocate(3_MiB, kUntagged, true));
+    char* b = static_cast<char*>(tier.allocate(3_MiB, kUntagged, true));
+    EXPECT_EQ(b, a + 3_MiB) << "one address range: blocks are contiguous";
+    EXPECT_EQ(upstream->live_bytes(), 6_MiB) << "three 2 MiB granules cover 6 MiB";
+    std::memset(a, 0xAB, 6_MiB);  // mapped memory is usable
+    ASSERT_TRUE(tier.free(a, kUntagged));
+    ASSERT_TRUE(tier.free(b, kUntagged));
+    // Freed ranges merge across what separate segments could never merge.
+    char* c = static_cast<char*>(tier.allocate(6_MiB, kUntagged, false));
+    EXPECT_EQ(c, a);
+    ASSERT_TRUE(tier.free(c, kUntagged));
+    tier.trim(0, false);
+    EXPECT_EQ(upstream->live_bytes(), 0U) << "every free granule unmapped";
+    EXPECT_EQ(gauge.reserved.load(), 0U);
+    EXPECT_EQ(tier.counters().maps, 3U);
+  }
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+TEST(SegmentTierVirtual, MapFailureUnmapsFreeGranulesAndRetriesOrLeavesNothingChanged) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
+                                                 TestUpstream::Options{.capacity_bytes = 8_MiB});
+  HostVirtualMemory vm(upstream);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  SegmentTier tier(*upstream, fence, gauge, virtual_options(vm));
+  void* a = tier.allocate(4_MiB, kUntagged, true);  // granules 0, 1
+  void* b = tier.allocate(2_MiB, kUntagged, true);  // granule 2
+  ASSERT_TRUE(tier.free(a, kUntagged));             // granules 0, 1 mapped and free
+  // Past b: granules 3, 4, 5. The device holds 4 granules: 0 and 1 must be unmapped.
+  void* c = tier.allocate(5_MiB, kUntagged, true);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(upstream->live_bytes(), 8_MiB);
+  EXPECT_GE(tier.counters().failed_upstream_allocations, 1U);
+  // a's old range fits 4 MiB but nothing can be mapped for it: OutOfMemory, no change.
+  EXPECT_THROW((void)tier.allocate(4_MiB, kUntagged, true), OutOfMemory);
+  const auto counters = tier.counters();
+  EXPECT_EQ(counters.reserved, upstream->live_bytes());
+  ASSERT_TRUE(tier.free(b, kUntagged));
+  ASSERT_TRUE(tier.free(c, kUntagged));
+  tier.trim(0, false);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+}  // namespace
+}  // namespace vram::testing
