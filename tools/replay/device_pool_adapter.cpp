@@ -1,6 +1,10 @@
-// vram DevicePool in `vram replay`. The one file to change when DevicePool gains
-// allocate_async/deallocate_async: call them with stream.handle and return true from
-// stream_ordered(); the driver then stops holding cross-stream frees back.
+// vram DevicePool in `vram replay`.
+// On a device it is driven through its stream-ordered API (allocate_async/deallocate_async
+// with the replay's CUDA streams): a block freed on S is reused at once on S and by another
+// stream only after S's work at the free has completed (the pool's CUDA event fence), so
+// the driver calls it in trace order. Host-only there are no CUDA streams and the pool's
+// fence completes at once, so the driver's emulated completion (`stream_lag`) holds
+// cross-stream frees back instead (stream_ordered() == false there).
 #include <memory>
 
 #include "replay/replay_allocator.hpp"
@@ -16,12 +20,19 @@ class DevicePoolAdapter final : public ReplayAllocator {
       : pool_(context.device ? std::shared_ptr<Upstream>(
                                    std::make_shared<DeviceMemoryUpstream>(context.device_id))
                              : std::shared_ptr<Upstream>(
-                                   std::make_shared<HostMemoryUpstream>(context.capacity_bytes))) {}
-  void* allocate(std::size_t bytes, ReplayStream) override { return pool_.allocate(bytes); }
-  void deallocate(void* block, std::size_t bytes, ReplayStream) override {
-    pool_.deallocate(block, bytes);
+                                   std::make_shared<HostMemoryUpstream>(context.capacity_bytes))),
+        device_(context.device) {}
+  void* allocate(std::size_t bytes, ReplayStream stream) override {
+    return device_ ? pool_.allocate_async(bytes, stream.handle) : pool_.allocate(bytes);
   }
-  bool stream_ordered() const override { return false; }
+  void deallocate(void* block, std::size_t bytes, ReplayStream stream) override {
+    if (device_) {
+      pool_.deallocate_async(block, bytes, stream.handle);
+    } else {
+      pool_.deallocate(block, bytes);
+    }
+  }
+  bool stream_ordered() const override { return device_; }
   std::size_t peak_reserved_bytes() override { return pool_.stats().peak_bytes_reserved; }
   std::optional<std::uint64_t> upstream_allocations() override {
     return pool_.stats().upstream_allocations;
@@ -29,6 +40,7 @@ class DevicePoolAdapter final : public ReplayAllocator {
 
  private:
   DevicePool pool_;
+  bool device_;
 };
 
 }  // namespace
@@ -37,7 +49,7 @@ AllocatorSpec device_pool_spec() {
   AllocatorSpec spec;
   spec.name = "vram DevicePool";
   spec.needs_gpu = false;
-  spec.note = "defaults; peak reserved and upstream allocations from DevicePool::stats()";
+  spec.note = "defaults, stream-ordered API on a device; peak reserved and upstream allocations from DevicePool::stats()";
   spec.make = [](const ReplayContext& context) {
     return std::make_unique<DevicePoolAdapter>(context);
   };

@@ -1,0 +1,261 @@
+"""vram's DevicePool as PyTorch's CUDA allocator (no build step in Python; needs
+libvram_torch.so, built with cmake -DVRAM_BUILD_TORCH_PLUGIN=ON).
+
+    import vram_torch
+    vram_torch.enable()            # before anything initialises CUDA
+    ... torch code as usual ...
+    vram_torch.stats()["reserved_bytes.all.peak"]
+
+or, keeping PyTorch's caching allocator and its statistics, with vram's pool as the source
+of one MemPool's segments:
+
+    pool = vram_torch.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(...)
+
+The library is found at `path`, else $VRAM_TORCH_LIB, else libvram_torch.so in a build*/
+folder of this repository (plugins/torch/). stats(), empty_cache() and reset_peak() need
+only the library, not torch, and serve CuPy too (vram_cupy.py shares the same pools).
+
+With enable(), torch.cuda.memory_stats() and reset_peak_memory_stats() are not available
+(PyTorch's pluggable allocator raises for them): use vram_torch.stats() and reset_peak().
+torch.cuda.empty_cache() works (it calls vram_torch_empty_cache_all).
+"""
+import contextlib
+import ctypes
+import glob
+import os
+import threading
+
+__all__ = [
+    "enable", "is_enabled", "allocator", "mem_pool", "use_mem_pool", "stats", "empty_cache",
+    "reset_peak", "last_error", "library_path", "load_library", "configure",
+]
+
+_STAT_FIELDS = (
+    "allocated_bytes_current", "allocated_bytes_peak", "allocated_bytes_allocated",
+    "allocated_bytes_freed", "requested_bytes_current", "requested_bytes_peak",
+    "allocation_current", "allocation_peak", "allocation_allocated", "allocation_freed",
+    "reserved_bytes_current", "reserved_bytes_peak", "cached_bytes", "num_device_alloc",
+    "num_device_free", "num_alloc_retries", "num_ooms", "record_stream_calls",
+    "held_back_blocks", "held_back_bytes",
+)
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in _STAT_FIELDS]
+
+
+# vram_torch.h field -> torch.cuda.memory_stats() key (vram-only counters keep a
+# "vram." prefix).
+_KEYS = {
+    "allocated_bytes_current": "allocated_bytes.all.current",
+    "allocated_bytes_peak": "allocated_bytes.all.peak",
+    "allocated_bytes_allocated": "allocated_bytes.all.allocated",
+    "allocated_bytes_freed": "allocated_bytes.all.freed",
+    "requested_bytes_current": "requested_bytes.all.current",
+    "requested_bytes_peak": "requested_bytes.all.peak",
+    "allocation_current": "allocation.all.current",
+    "allocation_peak": "allocation.all.peak",
+    "allocation_allocated": "allocation.all.allocated",
+    "allocation_freed": "allocation.all.freed",
+    "reserved_bytes_current": "reserved_bytes.all.current",
+    "reserved_bytes_peak": "reserved_bytes.all.peak",
+    "cached_bytes": "vram.cached_bytes",
+    "num_device_alloc": "num_device_alloc",
+    "num_device_free": "num_device_free",
+    "num_alloc_retries": "num_alloc_retries",
+    "num_ooms": "num_ooms",
+    "record_stream_calls": "vram.record_stream_calls",
+    "held_back_blocks": "vram.held_back_blocks",
+    "held_back_bytes": "vram.held_back_bytes",
+}
+
+_lock = threading.Lock()
+_lib = None
+_lib_path = None
+_allocator = None
+_enabled = False
+record_stream_hook = False  # True once PyTorch forwards record_stream to vram
+
+
+def library_path(path=None):
+    """The libvram_torch.so that load_library() would use (raises if none is found)."""
+    if path:
+        return os.path.abspath(path)
+    env = os.environ.get("VRAM_TORCH_LIB")
+    if env:
+        return os.path.abspath(env)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = sorted(glob.glob(os.path.join(root, "build*", "plugins", "torch", "libvram_torch.so")),
+                   key=os.path.getmtime, reverse=True)
+    if not found:
+        raise FileNotFoundError(
+            "libvram_torch.so not found: build it (cmake -S . -B build "
+            "-DVRAM_BUILD_TORCH_PLUGIN=ON && cmake --build build --target vram_torch), then "
+            "pass its path or set VRAM_TORCH_LIB")
+    return found[0]
+
+
+def load_library(path=None):
+    """Loads libvram_torch.so once (later calls return the same handle)."""
+    global _lib, _lib_path
+    with _lock:
+        if _lib is not None:
+            if path and os.path.abspath(path) != _lib_path:
+                raise RuntimeError(f"vram_torch: {_lib_path} is already loaded; cannot switch "
+                                   f"to {path} in the same process")
+            return _lib
+        resolved = library_path(path)
+        lib = ctypes.CDLL(resolved)
+        lib.vram_torch_alloc.restype = ctypes.c_void_p
+        lib.vram_torch_alloc.argtypes = (ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+        lib.vram_torch_free.restype = None
+        lib.vram_torch_free.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                        ctypes.c_void_p)
+        lib.vram_torch_stats_size.restype = ctypes.c_size_t
+        lib.vram_torch_stats_size.argtypes = ()
+        lib.vram_torch_stats.restype = ctypes.c_int
+        lib.vram_torch_stats.argtypes = (ctypes.c_int, ctypes.POINTER(_Stats), ctypes.c_size_t)
+        lib.vram_torch_empty_cache.restype = ctypes.c_int
+        lib.vram_torch_empty_cache.argtypes = (ctypes.c_int,)
+        lib.vram_torch_reset_peak.restype = ctypes.c_int
+        lib.vram_torch_reset_peak.argtypes = (ctypes.c_int,)
+        lib.vram_torch_configure.restype = ctypes.c_int
+        lib.vram_torch_configure.argtypes = (ctypes.c_size_t,)
+        lib.vram_torch_last_error.restype = ctypes.c_size_t
+        lib.vram_torch_last_error.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
+        size = lib.vram_torch_stats_size()
+        if size < ctypes.sizeof(_Stats):
+            raise RuntimeError(f"vram_torch: {resolved} has a {size}-byte stats struct, this "
+                               f"module expects {ctypes.sizeof(_Stats)}: rebuild the library")
+        _lib, _lib_path = lib, resolved
+        return lib
+
+
+def _symbol_address(lib, name):
+    return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+
+
+def configure(max_cached_bytes=0, path=None):
+    """Options of pools not yet created (call before the first allocation). Returns False
+    when a pool already exists (it keeps its options)."""
+    return load_library(path).vram_torch_configure(int(max_cached_bytes)) == 0
+
+
+def allocator(path=None):
+    """The torch.cuda.memory.CUDAPluggableAllocator over libvram_torch.so (one per process),
+    with empty_cache and record_stream forwarded to vram."""
+    global _allocator, record_stream_hook
+    import torch
+
+    lib = load_library(path)
+    with _lock:
+        if _allocator is None:
+            alloc = torch.cuda.memory.CUDAPluggableAllocator(
+                _lib_path, "vram_torch_alloc", "vram_torch_free")
+            raw = alloc.allocator()
+            if hasattr(raw, "set_reset_fn"):
+                raw.set_reset_fn(_symbol_address(lib, "vram_torch_empty_cache_all"))
+            if hasattr(raw, "set_record_stream_fn"):
+                raw.set_record_stream_fn(_symbol_address(lib, "vram_torch_record_stream"))
+                record_stream_hook = True
+            _allocator = alloc
+        return _allocator
+
+
+def enable(path=None):
+    """Makes vram PyTorch's CUDA allocator for this process. Must run before CUDA is
+    initialised (before the first tensor on a GPU, torch.cuda.init(), ...)."""
+    global _enabled
+    import torch
+
+    if _enabled:
+        return allocator(path)
+    if torch.cuda.is_initialized():
+        raise RuntimeError(
+            "vram_torch.enable() must run before CUDA is initialised in this process (a CUDA "
+            "tensor, torch.cuda.init() or a memory query already ran). Fix: call "
+            "vram_torch.enable() right after `import torch`, or use the MemPool form: "
+            "`with torch.cuda.use_mem_pool(vram_torch.mem_pool()): ...`")
+    alloc = allocator(path)
+    torch.cuda.memory.change_current_allocator(alloc)
+    _enabled = True
+    return alloc
+
+
+def is_enabled():
+    return _enabled
+
+
+def mem_pool(path=None, **kwargs):
+    """A torch.cuda.MemPool whose segments come from vram's pool; PyTorch's caching
+    allocator (and torch.cuda.memory_stats) stays in charge of the blocks inside it."""
+    import torch
+
+    return torch.cuda.MemPool(allocator(path).allocator(), **kwargs)
+
+
+@contextlib.contextmanager
+def use_mem_pool(pool=None, device=None):
+    """`with vram_torch.use_mem_pool(): ...` routes this thread's allocations to `pool`
+    (a new mem_pool() if None); yields the pool."""
+    import torch
+
+    pool = pool if pool is not None else mem_pool()
+    with torch.cuda.use_mem_pool(pool, device=device):
+        yield pool
+
+
+def _device_index(device):
+    if device is None:
+        try:
+            import torch
+
+            if torch.cuda.is_initialized():
+                return torch.cuda.current_device()
+        except ImportError:
+            pass
+        return 0
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)  # torch.device / cupy.cuda.Device (.id)
+    if index is None:
+        index = getattr(device, "id", None)
+    if index is None and isinstance(device, str):
+        index = int(device.split(":")[1]) if ":" in device else 0
+    return int(index or 0)
+
+
+def stats(device=None, path=None):
+    """vram's counters of `device` as a dict named like torch.cuda.memory_stats()."""
+    lib = load_library(path)
+    raw = _Stats()
+    lib.vram_torch_stats(_device_index(device), ctypes.byref(raw), ctypes.sizeof(raw))
+    return {_KEYS[name]: int(getattr(raw, name)) for name in _STAT_FIELDS}
+
+
+def empty_cache(device=-1, path=None):
+    """Waits for blocks held back for recorded streams, then frees every cached block to
+    cudaFree (device -1: all devices). Live tensors are untouched."""
+    device = -1 if device == -1 else _device_index(device)
+    if load_library(path).vram_torch_empty_cache(device) != 0:
+        raise ValueError(f"vram_torch.empty_cache: bad device {device}")
+
+
+def reset_peak(device=-1, path=None):
+    """Restarts the peak counters from the current values (device -1: all devices)."""
+    device = -1 if device == -1 else _device_index(device)
+    if load_library(path).vram_torch_reset_peak(device) != 0:
+        raise ValueError(f"vram_torch.reset_peak: bad device {device}")
+
+
+def last_error(path=None):
+    """The latest out-of-memory or error explanation of the library ('' if none)."""
+    lib = load_library(path)
+    size = lib.vram_torch_last_error(None, 0)
+    if size == 0:
+        return ""
+    buffer = ctypes.create_string_buffer(size + 1)
+    lib.vram_torch_last_error(buffer, size + 1)
+    return buffer.value.decode("utf-8", "replace")

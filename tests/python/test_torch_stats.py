@@ -1,0 +1,107 @@
+"""vram_torch.stats(), empty_cache(), reset_peak(), the enable() guard and the MemPool form.
+
+Figures are checked against what the test itself allocated (differences of the counters),
+never against hard-coded totals: PyTorch may allocate workspaces of its own."""
+import json
+
+import vram_test_util as util
+
+torch = util.torch_with_gpu()
+import vram_torch  # noqa: E402
+from vram_torch_size_classes import round_up  # noqa: E402
+
+vram_torch.enable()
+MiB = util.MiB
+
+
+def test_stats_before_first_allocation_are_zero_and_named_like_torch():
+    s = vram_torch.stats()
+    for key in ("allocated_bytes.all.current", "allocated_bytes.all.peak",
+                "reserved_bytes.all.current", "reserved_bytes.all.peak",
+                "requested_bytes.all.current", "allocation.all.current", "num_ooms",
+                "num_alloc_retries", "num_device_alloc", "num_device_free"):
+        assert key in s, key
+        assert isinstance(s[key], int) and s[key] >= 0, (key, s[key])
+
+
+def test_counters_follow_allocations_and_frees():
+    torch.cuda.synchronize()
+    before = vram_torch.stats()
+    sizes = [1000, 4 * MiB, 5 * MiB + 7, 300 * MiB]
+    tensors = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in sizes]
+    during = vram_torch.stats()
+    d = lambda key: during[key] - before[key]  # noqa: E731
+    assert d("requested_bytes.all.current") == sum(sizes), (d("requested_bytes.all.current"),
+                                                            sizes)
+    assert d("allocated_bytes.all.current") == sum(round_up(n) for n in sizes)
+    assert d("allocation.all.current") == len(sizes)
+    assert during["allocated_bytes.all.peak"] >= during["allocated_bytes.all.current"]
+    assert during["reserved_bytes.all.current"] >= during["allocated_bytes.all.current"]
+    assert during["reserved_bytes.all.peak"] >= during["reserved_bytes.all.current"]
+    assert during["num_device_alloc"] >= before["num_device_alloc"]
+    del tensors
+    after = vram_torch.stats()
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    assert after["requested_bytes.all.current"] == before["requested_bytes.all.current"]
+    assert after["allocation.all.freed"] - before["allocation.all.freed"] == len(sizes)
+    assert after["allocated_bytes.all.peak"] >= during["allocated_bytes.all.current"]
+
+
+def test_empty_cache_returns_cached_memory_and_reset_peak_restarts_peaks():
+    x = torch.empty(512 * MiB, dtype=torch.uint8, device="cuda")
+    del x
+    torch.cuda.synchronize()
+    cached = vram_torch.stats()
+    assert cached["reserved_bytes.all.current"] >= 512 * MiB, cached
+    vram_torch.empty_cache()
+    emptied = vram_torch.stats()
+    print(f"after empty_cache: reserved {emptied['reserved_bytes.all.current']}, allocated "
+          f"{emptied['allocated_bytes.all.current']}, cached {emptied['vram.cached_bytes']}, "
+          f"held back {emptied['vram.held_back_bytes']}")
+    assert emptied["reserved_bytes.all.current"] <= cached["reserved_bytes.all.current"] - 512 * MiB
+    assert emptied["num_device_free"] > cached["num_device_free"]
+    vram_torch.reset_peak()
+    reset = vram_torch.stats()
+    assert reset["reserved_bytes.all.peak"] == reset["reserved_bytes.all.current"], reset
+    assert reset["allocated_bytes.all.peak"] == reset["allocated_bytes.all.current"], reset
+
+
+def test_torch_cuda_empty_cache_reaches_vram():
+    y = torch.empty(256 * MiB, dtype=torch.uint8, device="cuda")
+    del y
+    torch.cuda.synchronize()
+    before = vram_torch.stats()["reserved_bytes.all.current"]
+    torch.cuda.empty_cache()  # PyTorch -> set_reset_fn hook -> vram_torch_empty_cache_all
+    after = vram_torch.stats()["reserved_bytes.all.current"]
+    assert after <= before - 256 * MiB, (before, after)
+
+def _child_results(mode):
+    proc = util.run_child("torch_modes_child.py", mode)
+    assert proc.returncode == 0, f"torch_modes_child.py {mode} exited with {proc.returncode}"
+    return {r["mode"]: r for r in (json.loads(line[7:]) for line in proc.stdout.splitlines()
+                                   if line.startswith("RESULT "))}
+
+
+def test_enable_after_cuda_init_is_a_clear_error():
+    r = _child_results("late_enable")
+    assert r["late_enable"]["raised"] == "RuntimeError", r
+    assert "before CUDA is initialised" in r["late_enable"]["text"], r
+    assert r["late_enable_after"]["ok"] is True, r
+
+
+def test_mem_pool_form_uses_vram_segments_and_keeps_torch_stats():
+    r = _child_results("mem_pool")
+    inside, released = r["mem_pool"], r["mem_pool_released"]
+    assert inside["ok"] is True, inside
+    assert inside["vram_reserved_inside"] >= 64 * MiB > inside["vram_reserved_before"], inside
+    assert inside["vram_allocs_inside"] >= 1, inside
+    assert inside["vram_allocs_outside"] == inside["vram_allocs_inside"], (
+        "an allocation outside use_mem_pool reached vram", inside)
+    assert inside["torch_reserved"] >= 64 * MiB, inside
+    # Whether PyTorch hands a released MemPool's segments back at once is PyTorch's policy:
+    # reported, not asserted.
+    print(f"after releasing the MemPool: {released}")
+
+
+if __name__ == "__main__":
+    util.run_tests(globals())
