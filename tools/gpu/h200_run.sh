@@ -40,10 +40,10 @@ case $mode in
   torch)
     py=${PYTHON:-/opt/torch/.venv/bin/python3}
     prefix=$($py -c 'import torch;print(torch.utils.cmake_prefix_path)')
-    step torch_build 300 bash -c "cmake -S . -B build-torch -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
-      -DVRAM_BUILD_TORCH_PLUGIN=ON -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch -j16"
-    step replay_torch 240 ./build-torch/vram replay bench/traces/*.csv.gz --json "$log/replay_torch.json"
+      -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
+    step replay_torch 240 ./build-torch-replay/vram replay bench/traces/*.csv.gz --json "$log/replay_torch.json"
     step torch_checks 420 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
 esac

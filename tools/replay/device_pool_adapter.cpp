@@ -16,11 +16,12 @@ namespace {
 
 class DevicePoolAdapter final : public ReplayAllocator {
  public:
-  explicit DevicePoolAdapter(const ReplayContext& context)
+  DevicePoolAdapter(const ReplayContext& context, const DevicePool::Options& options)
       : pool_(context.device ? std::shared_ptr<Upstream>(
                                    std::make_shared<DeviceMemoryUpstream>(context.device_id))
                              : std::shared_ptr<Upstream>(
-                                   std::make_shared<HostMemoryUpstream>(context.capacity_bytes))),
+                                   std::make_shared<HostMemoryUpstream>(context.capacity_bytes)),
+              options),
         device_(context.device) {}
   void* allocate(std::size_t bytes, ReplayStream stream) override {
     return device_ ? pool_.allocate_async(bytes, stream.handle) : pool_.allocate(bytes);
@@ -49,9 +50,25 @@ AllocatorSpec device_pool_spec() {
   AllocatorSpec spec;
   spec.name = "vram DevicePool";
   spec.needs_gpu = false;
-  spec.note = "defaults, stream-ordered API on a device; peak reserved and upstream allocations from DevicePool::stats()";
+  spec.note = "defaults, stream-ordered API on a device; peak reserved and upstream allocations "
+              "from DevicePool::stats()";
   spec.make = [](const ReplayContext& context) {
-    return std::make_unique<DevicePoolAdapter>(context);
+    return std::make_unique<DevicePoolAdapter>(context, DevicePool::Options{});
+  };
+  return spec;
+}
+
+AllocatorSpec device_pool_virtual_memory_spec() {
+  AllocatorSpec spec;
+  spec.name = "vram DevicePool (virtual memory)";
+  spec.needs_gpu = false;
+  spec.note = "use_virtual_memory, small blocks up to 256 KiB; upstream allocations are "
+              "2 MiB granule maps";
+  spec.make = [](const ReplayContext& context) {
+    DevicePool::Options options;
+    options.use_virtual_memory = true;
+    options.small_block_max_bytes = std::size_t{256} << 10;
+    return std::make_unique<DevicePoolAdapter>(context, options);
   };
   return spec;
 }
