@@ -461,6 +461,12 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) 
     }
   }
   drain_rings();
+  // Wait for every stream's work instead of recording a marker on each stream that freed
+  // blocks: that stream may have been destroyed since (a marker on it would be undefined
+  // behaviour), and trim gives memory back with cudaFree, which synchronizes anyway.
+  fence->quiesce();
+  small.forget_streams();
+  large.forget_streams();
   small.trim(0, wait);
   large.trim(keep_bytes, wait);
 }

@@ -287,6 +287,33 @@ void SegmentTier::release_empty_segments(std::size_t keep_free) noexcept {
   }
 }
 
+void SegmentTier::forget_streams() noexcept {
+  std::lock_guard lock(mutex_);
+  for (Pending& p : pending_) {
+    fence_.release(p.marker);
+    for (Range* r : p.ranges) {
+      r->tag = kUntagged;
+      insert_free(r);
+    }
+  }
+  pending_.clear();
+  // Untagging merges a range only with untagged neighbours, so every range collected here
+  // stays alive until its own turn.
+  std::vector<Range*> tagged;
+  try {
+    for (auto& [key, set] : free_) {
+      if (key != kUntagged) tagged.insert(tagged.end(), set.begin(), set.end());
+    }
+  } catch (...) {  // no host memory for the list: the ranges keep their streams
+    return;
+  }
+  for (Range* r : tagged) {
+    remove_free(r);
+    r->tag = kUntagged;
+    insert_free(r);
+  }
+}
+
 void SegmentTier::trim(std::size_t keep_free, bool wait) noexcept {
   std::lock_guard lock(mutex_);
   fence_other_streams(kUntagged);

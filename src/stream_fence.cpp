@@ -69,6 +69,17 @@ void CudaEventFence::release(std::uint64_t marker) noexcept {
   }
 }
 
+void CudaEventFence::quiesce() noexcept {
+  int previous = -1;
+  if (cudaGetDevice(&previous) != cudaSuccess) previous = -1;
+  if (previous != device_ && cudaSetDevice(device_) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  if (cudaDeviceSynchronize() != cudaSuccess) (void)cudaGetLastError();
+  if (previous >= 0 && previous != device_) (void)cudaSetDevice(previous);
+}
+
 std::size_t CudaEventFence::events_created() const {
   std::lock_guard lock(mutex_);
   return events_.size();

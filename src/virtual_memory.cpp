@@ -97,7 +97,10 @@ CudaVirtualMemory::CudaVirtualMemory(int device) : device_(device) {
 
 CudaVirtualMemory::~CudaVirtualMemory() = default;
 
+// cuMemAddressReserve and cuMemAddressFree take sizes in whole granules; the same rounding
+// on both sides keeps the free matching the reservation.
 char* CudaVirtualMemory::reserve(std::size_t bytes) {
+  bytes = (bytes + granularity_ - 1) / granularity_ * granularity_;
   const auto& api = cuda::driver_api();
   CUdeviceptr base = 0;
   cuda::check_driver(api.require(api.mem_address_reserve)(&base, bytes, granularity_, 0, 0),
@@ -106,6 +109,7 @@ char* CudaVirtualMemory::reserve(std::size_t bytes) {
 }
 
 void CudaVirtualMemory::unreserve(char* base, std::size_t bytes) noexcept {
+  bytes = (bytes + granularity_ - 1) / granularity_ * granularity_;
   if (auto f = cuda::driver_api().mem_address_free.function) {
     (void)f(reinterpret_cast<CUdeviceptr>(base), bytes);
   }

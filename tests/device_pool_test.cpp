@@ -395,6 +395,30 @@ TEST(DevicePoolStreams, LargeBlockGoesToAnotherStreamOnlyAfterItsFenceCompletes)
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 
+// trim() and destruction must not record a marker on a stream that freed blocks: that
+// stream may have been destroyed since (on the H200 this was a segfault in cudaEventRecord
+// from ~DevicePool). They quiesce the fence instead.
+TEST(DevicePoolStreams, TrimAndDestructionRecordNothingOnTheFreeingStreams) {
+  auto fence = std::make_shared<ManualFence>();
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  {
+    DevicePool::Options options;
+    options.fence = fence;
+    DevicePool pool(upstream, options);
+    void* small = pool.allocate_async(4096, fake_stream(1));
+    void* large = pool.allocate_async(4_MiB, fake_stream(2));
+    pool.deallocate_async(small, 4096, fake_stream(1));
+    pool.deallocate_async(large, 4_MiB, fake_stream(2));
+    pool.trim(0);
+    EXPECT_EQ(fence->recorded(), 0U) << "trim recorded a marker on a freeing stream";
+    EXPECT_EQ(upstream->live_bytes(), 0U) << "after trim the stream-freed blocks went back";
+    void* again = pool.allocate_async(4_MiB, fake_stream(3));
+    pool.deallocate_async(again, 4_MiB, fake_stream(3));
+  }  // destruction with a block freed on stream 3
+  EXPECT_EQ(fence->recorded(), 0U) << "destruction recorded a marker on a freeing stream";
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
 TEST(DevicePoolStreams, PlainFreeIsReusableByEveryStream) {
   StreamPool p;
   DevicePool& pool = *p.pool;
@@ -472,6 +496,31 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
 #ifdef VRAM_HAVE_TEST_KERNELS
 // On the GPU: a block freed on stream A while a long kernel on A still writes it is not
 // handed to stream B until that kernel has finished; on A it is reused at once.
+TEST(DevicePoolStreamsGpu, StreamDestroyedBeforeThePoolIsSafe) {
+  VRAM_GPU_TEST_OR_SKIP();
+  std::size_t reserved_after_trim = 1;
+  {
+    DevicePool pool(0);
+    {
+      cuda::Stream stream;
+      for (std::size_t bytes : {std::size_t{4096}, std::size_t{3} << 20, std::size_t{64} << 20}) {
+        void* block = pool.allocate_async(bytes, stream.get());
+        launch_fill(block, bytes / 4, 0x5A5A5A5Au, stream.get());
+        pool.deallocate_async(block, bytes, stream.get());
+      }
+    }  // the stream is gone; its blocks still wait in the pool
+    {
+      cuda::Stream stream;  // may reuse the destroyed stream's handle
+      void* block = pool.allocate_async(4096, stream.get());
+      pool.deallocate_async(block, 4096, stream.get());
+      stream.synchronize();
+    }
+    pool.trim(0);
+    reserved_after_trim = pool.stats().bytes_reserved;
+  }  // destroyed after both streams
+  EXPECT_EQ(reserved_after_trim, 0U);
+}
+
 TEST(DevicePoolStreamsGpu, BlockFreedBehindALongKernelIsNotReusedByAnotherStreamEarly) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool pool(0);

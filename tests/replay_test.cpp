@@ -365,13 +365,18 @@ TEST(ReplayCli, JsonHasOneRecordPerTraceAndAllocatorWithNullFailedAt) {
         "\"allocator\": \"CUB CachingDeviceAllocator\", \"reason\""}) {
     EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
   }
-  // One record (DevicePool) for the one trace; no temporary left behind.
+  // One record per allocator that runs host-only (the two DevicePool configurations) for
+  // the one trace; no temporary left behind.
   std::size_t records = 0;
   for (std::size_t at = text.find("\"ns_per_op\""); at != std::string::npos;
        at = text.find("\"ns_per_op\"", at + 1)) {
     ++records;
   }
-  EXPECT_EQ(records, 1U);
+  std::size_t host_capable = 0;
+  for (const auto& spec : replay::all_replay_allocators()) host_capable += spec.needs_gpu ? 0 : 1;
+  EXPECT_EQ(host_capable, 2U);
+  EXPECT_EQ(records, host_capable);
+  EXPECT_NE(text.find("\"allocator\": \"vram DevicePool (virtual memory)\""), std::string::npos);
   for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir())) {
     EXPECT_EQ(entry.path().filename().string().find("replay-test.json.tmp"), std::string::npos);
   }

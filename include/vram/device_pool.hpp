@@ -18,8 +18,14 @@
 //   order on S makes that safe); to any other stream, or to allocate(), only after the work
 //   queued on S at the free has completed. The pool records a marker (a recycled CUDA
 //   event, see stream_fence.hpp) on S lazily, when another stream needs the memory, and
-//   checks it without blocking on the allocation path; only the out-of-memory retry waits.
+//   checks it without blocking on the allocation path. trim(), the out-of-memory retry and
+//   destruction record nothing on any stream: they wait for the device (a device
+//   synchronize) and then treat every stream-freed block as free for all.
 //   allocate_async(bytes, S) hands out blocks that are free on S or completed.
+//   Stream lifetime: S must stay valid while blocks freed on it wait in the pool, because
+//   the lazy marker is recorded on S when another stream needs the memory. Destroy S only
+//   after its blocks were reused, or after trim() (as PyTorch never destroys its streams,
+//   its plug-in never meets this). Destroying the pool after S is safe.
 //
 // Structure and hot path
 //   Requests up to small_block_max_bytes (1 MiB) round to a size class (size_classes.hpp,

@@ -36,6 +36,9 @@ class StreamFence {
   virtual void wait(std::uint64_t marker) noexcept = 0;
   // The marker is no longer needed.
   virtual void release(std::uint64_t marker) noexcept = 0;
+  // Blocks until all work queued so far on every stream has completed, without touching
+  // any stream (used by trim and destruction: a stream that freed blocks may be gone).
+  virtual void quiesce() noexcept = 0;
 };
 
 class ImmediateFence final : public StreamFence {
@@ -44,6 +47,7 @@ class ImmediateFence final : public StreamFence {
   bool completed(std::uint64_t) noexcept override { return true; }
   void wait(std::uint64_t) noexcept override {}
   void release(std::uint64_t) noexcept override {}
+  void quiesce() noexcept override {}
 };
 
 // Markers are numbered 1, 2, ...; complete(n) completes every marker up to n.
@@ -63,6 +67,11 @@ class ManualFence final : public StreamFence {
     if (marker > completed_) completed_ = marker;
   }
   void release(std::uint64_t) noexcept override {}
+  // The emulated device finishes everything queued (as a device synchronize would).
+  void quiesce() noexcept override {
+    std::lock_guard lock(mutex_);
+    completed_ = recorded_;
+  }
   void complete(std::uint64_t marker) {
     std::lock_guard lock(mutex_);
     if (marker > completed_) completed_ = marker;
@@ -91,6 +100,8 @@ class CudaEventFence final : public StreamFence {
   bool completed(std::uint64_t marker) noexcept override;
   void wait(std::uint64_t marker) noexcept override;
   void release(std::uint64_t marker) noexcept override;
+  // cudaDeviceSynchronize on the fence's device (errors, e.g. at driver shutdown, ignored).
+  void quiesce() noexcept override;
   std::size_t events_created() const;
 
  private:

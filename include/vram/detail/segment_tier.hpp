@@ -106,6 +106,10 @@ class SegmentTier {
   // with `wait`, blocking until they complete), then gives back wholly free segments
   // while more than keep_free bytes are free.
   void trim(std::size_t keep_free, bool wait) noexcept;
+  // After the fence's quiesce() (every stream's work so far has completed): every range
+  // freed on a stream becomes free for all streams, with no marker recorded on any stream
+  // (a stream may have been destroyed since its frees).
+  void forget_streams() noexcept;
   // Gives back wholly free (untagged) segments; what a sibling tier calls before it grows.
   void release_empty() noexcept;
   bool owns(void* block) const noexcept;
