@@ -23,6 +23,7 @@ torch.cuda.empty_cache() works (it calls vram_torch_empty_cache_all).
 """
 import contextlib
 import ctypes
+import warnings
 import glob
 import os
 import threading
@@ -123,6 +124,10 @@ def load_library(path=None):
         lib.vram_torch_reset_peak.argtypes = (ctypes.c_int,)
         lib.vram_torch_configure.restype = ctypes.c_int
         lib.vram_torch_configure.argtypes = (ctypes.c_size_t,)
+        lib.vram_torch_set_oom_throws.restype = ctypes.c_int
+        lib.vram_torch_set_oom_throws.argtypes = (ctypes.c_int,)
+        lib.vram_torch_block_bytes.restype = ctypes.c_size_t
+        lib.vram_torch_block_bytes.argtypes = (ctypes.c_int, ctypes.c_size_t)
         lib.vram_torch_last_error.restype = ctypes.c_size_t
         lib.vram_torch_last_error.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
         size = lib.vram_torch_stats_size()
@@ -179,9 +184,20 @@ def enable(path=None):
             "vram_torch.enable() right after `import torch`, or use the MemPool form: "
             "`with torch.cuda.use_mem_pool(vram_torch.mem_pool()): ...`")
     alloc = allocator(path)
+    # PyTorch wraps a null pointer from a pluggable allocator into a tensor: in this mode
+    # the library raises torch.OutOfMemoryError instead (when built with Torch found).
+    if not load_library(path).vram_torch_set_oom_throws(1):
+        warnings.warn("vram_torch: libvram_torch.so was built without Torch; out of memory "
+                      "gives a null tensor instead of torch.OutOfMemoryError. Rebuild with "
+                      "CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path.")
     torch.cuda.memory.change_current_allocator(alloc)
     _enabled = True
     return alloc
+
+
+def block_bytes(nbytes, device=0, path=None):
+    """The bytes vram reserves for a request of `nbytes` on `device` (its rounding)."""
+    return load_library(path).vram_torch_block_bytes(device, nbytes)
 
 
 def is_enabled():

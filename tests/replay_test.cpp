@@ -417,11 +417,14 @@ TEST(ReplayGpu, SampleTraceThroughEveryPeerOnTheDevice) {
     EXPECT_EQ(result.operations, trace.events.size()) << spec.name;
     EXPECT_GE(result.peak_reserved_bytes, trace.peak_live_bytes) << spec.name;
   }
-  // Two streams on the device: DevicePool's frees are held back until their event fired.
+  // Two streams on the device: DevicePool is driven through its stream-ordered API, so the
+  // driver holds nothing back (the pool's own cross-stream rule is tested in
+  // DevicePoolStreamsGpu); the replay's streams are destroyed before the pool (the case
+  // that crashed ~DevicePool before it stopped recording markers on freeing streams).
   const Trace streams = replay::parse_trace(kCrossStream, "streams.csv");
   const auto result = replay::replay_trace(streams, replay::device_pool_spec(), options);
   EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
-  EXPECT_EQ(result.held_back_frees, 2U);
+  EXPECT_EQ(result.held_back_frees, 0U);
 }
 
 }  // namespace

@@ -36,7 +36,13 @@
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/device_pool.hpp"
-#include "vram/size_classes.hpp"
+#ifdef VRAM_TORCH_WITH_C10
+// Built where Torch is found: an out-of-memory in the allocator mode (vram_torch.enable())
+// throws c10::OutOfMemoryError, which PyTorch turns into torch.OutOfMemoryError. PyTorch's
+// CUDAPluggableAllocator wraps a null pointer into a tensor instead of raising (seen on
+// PyTorch 2.11 on the H200), so returning nullptr is not enough there.
+#include <c10/util/Exception.h>
+#endif
 
 static_assert(std::is_same_v<vram_torch_stream_t, cudaStream_t>,
               "vram_torch_stream_t must be cudaStream_t");
@@ -214,14 +220,14 @@ std::size_t release_held_back(DeviceState& state, bool wait) noexcept {
     state.held_count.store(held.size(), std::memory_order_relaxed);
   }
   for (const HeldBack& block : ready) {
-    state.held_bytes.fetch_sub(vram::SizeClasses::round_up(block.size), std::memory_order_relaxed);
+    state.held_bytes.fetch_sub(state.pool.block_bytes(block.size), std::memory_order_relaxed);
     state.pool.deallocate_async(block.ptr, block.size, block.alloc_stream);
   }
   return ready.size();
 }
 
 void count_allocation(DeviceState& state, std::size_t size) noexcept {
-  const std::uint64_t cls = vram::SizeClasses::round_up(size);
+  const std::uint64_t cls = state.pool.block_bytes(size);
   const std::uint64_t cls_now = state.class_allocated.fetch_add(cls, std::memory_order_relaxed) +
                                 cls - state.class_freed.load(std::memory_order_relaxed);
   raise_to(state.class_peak, cls_now);
@@ -235,7 +241,7 @@ void count_allocation(DeviceState& state, std::size_t size) noexcept {
 }
 
 void count_free(DeviceState& state, std::size_t size) noexcept {
-  state.class_freed.fetch_add(vram::SizeClasses::round_up(size), std::memory_order_relaxed);
+  state.class_freed.fetch_add(state.pool.block_bytes(size), std::memory_order_relaxed);
   state.requested_freed.fetch_add(size, std::memory_order_relaxed);
   state.count_freed.fetch_add(1, std::memory_order_relaxed);
 }
@@ -248,6 +254,38 @@ std::uint64_t difference(const std::atomic<std::uint64_t>& added,
 }
 
 }  // namespace
+
+namespace {
+// 1 after vram_torch_set_oom_throws(1) (vram_torch.enable()): PyTorch calls the allocator
+// directly and needs an exception; 0 (MemPool form, CuPy): nullptr, which PyTorch's caching
+// allocator and CuPy's wrapper turn into their own out-of-memory errors.
+std::atomic<int> g_oom_throws{0};
+
+void* out_of_memory(const std::string& message) {
+#ifdef VRAM_TORCH_WITH_C10
+  if (g_oom_throws.load(std::memory_order_relaxed) != 0) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (vram): ", message);
+  }
+#endif
+  (void)message;
+  return nullptr;
+}
+}  // namespace
+
+VRAM_TORCH_API int vram_torch_set_oom_throws(int throws) {
+#ifdef VRAM_TORCH_WITH_C10
+  g_oom_throws.store(throws != 0 ? 1 : 0, std::memory_order_relaxed);
+  return 1;
+#else
+  (void)throws;
+  return 0;  // built without Torch: out of memory is always a null pointer
+#endif
+}
+
+VRAM_TORCH_API size_t vram_torch_block_bytes(int device, size_t size) {
+  DeviceState* state = find_state(device);
+  return state == nullptr ? 0 : state->pool.block_bytes(size);
+}
 
 VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream_t stream) {
   if (size == 0) return nullptr;  // PyTorch keeps a null data pointer for empty storage
@@ -277,11 +315,11 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
       }
       state->ooms.fetch_add(1, std::memory_order_relaxed);
       note_error(e.what(), true);
-      return nullptr;
+      return out_of_memory(e.what());
     } catch (const std::bad_alloc& e) {
       state->ooms.fetch_add(1, std::memory_order_relaxed);
       note_error(e.what(), true);
-      return nullptr;
+      return out_of_memory(e.what());
     } catch (const std::exception& e) {
       state->ooms.fetch_add(1, std::memory_order_relaxed);
       note_error(std::string("allocation of ") + std::to_string(size) + " bytes on device " +
@@ -335,7 +373,7 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
             held.events.push_back(event);
           }
           if (!held.events.empty()) {
-            state->held_bytes.fetch_add(vram::SizeClasses::round_up(size),
+            state->held_bytes.fetch_add(state->pool.block_bytes(size),
                                         std::memory_order_relaxed);
             state->held_back.push_back(std::move(held));
             is_held = true;

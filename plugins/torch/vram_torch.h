@@ -86,6 +86,11 @@ int vram_torch_reset_peak(int device);
  * default, or VRAM_TORCH_MAX_CACHED_BYTES from the environment). 0: done; 1: a pool
  * already exists (it keeps its options). */
 int vram_torch_configure(size_t max_cached_bytes);
+/* 1: out of memory throws c10::OutOfMemoryError (allocator mode; needs a build with Torch
+   found, which the return value reports: 1 when supported, 0 when not). */
+int vram_torch_set_oom_throws(int throws);
+/* The bytes vram reserves for a request of `size` on `device` (0 before its first use). */
+size_t vram_torch_block_bytes(int device, size_t size);
 /* Copies the latest out-of-memory or error explanation (NUL-terminated, truncated to
  * `size`); returns its full length, 0 when there was none. */
 size_t vram_torch_last_error(char* buffer, size_t size);

@@ -13,7 +13,6 @@ except cupy.cuda.runtime.CUDARuntimeError as e:
 
 import vram_cupy  # noqa: E402
 import vram_torch  # noqa: E402
-from vram_torch_size_classes import round_up  # noqa: E402
 
 vram_cupy.enable()
 MiB = util.MiB
@@ -26,7 +25,7 @@ def test_arrays_come_from_vram_and_compute_correctly():
     during = vram_torch.stats()
     assert during["allocation.all.allocated"] - before["allocation.all.allocated"] >= 2
     assert during["allocated_bytes.all.current"] - before["allocated_bytes.all.current"] >= \
-        2 * round_up(16 * MiB)
+        2 * vram_torch.block_bytes(16 * MiB)
     expected = cupy.asnumpy(cupy.arange(4 * MiB, dtype=cupy.float32)) * 2 + 1
     assert (cupy.asnumpy(b) == expected).all()
     del a, b

@@ -8,7 +8,6 @@ import vram_test_util as util
 
 torch = util.torch_with_gpu()
 import vram_torch  # noqa: E402
-from vram_torch_size_classes import round_up  # noqa: E402
 
 vram_torch.enable()
 MiB = util.MiB
@@ -33,7 +32,7 @@ def test_counters_follow_allocations_and_frees():
     d = lambda key: during[key] - before[key]  # noqa: E731
     assert d("requested_bytes.all.current") == sum(sizes), (d("requested_bytes.all.current"),
                                                             sizes)
-    assert d("allocated_bytes.all.current") == sum(round_up(n) for n in sizes)
+    assert d("allocated_bytes.all.current") == sum(vram_torch.block_bytes(n) for n in sizes)
     assert d("allocation.all.current") == len(sizes)
     assert during["allocated_bytes.all.peak"] >= during["allocated_bytes.all.current"]
     assert during["reserved_bytes.all.current"] >= during["allocated_bytes.all.current"]
