@@ -39,6 +39,8 @@ static_assert(!std::is_copy_assignable_v<CopyCompleted>);
 static_assert(std::is_nothrow_move_constructible_v<CopyCompleted>);
 static_assert(!std::is_copy_constructible_v<PendingCopy>);
 static_assert(!std::is_default_constructible_v<detail::MintKey>);
+static_assert(!std::is_trivially_copyable_v<detail::MintKey>,
+              "std::bit_cast could forge a trivially copyable passkey");
 static_assert(Completion<cuda::Event>);
 
 // A host fence fired by hand; counts waits. wait() spins until fired.
