@@ -332,6 +332,15 @@ TEST(CopyWitness, CopiesWaitedOnOtherThreadsWhileTheOwnerDropsOrRetiresLoseNothi
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
+TEST(CopyWitness, HandMadePinnedBufferRejectsANullUpstreamOrZeroBytes) {
+  EXPECT_THROW(PinnedBuffer(nullptr, 4096), InvalidArgument);
+  auto upstream = host_upstream();
+  EXPECT_THROW(PinnedBuffer(upstream, 0), InvalidArgument);
+  EXPECT_EQ(upstream->allocations(), 0U);
+  PinnedBuffer fine(upstream, 4096);
+  EXPECT_TRUE(fine);
+}
+
 TEST(CopyWitness, EveryAcquireIsANewLease) {
   PinnedStagingPool pool(host_upstream());
   auto staging = pool.acquire(4096);
