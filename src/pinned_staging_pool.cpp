@@ -67,8 +67,21 @@ struct StagingPoolState {
 
 }  // namespace detail
 
+namespace {
+// Bad input to a hand-made PinnedBuffer is a clear error, not a null dereference.
+std::shared_ptr<Upstream> checked_upstream(std::shared_ptr<Upstream> upstream,
+                                           std::size_t capacity) {
+  if (!upstream) throw InvalidArgument("vram::PinnedBuffer: the upstream is null.");
+  if (capacity == 0) {
+    throw InvalidArgument(
+        "vram::PinnedBuffer: zero bytes requested. Fix: ask for at least one byte.");
+  }
+  return upstream;
+}
+}  // namespace
+
 PinnedBuffer::PinnedBuffer(std::shared_ptr<Upstream> upstream, std::size_t capacity)
-    : upstream_(std::move(upstream)),
+    : upstream_(checked_upstream(std::move(upstream), capacity)),
       data_(static_cast<std::byte*>(upstream_->allocate(capacity))),
       capacity_(capacity) {}
 

@@ -39,6 +39,8 @@ static_assert(!std::is_copy_assignable_v<CopyCompleted>);
 static_assert(std::is_nothrow_move_constructible_v<CopyCompleted>);
 static_assert(!std::is_copy_constructible_v<PendingCopy>);
 static_assert(!std::is_default_constructible_v<detail::MintKey>);
+static_assert(!std::is_trivially_copyable_v<detail::MintKey>,
+              "std::bit_cast could forge a trivially copyable passkey");
 static_assert(Completion<cuda::Event>);
 
 // A host fence fired by hand; counts waits. wait() spins until fired.
@@ -328,6 +330,15 @@ TEST(CopyWitness, CopiesWaitedOnOtherThreadsWhileTheOwnerDropsOrRetiresLoseNothi
   EXPECT_EQ(s.retired + s.freed_over_bounds, 1000U);
   EXPECT_EQ(upstream->live_bytes(), s.free_bytes) << "a buffer was lost or freed twice";
   EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+TEST(CopyWitness, HandMadePinnedBufferRejectsANullUpstreamOrZeroBytes) {
+  EXPECT_THROW(PinnedBuffer(nullptr, 4096), InvalidArgument);
+  auto upstream = host_upstream();
+  EXPECT_THROW(PinnedBuffer(upstream, 0), InvalidArgument);
+  EXPECT_EQ(upstream->allocations(), 0U);
+  PinnedBuffer fine(upstream, 4096);
+  EXPECT_TRUE(fine);
 }
 
 TEST(CopyWitness, EveryAcquireIsANewLease) {

@@ -31,8 +31,12 @@
 //   - Only the copy layer can construct one: the constructor takes a detail::MintKey whose
 //     constructor is private to PendingCopy. The only other key holder is the test escape
 //     hatch vram::testing::WitnessMint (vram/testing/witness.hpp), which exists only when
-//     VRAM_TESTING is defined and is not installed. There is no forward-declared friend a
-//     user could define instead (tests/compile_fail/user_defined_minter.cpp).
+//     VRAM_TESTING is defined and is not installed. Without VRAM_TESTING there is no
+//     forward-declared friend a user could define instead
+//     (tests/compile_fail/user_defined_minter.cpp); defining VRAM_TESTING in production
+//     code is the explicit, greppable opt-in to the escape hatch. The key itself is neither
+//     copyable nor trivially copyable, so std::bit_cast cannot conjure one
+//     (tests/compile_fail/bit_cast_mint_key.cpp).
 //   Limits: the guarantee is about copies issued through the lease. A copy the caller
 //   issues by hand from staging.data() (cudaMemcpyAsync on the raw pointer, or
 //   copy_to_device_async(dst, staging.data(), ...)) is invisible to the lease.
@@ -66,8 +70,18 @@ struct StagingLease;  // the per-loan ledger (src/staging_lease.hpp)
 
 // Passkey: whoever can construct one can mint a witness. Its constructor is private and
 // only the copy layer (PendingCopy) may call it; under VRAM_TESTING also the test minter.
+// Not copyable or movable (a key travels only as a prvalue, by guaranteed elision) and not
+// trivially copyable (user-provided destructor), so std::bit_cast<MintKey>(char{}) cannot
+// forge one.
 class MintKey {
   MintKey() = default;
+
+ public:
+  MintKey(const MintKey&) = delete;
+  MintKey& operator=(const MintKey&) = delete;
+  ~MintKey() {}  // NOLINT(modernize-use-equals-default): non-trivial on purpose
+
+ private:
   friend class vram::PendingCopy;
 #ifdef VRAM_TESTING
   friend struct vram::testing::WitnessMint;
