@@ -94,6 +94,7 @@ StreamOrderedPool::StreamOrderedPool(StreamOrderedPool&& other) noexcept
       device_(other.device_),
       owned_(std::exchange(other.owned_, false)),
       restore_threshold_(std::exchange(other.restore_threshold_, std::nullopt)),
+      threshold_set_(other.threshold_set_),
       bytes_in_use_(other.bytes_in_use_.exchange(0, std::memory_order_relaxed)),
       failed_frees_(other.failed_frees_.load(std::memory_order_relaxed)) {}
 
@@ -105,6 +106,7 @@ StreamOrderedPool& StreamOrderedPool::operator=(StreamOrderedPool&& other) noexc
     device_ = other.device_;
     owned_ = std::exchange(other.owned_, false);
     restore_threshold_ = std::exchange(other.restore_threshold_, std::nullopt);
+    threshold_set_ = other.threshold_set_;
     bytes_in_use_.store(other.bytes_in_use_.exchange(0, std::memory_order_relaxed),
                         std::memory_order_relaxed);
     failed_frees_.store(other.failed_frees_.load(std::memory_order_relaxed));
@@ -117,7 +119,16 @@ void StreamOrderedPool::destroy() noexcept {
   // this object changed goes back to what it found (errors, e.g. after shutdown, ignored).
   // A private pool with blocks still allocated is released by the driver once they are
   // freed.
+  // Restored only while the threshold is still the one this object set: if another user of
+  // the default pool changed it since, restoring would undo their setting.
+  bool still_ours = false;
   if (!owned_ && pool_ != nullptr && restore_threshold_.has_value()) {
+    try {
+      still_ours = release_threshold() == threshold_set_;
+    } catch (...) {  // context gone: nothing to restore
+    }
+  }
+  if (still_ours) {
     if (auto set = cuda::driver_api().mem_pool_set_attribute.function; set != nullptr) {
       cuuint64_t raw = *restore_threshold_;
       CUresult result = set(as_pool(pool_), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &raw);
@@ -242,6 +253,7 @@ void StreamOrderedPool::set_release_threshold(std::uint64_t bytes) {
   if (!owned_ && !restore_threshold_.has_value()) restore_threshold_ = release_threshold();
   set_attribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes,
                 "cuMemPoolSetAttribute(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)");
+  threshold_set_ = bytes;
 }
 
 std::uint64_t StreamOrderedPool::release_threshold() const {

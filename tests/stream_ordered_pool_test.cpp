@@ -266,6 +266,11 @@ TEST(StreamOrderedPoolGpu, DefaultPoolThresholdIsChangedOnlyWhenAskedAndRestored
     EXPECT_EQ(default_pool_threshold(), 1_MiB);
   }
   EXPECT_EQ(default_pool_threshold(), kMarker) << "a move lost the value to restore";
+  {
+    StreamOrderedPool pool({.use_default_pool = true, .release_threshold = 2_MiB});
+    set_default_pool_threshold(3_MiB);  // another user of the default pool, after us
+  }
+  EXPECT_EQ(default_pool_threshold(), 3_MiB) << "destruction undid another user's setting";
   set_default_pool_threshold(original);
 }
 

@@ -5,8 +5,11 @@
 // the object changes. The device's default pool, shared with every cudaMallocAsync user
 // in the process (PyTorch included), is an explicit option (.use_default_pool = true); on
 // it the object changes nothing unless asked (.release_threshold set, or a call of
-// set_release_threshold / reset_pool_high_water / trim), and it restores the release
-// threshold it found when it is destroyed.
+// set_release_threshold / reset_pool_high_water / trim), and at destruction it restores the
+// release threshold it found, unless another user changed the threshold after it (then it
+// leaves theirs alone). With several objects setting the default pool's threshold, the
+// value left at the end is not always the original one: restore is per object, not a
+// process-wide stack.
 //
 //   vram::StreamOrderedPool pool({.device = 0});     // private pool, retains freed memory
 //   void* p = pool.allocate_async(1 << 20, stream);
@@ -124,6 +127,7 @@ class StreamOrderedPool {
   bool owned_ = false;
   // Default pool only: the release threshold found before this object first changed it.
   std::optional<std::uint64_t> restore_threshold_;
+  std::uint64_t threshold_set_ = 0;  // the last threshold this object set
   std::atomic<std::size_t> bytes_in_use_{0};
   std::atomic<std::uint64_t> failed_frees_{0};
 };

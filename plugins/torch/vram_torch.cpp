@@ -161,6 +161,11 @@ DeviceState& state_for(int device) {
   auto& slot = g_devices[static_cast<std::size_t>(device)];
   if (DeviceState* state = slot.load(std::memory_order_acquire)) return *state;
   vram::DevicePool::Options options;
+  // As PyTorch's caching allocator: keep every freed segment until empty_cache() or an
+  // out-of-memory retry. A bound makes the pool cudaFree segments during the run, and each
+  // cudaFree synchronizes the device (about +9% step time on the conv workload on the H200
+  // with the library's 4 GiB default).
+  options.max_cached_bytes = SIZE_MAX;
   std::size_t max_cached = g_max_cached_bytes;
   if (max_cached == 0) max_cached = parse_bytes(std::getenv("VRAM_TORCH_MAX_CACHED_BYTES"));
   if (max_cached != 0) options.max_cached_bytes = max_cached;
