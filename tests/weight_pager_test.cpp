@@ -508,7 +508,8 @@ void run_and_verify(WeightPagerOptions options, std::size_t words) {
   cuda::Stream stream;
   unsigned long long* mismatches = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches), cudaSuccess);
-  ASSERT_EQ(cudaMemset(mismatches, 0, sizeof *mismatches), cudaSuccess);
+  // Zeroed on the test's own (non-blocking) stream, which does not wait for the legacy one.
+  ASSERT_EQ(cudaMemsetAsync(mismatches, 0, sizeof *mismatches, stream.get()), cudaSuccess);
   for (int step = 0; step < 3; ++step) {
     for (std::size_t i = 0; i < 8; ++i) {
       const void* device = pager.acquire(i, stream.get());

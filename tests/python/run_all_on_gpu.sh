@@ -35,8 +35,11 @@ log "vram torch/cupy checks: root $ROOT, python $PY, build $BUILD"
 cat "$OUT/environment.txt" | tee -a "$OUT/run.log"
 
 log "configure + build (Release) -> $OUT/build.log"
+# Torch's CMake package: with it the plug-in raises torch.OutOfMemoryError in allocator mode.
+TORCH_PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null || true)
 if cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DVRAM_BUILD_TESTS=OFF \
      -DVRAM_BUILD_TORCH_PLUGIN=ON -DVRAM_BUILD_TOOLS=OFF -DVRAM_BUILD_BENCH=OFF \
+     ${TORCH_PREFIX:+-DCMAKE_PREFIX_PATH=$TORCH_PREFIX} \
      > "$OUT/build.log" 2>&1 &&
    cmake --build "$BUILD" -j"$JOBS" --target vram_torch >> "$OUT/build.log" 2>&1; then
   RESULT[build]=pass
