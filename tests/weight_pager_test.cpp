@@ -577,6 +577,7 @@ TEST(WeightPagerGpu, StepsAlternatingBetweenTwoStreamsSeeTheRightBytes) {
   unsigned long long* mismatches = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches), cudaSuccess);
   ASSERT_EQ(cudaMemset(mismatches, 0, sizeof *mismatches), cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the streams do not wait for the legacy one
   for (int step = 0; step < 4; ++step) {
     const cudaStream_t stream = streams[step % 2].get();
     for (std::size_t i = 0; i < 8; ++i) {
