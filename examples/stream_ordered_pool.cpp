@@ -24,9 +24,10 @@ int main() try {
   std::size_t reserved = pool.pool_reserved_bytes(), mine = pool.bytes_in_use();
   pool.trim(0);
   // [/readme:stream_ordered_pool]
-  std::printf("stream_ordered_pool example: %zu bytes reserved by the pool, %zu in use by this "
-              "object before trim(0)\n",
-              reserved, mine);
+  std::printf(
+      "stream_ordered_pool example: %zu bytes reserved by the pool, %zu in use by this "
+      "object before trim(0)\n",
+      reserved, mine);
   return 0;
 } catch (const std::exception& error) {
   std::fprintf(stderr, "stream_ordered_pool example: %s\n", error.what());

@@ -378,8 +378,7 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
             held.events.push_back(event);
           }
           if (!held.events.empty()) {
-            state->held_bytes.fetch_add(state->pool.block_bytes(size),
-                                        std::memory_order_relaxed);
+            state->held_bytes.fetch_add(state->pool.block_bytes(size), std::memory_order_relaxed);
             state->held_back.push_back(std::move(held));
             is_held = true;
             state->held_count.store(state->held_back.size(), std::memory_order_relaxed);

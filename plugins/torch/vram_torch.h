@@ -83,8 +83,8 @@ int vram_torch_empty_cache(int device);
 /* Restarts the peaks (allocated, requested, allocation, reserved) from the current values. */
 int vram_torch_reset_peak(int device);
 /* Options of the pools created from now on: max cached bytes per device (0: keep the
- * default: unbounded, as PyTorch; or VRAM_TORCH_MAX_CACHED_BYTES from the environment). 0: done; 1: a pool
- * already exists (it keeps its options). */
+ * default: unbounded, as PyTorch; or VRAM_TORCH_MAX_CACHED_BYTES from the environment). 0: done; 1:
+ * a pool already exists (it keeps its options). */
 int vram_torch_configure(size_t max_cached_bytes);
 /* 1: out of memory throws c10::OutOfMemoryError (allocator mode; needs a build with Torch
    found, which the return value reports: 1 when supported, 0 when not). */

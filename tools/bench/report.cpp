@@ -166,7 +166,9 @@ void print_tables(std::FILE* out, const std::vector<Measurement>& results,
                    v.unit.c_str(), v.best_peer.c_str(), v.peer_value, v.unit.c_str(),
                    v.advantage >= 1 ? v.advantage : 1 / v.advantage,
                    // Within 0.5% either way is a tie, not a win or a loss.
-                   v.advantage > 1.005 ? "better" : v.advantage >= 0.995 ? "on par" : "WORSE");
+                   v.advantage > 1.005    ? "better"
+                   : v.advantage >= 0.995 ? "on par"
+                                          : "WORSE");
     }
   }
   std::fprintf(out, "\n(* = vram; medians of repeated timed batches after warm-up)\n");

@@ -387,9 +387,8 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
 }  // namespace
 
 const std::vector<std::string>& known_scenarios() {
-  static const std::vector<std::string> names = {"pairs",   "threads", "mixed",  "overhead",
-                                                 "pagein",  "pinning", "batched", "replay",
-                                                 "pager"};
+  static const std::vector<std::string> names = {
+      "pairs", "threads", "mixed", "overhead", "pagein", "pinning", "batched", "replay", "pager"};
   return names;
 }
 

@@ -50,8 +50,9 @@ AllocatorSpec device_pool_spec() {
   AllocatorSpec spec;
   spec.name = "vram DevicePool";
   spec.needs_gpu = false;
-  spec.note = "defaults, stream-ordered API on a device; peak reserved and upstream allocations "
-              "from DevicePool::stats()";
+  spec.note =
+      "defaults, stream-ordered API on a device; peak reserved and upstream allocations "
+      "from DevicePool::stats()";
   spec.make = [](const ReplayContext& context) {
     return std::make_unique<DevicePoolAdapter>(context, DevicePool::Options{});
   };
@@ -62,8 +63,9 @@ AllocatorSpec device_pool_virtual_memory_spec() {
   AllocatorSpec spec;
   spec.name = "vram DevicePool (virtual memory)";
   spec.needs_gpu = false;
-  spec.note = "use_virtual_memory, small blocks up to 256 KiB; upstream allocations are "
-              "2 MiB granule maps";
+  spec.note =
+      "use_virtual_memory, small blocks up to 256 KiB; upstream allocations are "
+      "2 MiB granule maps";
   spec.make = [](const ReplayContext& context) {
     DevicePool::Options options;
     options.use_virtual_memory = true;
