@@ -64,19 +64,12 @@ StackShape shape_for(const BenchConfig& c) {
   return {48, 256_MiB, 4_GiB, 1, 5};                // 12 GiB under 4 GiB
 }
 
-Measurement make_measurement(const std::string& parameter, double value, const std::string& name,
-                             bool ours, bool reference, const std::string& unit,
-                             bool lower_is_better, const std::vector<double>& samples) {
-  Measurement m;
-  m.scenario = "pager";
-  m.parameter = parameter;
-  m.parameter_value = value;
-  m.allocator = name;
-  m.ours = ours;
+Measurement pager_measurement(const std::string& parameter, double value, const std::string& name,
+                              bool ours, bool reference, const std::string& unit,
+                              bool lower_is_better, const std::vector<double>& samples) {
+  Measurement m = bench::make_measurement("pager", parameter, value, name, ours, unit,
+                                          lower_is_better, samples);
   m.reference = reference;
-  m.unit = unit;
-  m.lower_is_better = lower_is_better;
-  m.value = summarize(samples);
   return m;
 }
 
@@ -295,7 +288,7 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
     auto record = [&](const std::string& name, bool ours, bool reference,
                       const std::vector<double>& ms) -> Measurement& {
       results.push_back(
-          make_measurement(parameter, value, name, ours, reference, "ms/step", true, ms));
+          pager_measurement(parameter, value, name, ours, reference, "ms/step", true, ms));
       results.back().extra["intensity"] = regime.intensity;
       return results.back();
     };
@@ -448,8 +441,8 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
       });
       std::vector<double> gbps;
       for (double step_ms : ms) gbps.push_back(streamed_bytes / step_ms / 1e6);
-      results.push_back(make_measurement(parameter, value, "vram WeightPager (pageable, staged)",
-                                         true, false, "GB/s", false, gbps));
+      results.push_back(pager_measurement(parameter, value, "vram WeightPager (pageable, staged)",
+                                          true, false, "GB/s", false, gbps));
       const auto stats = pager.stats();
       results.back().extra["sampled_copy_gbps"] = stats.effective_gbps;
       results.back().extra["staging_pins_after_load"] =
@@ -474,11 +467,11 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
           gbps.push_back(static_cast<double>(bytes) / cuda::Event::elapsed_ms(start, end) / 1e6);
         }
       }
-      results.push_back(make_measurement(parameter, value, "cudaMemcpyAsync from pageable", false,
-                                         false, "GB/s", false, gbps));
+      results.push_back(pager_measurement(parameter, value, "cudaMemcpyAsync from pageable", false,
+                                          false, "GB/s", false, gbps));
     }
-    results.push_back(make_measurement(parameter, value, "pinned H2D (ceiling)", false, true,
-                                       "GB/s", false, {pinned_gbps}));
+    results.push_back(pager_measurement(parameter, value, "pinned H2D (ceiling)", false, true,
+                                        "GB/s", false, {pinned_gbps}));
   }
 }
 

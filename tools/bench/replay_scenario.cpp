@@ -93,15 +93,8 @@ void run_replay(const BenchConfig& config, Progress& progress, std::vector<Measu
         last = replay::replay_trace(trace, spec, options);
         samples.push_back(last.ns_per_op);
       }
-      Measurement m;
-      m.scenario = "replay";
-      m.parameter = trace.name;
-      m.parameter_value = static_cast<double>(t);
-      m.allocator = spec.name;
-      m.ours = spec.name.rfind("vram", 0) == 0;
-      m.unit = "ns/op";
-      m.lower_is_better = true;
-      m.value = summarize(samples);
+      Measurement m = make_measurement("replay", trace.name, static_cast<double>(t), spec.name,
+                                       spec.name.rfind("vram", 0) == 0, "ns/op", true, samples);
       m.extra["operations"] = static_cast<double>(last.operations);
       m.extra["peak_live_mib"] = static_cast<double>(last.peak_live_bytes) / (1 << 20);
       m.extra["peak_reserved_mib"] = static_cast<double>(last.peak_reserved_bytes) / (1 << 20);
@@ -180,15 +173,8 @@ void run_batched(const BenchConfig& config,
         const double elapsed = now_seconds() - start;
         if (r > 0) samples.push_back(static_cast<double>(total.load()) / elapsed / 1e6);
       }
-      Measurement m;
-      m.scenario = "batched";
-      m.parameter = std::to_string(threads) + " threads";
-      m.parameter_value = threads;
-      m.allocator = a->name();
-      m.ours = a->ours();
-      m.unit = "M pairs/s";
-      m.lower_is_better = false;
-      m.value = summarize(samples);
+      Measurement m = make_measurement("batched", std::to_string(threads) + " threads", threads,
+                                       a->name(), a->ours(), "M pairs/s", false, samples);
       m.extra["live_blocks_per_thread"] = kLive;
       results.push_back(m);
       a->release_cache();

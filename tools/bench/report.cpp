@@ -334,4 +334,20 @@ std::string to_svg(const Environment& env, const std::vector<Measurement>& resul
   return svg.str();
 }
 
+Measurement make_measurement(const std::string& scenario, const std::string& parameter,
+                             double parameter_value, const std::string& allocator, bool ours,
+                             const std::string& unit, bool lower_is_better,
+                             const std::vector<double>& samples) {
+  Measurement m;
+  m.scenario = scenario;
+  m.parameter = parameter;
+  m.parameter_value = parameter_value;
+  m.allocator = allocator;
+  m.ours = ours;
+  m.unit = unit;
+  m.lower_is_better = lower_is_better;
+  m.value = summarize(samples);
+  return m;
+}
+
 }  // namespace vram::bench

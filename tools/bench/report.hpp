@@ -24,6 +24,12 @@ struct Measurement {
   std::map<std::string, double> extra;  // peak_reserved_mib, pin_calls, ...
 };
 
+// The one way the scenarios build a result row: summary of the samples plus its labels.
+Measurement make_measurement(const std::string& scenario, const std::string& parameter,
+                             double parameter_value, const std::string& allocator, bool ours,
+                             const std::string& unit, bool lower_is_better,
+                             const std::vector<double>& samples);
+
 struct Environment {
   bool gpu = false;
   std::string device_name = "none";

@@ -37,16 +37,8 @@ Allocators make_allocators(const BenchConfig& c) {
 Measurement make(const std::string& scenario, const std::string& parameter, double value,
                  const std::string& allocator, bool ours, const std::string& unit,
                  bool lower_is_better, const std::vector<double>& samples) {
-  Measurement m;
-  m.scenario = scenario;
-  m.parameter = parameter;
-  m.parameter_value = value;
-  m.allocator = allocator;
-  m.ours = ours;
-  m.unit = unit;
-  m.lower_is_better = lower_is_better;
-  m.value = summarize(samples);
-  return m;
+  return make_measurement(scenario, parameter, value, allocator, ours, unit, lower_is_better,
+                          samples);
 }
 
 void run_pairs(const BenchConfig& c, Allocators& allocators, Progress& progress,
