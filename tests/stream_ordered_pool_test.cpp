@@ -120,6 +120,17 @@ TEST(StreamOrderedPoolGpu, OutOfMemoryIsABadAlloc) {
 TEST(StreamOrderedPoolGpu, CrossStreamReuseWithHandOverKeepsDataCorrect) {
   VRAM_GPU_TEST_OR_SKIP();
   StreamOrderedPool pool;
+  // Without these the driver may add its own dependency or pick other memory, and the test
+  // would pass with hand_over deleted: reuse across streams only through an event the
+  // allocating stream waits on (what hand_over creates).
+  auto* native = static_cast<cudaMemPool_t>(pool.native_handle());
+  int off = 0;
+  int on = 1;
+  ASSERT_EQ(cudaMemPoolSetAttribute(native, cudaMemPoolReuseAllowOpportunistic, &off), cudaSuccess);
+  ASSERT_EQ(cudaMemPoolSetAttribute(native, cudaMemPoolReuseAllowInternalDependencies, &off),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemPoolSetAttribute(native, cudaMemPoolReuseFollowEventDependencies, &on),
+            cudaSuccess);
   cuda::Stream first;
   cuda::Stream second;
   const std::size_t bytes = 8_MiB;
@@ -130,7 +141,8 @@ TEST(StreamOrderedPoolGpu, CrossStreamReuseWithHandOverKeepsDataCorrect) {
   pool.deallocate_async(a, bytes, first.get());
   StreamOrderedPool::hand_over(first.get(), second.get());
   EXPECT_FALSE(first.ready()) << "the first stream's kernel should still run";
-  void* b = pool.allocate_async(bytes, second.get());  // may reuse A's memory, safely
+  void* b = pool.allocate_async(bytes, second.get());
+  EXPECT_EQ(b, a) << "after hand_over the second stream reuses the first stream's block";
   launch_fill(b, words, 0x22222222u, second.get());
   unsigned long long* mismatches = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches), cudaSuccess);
