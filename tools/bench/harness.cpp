@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <thread>
 
 namespace vram::bench {
 
@@ -66,6 +67,35 @@ void Progress::step(const std::string& label) {
 
 void Progress::finish() {
   if (terminal_) std::fprintf(stderr, "\r\033[K");
+}
+
+std::vector<double> threaded_pair_rates(
+    unsigned threads, std::size_t repetitions, double seconds,
+    const std::function<std::uint64_t(unsigned t, const std::atomic<bool>& stop)>& worker) {
+  std::vector<double> samples;
+  for (std::size_t r = 0; r <= repetitions; ++r) {  // r == 0 is the warm-up
+    std::atomic<bool> stop{false};
+    std::atomic<unsigned> ready{0};
+    std::atomic<std::uint64_t> total{0};
+    std::vector<std::thread> workers;
+    for (unsigned t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < threads) {
+        }
+        total.fetch_add(worker(t, stop));
+      });
+    }
+    while (ready.load() < threads) {
+    }
+    const double start = now_seconds();
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    stop.store(true);
+    for (auto& w : workers) w.join();
+    const double elapsed = now_seconds() - start;
+    if (r > 0) samples.push_back(static_cast<double>(total.load()) / elapsed / 1e6);
+  }
+  return samples;
 }
 
 }  // namespace vram::bench

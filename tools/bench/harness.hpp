@@ -2,8 +2,10 @@
 // synchronized inside the batch), warm-up excluded, median and spread over repetitions.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -26,6 +28,14 @@ std::vector<double> time_per_operation(const std::function<void(std::size_t)>& b
                                        std::size_t repetitions, double target_batch_ms);
 
 double now_seconds();
+
+// Many-thread throughput: `threads` workers start together (a spin barrier), run
+// `worker(t, stop)` (which loops until `stop` and returns the pairs it made) for about
+// `seconds`; repeated repetitions + 1 times, the first a warm-up. Returns M pairs/s per
+// timed repetition.
+std::vector<double> threaded_pair_rates(
+    unsigned threads, std::size_t repetitions, double seconds,
+    const std::function<std::uint64_t(unsigned t, const std::atomic<bool>& stop)>& worker);
 
 // One progress line on a terminal (stderr), rewritten in place; silent otherwise.
 class Progress {

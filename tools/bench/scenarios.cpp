@@ -89,19 +89,10 @@ void run_threads(const BenchConfig& c, Allocators& allocators, Progress& progres
     }
     for (auto& a : allocators) {
       progress.step("threads " + std::to_string(threads) + " " + a->name());
-      std::vector<double> samples;
-      for (std::size_t r = 0; r <= repetitions; ++r) {  // r == 0 is the warm-up
-        std::atomic<bool> stop{false};
-        std::atomic<unsigned> ready{0};
-        std::atomic<std::uint64_t> total{0};
-        std::vector<std::thread> workers;
-        for (unsigned t = 0; t < threads; ++t) {
-          workers.emplace_back([&, t] {
+      const auto samples = threaded_pair_rates(
+          threads, repetitions, seconds, [&](unsigned t, const std::atomic<bool>& stop) {
             cudaStream_t s = c.gpu ? streams[t]->get() : nullptr;
             std::uint64_t pairs = 0;
-            ready.fetch_add(1);
-            while (ready.load() < threads) {
-            }
             while (!stop.load(std::memory_order_relaxed)) {
               for (int i = 0; i < 64; ++i) {
                 void* block = a->allocate(bytes, s);
@@ -110,18 +101,8 @@ void run_threads(const BenchConfig& c, Allocators& allocators, Progress& progres
               pairs += 64;
             }
             a->finish(s);
-            total.fetch_add(pairs);
+            return pairs;
           });
-        }
-        while (ready.load() < threads) {
-        }
-        const double start = now_seconds();
-        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-        stop.store(true);
-        for (auto& w : workers) w.join();
-        const double elapsed = now_seconds() - start;
-        if (r > 0) samples.push_back(static_cast<double>(total.load()) / elapsed / 1e6);
-      }
       results.push_back(make("threads", std::to_string(threads) + " threads", threads, a->name(),
                              a->ours(), "M pairs/s", false, samples));
       a->release_cache();
