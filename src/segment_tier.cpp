@@ -78,6 +78,7 @@ void SegmentTier::insert_free(Range* range) noexcept {
       prev != nullptr && prev->state == Range::State::free && prev->tag == range->tag) {
     remove_free(prev);
     prev->size += range->size;
+    prev->epoch = std::max(prev->epoch, range->epoch);
     prev->next = range->next;
     if (range->next != nullptr) range->next->prev = prev;
     delete range;
@@ -87,6 +88,7 @@ void SegmentTier::insert_free(Range* range) noexcept {
       next != nullptr && next->state == Range::State::free && next->tag == range->tag) {
     remove_free(next);
     range->size += next->size;
+    range->epoch = std::max(range->epoch, next->epoch);
     range->next = next->next;
     if (next->next != nullptr) next->next->prev = range;
     delete next;
@@ -169,8 +171,8 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   }
   if (r->size - need >= options_.granularity) {
     Range* rest = spare.release();
-    *rest =
-        Range{r->addr + need, r->size - need, r->segment, r, r->next, Range::State::free, r->tag};
+    *rest = Range{r->addr + need, r->size - need,     r->segment, r,
+                  r->next,        Range::State::free, r->tag,     r->epoch};
     if (r->next != nullptr) r->next->prev = rest;
     r->next = rest;
     r->size = need;
@@ -209,6 +211,7 @@ bool SegmentTier::free(void* block, StreamKey tag) noexcept {
   counters_.free_bytes += r->size;
   used_ -= r->size;
   r->tag = tag;
+  r->epoch = epoch_;
   insert_free(r);
   if (tag == kUntagged && counters_.free_bytes > options_.max_free_bytes) {
     if (base_ != nullptr) {
@@ -287,22 +290,40 @@ void SegmentTier::release_empty_segments(std::size_t keep_free) noexcept {
   }
 }
 
-void SegmentTier::forget_streams() noexcept {
+std::uint64_t SegmentTier::mark_frees() noexcept {
   std::lock_guard lock(mutex_);
-  for (Pending& p : pending_) {
-    fence_.release(p.marker);
-    for (Range* r : p.ranges) {
-      r->tag = kUntagged;
-      insert_free(r);
+  return ++epoch_;
+}
+
+void SegmentTier::forget_streams(std::uint64_t mark) noexcept {
+  std::lock_guard lock(mutex_);
+  // Pending ranges are never merged, so each keeps its own epoch.
+  for (std::size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    auto older = std::partition(p.ranges.begin(), p.ranges.end(),
+                                [mark](const Range* r) { return r->epoch >= mark; });
+    for (auto it = older; it != p.ranges.end(); ++it) {
+      (*it)->tag = kUntagged;
+      insert_free(*it);
     }
+    p.ranges.erase(older, p.ranges.end());
+    if (!p.ranges.empty()) {  // freed after the mark: still waits for its marker
+      ++i;
+      continue;
+    }
+    fence_.release(p.marker);
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
   }
-  pending_.clear();
   // Untagging merges a range only with untagged neighbours, so every range collected here
   // stays alive until its own turn.
   std::vector<Range*> tagged;
   try {
     for (auto& [key, set] : free_) {
-      if (key != kUntagged) tagged.insert(tagged.end(), set.begin(), set.end());
+      if (key == kUntagged) continue;
+      for (Range* r : set) {
+        if (r->epoch < mark) tagged.push_back(r);
+      }
     }
   } catch (...) {  // no host memory for the list: the ranges keep their streams
     return;

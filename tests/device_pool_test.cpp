@@ -5,8 +5,10 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_policy.hpp"
@@ -416,6 +418,63 @@ TEST(DevicePoolStreams, TrimAndDestructionRecordNothingOnTheFreeingStreams) {
     pool.deallocate_async(again, 4_MiB, fake_stream(3));
   }  // destruction with a block freed on stream 3
   EXPECT_EQ(fence->recorded(), 0U) << "destruction recorded a marker on a freeing stream";
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// ManualFence whose quiesce() first runs a hook (a free on another thread that lands while
+// trim() waits for the device), and which counts waits for markers recorded on stream 1.
+class QuiesceHookFence final : public StreamFence {
+ public:
+  std::uint64_t record(cudaStream_t stream) override {
+    const std::uint64_t marker = inner_.record(stream);
+    if (stream == reinterpret_cast<cudaStream_t>(1)) last_on_1_ = marker;
+    return marker;
+  }
+  bool completed(std::uint64_t marker) noexcept override { return inner_.completed(marker); }
+  void wait(std::uint64_t marker) noexcept override {
+    if (marker == last_on_1_) ++waits_on_1_;
+    inner_.wait(marker);
+  }
+  void release(std::uint64_t marker) noexcept override { inner_.release(marker); }
+  void quiesce() noexcept override {
+    if (auto hook = std::exchange(on_quiesce, nullptr)) hook();
+    inner_.quiesce();
+  }
+  std::uint64_t waits_on_1() const { return waits_on_1_; }
+  std::function<void()> on_quiesce;
+
+ private:
+  ManualFence inner_;
+  std::uint64_t last_on_1_ = 0;
+  std::uint64_t waits_on_1_ = 0;
+};
+
+// A block freed on stream 1 after trim()'s device synchronize began may still be used by
+// work queued on stream 1 after that synchronize: trim must not treat it as completed. It
+// may keep it, or wait for a marker on stream 1 (alive: it was just used) before giving it
+// back. Found in review: trim quiesced, then untagged every stream-freed range, including
+// ones freed meanwhile, and gave their segments back at once.
+TEST(DevicePoolStreams, FreeRacingTrimsDeviceSynchronizeKeepsItsStream) {
+  auto fence = std::make_shared<QuiesceHookFence>();
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Options options;
+  options.fence = fence;
+  options.large_segment_bytes = 4_MiB;
+  DevicePool pool(upstream, options);
+  void* a = pool.allocate_async(4_MiB, fake_stream(1));
+  void* s = pool.allocate_async(4096, fake_stream(1));
+  fence->on_quiesce = [&] {
+    std::thread([&] {
+      pool.deallocate_async(a, 4_MiB, fake_stream(1));
+      pool.deallocate_async(s, 4096, fake_stream(1));
+    }).join();
+  };
+  pool.trim(0);
+  const bool kept = upstream->live_bytes() == 4_MiB + 2_MiB;
+  EXPECT_TRUE(kept || fence->waits_on_1() > 0)
+      << "trim gave back segments whose blocks stream 1's queued work may still use";
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 

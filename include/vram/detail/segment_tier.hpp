@@ -106,10 +106,16 @@ class SegmentTier {
   // with `wait`, blocking until they complete), then gives back wholly free segments
   // while more than keep_free bytes are free.
   void trim(std::size_t keep_free, bool wait) noexcept;
-  // After the fence's quiesce() (every stream's work so far has completed): every range
-  // freed on a stream becomes free for all streams, with no marker recorded on any stream
-  // (a stream may have been destroyed since its frees).
-  void forget_streams() noexcept;
+  // Marks the frees made so far: call it before the fence's quiesce(), then pass its
+  // result to forget_streams().
+  std::uint64_t mark_frees() noexcept;
+  // After the fence's quiesce() that followed mark_frees() (every stream's work queued
+  // before it has completed): every range freed on a stream before the mark becomes free
+  // for all streams, with no marker recorded on any stream (a stream may have been
+  // destroyed since its frees). A range freed after the mark (while the device was being
+  // synchronized, on another thread) keeps its stream: work queued after the synchronize
+  // began may still use it.
+  void forget_streams(std::uint64_t mark) noexcept;
   // Gives back wholly free (untagged) segments; what a sibling tier calls before it grows.
   void release_empty() noexcept;
   bool owns(void* block) const noexcept;
@@ -126,6 +132,7 @@ class SegmentTier {
     Range* next = nullptr;
     enum class State : std::uint8_t { used, free, pending } state = State::free;
     StreamKey tag = kUntagged;
+    std::uint64_t epoch = 0;  // epoch_ at its (latest merged) stream-tagged free
   };
   struct Segment {
     char* base;
@@ -171,7 +178,8 @@ class SegmentTier {
   std::vector<Segment*> segments_;
   Counters counters_;
   std::size_t used_ = 0;
-  char* base_ = nullptr;  // virtual mode: the reserved range
+  std::uint64_t epoch_ = 0;  // advanced by mark_frees()
+  char* base_ = nullptr;     // virtual mode: the reserved range
   std::size_t granule_ = 0;
   std::vector<std::uint64_t> handles_;  // per granule
   std::vector<bool> mapped_;
