@@ -24,7 +24,9 @@
 //   allocate_async(bytes, S) hands out blocks that are free on S or completed.
 //   Stream lifetime: S must stay valid while blocks freed on it wait in the pool, because
 //   the lazy marker is recorded on S when another stream needs the memory. Destroy S only
-//   after its blocks were reused, or after trim() (as PyTorch never destroys its streams,
+//   after its blocks were reused, or after a trim() that no deallocate_async(..., S) on
+//   another thread raced and that no thread inside a slow pool call (an upstream
+//   allocation) was still holding S's blocks for (PyTorch never destroys its streams, so
 //   its plug-in never meets this). Destroying the pool after S is safe.
 //
 // Structure and hot path
