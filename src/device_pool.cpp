@@ -172,6 +172,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
                                    .packed_segment = options.large_segment_bytes,
                                    .packed_limit = options.large_segment_bytes / 2,
                                    .max_free_bytes = options.max_cached_bytes,
+                                   .max_segment_waste = options.max_segment_waste_bytes,
                                    .virtual_memory = virtual_memory.get(),
                                    .reservation = reservation_for(options, *upstream),
                                    .unmap_before_map = options.unmap_before_map}) {

@@ -72,11 +72,20 @@ void SegmentTier::remove_free(Range* range) noexcept {
   if (set->second.empty() && range->tag != kUntagged) free_.erase(set);
 }
 
+// A range freed with stream S also absorbs untagged free neighbours (memory usable by any
+// stream may be restricted to S: that is always safe), so stream-ordered frees coalesce as
+// well as plain ones. An untagged range merges only with untagged neighbours: untagging a
+// range after its marker must make it usable by every stream, not hand it back to a stream.
+bool SegmentTier::mergeable(const Range* range, const Range* neighbour) noexcept {
+  return neighbour != nullptr && neighbour->state == Range::State::free &&
+         (neighbour->tag == range->tag || neighbour->tag == kUntagged);
+}
+
 void SegmentTier::insert_free(Range* range) noexcept {
   range->state = Range::State::free;
-  if (Range* prev = range->prev;
-      prev != nullptr && prev->state == Range::State::free && prev->tag == range->tag) {
+  if (Range* prev = range->prev; mergeable(range, prev)) {
     remove_free(prev);
+    prev->tag = range->tag;
     prev->size += range->size;
     prev->epoch = std::max(prev->epoch, range->epoch);
     prev->next = range->next;
@@ -84,8 +93,7 @@ void SegmentTier::insert_free(Range* range) noexcept {
     delete range;
     range = prev;
   }
-  if (Range* next = range->next;
-      next != nullptr && next->state == Range::State::free && next->tag == range->tag) {
+  if (Range* next = range->next; mergeable(range, next)) {
     remove_free(next);
     range->size += next->size;
     range->epoch = std::max(range->epoch, next->epoch);
@@ -101,6 +109,24 @@ void SegmentTier::insert_free(Range* range) noexcept {
   }
 }
 
+SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcept {
+  // The smaller fit of the stream's own ranges and the untagged ones.
+  Range* r = best_fit(kUntagged, need);
+  if (stream != kUntagged) {
+    Range* own = best_fit(stream, need);
+    if (own != nullptr && (r == nullptr || own->size <= r->size)) r = own;
+  }
+  if (r == nullptr && fence_other_streams(stream)) {
+    poll_pending(false);
+    r = best_fit(kUntagged, need);
+  }
+  if (r != nullptr && base_ == nullptr && r->prev == nullptr && r->next == nullptr &&
+      r->size - need > options_.max_segment_waste) {
+    return nullptr;  // growing gives this segment back and takes one sized for the request
+  }
+  return r;
+}
+
 void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) {
   const std::size_t need = round(bytes);
   auto spare = std::make_unique<Range>(Range{nullptr, 0, nullptr});  // before any change
@@ -111,12 +137,10 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   }
   if (options_.virtual_memory != nullptr && base_ == nullptr) reserve_range();
   if (!pending_.empty()) poll_pending(false);
-  Range* r = stream != kUntagged ? best_fit(stream, need) : nullptr;
-  if (r == nullptr) r = best_fit(kUntagged, need);
-  if (r == nullptr && fence_other_streams(stream)) {
-    poll_pending(false);
-    r = best_fit(kUntagged, need);
-  }
+  Range* r = fit(stream, need);
+  // Before growing: wholly free segments that wait for their streams' work are waited for
+  // (see wait_for_empty_segments); one of them may serve the request.
+  if (r == nullptr && may_grow && wait_for_empty_segments()) r = fit(stream, need);
   if (r != nullptr && base_ != nullptr && !may_grow) {
     for (std::size_t g = granule_of(r->addr); g <= granule_of(r->addr + need - 1); ++g) {
       if (!mapped_[g]) return nullptr;  // would need a new granule: that is growing
@@ -248,19 +272,52 @@ bool SegmentTier::fence_other_streams(StreamKey except) noexcept {
       ++it;
       continue;
     }
-    try {
-      Pending p{fence_.record(reinterpret_cast<cudaStream_t>(it->first)), {}};
-      p.ranges.assign(it->second.begin(), it->second.end());
-      pending_.push_back(std::move(p));
-    } catch (...) {  // no marker (or no host memory): these ranges stay with their stream
+    if (fence_stream(it)) {
+      it = free_.erase(it);
+      fenced = true;
+    } else {
       ++it;
-      continue;
     }
-    for (Range* r : it->second) r->state = Range::State::pending;
-    it = free_.erase(it);
-    fenced = true;
   }
   return fenced;
+}
+
+bool SegmentTier::fence_stream(std::unordered_map<StreamKey, FreeSet>::iterator set) noexcept {
+  try {
+    Pending p{fence_.record(reinterpret_cast<cudaStream_t>(set->first)), {}};
+    p.ranges.assign(set->second.begin(), set->second.end());
+    pending_.push_back(std::move(p));
+  } catch (...) {  // no marker (or no host memory): these ranges stay with their stream
+    return false;
+  }
+  for (Range* r : set->second) r->state = Range::State::pending;
+  return true;
+}
+
+bool SegmentTier::wait_for_empty_segments() noexcept {
+  if (base_ != nullptr) return false;
+  // A wholly free segment whose range is still stream-tagged (or pending) may be read by
+  // work queued on that stream: fence that stream and wait for its marker, after which
+  // the segment can serve any request or go back. Only growing waits (the slow path
+  // already: an upstream allocation, and a device upstream's free synchronizes the device
+  // anyway); without it a pool driven only through allocate_async/deallocate_async would
+  // never give a segment back before growing and would hold far more than is live.
+  bool wait = false;
+  for (const Segment* segment : segments_) {
+    const Range* only = segment->first;
+    if (only->next != nullptr || only->state == Range::State::used) continue;
+    if (only->state == Range::State::pending) {
+      wait = true;
+    } else if (only->tag != kUntagged) {
+      auto set = free_.find(only->tag);
+      if (set != free_.end() && fence_stream(set)) {
+        free_.erase(set);
+        wait = true;
+      }
+    }
+  }
+  if (wait) poll_pending(true);
+  return wait;
 }
 
 void SegmentTier::release_segment(Segment* segment) noexcept {
@@ -443,6 +500,7 @@ void SegmentTier::unmap_free_granules(std::size_t keep_free, const Range* except
 
 void SegmentTier::release_empty() noexcept {
   std::lock_guard lock(mutex_);
+  wait_for_empty_segments();
   release_empty_segments(0);
 }
 

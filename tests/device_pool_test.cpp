@@ -380,21 +380,80 @@ TEST(DevicePoolStreams, SmallBlockFreedOnAStreamIsReusedAtOnceOnThatStreamOnly) 
 }
 
 TEST(DevicePoolStreams, LargeBlockGoesToAnotherStreamOnlyAfterItsFenceCompletes) {
-  StreamPool p(4_MiB);  // a 4 MiB block fills its segment: no other free range to use
+  StreamPool p;  // 20 MiB segments; `keep` stops a's segment from being wholly free
   DevicePool& pool = *p.pool;
+  void* keep = pool.allocate_async(8_MiB, fake_stream(1));
   char* a = static_cast<char*>(pool.allocate_async(4_MiB, fake_stream(1)));
-  pool.deallocate_async(a, 4_MiB, fake_stream(1));
+  pool.deallocate_async(a, 4_MiB, fake_stream(1));  // merges with the 8 MiB rest: 12 MiB
   EXPECT_EQ(pool.allocate_async(4_MiB, fake_stream(1)), a);
   pool.deallocate_async(a, 4_MiB, fake_stream(1));
   void* b = pool.allocate_async(4_MiB, fake_stream(2));
   EXPECT_NE(b, a);
   EXPECT_EQ(p.fence->recorded(), 1U) << "one marker on stream 1, recorded lazily";
+  EXPECT_EQ(p.fence->waits(), 0U) << "no wholly free segment: nothing to wait for";
+  EXPECT_EQ(p.upstream->allocations(), 2U);
   p.fence->complete_all();  // stream 1's work is done
   void* c = pool.allocate_async(4_MiB, fake_stream(3));
-  EXPECT_EQ(c, a) << "completed: any stream";
+  EXPECT_EQ(c, a) << "completed: any stream (the 12 MiB range is the best fit)";
   pool.deallocate_async(b, 4_MiB, fake_stream(2));
   pool.deallocate(c, 4_MiB);
+  pool.deallocate(keep, 8_MiB);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
+// Growing first waits for the stream of a wholly free segment (the host blocks on its
+// marker, as the device upstream's free would synchronize anyway) and then reuses it,
+// instead of taking another segment beside it.
+TEST(DevicePoolStreams, GrowingWaitsForAWhollyFreeSegmentOfAnotherStream) {
+  StreamPool p(4_MiB);  // a 4 MiB block fills its segment
+  DevicePool& pool = *p.pool;
+  char* a = static_cast<char*>(pool.allocate_async(4_MiB, fake_stream(1)));
+  pool.deallocate_async(a, 4_MiB, fake_stream(1));
+  void* b = pool.allocate_async(4_MiB, fake_stream(2));
+  EXPECT_EQ(b, a) << "reused after the wait";
+  EXPECT_EQ(p.fence->recorded(), 1U);
+  EXPECT_EQ(p.fence->waits(), 1U) << "the pool waited for stream 1's marker";
+  EXPECT_EQ(p.upstream->allocations(), 1U) << "no second segment";
+  pool.deallocate_async(b, 4_MiB, fake_stream(2));
+  // A segment that does not fit is waited for and given back before the tier grows.
+  void* big = pool.allocate_async(8_MiB, fake_stream(3));
+  EXPECT_EQ(p.fence->waits(), 2U);
+  EXPECT_EQ(p.upstream->live_bytes(), 8_MiB) << "the 4 MiB segment went back first";
+  pool.deallocate(big, 8_MiB);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
+// A stream-ordered free absorbs untagged free neighbours, so a segment freed partly with
+// plain frees and partly on a stream becomes one range again (reusable on that stream).
+TEST(DevicePoolStreams, StreamFreeMergesWithUntaggedNeighbours) {
+  StreamPool p;
+  DevicePool& pool = *p.pool;
+  char* x = static_cast<char*>(pool.allocate(4_MiB));
+  void* y = pool.allocate(4_MiB);
+  pool.deallocate(x, 4_MiB);
+  pool.deallocate_async(y, 4_MiB, fake_stream(1));
+  EXPECT_EQ(pool.allocate_async(20_MiB, fake_stream(1)), x) << "x + y + rest: the whole segment";
+  EXPECT_EQ(p.upstream->allocations(), 1U);
+  EXPECT_EQ(p.fence->recorded(), 0U);
+  pool.deallocate(x, 20_MiB);
+}
+
+// max_segment_waste_bytes: a wholly free segment is not split for a request that would
+// leave more than that idle; it goes back and a segment sized for the request is taken.
+TEST(DevicePoolStreams, WhollyFreeSegmentIsNotSplitPastTheWasteLimit) {
+  for (const std::size_t limit : {std::size_t{8} << 20, SIZE_MAX}) {
+    SCOPED_TRACE(limit);
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    DevicePool::Options options;
+    options.max_segment_waste_bytes = limit;
+    DevicePool pool(upstream, options);
+    void* big = pool.allocate(64_MiB);
+    pool.deallocate(big, 64_MiB);
+    void* small = pool.allocate(16_MiB);
+    EXPECT_EQ(upstream->live_bytes(), limit == SIZE_MAX ? 64_MiB : 16_MiB);
+    EXPECT_EQ(pool.stats().peak_bytes_reserved, 64_MiB) << "the big one went back first";
+    pool.deallocate(small, 16_MiB);
+  }
 }
 
 // trim() and destruction must not record a marker on a stream that freed blocks: that

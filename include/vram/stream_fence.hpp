@@ -64,6 +64,7 @@ class ManualFence final : public StreamFence {
   // Nothing would ever complete it: a test that waits must complete first.
   void wait(std::uint64_t marker) noexcept override {
     std::lock_guard lock(mutex_);
+    ++waits_;
     if (marker > completed_) completed_ = marker;
   }
   void release(std::uint64_t) noexcept override {}
@@ -84,9 +85,15 @@ class ManualFence final : public StreamFence {
     std::lock_guard lock(mutex_);
     return recorded_;
   }
+  // Blocking waits the pool made (each completes its marker, as the device would).
+  std::uint64_t waits() const {
+    std::lock_guard lock(mutex_);
+    return waits_;
+  }
 
  private:
   mutable std::mutex mutex_;
+  std::uint64_t waits_ = 0;
   std::uint64_t recorded_ = 0;
   std::uint64_t completed_ = 0;
 };

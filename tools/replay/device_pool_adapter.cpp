@@ -2,9 +2,11 @@
 // On a device it is driven through its stream-ordered API (allocate_async/deallocate_async
 // with the replay's CUDA streams): a block freed on S is reused at once on S and by another
 // stream only after S's work at the free has completed (the pool's CUDA event fence), so
-// the driver calls it in trace order. Host-only there are no CUDA streams and the pool's
-// fence completes at once, so the driver's emulated completion (`stream_lag`) holds
-// cross-stream frees back instead (stream_ordered() == false there).
+// the driver calls it in trace order. Host-only the same API runs with a stand-in handle
+// per trace stream; the pool's host fence completes at once, so the driver's emulated
+// completion (`stream_lag`) holds cross-stream frees back instead (stream_ordered() ==
+// false there).
+#include <cstdint>
 #include <memory>
 
 #include "replay/replay_allocator.hpp"
@@ -24,16 +26,19 @@ class DevicePoolAdapter final : public ReplayAllocator {
               options),
         device_(context.device) {}
   void* allocate(std::size_t bytes, ReplayStream stream) override {
-    return device_ ? pool_.allocate_async(bytes, stream.handle) : pool_.allocate(bytes);
+    return pool_.allocate_async(bytes, handle(stream));
   }
   void deallocate(void* block, std::size_t bytes, ReplayStream stream) override {
-    if (device_) {
-      pool_.deallocate_async(block, bytes, stream.handle);
-    } else {
-      pool_.deallocate(block, bytes);
-    }
+    pool_.deallocate_async(block, bytes, handle(stream));
   }
   bool stream_ordered() const override { return device_; }
+  // Host-only there are no CUDA streams: a stand-in handle per trace stream, so the pool
+  // runs the same stream-ordered code as on a device (its host fence completes at once
+  // and the handle is only compared, never used).
+  cudaStream_t handle(ReplayStream stream) const noexcept {
+    return device_ ? stream.handle
+                   : reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(stream.index) + 1);
+  }
   std::size_t peak_reserved_bytes() override { return pool_.stats().peak_bytes_reserved; }
   std::optional<std::uint64_t> upstream_allocations() override {
     return pool_.stats().upstream_allocations;

@@ -6,10 +6,12 @@
 // segments are 20 MiB for requests under 10 MiB and the request rounded up to 2 MiB above
 // that. A request takes the smallest free range that fits (best fit; ties: lowest
 // address) and splits off the rest; a freed range merges with free neighbours of the
-// same tag. So memory is reused across sizes, not only within a size class.
+// same tag (a stream-tagged one also with untagged neighbours, and takes its tag). So memory is
+// reused across sizes, not only within a size class.
 //
 // Reserved tracks live: when a request fits no free range, every wholly free segment is
-// given back to the upstream before a new one is taken (none of them could serve it), and
+// given back to the upstream before a new one is taken (none of them could serve it; one
+// freed with a stream goes back after the host waited for a marker on that stream), and
 // free bytes above max_free_bytes are given back on release. trim() gives back every
 // wholly free segment.
 //
@@ -21,7 +23,8 @@
 //
 // Invariants (under the mutex): reserved == sum of segment sizes == used + free bytes
 // (free includes tagged and pending ranges); no two adjacent free ranges have the same
-// tag and neither is pending; every used range is in `live_`.
+// tag (an untagged range may border a stream-tagged one: untagging does not merge into a
+// stream) and neither is pending; every used range is in `live_`.
 #pragma once
 
 #include <atomic>
@@ -66,6 +69,9 @@ class SegmentTier {
     std::size_t packed_limit = std::size_t{10} << 20;
     std::size_t segment_rounding = std::size_t{2} << 20;
     std::size_t max_free_bytes = SIZE_MAX;
+    // A wholly free segment is not split for a request that would leave more than this
+    // idle in it: it goes back and a segment sized for the request is taken.
+    std::size_t max_segment_waste = SIZE_MAX;
     // Virtual-memory mode: one reserved range of `reservation` bytes instead of segments;
     // reserved bytes are the granules mapped. Free granules (wholly inside free, untagged
     // ranges) are unmapped on trim, when free mapped bytes pass max_free_bytes, when a map
@@ -116,7 +122,8 @@ class SegmentTier {
   // synchronized, on another thread) keeps its stream: work queued after the synchronize
   // began may still use it.
   void forget_streams(std::uint64_t mark) noexcept;
-  // Gives back wholly free (untagged) segments; what a sibling tier calls before it grows.
+  // Gives back wholly free segments (waiting for the streams of stream-tagged ones); what a
+  // sibling tier calls before it grows.
   void release_empty() noexcept;
   bool owns(void* block) const noexcept;
   Counters counters() const noexcept;
@@ -151,10 +158,21 @@ class SegmentTier {
   };
 
   Range* best_fit(StreamKey key, std::size_t bytes) noexcept;
+  static bool mergeable(const Range* range, const Range* neighbour) noexcept;
   void insert_free(Range* range) noexcept;  // coalesces, then files it under its tag
   void remove_free(Range* range) noexcept;
   void poll_pending(bool wait) noexcept;
   bool fence_other_streams(StreamKey except) noexcept;  // true when some were fenced
+  // Records a marker on the set's stream and moves its ranges to pending_; false (nothing
+  // changed) when no marker could be recorded. The caller erases the set.
+  bool fence_stream(std::unordered_map<StreamKey, FreeSet>::iterator set) noexcept;
+  // Best fit for `need` bytes on `stream` (its own ranges or untagged ones, fencing other
+  // streams when neither fits); null when nothing fits or the fit is a wholly free segment
+  // that would leave more than max_segment_waste idle.
+  Range* fit(StreamKey stream, std::size_t need) noexcept;
+  // Waits for the streams of wholly free stream-tagged (or pending) segments, so that they
+  // become untagged; false when there was none.
+  bool wait_for_empty_segments() noexcept;
   void release_empty_segments(std::size_t keep_free) noexcept;
   void release_segment(Segment* segment) noexcept;
   std::size_t segment_size_for(std::size_t bytes) const noexcept;
