@@ -519,8 +519,12 @@ void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, st
                                     StreamKey key, ThreadCache* held) {
   if (void* block = tier.allocate(bytes, key, /*may_grow=*/false)) return block;
   SlowSection slow(held);
-  // Growing: first give back the other tier's wholly free segments too.
-  (&tier == &small ? large : small).release_empty();
+  // Growing: when this tier's wholly free segments cannot cover the new segment, the
+  // other tier's give back the rest (the tier itself gives back its own as it grows).
+  const std::size_t grow = tier.growth_bytes(bytes);
+  if (const std::size_t own = tier.empty_bytes(); own < grow) {
+    (&tier == &small ? large : small).release_empty_for(grow - own);
+  }
   try {
     return tier.allocate(bytes, key, true);
   } catch (const OutOfMemory&) {

@@ -154,10 +154,11 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     throw OutOfMemory(bytes, counters_.free_bytes, used_,
                       "the pool's reserved address range is exhausted");
   } else {
-    // Nothing free fits: wholly free segments cannot serve this request, give them back
-    // first so reserved memory follows live memory.
-    release_empty_segments(0);
+    // Nothing free fits: wholly free segments cannot serve this request; give back at
+    // least as many bytes of them as the new segment takes, so reserved does not rise
+    // while they last (giving back all of them would make the next step take them again).
     std::size_t size = segment_size_for(need);
+    release_empty_segments_for(size);
     auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
     auto whole = std::make_unique<Range>(Range{nullptr, size, nullptr});
     segments_.reserve(segments_.size() + 1);
@@ -347,6 +348,61 @@ void SegmentTier::release_empty_segments(std::size_t keep_free) noexcept {
   }
 }
 
+std::size_t SegmentTier::release_empty_segments_for(std::size_t bytes) noexcept {
+  if (base_ != nullptr || bytes == 0) return 0;
+  // The smallest wholly free segment that covers `bytes`; else the largest ones until
+  // they do (or none is left).
+  std::vector<Segment*> empty;
+  try {
+    for (Segment* segment : segments_) {
+      const Range* only = segment->first;
+      if (only->next == nullptr && only->state == Range::State::free && only->tag == kUntagged) {
+        empty.push_back(segment);
+      }
+    }
+  } catch (...) {  // no host memory for the list: give back every wholly free segment
+    const std::size_t before = counters_.reserved;
+    release_empty_segments(0);
+    return before - counters_.reserved;
+  }
+  std::sort(empty.begin(), empty.end(),
+            [](const Segment* a, const Segment* b) { return a->size < b->size; });
+  auto cover = std::lower_bound(empty.begin(), empty.end(), bytes,
+                                [](const Segment* s, std::size_t n) { return s->size < n; });
+  if (cover != empty.end()) {
+    empty.assign(1, *cover);
+  } else {
+    std::reverse(empty.begin(), empty.end());
+  }
+  std::size_t released = 0;
+  for (Segment* segment : empty) {
+    if (released >= bytes) break;
+    released += segment->size;
+    remove_free(segment->first);
+    segments_.erase(std::find(segments_.begin(), segments_.end(), segment));
+    release_segment(segment);
+  }
+  return released;
+}
+
+std::size_t SegmentTier::empty_bytes() const noexcept {
+  std::lock_guard lock(mutex_);
+  std::size_t bytes = 0;
+  for (const Segment* segment : segments_) {
+    const Range* only = segment->first;
+    if (only->next == nullptr && only->state == Range::State::free && only->tag == kUntagged) {
+      bytes += segment->size;
+    }
+  }
+  return bytes;
+}
+
+void SegmentTier::release_empty_for(std::size_t bytes) noexcept {
+  std::lock_guard lock(mutex_);
+  wait_for_empty_segments();
+  release_empty_segments_for(bytes);
+}
+
 std::uint64_t SegmentTier::mark_frees() noexcept {
   std::lock_guard lock(mutex_);
   return ++epoch_;
@@ -496,12 +552,6 @@ void SegmentTier::unmap_free_granules(std::size_t keep_free, const Range* except
       gauge_.sub(granule_);
     }
   }
-}
-
-void SegmentTier::release_empty() noexcept {
-  std::lock_guard lock(mutex_);
-  wait_for_empty_segments();
-  release_empty_segments(0);
 }
 
 bool SegmentTier::owns(void* block) const noexcept {

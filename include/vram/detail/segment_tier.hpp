@@ -9,9 +9,10 @@
 // same tag (a stream-tagged one also with untagged neighbours, and takes its tag). So memory is
 // reused across sizes, not only within a size class.
 //
-// Reserved tracks live: when a request fits no free range, every wholly free segment is
-// given back to the upstream before a new one is taken (none of them could serve it; one
-// freed with a stream goes back after the host waited for a marker on that stream), and
+// Reserved tracks live: when a request fits no free range, wholly free segments covering
+// at least the new segment are given back to the upstream before it is taken (none of them
+// could serve the request; one freed with a stream goes back after the host waited for a
+// marker on that stream; the smallest that covers it, else the largest ones), and
 // free bytes above max_free_bytes are given back on release. trim() gives back every
 // wholly free segment.
 //
@@ -122,9 +123,15 @@ class SegmentTier {
   // synchronized, on another thread) keeps its stream: work queued after the synchronize
   // began may still use it.
   void forget_streams(std::uint64_t mark) noexcept;
-  // Gives back wholly free segments (waiting for the streams of stream-tagged ones); what a
-  // sibling tier calls before it grows.
-  void release_empty() noexcept;
+  // Bytes of the segment a request of `bytes` would grow the tier by.
+  std::size_t growth_bytes(std::size_t bytes) const noexcept {
+    return segment_size_for(round(bytes));
+  }
+  // Bytes of wholly free, untagged segments.
+  std::size_t empty_bytes() const noexcept;
+  // Gives back wholly free segments covering at least `bytes` (waiting first for the
+  // streams of stream-tagged ones): what a sibling tier calls before it grows.
+  void release_empty_for(std::size_t bytes) noexcept;
   bool owns(void* block) const noexcept;
   Counters counters() const noexcept;
   void reset_peak() noexcept;
@@ -174,6 +181,9 @@ class SegmentTier {
   // become untagged; false when there was none.
   bool wait_for_empty_segments() noexcept;
   void release_empty_segments(std::size_t keep_free) noexcept;
+  // The smallest wholly free segment of at least `bytes`, else the largest ones until they
+  // cover it; returns the bytes given back.
+  std::size_t release_empty_segments_for(std::size_t bytes) noexcept;
   void release_segment(Segment* segment) noexcept;
   std::size_t segment_size_for(std::size_t bytes) const noexcept;
   // Virtual mode.
