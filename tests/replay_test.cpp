@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -365,7 +366,7 @@ TEST(ReplayCli, JsonHasOneRecordPerTraceAndAllocatorWithNullFailedAt) {
         "\"allocator\": \"CUB CachingDeviceAllocator\", \"reason\""}) {
     EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
   }
-  // One record per allocator that runs host-only (the two DevicePool configurations) for
+  // One record per allocator that runs host-only (the three DevicePool configurations) for
   // the one trace; no temporary left behind.
   std::size_t records = 0;
   for (std::size_t at = text.find("\"ns_per_op\""); at != std::string::npos;
@@ -374,13 +375,50 @@ TEST(ReplayCli, JsonHasOneRecordPerTraceAndAllocatorWithNullFailedAt) {
   }
   std::size_t host_capable = 0;
   for (const auto& spec : replay::all_replay_allocators()) host_capable += spec.needs_gpu ? 0 : 1;
-  EXPECT_EQ(host_capable, 2U);
+  EXPECT_EQ(host_capable, 3U);
   EXPECT_EQ(records, host_capable);
   EXPECT_NE(text.find("\"allocator\": \"vram DevicePool (virtual memory)\""), std::string::npos);
   for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir())) {
     EXPECT_EQ(entry.path().filename().string().find("replay-test.json.tmp"), std::string::npos);
   }
   std::remove(json.c_str());
+}
+
+TEST(ReplayCli, RunsRepeatsEveryAllocatorAndReportsTheMedianRun) {
+  const std::string json = temp_path("replay-runs.json");
+  ::testing::internal::CaptureStdout();
+  const int code = cli::run_replay({"--host-only", "--runs", "3", sample_path(), "--json", json});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("ns/op median of 3 runs"), std::string::npos) << out;
+  const std::string text = read_file(json);
+  EXPECT_NE(text.find("\"runs_per_allocator\": 3"), std::string::npos) << text;
+  std::size_t records = 0;
+  for (std::size_t at = text.find("\"ns_per_op\": "); at != std::string::npos;
+       at = text.find("\"ns_per_op\": ", at + 1)) {
+    ++records;
+    const double reported = std::strtod(text.c_str() + at + 13, nullptr);
+    const std::size_t list = text.find("\"ns_per_op_runs\": [", at);
+    ASSERT_NE(list, std::string::npos) << text;
+    std::vector<double> runs;
+    const char* c = text.c_str() + list + 19;
+    while (*c != ']') {
+      char* end = nullptr;
+      runs.push_back(std::strtod(c, &end));
+      c = end;
+      while (*c == ',' || *c == ' ') ++c;
+    }
+    ASSERT_EQ(runs.size(), 3U) << text;
+    std::sort(runs.begin(), runs.end());
+    EXPECT_DOUBLE_EQ(reported, runs[1]) << "the median run";
+  }
+  EXPECT_EQ(records, 3U) << text;
+  std::remove(json.c_str());
+  for (const char* bad : {"0", "101", "three"}) {
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(cli::run_replay({"--host-only", "--runs", bad, sample_path()}), 2) << bad;
+    EXPECT_NE(::testing::internal::GetCapturedStderr().find("--runs"), std::string::npos);
+  }
 }
 
 TEST(ReplayBench, ReplayAndBatchedScenariosRunHostOnly) {

@@ -64,6 +64,21 @@ AllocatorSpec device_pool_spec() {
   return spec;
 }
 
+AllocatorSpec device_pool_split_every_segment_spec() {
+  AllocatorSpec spec;
+  spec.name = "vram DevicePool (split every segment)";
+  spec.needs_gpu = false;
+  spec.note =
+      "max_segment_waste_bytes = SIZE_MAX: a wholly free segment is split for any request "
+      "that fits (fewer upstream calls, more reserved)";
+  spec.make = [](const ReplayContext& context) {
+    DevicePool::Options options;
+    options.max_segment_waste_bytes = SIZE_MAX;
+    return std::make_unique<DevicePoolAdapter>(context, options);
+  };
+  return spec;
+}
+
 AllocatorSpec device_pool_virtual_memory_spec() {
   AllocatorSpec spec;
   spec.name = "vram DevicePool (virtual memory)";

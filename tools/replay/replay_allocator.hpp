@@ -65,6 +65,8 @@ struct AllocatorSpec {
 AllocatorSpec device_pool_spec();
 // vram DevicePool over virtual memory (2 MiB granules mapped on demand), small blocks <= 256 KiB.
 AllocatorSpec device_pool_virtual_memory_spec();
+// vram DevicePool that splits every wholly free segment (max_segment_waste_bytes = SIZE_MAX).
+AllocatorSpec device_pool_split_every_segment_spec();
 // cudaMallocAsync on a private pool, CUB CachingDeviceAllocator, plain cudaMalloc (peers.cpp).
 std::vector<AllocatorSpec> cuda_peer_specs();
 // PyTorch's CUDACachingAllocator, when built with VRAM_WITH_TORCH (torch_peer.cpp).

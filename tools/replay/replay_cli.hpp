@@ -28,7 +28,8 @@ struct TraceSummary {
 };
 
 struct AllocatorRun {
-  ReplayResult result;
+  ReplayResult result;                 // the run with the median ns/op (see runs_ns_per_op)
+  std::vector<double> runs_ns_per_op;  // every run of this allocator on this trace, in order
   std::optional<std::size_t> min_capacity_bytes;
   std::string capacity_method;  // how min_capacity_bytes was found; empty: not asked
 };
@@ -42,6 +43,7 @@ struct ReplayReport {
   bool device = false;
   std::string device_name;  // "host-only (emulated device)" without a GPU
   std::size_t stream_lag = 0;
+  std::size_t runs_per_allocator = 1;  // replays of each trace per allocator (--runs)
   std::vector<TraceSummary> traces;
   std::vector<AllocatorRun> runs;
   std::vector<SkippedAllocator> skipped;

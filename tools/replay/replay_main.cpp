@@ -1,6 +1,7 @@
 // `vram replay`: argument handling, the table on stdout and the --json file.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -85,6 +86,7 @@ std::string to_json(const ReplayReport& report) {
   out += "  \"mode\": " + json_string(report.device ? "device" : "host-only") + ",\n";
   out += "  \"device\": " + json_string(report.device_name) + ",\n";
   out += "  \"stream_lag_events\": " + std::to_string(report.stream_lag) + ",\n";
+  out += "  \"runs_per_allocator\": " + std::to_string(report.runs_per_allocator) + ",\n";
   out += "  \"traces\": [";
   for (std::size_t i = 0; i < report.traces.size(); ++i) {
     const TraceSummary& t = report.traces[i];
@@ -109,8 +111,14 @@ std::string to_json(const ReplayReport& report) {
     out += "    {\"trace\": " + json_string(r.trace) +
            ", \"allocator\": " + json_string(r.allocator) +
            ", \"operations\": " + std::to_string(r.operations) +
-           ", \"ns_per_op\": " + json_number(r.ns_per_op) +
-           ", \"peak_live_bytes\": " + std::to_string(r.peak_live_bytes) +
+           ", \"ns_per_op\": " + json_number(r.ns_per_op) + ", \"ns_per_op_runs\": [" +
+           [&] {
+             std::string list;
+             for (double v : run.runs_ns_per_op)
+               list += (list.empty() ? "" : ", ") + json_number(v);
+             return list;
+           }() +
+           "]" + ", \"peak_live_bytes\": " + std::to_string(r.peak_live_bytes) +
            ", \"peak_reserved_bytes\": " + std::to_string(r.peak_reserved_bytes) +
            ", \"reserved_over_live\": " + json_number(r.reserved_over_live()) +
            ", \"upstream_allocations\": " + json_optional(r.upstream_allocations) +
@@ -144,7 +152,7 @@ void print_replay_usage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: vram replay TRACE... [--json FILE] [--host-only] [--capacity-search]\n"
-      "                   [--device N] [--stream-lag N]\n"
+      "                   [--device N] [--stream-lag N] [--runs N]\n"
       "  Replays allocation traces (RMM logging_resource_adaptor CSV, or .csv.gz) through\n"
       "  vram DevicePool and the peers (cudaMallocAsync on a private pool, CUB, cudaMalloc,\n"
       "  PyTorch's caching allocator when built with VRAM_WITH_TORCH) and reports per trace\n"
@@ -155,6 +163,8 @@ void print_replay_usage(std::FILE* out) {
       "  --capacity-search  the smallest device capacity each allocator survives the trace\n"
       "                     with (host-only: binary search over the emulated capacity;\n"
       "                     device: the peak reserved bytes, no search)\n"
+      "  --runs N           replay each trace N times per allocator (1 to 100, default 1),\n"
+      "                     rotating which allocator goes first; ns/op is the median run\n"
       "  --stream-lag N     host-only: a free's stream work completes N events later\n"
       "                     (default 8); matters only for stream-unaware allocators on\n"
       "                     multi-stream traces\n"
@@ -196,7 +206,7 @@ void print_trace_header(const Trace& trace) {
         "allocation's size)\n",
         trace.free_size_mismatches);
   }
-  std::printf("  %-32s %10s %9s %13s %8s %10s %10s %13s\n", "allocator", "ops", "ns/op",
+  std::printf("  %-38s %10s %9s %13s %8s %10s %10s %13s\n", "allocator", "ops", "ns/op",
               "peak reserved", "res/live", "upstream", "failed_at", "min capacity");
 }
 
@@ -208,9 +218,15 @@ void print_run(const AllocatorRun& run) {
   const std::string capacity = run.min_capacity_bytes
                                    ? human_bytes(*run.min_capacity_bytes)
                                    : (run.capacity_method.empty() ? "-" : "none found");
-  std::printf("  %-32s %10zu %9.1f %13s %7.2fx %10s %10s %13s\n", r.allocator.c_str(), r.operations,
+  std::printf("  %-38s %10zu %9.1f %13s %7.2fx %10s %10s %13s\n", r.allocator.c_str(), r.operations,
               r.ns_per_op, human_bytes(r.peak_reserved_bytes).c_str(), r.reserved_over_live(),
               upstream.c_str(), failed.c_str(), capacity.c_str());
+  if (run.runs_ns_per_op.size() > 1) {
+    const auto [low, high] =
+        std::minmax_element(run.runs_ns_per_op.begin(), run.runs_ns_per_op.end());
+    std::printf("    ns/op median of %zu runs; range %.1f .. %.1f\n", run.runs_ns_per_op.size(),
+                *low, *high);
+  }
   if (r.failed_at) {
     std::printf("    failed at row %zu (line %zu): %s\n", *r.failed_at, r.failed_line,
                 r.failure.c_str());
@@ -228,6 +244,7 @@ int run_replay(const std::vector<std::string>& args) {
   std::string json_path;
   bool host_only = false;
   bool capacity_search = false;
+  std::size_t runs = 1;
   ReplayOptions options;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -249,7 +266,7 @@ int run_replay(const std::vector<std::string>& args) {
       const std::string* v = value("--json");
       if (v == nullptr) return 2;
       json_path = *v;
-    } else if (arg == "--device" || arg == "--stream-lag") {
+    } else if (arg == "--device" || arg == "--stream-lag" || arg == "--runs") {
       const std::string* v = value(arg.c_str());
       std::size_t n = 0;
       if (v == nullptr) return 2;
@@ -259,6 +276,13 @@ int run_replay(const std::vector<std::string>& args) {
       }
       if (arg == "--device") options.device_id = static_cast<int>(n);
       if (arg == "--stream-lag") options.stream_lag = n;
+      if (arg == "--runs") {
+        if (n == 0 || n > 100) {
+          std::fprintf(stderr, "vram replay: --runs needs 1 to 100, got %zu\n", n);
+          return 2;
+        }
+        runs = n;
+      }
     } else if (arg.rfind("--", 0) == 0) {
       std::fprintf(stderr, "vram replay: unknown option '%s'\n", arg.c_str());
       print_replay_usage(stderr);
@@ -299,6 +323,7 @@ int run_replay(const std::vector<std::string>& args) {
 
   ReplayReport report;
   report.stream_lag = options.stream_lag;
+  report.runs_per_allocator = runs;
   const auto availability = cuda::Device::availability();
   options.device = !host_only && availability.count > options.device_id;
   report.device = options.device;
@@ -327,25 +352,43 @@ int run_replay(const std::vector<std::string>& args) {
   for (const Trace& trace : traces) {
     report.traces.push_back(TraceSummary::of(trace));
     print_trace_header(trace);
-    for (const AllocatorSpec& spec : specs) {
-      AllocatorRun run;
-      try {
-        run.result = replay_trace(trace, spec, options);
-        if (capacity_search) {
-          if (options.device) {
-            run.capacity_method = "device: peak reserved bytes (no search on a real device)";
-            run.min_capacity_bytes = run.result.peak_reserved_bytes;
-          } else {
-            run.capacity_method = "binary search over the emulated capacity (host-only)";
-            run.min_capacity_bytes =
-                min_capacity(trace, spec, options, run.result.peak_reserved_bytes);
-          }
+    // Every allocator replays the trace `runs` times, a fresh instance each time; round k
+    // starts with allocator k (mod their count), so none always runs first (cold driver)
+    // or last. The memory figures are the same in every run; ns/op is the median run's.
+    std::vector<AllocatorRun> of_trace(specs.size());
+    std::vector<bool> broken(specs.size(), false);
+    for (std::size_t round = 0; round < runs; ++round) {
+      for (std::size_t k = 0; k < specs.size(); ++k) {
+        const std::size_t which = (round + k) % specs.size();
+        if (broken[which]) continue;
+        try {
+          ReplayResult result = replay_trace(trace, specs[which], options);
+          of_trace[which].runs_ns_per_op.push_back(result.ns_per_op);
+          if (round == 0 || result.failed_at) of_trace[which].result = std::move(result);
+        } catch (const std::exception& error) {
+          // Setting up the allocator failed (not an allocation of the trace): no record.
+          std::printf("  %-38s error: %s\n", specs[which].name.c_str(), error.what());
+          report.skipped.push_back(
+              {specs[which].name, "trace " + trace.name + ": " + error.what()});
+          broken[which] = true;
         }
-      } catch (const std::exception& error) {
-        // Setting up the allocator failed (not an allocation of the trace): no record.
-        std::printf("  %-32s error: %s\n", spec.name.c_str(), error.what());
-        report.skipped.push_back({spec.name, "trace " + trace.name + ": " + error.what()});
-        continue;
+      }
+    }
+    for (std::size_t which = 0; which < specs.size(); ++which) {
+      if (broken[which]) continue;
+      AllocatorRun& run = of_trace[which];
+      std::vector<double> sorted = run.runs_ns_per_op;
+      std::sort(sorted.begin(), sorted.end());
+      run.result.ns_per_op = sorted[sorted.size() / 2];
+      if (capacity_search) {
+        if (options.device) {
+          run.capacity_method = "device: peak reserved bytes (no search on a real device)";
+          run.min_capacity_bytes = run.result.peak_reserved_bytes;
+        } else {
+          run.capacity_method = "binary search over the emulated capacity (host-only)";
+          run.min_capacity_bytes =
+              min_capacity(trace, specs[which], options, run.result.peak_reserved_bytes);
+        }
       }
       print_run(run);
       report.runs.push_back(std::move(run));
