@@ -258,6 +258,20 @@ std::uint64_t difference(const std::atomic<std::uint64_t>& added,
   return a > r ? a - r : 0;
 }
 
+// The device argument of the "one device or all" entry points: `device` >= 0 runs `fn` on
+// that device's state, -1 on every device that has one; a device without a pool is skipped.
+// Returns -1 (and runs nothing) for a device out of range, else 0.
+template <typename Fn>
+int for_each_state(int device, Fn&& fn) {
+  if (device >= kMaxDevices || device < -1) return -1;
+  const int first = device < 0 ? 0 : device;
+  const int last = device < 0 ? kMaxDevices - 1 : device;
+  for (int d = first; d <= last; ++d) {
+    if (DeviceState* state = find_state(d)) fn(*state);
+  }
+  return 0;
+}
+
 }  // namespace
 
 namespace {
@@ -457,40 +471,28 @@ VRAM_TORCH_API int vram_torch_stats(int device, vram_torch_stats_t* out, size_t 
 }
 
 VRAM_TORCH_API int vram_torch_empty_cache(int device) {
-  if (device >= kMaxDevices || device < -1) return -1;
-  const int first = device < 0 ? 0 : device;
-  const int last = device < 0 ? kMaxDevices - 1 : device;
-  for (int d = first; d <= last; ++d) {
-    DeviceState* state = find_state(d);
-    if (state == nullptr) continue;
-    release_held_back(*state, true);
+  return for_each_state(device, [](DeviceState& state) {
+    release_held_back(state, true);
     try {
-      state->pool.trim(0);
+      state.pool.trim(0);
     } catch (const std::exception& e) {
       note_error(std::string("empty_cache: ") + e.what(), false);
     }
-  }
-  return 0;
+  });
 }
 
 VRAM_TORCH_API void vram_torch_empty_cache_all(void) { (void)vram_torch_empty_cache(-1); }
 
 VRAM_TORCH_API int vram_torch_reset_peak(int device) {
-  if (device >= kMaxDevices || device < -1) return -1;
-  const int first = device < 0 ? 0 : device;
-  const int last = device < 0 ? kMaxDevices - 1 : device;
-  for (int d = first; d <= last; ++d) {
-    DeviceState* state = find_state(d);
-    if (state == nullptr) continue;
-    state->class_peak.store(difference(state->class_allocated, state->class_freed),
-                            std::memory_order_relaxed);
-    state->requested_peak.store(difference(state->requested_allocated, state->requested_freed),
-                                std::memory_order_relaxed);
-    state->count_peak.store(difference(state->count_allocated, state->count_freed),
-                            std::memory_order_relaxed);
-    state->pool.reset_peak();
-  }
-  return 0;
+  return for_each_state(device, [](DeviceState& state) {
+    state.class_peak.store(difference(state.class_allocated, state.class_freed),
+                           std::memory_order_relaxed);
+    state.requested_peak.store(difference(state.requested_allocated, state.requested_freed),
+                               std::memory_order_relaxed);
+    state.count_peak.store(difference(state.count_allocated, state.count_freed),
+                           std::memory_order_relaxed);
+    state.pool.reset_peak();
+  });
 }
 
 VRAM_TORCH_API int vram_torch_configure(size_t max_cached_bytes) {

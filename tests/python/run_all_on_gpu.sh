@@ -70,9 +70,14 @@ if [ "${RESULT[build]}" = pass ]; then
     log "$name: ${RESULT[$name]}  ($(grep -cE '^(PASS|FAIL) |PASSED|FAILED' "$OUT/$name.log") result lines, log $name.log)"
   done
 
-  log "allocator comparison: bench/torch_compare.py"
+  # 3 rounds x 3 workloads x 2 allocators = 18 fresh processes, each paying about 5 s of
+  # CUDA start and model build (run at 81f66e3) plus import torch besides its steps: an
+  # estimated 3 minutes on the H200, not yet measured. $VRAM_TORCH_COMPARE_ARGS adds options,
+  # e.g. "--rounds 5".
+  log "allocator comparison: bench/torch_compare.py ${VRAM_TORCH_COMPARE_ARGS:-}"
+  # shellcheck disable=SC2086  # word splitting of the extra options is intended
   timeout 900 "$PY" "$ROOT/bench/torch_compare.py" "$OUT" --lib "$VRAM_TORCH_LIB" \
-    > "$OUT/torch_compare.log" 2>&1
+    ${VRAM_TORCH_COMPARE_ARGS:-} > "$OUT/torch_compare.log" 2>&1
   rc=$?
   case $rc in
     0) RESULT[torch_compare]=pass ;;
