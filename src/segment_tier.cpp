@@ -154,11 +154,16 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     throw OutOfMemory(bytes, counters_.free_bytes, used_,
                       "the pool's reserved address range is exhausted");
   } else {
-    // Nothing free fits: wholly free segments cannot serve this request; give back at
-    // least as many bytes of them as the new segment takes, so reserved does not rise
-    // while they last (giving back all of them would make the next step take them again).
+    // Nothing free fits: wholly free segments cannot serve this request. Reserved may
+    // exceed the peak of used bytes by 1/2^free_slack_shift; past that, wholly free
+    // segments covering the excess go back first (the smallest that covers it, else the
+    // largest ones). Giving back all of them would make the next step take them again.
     std::size_t size = segment_size_for(need);
-    release_empty_segments_for(size);
+    const std::size_t peak = std::max(used_peak_, used_ + need);
+    const std::size_t bound = peak + (peak >> options_.free_slack_shift);
+    if (counters_.reserved + size > bound) {
+      release_empty_segments_for(counters_.reserved + size - bound);
+    }
     auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
     auto whole = std::make_unique<Range>(Range{nullptr, size, nullptr});
     segments_.reserve(segments_.size() + 1);
@@ -224,6 +229,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   r->tag = kUntagged;
   counters_.free_bytes -= r->size;
   used_ += r->size;
+  used_peak_ = std::max(used_peak_, used_);
   return r->addr;
 }
 

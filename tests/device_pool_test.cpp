@@ -438,6 +438,27 @@ TEST(DevicePoolStreams, StreamFreeMergesWithUntaggedNeighbours) {
   pool.deallocate(x, 20_MiB);
 }
 
+// Growing gives back wholly free segments only past the budget (the peak of bytes in use
+// plus 1/16): enough of them to come back under it, so the next step finds the rest.
+TEST(DevicePoolStreams, GrowingGivesBackOnlyWhatExceedsTheBudget) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(upstream);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(64_MiB));  // a segment each
+  pool.deallocate(blocks[0], 64_MiB);    // peak in use 1024 MiB: budget 1088 MiB
+  void* within = pool.allocate(72_MiB);  // fits no free range; 1024 + 72 is within budget
+  EXPECT_EQ(upstream->live_bytes(), 1096_MiB) << "the wholly free 64 MiB segment stays";
+  blocks[0] = pool.allocate(64_MiB);
+  EXPECT_EQ(upstream->allocations(), 17U) << "and serves the next request";
+  for (void* block : blocks) pool.deallocate(block, 64_MiB);  // 1096 MiB free, none in use
+  void* past = pool.allocate(100_MiB);  // peak in use now 1096: 1096 + 100 passes 1164.5
+  EXPECT_EQ(upstream->live_bytes(), 1096_MiB - 64_MiB + 100_MiB)
+      << "one wholly free segment, the smallest covering the excess (31.5 MiB), went back";
+  EXPECT_EQ(upstream->allocations(), 18U);
+  pool.deallocate(within, 72_MiB);
+  pool.deallocate(past, 100_MiB);
+}
+
 // max_segment_waste_bytes: a wholly free segment is not split for a request that would
 // leave more than that idle; it goes back and a segment sized for the request is taken.
 TEST(DevicePoolStreams, WhollyFreeSegmentIsNotSplitPastTheWasteLimit) {

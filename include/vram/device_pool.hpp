@@ -18,9 +18,12 @@
 //   order on S makes that safe); to any other stream, or to allocate(), only after the work
 //   queued on S at the free has completed. The pool records a marker (a recycled CUDA
 //   event, see stream_fence.hpp) on S lazily, when another stream needs the memory, and
-//   checks it without blocking on the allocation path. trim(), the out-of-memory retry and
-//   destruction record nothing on any stream: they wait for the device (a device
-//   synchronize) and then treat every stream-freed block as free for all.
+//   checks it without blocking on the allocation path, with one exception: a tier that
+//   must grow (the slow path: an upstream call) first waits on the host for the marker of
+//   each stream whose freed blocks fill a whole segment, so that segment can serve the
+//   request or go back (a device upstream's free synchronizes the device anyway). trim(), the
+//   out-of-memory retry and destruction record nothing on any stream: they wait for the device (a
+//   device synchronize) and then treat every stream-freed block as free for all.
 //   allocate_async(bytes, S) hands out blocks that are free on S or completed.
 //   Stream lifetime: S must stay valid while blocks freed on it wait in the pool, because
 //   the lazy marker is recorded on S when another stream needs the memory. Destroy S only
@@ -43,8 +46,12 @@
 //   range fits.
 //
 // Memory held (reserved) follows memory in use
-//   A tier that must grow first gives every wholly free segment (of both tiers) back to
-//   the upstream; free bytes above max_cached_bytes are given back on release; the rings
+//   A tier that must grow may hold up to the peak of its bytes in use plus 1/16; past
+//   that it first gives wholly free segments covering the excess back to the upstream
+//   (those freed with a stream after waiting for that stream's marker), and the other tier
+//   gives back what this one cannot cover. A wholly free segment is not split for a
+//   request that would leave more than max_segment_waste_bytes of it idle (the tier grows
+//   instead). Free bytes above max_cached_bytes are given back on release; the rings
 //   hold at most max_cached_blocks_per_class blocks per class (and max_cached_bytes per
 //   class); each thread's cache at most thread_cache_max_bytes. trim(keep) takes every
 //   thread's cache (idle, exited, or busy: a thread inside a pool call frees it before the

@@ -9,12 +9,14 @@
 // same tag (a stream-tagged one also with untagged neighbours, and takes its tag). So memory is
 // reused across sizes, not only within a size class.
 //
-// Reserved tracks live: when a request fits no free range, wholly free segments covering
-// at least the new segment are given back to the upstream before it is taken (none of them
-// could serve the request; one freed with a stream goes back after the host waited for a
-// marker on that stream; the smallest that covers it, else the largest ones), and
-// free bytes above max_free_bytes are given back on release. trim() gives back every
-// wholly free segment.
+// Reserved tracks live: when a request fits no free range, the tier grows. Reserved may
+// exceed the peak of used bytes by 1/2^free_slack_shift (1/16); past that, wholly free
+// segments covering the excess go back to the upstream before the new segment is taken
+// (none of them could serve the request; the smallest that covers it, else the largest
+// ones; one freed with a stream after the host waited for a marker on that stream). A
+// wholly free segment is not split for a request that would leave more than
+// max_segment_waste idle in it: the tier grows instead. Free bytes above max_free_bytes
+// are given back on release. trim() gives back every wholly free segment.
 //
 // Stream tags (reuse rule of DevicePool::deallocate_async): a range freed with stream S
 // is tagged S and serves later requests on S at once. It becomes untagged (usable by any
@@ -81,7 +83,7 @@ class SegmentTier {
     VirtualMemory* virtual_memory = nullptr;
     std::size_t reservation = std::size_t{64} << 30;
     bool unmap_before_map = false;
-    unsigned free_slack_shift = 4;  // reserved up to the peak of used + 1/16 before unmapping
+    unsigned free_slack_shift = 4;  // reserved up to the peak of used + 1/16 before giving back
   };
   struct Counters {
     std::size_t reserved = 0;
@@ -212,7 +214,7 @@ class SegmentTier {
   std::vector<std::uint64_t> handles_;  // per granule
   std::vector<bool> mapped_;
   std::size_t mapped_high_ = 0;
-  std::size_t used_peak_ = 0;  // granules at or above it are unmapped
+  std::size_t used_peak_ = 0;  // high-water mark of used_: the growth budget
 };
 
 }  // namespace vram::detail
