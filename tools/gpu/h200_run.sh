@@ -33,7 +33,7 @@ case $mode in
       ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*' --gtest_brief=1
     step racecheck 120 compute-sanitizer --tool racecheck ./build/tests/vram_tests \
       --gtest_filter='*Gpu*' --gtest_brief=1
-    step replay 180 ./build/vram replay bench/traces/*.csv.gz --json "$log/replay.json"
+    step replay 240 ./build/vram replay --runs 5 bench/traces/*.csv.gz --json "$log/replay.json"
     step bench 300 ./build/vram bench --scenario pairs,batched,replay,pager \
       --json "$log/bench.json" --markdown "$log/bench.md"
     ;;
@@ -43,7 +43,7 @@ case $mode in
     step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
       -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
-    step replay_torch 240 ./build-torch-replay/vram replay bench/traces/*.csv.gz --json "$log/replay_torch.json"
+    step replay_torch 300 ./build-torch-replay/vram replay --runs 5 bench/traces/*.csv.gz --json "$log/replay_torch.json"
     step torch_checks 420 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
 esac
