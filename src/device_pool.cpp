@@ -519,11 +519,13 @@ void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, st
                                     StreamKey key, ThreadCache* held) {
   if (void* block = tier.allocate(bytes, key, /*may_grow=*/false)) return block;
   SlowSection slow(held);
-  // Growing: when this tier's wholly free segments cannot cover the new segment, the
-  // other tier's give back the rest (the tier itself gives back its own as it grows).
-  const std::size_t grow = tier.growth_bytes(bytes);
-  if (const std::size_t own = tier.empty_bytes(); own < grow) {
-    (&tier == &small ? large : small).release_empty_for(grow - own);
+  // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
+  // free segments cannot cover the excess, the other tier's give back the rest (the tier
+  // itself gives back its own as it grows).
+  const std::size_t excess =
+      gauge.excess_after_growth(tier.growth_bytes(bytes), bytes, tier.free_slack_shift());
+  if (const std::size_t own = excess > 0 ? tier.empty_bytes() : 0; own < excess) {
+    (&tier == &small ? large : small).release_empty_for(excess - own);
   }
   try {
     return tier.allocate(bytes, key, true);

@@ -159,10 +159,9 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     // segments covering the excess go back first (the smallest that covers it, else the
     // largest ones). Giving back all of them would make the next step take them again.
     std::size_t size = segment_size_for(need);
-    const std::size_t peak = std::max(used_peak_, used_ + need);
-    const std::size_t bound = peak + (peak >> options_.free_slack_shift);
-    if (counters_.reserved + size > bound) {
-      release_empty_segments_for(counters_.reserved + size - bound);
+    if (const std::size_t excess =
+            gauge_.excess_after_growth(size, need, options_.free_slack_shift)) {
+      release_empty_segments_for(excess);
     }
     auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
     auto whole = std::make_unique<Range>(Range{nullptr, size, nullptr});
@@ -229,7 +228,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   r->tag = kUntagged;
   counters_.free_bytes -= r->size;
   used_ += r->size;
-  used_peak_ = std::max(used_peak_, used_);
+  gauge_.use(r->size);
   return r->addr;
 }
 
@@ -241,6 +240,7 @@ bool SegmentTier::free(void* block, StreamKey tag) noexcept {
   live_.erase(it);
   counters_.free_bytes += r->size;
   used_ -= r->size;
+  gauge_.unuse(r->size);
   r->tag = tag;
   r->epoch = epoch_;
   insert_free(r);

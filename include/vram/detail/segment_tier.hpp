@@ -30,6 +30,7 @@
 // stream) and neither is pending; every used range is in `live_`.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -50,17 +51,36 @@ inline StreamKey stream_key(cudaStream_t stream) noexcept {
   return reinterpret_cast<StreamKey>(stream);
 }
 
-// Reserved bytes of several tiers together, and their high-water mark.
+// Reserved and used (carved out of segments) bytes of several tiers together, their
+// high-water marks, and the growth budget they share.
 struct ReservedGauge {
   std::atomic<std::size_t> reserved{0};
   std::atomic<std::size_t> peak{0};
-  void add(std::size_t bytes) noexcept {
-    const std::size_t now = reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes;
-    std::size_t high = peak.load(std::memory_order_relaxed);
-    while (now > high && !peak.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
+  std::atomic<std::size_t> used{0};
+  std::atomic<std::size_t> used_peak{0};
+  static void raise(std::atomic<std::size_t>& high_mark, std::size_t now) noexcept {
+    std::size_t high = high_mark.load(std::memory_order_relaxed);
+    while (now > high && !high_mark.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
     }
   }
+  void add(std::size_t bytes) noexcept {
+    raise(peak, reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  }
   void sub(std::size_t bytes) noexcept { reserved.fetch_sub(bytes, std::memory_order_relaxed); }
+  void use(std::size_t bytes) noexcept {
+    raise(used_peak, used.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  }
+  void unuse(std::size_t bytes) noexcept { used.fetch_sub(bytes, std::memory_order_relaxed); }
+  // The budget: reserved may exceed the peak of used bytes by 1/2^slack_shift. Returns by
+  // how much taking `grow` more bytes, for a request of `need`, would pass it (0: within).
+  std::size_t excess_after_growth(std::size_t grow, std::size_t need,
+                                  unsigned slack_shift) const noexcept {
+    const std::size_t peak_used = std::max(used_peak.load(std::memory_order_relaxed),
+                                           used.load(std::memory_order_relaxed) + need);
+    const std::size_t bound = peak_used + (peak_used >> slack_shift);
+    const std::size_t after = reserved.load(std::memory_order_relaxed) + grow;
+    return after > bound ? after - bound : 0;
+  }
 };
 
 class SegmentTier {
@@ -129,6 +149,7 @@ class SegmentTier {
   std::size_t growth_bytes(std::size_t bytes) const noexcept {
     return segment_size_for(round(bytes));
   }
+  unsigned free_slack_shift() const noexcept { return options_.free_slack_shift; }
   // Bytes of wholly free, untagged segments.
   std::size_t empty_bytes() const noexcept;
   // Gives back wholly free segments covering at least `bytes` (waiting first for the
