@@ -22,6 +22,7 @@
 #include "vram/testing/witness.hpp"
 #include "vram/units.hpp"
 #include "vram/upstream.hpp"
+#include "vram/weight_pager.hpp"
 
 namespace vram::testing {
 namespace {
@@ -76,6 +77,7 @@ class HostCopyTarget final : public detail::StagedCopyTarget {
     bool lie = false;  // the fence completes at once, the copy "runs" on: the checker's control
     std::size_t fail_at_copy = 0;  // 1-based: copy() throws on that call; 0: never
     bool fail_bind = false;
+    bool in_order = false;  // FIFO (with one worker: a CUDA stream's order)
   };
 
   explicit HostCopyTarget(Options options) : options_(options) {
@@ -205,7 +207,7 @@ class HostCopyTarget final : public detail::StagedCopyTarget {
         wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
         if (tasks_.empty()) return;
         // Out of order: take any queued copy, not the oldest.
-        const std::size_t pick = random() % tasks_.size();
+        const std::size_t pick = options_.in_order ? 0 : random() % tasks_.size();
         task = std::move(tasks_[pick]);
         tasks_.erase(tasks_.begin() + static_cast<std::ptrdiff_t>(pick));
         ++running_;
@@ -382,6 +384,122 @@ TEST(PageableStager, CheckerCatchesABufferReusedBeforeItsCopyCompleted) {
   target.quiesce();
   EXPECT_GT(target.reused_in_flight(), 0U);
   EXPECT_EQ(std::memcmp(device.data(), layers.data[0].data(), device.size()), 0);
+}
+
+// The pager end to end on the staged path: a PagerDevice whose page-ins go through the
+// PageableStager (the CUDA device's ticket scheme, host copies in stream order), driven by
+// the real plan and schedule with prefetch, so prefetched, evicted and re-paged slots run
+// concurrently with the fill threads and copies.
+struct StagedHostReport {
+  bool staged = false;
+  bool shut_down = false;
+  std::size_t in_flight_at_shutdown = 0;
+  std::size_t violations = 0;
+};
+
+class StagedHostPagerDevice final : public PagerDevice {
+ public:
+  explicit StagedHostPagerDevice(std::shared_ptr<StagedHostReport> report)
+      : report_(std::move(report)) {}
+  std::string pin_host(std::span<const HostRange>, std::size_t, WeightPagerLoad&) override {
+    return "fake: staged";
+  }
+  void* allocate_arena(std::size_t bytes) override {
+    arena_.assign(bytes, std::byte{0xEE});
+    return arena_.data();
+  }
+  void upload(void* device, const void* host, std::size_t bytes) override {
+    std::memcpy(device, host, bytes);
+  }
+  void configure(std::size_t slots, bool staged, const WeightPagerOptions& options) override {
+    report_->staged = staged;
+    wanted_.assign(slots, 0);
+    target_ = std::make_unique<HostCopyTarget>(
+        HostCopyTarget::Options{.workers = 1, .max_delay_us = 50, .in_order = true});
+    stager_ = std::make_unique<PageableStager>(
+        *target_,
+        PageableStagerOptions{.slot_count = slots,
+                              .chunk_bytes = options.staging_chunk_bytes,
+                              .staging_buffers = options.staging_buffers,
+                              .fill_threads = options.fill_threads,
+                              .staging_upstream = std::make_shared<HostMemoryUpstream>()});
+  }
+  void page_in(std::size_t slot, void* device, const void* host, std::size_t bytes) override {
+    wanted_[slot] = ++tickets_;
+    stager_->enqueue(StagerJob{slot, static_cast<std::byte*>(device),
+                               static_cast<const std::byte*>(host), bytes, wanted_[slot], 0,
+                               nullptr});
+  }
+  void wait_ready(std::size_t slot, cudaStream_t) override {
+    (void)stager_->wait_issued(slot, wanted_[slot]);
+    target_->wait_ready(slot, wanted_[slot]);
+  }
+  void record_release(std::size_t, cudaStream_t) override {}  // the host "compute" is done
+  void collect(WeightPagerStats& stats) override {
+    stats.staging_pin_calls = stager_->pins_after_load();
+  }
+  void synchronize() override {
+    stager_->drain();
+    target_->quiesce();
+  }
+  void shutdown(void*, std::size_t) noexcept override {
+    if (stager_) stager_->stop();
+    if (target_) {
+      target_->quiesce();
+      report_->in_flight_at_shutdown = target_->in_flight();
+      report_->violations = target_->reused_in_flight() + target_->refilled_during_copy();
+    }
+    report_->shut_down = true;
+    stager_.reset();
+  }
+
+ private:
+  std::shared_ptr<StagedHostReport> report_;
+  std::vector<std::byte> arena_;
+  std::vector<std::uint64_t> wanted_;
+  std::uint64_t tickets_ = 0;
+  std::unique_ptr<HostCopyTarget> target_;
+  std::unique_ptr<PageableStager> stager_;
+};
+
+TEST(PageableStager, StressWeightPagerPageableEndToEndWithPrefetch) {
+  const Layers layers(16, 20_KiB + 5, 3_KiB + 3);
+  std::vector<WeightLayer> list;
+  for (std::size_t i = 0; i < layers.data.size(); ++i) {
+    list.push_back({"layer." + std::to_string(i), layers.data[i].data(), layers.data[i].size()});
+  }
+  for (std::size_t depth : {1U, 2U, 3U}) {
+    SCOPED_TRACE("prefetch_depth " + std::to_string(depth));
+    auto report = std::make_shared<StagedHostReport>();
+    {
+      WeightPager pager(list,
+                        WeightPagerOptions{.budget_bytes = 8 * layers.largest(),
+                                           .prefetch_depth = depth,
+                                           .host = HostWeights::pageable,
+                                           .staging_chunk_bytes = 8_KiB,
+                                           .staging_buffers = 2,
+                                           .fill_threads = 2,
+                                           .print_plan_warnings = false},
+                        std::make_unique<StagedHostPagerDevice>(report));
+      ASSERT_TRUE(report->staged);
+      ASSERT_GT(pager.plan().streamed_layers(), 4U);
+      for (int step = 0; step < 4; ++step) {
+        for (std::size_t i = 0; i < layers.data.size(); ++i) {
+          const void* at = pager.acquire(i, nullptr);
+          ASSERT_EQ(std::memcmp(at, layers.data[i].data(), layers.data[i].size()), 0)
+              << "layer " << i << " step " << step;
+          pager.release(i, nullptr);
+        }
+      }
+      const auto stats = pager.stats();
+      EXPECT_GT(stats.prefetches, 0U);
+      EXPECT_EQ(stats.staging_pin_calls, 0U);
+      EXPECT_FALSE(pager.load().pinned);
+    }  // destroyed while the last prefetches may still be staging
+    EXPECT_TRUE(report->shut_down);
+    EXPECT_EQ(report->in_flight_at_shutdown, 0U);
+    EXPECT_EQ(report->violations, 0U);
+  }
 }
 
 TEST(PageableStager, StressStopWhileStagingIssuesWhatWasQueuedAndWaitsForItsCopies) {
