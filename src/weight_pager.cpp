@@ -18,7 +18,7 @@
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
 #include "vram/cuda/stream.hpp"
-#include "vram/detail/parallel_copy.hpp"
+#include "vram/detail/pageable_stager.hpp"
 #include "vram/pinned_host_upstream.hpp"
 #include "vram/pinned_staging_pool.hpp"
 #include "vram/upstream.hpp"
@@ -56,197 +56,40 @@ struct SlotEvents {
   TimingSample* sample = nullptr;  // the latest page-in's sample, until acquired
 };
 
-// Pageable weights: a driver thread stages each page-in through pinned buffers, filled by
-// a ParallelCopy, in chunks, on the copy stream; acquire() waits only until the copy of the
-// layer it needs has been issued.
-class Stager {
+// Pageable weights: the PageableStager (vram/detail/pageable_stager.hpp) stages each
+// page-in through pinned buffers on its driver thread; this is its CUDA side: the copy
+// stream, the slot's release and ready events, the timing sample.
+class CudaStagedTarget final : public detail::StagedCopyTarget {
  public:
-  struct Job {
-    std::size_t slot;
-    std::byte* device;
-    const std::byte* host;
-    std::size_t bytes;
-    std::uint64_t ticket;
-    std::size_t release_count;  // slot.releases[0, count) to wait for on the copy stream
-    TimingSample* sample;
-  };
+  CudaStagedTarget(int device, cudaStream_t copy, std::vector<SlotEvents>& slots)
+      : device_(device), copy_(copy), slots_(slots) {}
 
-  Stager(int device, cudaStream_t copy, std::vector<SlotEvents>& slots,
-         const WeightPagerOptions& options)
-      : device_(device),
-        copy_(copy),
-        slots_(slots),
-        chunk_(std::max<std::size_t>(kPage, options.staging_chunk_bytes)),
-        pool_(PinnedStagingPool::Options{
-            .max_buffers = std::max<std::size_t>(2, options.staging_buffers),
-            .max_bytes = std::max<std::size_t>(2, options.staging_buffers) *
-                         std::max<std::size_t>(kPage, options.staging_chunk_bytes)}),
-        ring_(std::max<std::size_t>(2, options.staging_buffers)),
-        queue_(2 * slots.size() + 4),
-        issued_(slots.size(), 0),
-        fill_(options.fill_threads != 0
-                  ? options.fill_threads
-                  : std::min(8U, std::max(1U, std::thread::hardware_concurrency()))) {
-    pool_.reserve(ring_.size(), chunk_);  // pinned now, at load: none per page-in
-    pins_at_load_ = pool_.stats().pin_calls;
-    driver_ = std::thread([this] { loop(); });
+  void bind_thread() override { cuda::check(cudaSetDevice(device_), "cudaSetDevice"); }
+
+  // The job's releases were recorded before it was queued and are not re-recorded until
+  // the slot's new layer is acquired, which waits for this job to be issued.
+  void begin(const detail::StagerJob& job) override {
+    SlotEvents& slot = slots_[job.slot];
+    for (std::size_t i = 0; i < job.release_count; ++i) slot.releases[i].make_wait(copy_);
+    if (auto* sample = static_cast<TimingSample*>(job.context)) sample->start.record(copy_);
   }
 
-  ~Stager() { stop(); }
+  PendingCopy copy(std::byte* device, PooledStaging& staging) override {
+    return copy_to_device_async(device, staging, copy_);
+  }
 
-  void enqueue(const Job& job) {
-    {
-      std::unique_lock lock(mutex_);
-      // A fixed ring (no allocation per page-in); full only if the compute thread queued
-      // more page-ins than it ever waited for: it waits for the stager to take one.
-      changed_.wait(lock, [&] { return queued_ < queue_.size() || failure_ != nullptr; });
-      if (failure_) std::rethrow_exception(failure_);
-      queue_[(head_ + queued_++) % queue_.size()] = job;
+  void end(const detail::StagerJob& job) override {
+    if (auto* sample = static_cast<TimingSample*>(job.context)) {
+      sample->end.record(copy_);
+      sample->recorded.store(true, std::memory_order_release);
     }
-    changed_.notify_all();
-  }
-
-  // Blocks until the page-in `ticket` of `slot` has been issued on the copy stream.
-  // Returns the milliseconds waited (0 when it already was).
-  double wait_issued(std::size_t slot, std::uint64_t ticket) {
-    std::unique_lock lock(mutex_);
-    if (failure_) std::rethrow_exception(failure_);
-    if (issued_[slot] >= ticket) return 0;
-    const auto start = std::chrono::steady_clock::now();
-    changed_.wait(lock, [&] { return issued_[slot] >= ticket || failure_ != nullptr; });
-    if (failure_) std::rethrow_exception(failure_);
-    return seconds_since(start) * 1e3;
-  }
-
-  void drain() {
-    std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return (queued_ == 0 && !issuing_) || failure_ != nullptr; });
-    if (failure_) std::rethrow_exception(failure_);
-  }
-
-  std::uint64_t pins_after_load() const { return pool_.stats().pin_calls - pins_at_load_; }
-
-  void stop() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (stopping_) return;
-      stopping_ = true;
-    }
-    changed_.notify_all();
-    if (driver_.joinable()) driver_.join();
-    // The last copies still read their buffers: retire each with its witness (or, if the
-    // wait fails, the PendingCopy destructor waits and the buffer is freed, not reused).
-    for (auto& buffer : ring_) {
-      try {
-        retire(buffer);
-      } catch (const std::exception& error) {
-        std::fprintf(stderr, "vram::WeightPager: waiting for a staged copy failed: %s\n",
-                     error.what());
-        buffer.copy.reset();
-        buffer.staging.reset();
-      }
-    }
+    slots_[job.slot].ready.record(copy_);
   }
 
  private:
-  void loop() {
-    try {
-      cuda::check(cudaSetDevice(device_), "cudaSetDevice");
-    } catch (...) {
-      std::lock_guard lock(mutex_);
-      failure_ = std::current_exception();
-    }
-    for (;;) {
-      Job job{};
-      {
-        std::unique_lock lock(mutex_);
-        changed_.wait(lock, [&] { return stopping_ || queued_ > 0; });
-        if (queued_ == 0) return;  // stopping, and nothing left to issue
-        job = queue_[head_];
-        head_ = (head_ + 1) % queue_.size();
-        --queued_;
-        issuing_ = true;
-      }
-      std::exception_ptr failure;
-      if (failure_ == nullptr) {
-        try {
-          issue(job);
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      }
-      {
-        std::lock_guard lock(mutex_);
-        if (failure) failure_ = failure;
-        issued_[job.slot] = std::max(issued_[job.slot], job.ticket);
-        issuing_ = false;
-      }
-      changed_.notify_all();
-    }
-  }
-
-  void issue(const Job& job) {
-    SlotEvents& slot = slots_[job.slot];
-    for (std::size_t i = 0; i < job.release_count; ++i) slot.releases[i].make_wait(copy_);
-    if (job.sample != nullptr) job.sample->start.record(copy_);
-    for (std::size_t offset = 0; offset < job.bytes; offset += chunk_) {
-      const std::size_t length = std::min(chunk_, job.bytes - offset);
-      stage_chunk(ring_[next_++ % ring_.size()], job.device + offset, job.host + offset, length);
-    }
-    if (job.sample != nullptr) {
-      job.sample->end.record(copy_);
-      job.sample->recorded.store(true, std::memory_order_release);
-    }
-    slot.ready.record(copy_);
-  }
-
-  // ---- THE ONE PLACE that uses the copy-witness API (copy.hpp, pinned_staging_pool.hpp):
-  // Buffer, retire() and stage_chunk(). When the witness API changes (issue 10), adapt
-  // these three only; the rest of the stager sees "a ring of buffers, each refilled after
-  // its previous copy completed".
-  struct Buffer {
-    std::optional<PooledStaging> staging;  // the pinned buffer, while a copy may read it
-    std::optional<PendingCopy> copy;       // the copy that reads it, until its witness
-  };
-
-  // Back to the pool, proven after the copy that read it: wait() is a host wait on the
-  // stager thread (never the compute thread) for a copy issued staging_buffers chunks ago.
-  void retire(Buffer& buffer) {
-    if (buffer.copy) buffer.staging->retire(std::move(*buffer.copy).wait());
-    buffer.copy.reset();
-    buffer.staging.reset();
-  }
-
-  // Fills one chunk into a staging buffer (reused only after retire()) and queues its copy
-  // on the copy stream. With staging_buffers >= 2 the fill overlaps earlier chunks' DMAs.
-  void stage_chunk(Buffer& buffer, std::byte* device, const std::byte* host, std::size_t bytes) {
-    retire(buffer);
-    buffer.staging.emplace(pool_.acquire(bytes));  // best fit: a retired buffer, no pin
-    fill_.run(buffer.staging->data(), host, bytes);
-    buffer.copy.emplace(copy_to_device_async(device, *buffer.staging, copy_));
-  }
-  // ---- end of the witness-API spot.
-
   int device_;
   cudaStream_t copy_;
   std::vector<SlotEvents>& slots_;
-  std::size_t chunk_;
-  PinnedStagingPool pool_;
-  std::vector<Buffer> ring_;
-  std::size_t next_ = 0;
-  std::uint64_t pins_at_load_ = 0;
-
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::vector<Job> queue_;  // ring: queued_ jobs from head_
-  std::size_t head_ = 0;
-  std::size_t queued_ = 0;
-  std::vector<std::uint64_t> issued_;
-  bool issuing_ = false;
-  bool stopping_ = false;
-  std::exception_ptr failure_;
-  detail::ParallelCopy fill_;
-  std::thread driver_;  // last: started after everything it uses exists
 };
 
 class CudaPagerDevice final : public PagerDevice {
@@ -332,7 +175,13 @@ class CudaPagerDevice final : public PagerDevice {
       for (auto& sample : samples_) sample = std::make_unique<TimingSample>();
     }
     if (staged && slot_count > 0) {
-      stager_ = std::make_unique<Stager>(device_, copy_->get(), slots_, options);
+      target_ = std::make_unique<CudaStagedTarget>(device_, copy_->get(), slots_);
+      stager_ = std::make_unique<detail::PageableStager>(
+          *target_, detail::PageableStagerOptions{.slot_count = slot_count,
+                                                  .chunk_bytes = options.staging_chunk_bytes,
+                                                  .staging_buffers = options.staging_buffers,
+                                                  .fill_threads = options.fill_threads,
+                                                  .staging_upstream = nullptr});
     }
   }
 
@@ -349,9 +198,9 @@ class CudaPagerDevice final : public PagerDevice {
     slot.sample = sample;
     if (stager_) {
       slot.wanted = ++tickets_;
-      stager_->enqueue(Stager::Job{slot_index, static_cast<std::byte*>(device),
-                                   static_cast<const std::byte*>(host), bytes, slot.wanted,
-                                   releases, sample});
+      stager_->enqueue(detail::StagerJob{slot_index, static_cast<std::byte*>(device),
+                                         static_cast<const std::byte*>(host), bytes, slot.wanted,
+                                         releases, sample});
       return;
     }
     const cudaStream_t copy = copy_->get();
@@ -532,7 +381,8 @@ class CudaPagerDevice final : public PagerDevice {
   double timed_ms_ = 0;
   double stall_ms_ = 0;
   double host_wait_ms_ = 0;
-  std::unique_ptr<Stager> stager_;  // last: stopped first (its thread uses slots_, copy_)
+  std::unique_ptr<CudaStagedTarget> target_;
+  std::unique_ptr<detail::PageableStager> stager_;  // last: stopped first (uses target_)
 };
 
 }  // namespace
