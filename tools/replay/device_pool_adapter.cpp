@@ -8,6 +8,8 @@
 // false there).
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "replay/replay_allocator.hpp"
 #include "vram/device_pool.hpp"
@@ -49,50 +51,44 @@ class DevicePoolAdapter final : public ReplayAllocator {
   bool device_;
 };
 
+// A DevicePool configuration as a replay allocator (runs host-only too).
+AllocatorSpec pool_spec(std::string name, std::string note, DevicePool::Options options) {
+  AllocatorSpec spec;
+  spec.name = std::move(name);
+  spec.needs_gpu = false;
+  spec.note = std::move(note);
+  spec.make = [options](const ReplayContext& context) {
+    return std::make_unique<DevicePoolAdapter>(context, options);
+  };
+  return spec;
+}
+
 }  // namespace
 
 AllocatorSpec device_pool_spec() {
-  AllocatorSpec spec;
-  spec.name = "vram DevicePool";
-  spec.needs_gpu = false;
-  spec.note =
-      "defaults, stream-ordered API on a device; peak reserved and upstream allocations "
-      "from DevicePool::stats()";
-  spec.make = [](const ReplayContext& context) {
-    return std::make_unique<DevicePoolAdapter>(context, DevicePool::Options{});
-  };
-  return spec;
+  return pool_spec("vram DevicePool",
+                   "defaults, stream-ordered API on a device; peak reserved and upstream "
+                   "allocations from DevicePool::stats()",
+                   DevicePool::Options{});
 }
 
 AllocatorSpec device_pool_split_every_segment_spec() {
-  AllocatorSpec spec;
-  spec.name = "vram DevicePool (split every segment)";
-  spec.needs_gpu = false;
-  spec.note =
-      "max_segment_waste_bytes = SIZE_MAX: a wholly free segment is split for any request "
-      "that fits (fewer upstream calls, more reserved)";
-  spec.make = [](const ReplayContext& context) {
-    DevicePool::Options options;
-    options.max_segment_waste_bytes = SIZE_MAX;
-    return std::make_unique<DevicePoolAdapter>(context, options);
-  };
-  return spec;
+  DevicePool::Options options;
+  options.max_segment_waste_bytes = SIZE_MAX;
+  return pool_spec("vram DevicePool (split every segment)",
+                   "max_segment_waste_bytes = SIZE_MAX: a wholly free segment is split for any "
+                   "request that fits (fewer upstream calls, more reserved)",
+                   options);
 }
 
 AllocatorSpec device_pool_virtual_memory_spec() {
-  AllocatorSpec spec;
-  spec.name = "vram DevicePool (virtual memory)";
-  spec.needs_gpu = false;
-  spec.note =
-      "use_virtual_memory, small blocks up to 256 KiB; upstream allocations are "
-      "2 MiB granule maps";
-  spec.make = [](const ReplayContext& context) {
-    DevicePool::Options options;
-    options.use_virtual_memory = true;
-    options.small_block_max_bytes = std::size_t{256} << 10;
-    return std::make_unique<DevicePoolAdapter>(context, options);
-  };
-  return spec;
+  DevicePool::Options options;
+  options.use_virtual_memory = true;
+  options.small_block_max_bytes = std::size_t{256} << 10;
+  return pool_spec("vram DevicePool (virtual memory)",
+                   "use_virtual_memory, small blocks up to 256 KiB; upstream allocations are "
+                   "2 MiB granule maps",
+                   options);
 }
 
 }  // namespace vram::replay
