@@ -150,5 +150,64 @@ TEST(SegmentTierVirtual, MapFailureUnmapsFreeGranulesAndRetriesOrLeavesNothingCh
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
+// Review (wt/review3): a range freed on a stream absorbs an untagged neighbour; the range
+// beyond that neighbour may be free on the same stream, and must be merged too, or two
+// adjacent free ranges carry the same tag (the header's invariant) and a wholly free
+// segment is never seen as one: it cannot serve a whole-segment request on its own stream,
+// is never waited for nor given back, and the tier grows beside it.
+TEST(SegmentTierReview, StreamFreeMergesThroughAnAbsorbedUntaggedRangeBefore) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  char* a = static_cast<char*>(f.tier.allocate(512_KiB, s1, true));
+  void* b = f.tier.allocate(512_KiB, s1, true);
+  void* c = f.tier.allocate(512_KiB, s1, true);
+  void* d = f.tier.allocate(512_KiB, s1, true);  // the segment is full
+  ASSERT_TRUE(f.tier.free(a, s1));               // a: s1
+  ASSERT_TRUE(f.tier.free(b, kUntagged));        // b: untagged, beside a (no merge: a is s1's)
+  ASSERT_TRUE(f.tier.free(c, s1));               // c absorbs b: [a: s1][b+c: s1] must be one
+  ASSERT_TRUE(f.tier.free(d, s1));
+  EXPECT_EQ(f.tier.allocate(2_MiB, s1, false), a)
+      << "the whole segment is free on s1 but left split in two s1 ranges";
+  EXPECT_EQ(f.upstream->allocations(), 1U);
+}
+
+TEST(SegmentTierReview, StreamFreeMergesThroughAnAbsorbedUntaggedRangeAfter) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  char* a = static_cast<char*>(f.tier.allocate(512_KiB, s1, true));
+  void* b = f.tier.allocate(512_KiB, s1, true);
+  void* c = f.tier.allocate(512_KiB, s1, true);
+  void* d = f.tier.allocate(512_KiB, s1, true);
+  ASSERT_TRUE(f.tier.free(c, s1));         // c: s1 (merges with nothing: b, d used)
+  ASSERT_TRUE(f.tier.free(b, kUntagged));  // b: untagged, beside c
+  ASSERT_TRUE(f.tier.free(a, s1));         // a absorbs b: [a+b: s1][c: s1] must be one
+  ASSERT_TRUE(f.tier.free(d, s1));
+  void* whole = f.tier.allocate(2_MiB, s1, true);
+  EXPECT_EQ(whole, a) << "the whole segment is free on s1 but left split in two s1 ranges";
+  EXPECT_EQ(f.upstream->allocations(), 1U) << "the tier grew beside a wholly free segment";
+  ASSERT_TRUE(f.tier.free(whole, kUntagged));
+}
+
+// Review (wt/review3): growing waits on the host (under the tier mutex) for the markers of
+// wholly free segments' streams, as documented; it must not also block on every other
+// pending marker (another stream's range in a segment still in use: its long kernel).
+TEST(SegmentTierReview, GrowingWaitsOnlyForTheMarkersOfWhollyFreeSegments) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto s2 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  void* t = f.tier.allocate(1_MiB, s2, true);
+  void* keep = f.tier.allocate(1_MiB, s2, true);  // t's segment stays in use
+  ASSERT_TRUE(f.tier.free(t, s2));
+  EXPECT_EQ(f.tier.allocate(1_MiB, kUntagged, false), nullptr);  // fences s2: pending
+  EXPECT_EQ(f.fence.recorded(), 1U);
+  void* s = f.tier.allocate(2_MiB, s1, true);  // a second segment
+  ASSERT_TRUE(f.tier.free(s, s1));             // wholly free on s1
+  void* again = f.tier.allocate(2_MiB, kUntagged, true);
+  EXPECT_EQ(again, s) << "after waiting for s1: the wholly free segment serves";
+  EXPECT_EQ(f.fence.waits(), 1U) << "waited also for s2's marker (a segment still in use)";
+  ASSERT_TRUE(f.tier.free(again, kUntagged));
+  ASSERT_TRUE(f.tier.free(keep, kUntagged));
+}
+
 }  // namespace
 }  // namespace vram::testing
