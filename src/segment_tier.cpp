@@ -83,7 +83,8 @@ bool SegmentTier::mergeable(const Range* range, const Range* neighbour) noexcept
 
 void SegmentTier::insert_free(Range* range) noexcept {
   range->state = Range::State::free;
-  if (Range* prev = range->prev; mergeable(range, prev)) {
+  auto absorb_prev = [this, &range] {
+    Range* prev = range->prev;
     remove_free(prev);
     prev->tag = range->tag;
     prev->size += range->size;
@@ -92,14 +93,29 @@ void SegmentTier::insert_free(Range* range) noexcept {
     if (range->next != nullptr) range->next->prev = prev;
     delete range;
     range = prev;
-  }
-  if (Range* next = range->next; mergeable(range, next)) {
+  };
+  auto absorb_next = [this, &range] {
+    Range* next = range->next;
     remove_free(next);
     range->size += next->size;
     range->epoch = std::max(range->epoch, next->epoch);
     range->next = next->next;
     if (next->next != nullptr) next->next->prev = range;
     delete next;
+  };
+  // A neighbour absorbed untagged may border a range of this stream beyond it (an untagged
+  // range may border a tagged one): that one merges too, so no two adjacent free ranges
+  // share a tag. (Adjacent untagged ranges never exist, so two steps per side suffice.)
+  auto same_tag = [&range](const Range* n) {
+    return n != nullptr && n->state == Range::State::free && n->tag == range->tag;
+  };
+  if (mergeable(range, range->prev)) {
+    absorb_prev();
+    if (same_tag(range->prev)) absorb_prev();
+  }
+  if (mergeable(range, range->next)) {
+    absorb_next();
+    if (same_tag(range->next)) absorb_next();
   }
   try {
     free_[range->tag].insert(range);
