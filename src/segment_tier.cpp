@@ -325,22 +325,28 @@ bool SegmentTier::wait_for_empty_segments() noexcept {
   // already: an upstream allocation, and a device upstream's free synchronizes the device
   // anyway); without it a pool driven only through allocate_async/deallocate_async would
   // never give a segment back before growing and would hold far more than is live.
-  bool wait = false;
   for (const Segment* segment : segments_) {
     const Range* only = segment->first;
-    if (only->next != nullptr || only->state == Range::State::used) continue;
-    if (only->state == Range::State::pending) {
-      wait = true;
-    } else if (only->tag != kUntagged) {
-      auto set = free_.find(only->tag);
-      if (set != free_.end() && fence_stream(set)) {
-        free_.erase(set);
-        wait = true;
-      }
+    if (only->next != nullptr || only->state != Range::State::free || only->tag == kUntagged) {
+      continue;
+    }
+    auto set = free_.find(only->tag);
+    if (set != free_.end() && fence_stream(set)) free_.erase(set);
+  }
+  // Only the markers of wholly free segments are waited for (a pending range never merges,
+  // so "wholly free" cannot change while it waits); other pending markers are polled.
+  bool waited = false;
+  for (const Pending& p : pending_) {
+    const bool whole = std::any_of(p.ranges.begin(), p.ranges.end(), [](const Range* r) {
+      return r->prev == nullptr && r->next == nullptr;
+    });
+    if (whole) {
+      fence_.wait(p.marker);
+      waited = true;
     }
   }
-  if (wait) poll_pending(true);
-  return wait;
+  if (waited) poll_pending(false);
+  return waited;
 }
 
 void SegmentTier::release_segment(Segment* segment) noexcept {
