@@ -209,5 +209,23 @@ TEST(SegmentTierReview, GrowingWaitsOnlyForTheMarkersOfWhollyFreeSegments) {
   ASSERT_TRUE(f.tier.free(keep, kUntagged));
 }
 
+// Review (wt/review3): the host wait before growing is worth it only when a waited-for
+// segment can then serve the request or must go back (past the growth budget). Here the
+// stream's wholly free segment is too small and reserved stays within the budget: the
+// wait (a host block on the stream's work, under the tier mutex) buys nothing.
+TEST(SegmentTierReview, GrowingWithinTheBudgetDoesNotWaitForSegmentsTooSmallToServe) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  void* big = f.tier.allocate(64_MiB, s1, true);
+  void* a = f.tier.allocate(2_MiB, s1, true);  // a segment of its own
+  ASSERT_TRUE(f.tier.free(a, s1));             // wholly free on s1
+  void* b = f.tier.allocate(4_MiB, s1, true);  // 66 + 4 MiB: within 68 MiB + 1/16
+  EXPECT_EQ(f.upstream->live_bytes(), 70_MiB) << "the 2 MiB segment stays (within budget)";
+  EXPECT_EQ(f.fence.waits(), 0U) << "waited for s1 though its segment could neither serve "
+                                    "nor go back";
+  ASSERT_TRUE(f.tier.free(b, kUntagged));
+  ASSERT_TRUE(f.tier.free(big, kUntagged));
+}
+
 }  // namespace
 }  // namespace vram::testing
