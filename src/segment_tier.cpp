@@ -156,7 +156,13 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   Range* r = fit(stream, need);
   // Before growing: wholly free segments that wait for their streams' work are waited for
   // (see wait_for_empty_segments); one of them may serve the request.
-  if (r == nullptr && may_grow && wait_for_empty_segments()) r = fit(stream, need);
+  if (r == nullptr && may_grow) {
+    // Only segments that could then serve the request are worth the wait, unless growing
+    // passes the budget (then any of them may have to go back).
+    const bool past_budget =
+        gauge_.excess_after_growth(segment_size_for(need), need, options_.free_slack_shift) > 0;
+    if (wait_for_empty_segments(past_budget ? 0 : need)) r = fit(stream, need);
+  }
   if (r != nullptr && base_ != nullptr && !may_grow) {
     for (std::size_t g = granule_of(r->addr); g <= granule_of(r->addr + need - 1); ++g) {
       if (!mapped_[g]) return nullptr;  // would need a new granule: that is growing
@@ -317,7 +323,7 @@ bool SegmentTier::fence_stream(std::unordered_map<StreamKey, FreeSet>::iterator 
   return true;
 }
 
-bool SegmentTier::wait_for_empty_segments() noexcept {
+bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
   if (base_ != nullptr) return false;
   // A wholly free segment whose range is still stream-tagged (or pending) may be read by
   // work queued on that stream: fence that stream and wait for its marker, after which
@@ -325,9 +331,14 @@ bool SegmentTier::wait_for_empty_segments() noexcept {
   // already: an upstream allocation, and a device upstream's free synchronizes the device
   // anyway); without it a pool driven only through allocate_async/deallocate_async would
   // never give a segment back before growing and would hold far more than is live.
+  // need > 0: only segments that could serve a request of `need` bytes (fit()'s rule).
+  auto could_serve = [this, need](const Range* only) {
+    return need == 0 || (only->size >= need && only->size - need <= options_.max_segment_waste);
+  };
   for (const Segment* segment : segments_) {
     const Range* only = segment->first;
-    if (only->next != nullptr || only->state != Range::State::free || only->tag == kUntagged) {
+    if (only->next != nullptr || only->state != Range::State::free || only->tag == kUntagged ||
+        !could_serve(only)) {
       continue;
     }
     auto set = free_.find(only->tag);
@@ -337,8 +348,8 @@ bool SegmentTier::wait_for_empty_segments() noexcept {
   // so "wholly free" cannot change while it waits); other pending markers are polled.
   bool waited = false;
   for (const Pending& p : pending_) {
-    const bool whole = std::any_of(p.ranges.begin(), p.ranges.end(), [](const Range* r) {
-      return r->prev == nullptr && r->next == nullptr;
+    const bool whole = std::any_of(p.ranges.begin(), p.ranges.end(), [&](const Range* r) {
+      return r->prev == nullptr && r->next == nullptr && could_serve(r);
     });
     if (whole) {
       fence_.wait(p.marker);
@@ -427,7 +438,7 @@ std::size_t SegmentTier::empty_bytes() const noexcept {
 
 void SegmentTier::release_empty_for(std::size_t bytes) noexcept {
   std::lock_guard lock(mutex_);
-  wait_for_empty_segments();
+  wait_for_empty_segments(0);
   release_empty_segments_for(bytes);
 }
 

@@ -201,8 +201,9 @@ class SegmentTier {
   // that would leave more than max_segment_waste idle.
   Range* fit(StreamKey stream, std::size_t need) noexcept;
   // Waits for the streams of wholly free stream-tagged (or pending) segments, so that they
-  // become untagged; false when there was none.
-  bool wait_for_empty_segments() noexcept;
+  // become untagged; false when there was none. need > 0: only segments that could then
+  // serve a request of `need` bytes (0: all, e.g. to give them back).
+  bool wait_for_empty_segments(std::size_t need) noexcept;
   void release_empty_segments(std::size_t keep_free) noexcept;
   // The smallest wholly free segment of at least `bytes`, else the largest ones until they
   // cover it; returns the bytes given back.
