@@ -138,7 +138,8 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
   }
   if (r != nullptr && base_ == nullptr && r->prev == nullptr && r->next == nullptr &&
       r->size - need > options_.max_segment_waste) {
-    return nullptr;  // growing gives this segment back and takes one sized for the request
+    return nullptr;  // the tier grows by one sized for the request (this one goes back past the
+                     // budget)
   }
   return r;
 }

@@ -227,5 +227,23 @@ TEST(SegmentTierReview, GrowingWithinTheBudgetDoesNotWaitForSegmentsTooSmallToSe
   ASSERT_TRUE(f.tier.free(big, kUntagged));
 }
 
+// Review (wt/review3): max_segment_waste makes the tier grow instead of splitting a wholly
+// free segment; that segment goes back only when growing passes the budget (peak in use
+// + 1/16). Within it, it stays idle beside the new segment (the comments claimed it always
+// went back).
+TEST(SegmentTierReview, WastefulWhollyFreeSegmentStaysWithinTheBudget) {
+  auto options = two_mib_segments();
+  options.max_segment_waste = 8_MiB;
+  TierFixture f(options);
+  void* big = f.tier.allocate(256_MiB, kUntagged, true);
+  void* x = f.tier.allocate(64_MiB, kUntagged, true);
+  ASSERT_TRUE(f.tier.free(x, kUntagged));  // 64 MiB wholly free; peak in use 320 MiB
+  void* y = f.tier.allocate(16_MiB, kUntagged, true);
+  EXPECT_NE(y, x) << "not split: 48 MiB would stay idle";
+  EXPECT_EQ(f.upstream->live_bytes(), 336_MiB) << "320 + 16 MiB is within 340 MiB: x stays";
+  ASSERT_TRUE(f.tier.free(y, kUntagged));
+  ASSERT_TRUE(f.tier.free(big, kUntagged));
+}
+
 }  // namespace
 }  // namespace vram::testing

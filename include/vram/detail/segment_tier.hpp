@@ -93,7 +93,8 @@ class SegmentTier {
     std::size_t segment_rounding = std::size_t{2} << 20;
     std::size_t max_free_bytes = SIZE_MAX;
     // A wholly free segment is not split for a request that would leave more than this
-    // idle in it: it goes back and a segment sized for the request is taken.
+    // idle in it: a segment sized for the request is taken (the idle one goes back only
+    // when growing passes the budget, like any wholly free segment).
     std::size_t max_segment_waste = SIZE_MAX;
     // Virtual-memory mode: one reserved range of `reservation` bytes instead of segments;
     // reserved bytes are the granules mapped. Free granules (wholly inside free, untagged
