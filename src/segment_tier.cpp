@@ -83,7 +83,8 @@ bool SegmentTier::mergeable(const Range* range, const Range* neighbour) noexcept
 
 void SegmentTier::insert_free(Range* range) noexcept {
   range->state = Range::State::free;
-  if (Range* prev = range->prev; mergeable(range, prev)) {
+  auto absorb_prev = [this, &range] {
+    Range* prev = range->prev;
     remove_free(prev);
     prev->tag = range->tag;
     prev->size += range->size;
@@ -92,14 +93,29 @@ void SegmentTier::insert_free(Range* range) noexcept {
     if (range->next != nullptr) range->next->prev = prev;
     delete range;
     range = prev;
-  }
-  if (Range* next = range->next; mergeable(range, next)) {
+  };
+  auto absorb_next = [this, &range] {
+    Range* next = range->next;
     remove_free(next);
     range->size += next->size;
     range->epoch = std::max(range->epoch, next->epoch);
     range->next = next->next;
     if (next->next != nullptr) next->next->prev = range;
     delete next;
+  };
+  // A neighbour absorbed untagged may border a range of this stream beyond it (an untagged
+  // range may border a tagged one): that one merges too, so no two adjacent free ranges
+  // share a tag. (Adjacent untagged ranges never exist, so two steps per side suffice.)
+  auto same_tag = [&range](const Range* n) {
+    return n != nullptr && n->state == Range::State::free && n->tag == range->tag;
+  };
+  if (mergeable(range, range->prev)) {
+    absorb_prev();
+    if (same_tag(range->prev)) absorb_prev();
+  }
+  if (mergeable(range, range->next)) {
+    absorb_next();
+    if (same_tag(range->next)) absorb_next();
   }
   try {
     free_[range->tag].insert(range);
@@ -122,7 +138,8 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
   }
   if (r != nullptr && base_ == nullptr && r->prev == nullptr && r->next == nullptr &&
       r->size - need > options_.max_segment_waste) {
-    return nullptr;  // growing gives this segment back and takes one sized for the request
+    return nullptr;  // the tier grows by one sized for the request (this one goes back past the
+                     // budget)
   }
   return r;
 }
@@ -140,7 +157,13 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   Range* r = fit(stream, need);
   // Before growing: wholly free segments that wait for their streams' work are waited for
   // (see wait_for_empty_segments); one of them may serve the request.
-  if (r == nullptr && may_grow && wait_for_empty_segments()) r = fit(stream, need);
+  if (r == nullptr && may_grow) {
+    // Only segments that could then serve the request are worth the wait, unless growing
+    // passes the budget (then any of them may have to go back).
+    const bool past_budget =
+        gauge_.excess_after_growth(segment_size_for(need), need, options_.free_slack_shift) > 0;
+    if (wait_for_empty_segments(past_budget ? 0 : need)) r = fit(stream, need);
+  }
   if (r != nullptr && base_ != nullptr && !may_grow) {
     for (std::size_t g = granule_of(r->addr); g <= granule_of(r->addr + need - 1); ++g) {
       if (!mapped_[g]) return nullptr;  // would need a new granule: that is growing
@@ -301,7 +324,7 @@ bool SegmentTier::fence_stream(std::unordered_map<StreamKey, FreeSet>::iterator 
   return true;
 }
 
-bool SegmentTier::wait_for_empty_segments() noexcept {
+bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
   if (base_ != nullptr) return false;
   // A wholly free segment whose range is still stream-tagged (or pending) may be read by
   // work queued on that stream: fence that stream and wait for its marker, after which
@@ -309,22 +332,33 @@ bool SegmentTier::wait_for_empty_segments() noexcept {
   // already: an upstream allocation, and a device upstream's free synchronizes the device
   // anyway); without it a pool driven only through allocate_async/deallocate_async would
   // never give a segment back before growing and would hold far more than is live.
-  bool wait = false;
+  // need > 0: only segments that could serve a request of `need` bytes (fit()'s rule).
+  auto could_serve = [this, need](const Range* only) {
+    return need == 0 || (only->size >= need && only->size - need <= options_.max_segment_waste);
+  };
   for (const Segment* segment : segments_) {
     const Range* only = segment->first;
-    if (only->next != nullptr || only->state == Range::State::used) continue;
-    if (only->state == Range::State::pending) {
-      wait = true;
-    } else if (only->tag != kUntagged) {
-      auto set = free_.find(only->tag);
-      if (set != free_.end() && fence_stream(set)) {
-        free_.erase(set);
-        wait = true;
-      }
+    if (only->next != nullptr || only->state != Range::State::free || only->tag == kUntagged ||
+        !could_serve(only)) {
+      continue;
+    }
+    auto set = free_.find(only->tag);
+    if (set != free_.end() && fence_stream(set)) free_.erase(set);
+  }
+  // Only the markers of wholly free segments are waited for (a pending range never merges,
+  // so "wholly free" cannot change while it waits); other pending markers are polled.
+  bool waited = false;
+  for (const Pending& p : pending_) {
+    const bool whole = std::any_of(p.ranges.begin(), p.ranges.end(), [&](const Range* r) {
+      return r->prev == nullptr && r->next == nullptr && could_serve(r);
+    });
+    if (whole) {
+      fence_.wait(p.marker);
+      waited = true;
     }
   }
-  if (wait) poll_pending(true);
-  return wait;
+  if (waited) poll_pending(false);
+  return waited;
 }
 
 void SegmentTier::release_segment(Segment* segment) noexcept {
@@ -405,7 +439,7 @@ std::size_t SegmentTier::empty_bytes() const noexcept {
 
 void SegmentTier::release_empty_for(std::size_t bytes) noexcept {
   std::lock_guard lock(mutex_);
-  wait_for_empty_segments();
+  wait_for_empty_segments(0);
   release_empty_segments_for(bytes);
 }
 

@@ -150,5 +150,100 @@ TEST(SegmentTierVirtual, MapFailureUnmapsFreeGranulesAndRetriesOrLeavesNothingCh
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
+// Review (wt/review3): a range freed on a stream absorbs an untagged neighbour; the range
+// beyond that neighbour may be free on the same stream, and must be merged too, or two
+// adjacent free ranges carry the same tag (the header's invariant) and a wholly free
+// segment is never seen as one: it cannot serve a whole-segment request on its own stream,
+// is never waited for nor given back, and the tier grows beside it.
+TEST(SegmentTierReview, StreamFreeMergesThroughAnAbsorbedUntaggedRangeBefore) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  char* a = static_cast<char*>(f.tier.allocate(512_KiB, s1, true));
+  void* b = f.tier.allocate(512_KiB, s1, true);
+  void* c = f.tier.allocate(512_KiB, s1, true);
+  void* d = f.tier.allocate(512_KiB, s1, true);  // the segment is full
+  ASSERT_TRUE(f.tier.free(a, s1));               // a: s1
+  ASSERT_TRUE(f.tier.free(b, kUntagged));        // b: untagged, beside a (no merge: a is s1's)
+  ASSERT_TRUE(f.tier.free(c, s1));               // c absorbs b: [a: s1][b+c: s1] must be one
+  ASSERT_TRUE(f.tier.free(d, s1));
+  EXPECT_EQ(f.tier.allocate(2_MiB, s1, false), a)
+      << "the whole segment is free on s1 but left split in two s1 ranges";
+  EXPECT_EQ(f.upstream->allocations(), 1U);
+}
+
+TEST(SegmentTierReview, StreamFreeMergesThroughAnAbsorbedUntaggedRangeAfter) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  char* a = static_cast<char*>(f.tier.allocate(512_KiB, s1, true));
+  void* b = f.tier.allocate(512_KiB, s1, true);
+  void* c = f.tier.allocate(512_KiB, s1, true);
+  void* d = f.tier.allocate(512_KiB, s1, true);
+  ASSERT_TRUE(f.tier.free(c, s1));         // c: s1 (merges with nothing: b, d used)
+  ASSERT_TRUE(f.tier.free(b, kUntagged));  // b: untagged, beside c
+  ASSERT_TRUE(f.tier.free(a, s1));         // a absorbs b: [a+b: s1][c: s1] must be one
+  ASSERT_TRUE(f.tier.free(d, s1));
+  void* whole = f.tier.allocate(2_MiB, s1, true);
+  EXPECT_EQ(whole, a) << "the whole segment is free on s1 but left split in two s1 ranges";
+  EXPECT_EQ(f.upstream->allocations(), 1U) << "the tier grew beside a wholly free segment";
+  ASSERT_TRUE(f.tier.free(whole, kUntagged));
+}
+
+// Review (wt/review3): growing waits on the host (under the tier mutex) for the markers of
+// wholly free segments' streams, as documented; it must not also block on every other
+// pending marker (another stream's range in a segment still in use: its long kernel).
+TEST(SegmentTierReview, GrowingWaitsOnlyForTheMarkersOfWhollyFreeSegments) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto s2 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  void* t = f.tier.allocate(1_MiB, s2, true);
+  void* keep = f.tier.allocate(1_MiB, s2, true);  // t's segment stays in use
+  ASSERT_TRUE(f.tier.free(t, s2));
+  EXPECT_EQ(f.tier.allocate(1_MiB, kUntagged, false), nullptr);  // fences s2: pending
+  EXPECT_EQ(f.fence.recorded(), 1U);
+  void* s = f.tier.allocate(2_MiB, s1, true);  // a second segment
+  ASSERT_TRUE(f.tier.free(s, s1));             // wholly free on s1
+  void* again = f.tier.allocate(2_MiB, kUntagged, true);
+  EXPECT_EQ(again, s) << "after waiting for s1: the wholly free segment serves";
+  EXPECT_EQ(f.fence.waits(), 1U) << "waited also for s2's marker (a segment still in use)";
+  ASSERT_TRUE(f.tier.free(again, kUntagged));
+  ASSERT_TRUE(f.tier.free(keep, kUntagged));
+}
+
+// Review (wt/review3): the host wait before growing is worth it only when a waited-for
+// segment can then serve the request or must go back (past the growth budget). Here the
+// stream's wholly free segment is too small and reserved stays within the budget: the
+// wait (a host block on the stream's work, under the tier mutex) buys nothing.
+TEST(SegmentTierReview, GrowingWithinTheBudgetDoesNotWaitForSegmentsTooSmallToServe) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  void* big = f.tier.allocate(64_MiB, s1, true);
+  void* a = f.tier.allocate(2_MiB, s1, true);  // a segment of its own
+  ASSERT_TRUE(f.tier.free(a, s1));             // wholly free on s1
+  void* b = f.tier.allocate(4_MiB, s1, true);  // 66 + 4 MiB: within 68 MiB + 1/16
+  EXPECT_EQ(f.upstream->live_bytes(), 70_MiB) << "the 2 MiB segment stays (within budget)";
+  EXPECT_EQ(f.fence.waits(), 0U) << "waited for s1 though its segment could neither serve "
+                                    "nor go back";
+  ASSERT_TRUE(f.tier.free(b, kUntagged));
+  ASSERT_TRUE(f.tier.free(big, kUntagged));
+}
+
+// Review (wt/review3): max_segment_waste makes the tier grow instead of splitting a wholly
+// free segment; that segment goes back only when growing passes the budget (peak in use
+// + 1/16). Within it, it stays idle beside the new segment (the comments claimed it always
+// went back).
+TEST(SegmentTierReview, WastefulWhollyFreeSegmentStaysWithinTheBudget) {
+  auto options = two_mib_segments();
+  options.max_segment_waste = 8_MiB;
+  TierFixture f(options);
+  void* big = f.tier.allocate(256_MiB, kUntagged, true);
+  void* x = f.tier.allocate(64_MiB, kUntagged, true);
+  ASSERT_TRUE(f.tier.free(x, kUntagged));  // 64 MiB wholly free; peak in use 320 MiB
+  void* y = f.tier.allocate(16_MiB, kUntagged, true);
+  EXPECT_NE(y, x) << "not split: 48 MiB would stay idle";
+  EXPECT_EQ(f.upstream->live_bytes(), 336_MiB) << "320 + 16 MiB is within 340 MiB: x stays";
+  ASSERT_TRUE(f.tier.free(y, kUntagged));
+  ASSERT_TRUE(f.tier.free(big, kUntagged));
+}
+
 }  // namespace
 }  // namespace vram::testing

@@ -147,7 +147,8 @@ struct DevicePoolOptions {
   std::size_t small_block_max_bytes = std::size_t{1} << 20;  // 256 B .. 2 MiB
   std::size_t large_segment_bytes = std::size_t{20} << 20;
   // A wholly free large segment is not split for a request that would leave more than this
-  // many bytes of it idle: growing gives it back and takes a segment sized for the request.
+  // many bytes of it idle: the tier grows by a segment sized for the request (the idle one
+  // goes back only when growing passes the budget: peak in use + 1/16).
   // Lower keeps reserved closer to in use at the price of more upstream calls; SIZE_MAX
   // splits every segment that fits. (Replay of a conv net with 2 GiB activations: 1.37x
   // reserved/live with SIZE_MAX, 1.02x with 1 GiB; bench/RESULTS.md.)

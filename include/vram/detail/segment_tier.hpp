@@ -93,7 +93,8 @@ class SegmentTier {
     std::size_t segment_rounding = std::size_t{2} << 20;
     std::size_t max_free_bytes = SIZE_MAX;
     // A wholly free segment is not split for a request that would leave more than this
-    // idle in it: it goes back and a segment sized for the request is taken.
+    // idle in it: a segment sized for the request is taken (the idle one goes back only
+    // when growing passes the budget, like any wholly free segment).
     std::size_t max_segment_waste = SIZE_MAX;
     // Virtual-memory mode: one reserved range of `reservation` bytes instead of segments;
     // reserved bytes are the granules mapped. Free granules (wholly inside free, untagged
@@ -201,8 +202,9 @@ class SegmentTier {
   // that would leave more than max_segment_waste idle.
   Range* fit(StreamKey stream, std::size_t need) noexcept;
   // Waits for the streams of wholly free stream-tagged (or pending) segments, so that they
-  // become untagged; false when there was none.
-  bool wait_for_empty_segments() noexcept;
+  // become untagged; false when there was none. need > 0: only segments that could then
+  // serve a request of `need` bytes (0: all, e.g. to give them back).
+  bool wait_for_empty_segments(std::size_t need) noexcept;
   void release_empty_segments(std::size_t keep_free) noexcept;
   // The smallest wholly free segment of at least `bytes`, else the largest ones until they
   // cover it; returns the bytes given back.
