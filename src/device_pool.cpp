@@ -912,7 +912,12 @@ std::size_t DevicePool::block_bytes(std::size_t bytes) const noexcept {
   return core_->block_bytes(bytes);
 }
 
-void DevicePool::trim(std::size_t keep_bytes) { core_->trim(keep_bytes, nullptr, true); }
+void DevicePool::trim(std::size_t keep_bytes) {
+  core_->trim(keep_bytes, nullptr, true);
+  // The growth budget restarts from what is in use now: a caller that trims wants the
+  // memory held to follow today's use, not the all-time peak.
+  core_->gauge.restart_budget();
+}
 
 DevicePoolStats DevicePool::stats() const { return core_->stats(); }
 

@@ -459,6 +459,23 @@ TEST(DevicePoolStreams, GrowingGivesBackOnlyWhatExceedsTheBudget) {
   pool.deallocate(past, 100_MiB);
 }
 
+// trim() restarts the budget from what is in use: the all-time peak no longer lets a
+// later growth keep idle segments.
+TEST(DevicePoolStreams, TrimRestartsTheGrowthBudget) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(upstream);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(64_MiB));  // peak 1024 MiB
+  for (void* block : blocks) pool.deallocate(block, 64_MiB);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  void* a = pool.allocate(64_MiB);
+  pool.deallocate(a, 64_MiB);
+  void* b = pool.allocate(100_MiB);  // peak in use now 100 MiB: 64 + 100 passes 106.25
+  EXPECT_EQ(upstream->live_bytes(), 100_MiB) << "the idle 64 MiB segment went back";
+  pool.deallocate(b, 100_MiB);
+}
+
 // max_segment_waste_bytes: a wholly free segment is not split for a request that would
 // leave more than that idle; it goes back and a segment sized for the request is taken.
 TEST(DevicePoolStreams, WhollyFreeSegmentIsNotSplitPastTheWasteLimit) {

@@ -20,8 +20,10 @@
 //   event, see stream_fence.hpp) on S lazily, when another stream needs the memory, and
 //   checks it without blocking on the allocation path, with one exception: a tier that
 //   must grow (the slow path: an upstream call) first waits on the host for the marker of
-//   each stream whose freed blocks fill a whole segment, so that segment can serve the
-//   request or go back (a device upstream's free synchronizes the device anyway). trim(), the
+//   each stream whose freed blocks fill a whole segment that could serve the request (or
+//   go back, when growing passes the budget below), holding the tier's mutex (a device
+//   upstream's free synchronizes the device anyway). So never call the pool from a
+//   cudaLaunchHostFunc/stream callback: it could wait for the stream it runs on. trim(), the
 //   out-of-memory retry and destruction record nothing on any stream: they wait for the device (a
 //   device synchronize) and then treat every stream-freed block as free for all.
 //   allocate_async(bytes, S) hands out blocks that are free on S or completed.
@@ -45,14 +47,17 @@
 //   host memory; large ones take the large tier's mutex and make no CUDA call when a free
 //   range fits.
 //
-// Memory held (reserved) follows memory in use
-//   A tier that must grow may hold up to the peak of its bytes in use plus 1/16; past
-//   that it first gives wholly free segments covering the excess back to the upstream
-//   (those freed with a stream after waiting for that stream's marker), and the other tier
-//   gives back what this one cannot cover. A wholly free segment is not split for a
-//   request that would leave more than max_segment_waste_bytes of it idle (the tier grows
-//   instead). Free bytes above max_cached_bytes are given back on release; the rings
-//   hold at most max_cached_blocks_per_class blocks per class (and max_cached_bytes per
+// Memory held (reserved) follows the peak of memory in use
+//   Both tiers share one growth budget: reserved may exceed the peak of the bytes carved
+//   out of segments (in use, or cached in threads and rings) by 1/16; trim() restarts that
+//   peak from what is carved out now. A tier that must grow within the budget just grows;
+//   past it, it first gives back wholly free segments covering the excess (the smallest
+//   that covers it, else the largest ones; one freed with a stream after the host waited
+//   for that stream's marker), and the other tier gives back what this one cannot cover.
+//   A wholly free segment is not split for a request that would leave more than
+//   max_segment_waste_bytes of it idle: the tier grows instead (and that segment goes back
+//   if growing passes the budget). Free bytes above max_cached_bytes are given back on release; the
+//   rings hold at most max_cached_blocks_per_class blocks per class (and max_cached_bytes per
 //   class); each thread's cache at most thread_cache_max_bytes. trim(keep) takes every
 //   thread's cache (idle, exited, or busy: a thread inside a pool call frees it before the
 //   call returns) and the rings back into the segments, then gives back every wholly free

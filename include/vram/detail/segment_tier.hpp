@@ -9,8 +9,9 @@
 // same tag (a stream-tagged one also with untagged neighbours, and takes its tag). So memory is
 // reused across sizes, not only within a size class.
 //
-// Reserved tracks live: when a request fits no free range, the tier grows. Reserved may
-// exceed the peak of used bytes by 1/2^free_slack_shift (1/16); past that, wholly free
+// Reserved follows the peak of used: when a request fits no free range, the tier grows.
+// Reserved (of all tiers sharing the ReservedGauge) may exceed the peak of their used
+// bytes by 1/2^free_slack_shift (1/16); past that, wholly free
 // segments covering the excess go back to the upstream before the new segment is taken
 // (none of them could serve the request; the smallest that covers it, else the largest
 // ones; one freed with a stream after the host waited for a marker on that stream). A
@@ -71,6 +72,9 @@ struct ReservedGauge {
     raise(used_peak, used.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   }
   void unuse(std::size_t bytes) noexcept { used.fetch_sub(bytes, std::memory_order_relaxed); }
+  void restart_budget() noexcept {
+    used_peak.store(used.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
   // The budget: reserved may exceed the peak of used bytes by 1/2^slack_shift. Returns by
   // how much taking `grow` more bytes, for a request of `need`, would pass it (0: within).
   std::size_t excess_after_growth(std::size_t grow, std::size_t need,
@@ -148,6 +152,7 @@ class SegmentTier {
   void forget_streams(std::uint64_t mark) noexcept;
   // Bytes of the segment a request of `bytes` would grow the tier by.
   std::size_t growth_bytes(std::size_t bytes) const noexcept {
+    if (granule_ != 0) return (round(bytes) + granule_ - 1) / granule_ * granule_;  // virtual
     return segment_size_for(round(bytes));
   }
   unsigned free_slack_shift() const noexcept { return options_.free_slack_shift; }
