@@ -33,9 +33,12 @@ case $mode in
       ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*' --gtest_brief=1
     step racecheck 120 compute-sanitizer --tool racecheck ./build/tests/vram_tests \
       --gtest_filter='*Gpu*' --gtest_brief=1
+    step racecheck_pager 150 compute-sanitizer --tool racecheck ./build/tests/vram_tests \
+      --gtest_filter='WeightPagerGpu.*' --gtest_repeat=5 --gtest_brief=1
     step replay 240 ./build/vram replay --runs 5 bench/traces/*.csv.gz --json "$log/replay.json"
-    step bench 300 ./build/vram bench --scenario pairs,batched,replay,pager \
-      --json "$log/bench.json" --markdown "$log/bench.md"
+    step bench 400 ./build/vram bench \
+      --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,pager \
+      --json "$log/bench.json" --markdown "$log/bench.md" --svg "$log/bench.svg"
     ;;
   torch)
     py=${PYTHON:-/opt/torch/.venv/bin/python3}
