@@ -181,6 +181,7 @@ class CudaPagerDevice final : public PagerDevice {
                                                   .chunk_bytes = options.staging_chunk_bytes,
                                                   .staging_buffers = options.staging_buffers,
                                                   .fill_threads = options.fill_threads,
+                                                  .streaming_fill = options.streaming_fill,
                                                   .staging_upstream = nullptr});
     }
   }

@@ -235,8 +235,17 @@ TEST(PagerSchedule, AllSlotsAcquiredIsOutOfMemoryAndRecoverable) {
 
 // ---- the staged path's parallel host copy ------------------------------------------
 
+void copies_every_byte(bool streaming);
+
 TEST(ParallelCopy, CopiesEveryByteForManySizesBackToBack) {
-  detail::ParallelCopy copy(4);
+  for (const bool streaming : {true, false}) {
+    SCOPED_TRACE(streaming ? "non-temporal stores" : "memcpy");
+    copies_every_byte(streaming);
+  }
+}
+
+void copies_every_byte(bool streaming) {
+  detail::ParallelCopy copy(4, streaming);
   std::vector<std::byte> source(9_MiB + 123);
   for (std::size_t i = 0; i < source.size(); ++i) source[i] = std::byte(i * 131 % 251);
   std::vector<std::byte> destination(source.size());

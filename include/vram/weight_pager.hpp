@@ -85,6 +85,7 @@ struct WeightPagerOptions {
   std::size_t staging_chunk_bytes = std::size_t{32} << 20;
   std::size_t staging_buffers = 3;    // 2: double, 3: triple buffering
   unsigned fill_threads = 0;          // 0: min(8, hardware threads)
+  bool streaming_fill = true;         // non-temporal stores into staging (x86-64); false: memcpy
   unsigned stall_sample_period = 16;  // time every Nth page-in; 0: never
   double copy_to_compute_ratio = 0;   // estimate for the plan check; 0: unknown
   bool print_plan_warnings = true;    // the plan check's warnings to stderr at construction

@@ -74,6 +74,7 @@ struct PageableStagerOptions {
   std::size_t chunk_bytes = std::size_t{32} << 20;
   std::size_t staging_buffers = 3;
   unsigned fill_threads = 0;                   // 0: min(8, hardware threads)
+  bool streaming_fill = true;                  // ParallelCopy's non-temporal stores
   std::shared_ptr<Upstream> staging_upstream;  // null: page-locked host memory
 };
 
@@ -91,7 +92,8 @@ class PageableStager {
         issued_(options.slot_count, 0),
         fill_(options.fill_threads != 0
                   ? options.fill_threads
-                  : std::min(8U, std::max(1U, std::thread::hardware_concurrency()))) {
+                  : std::min(8U, std::max(1U, std::thread::hardware_concurrency())),
+              options.streaming_fill) {
     pool_.reserve(ring_.size(), chunk_);  // pinned now, at load: none per page-in
     pins_at_load_ = pool_.stats().pin_calls;
     driver_ = std::thread([this] { loop(); });

@@ -64,7 +64,8 @@ inline void streaming_copy(std::byte* destination, const std::byte* source, std:
 
 class ParallelCopy {
  public:
-  explicit ParallelCopy(unsigned threads) {
+  // streaming: each part with streaming_copy (non-temporal stores), else memcpy.
+  explicit ParallelCopy(unsigned threads, bool streaming = true) : streaming_(streaming) {
     for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
   }
   ~ParallelCopy() {
@@ -83,7 +84,7 @@ class ParallelCopy {
     const std::size_t parts =
         std::min<std::size_t>(workers_.size() + 1, std::max<std::size_t>(1, bytes / kMinPart));
     if (parts <= 1) {
-      streaming_copy(destination, source, bytes);
+      copy(destination, source, bytes);
       return;
     }
     Job job{destination, source, bytes, (bytes + parts - 1) / parts, parts};
@@ -110,13 +111,21 @@ class ParallelCopy {
     std::size_t parts = 0;
   };
 
+  void copy(std::byte* destination, const std::byte* source, std::size_t bytes) const {
+    if (streaming_) {
+      streaming_copy(destination, source, bytes);
+    } else {
+      std::memcpy(destination, source, bytes);
+    }
+  }
+
   void work(const Job& job) {
     for (;;) {
       const std::size_t index = next_part_.fetch_add(1);
       if (index >= job.parts) return;
       const std::size_t begin = index * job.part;
       const std::size_t length = std::min(job.part, job.bytes - std::min(job.bytes, begin));
-      if (length > 0) streaming_copy(job.destination + begin, job.source + begin, length);
+      if (length > 0) copy(job.destination + begin, job.source + begin, length);
       if (done_parts_.fetch_add(1) + 1 == job.parts) {
         std::lock_guard lock(mutex_);
         idle_.notify_all();
@@ -143,6 +152,7 @@ class ParallelCopy {
     }
   }
 
+  const bool streaming_;
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;
