@@ -83,9 +83,12 @@ struct WeightPagerOptions {
   int device = 0;
   std::size_t register_chunk_bytes = std::size_t{2} << 30;  // clamped to 2 GiB
   std::size_t staging_chunk_bytes = std::size_t{32} << 20;
-  std::size_t staging_buffers = 3;    // 2: double, 3: triple buffering
-  unsigned fill_threads = 0;          // 0: min(8, hardware threads)
-  bool streaming_fill = true;         // non-temporal stores into staging (x86-64); false: memcpy
+  std::size_t staging_buffers = 3;  // 2: double, 3: triple buffering
+  // Pageable fill: threads (0: the hardware threads, at most 16) and how they copy. On the
+  // H200 machine memcpy with 16 threads filled at 47.9 GB/s, with 8 at 45.4, non-temporal
+  // stores at 37.7 and 28.9 (bench/RESULTS.md); elsewhere non-temporal stores may win.
+  unsigned fill_threads = 0;
+  bool streaming_fill = false;        // true: non-temporal stores into staging (x86-64)
   unsigned stall_sample_period = 16;  // time every Nth page-in; 0: never
   double copy_to_compute_ratio = 0;   // estimate for the plan check; 0: unknown
   bool print_plan_warnings = true;    // the plan check's warnings to stderr at construction

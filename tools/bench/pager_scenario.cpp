@@ -27,6 +27,7 @@
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
 #include "vram/cuda/stream.hpp"
+#include "vram/detail/pageable_stager.hpp"
 #include "vram/units.hpp"
 #include "vram/weight_pager.hpp"
 
@@ -434,12 +435,10 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
       bool streaming;
       const char* name;
     };
-    const unsigned many = std::max(8U, std::min(16U, std::thread::hardware_concurrency()));
     const std::vector<Fill> fills = {
-        {0, true, "vram WeightPager (pageable, staged)"},
-        {0, false, "vram WeightPager (pageable, staged), memcpy fill"},
-        {many, true, "vram WeightPager (pageable, staged), more fill threads"},
-        {many, false, "vram WeightPager (pageable, staged), more fill threads, memcpy fill"}};
+        {0, false, "vram WeightPager (pageable, staged)"},
+        {0, true, "vram WeightPager (pageable, staged), non-temporal fill"},
+        {8, false, "vram WeightPager (pageable, staged), 8 fill threads"}};
     for (const Fill& fill : fills) {
       if (c.quick && fill.threads != 0) continue;
       progress.step(std::string("pager pageable: ") + fill.name);
@@ -457,7 +456,7 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
       });
       std::vector<double> gbps;
       for (double step_ms : ms) gbps.push_back(streamed_bytes / step_ms / 1e6);
-      const bool ours = fill.threads == 0 && fill.streaming;
+      const bool ours = fill.threads == 0 && !fill.streaming;
       results.push_back(
           pager_measurement(parameter, value, fill.name, ours, false, "GB/s", false, gbps));
       const auto stats = pager.stats();
@@ -466,8 +465,7 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
           static_cast<double>(stats.staging_pin_calls);
       results.back().extra["host_wait_ms"] = stats.host_wait_ms;
       results.back().extra["fill_threads"] =
-          fill.threads != 0 ? fill.threads
-                            : std::min(8U, std::max(1U, std::thread::hardware_concurrency()));
+          fill.threads != 0 ? fill.threads : detail::default_fill_threads();
     }
     progress.step("pager pageable: cudaMemcpyAsync from pageable");
     {

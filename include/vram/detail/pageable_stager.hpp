@@ -69,12 +69,17 @@ class StagedCopyTarget {
   virtual void end(const StagerJob& job) = 0;
 };
 
+// The hardware threads, at most 16: the fill is memory-bound and scales to about that.
+inline unsigned default_fill_threads() noexcept {
+  return std::min(16U, std::max(1U, std::thread::hardware_concurrency()));
+}
+
 struct PageableStagerOptions {
   std::size_t slot_count = 0;
   std::size_t chunk_bytes = std::size_t{32} << 20;
   std::size_t staging_buffers = 3;
-  unsigned fill_threads = 0;                   // 0: min(8, hardware threads)
-  bool streaming_fill = true;                  // ParallelCopy's non-temporal stores
+  unsigned fill_threads = 0;                   // 0: default_fill_threads()
+  bool streaming_fill = false;                 // ParallelCopy's non-temporal stores
   std::shared_ptr<Upstream> staging_upstream;  // null: page-locked host memory
 };
 
@@ -90,9 +95,7 @@ class PageableStager {
         ring_(std::max<std::size_t>(2, options.staging_buffers)),
         queue_(2 * options.slot_count + 4),
         issued_(options.slot_count, 0),
-        fill_(options.fill_threads != 0
-                  ? options.fill_threads
-                  : std::min(8U, std::max(1U, std::thread::hardware_concurrency())),
+        fill_(options.fill_threads != 0 ? options.fill_threads : default_fill_threads(),
               options.streaming_fill) {
     pool_.reserve(ring_.size(), chunk_);  // pinned now, at load: none per page-in
     pins_at_load_ = pool_.stats().pin_calls;
