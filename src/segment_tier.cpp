@@ -16,10 +16,11 @@ SegmentTier::SegmentTier(Upstream& upstream, StreamFence& fence, ReservedGauge& 
 SegmentTier::~SegmentTier() {
   for (Pending& p : pending_) fence_.release(p.marker);
   if (base_ != nullptr) {
-    for (std::size_t g = 0; g < mapped_.size(); ++g) {
-      if (!mapped_[g]) continue;
-      options_.virtual_memory->unmap(base_ + g * granule_, handles_[g]);
-      gauge_.sub(granule_);
+    for (std::size_t g = 0; g < run_of_.size(); ++g) {
+      if (run_of_[g] != g) continue;
+      const std::size_t bytes = run_granules_[g] * granule_;
+      options_.virtual_memory->unmap(base_ + g * granule_, bytes, handles_[g]);
+      gauge_.sub(bytes);
     }
     options_.virtual_memory->unreserve(base_, options_.reservation);
   }
@@ -58,7 +59,7 @@ SegmentTier::Range* SegmentTier::best_fit(StreamKey key, std::size_t bytes) noex
     const Range* r = *candidate;
     bool mapped = true;
     for (std::size_t g = granule_of(r->addr); g <= granule_of(r->addr + bytes - 1) && mapped; ++g) {
-      mapped = mapped_[g];
+      mapped = this->mapped(g);
     }
     if (mapped) return *candidate;
   }
@@ -166,7 +167,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   }
   if (r != nullptr && base_ != nullptr && !may_grow) {
     for (std::size_t g = granule_of(r->addr); g <= granule_of(r->addr + need - 1); ++g) {
-      if (!mapped_[g]) return nullptr;  // would need a new granule: that is growing
+      if (!mapped(g)) return nullptr;  // would need a new granule: that is growing
     }
   }
   if (r != nullptr) {
@@ -503,7 +504,8 @@ void SegmentTier::reserve_range() {
   const std::size_t bytes = options_.reservation / granule_ * granule_;
   const std::size_t granules = bytes / granule_;
   handles_.assign(granules, 0);
-  mapped_.assign(granules, false);
+  run_granules_.assign(granules, 0);
+  run_of_.assign(granules, kNoRun);
   auto segment = std::make_unique<Segment>(Segment{nullptr, bytes, nullptr});
   auto whole = std::make_unique<Range>(Range{nullptr, bytes, nullptr});
   segments_.reserve(segments_.size() + 1);
@@ -529,13 +531,13 @@ void SegmentTier::map_range(Range* range) {
   const std::size_t first = granule_of(range->addr);
   const std::size_t last = granule_of(range->addr + range->size - 1);
   std::size_t new_bytes = 0;
-  for (std::size_t g = first; g <= last; ++g) new_bytes += mapped_[g] ? 0 : granule_;
+  for (std::size_t g = first; g <= last; ++g) new_bytes += mapped(g) ? 0 : granule_;
   if (new_bytes == 0) return;
   const std::size_t used_after = used_ + range->size;
   used_peak_ = std::max(used_peak_, used_after);
   if (options_.unmap_before_map) {
     // Reserved may exceed the peak of used bytes by 1/2^free_slack_shift: past that, free
-    // granules are unmapped before new ones are mapped. Below it, mapped free granules stay
+    // runs are unmapped before new ones are mapped. Below it, mapped free granules stay
     // for reuse, so a loop that frees and reallocates makes no driver call.
     const std::size_t bound = used_peak_ + (used_peak_ >> options_.free_slack_shift);
     if (counters_.reserved + new_bytes > bound) {
@@ -544,35 +546,59 @@ void SegmentTier::map_range(Range* range) {
       unmap_free_granules(room, range);
     }
   }
-  for (std::size_t g = first; g <= last; ++g) {
-    if (mapped_[g]) continue;
+  // Each stretch of unmapped granules under the range is one run: one physical allocation
+  // and one map, however many granules it spans.
+  for (std::size_t g = first; g <= last;) {
+    if (mapped(g)) {
+      ++g;
+      continue;
+    }
+    std::size_t end = g;
+    while (end <= last && !mapped(end)) ++end;
+    const std::size_t bytes = (end - g) * granule_;
     char* address = base_ + g * granule_;
     std::uint64_t handle = 0;
     try {
-      handle = options_.virtual_memory->map(address);
+      handle = options_.virtual_memory->map(address, bytes);
     } catch (const OutOfMemory&) {
       ++counters_.failed_upstream_allocations;
       make_reclaimable();
       unmap_free_granules(0, range);
       try {
-        handle = options_.virtual_memory->map(address);
+        handle = options_.virtual_memory->map(address, bytes);
       } catch (...) {
         ++counters_.failed_upstream_allocations;
         throw;
       }
     }
-    mapped_[g] = true;
+    for (std::size_t k = g; k < end; ++k) run_of_[k] = g;
+    run_granules_[g] = end - g;
     handles_[g] = handle;
-    mapped_high_ = std::max(mapped_high_, g + 1);
+    mapped_high_ = std::max(mapped_high_, end);
     ++counters_.maps;
     ++counters_.upstream_allocations;
-    counters_.reserved += granule_;
-    counters_.free_bytes += granule_;
+    counters_.reserved += bytes;
+    counters_.free_bytes += bytes;
     counters_.peak_reserved = std::max(counters_.peak_reserved, counters_.reserved);
-    gauge_.add(granule_);
+    gauge_.add(bytes);
+    g = end;
   }
 }
 
+void SegmentTier::unmap_run(std::size_t first) noexcept {
+  const std::size_t granules = run_granules_[first];
+  const std::size_t bytes = granules * granule_;
+  options_.virtual_memory->unmap(base_ + first * granule_, bytes, handles_[first]);
+  for (std::size_t k = first; k < first + granules; ++k) run_of_[k] = kNoRun;
+  run_granules_[first] = 0;
+  ++counters_.upstream_frees;
+  counters_.reserved -= bytes;
+  counters_.free_bytes -= bytes;
+  gauge_.sub(bytes);
+}
+
+// A run goes back only whole: when every one of its granules lies inside one free,
+// untagged range.
 void SegmentTier::unmap_free_granules(std::size_t keep_free, const Range* except) noexcept {
   auto set = free_.find(kUntagged);
   if (set == free_.end()) return;
@@ -582,14 +608,15 @@ void SegmentTier::unmap_free_granules(std::size_t keep_free, const Range* except
     const auto begin = static_cast<std::size_t>(r->addr - base_);
     const std::size_t first = (begin + granule_ - 1) / granule_;
     const std::size_t end = std::min((begin + r->size) / granule_, mapped_high_);  // wholly inside
-    for (std::size_t g = first; g < end && counters_.free_bytes > keep_free; ++g) {
-      if (!mapped_[g]) continue;
-      options_.virtual_memory->unmap(base_ + g * granule_, handles_[g]);
-      mapped_[g] = false;
-      ++counters_.upstream_frees;
-      counters_.reserved -= granule_;
-      counters_.free_bytes -= granule_;
-      gauge_.sub(granule_);
+    for (std::size_t g = first; g < end && counters_.free_bytes > keep_free;) {
+      if (!mapped(g)) {
+        ++g;
+        continue;
+      }
+      const std::size_t run = run_of_[g];
+      const std::size_t next = run + run_granules_[run];
+      if (run >= first && next <= end) unmap_run(run);
+      g = next;
     }
   }
 }

@@ -39,19 +39,19 @@ char* HostVirtualMemory::reserve(std::size_t bytes) {
 
 void HostVirtualMemory::unreserve(char* base, std::size_t bytes) noexcept { munmap(base, bytes); }
 
-std::uint64_t HostVirtualMemory::map(char* address) {
-  void* token = physical_->allocate(granularity_);  // charges the emulated device
-  if (mprotect(address, granularity_, PROT_READ | PROT_WRITE) != 0) {
-    physical_->deallocate(token, granularity_);
-    throw OutOfMemory(granularity_, 0, 0, "host emulation: mprotect failed");
+std::uint64_t HostVirtualMemory::map(char* address, std::size_t bytes) {
+  void* token = physical_->allocate(bytes);  // charges the emulated device
+  if (mprotect(address, bytes, PROT_READ | PROT_WRITE) != 0) {
+    physical_->deallocate(token, bytes);
+    throw OutOfMemory(bytes, 0, 0, "host emulation: mprotect failed");
   }
   return reinterpret_cast<std::uint64_t>(token);
 }
 
-void HostVirtualMemory::unmap(char* address, std::uint64_t handle) noexcept {
-  madvise(address, granularity_, MADV_DONTNEED);  // the "physical" pages really go
-  mprotect(address, granularity_, PROT_NONE);
-  physical_->deallocate(reinterpret_cast<void*>(handle), granularity_);
+void HostVirtualMemory::unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept {
+  madvise(address, bytes, MADV_DONTNEED);  // the "physical" pages really go
+  mprotect(address, bytes, PROT_NONE);
+  physical_->deallocate(reinterpret_cast<void*>(handle), bytes);
 }
 
 // ---- CUDA ------------------------------------------------------------------------------
@@ -115,26 +115,26 @@ void CudaVirtualMemory::unreserve(char* base, std::size_t bytes) noexcept {
   }
 }
 
-std::uint64_t CudaVirtualMemory::map(char* address) {
+std::uint64_t CudaVirtualMemory::map(char* address, std::size_t bytes) {
   const auto& api = cuda::driver_api();
   const CUmemAllocationProp prop = allocation_prop(device_);
   CUmemGenericAllocationHandle handle = 0;
-  const CUresult created = api.require(api.mem_create)(&handle, granularity_, &prop, 0);
+  const CUresult created = api.require(api.mem_create)(&handle, bytes, &prop, 0);
   if (created == CUDA_ERROR_OUT_OF_MEMORY) {
     throw OutOfMemory(
-        granularity_, 0, 0,
+        bytes, 0, 0,
         "cuMemCreate on device " + std::to_string(device_) + " returned CUDA_ERROR_OUT_OF_MEMORY");
   }
   cuda::check_driver(created, "cuMemCreate");
   const auto pointer = reinterpret_cast<CUdeviceptr>(address);
-  CUresult result = api.require(api.mem_map)(pointer, granularity_, 0, handle, 0);
+  CUresult result = api.require(api.mem_map)(pointer, bytes, 0, handle, 0);
   if (result == CUDA_SUCCESS) {
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = device_;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    result = api.require(api.mem_set_access)(pointer, granularity_, &access, 1);
-    if (result != CUDA_SUCCESS) (void)api.mem_unmap.function(pointer, granularity_);
+    result = api.require(api.mem_set_access)(pointer, bytes, &access, 1);
+    if (result != CUDA_SUCCESS) (void)api.mem_unmap.function(pointer, bytes);
   }
   if (result != CUDA_SUCCESS) {
     (void)api.mem_release.function(handle);
@@ -143,10 +143,10 @@ std::uint64_t CudaVirtualMemory::map(char* address) {
   return handle;
 }
 
-void CudaVirtualMemory::unmap(char* address, std::uint64_t handle) noexcept {
+void CudaVirtualMemory::unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept {
   const auto& api = cuda::driver_api();
   if (api.mem_unmap.function != nullptr) {
-    (void)api.mem_unmap.function(reinterpret_cast<CUdeviceptr>(address), granularity_);
+    (void)api.mem_unmap.function(reinterpret_cast<CUdeviceptr>(address), bytes);
   }
   if (api.mem_release.function != nullptr) (void)api.mem_release.function(handle);
 }

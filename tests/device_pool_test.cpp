@@ -708,6 +708,52 @@ TEST(DevicePoolStreamsGpu, BlockFreedBehindALongKernelIsNotReusedByAnotherStream
   pool.trim(0);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
+
+// CUDA virtual memory: blocks backed by runs of granules (one cuMemCreate/cuMemMap/
+// cuMemSetAccess per run) are writable by kernels across run boundaries, reuse after a
+// free makes no new map, and trim() gives every run back.
+TEST(DevicePoolVirtualGpu, RunsOfGranulesHoldKernelDataAndGoBackOnTrim) {
+  VRAM_GPU_TEST_OR_SKIP();
+  DevicePool::Options options;
+  options.use_virtual_memory = true;
+  options.small_block_max_bytes = std::size_t{256} << 10;
+  options.virtual_reservation_bytes = 8_GiB;
+  DevicePool pool(0, options);
+  cuda::Stream stream;
+  const std::vector<std::size_t> sizes = {3_MiB, 64_MiB + 4096, 5_MiB, 300_MiB, 1_MiB + 512};
+  std::vector<void*> blocks;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    blocks.push_back(pool.allocate_async(sizes[i], stream.get()));
+    launch_fill(blocks.back(), sizes[i] / 4, 0x1000u + static_cast<std::uint32_t>(i), stream.get());
+  }
+  const auto mapped = pool.stats().upstream_allocations;
+  EXPECT_LE(mapped, sizes.size()) << "one run per block at most, not one map per granule";
+  unsigned long long* mismatches = nullptr;
+  cuda::check(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches), "cudaMalloc");
+  cuda::check(cudaMemsetAsync(mismatches, 0, sizeof *mismatches, stream.get()), "cudaMemsetAsync");
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    launch_count_mismatches(blocks[i], sizes[i] / 4, 0x1000u + static_cast<std::uint32_t>(i),
+                            mismatches, stream.get());
+  }
+  unsigned long long host = 1;
+  cuda::check(cudaMemcpyAsync(&host, mismatches, sizeof host, cudaMemcpyDeviceToHost, stream.get()),
+              "cudaMemcpyAsync");
+  stream.synchronize();
+  cudaFree(mismatches);
+  EXPECT_EQ(host, 0U) << "a block's words differ from what its kernel wrote";
+  pool.deallocate_async(blocks[3], sizes[3], stream.get());
+  void* again = pool.allocate_async(sizes[3], stream.get());
+  EXPECT_EQ(again, blocks[3]);
+  EXPECT_EQ(pool.stats().upstream_allocations, mapped) << "reuse maps nothing";
+  blocks[3] = again;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    pool.deallocate_async(blocks[i], sizes[i], stream.get());
+  }
+  pool.trim(0);
+  const auto s = pool.stats();
+  EXPECT_EQ(s.bytes_in_use, 0U);
+  EXPECT_EQ(s.bytes_reserved, 0U) << "every run unmapped and released";
+}
 #endif
 
 }  // namespace

@@ -120,7 +120,38 @@ TEST(SegmentTierVirtual, GranulesAreMappedWhereBlocksLiveAndUnmappedOnTrim) {
     tier.trim(0, false);
     EXPECT_EQ(upstream->live_bytes(), 0U) << "every free granule unmapped";
     EXPECT_EQ(gauge.reserved.load(), 0U);
+    EXPECT_EQ(tier.counters().maps, 2U) << "a's granules in one run, b's new one in another";
+  }
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// Granules are mapped in runs (one physical allocation, one map, for the unmapped stretch
+// under a block) and a run goes back only whole.
+TEST(SegmentTierVirtual, RunsAreMappedOnceAndUnmappedOnlyWhenWhollyFree) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  HostVirtualMemory vm(upstream);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  {
+    SegmentTier tier(*upstream, fence, gauge, virtual_options(vm));
+    char* big = static_cast<char*>(tier.allocate(64_MiB, kUntagged, true));
+    EXPECT_EQ(tier.counters().maps, 1U) << "32 granules, one map";
+    EXPECT_EQ(upstream->allocations(), 1U);
+    std::memset(big, 0x5A, 64_MiB);
+    char* a = static_cast<char*>(tier.allocate(3_MiB, kUntagged, true));  // a run of 2
+    char* b = static_cast<char*>(tier.allocate(3_MiB, kUntagged, true));  // shares a's 2nd
+    EXPECT_EQ(b, a + 3_MiB);
     EXPECT_EQ(tier.counters().maps, 3U);
+    ASSERT_TRUE(tier.free(a, kUntagged));
+    tier.trim(0, false);
+    EXPECT_EQ(upstream->live_bytes(), 64_MiB + 6_MiB) << "a's run still holds b's first MiB";
+    ASSERT_TRUE(tier.free(b, kUntagged));
+    tier.trim(0, false);
+    EXPECT_EQ(upstream->live_bytes(), 64_MiB) << "both runs wholly free: both went back";
+    ASSERT_TRUE(tier.free(big, kUntagged));
+    tier.trim(0, false);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+    EXPECT_EQ(tier.counters().upstream_frees, 3U);
   }
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }

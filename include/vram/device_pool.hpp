@@ -159,10 +159,12 @@ struct DevicePoolOptions {
   // reserved/live with SIZE_MAX, 1.02x with 1 GiB; bench/RESULTS.md.)
   std::size_t max_segment_waste_bytes = std::size_t{1} << 30;
   bool track_peak_in_use = false;
-  // The large tier over one reserved virtual address range, mapped in 2 MiB granules
+  // The large tier over one reserved virtual address range backed by 2 MiB granules
   // (CUDA virtual memory management over device memory; the host emulation,
-  // HostVirtualMemory charging the upstream per granule, over any other upstream). Free
-  // ranges merge across the whole range and reserved bytes are the granules mapped.
+  // HostVirtualMemory charging the upstream, over any other upstream). The unmapped
+  // granules under a new block are mapped as one run (one physical allocation and map);
+  // a run goes back only when all of it is free. Free ranges merge across the whole range
+  // and reserved bytes are the granules mapped.
   bool use_virtual_memory = false;
   std::size_t virtual_reservation_bytes = 0;  // 0: twice the device's memory, or 64 GiB
   bool unmap_before_map = false;              // keep reserved at in use, at the price of more maps

@@ -5,8 +5,8 @@
 // (Options::virtual_memory): free ranges then merge across what would have been segment
 // boundaries, and the memory held is the granules mapped, not the segments allocated.
 //
-//   CudaVirtualMemory  cuMemAddressReserve + per-granule cuMemCreate / cuMemMap /
-//                      cuMemSetAccess, cuMemUnmap + cuMemRelease (driver entry points
+//   CudaVirtualMemory  cuMemAddressReserve + cuMemCreate / cuMemMap / cuMemSetAccess per
+//                      span of granules, cuMemUnmap + cuMemRelease (driver entry points
 //                      through vram::cuda::driver_api(); no libcuda link).
 //   HostVirtualMemory  the emulation: mmap(PROT_NONE) reserves, mprotect maps; each mapped
 //                      granule is charged to an Upstream (capacity, fault injection and
@@ -34,11 +34,12 @@ class VirtualMemory {
   // The address range (bytes: a multiple of granularity()). Throws on failure.
   virtual char* reserve(std::size_t bytes) = 0;
   virtual void unreserve(char* base, std::size_t bytes) noexcept = 0;
-  // Backs one granule at `address` (granule-aligned) with memory usable from the device;
-  // returns the handle unmap() takes. Throws vram::OutOfMemory when no physical memory is
-  // left.
-  virtual std::uint64_t map(char* address) = 0;
-  virtual void unmap(char* address, std::uint64_t handle) noexcept = 0;
+  // Backs `bytes` (whole granules) at `address` (granule-aligned) with one physical
+  // allocation usable from the device; returns the handle unmap() takes, which releases
+  // exactly that span (a mapping is taken back whole). Throws vram::OutOfMemory when no
+  // physical memory is left.
+  virtual std::uint64_t map(char* address, std::size_t bytes) = 0;
+  virtual void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept = 0;
 };
 
 // The host emulation over an Upstream that supplies (and counts) the "physical" granules.
@@ -50,8 +51,8 @@ class HostVirtualMemory final : public VirtualMemory {
   std::size_t granularity() const noexcept override { return granularity_; }
   char* reserve(std::size_t bytes) override;
   void unreserve(char* base, std::size_t bytes) noexcept override;
-  std::uint64_t map(char* address) override;
-  void unmap(char* address, std::uint64_t handle) noexcept override;
+  std::uint64_t map(char* address, std::size_t bytes) override;
+  void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept override;
 
  private:
   std::shared_ptr<Upstream> physical_;
@@ -66,8 +67,8 @@ class CudaVirtualMemory final : public VirtualMemory {
   std::size_t granularity() const noexcept override { return granularity_; }
   char* reserve(std::size_t bytes) override;
   void unreserve(char* base, std::size_t bytes) noexcept override;
-  std::uint64_t map(char* address) override;
-  void unmap(char* address, std::uint64_t handle) noexcept override;
+  std::uint64_t map(char* address, std::size_t bytes) override;
+  void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept override;
   // True when the driver and device support it.
   static bool supported(int device) noexcept;
 

@@ -87,7 +87,7 @@ AllocatorSpec device_pool_virtual_memory_spec() {
   options.small_block_max_bytes = std::size_t{256} << 10;
   return pool_spec("vram DevicePool (virtual memory)",
                    "use_virtual_memory, small blocks up to 256 KiB; upstream allocations are "
-                   "2 MiB granule maps",
+                   "maps of runs of 2 MiB granules (one physical allocation each)",
                    options);
 }
 

@@ -63,7 +63,8 @@ struct AllocatorSpec {
 
 // vram DevicePool with default options (device_pool_adapter.cpp).
 AllocatorSpec device_pool_spec();
-// vram DevicePool over virtual memory (2 MiB granules mapped on demand), small blocks <= 256 KiB.
+// vram DevicePool over virtual memory (runs of 2 MiB granules mapped on demand), small blocks <=
+// 256 KiB.
 AllocatorSpec device_pool_virtual_memory_spec();
 // vram DevicePool that splits every wholly free segment (max_segment_waste_bytes = SIZE_MAX).
 AllocatorSpec device_pool_split_every_segment_spec();

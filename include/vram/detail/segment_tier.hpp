@@ -101,10 +101,11 @@ class SegmentTier {
     // when growing passes the budget, like any wholly free segment).
     std::size_t max_segment_waste = SIZE_MAX;
     // Virtual-memory mode: one reserved range of `reservation` bytes instead of segments;
-    // reserved bytes are the granules mapped. Free granules (wholly inside free, untagged
-    // ranges) are unmapped on trim, when free mapped bytes pass max_free_bytes, when a map
-    // fails, and, with unmap_before_map, before a new map that would take reserved past
-    // the peak of used bytes plus 1/2^free_slack_shift of it.
+    // reserved bytes are the granules mapped, in runs (the unmapped granules under a new
+    // range, one physical allocation). Runs wholly inside free, untagged ranges are
+    // unmapped on trim, when free mapped bytes pass max_free_bytes, when a map fails, and,
+    // with unmap_before_map, before a new map that would take reserved past the peak of
+    // used bytes plus 1/2^free_slack_shift of it.
     VirtualMemory* virtual_memory = nullptr;
     std::size_t reservation = std::size_t{64} << 30;
     bool unmap_before_map = false;
@@ -118,7 +119,7 @@ class SegmentTier {
     std::uint64_t upstream_frees = 0;
     std::uint64_t failed_upstream_allocations = 0;
     std::uint64_t segments = 0;
-    std::uint64_t maps = 0;  // granules mapped (virtual mode; counted in upstream_allocations)
+    std::uint64_t maps = 0;  // runs mapped (virtual mode; counted in upstream_allocations)
   };
 
   SegmentTier(Upstream& upstream, StreamFence& fence, ReservedGauge& gauge, Options options);
@@ -239,8 +240,15 @@ class SegmentTier {
   std::uint64_t epoch_ = 0;  // advanced by mark_frees()
   char* base_ = nullptr;     // virtual mode: the reserved range
   std::size_t granule_ = 0;
-  std::vector<std::uint64_t> handles_;  // per granule
-  std::vector<bool> mapped_;
+  // Virtual mode: granules are mapped in runs (one physical allocation per run, taken back
+  // whole). run_of_[g] is the first granule of g's run, kNoRun when g is unmapped; at a
+  // run's first granule, run_granules_ holds its length and handles_ its handle.
+  static constexpr std::size_t kNoRun = SIZE_MAX;
+  bool mapped(std::size_t granule) const noexcept { return run_of_[granule] != kNoRun; }
+  void unmap_run(std::size_t first) noexcept;
+  std::vector<std::size_t> run_of_;
+  std::vector<std::size_t> run_granules_;
+  std::vector<std::uint64_t> handles_;
   std::size_t mapped_high_ = 0;
   std::size_t used_peak_ = 0;  // high-water mark of used_: the growth budget
 };
