@@ -77,9 +77,13 @@ void SegmentTier::remove_free(Range* range) noexcept {
 // stream may be restricted to S: that is always safe), so stream-ordered frees coalesce as
 // well as plain ones. An untagged range merges only with untagged neighbours: untagging a
 // range after its marker must make it usable by every stream, not hand it back to a stream.
-bool SegmentTier::mergeable(const Range* range, const Range* neighbour) noexcept {
+// Virtual mode: one range spans the whole reservation, and a stream free beside its
+// untagged free tail would take all of it from every other stream (they would find nothing
+// and the pool would synchronize the device and unmap every free run to retry): there a
+// stream-tagged range merges only with ranges of its own stream.
+bool SegmentTier::mergeable(const Range* range, const Range* neighbour) const noexcept {
   return neighbour != nullptr && neighbour->state == Range::State::free &&
-         (neighbour->tag == range->tag || neighbour->tag == kUntagged);
+         (neighbour->tag == range->tag || (neighbour->tag == kUntagged && base_ == nullptr));
 }
 
 void SegmentTier::insert_free(Range* range) noexcept {

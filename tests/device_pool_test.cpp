@@ -653,9 +653,8 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
 // stream absorbs the untagged free tail of the whole reservation (insert_free's merge rule),
 // so another stream finds nothing untagged: the tier throws "reserved address range
 // exhausted" and the pool answers with trim(0, wait): a device synchronize and every free
-// run unmapped, on each such allocation. Disabled: a design fix (the tail must stay
-// untagged, e.g. a stream free absorbs only mapped untagged neighbours), not a small one.
-TEST(DevicePoolVirtualReview, DISABLED_AStreamFreeDoesNotTakeTheWholeReservationFromOtherStreams) {
+// run unmapped, on each such allocation.
+TEST(DevicePoolVirtualReview, AStreamFreeDoesNotTakeTheWholeReservationFromOtherStreams) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;

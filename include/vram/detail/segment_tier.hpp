@@ -195,7 +195,7 @@ class SegmentTier {
   };
 
   Range* best_fit(StreamKey key, std::size_t bytes) noexcept;
-  static bool mergeable(const Range* range, const Range* neighbour) noexcept;
+  bool mergeable(const Range* range, const Range* neighbour) const noexcept;
   void insert_free(Range* range) noexcept;  // coalesces, then files it under its tag
   void remove_free(Range* range) noexcept;
   void poll_pending(bool wait) noexcept;
