@@ -289,7 +289,7 @@ void run_virtual_model(std::uint32_t seed, bool unmap_before_map, std::size_t ma
                       .unmap_before_map = unmap_before_map});
     const StreamKey streams[] = {kUntagged, 1, 2, 3};
     auto pick = [&](auto n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
-    for (int step = 0; step < 2000; ++step) {
+    for (int step = 0; step < 1000; ++step) {
       ++model.now;
       const std::size_t op = pick(100);
       if (op < 45 || live.empty()) {
