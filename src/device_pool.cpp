@@ -175,7 +175,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
                                    .max_segment_waste = options.max_segment_waste_bytes,
                                    .virtual_memory = virtual_memory.get(),
                                    .reservation = reservation_for(options, *upstream),
-                                   .unmap_before_map = options.unmap_before_map}) {
+                                   .unmap_before_map = options.unmap_before_map,
+                                   .max_run_bytes = options.virtual_run_bytes}) {
     upstream_alignment = upstream->alignment();
     options.thread_cache_blocks = std::min(options.thread_cache_blocks, kMaxThreadCacheDepth);
     options.small_block_max_bytes = small_max;

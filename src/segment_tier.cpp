@@ -77,13 +77,51 @@ void SegmentTier::remove_free(Range* range) noexcept {
 // stream may be restricted to S: that is always safe), so stream-ordered frees coalesce as
 // well as plain ones. An untagged range merges only with untagged neighbours: untagging a
 // range after its marker must make it usable by every stream, not hand it back to a stream.
-// Virtual mode: one range spans the whole reservation, and a stream free beside its
-// untagged free tail would take all of it from every other stream (they would find nothing
-// and the pool would synchronize the device and unmap every free run to retry): there a
-// stream-tagged range merges only with ranges of its own stream.
+// Virtual mode: a stream free beside the untagged tail of the reservation absorbs it too;
+// the part of it never mapped stays usable by every stream (fresh_tail()).
 bool SegmentTier::mergeable(const Range* range, const Range* neighbour) const noexcept {
   return neighbour != nullptr && neighbour->state == Range::State::free &&
-         (neighbour->tag == range->tag || (neighbour->tag == kUntagged && base_ == nullptr));
+         (neighbour->tag == range->tag || neighbour->tag == kUntagged);
+}
+
+// Virtual mode: granules at or above mapped_high_ were never mapped, so no work can use
+// them whatever the tag of the range they sit in. When the last range of the reservation
+// is a stream's (tagged, or pending on its marker) and nothing else fits, its never-mapped
+// part is split off as an untagged range for the request.
+SegmentTier::Range* SegmentTier::fresh_tail(std::size_t need) noexcept {
+  if (base_ == nullptr || segments_.empty()) return nullptr;
+  Range* last = segments_.front()->first;
+  while (last->next != nullptr) last = last->next;
+  if (last->state == Range::State::used || last->tag == kUntagged) return nullptr;
+  char* end = last->addr + last->size;
+  char* fresh = std::max(base_ + mapped_high_ * granule_, last->addr);
+  fresh = base_ + (static_cast<std::size_t>(fresh - base_) + granule_ - 1) / granule_ * granule_;
+  if (fresh <= last->addr || fresh >= end || static_cast<std::size_t>(end - fresh) < need) {
+    return nullptr;
+  }
+  Range* tail = nullptr;
+  try {
+    tail = new Range{fresh,         static_cast<std::size_t>(end - fresh),
+                     last->segment, last,
+                     nullptr,       Range::State::free,
+                     kUntagged,     0};
+    free_[kUntagged];  // the set exists before anything changes
+  } catch (...) {
+    delete tail;
+    return nullptr;
+  }
+  const bool filed = last->state == Range::State::free;
+  if (filed) remove_free(last);  // its size is its key
+  last->size = static_cast<std::size_t>(fresh - last->addr);
+  last->next = tail;
+  if (filed) {
+    try {
+      free_[last->tag].insert(last);
+    } catch (...) {  // left unfiled: not reused until trimmed (accounting unchanged)
+    }
+  }
+  free_[kUntagged].insert(tail);
+  return tail;
 }
 
 void SegmentTier::insert_free(Range* range) noexcept {
@@ -141,6 +179,7 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
     poll_pending(false);
     r = best_fit(kUntagged, need);
   }
+  if (r == nullptr) r = fresh_tail(need);
   if (r != nullptr && base_ == nullptr && r->prev == nullptr && r->next == nullptr &&
       r->size - need > options_.max_segment_waste) {
     return nullptr;  // the tier grows by one sized for the request (this one goes back past the
@@ -558,7 +597,8 @@ void SegmentTier::map_range(Range* range) {
       continue;
     }
     std::size_t end = g;
-    while (end <= last && !mapped(end)) ++end;
+    const std::size_t cap = std::max<std::size_t>(1, options_.max_run_bytes / granule_);
+    while (end <= last && !mapped(end) && end - g < cap) ++end;
     const std::size_t bytes = (end - g) * granule_;
     char* address = base_ + g * granule_;
     std::uint64_t handle = 0;

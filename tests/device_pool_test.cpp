@@ -673,7 +673,8 @@ TEST(DevicePoolVirtualReview, AStreamFreeDoesNotTakeTheWholeReservationFromOther
     EXPECT_NE(c, a);
     EXPECT_EQ(pool.stats().oom_retries, 0U)
         << "1 GiB of untagged address space is left: no synchronize-and-trim retry";
-    EXPECT_EQ(fence->recorded(), 0U) << "nothing of s1's was needed";
+    EXPECT_LE(fence->recorded(), 1U) << "at most the lazy marker on s1";
+    EXPECT_EQ(fence->waits(), 0U) << "never a wait: the never-mapped tail serves s2";
     pool.deallocate(b, 4_MiB);
     pool.deallocate(c, 4_MiB);
     pool.trim(0);

@@ -182,36 +182,44 @@ TEST(SegmentTierVirtual, MapFailureUnmapsFreeGranulesAndRetriesOrLeavesNothingCh
 }
 
 // Review (wt/review4) of 5390f6c: a run goes back only whole, so one small block placed in
-// a freed large block's run (best_fit prefers mapped ranges) pins the whole run. Neither
-// trim nor the map-failure reclaim can then give back the free granules around it, and an
-// allocation that fits the device with room to spare (per-granule mapping served it)
-// throws OutOfMemory. Disabled: no small fix (a CUDA mapping is unmapped whole; a fix needs
-// a bound on run length or a placement rule that keeps small blocks out of large runs).
-TEST(SegmentTierVirtualReview, DISABLED_ASmallBlockInAFreedRunDoesNotPinTheWholeRun) {
-  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
-                                                 TestUpstream::Options{.capacity_bytes = 16_MiB});
-  HostVirtualMemory vm(upstream);
-  ManualFence fence;
-  detail::ReservedGauge gauge;
-  {
-    SegmentTier tier(*upstream, fence, gauge, virtual_options(vm));
-    void* a = tier.allocate(12_MiB, kUntagged, true);  // granules 0-5: one run
-    void* x = tier.allocate(2_MiB, kUntagged, true);   // granule 6
-    ASSERT_TRUE(tier.free(a, kUntagged));
-    void* b = tier.allocate(2_MiB, kUntagged, true);  // best fit, mapped: granule 0
-    EXPECT_EQ(b, a);
-    tier.trim(0, false);
-    EXPECT_EQ(upstream->live_bytes(), 4_MiB) << "granules 1-5 are free: trim gives them back";
-    // 2 + 2 + 12 MiB live fits the 16 MiB device.
-    void* c = nullptr;
-    EXPECT_NO_THROW(c = tier.allocate(12_MiB, kUntagged, true));
-    if (c != nullptr) ASSERT_TRUE(tier.free(c, kUntagged));
-    ASSERT_TRUE(tier.free(b, kUntagged));
-    ASSERT_TRUE(tier.free(x, kUntagged));
-    tier.trim(0, false);
-    EXPECT_EQ(upstream->live_bytes(), 0U);
+// a freed large block's run (best_fit prefers mapped ranges) pins the whole run: trim and
+// the map-failure reclaim cannot give back the free granules around it. max_run_bytes bounds
+// that: with runs of one granule (per-granule mapping) they go back and a request that fits
+// the device is served; with longer runs the pinned run stays mapped (at most
+// max_run_bytes; DevicePoolOptions::virtual_run_bytes, 64 MiB by default).
+TEST(SegmentTierVirtualReview, ASmallBlockInAFreedRunPinsAtMostItsRun) {
+  for (const std::size_t run : {2_MiB, 64_MiB}) {
+    SCOPED_TRACE(run);
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
+                                                   TestUpstream::Options{.capacity_bytes = 16_MiB});
+    HostVirtualMemory vm(upstream);
+    ManualFence fence;
+    detail::ReservedGauge gauge;
+    {
+      SegmentTier::Options options = virtual_options(vm);
+      options.max_run_bytes = run;
+      SegmentTier tier(*upstream, fence, gauge, options);
+      void* a = tier.allocate(12_MiB, kUntagged, true);  // granules 0-5
+      void* x = tier.allocate(2_MiB, kUntagged, true);   // granule 6
+      ASSERT_TRUE(tier.free(a, kUntagged));
+      void* b = tier.allocate(2_MiB, kUntagged, true);  // best fit, mapped: granule 0
+      EXPECT_EQ(b, a);
+      tier.trim(0, false);
+      if (run == 2_MiB) {
+        EXPECT_EQ(upstream->live_bytes(), 4_MiB) << "granules 1-5 are free: trim gives them back";
+        void* c = nullptr;  // 2 + 2 + 12 MiB live fits the 16 MiB device
+        EXPECT_NO_THROW(c = tier.allocate(12_MiB, kUntagged, true));
+        if (c != nullptr) ASSERT_TRUE(tier.free(c, kUntagged));
+      } else {
+        EXPECT_EQ(upstream->live_bytes(), 14_MiB) << "b pins its 12 MiB run, x its granule";
+      }
+      ASSERT_TRUE(tier.free(b, kUntagged));
+      ASSERT_TRUE(tier.free(x, kUntagged));
+      tier.trim(0, false);
+      EXPECT_EQ(upstream->live_bytes(), 0U);
+    }
+    EXPECT_EQ(upstream->bad_frees(), 0U);
   }
-  EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
 // Review (wt/review3): a range freed on a stream absorbs an untagged neighbour; the range

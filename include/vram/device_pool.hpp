@@ -168,6 +168,10 @@ struct DevicePoolOptions {
   bool use_virtual_memory = false;
   std::size_t virtual_reservation_bytes = 0;  // 0: twice the device's memory, or 64 GiB
   bool unmap_before_map = false;              // keep reserved at in use, at the price of more maps
+  // The longest run of granules one map covers (rounded down to granules, at least one). A
+  // run goes back only whole, so a block left in a freed run keeps up to this much mapped;
+  // longer runs mean fewer maps.
+  std::size_t virtual_run_bytes = std::size_t{64} << 20;
   // Completion of stream-ordered frees; null: CUDA events over a device upstream, "always
   // complete" over any other (host memory has no queued work). ManualFence emulates
   // streams in host-only replay and tests.

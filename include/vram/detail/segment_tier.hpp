@@ -109,6 +109,9 @@ class SegmentTier {
     VirtualMemory* virtual_memory = nullptr;
     std::size_t reservation = std::size_t{64} << 30;
     bool unmap_before_map = false;
+    // The longest run one map covers: a run goes back only whole, so a block left in a
+    // freed run keeps at most this much mapped.
+    std::size_t max_run_bytes = std::size_t{64} << 20;
     unsigned free_slack_shift = 4;  // reserved up to the peak of used + 1/16 before giving back
   };
   struct Counters {
@@ -207,6 +210,7 @@ class SegmentTier {
   // streams when neither fits); null when nothing fits or the fit is a wholly free segment
   // that would leave more than max_segment_waste idle.
   Range* fit(StreamKey stream, std::size_t need) noexcept;
+  Range* fresh_tail(std::size_t need) noexcept;
   // Waits for the streams of wholly free stream-tagged (or pending) segments, so that they
   // become untagged; false when there was none. need > 0: only segments that could then
   // serve a request of `need` bytes (0: all, e.g. to give them back).
