@@ -99,13 +99,25 @@ SegmentTier::Options virtual_options(VirtualMemory& vm) {
   return {.granularity = 512, .virtual_memory = &vm, .reservation = 1_GiB};
 }
 
-TEST(SegmentTierVirtual, GranulesAreMappedWhereBlocksLiveAndUnmappedOnTrim) {
-  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
-  HostVirtualMemory vm(upstream);
+// An emulated device (capacity_bytes of "physical" memory behind HostVirtualMemory), a
+// fence and a gauge for a virtual-mode SegmentTier.
+struct VirtualTierParts {
+  explicit VirtualTierParts(std::size_t capacity_bytes = SIZE_MAX)
+      : upstream(std::make_shared<TestUpstream>(
+            std::make_shared<HostMemoryUpstream>(),
+            TestUpstream::Options{.capacity_bytes = capacity_bytes})),
+        vm(upstream) {}
+  std::shared_ptr<TestUpstream> upstream;
+  HostVirtualMemory vm;
   ManualFence fence;
   detail::ReservedGauge gauge;
+};
+
+TEST(SegmentTierVirtual, GranulesAreMappedWhereBlocksLiveAndUnmappedOnTrim) {
+  VirtualTierParts parts;
+  auto& upstream = parts.upstream;
   {
-    SegmentTier tier(*upstream, fence, gauge, virtual_options(vm));
+    SegmentTier tier(*upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
     char* a = static_cast<char*>(tier.allocate(3_MiB, kUntagged, true));
     char* b = static_cast<char*>(tier.allocate(3_MiB, kUntagged, true));
     EXPECT_EQ(b, a + 3_MiB) << "one address range: blocks are contiguous";
@@ -119,7 +131,7 @@ TEST(SegmentTierVirtual, GranulesAreMappedWhereBlocksLiveAndUnmappedOnTrim) {
     ASSERT_TRUE(tier.free(c, kUntagged));
     tier.trim(0, false);
     EXPECT_EQ(upstream->live_bytes(), 0U) << "every free granule unmapped";
-    EXPECT_EQ(gauge.reserved.load(), 0U);
+    EXPECT_EQ(parts.gauge.reserved.load(), 0U);
     EXPECT_EQ(tier.counters().maps, 2U) << "a's granules in one run, b's new one in another";
   }
   EXPECT_EQ(upstream->bad_frees(), 0U);
@@ -128,12 +140,10 @@ TEST(SegmentTierVirtual, GranulesAreMappedWhereBlocksLiveAndUnmappedOnTrim) {
 // Granules are mapped in runs (one physical allocation, one map, for the unmapped stretch
 // under a block) and a run goes back only whole.
 TEST(SegmentTierVirtual, RunsAreMappedOnceAndUnmappedOnlyWhenWhollyFree) {
-  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
-  HostVirtualMemory vm(upstream);
-  ManualFence fence;
-  detail::ReservedGauge gauge;
+  VirtualTierParts parts;
+  auto& upstream = parts.upstream;
   {
-    SegmentTier tier(*upstream, fence, gauge, virtual_options(vm));
+    SegmentTier tier(*upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
     char* big = static_cast<char*>(tier.allocate(64_MiB, kUntagged, true));
     EXPECT_EQ(tier.counters().maps, 1U) << "32 granules, one map";
     EXPECT_EQ(upstream->allocations(), 1U);
@@ -157,12 +167,9 @@ TEST(SegmentTierVirtual, RunsAreMappedOnceAndUnmappedOnlyWhenWhollyFree) {
 }
 
 TEST(SegmentTierVirtual, MapFailureUnmapsFreeGranulesAndRetriesOrLeavesNothingChanged) {
-  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
-                                                 TestUpstream::Options{.capacity_bytes = 8_MiB});
-  HostVirtualMemory vm(upstream);
-  ManualFence fence;
-  detail::ReservedGauge gauge;
-  SegmentTier tier(*upstream, fence, gauge, virtual_options(vm));
+  VirtualTierParts parts(8_MiB);
+  auto& upstream = parts.upstream;
+  SegmentTier tier(*upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
   void* a = tier.allocate(4_MiB, kUntagged, true);  // granules 0, 1
   void* b = tier.allocate(2_MiB, kUntagged, true);  // granule 2
   ASSERT_TRUE(tier.free(a, kUntagged));             // granules 0, 1 mapped and free
@@ -190,15 +197,12 @@ TEST(SegmentTierVirtual, MapFailureUnmapsFreeGranulesAndRetriesOrLeavesNothingCh
 TEST(SegmentTierVirtualReview, ASmallBlockInAFreedRunPinsAtMostItsRun) {
   for (const std::size_t run : {2_MiB, 64_MiB}) {
     SCOPED_TRACE(run);
-    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
-                                                   TestUpstream::Options{.capacity_bytes = 16_MiB});
-    HostVirtualMemory vm(upstream);
-    ManualFence fence;
-    detail::ReservedGauge gauge;
+    VirtualTierParts parts(16_MiB);
+    auto& upstream = parts.upstream;
     {
-      SegmentTier::Options options = virtual_options(vm);
+      SegmentTier::Options options = virtual_options(parts.vm);
       options.max_run_bytes = run;
-      SegmentTier tier(*upstream, fence, gauge, options);
+      SegmentTier tier(*upstream, parts.fence, parts.gauge, options);
       void* a = tier.allocate(12_MiB, kUntagged, true);  // granules 0-5
       void* x = tier.allocate(2_MiB, kUntagged, true);   // granule 6
       ASSERT_TRUE(tier.free(a, kUntagged));
