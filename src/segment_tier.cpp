@@ -576,17 +576,15 @@ void SegmentTier::map_range(Range* range) {
   std::size_t new_bytes = 0;
   for (std::size_t g = first; g <= last; ++g) new_bytes += mapped(g) ? 0 : granule_;
   if (new_bytes == 0) return;
-  const std::size_t used_after = used_ + range->size;
-  used_peak_ = std::max(used_peak_, used_after);
   if (options_.unmap_before_map) {
-    // Reserved may exceed the peak of used bytes by 1/2^free_slack_shift: past that, free
-    // runs are unmapped before new ones are mapped. Below it, mapped free granules stay
-    // for reuse, so a loop that frees and reallocates makes no driver call.
-    const std::size_t bound = used_peak_ + (used_peak_ >> options_.free_slack_shift);
-    if (counters_.reserved + new_bytes > bound) {
+    // The growth budget the tiers share (ReservedGauge): past it, free runs are unmapped
+    // before new ones are mapped. Below it, mapped free granules stay for reuse, so a loop
+    // that frees and reallocates makes no driver call.
+    if (const std::size_t excess =
+            gauge_.excess_after_growth(new_bytes, range->size, options_.free_slack_shift)) {
       make_reclaimable();
-      const std::size_t room = bound > used_ + new_bytes ? bound - used_ - new_bytes : 0;
-      unmap_free_granules(room, range);
+      unmap_free_granules(counters_.free_bytes > excess ? counters_.free_bytes - excess : 0,
+                          range);
     }
   }
   // Each stretch of unmapped granules under the range is one run: one physical allocation

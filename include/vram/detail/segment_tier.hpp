@@ -104,8 +104,8 @@ class SegmentTier {
     // reserved bytes are the granules mapped, in runs (the unmapped granules under a new
     // range, one physical allocation). Runs wholly inside free, untagged ranges are
     // unmapped on trim, when free mapped bytes pass max_free_bytes, when a map fails, and,
-    // with unmap_before_map, before a new map that would take reserved past the peak of
-    // used bytes plus 1/2^free_slack_shift of it.
+    // with unmap_before_map, before a new map that would pass the growth budget of the
+    // ReservedGauge (the peak of used bytes of its tiers plus 1/2^free_slack_shift).
     VirtualMemory* virtual_memory = nullptr;
     std::size_t reservation = std::size_t{64} << 30;
     bool unmap_before_map = false;
@@ -254,7 +254,6 @@ class SegmentTier {
   std::vector<std::size_t> run_granules_;
   std::vector<std::uint64_t> handles_;
   std::size_t mapped_high_ = 0;
-  std::size_t used_peak_ = 0;  // high-water mark of used_: the growth budget
 };
 
 }  // namespace vram::detail
