@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu_test_policy.hpp"
+#include "test_fences.hpp"
 #include "test_upstreams.hpp"
 #include "vram/completion.hpp"
 #include "vram/copy.hpp"
@@ -55,17 +56,6 @@ struct ManualFence {
   void fire() const { fired->store(true); }
 };
 
-// A fence that never fires on its own and fires when waited: so a test sees whether
-// something waited for it (and does not hang when something does).
-struct FiresWhenWaited {
-  std::shared_ptr<std::atomic<int>> waits = std::make_shared<std::atomic<int>>(0);
-  std::shared_ptr<std::atomic<bool>> fired = std::make_shared<std::atomic<bool>>(false);
-  bool ready() const { return fired->load(); }
-  void wait() {
-    waits->fetch_add(1);
-    fired->store(true);
-  }
-};
 static_assert(Completion<ManualFence> && Completion<FiresWhenWaited>);
 
 // Hands out the same block every time (one live at a time): "a new pin at a reused address".

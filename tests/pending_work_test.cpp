@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpu_test_policy.hpp"
+#include "test_fences.hpp"
 #include "test_upstreams.hpp"
 #include "vram/completion.hpp"
 #include "vram/cuda/event.hpp"
@@ -71,17 +72,6 @@ TEST(PendingWork, DestructionWaitsForTheFence) {
   { PendingWork<ManualFence> work(fence, pool.acquire(4096)); }
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
-
-// Never fires on its own; fires when waited, counting the waits.
-struct FiresWhenWaited {
-  std::shared_ptr<std::atomic<int>> waits = std::make_shared<std::atomic<int>>(0);
-  std::shared_ptr<std::atomic<bool>> fired = std::make_shared<std::atomic<bool>>(false);
-  bool ready() const { return fired->load(); }
-  void wait() {
-    waits->fetch_add(1);
-    fired->store(true);
-  }
-};
 
 // Counts waits; wait() spins until the test fires it.
 struct CountingFence {
