@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "vram/cuda/error.hpp"
+#include "vram/detail/segment_tier.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/stream_ordered_pool.hpp"
 #include "vram/units.hpp"
@@ -149,51 +150,48 @@ class CubCachingPeer final : public BenchAllocator {
   cub::CachingDeviceAllocator cub_;
 };
 
-class CudaMallocPeer final : public BenchAllocator {
+// Bytes live and their high-water mark, for the peers that hold exactly what is live
+// (cudaMalloc, malloc): their "reserved" is the requested bytes; their own overhead is not
+// seen. ReservedGauge keeps the mark exact under concurrent calls.
+class LivePeer : public BenchAllocator {
+ public:
+  std::size_t peak_reserved_bytes() override { return live_.peak.load(); }
+  void reset_peak() override { live_.peak.store(live_.reserved.load()); }
+
+ protected:
+  detail::ReservedGauge live_;
+};
+
+class CudaMallocPeer final : public LivePeer {
  public:
   std::string name() const override { return "cudaMalloc"; }
   bool ours() const override { return false; }
   void* allocate(std::size_t bytes, cudaStream_t) override {
     void* block = nullptr;
     cuda::check(cudaMalloc(&block, bytes), "cudaMalloc");
-    live_ += bytes;
-    peak_ = std::max(peak_.load(), live_.load());
+    live_.add(bytes);
     return block;
   }
   void deallocate(void* block, std::size_t bytes, cudaStream_t) override {
     cuda::check(cudaFree(block), "cudaFree");
-    live_ -= bytes;
+    live_.sub(bytes);
   }
-  std::size_t peak_reserved_bytes() override { return peak_; }
-  void reset_peak() override { peak_ = live_.load(); }
-
- private:
-  std::atomic<std::size_t> live_{0};
-  std::atomic<std::size_t> peak_{0};
 };
 
-class MallocPeer final : public BenchAllocator {
+class MallocPeer final : public LivePeer {
  public:
   std::string name() const override { return "malloc/free (host reference)"; }
   bool ours() const override { return false; }
   void* allocate(std::size_t bytes, cudaStream_t) override {
     void* block = std::malloc(bytes);
     if (block == nullptr) throw std::bad_alloc();
-    live_ += bytes;
-    peak_ = std::max(peak_.load(), live_.load());
+    live_.add(bytes);
     return block;
   }
   void deallocate(void* block, std::size_t bytes, cudaStream_t) override {
     std::free(block);
-    live_ -= bytes;
+    live_.sub(bytes);
   }
-  // Peak bytes live (requested), as for cudaMalloc: malloc's own overhead is not seen.
-  std::size_t peak_reserved_bytes() override { return peak_; }
-  void reset_peak() override { peak_ = live_.load(); }
-
- private:
-  std::atomic<std::size_t> live_{0};
-  std::atomic<std::size_t> peak_{0};
 };
 
 }  // namespace
