@@ -55,6 +55,8 @@ void print_bench_usage(std::FILE* out) {
       "                         pinning   fast pin path vs cudaHostAlloc (GPU)\n"
       "                         replay    bench/traces/*.csv.gz (or $VRAM_TRACE_DIR) through\n"
       "                                   every allocator, as `vram replay`\n"
+      "                         driver    cudaMalloc/cudaFree and virtual-memory map/unmap\n"
+      "                                   by size: the floor under a cold start (GPU)\n"
       "                       and, only when named (about a minute on an H200):\n"
       "                         pager     WeightPager vs all-resident, copy bound, two-slot,\n"
       "                                   synchronous and pin-per-page-in baselines (GPU)\n"

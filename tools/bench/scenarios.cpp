@@ -360,8 +360,9 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
 }  // namespace
 
 const std::vector<std::string>& known_scenarios() {
-  static const std::vector<std::string> names = {
-      "pairs", "threads", "mixed", "overhead", "pagein", "pinning", "batched", "replay", "pager"};
+  static const std::vector<std::string> names = {"pairs",  "threads", "mixed",   "overhead",
+                                                 "pagein", "pinning", "batched", "replay",
+                                                 "driver", "pager"};
   return names;
 }
 
@@ -372,7 +373,8 @@ std::vector<std::string> default_scenarios() {
 }
 
 bool scenario_needs_gpu(const std::string& name) {
-  return name == "pagein" || name == "pinning" || name == "overhead" || name == "pager";
+  return name == "pagein" || name == "pinning" || name == "overhead" || name == "pager" ||
+         name == "driver";
 }
 
 std::vector<Measurement> run_scenarios(const BenchConfig& config) {
@@ -392,6 +394,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("overhead") && config.gpu) steps += 3;
   if (wanted("pagein") && config.gpu) steps += 5 * pagein_chunks(config).size();
   if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 7) * 2;
+  if (wanted("driver") && config.gpu) steps += driver_steps(config);
   if (wanted("pager") && config.gpu) steps += pager_scenario_steps(config);
   Progress progress(steps);
   if (wanted("pairs")) run_pairs(config, allocators, progress, results);
@@ -405,6 +408,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
     for (std::size_t bytes : pagein_chunks(config)) run_pagein(config, bytes, progress, results);
   }
   if (config.gpu && wanted("pinning")) run_pinning(config, progress, results);
+  if (config.gpu && wanted("driver")) run_driver(config, progress, results);
   if (config.gpu && wanted("pager")) run_pager_scenario(config, progress, results);
   progress.finish();
   return results;

@@ -22,6 +22,11 @@ std::vector<std::string> default_scenarios();
 bool scenario_needs_gpu(const std::string& name);
 std::vector<Measurement> run_scenarios(const BenchConfig& config);
 
+// The `driver` scenario (bench/driver_scenario.cpp): cudaMalloc/cudaFree and the
+// virtual-memory map/unmap by size, the floor under any allocator's cold start.
+std::size_t driver_steps(const BenchConfig& config);
+void run_driver(const BenchConfig& config, Progress& progress, std::vector<Measurement>& results);
+
 // The `pager` scenario (bench/pager_scenario.cpp): WeightPager against its baselines.
 std::size_t pager_scenario_steps(const BenchConfig& config);
 void run_pager_scenario(const BenchConfig& config, Progress& progress,

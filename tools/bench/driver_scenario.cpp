@@ -1,0 +1,110 @@
+// The `driver` scenario: what the driver calls a pool makes when it grows or gives memory
+// back cost on this GPU, by size. It is the floor under any allocator's cold start: a
+// replay that starts from an empty pool must obtain at least the trace's peak live bytes
+// from the driver, so no allocator can be cheaper over a cold trace than those calls.
+//
+// Per size: cudaMalloc and cudaFree timed separately (a steady clock around each call; a
+// device synchronize before each pair, so no queued work is timed), and the virtual-memory
+// path DevicePool's `use_virtual_memory` takes (CudaVirtualMemory::map: cuMemCreate +
+// cuMemMap + cuMemSetAccess; unmap: cuMemUnmap + cuMemRelease) inside one reserved range.
+// One untimed pair first per size and method; the median of the repetitions is reported.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/scenarios.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram/units.hpp"
+#include "vram/virtual_memory.hpp"
+
+namespace vram::bench {
+namespace {
+
+using namespace vram::literals;
+
+std::vector<std::size_t> driver_sizes(const BenchConfig& config) {
+  if (config.quick) return {2_MiB, 64_MiB, 1_GiB};
+  return {2_MiB, 20_MiB, 64_MiB, 256_MiB, 1_GiB, 4_GiB};
+}
+
+std::size_t driver_repetitions(std::size_t bytes) {
+  return bytes >= 4_GiB ? 3 : bytes >= 1_GiB ? 5 : 9;
+}
+
+// Times `get()` and `put(handle)` for `repetitions` pairs after one untimed pair; appends
+// microseconds per call to the two vectors.
+template <typename Get, typename Put>
+void time_pairs(std::size_t repetitions, Get get, Put put, std::vector<double>& get_us,
+                std::vector<double>& put_us) {
+  for (std::size_t r = 0; r <= repetitions; ++r) {
+    cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const double start = now_seconds();
+    auto handle = get();
+    const double got = now_seconds();
+    put(handle);
+    const double done = now_seconds();
+    if (r == 0) continue;  // warm-up
+    get_us.push_back((got - start) * 1e6);
+    put_us.push_back((done - got) * 1e6);
+  }
+}
+
+void add_rows(std::vector<Measurement>& results, std::size_t bytes, const std::string& get_name,
+              const std::vector<double>& get_us, const std::string& put_name,
+              const std::vector<double>& put_us) {
+  const std::string parameter = format_bytes(bytes);
+  for (const auto& [name, samples] : {std::pair{get_name, get_us}, std::pair{put_name, put_us}}) {
+    Measurement m = make_measurement("driver", parameter, static_cast<double>(bytes), name, false,
+                                     "us/call", true, samples);
+    m.reference = true;  // the cost under every allocator, not a peer: no verdict
+    m.extra["us_per_gib"] =
+        m.value.median / (static_cast<double>(bytes) / static_cast<double>(1_GiB));
+    results.push_back(m);
+  }
+}
+
+}  // namespace
+
+std::size_t driver_steps(const BenchConfig& config) { return driver_sizes(config).size() * 2; }
+
+void run_driver(const BenchConfig& config, Progress& progress, std::vector<Measurement>& results) {
+  cuda::check(cudaSetDevice(config.device), "cudaSetDevice");
+  const auto sizes = driver_sizes(config);
+  std::unique_ptr<CudaVirtualMemory> virtual_memory;
+  char* range = nullptr;
+  const std::size_t range_bytes = *std::max_element(sizes.begin(), sizes.end());
+  if (CudaVirtualMemory::supported(config.device)) {
+    virtual_memory = std::make_unique<CudaVirtualMemory>(config.device);
+    range = virtual_memory->reserve(range_bytes);
+  }
+  for (std::size_t bytes : sizes) {
+    const std::size_t repetitions = driver_repetitions(bytes);
+    progress.step("driver " + format_bytes(bytes) + " cudaMalloc");
+    std::vector<double> malloc_us;
+    std::vector<double> free_us;
+    time_pairs(
+        repetitions,
+        [&] {
+          void* block = nullptr;
+          cuda::check(cudaMalloc(&block, bytes), "cudaMalloc");
+          return block;
+        },
+        [&](void* block) { cuda::check(cudaFree(block), "cudaFree"); }, malloc_us, free_us);
+    add_rows(results, bytes, "cudaMalloc", malloc_us, "cudaFree", free_us);
+
+    progress.step("driver " + format_bytes(bytes) + " virtual memory");
+    if (virtual_memory == nullptr) continue;
+    std::vector<double> map_us;
+    std::vector<double> unmap_us;
+    time_pairs(
+        repetitions, [&] { return virtual_memory->map(range, bytes); },
+        [&](std::uint64_t handle) { virtual_memory->unmap(range, bytes, handle); }, map_us,
+        unmap_us);
+    add_rows(results, bytes, "cuMemCreate+cuMemMap+cuMemSetAccess", map_us,
+             "cuMemUnmap+cuMemRelease", unmap_us);
+  }
+  if (virtual_memory != nullptr) virtual_memory->unreserve(range, range_bytes);
+}
+
+}  // namespace vram::bench
