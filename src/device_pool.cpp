@@ -82,6 +82,18 @@ std::size_t reservation_for(const DevicePool::Options& options, const Upstream& 
   return std::size_t{64} << 30;
 }
 
+// Options::growth_headroom as the tiers' fixed point (1024ths), checked.
+std::size_t growth_headroom_1024(double headroom) {
+  if (!(headroom >= 0)) {
+    throw InvalidArgument(
+        "vram::DevicePool: growth_headroom must be a fraction >= 0 (got " +
+        std::to_string(headroom) +
+        "). Fix: 1.0/16 keeps reserved near the peak in use, 0.5 lets it reach 1.5x of it.");
+  }
+  const double limit = static_cast<double>(ReservedGauge::kMaxHeadroom1024);
+  return static_cast<std::size_t>(std::min(headroom * 1024.0 + 0.5, limit));
+}
+
 std::shared_ptr<StreamFence> default_fence(const Upstream& upstream) {
   if (upstream.kind() != MemoryKind::device) return std::make_shared<ImmediateFence>();
   if (const auto* device = dynamic_cast<const DeviceMemoryUpstream*>(&upstream)) {
@@ -163,20 +175,24 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
         virtual_memory(make_virtual_memory(options, upstream)),
         small_max(std::clamp<std::size_t>(options.small_block_max_bytes, 256, 2u << 20)),
         small(*upstream, *fence, gauge,
-              SegmentTier::Options{.granularity = kSmallGranularity,
-                                   .packed_segment = 2u << 20,
-                                   .packed_limit = 0,
-                                   .max_free_bytes = options.max_cached_bytes}),
+              SegmentTier::Options{
+                  .granularity = kSmallGranularity,
+                  .packed_segment = 2u << 20,
+                  .packed_limit = 0,
+                  .max_free_bytes = options.max_cached_bytes,
+                  .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom)}),
         large(*upstream, *fence, gauge,
-              SegmentTier::Options{.granularity = 512,
-                                   .packed_segment = options.large_segment_bytes,
-                                   .packed_limit = options.large_segment_bytes / 2,
-                                   .max_free_bytes = options.max_cached_bytes,
-                                   .max_segment_waste = options.max_segment_waste_bytes,
-                                   .virtual_memory = virtual_memory.get(),
-                                   .reservation = reservation_for(options, *upstream),
-                                   .unmap_before_map = options.unmap_before_map,
-                                   .max_run_bytes = options.virtual_run_bytes}) {
+              SegmentTier::Options{
+                  .granularity = 512,
+                  .packed_segment = options.large_segment_bytes,
+                  .packed_limit = options.large_segment_bytes / 2,
+                  .max_free_bytes = options.max_cached_bytes,
+                  .max_segment_waste = options.max_segment_waste_bytes,
+                  .virtual_memory = virtual_memory.get(),
+                  .reservation = reservation_for(options, *upstream),
+                  .unmap_before_map = options.unmap_before_map,
+                  .max_run_bytes = options.virtual_run_bytes,
+                  .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom)}) {
     upstream_alignment = upstream->alignment();
     options.thread_cache_blocks = std::min(options.thread_cache_blocks, kMaxThreadCacheDepth);
     options.small_block_max_bytes = small_max;
@@ -524,7 +540,7 @@ void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, st
   // free segments cannot cover the excess, the other tier's give back the rest (the tier
   // itself gives back its own as it grows).
   const std::size_t excess =
-      gauge.excess_after_growth(tier.growth_bytes(bytes), bytes, tier.free_slack_shift());
+      gauge.excess_after_growth(tier.growth_bytes(bytes), bytes, tier.growth_headroom_1024());
   if (const std::size_t own = excess > 0 ? tier.empty_bytes() : 0; own < excess) {
     (&tier == &small ? large : small).release_empty_for(excess - own);
   }

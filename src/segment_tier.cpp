@@ -205,7 +205,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     // Only segments that could then serve the request are worth the wait, unless growing
     // passes the budget (then any of them may have to go back).
     const bool past_budget =
-        gauge_.excess_after_growth(segment_size_for(need), need, options_.free_slack_shift) > 0;
+        gauge_.excess_after_growth(segment_size_for(need), need, options_.growth_headroom_1024) > 0;
     if (wait_for_empty_segments(past_budget ? 0 : need)) r = fit(stream, need);
   }
   if (r != nullptr && base_ != nullptr && !may_grow) {
@@ -222,12 +222,12 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
                       "the pool's reserved address range is exhausted");
   } else {
     // Nothing free fits: wholly free segments cannot serve this request. Reserved may
-    // exceed the peak of used bytes by 1/2^free_slack_shift; past that, wholly free
+    // exceed the peak of used bytes by the headroom; past that, wholly free
     // segments covering the excess go back first (the smallest that covers it, else the
     // largest ones). Giving back all of them would make the next step take them again.
     std::size_t size = segment_size_for(need);
     if (const std::size_t excess =
-            gauge_.excess_after_growth(size, need, options_.free_slack_shift)) {
+            gauge_.excess_after_growth(size, need, options_.growth_headroom_1024)) {
       release_empty_segments_for(excess);
     }
     auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
@@ -581,10 +581,9 @@ void SegmentTier::map_range(Range* range) {
     // before new ones are mapped. Below it, mapped free granules stay for reuse, so a loop
     // that frees and reallocates makes no driver call.
     if (const std::size_t excess =
-            gauge_.excess_after_growth(new_bytes, range->size, options_.free_slack_shift)) {
+            gauge_.excess_after_growth(new_bytes, range->size, options_.growth_headroom_1024)) {
       make_reclaimable();
-      unmap_free_granules(counters_.free_bytes > excess ? counters_.free_bytes - excess : 0,
-                          range);
+      unmap_free_granules(counters_.free_bytes > excess ? counters_.free_bytes - excess : 0, range);
     }
   }
   // Each stretch of unmapped granules under the range is one run: one physical allocation

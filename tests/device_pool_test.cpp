@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -457,6 +458,38 @@ TEST(DevicePoolStreams, GrowingGivesBackOnlyWhatExceedsTheBudget) {
   EXPECT_EQ(upstream->allocations(), 18U);
   pool.deallocate(within, 72_MiB);
   pool.deallocate(past, 100_MiB);
+}
+
+// growth_headroom sets the budget: with 1/2 the idle segment of the test above stays where
+// 1/16 gave it back, with 0 even the growth that 1/16 allowed gives it back; a negative or
+// NaN headroom is refused before anything is allocated.
+TEST(DevicePoolStreams, GrowthHeadroomSetsTheBudget) {
+  for (const double headroom : {0.0, 0.5}) {
+    SCOPED_TRACE(headroom);
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    DevicePool::Options options;
+    options.growth_headroom = headroom;
+    DevicePool pool(upstream, options);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 16; ++i) blocks.push_back(pool.allocate(64_MiB));  // peak 1024 MiB
+    pool.deallocate(blocks[0], 64_MiB);
+    void* grown = pool.allocate(72_MiB);  // fits no free range: 1024 + 72 reserved
+    if (headroom == 0) {
+      EXPECT_EQ(upstream->live_bytes(), 1024_MiB - 64_MiB + 72_MiB)
+          << "no headroom: the wholly free 64 MiB segment went back";
+    } else {
+      EXPECT_EQ(upstream->live_bytes(), 1096_MiB) << "within 1.5x the peak: it stays";
+    }
+    pool.deallocate(grown, 72_MiB);
+    for (std::size_t i = 1; i < blocks.size(); ++i) pool.deallocate(blocks[i], 64_MiB);
+  }
+  for (const double bad : {-0.25, std::nan("")}) {
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    DevicePool::Options options;
+    options.growth_headroom = bad;
+    EXPECT_THROW(DevicePool(upstream, options), InvalidArgument);
+    EXPECT_EQ(upstream->allocations(), 0U);
+  }
 }
 
 // trim() restarts the budget from what is in use: the all-time peak no longer lets a

@@ -49,7 +49,8 @@
 //
 // Memory held (reserved) follows the peak of memory in use
 //   Both tiers share one growth budget: reserved may exceed the peak of the bytes carved
-//   out of segments (in use, or cached in threads and rings) by 1/16; trim() restarts that
+//   out of segments (in use, or cached in threads and rings) by growth_headroom (1/16);
+//   trim() restarts that
 //   peak from what is carved out now. A tier that must grow within the budget just grows;
 //   past it, it first gives back wholly free segments covering the excess (the smallest
 //   that covers it, else the largest ones; one freed with a stream after the host waited
@@ -158,6 +159,13 @@ struct DevicePoolOptions {
   // splits every segment that fits. (Replay of a conv net with 2 GiB activations: 1.37x
   // reserved/live with SIZE_MAX, 1.02x with 1 GiB; bench/RESULTS.md.)
   std::size_t max_segment_waste_bytes = std::size_t{1} << 30;
+  // Reserved may exceed the peak of the bytes carved out of segments by this fraction of it
+  // before a growing tier gives wholly free segments back (see "Memory held" above).
+  // Higher means fewer upstream calls when request sizes vary from step to step (a
+  // non-moving pool needs free room to fit new shapes) at the price of more memory held;
+  // 0 keeps reserved at the peak. Values above 1024 count as 1024; negative or NaN:
+  // vram::InvalidArgument.
+  double growth_headroom = 1.0 / 16;
   bool track_peak_in_use = false;
   // The large tier over one reserved virtual address range backed by 2 MiB granules
   // (CUDA virtual memory management over device memory; the host emulation,

@@ -11,7 +11,7 @@
 //
 // Reserved follows the peak of used: when a request fits no free range, the tier grows.
 // Reserved (of all tiers sharing the ReservedGauge) may exceed the peak of their used
-// bytes by 1/2^free_slack_shift (1/16); past that, wholly free
+// bytes by a headroom (DevicePool::Options::growth_headroom, 1/16); past that, wholly free
 // segments covering the excess go back to the upstream before the new segment is taken
 // (none of them could serve the request; the smallest that covers it, else the largest
 // ones; one freed with a stream after the host waited for a marker on that stream). A
@@ -75,16 +75,21 @@ struct ReservedGauge {
   void restart_budget() noexcept {
     used_peak.store(used.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
-  // The budget: reserved may exceed the peak of used bytes by 1/2^slack_shift. Returns by
-  // how much taking `grow` more bytes, for a request of `need`, would pass it (0: within).
+  // The budget: reserved may exceed the peak of used bytes by headroom_1024/1024 of it.
+  // Returns by how much taking `grow` more bytes, for a request of `need`, would pass it
+  // (0: within).
   std::size_t excess_after_growth(std::size_t grow, std::size_t need,
-                                  unsigned slack_shift) const noexcept {
+                                  std::size_t headroom_1024) const noexcept {
     const std::size_t peak_used = std::max(used_peak.load(std::memory_order_relaxed),
                                            used.load(std::memory_order_relaxed) + need);
-    const std::size_t bound = peak_used + (peak_used >> slack_shift);
+    // peak_used < 2^44 (1 TiB blocks, a few thousand of them at most) and headroom_1024 <=
+    // kMaxHeadroom1024 (2^20): the product fits.
+    const std::size_t bound = peak_used + (peak_used >> 10) * headroom_1024 +
+                              (((peak_used & 1023) * headroom_1024) >> 10);
     const std::size_t after = reserved.load(std::memory_order_relaxed) + grow;
     return after > bound ? after - bound : 0;
   }
+  static constexpr std::size_t kMaxHeadroom1024 = std::size_t{1} << 20;  // 1024x
 };
 
 class SegmentTier {
@@ -105,14 +110,16 @@ class SegmentTier {
     // range, one physical allocation). Runs wholly inside free, untagged ranges are
     // unmapped on trim, when free mapped bytes pass max_free_bytes, when a map fails, and,
     // with unmap_before_map, before a new map that would pass the growth budget of the
-    // ReservedGauge (the peak of used bytes of its tiers plus 1/2^free_slack_shift).
+    // ReservedGauge (the peak of used bytes of its tiers plus growth_headroom_1024/1024).
     VirtualMemory* virtual_memory = nullptr;
     std::size_t reservation = std::size_t{64} << 30;
     bool unmap_before_map = false;
     // The longest run one map covers: a run goes back only whole, so a block left in a
     // freed run keeps at most this much mapped.
     std::size_t max_run_bytes = std::size_t{64} << 20;
-    unsigned free_slack_shift = 4;  // reserved up to the peak of used + 1/16 before giving back
+    // Reserved may reach the peak of used bytes plus this many 1024ths of it before growing
+    // gives wholly free segments back (64: 1/16).
+    std::size_t growth_headroom_1024 = 64;
   };
   struct Counters {
     std::size_t reserved = 0;
@@ -159,7 +166,7 @@ class SegmentTier {
     if (granule_ != 0) return (round(bytes) + granule_ - 1) / granule_ * granule_;  // virtual
     return segment_size_for(round(bytes));
   }
-  unsigned free_slack_shift() const noexcept { return options_.free_slack_shift; }
+  std::size_t growth_headroom_1024() const noexcept { return options_.growth_headroom_1024; }
   // Bytes of wholly free, untagged segments.
   std::size_t empty_bytes() const noexcept;
   // Gives back wholly free segments covering at least `bytes` (waiting first for the
