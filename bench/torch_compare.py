@@ -6,9 +6,11 @@ tools/torch/workloads.py: identical per-step results, step time, peak reserved m
 
 Every run of a (workload, allocator) is a fresh interpreter (the allocator must be chosen
 before CUDA starts). The runs go in --rounds rounds; each round runs every workload once
-with each allocator, the two allocators back to back (per workload A B A B ...: who goes
-first alternates between workloads, not between rounds), so a drift of the machine (clocks,
-temperature, other load) hits both allocators alike. Every run of a workload uses the same
+with each allocator, the two allocators back to back; who goes first alternates between
+rounds and between workloads (round r, workload i: PyTorch first when r + i is even), so
+a drift of the machine (clocks, temperature, other load) and any order effect hit both
+allocators alike over an even number of rounds. --vram-env KEY=VALUE (repeatable) sets an
+environment variable for the vram runs only (e.g. VRAM_TORCH_VIRTUAL_MEMORY=0). Every run of a workload uses the same
 seed, so it draws the same shapes (for the decode workload: the same sequence of request
 sizes and lengths) in the same order, in every round and with both allocators.
 
@@ -34,9 +36,9 @@ workload ran and its results are identical, 1 when some result differs, 2 when a
 Time and memory targets are reported, not turned into the exit status.
 
 Cost: each run pays the interpreter, import torch, CUDA start and model build (several
-seconds) besides its steps, so the defaults are few steps per run and 3 rounds: 3 x 2 x 3 =
-18 runs; decode 2 warm-up + 10 timed requests per run (about 0.8 s each), 30 timed requests
-per allocator over the rounds.
+seconds) besides its steps, so the defaults are few steps per run and 4 rounds (even, so
+each allocator goes first equally often): 4 x 2 x 3 = 24 runs; decode 2 warm-up + 10 timed
+requests per run (about 0.8 s each), 40 timed requests per allocator over the rounds.
 """
 import argparse
 import json
@@ -50,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 DEFAULT_STEPS = {"transformer_training": 15, "decode_growing_caches": 12, "conv_training": 15}
 DEFAULT_WARMUP = {"transformer_training": 3, "decode_growing_caches": 2, "conv_training": 3}
-DEFAULT_ROUNDS = 3
+DEFAULT_ROUNDS = 4
 TIME_TARGET = 1.01
 RUN_FIELDS = ("values", "step_s", "total_s", "num_device_alloc", "num_ooms", "num_alloc_retries")
 
@@ -128,16 +130,30 @@ def run_child(args, name, allocator, steps, warmup, out_dir, round_index):
         cmd += ["--lib", args.lib]
     if os.path.exists(result_path):
         os.remove(result_path)
+    env = dict(os.environ)
+    if allocator == "vram":
+        env.update(vram_env(args.vram_env))
     with open(log_path, "w") as log:
         try:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=args.timeout)
+                                  timeout=args.timeout, env=env)
         except subprocess.TimeoutExpired:
             return None, f"{allocator} run timed out after {args.timeout} s, see {log_path}"
     if proc.returncode != 0 or not os.path.exists(result_path):
         return None, f"{allocator} run failed (rc {proc.returncode}), see {log_path}"
     with open(result_path) as f:
         return json.load(f), ""
+
+
+def vram_env(items):
+    """--vram-env KEY=VALUE items as a dict."""
+    env = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--vram-env wants KEY=VALUE, got {item!r}")
+        env[key] = value
+    return env
 
 
 def first_difference(a, b):
@@ -227,7 +243,8 @@ def markdown(rows, meta):
     mib = 1 << 20
     lines = [
         f"PyTorch {meta.get('torch', '?')} on {meta.get('device', '?')}; {meta.get('rounds', '?')}"
-        " rounds, each a fresh process per allocator, the allocators alternating; steps timed "
+        " rounds, each a fresh process per allocator, who goes first alternating between rounds "
+        f"and workloads; vram environment {meta.get('vram_env') or 'default'}; steps timed "
         "after warm-up; median step = median over rounds of each run's median; step ratio = "
         "median over rounds of the paired per-round ratio (median over steps of vram/PyTorch; "
         f"target <= {TIME_TARGET}), spread = min..max of the per-round ratios; peak reserved = "
@@ -297,7 +314,10 @@ def main():
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                    help="fresh-process runs per allocator and workload (default %(default)s)")
     p.add_argument("--timeout", type=int, default=300, help="seconds per child run")
+    p.add_argument("--vram-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="environment of the vram runs only (repeatable)")
     args = p.parse_args()
+    vram_env(args.vram_env)  # bad items fail before any run
     os.makedirs(args.out_dir, exist_ok=True)
     steps = parse_counts(args.steps, DEFAULT_STEPS)
     warmup = parse_counts(args.warmup, DEFAULT_WARMUP)
@@ -319,7 +339,7 @@ def main():
         for i, name in enumerate(names):
             if name in errors:
                 continue  # a failed workload is not retried in later rounds
-            order = ["torch", "vram"] if i % 2 == 0 else ["vram", "torch"]
+            order = ["torch", "vram"] if (r + i) % 2 == 0 else ["vram", "torch"]
             runs, failed = {}, []
             for alloc in order:
                 started = time.time()
@@ -351,7 +371,8 @@ def main():
         if not rows[name]["identical"] and status == 0:
             status = 1
     elapsed = time.time() - began
-    meta.update({"rounds": args.rounds, "elapsed_s": elapsed})
+    meta.update({"rounds": args.rounds, "elapsed_s": elapsed,
+                 "vram_env": vram_env(args.vram_env)})
     table = markdown(rows, meta)
     with open(os.path.join(args.out_dir, "torch_compare.json"), "w") as f:
         json.dump({"meta": meta, "steps": steps, "warmup": warmup, "rounds": args.rounds,

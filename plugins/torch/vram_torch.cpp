@@ -161,14 +161,29 @@ DeviceState& state_for(int device) {
   auto& slot = g_devices[static_cast<std::size_t>(device)];
   if (DeviceState* state = slot.load(std::memory_order_acquire)) return *state;
   vram::DevicePool::Options options;
-  // As PyTorch's caching allocator: keep every freed segment until empty_cache() or an
-  // out-of-memory retry. A bound makes the pool cudaFree segments during the run, and each
+  // As PyTorch's caching allocator: keep freed memory until empty_cache() or an
+  // out-of-memory retry. A bound makes the pool give memory back during the run, and each
   // cudaFree synchronizes the device (about +9% step time on the conv workload on the H200
   // with the library's 4 GiB default).
   options.max_cached_bytes = SIZE_MAX;
   std::size_t max_cached = g_max_cached_bytes;
   if (max_cached == 0) max_cached = parse_bytes(std::getenv("VRAM_TORCH_MAX_CACHED_BYTES"));
   if (max_cached != 0) options.max_cached_bytes = max_cached;
+  // Large blocks over one virtual address range mapped in runs of 2 MiB granules, where the
+  // device supports it (else cudaMalloc segments): free ranges merge across what would be
+  // segment boundaries, so a new shape fits in memory already mapped instead of a new
+  // segment, and nothing is given back during the run (no cudaFree, no device
+  // synchronize). PyTorch cannot share this memory through CUDA IPC, as with its own
+  // expandable segments. VRAM_TORCH_VIRTUAL_MEMORY=0 selects cudaMalloc segments.
+  const char* virtual_memory = std::getenv("VRAM_TORCH_VIRTUAL_MEMORY");
+  options.use_virtual_memory = virtual_memory == nullptr || std::strcmp(virtual_memory, "0") != 0;
+  // Segments: reserved may pass the peak in use by this fraction before growing gives
+  // wholly free segments back (vram::DevicePool::Options::growth_headroom).
+  if (const char* headroom = std::getenv("VRAM_TORCH_GROWTH_HEADROOM")) {
+    char* end = nullptr;
+    const double value = std::strtod(headroom, &end);
+    if (end != headroom && *end == '\0') options.growth_headroom = value;
+  }
   auto* state = new DeviceState(device, options);  // never deleted (see invariants)
   slot.store(state, std::memory_order_release);
   return *state;

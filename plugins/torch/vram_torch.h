@@ -84,7 +84,12 @@ int vram_torch_empty_cache(int device);
 int vram_torch_reset_peak(int device);
 /* Options of the pools created from now on: max cached bytes per device (0: keep the
  * default: unbounded, as PyTorch; or VRAM_TORCH_MAX_CACHED_BYTES from the environment). 0: done; 1:
- * a pool already exists (it keeps its options). */
+ * a pool already exists (it keeps its options).
+ * The environment, read when a device's pool is created: VRAM_TORCH_MAX_CACHED_BYTES (as
+ * above; suffixes K, M, G), VRAM_TORCH_VIRTUAL_MEMORY (default 1: large blocks over CUDA
+ * virtual memory mapped in 2 MiB granules where the device supports it, memory PyTorch
+ * cannot share by CUDA IPC; 0: cudaMalloc segments), VRAM_TORCH_GROWTH_HEADROOM (segments:
+ * the fraction reserved may pass the peak in use before segments go back; default 1/16). */
 int vram_torch_configure(size_t max_cached_bytes);
 /* 1: out of memory throws c10::OutOfMemoryError (allocator mode; needs a build with Torch
    found, which the return value reports: 1 when supported, 0 when not). */
