@@ -746,5 +746,25 @@ TEST(ReplayGpu, SampleTraceThroughEveryPeerOnTheDevice) {
   EXPECT_EQ(result.held_back_frees, 0U);
 }
 
+TEST(ReplayGpu, PassesOnTheDeviceRunEveryPeerOnOneInstance) {
+  VRAM_GPU_TEST_OR_SKIP();
+  ReplayOptions options;
+  options.device = true;
+  options.passes = 3;
+  // Leftovers on two streams: freed at each pass's end on the stream they were allocated on.
+  const Trace trace = replay::parse_trace(kLeftovers, "leftovers.csv");
+  for (const auto& spec : replay::all_replay_allocators()) {
+    const auto result = replay::replay_trace(trace, spec, options);
+    EXPECT_FALSE(result.failed_at.has_value()) << spec.name << ": " << result.failure;
+    EXPECT_EQ(result.pass_operations, (std::vector<std::size_t>{6, 6, 6})) << spec.name;
+    EXPECT_EQ(result.operations, 18U) << spec.name;
+    EXPECT_TRUE(result.warm_ns_per_op.has_value()) << spec.name;
+    EXPECT_EQ(result.warm_upstream_allocations.has_value(), result.upstream_allocations.has_value())
+        << spec.name;
+    EXPECT_GE(result.peak_reserved_bytes, trace.peak_live_bytes) << spec.name;
+    EXPECT_EQ(result.held_back_frees, 0U) << spec.name;  // every peer is stream-ordered on a device
+  }
+}
+
 }  // namespace
 }  // namespace vram::testing
