@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <new>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "gpu_test_policy.hpp"
 #include "replay/replay.hpp"
 #include "replay/replay_allocator.hpp"
+#include "replay/replay_cli.hpp"
 #include "replay/trace.hpp"
 #include "source_tree.hpp"
 
@@ -421,6 +424,284 @@ TEST(ReplayCli, RunsRepeatsEveryAllocatorAndReportsTheMedianRun) {
   }
 }
 
+// --passes: the trace several times on one allocator instance.
+
+// Slots: 0 = 0x100 (1 MiB, stream 1), 1 = 0x200 (64 KiB, stream 2), 2 = 0x300 (2 MiB,
+// stream 1). Four events; slots 1 and 2 are left live by the trace.
+const std::string kLeftovers = kHeader +
+                               "1,0,allocate,0x100,1048576,1\n"
+                               "1,0,allocate,0x200,65536,2\n"
+                               "1,0,deallocate,0x100,1048576,1\n"
+                               "1,0,allocate,0x300,2097152,1\n";
+
+TEST(ReplayPasses, EachPassRunsTheTraceAndFreesItsLeftoversInSlotOrder) {
+  const Trace trace = replay::parse_trace(kLeftovers, "leftovers.csv");
+  ASSERT_EQ(trace.events.size(), 4U);
+  ASSERT_EQ(trace.live_at_end, 2U);
+  ReplayOptions options;
+  options.passes = 3;
+  CallLog log;
+  const auto result = replay::replay_trace(trace, recording_spec(log, true), options);
+  EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
+  // Operations of a pass: the trace's events plus the two leftovers it frees.
+  EXPECT_EQ(result.pass_operations, (std::vector<std::size_t>{6, 6, 6}));
+  EXPECT_EQ(result.operations, 18U);
+  ASSERT_EQ(result.pass_ns_per_op.size(), 3U);
+  EXPECT_EQ(result.ns_per_op, result.pass_ns_per_op[0]);
+  ASSERT_TRUE(result.warm_ns_per_op.has_value());
+  EXPECT_EQ(*result.warm_ns_per_op, std::max(result.pass_ns_per_op[1], result.pass_ns_per_op[2]))
+      << "the median of two warm passes is the upper one";
+  // The recording allocator cannot say: per-pass and warm upstream figures are unknown.
+  EXPECT_EQ(result.pass_upstream_allocations.size(), 3U);
+  EXPECT_FALSE(result.pass_upstream_allocations[1].has_value());
+  EXPECT_FALSE(result.warm_upstream_allocations.has_value());
+  // Stream-ordered: called in trace order; leftovers in slot order on their own stream.
+  const std::vector<std::string> pass = {"alloc 1048576 s0", "alloc 65536 s1", "free 1048576 s0",
+                                         "alloc 2097152 s0", "free 65536 s1",  "free 2097152 s0"};
+  std::vector<std::string> expected;
+  for (int i = 0; i < 3; ++i) expected.insert(expected.end(), pass.begin(), pass.end());
+  EXPECT_EQ(log.calls, expected);
+}
+
+TEST(ReplayPasses, HeldBackFreesAreAllDeallocatedBeforeTheNextPass) {
+  // Stream-unaware allocator, two streams: every free is held back (lag 8 > the pass), so
+  // the pass's end deallocates them all (leftovers included) before pass 2 allocates.
+  const Trace trace = replay::parse_trace(kLeftovers, "leftovers.csv");
+  ReplayOptions options;
+  options.passes = 2;
+  options.stream_lag = 8;
+  CallLog log;
+  const auto result = replay::replay_trace(trace, recording_spec(log, false), options);
+  EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
+  EXPECT_EQ(result.pass_operations, (std::vector<std::size_t>{6, 6}));
+  EXPECT_EQ(result.held_back_frees, 6U);  // 3 frees per pass, all held back
+  const std::vector<std::string> pass = {"alloc 1048576 s0", "alloc 65536 s1", "alloc 2097152 s0",
+                                         "free 1048576 s0",  "free 65536 s1",  "free 2097152 s0"};
+  std::vector<std::string> expected;
+  for (int i = 0; i < 2; ++i) expected.insert(expected.end(), pass.begin(), pass.end());
+  EXPECT_EQ(log.calls, expected);
+  // The real pool over the same trace: every pass completes, nothing is left over.
+  const auto pool = replay::replay_trace(trace, replay::device_pool_spec(), options);
+  EXPECT_FALSE(pool.failed_at.has_value()) << pool.failure;
+  EXPECT_EQ(pool.pass_operations, (std::vector<std::size_t>{6, 6}));
+}
+
+TEST(ReplayPasses, DevicePoolMakesNoUpstreamAllocationInWarmPassesOfASteadyTrace) {
+  // Both traces repeat the same pattern each pass and every pass ends with nothing live,
+  // so after pass 1 the pool serves them from what it cached.
+  for (const std::string& text : {read_file(sample_path()), kLeftovers}) {
+    const Trace trace = replay::parse_trace(text, "steady.csv");
+    for (const auto& spec : replay::all_replay_allocators()) {
+      if (spec.needs_gpu) continue;
+      ReplayOptions options;
+      options.passes = 3;
+      const auto result = replay::replay_trace(trace, spec, options);
+      ASSERT_FALSE(result.failed_at.has_value()) << spec.name << ": " << result.failure;
+      ASSERT_EQ(result.pass_upstream_allocations.size(), 3U) << spec.name;
+      ASSERT_TRUE(result.pass_upstream_allocations[0].has_value()) << spec.name;
+      EXPECT_GE(*result.pass_upstream_allocations[0], 1U) << spec.name;
+      EXPECT_EQ(result.pass_upstream_allocations[1], std::optional<std::uint64_t>(0)) << spec.name;
+      EXPECT_EQ(result.pass_upstream_allocations[2], std::optional<std::uint64_t>(0)) << spec.name;
+      EXPECT_EQ(result.warm_upstream_allocations, std::optional<std::uint64_t>(0)) << spec.name;
+      EXPECT_EQ(result.upstream_allocations, result.pass_upstream_allocations[0]) << spec.name;
+      // Peak reserved is over all passes: no higher than pass 1 reached when nothing grows.
+      ReplayOptions once;
+      EXPECT_EQ(result.peak_reserved_bytes,
+                replay::replay_trace(trace, spec, once).peak_reserved_bytes)
+          << spec.name;
+    }
+  }
+}
+
+TEST(ReplayPasses, OnePassKeepsTheReplayAsItWas) {
+  const Trace trace = replay::parse_trace(kLeftovers, "leftovers.csv");
+  CallLog log;
+  const auto result = replay::replay_trace(trace, recording_spec(log, true), ReplayOptions{});
+  // The trace's events only; leftovers are freed after the timed region, not counted.
+  EXPECT_EQ(result.operations, 4U);
+  EXPECT_EQ(result.pass_operations, (std::vector<std::size_t>{4}));
+  EXPECT_EQ(result.pass_ns_per_op, (std::vector<double>{result.ns_per_op}));
+  EXPECT_FALSE(result.warm_ns_per_op.has_value());
+  EXPECT_FALSE(result.warm_upstream_allocations.has_value());
+  EXPECT_FALSE(result.failed_pass.has_value());
+  EXPECT_EQ(log.calls.size(), 6U);  // the two leftovers freed by the cleanup
+}
+
+// Allocates until its `limit`-th allocation, which throws.
+AllocatorSpec failing_spec(std::size_t limit) {
+  class Failing final : public replay::ReplayAllocator {
+   public:
+    explicit Failing(std::size_t limit) : limit_(limit) {}
+    void* allocate(std::size_t, replay::ReplayStream) override {
+      if (count_ + 1 >= limit_) throw std::bad_alloc();  // counts only what it allocated
+      return reinterpret_cast<void*>(++count_ * 4096);
+    }
+    void deallocate(void*, std::size_t, replay::ReplayStream) override {}
+    bool stream_ordered() const override { return true; }
+    std::size_t peak_reserved_bytes() override { return 0; }
+    std::optional<std::uint64_t> upstream_allocations() override { return count_; }
+
+   private:
+    std::size_t limit_;
+    std::uint64_t count_ = 0;
+  };
+  AllocatorSpec spec;
+  spec.name = "failing";
+  spec.needs_gpu = false;
+  spec.make = [limit](const replay::ReplayContext&) { return std::make_unique<Failing>(limit); };
+  return spec;
+}
+
+TEST(ReplayPasses, AFailureInALaterPassEndsTheRunAndNamesThePass) {
+  const Trace trace = replay::parse_trace(kLeftovers, "leftovers.csv");
+  ReplayOptions options;
+  options.passes = 4;
+  // Three allocations a pass: the 5th allocation is pass 2's second (row 1).
+  const auto result = replay::replay_trace(trace, failing_spec(5), options);
+  ASSERT_TRUE(result.failed_at.has_value());
+  EXPECT_EQ(*result.failed_at, 1U);
+  EXPECT_EQ(result.failed_line, 3U);
+  EXPECT_EQ(result.failed_pass, std::optional<std::size_t>(2));
+  EXPECT_EQ(result.pass_operations, (std::vector<std::size_t>{6, 1}));
+  EXPECT_EQ(result.operations, 7U);
+  EXPECT_EQ(result.pass_upstream_allocations, (std::vector<std::optional<std::uint64_t>>{3, 1}));
+  EXPECT_EQ(result.warm_upstream_allocations, std::optional<std::uint64_t>(1));
+  // In the JSON record and the text.
+  replay::ReplayReport report;
+  report.passes_per_run = 4;
+  report.runs.push_back({result, {result.ns_per_op}, {}, {}, ""});
+  const std::string json = replay::to_json(report);
+  EXPECT_NE(json.find("\"passes_per_run\": 4"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"failed_pass\": 2"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"pass_operations\": [6, 1]"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"pass_upstream_allocations\": [3, 1]"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"warm_upstream_allocations\": 1"), std::string::npos) << json;
+  // A failure in pass 1 leaves no warm figures.
+  const auto cold = replay::replay_trace(trace, failing_spec(2), options);
+  EXPECT_EQ(cold.failed_pass, std::optional<std::size_t>(1));
+  EXPECT_FALSE(cold.warm_ns_per_op.has_value());
+  EXPECT_FALSE(cold.warm_upstream_allocations.has_value());
+}
+
+// The value of `"key": ` in a JSON record starting at `from` (numbers and null only).
+std::string json_value(const std::string& text, const std::string& key, std::size_t from = 0) {
+  const std::string tag = "\"" + key + "\": ";
+  const std::size_t at = text.find(tag, from);
+  if (at == std::string::npos) return "<missing>";
+  const std::size_t begin = at + tag.size();
+  const std::size_t end =
+      text.find_first_of(",}", text[begin] == '[' ? text.find(']', begin) : begin);
+  return text.substr(begin, end - begin);
+}
+
+TEST(ReplayPasses, CliPassesWithRunsReportsWarmColumnsAndJson) {
+  const std::string json = temp_path("replay-passes.json");
+  ::testing::internal::CaptureStdout();
+  const int code = cli::run_replay(
+      {"--host-only", "--runs", "3", "--passes", "3", sample_path(), "--json", json});
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(code, 0) << out;
+  EXPECT_NE(out.find("warm ns/op warm upstream"), std::string::npos) << out;
+  EXPECT_NE(out.find("warm ns/op median of 3 runs; range"), std::string::npos) << out;
+  EXPECT_NE(out.find("by pass"), std::string::npos) << out;
+  const std::string text = read_file(json);
+  EXPECT_NE(text.find("\"passes_per_run\": 3"), std::string::npos) << text;
+  std::size_t records = 0;
+  for (std::size_t at = text.find("{\"trace\": \"replay_sample\", \"allocator\"");
+       at != std::string::npos;
+       at = text.find("{\"trace\": \"replay_sample\", \"allocator\"", at + 1)) {
+    ++records;
+    // 10 events, nothing left live: 10 operations a pass.
+    EXPECT_EQ(json_value(text, "operations", at), "30") << text;
+    EXPECT_EQ(json_value(text, "pass_operations", at), "[10, 10, 10]") << text;
+    EXPECT_EQ(json_value(text, "warm_upstream_allocations", at), "0") << text;
+    EXPECT_EQ(json_value(text, "failed_pass", at), "null") << text;
+    // The reported warm ns/op is the median of the runs' warm figures.
+    const std::string runs = json_value(text, "warm_ns_per_op_runs", at);
+    std::vector<double> values;
+    for (const char* c = runs.c_str() + 1; *c != ']';) {
+      char* end = nullptr;
+      values.push_back(std::strtod(c, &end));
+      c = end;
+      while (*c == ',' || *c == ' ') ++c;
+    }
+    ASSERT_EQ(values.size(), 3U) << text;
+    std::sort(values.begin(), values.end());
+    EXPECT_DOUBLE_EQ(std::strtod(json_value(text, "warm_ns_per_op", at).c_str(), nullptr),
+                     values[1]);
+    const std::string passes = json_value(text, "pass_ns_per_op", at);
+    EXPECT_EQ(std::count(passes.begin(), passes.end(), ','), 2) << passes;
+  }
+  EXPECT_EQ(records, 3U) << text;
+  std::remove(json.c_str());
+}
+
+TEST(ReplayPasses, CliOnePassPrintsNoWarmColumnsAndNullWarmFields) {
+  const std::string json = temp_path("replay-one-pass.json");
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{}, std::vector<std::string>{"--passes", "1"}}) {
+    std::vector<std::string> args = {"--host-only", sample_path(), "--json", json};
+    args.insert(args.end(), flags.begin(), flags.end());
+    ::testing::internal::CaptureStdout();
+    ASSERT_EQ(cli::run_replay(args), 0);
+    const std::string out = ::testing::internal::GetCapturedStdout();
+    EXPECT_EQ(out.find("warm"), std::string::npos) << out;
+    EXPECT_EQ(out.find("by pass"), std::string::npos) << out;
+    // The table header of a one-pass replay, unchanged.
+    EXPECT_NE(
+        out.find("  allocator                                     ops     ns/op peak reserved "
+                 "res/live   upstream  failed_at  min capacity\n"),
+        std::string::npos)
+        << out;
+    const std::string text = read_file(json);
+    EXPECT_NE(text.find("\"passes_per_run\": 1"), std::string::npos) << text;
+    const std::size_t at = text.find("{\"trace\": \"replay_sample\", \"allocator\"");
+    ASSERT_NE(at, std::string::npos) << text;
+    EXPECT_EQ(json_value(text, "operations", at), "10");
+    EXPECT_EQ(json_value(text, "warm_ns_per_op", at), "null");
+    EXPECT_EQ(json_value(text, "warm_upstream_allocations", at), "null");
+    EXPECT_EQ(json_value(text, "warm_ns_per_op_runs", at), "[]");
+    EXPECT_EQ(json_value(text, "failed_pass", at), "null");
+    EXPECT_EQ(json_value(text, "pass_operations", at), "[10]");
+    EXPECT_EQ(json_value(text, "pass_ns_per_op", at),
+              "[" + json_value(text, "ns_per_op", at) + "]");
+    // Every field a record had before --passes is still there.
+    for (const char* key :
+         {"operations", "ns_per_op", "ns_per_op_runs", "peak_live_bytes", "peak_reserved_bytes",
+          "reserved_over_live", "upstream_allocations", "failed_at", "failed_line", "failure",
+          "held_back_frees", "min_capacity_bytes", "min_capacity_method"}) {
+      EXPECT_NE(json_value(text, key, at), "<missing>") << key;
+    }
+  }
+  std::remove(json.c_str());
+}
+
+TEST(ReplayPasses, CliRejectsBadPassCountsNamingTheFlag) {
+  for (const char* bad : {"0", "x", "1001", "-1"}) {
+    ::testing::internal::CaptureStderr();
+    ::testing::internal::CaptureStdout();
+    EXPECT_EQ(cli::run_replay({"--host-only", "--passes", bad, sample_path()}), 2) << bad;
+    (void)::testing::internal::GetCapturedStdout();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find("--passes"), std::string::npos) << bad << ": " << err;
+  }
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(cli::run_replay({"--host-only", sample_path(), "--passes"}), 2);
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("--passes needs a value"),
+            std::string::npos);
+}
+
+TEST(ReplayPasses, CapacitySearchUsesOnePass) {
+  const Trace trace = replay::read_trace(sample_path());
+  const auto spec = replay::device_pool_spec();
+  ReplayOptions one;
+  ReplayOptions three;
+  three.passes = 3;
+  const auto unbounded = replay::replay_trace(trace, spec, one);
+  EXPECT_EQ(replay::min_capacity(trace, spec, three, unbounded.peak_reserved_bytes),
+            replay::min_capacity(trace, spec, one, unbounded.peak_reserved_bytes));
+}
+
 TEST(ReplayBench, ReplayAndBatchedScenariosRunHostOnly) {
   const std::string dir = temp_path("replay-bench-traces");
   std::filesystem::create_directories(dir);
@@ -463,6 +744,26 @@ TEST(ReplayGpu, SampleTraceThroughEveryPeerOnTheDevice) {
   const auto result = replay::replay_trace(streams, replay::device_pool_spec(), options);
   EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
   EXPECT_EQ(result.held_back_frees, 0U);
+}
+
+TEST(ReplayGpu, PassesOnTheDeviceRunEveryPeerOnOneInstance) {
+  VRAM_GPU_TEST_OR_SKIP();
+  ReplayOptions options;
+  options.device = true;
+  options.passes = 3;
+  // Leftovers on two streams: freed at each pass's end on the stream they were allocated on.
+  const Trace trace = replay::parse_trace(kLeftovers, "leftovers.csv");
+  for (const auto& spec : replay::all_replay_allocators()) {
+    const auto result = replay::replay_trace(trace, spec, options);
+    EXPECT_FALSE(result.failed_at.has_value()) << spec.name << ": " << result.failure;
+    EXPECT_EQ(result.pass_operations, (std::vector<std::size_t>{6, 6, 6})) << spec.name;
+    EXPECT_EQ(result.operations, 18U) << spec.name;
+    EXPECT_TRUE(result.warm_ns_per_op.has_value()) << spec.name;
+    EXPECT_EQ(result.warm_upstream_allocations.has_value(), result.upstream_allocations.has_value())
+        << spec.name;
+    EXPECT_GE(result.peak_reserved_bytes, trace.peak_live_bytes) << spec.name;
+    EXPECT_EQ(result.held_back_frees, 0U) << spec.name;  // every peer is stream-ordered on a device
+  }
 }
 
 }  // namespace

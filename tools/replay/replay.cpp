@@ -5,6 +5,7 @@
 #include <deque>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "vram/cuda/error.hpp"
@@ -55,7 +56,56 @@ class Driver {
     result.peak_live_bytes = trace_.peak_live_bytes;
     sizes_of_live_.assign(trace_.slots, 0);
     stream_of_live_.assign(trace_.slots, ReplayStream{});
-    const auto start = std::chrono::steady_clock::now();
+    const std::size_t passes = std::max<std::size_t>(options_.passes, 1);
+    for (std::size_t pass = 1; pass <= passes; ++pass) {
+      const std::optional<std::uint64_t> upstream_before = allocator_.upstream_allocations();
+      // One pass keeps the replay as it always was: leftovers are freed untimed (~Driver).
+      const bool free_leftovers = passes > 1;
+      const auto start = std::chrono::steady_clock::now();
+      const std::size_t done = run_pass(result, free_leftovers);
+      allocator_.synchronize();
+      const double elapsed =
+          std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
+              .count();
+      const std::optional<std::uint64_t> upstream_after = allocator_.upstream_allocations();
+      result.pass_ns_per_op.push_back(done == 0 ? 0.0 : elapsed / static_cast<double>(done));
+      result.pass_operations.push_back(done);
+      result.pass_upstream_allocations.push_back(
+          upstream_before && upstream_after
+              ? std::optional<std::uint64_t>(*upstream_after - *upstream_before)
+              : std::nullopt);
+      result.operations += done;
+      if (result.failed_at) {
+        result.failed_pass = pass;
+        break;
+      }
+    }
+    result.ns_per_op = result.pass_ns_per_op.front();
+    if (result.pass_ns_per_op.size() >= 2) {
+      std::vector<double> warm(result.pass_ns_per_op.begin() + 1, result.pass_ns_per_op.end());
+      std::sort(warm.begin(), warm.end());
+      result.warm_ns_per_op = warm[warm.size() / 2];
+      std::uint64_t upstream = 0;
+      bool known = true;
+      for (std::size_t p = 1; p < result.pass_upstream_allocations.size(); ++p) {
+        const auto& delta = result.pass_upstream_allocations[p];
+        known = known && delta.has_value();
+        if (delta) upstream += *delta;
+      }
+      if (known) result.warm_upstream_allocations = upstream;
+    }
+    result.peak_reserved_bytes = allocator_.peak_reserved_bytes();
+    result.upstream_allocations = allocator_.upstream_allocations();
+    result.held_back_frees = held_total_;
+    result.held_back_peak = held_peak_;
+    return result;
+  }
+
+ private:
+  // One pass over the trace; returns the operations it ran. Starts with no live block and
+  // nothing held back; when `free_leftovers`, ends the same way (every block the trace
+  // left live freed in slot order on its stream, every held-back free deallocated).
+  std::size_t run_pass(ReplayResult& result, bool free_leftovers) {
     std::size_t done = 0;
     const std::size_t count = trace_.events.size();
     for (; done < count; ++done) {
@@ -73,39 +123,45 @@ class Driver {
               block = allocator_.allocate(event.bytes, stream);
             } catch (const std::exception& second) {
               fail(result, event, second.what());
-              break;
+              return done;
             }
           } else {
             fail(result, event, first.what());
-            break;
+            return done;
           }
         }
         blocks_[event.slot] = block;
         sizes_of_live_[event.slot] = event.bytes;
         stream_of_live_[event.slot] = stream;
       } else {
-        void* block = blocks_[event.slot];
-        blocks_[event.slot] = nullptr;
-        if (hold_back_) {
-          hold(event, block, stream, done);
-        } else {
-          allocator_.deallocate(block, event.bytes, stream);
-        }
+        free_slot(event.slot, stream, done);
       }
     }
-    allocator_.synchronize();
-    const double elapsed =
-        std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
-    result.operations = done;
-    result.ns_per_op = done == 0 ? 0.0 : elapsed / static_cast<double>(done);
-    result.peak_reserved_bytes = allocator_.peak_reserved_bytes();
-    result.upstream_allocations = allocator_.upstream_allocations();
-    result.held_back_frees = held_total_;
-    result.held_back_peak = held_peak_;
-    return result;
+    if (free_leftovers) {
+      for (std::uint32_t slot = 0; slot < blocks_.size(); ++slot) {
+        if (blocks_[slot] == nullptr) continue;
+        free_slot(slot, stream_of_live_[slot], done);
+        ++done;
+      }
+      drain(done, true);  // the next pass starts with nothing held back (its index restarts)
+    }
+    return done;
   }
 
- private:
+  // Frees the live block of `slot` on `stream` (the trace's free's stream; a leftover's
+  // own) at operation `index`: at once, or held back for stream order (stream-unaware
+  // allocator on a multi-stream trace). The size is the allocation's (the trace's free
+  // carries the same).
+  void free_slot(std::uint32_t slot, ReplayStream stream, std::size_t index) {
+    void* block = blocks_[slot];
+    blocks_[slot] = nullptr;
+    if (hold_back_) {
+      hold(slot, block, stream, index);
+    } else {
+      allocator_.deallocate(block, sizes_of_live_[slot], stream);
+    }
+  }
+
   ReplayStream stream_for(std::uint32_t index) const {
     return ReplayStream{index, streams_.empty() ? nullptr : streams_[index]->get()};
   }
@@ -116,8 +172,8 @@ class Driver {
     result.failure = what;
   }
 
-  void hold(const TraceEvent& event, void* block, ReplayStream stream, std::size_t index) {
-    HeldFree held{event.slot, event.bytes, stream, index + options_.stream_lag, nullptr};
+  void hold(std::uint32_t slot, void* block, ReplayStream stream, std::size_t index) {
+    HeldFree held{slot, sizes_of_live_[slot], stream, index + options_.stream_lag, nullptr};
     if (options_.device) {
       if (spare_events_.empty()) {
         cudaEvent_t created = nullptr;
@@ -197,6 +253,7 @@ std::optional<std::size_t> min_capacity(const Trace& trace, const AllocatorSpec&
   auto survives = [&](std::size_t capacity) {
     ReplayOptions bounded = options;
     bounded.capacity_bytes = capacity;
+    bounded.passes = 1;
     return !replay_trace(trace, spec, bounded).failed_at.has_value();
   };
   constexpr std::size_t kStep = 256;

@@ -11,12 +11,27 @@
 //
 // ns_per_op is the wall time of the replay loop (held-back frees included) over the events
 // it ran. A failing allocation ends the replay: failed_at is the data row of that event.
+//
+// Passes (ReplayOptions::passes, `vram replay --passes N`)
+//   passes == 1 (the default): the trace once; allocations the trace leaves live are freed
+//   after the timed region and not counted (what the replay always did).
+//   passes >= 2: the trace N times back to back on the same allocator instance and the same
+//   streams. Each pass ends by freeing every block the trace left live, in slot order on
+//   the stream it was allocated on, through the same path as the trace's frees (held back
+//   for a stream-unaware allocator on a multi-stream trace), then waiting for every
+//   held-back free; those frees are operations of the pass. So pass k+1 starts with no
+//   live block and whatever the allocator cached after pass k. Each pass is timed on its
+//   own (ending with allocator.synchronize(), as one pass does); ns_per_op stays pass 1
+//   (cold), warm_ns_per_op is the median of passes 2..N. peak_reserved_bytes is the peak
+//   over all passes. A failing allocation in any pass ends the replay (failed_pass says
+//   which).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "replay/replay_allocator.hpp"
 #include "replay/trace.hpp"
@@ -28,17 +43,27 @@ struct ReplayOptions {
   int device_id = 0;
   std::size_t capacity_bytes = SIZE_MAX;  // emulated device size (host-only)
   std::size_t stream_lag = 8;             // host-only: events until a free's stream work completes
+  std::size_t passes = 1;                 // replays of the trace on one allocator instance
 };
 
 struct ReplayResult {
   std::string trace;
   std::string allocator;
-  std::size_t operations = 0;  // events replayed (all of them unless one failed)
-  double ns_per_op = 0;
-  std::size_t peak_live_bytes = 0;  // from the trace
-  std::size_t peak_reserved_bytes = 0;
-  std::optional<std::uint64_t> upstream_allocations;
-  std::optional<std::size_t> failed_at;  // data row of the failing event
+  std::size_t operations = 0;           // operations of all passes (one pass: the events replayed)
+  double ns_per_op = 0;                 // pass 1 (cold)
+  std::size_t peak_live_bytes = 0;      // from the trace
+  std::size_t peak_reserved_bytes = 0;  // over all passes
+  std::optional<std::uint64_t> upstream_allocations;  // over all passes
+  // One entry per pass run (the failing pass included, with what it ran before failing).
+  std::vector<double> pass_ns_per_op;
+  std::vector<std::size_t> pass_operations;  // events replayed + leftovers freed (passes >= 2)
+  std::vector<std::optional<std::uint64_t>> pass_upstream_allocations;  // made during the pass
+  // passes >= 2 and pass 2 reached: the median of passes 2..N's ns/op, and the upstream
+  // allocations of passes 2..N together (empty when the allocator cannot say).
+  std::optional<double> warm_ns_per_op;
+  std::optional<std::uint64_t> warm_upstream_allocations;
+  std::optional<std::size_t> failed_at;    // data row of the failing event
+  std::optional<std::size_t> failed_pass;  // 1-based pass of the failing event
   std::size_t failed_line = 0;
   std::string failure;              // what the allocator said
   std::size_t held_back_frees = 0;  // frees the driver delayed for stream order
@@ -57,6 +82,7 @@ ReplayResult replay_trace(const Trace& trace, const AllocatorSpec& spec,
 // binary search between the trace's peak live bytes and the allocator's unbounded peak
 // reserved, to within max(4 KiB, 0.1%). Survival need not be monotone in capacity; the
 // answer is the search's. Empty when the allocator fails even with unbounded capacity.
+// Always one pass per probe (options.passes is ignored): the capacity a cold replay needs.
 std::optional<std::size_t> min_capacity(const Trace& trace, const AllocatorSpec& spec,
                                         const ReplayOptions& options,
                                         std::size_t unbounded_peak_reserved);

@@ -46,6 +46,17 @@ std::string json_optional(const std::optional<T>& value) {
   return value ? std::to_string(*value) : "null";
 }
 
+std::string json_optional(const std::optional<double>& value) {
+  return value ? json_number(*value) : "null";
+}
+
+template <typename T, typename Format>
+std::string json_list(const std::vector<T>& values, Format format) {
+  std::string list;
+  for (const T& v : values) list += (list.empty() ? "" : ", ") + format(v);
+  return "[" + list + "]";
+}
+
 }  // namespace
 
 TraceSummary TraceSummary::of(const Trace& trace) {
@@ -87,6 +98,7 @@ std::string to_json(const ReplayReport& report) {
   out += "  \"device\": " + json_string(report.device_name) + ",\n";
   out += "  \"stream_lag_events\": " + std::to_string(report.stream_lag) + ",\n";
   out += "  \"runs_per_allocator\": " + std::to_string(report.runs_per_allocator) + ",\n";
+  out += "  \"passes_per_run\": " + std::to_string(report.passes_per_run) + ",\n";
   out += "  \"traces\": [";
   for (std::size_t i = 0; i < report.traces.size(); ++i) {
     const TraceSummary& t = report.traces[i];
@@ -128,7 +140,21 @@ std::string to_json(const ReplayReport& report) {
            ", \"held_back_frees\": " + std::to_string(r.held_back_frees) +
            ", \"min_capacity_bytes\": " + json_optional(run.min_capacity_bytes) +
            ", \"min_capacity_method\": " +
-           (run.capacity_method.empty() ? "null" : json_string(run.capacity_method)) + "}";
+           (run.capacity_method.empty() ? "null" : json_string(run.capacity_method));
+    // Added with --passes (after the older fields, in every record).
+    out += ", \"failed_pass\": " + json_optional(r.failed_pass) +
+           ", \"warm_ns_per_op\": " + json_optional(r.warm_ns_per_op) +
+           ", \"warm_ns_per_op_runs\": " +
+           json_list(run.runs_warm_ns_per_op, [](double v) { return json_number(v); }) +
+           ", \"warm_upstream_allocations\": " + json_optional(r.warm_upstream_allocations) +
+           ", \"pass_ns_per_op\": " +
+           json_list(r.pass_ns_per_op, [](double v) { return json_number(v); }) +
+           ", \"pass_operations\": " +
+           json_list(r.pass_operations, [](std::size_t v) { return std::to_string(v); }) +
+           ", \"pass_upstream_allocations\": " +
+           json_list(r.pass_upstream_allocations,
+                     [](const std::optional<std::uint64_t>& v) { return json_optional(v); }) +
+           "}";
   }
   out += report.runs.empty() ? "],\n" : "\n  ],\n";
   out += "  \"skipped\": [";
@@ -152,7 +178,7 @@ void print_replay_usage(std::FILE* out) {
   std::fprintf(
       out,
       "usage: vram replay TRACE... [--json FILE] [--host-only] [--capacity-search]\n"
-      "                   [--device N] [--stream-lag N] [--runs N]\n"
+      "                   [--device N] [--stream-lag N] [--runs N] [--passes N]\n"
       "  Replays allocation traces (RMM logging_resource_adaptor CSV, or .csv.gz) through\n"
       "  vram DevicePool and the peers (cudaMallocAsync on a private pool, CUB, cudaMalloc,\n"
       "  PyTorch's caching allocator when built with VRAM_WITH_TORCH) and reports per trace\n"
@@ -165,6 +191,14 @@ void print_replay_usage(std::FILE* out) {
       "                     device: the peak reserved bytes, no search)\n"
       "  --runs N           replay each trace N times per allocator (1 to 100, default 1),\n"
       "                     rotating which allocator goes first; ns/op is the median run\n"
+      "  --passes N         replay the trace N times back to back on one allocator instance\n"
+      "                     (1 to 1000, default 1); each pass frees what the trace left\n"
+      "                     live (operations of the pass; ops counts every pass). ns/op\n"
+      "                     stays pass 1 (cold); N >= 2 adds 'warm ns/op' (median of\n"
+      "                     passes 2..N) and 'warm upstream' (upstream allocations of\n"
+      "                     passes 2..N) and a by-pass line (of the first run, or the\n"
+      "                     failing one). Peak reserved and upstream are over all passes;\n"
+      "                     --capacity-search replays one pass per probe\n"
       "  --stream-lag N     host-only: a free's stream work completes N events later\n"
       "                     (default 8); matters only for stream-unaware allocators on\n"
       "                     multi-stream traces\n"
@@ -179,7 +213,7 @@ bool parse_count(const std::string& text, std::size_t& value) {
   return true;
 }
 
-void print_trace_header(const Trace& trace) {
+void print_trace_header(const Trace& trace, std::size_t passes) {
   std::printf("\ntrace %s (%s): %zu events, %zu allocations, %zu stream%s, peak live %s\n",
               trace.name.c_str(), trace.path.c_str(), trace.events.size(), trace.slots,
               trace.streams.size(), trace.streams.size() == 1 ? "" : "s",
@@ -206,11 +240,13 @@ void print_trace_header(const Trace& trace) {
         "allocation's size)\n",
         trace.free_size_mismatches);
   }
-  std::printf("  %-38s %10s %9s %13s %8s %10s %10s %13s\n", "allocator", "ops", "ns/op",
+  std::printf("  %-38s %10s %9s %13s %8s %10s %10s %13s", "allocator", "ops", "ns/op",
               "peak reserved", "res/live", "upstream", "failed_at", "min capacity");
+  if (passes >= 2) std::printf(" %10s %13s", "warm ns/op", "warm upstream");
+  std::printf("\n");
 }
 
-void print_run(const AllocatorRun& run) {
+void print_run(const AllocatorRun& run, std::size_t passes) {
   const ReplayResult& r = run.result;
   const std::string upstream =
       r.upstream_allocations ? std::to_string(*r.upstream_allocations) : "n/a";
@@ -218,18 +254,58 @@ void print_run(const AllocatorRun& run) {
   const std::string capacity = run.min_capacity_bytes
                                    ? human_bytes(*run.min_capacity_bytes)
                                    : (run.capacity_method.empty() ? "-" : "none found");
-  std::printf("  %-38s %10zu %9.1f %13s %7.2fx %10s %10s %13s\n", r.allocator.c_str(), r.operations,
+  std::printf("  %-38s %10zu %9.1f %13s %7.2fx %10s %10s %13s", r.allocator.c_str(), r.operations,
               r.ns_per_op, human_bytes(r.peak_reserved_bytes).c_str(), r.reserved_over_live(),
               upstream.c_str(), failed.c_str(), capacity.c_str());
+  if (passes >= 2) {
+    char warm[32] = "-";
+    if (r.warm_ns_per_op) std::snprintf(warm, sizeof warm, "%.1f", *r.warm_ns_per_op);
+    const std::string warm_upstream = r.warm_upstream_allocations
+                                          ? std::to_string(*r.warm_upstream_allocations)
+                                          : (r.warm_ns_per_op ? "n/a" : "-");
+    std::printf(" %10s %13s", warm, warm_upstream.c_str());
+  }
+  std::printf("\n");
   if (run.runs_ns_per_op.size() > 1) {
     const auto [low, high] =
         std::minmax_element(run.runs_ns_per_op.begin(), run.runs_ns_per_op.end());
     std::printf("    ns/op median of %zu runs; range %.1f .. %.1f\n", run.runs_ns_per_op.size(),
                 *low, *high);
   }
+  if (run.runs_warm_ns_per_op.size() > 1) {
+    const auto [low, high] =
+        std::minmax_element(run.runs_warm_ns_per_op.begin(), run.runs_warm_ns_per_op.end());
+    std::printf("    warm ns/op median of %zu runs; range %.1f .. %.1f\n",
+                run.runs_warm_ns_per_op.size(), *low, *high);
+  }
+  if (passes >= 2) {
+    std::string ns;
+    std::string up;
+    std::string ops;
+    for (std::size_t p = 0; p < r.pass_ns_per_op.size(); ++p) {
+      char buffer[32];
+      std::snprintf(buffer, sizeof buffer, "%.1f", r.pass_ns_per_op[p]);
+      if (p > 0) {
+        ns += ", ";
+        up += ", ";
+        ops += ", ";
+      }
+      ns += buffer;
+      const auto& delta = r.pass_upstream_allocations[p];
+      up += delta ? std::to_string(*delta) : std::string("n/a");
+      ops += std::to_string(r.pass_operations[p]);
+    }
+    std::printf("    by pass: ns/op %s; upstream %s; ops %s\n", ns.c_str(), up.c_str(),
+                ops.c_str());
+  }
   if (r.failed_at) {
-    std::printf("    failed at row %zu (line %zu): %s\n", *r.failed_at, r.failed_line,
-                r.failure.c_str());
+    if (passes >= 2) {
+      std::printf("    failed at row %zu (line %zu) in pass %zu: %s\n", *r.failed_at, r.failed_line,
+                  r.failed_pass.value_or(1), r.failure.c_str());
+    } else {
+      std::printf("    failed at row %zu (line %zu): %s\n", *r.failed_at, r.failed_line,
+                  r.failure.c_str());
+    }
   }
   if (r.held_back_frees > 0) {
     std::printf("    %zu frees held back for stream order (stream-unaware allocator)\n",
@@ -245,6 +321,7 @@ int run_replay(const std::vector<std::string>& args) {
   bool host_only = false;
   bool capacity_search = false;
   std::size_t runs = 1;
+  std::size_t passes = 1;
   ReplayOptions options;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -266,7 +343,7 @@ int run_replay(const std::vector<std::string>& args) {
       const std::string* v = value("--json");
       if (v == nullptr) return 2;
       json_path = *v;
-    } else if (arg == "--device" || arg == "--stream-lag" || arg == "--runs") {
+    } else if (arg == "--device" || arg == "--stream-lag" || arg == "--runs" || arg == "--passes") {
       const std::string* v = value(arg.c_str());
       std::size_t n = 0;
       if (v == nullptr) return 2;
@@ -282,6 +359,13 @@ int run_replay(const std::vector<std::string>& args) {
           return 2;
         }
         runs = n;
+      }
+      if (arg == "--passes") {
+        if (n == 0 || n > 1000) {
+          std::fprintf(stderr, "vram replay: --passes needs 1 to 1000, got %zu\n", n);
+          return 2;
+        }
+        passes = n;
       }
     } else if (arg.rfind("--", 0) == 0) {
       std::fprintf(stderr, "vram replay: unknown option '%s'\n", arg.c_str());
@@ -324,6 +408,8 @@ int run_replay(const std::vector<std::string>& args) {
   ReplayReport report;
   report.stream_lag = options.stream_lag;
   report.runs_per_allocator = runs;
+  report.passes_per_run = passes;
+  options.passes = passes;
   const auto availability = cuda::Device::availability();
   options.device = !host_only && availability.count > options.device_id;
   report.device = options.device;
@@ -351,7 +437,7 @@ int run_replay(const std::vector<std::string>& args) {
 
   for (const Trace& trace : traces) {
     report.traces.push_back(TraceSummary::of(trace));
-    print_trace_header(trace);
+    print_trace_header(trace, passes);
     // Every allocator replays the trace `runs` times, a fresh instance each time; round k
     // starts with allocator k (mod their count), so none always runs first (cold driver)
     // or last. The memory figures are the same in every run; ns/op is the median run's.
@@ -364,6 +450,9 @@ int run_replay(const std::vector<std::string>& args) {
         try {
           ReplayResult result = replay_trace(trace, specs[which], options);
           of_trace[which].runs_ns_per_op.push_back(result.ns_per_op);
+          if (result.warm_ns_per_op) {
+            of_trace[which].runs_warm_ns_per_op.push_back(*result.warm_ns_per_op);
+          }
           if (round == 0 || result.failed_at) of_trace[which].result = std::move(result);
         } catch (const std::exception& error) {
           // Setting up the allocator failed (not an allocation of the trace): no record.
@@ -380,6 +469,11 @@ int run_replay(const std::vector<std::string>& args) {
       std::vector<double> sorted = run.runs_ns_per_op;
       std::sort(sorted.begin(), sorted.end());
       run.result.ns_per_op = sorted[sorted.size() / 2];
+      if (!run.runs_warm_ns_per_op.empty()) {
+        std::vector<double> warm = run.runs_warm_ns_per_op;
+        std::sort(warm.begin(), warm.end());
+        run.result.warm_ns_per_op = warm[warm.size() / 2];
+      }
       if (capacity_search) {
         if (options.device) {
           run.capacity_method = "device: peak reserved bytes (no search on a real device)";
@@ -390,7 +484,7 @@ int run_replay(const std::vector<std::string>& args) {
               min_capacity(trace, specs[which], options, run.result.peak_reserved_bytes);
         }
       }
-      print_run(run);
+      print_run(run, passes);
       report.runs.push_back(std::move(run));
     }
   }
