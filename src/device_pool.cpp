@@ -62,7 +62,21 @@ std::atomic<std::uint64_t> next_pool_uid{1};
 
 std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePool::Options& options,
                                                    const std::shared_ptr<Upstream>& upstream) {
-  if (!options.use_virtual_memory) return nullptr;
+  switch (options.large_tier_memory) {
+    case LargeTierMemory::segments:
+      return nullptr;
+    case LargeTierMemory::automatic: {
+      // Only over vram's own device upstream: the granules come from cuMemCreate, not from
+      // the upstream, and a custom upstream (a budget, a counter) must not be bypassed.
+      const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(upstream.get());
+      if (device_upstream == nullptr || !CudaVirtualMemory::supported(device_upstream->device())) {
+        return nullptr;
+      }
+      return std::make_shared<CudaVirtualMemory>(device_upstream->device());
+    }
+    case LargeTierMemory::virtual_memory:
+      break;
+  }
   if (upstream->kind() != MemoryKind::device) return std::make_shared<HostVirtualMemory>(upstream);
   const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(upstream.get());
   const int device =
@@ -539,8 +553,8 @@ void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, st
   // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
   // free segments cannot cover the excess, the other tier's give back the rest (the tier
   // itself gives back its own as it grows).
-  const std::size_t excess =
-      gauge.excess_after_growth(tier.growth_bytes(bytes), bytes, tier.growth_headroom_1024());
+  const std::size_t excess = gauge.excess_after_growth(
+      tier.growth_bytes(bytes), tier.peak_growth_for(bytes), tier.growth_headroom_1024());
   if (const std::size_t own = excess > 0 ? tier.empty_bytes() : 0; own < excess) {
     (&tier == &small ? large : small).release_empty_for(excess - own);
   }
@@ -925,6 +939,8 @@ void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t s
   core_->deallocate(block, bytes, detail::stream_key(stream));
 }
 
+bool DevicePool::uses_virtual_memory() const noexcept { return core_->virtual_memory != nullptr; }
+
 std::size_t DevicePool::block_bytes(std::size_t bytes) const noexcept {
   return core_->block_bytes(bytes);
 }
@@ -933,7 +949,8 @@ void DevicePool::trim(std::size_t keep_bytes) {
   core_->trim(keep_bytes, nullptr, true);
   // The growth budget restarts from what is in use now: a caller that trims wants the
   // memory held to follow today's use, not the all-time peak.
-  core_->gauge.restart_budget();
+  core_->small.restart_peak();
+  core_->large.restart_peak();
 }
 
 DevicePoolStats DevicePool::stats() const { return core_->stats(); }

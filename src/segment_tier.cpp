@@ -204,8 +204,8 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   if (r == nullptr && may_grow) {
     // Only segments that could then serve the request are worth the wait, unless growing
     // passes the budget (then any of them may have to go back).
-    const bool past_budget =
-        gauge_.excess_after_growth(segment_size_for(need), need, options_.growth_headroom_1024) > 0;
+    const bool past_budget = gauge_.excess_after_growth(segment_size_for(need), peak_growth(need),
+                                                        options_.growth_headroom_1024) > 0;
     if (wait_for_empty_segments(past_budget ? 0 : need)) r = fit(stream, need);
   }
   if (r != nullptr && base_ != nullptr && !may_grow) {
@@ -227,7 +227,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     // largest ones). Giving back all of them would make the next step take them again.
     std::size_t size = segment_size_for(need);
     if (const std::size_t excess =
-            gauge_.excess_after_growth(size, need, options_.growth_headroom_1024)) {
+            gauge_.excess_after_growth(size, peak_growth(need), options_.growth_headroom_1024)) {
       release_empty_segments_for(excess);
     }
     auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
@@ -295,7 +295,10 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   r->tag = kUntagged;
   counters_.free_bytes -= r->size;
   used_ += r->size;
-  gauge_.use(r->size);
+  if (used_ > used_peak_) {
+    gauge_.tier_peaks.fetch_add(used_ - used_peak_, std::memory_order_relaxed);
+    used_peak_ = used_;
+  }
   return r->addr;
 }
 
@@ -307,7 +310,6 @@ bool SegmentTier::free(void* block, StreamKey tag) noexcept {
   live_.erase(it);
   counters_.free_bytes += r->size;
   used_ -= r->size;
-  gauge_.unuse(r->size);
   r->tag = tag;
   r->epoch = epoch_;
   insert_free(r);
@@ -580,8 +582,8 @@ void SegmentTier::map_range(Range* range) {
     // The growth budget the tiers share (ReservedGauge): past it, free runs are unmapped
     // before new ones are mapped. Below it, mapped free granules stay for reuse, so a loop
     // that frees and reallocates makes no driver call.
-    if (const std::size_t excess =
-            gauge_.excess_after_growth(new_bytes, range->size, options_.growth_headroom_1024)) {
+    if (const std::size_t excess = gauge_.excess_after_growth(new_bytes, peak_growth(range->size),
+                                                              options_.growth_headroom_1024)) {
       make_reclaimable();
       unmap_free_granules(counters_.free_bytes > excess ? counters_.free_bytes - excess : 0, range);
     }
@@ -660,6 +662,17 @@ void SegmentTier::unmap_free_granules(std::size_t keep_free, const Range* except
       g = next;
     }
   }
+}
+
+std::size_t SegmentTier::peak_growth_for(std::size_t bytes) const noexcept {
+  std::lock_guard lock(mutex_);
+  return peak_growth(round(bytes));
+}
+
+void SegmentTier::restart_peak() noexcept {
+  std::lock_guard lock(mutex_);
+  gauge_.tier_peaks.fetch_sub(used_peak_ - used_, std::memory_order_relaxed);
+  used_peak_ = used_;
 }
 
 bool SegmentTier::owns(void* block) const noexcept {

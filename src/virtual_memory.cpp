@@ -138,6 +138,11 @@ std::uint64_t CudaVirtualMemory::map(char* address, std::size_t bytes) {
   }
   if (result != CUDA_SUCCESS) {
     (void)api.mem_release.function(handle);
+    if (result == CUDA_ERROR_OUT_OF_MEMORY) {  // the pool reclaims and retries, as for cuMemCreate
+      throw OutOfMemory(bytes, 0, 0,
+                        "cuMemMap/cuMemSetAccess on device " + std::to_string(device_) +
+                            " returned CUDA_ERROR_OUT_OF_MEMORY");
+    }
     cuda::check_driver(result, "cuMemMap/cuMemSetAccess");
   }
   return handle;

@@ -492,6 +492,30 @@ TEST(DevicePoolStreams, GrowthHeadroomSetsTheBudget) {
   }
 }
 
+// The budget follows each tier's own peak: a step that uses 64 MiB of small blocks, then
+// (after freeing them) one 64 MiB block, keeps both tiers' segments. A budget over the peak
+// of their sum (64 MiB + 1/16) made each phase give back what the other takes again, two
+// upstream calls and two frees every step.
+TEST(DevicePoolStreams, TiersPeakingAtDifferentMomentsKeepTheirSegments) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Options options;
+  options.thread_cache_blocks = 0;  // small blocks straight back to their segments
+  options.max_cached_blocks_per_class = 0;
+  DevicePool pool(upstream, options);
+  std::uint64_t after_first_step = 0;
+  for (int step = 0; step < 5; ++step) {
+    std::vector<void*> small;
+    for (int i = 0; i < 64; ++i) small.push_back(pool.allocate(1_MiB));
+    for (void* block : small) pool.deallocate(block, 1_MiB);
+    void* large = pool.allocate(64_MiB);
+    pool.deallocate(large, 64_MiB);
+    if (step == 0) after_first_step = upstream->allocations();
+  }
+  EXPECT_EQ(upstream->allocations(), after_first_step) << "no upstream call after the first step";
+  EXPECT_EQ(pool.stats().upstream_frees, 0U);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
 // trim() restarts the budget from what is in use: the all-time peak no longer lets a
 // later growth keep idle segments.
 TEST(DevicePoolStreams, TrimRestartsTheGrowthBudget) {
@@ -659,7 +683,7 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
   options.validate_releases = true;
-  options.use_virtual_memory = true;
+  options.large_tier_memory = LargeTierMemory::virtual_memory;
   options.virtual_reservation_bytes = 1_GiB;
   {
     DevicePool pool(upstream, options);
@@ -692,7 +716,7 @@ TEST(DevicePoolVirtualReview, AStreamFreeDoesNotTakeTheWholeReservationFromOther
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;
   options.fence = fence;
-  options.use_virtual_memory = true;
+  options.large_tier_memory = LargeTierMemory::virtual_memory;
   options.small_block_max_bytes = std::size_t{256} << 10;
   options.virtual_reservation_bytes = 1_GiB;
   {
@@ -782,7 +806,7 @@ TEST(DevicePoolStreamsGpu, BlockFreedBehindALongKernelIsNotReusedByAnotherStream
 TEST(DevicePoolVirtualGpu, RunsOfGranulesHoldKernelDataAndGoBackOnTrim) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool::Options options;
-  options.use_virtual_memory = true;
+  options.large_tier_memory = LargeTierMemory::virtual_memory;
   options.small_block_max_bytes = std::size_t{256} << 10;
   options.virtual_reservation_bytes = 8_GiB;
   DevicePool pool(0, options);

@@ -133,7 +133,8 @@ TEST(DevicePoolTraces, HostOnlyReplayOfRecordedTraces) {
       options.thread_cache_blocks = std::strtoull(text, nullptr, 10);
     }
     if (const char* text = std::getenv("VRAM_TRACE_VM")) {
-      options.use_virtual_memory = text[0] != '0';
+      options.large_tier_memory =
+          text[0] != '0' ? LargeTierMemory::virtual_memory : LargeTierMemory::segments;
       options.unmap_before_map = text[0] == '2';
     }
     DevicePool pool(upstream, options);
@@ -166,11 +167,14 @@ TEST(DevicePoolTraces, HostOnlyReplayOfRecordedTraces) {
     EXPECT_GE(s.peak_bytes_reserved, peak_live);
     EXPECT_GE(s.peak_bytes_in_use, peak_live);
     if (!tuned) {
-      // Defaults through the stream-ordered API, this upstream's addresses: 1.03x / 1.08x /
-      // 1.21x (conv / decode / transformer); before stream-tagged frees merged and their
-      // segments went back, and before max_segment_waste_bytes, 1.47x / 1.17x / 1.27x (on
-      // the H200). Best-fit ties follow addresses, so the bound leaves a little room.
-      const double bound = path.filename().string().starts_with("transformer") ? 1.25 : 1.10;
+      // Defaults over a host upstream (segments) through the stream-ordered API, this
+      // upstream's addresses: 1.045x / 1.111x / 1.209x (conv / decode / transformer; decode
+      // was 1.08x before the budget followed each tier's own peak, which keeps the small
+      // tier's segments from trading places with the large tier's every step); before
+      // stream-tagged frees merged and their segments went back, and before
+      // max_segment_waste_bytes, 1.47x / 1.17x / 1.27x (on the H200). Best-fit ties follow
+      // addresses, so the bound leaves a little room.
+      const double bound = path.filename().string().starts_with("transformer") ? 1.25 : 1.12;
       EXPECT_LE(double(s.peak_bytes_reserved), bound * double(peak_live));
     }
     EXPECT_EQ(s.bytes_reserved, upstream->live());

@@ -380,7 +380,7 @@ TEST(ReplayCli, JsonHasOneRecordPerTraceAndAllocatorWithNullFailedAt) {
   for (const auto& spec : replay::all_replay_allocators()) host_capable += spec.needs_gpu ? 0 : 1;
   EXPECT_EQ(host_capable, 3U);
   EXPECT_EQ(records, host_capable);
-  EXPECT_NE(text.find("\"allocator\": \"vram DevicePool (virtual memory)\""), std::string::npos);
+  EXPECT_NE(text.find("\"allocator\": \"vram DevicePool (segments)\""), std::string::npos);
   for (const auto& entry : std::filesystem::directory_iterator(::testing::TempDir())) {
     EXPECT_EQ(entry.path().filename().string().find("replay-test.json.tmp"), std::string::npos);
   }

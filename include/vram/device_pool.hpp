@@ -138,6 +138,22 @@ struct DevicePoolStats {
   std::uint64_t segments = 0;           // segments held from the upstream
 };
 
+// What backs DevicePool's large tier (blocks above small_block_max_bytes).
+//   automatic       virtual memory when the upstream is vram's DeviceMemoryUpstream (as
+//                   with DevicePool(int device)) and the device supports CUDA virtual
+//                   memory management; segments otherwise (any other upstream is used as
+//                   given: a custom device upstream is never bypassed).
+//   segments        segments from the upstream (cudaMalloc): best-fit split and coalesce
+//                   within each segment. The memory can be shared by CUDA IPC
+//                   (cudaIpcGetMemHandle), which virtual memory cannot.
+//   virtual_memory  always (over a host upstream: the host emulation; on a device without
+//                   virtual memory management: segments).
+// Replaying traces recorded from PyTorch models (bench/RESULTS.md), virtual memory held
+// 1.01x / 1.01x / 1.18x the live bytes against 1.04x-1.08x / 1.08x-1.13x / 1.21x with
+// segments, and made no driver call once the pattern repeated where segments kept
+// returning and retaking GiB segments every step.
+enum class LargeTierMemory : std::uint8_t { automatic, segments, virtual_memory };
+
 // Configuration of a DevicePool (see the class comment for what each bound means).
 struct DevicePoolOptions {
   std::size_t max_cached_bytes = std::size_t{4} << 30;  // free bytes per tier, ring bytes
@@ -167,13 +183,13 @@ struct DevicePoolOptions {
   // vram::InvalidArgument.
   double growth_headroom = 1.0 / 16;
   bool track_peak_in_use = false;
-  // The large tier over one reserved virtual address range backed by 2 MiB granules
-  // (CUDA virtual memory management over device memory; the host emulation,
-  // HostVirtualMemory charging the upstream, over any other upstream). The unmapped
-  // granules under a new block are mapped as one run (one physical allocation and map);
-  // a run goes back only when all of it is free. Free ranges merge across the whole range
-  // and reserved bytes are the granules mapped.
-  bool use_virtual_memory = false;
+  // What backs the large tier (see LargeTierMemory). Virtual memory: one reserved address
+  // range backed by 2 MiB granules (CUDA virtual memory management over device memory;
+  // the host emulation, HostVirtualMemory charging the upstream, over any other upstream).
+  // The unmapped granules under a new block are mapped as one run (one physical
+  // allocation and map); a run goes back only when all of it is free. Free ranges merge
+  // across the whole range and reserved bytes are the granules mapped.
+  LargeTierMemory large_tier_memory = LargeTierMemory::automatic;
   std::size_t virtual_reservation_bytes = 0;  // 0: twice the device's memory, or 64 GiB
   bool unmap_before_map = false;              // keep reserved at in use, at the price of more maps
   // The longest run of granules one map covers (rounded down to granules, at least one). A
@@ -242,6 +258,8 @@ class DevicePool {
   // Bytes a request of `bytes` occupies in the pool (its size class up to
   // small_block_max_bytes, else rounded to 512): what bytes_in_use counts.
   std::size_t block_bytes(std::size_t bytes) const noexcept;
+  // True when the large tier runs over virtual memory (Options::large_tier_memory).
+  bool uses_virtual_memory() const noexcept;
 
   // Gives cached memory back to the upstream (see above). Waits for the work of
   // stream-ordered frees so that their memory can be given back too.

@@ -169,14 +169,16 @@ DeviceState& state_for(int device) {
   std::size_t max_cached = g_max_cached_bytes;
   if (max_cached == 0) max_cached = parse_bytes(std::getenv("VRAM_TORCH_MAX_CACHED_BYTES"));
   if (max_cached != 0) options.max_cached_bytes = max_cached;
-  // Large blocks over one virtual address range mapped in runs of 2 MiB granules, where the
-  // device supports it (else cudaMalloc segments): free ranges merge across what would be
-  // segment boundaries, so a new shape fits in memory already mapped instead of a new
-  // segment, and nothing is given back during the run (no cudaFree, no device
-  // synchronize). PyTorch cannot share this memory through CUDA IPC, as with its own
-  // expandable segments. VRAM_TORCH_VIRTUAL_MEMORY=0 selects cudaMalloc segments.
-  const char* virtual_memory = std::getenv("VRAM_TORCH_VIRTUAL_MEMORY");
-  options.use_virtual_memory = virtual_memory == nullptr || std::strcmp(virtual_memory, "0") != 0;
+  // The pool's default: large blocks over one virtual address range mapped in runs of 2 MiB
+  // granules where the device supports it (else cudaMalloc segments): free ranges merge
+  // across what would be segment boundaries, so a new shape fits in memory already mapped
+  // instead of a new segment, and nothing is given back during the run (no cudaFree, no
+  // device synchronize). PyTorch cannot share this memory through CUDA IPC, as with its
+  // own expandable segments. VRAM_TORCH_VIRTUAL_MEMORY=0 selects cudaMalloc segments.
+  if (const char* virtual_memory = std::getenv("VRAM_TORCH_VIRTUAL_MEMORY");
+      virtual_memory != nullptr && std::strcmp(virtual_memory, "0") == 0) {
+    options.large_tier_memory = vram::LargeTierMemory::segments;
+  }
   // Segments: reserved may pass the peak in use by this fraction before growing gives
   // wholly free segments back (vram::DevicePool::Options::growth_headroom).
   if (const char* headroom = std::getenv("VRAM_TORCH_GROWTH_HEADROOM")) {

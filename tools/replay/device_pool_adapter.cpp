@@ -18,6 +18,17 @@
 namespace vram::replay {
 namespace {
 
+// Host-only, the default large tier (LargeTierMemory::automatic: virtual memory over a
+// device upstream that supports it, as on the H200) becomes the host emulation of virtual
+// memory, so the memory figures are the device's; over a host upstream automatic would
+// mean segments.
+DevicePool::Options mirror_device(DevicePool::Options options, const ReplayContext& context) {
+  if (!context.device && options.large_tier_memory == LargeTierMemory::automatic) {
+    options.large_tier_memory = LargeTierMemory::virtual_memory;
+  }
+  return options;
+}
+
 class DevicePoolAdapter final : public ReplayAllocator {
  public:
   DevicePoolAdapter(const ReplayContext& context, const DevicePool::Options& options)
@@ -25,7 +36,7 @@ class DevicePoolAdapter final : public ReplayAllocator {
                                    std::make_shared<DeviceMemoryUpstream>(context.device_id))
                              : std::shared_ptr<Upstream>(
                                    std::make_shared<HostMemoryUpstream>(context.capacity_bytes)),
-              options),
+              mirror_device(options, context)),
         device_(context.device) {}
   void* allocate(std::size_t bytes, ReplayStream stream) override {
     return pool_.allocate_async(bytes, handle(stream));
@@ -67,27 +78,29 @@ AllocatorSpec pool_spec(std::string name, std::string note, DevicePool::Options 
 
 AllocatorSpec device_pool_spec() {
   return pool_spec("vram DevicePool",
-                   "defaults, stream-ordered API on a device; peak reserved and upstream "
-                   "allocations from DevicePool::stats()",
+                   "defaults (large tier over virtual memory where the device supports it: "
+                   "upstream allocations are maps of runs of 2 MiB granules), stream-ordered "
+                   "API on a device; peak reserved and upstream allocations from "
+                   "DevicePool::stats()",
                    DevicePool::Options{});
+}
+
+AllocatorSpec device_pool_segments_spec() {
+  DevicePool::Options options;
+  options.large_tier_memory = LargeTierMemory::segments;
+  return pool_spec("vram DevicePool (segments)",
+                   "large_tier_memory = segments: cudaMalloc segments (memory shareable by CUDA "
+                   "IPC), best fit within each",
+                   options);
 }
 
 AllocatorSpec device_pool_split_every_segment_spec() {
   DevicePool::Options options;
+  options.large_tier_memory = LargeTierMemory::segments;
   options.max_segment_waste_bytes = SIZE_MAX;
   return pool_spec("vram DevicePool (split every segment)",
-                   "max_segment_waste_bytes = SIZE_MAX: a wholly free segment is split for any "
-                   "request that fits (fewer upstream calls, more reserved)",
-                   options);
-}
-
-AllocatorSpec device_pool_virtual_memory_spec() {
-  DevicePool::Options options;
-  options.use_virtual_memory = true;
-  options.small_block_max_bytes = std::size_t{256} << 10;
-  return pool_spec("vram DevicePool (virtual memory)",
-                   "use_virtual_memory, small blocks up to 256 KiB; upstream allocations are "
-                   "maps of runs of 2 MiB granules (one physical allocation each)",
+                   "segments with max_segment_waste_bytes = SIZE_MAX: a wholly free segment is "
+                   "split for any request that fits (fewer upstream calls, more reserved)",
                    options);
 }
 

@@ -154,8 +154,8 @@ std::vector<AllocatorSpec> cuda_peer_specs() {
 std::vector<AllocatorSpec> all_replay_allocators() {
   std::vector<AllocatorSpec> specs;
   specs.push_back(device_pool_spec());
+  specs.push_back(device_pool_segments_spec());
   specs.push_back(device_pool_split_every_segment_spec());
-  specs.push_back(device_pool_virtual_memory_spec());
   for (auto& spec : cuda_peer_specs()) specs.push_back(std::move(spec));
   for (auto& spec : torch_peer_specs()) specs.push_back(std::move(spec));
   return specs;

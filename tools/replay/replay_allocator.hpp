@@ -61,12 +61,14 @@ struct AllocatorSpec {
   std::function<std::unique_ptr<ReplayAllocator>(const ReplayContext&)> make;
 };
 
-// vram DevicePool with default options (device_pool_adapter.cpp).
+// vram DevicePool with default options (device_pool_adapter.cpp): on a device with virtual
+// memory management its large tier runs over virtual memory (LargeTierMemory::automatic);
+// host-only the replay mirrors that with the host emulation.
 AllocatorSpec device_pool_spec();
-// vram DevicePool over virtual memory (runs of 2 MiB granules mapped on demand), small blocks <=
-// 256 KiB.
-AllocatorSpec device_pool_virtual_memory_spec();
-// vram DevicePool that splits every wholly free segment (max_segment_waste_bytes = SIZE_MAX).
+// vram DevicePool over cudaMalloc segments (LargeTierMemory::segments: memory shareable by
+// CUDA IPC).
+AllocatorSpec device_pool_segments_spec();
+// Segments, splitting every wholly free segment (max_segment_waste_bytes = SIZE_MAX).
 AllocatorSpec device_pool_split_every_segment_spec();
 // cudaMallocAsync on a private pool, CUB CachingDeviceAllocator, plain cudaMalloc (peers.cpp).
 std::vector<AllocatorSpec> cuda_peer_specs();

@@ -52,13 +52,16 @@ inline StreamKey stream_key(cudaStream_t stream) noexcept {
   return reinterpret_cast<StreamKey>(stream);
 }
 
-// Reserved and used (carved out of segments) bytes of several tiers together, their
-// high-water marks, and the growth budget they share.
+// Reserved bytes of several tiers together, their high-water mark, and the growth budget
+// they share. The budget follows the sum of each tier's own peak of used (carved out of
+// segments) bytes, not the peak of their sum: a tier's segments serve only that tier, so
+// when the tiers peak at different moments (small blocks in one phase of a step, large
+// ones in another) both peaks must stay reserved, else each phase gives back what the
+// other takes again, every step (found by replaying a decode trace several times).
 struct ReservedGauge {
   std::atomic<std::size_t> reserved{0};
   std::atomic<std::size_t> peak{0};
-  std::atomic<std::size_t> used{0};
-  std::atomic<std::size_t> used_peak{0};
+  std::atomic<std::size_t> tier_peaks{0};  // sum over the tiers of each one's peak of used
   static void raise(std::atomic<std::size_t>& high_mark, std::size_t now) noexcept {
     std::size_t high = high_mark.load(std::memory_order_relaxed);
     while (now > high && !high_mark.compare_exchange_weak(high, now, std::memory_order_relaxed)) {
@@ -68,24 +71,16 @@ struct ReservedGauge {
     raise(peak, reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   }
   void sub(std::size_t bytes) noexcept { reserved.fetch_sub(bytes, std::memory_order_relaxed); }
-  void use(std::size_t bytes) noexcept {
-    raise(used_peak, used.fetch_add(bytes, std::memory_order_relaxed) + bytes);
-  }
-  void unuse(std::size_t bytes) noexcept { used.fetch_sub(bytes, std::memory_order_relaxed); }
-  void restart_budget() noexcept {
-    used_peak.store(used.load(std::memory_order_relaxed), std::memory_order_relaxed);
-  }
-  // The budget: reserved may exceed the peak of used bytes by headroom_1024/1024 of it.
-  // Returns by how much taking `grow` more bytes, for a request of `need`, would pass it
-  // (0: within).
-  std::size_t excess_after_growth(std::size_t grow, std::size_t need,
+  // The budget: reserved may exceed the tiers' peaks (plus `peak_growth`, by how much the
+  // request raises its tier's peak) by headroom_1024/1024 of them. Returns by how much
+  // taking `grow` more bytes would pass it (0: within).
+  std::size_t excess_after_growth(std::size_t grow, std::size_t peak_growth,
                                   std::size_t headroom_1024) const noexcept {
-    const std::size_t peak_used = std::max(used_peak.load(std::memory_order_relaxed),
-                                           used.load(std::memory_order_relaxed) + need);
-    // peak_used < 2^44 (1 TiB blocks, a few thousand of them at most) and headroom_1024 <=
+    const std::size_t peaks = tier_peaks.load(std::memory_order_relaxed) + peak_growth;
+    // peaks < 2^44 (1 TiB blocks, a few thousand of them at most) and headroom_1024 <=
     // kMaxHeadroom1024 (2^20): the product fits.
-    const std::size_t bound = peak_used + (peak_used >> 10) * headroom_1024 +
-                              (((peak_used & 1023) * headroom_1024) >> 10);
+    const std::size_t bound =
+        peaks + (peaks >> 10) * headroom_1024 + (((peaks & 1023) * headroom_1024) >> 10);
     const std::size_t after = reserved.load(std::memory_order_relaxed) + grow;
     return after > bound ? after - bound : 0;
   }
@@ -167,6 +162,10 @@ class SegmentTier {
     return segment_size_for(round(bytes));
   }
   std::size_t growth_headroom_1024() const noexcept { return options_.growth_headroom_1024; }
+  // By how much a request of `bytes` would raise this tier's peak of used bytes.
+  std::size_t peak_growth_for(std::size_t bytes) const noexcept;
+  // The tier's peak of used bytes restarts from what is used now (DevicePool::trim).
+  void restart_peak() noexcept;
   // Bytes of wholly free, untagged segments.
   std::size_t empty_bytes() const noexcept;
   // Gives back wholly free segments covering at least `bytes` (waiting first for the
@@ -248,6 +247,10 @@ class SegmentTier {
   std::vector<Segment*> segments_;
   Counters counters_;
   std::size_t used_ = 0;
+  std::size_t used_peak_ = 0;                                 // its share of gauge_.tier_peaks
+  std::size_t peak_growth(std::size_t need) const noexcept {  // under the mutex
+    return used_ + need > used_peak_ ? used_ + need - used_peak_ : 0;
+  }
   std::uint64_t epoch_ = 0;  // advanced by mark_frees()
   char* base_ = nullptr;     // virtual mode: the reserved range
   std::size_t granule_ = 0;
