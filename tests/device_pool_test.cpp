@@ -852,6 +852,48 @@ TEST(DevicePoolVirtualGpu, RunsOfGranulesHoldKernelDataAndGoBackOnTrim) {
   EXPECT_EQ(s.bytes_in_use, 0U);
   EXPECT_EQ(s.bytes_reserved, 0U) << "every run unmapped and released";
 }
+
+// The default (LargeTierMemory::automatic) over vram's device upstream is virtual memory on
+// a device that supports it (the H200 does); `segments` and any other upstream keep
+// segments. A large block of the default pool holds what a kernel wrote, and a repeated
+// step makes no driver call.
+TEST(DevicePoolVirtualGpu, DefaultPoolRunsItsLargeTierOverVirtualMemory) {
+  VRAM_GPU_TEST_OR_SKIP();
+  DevicePool pool(0);
+  EXPECT_TRUE(pool.uses_virtual_memory()) << "the H200 supports virtual memory management";
+  DevicePool segments(0, DevicePool::Options{.large_tier_memory = LargeTierMemory::segments});
+  EXPECT_FALSE(segments.uses_virtual_memory());
+  DevicePool custom(std::make_shared<TestUpstream>(std::make_shared<DeviceMemoryUpstream>(0)));
+  EXPECT_FALSE(custom.uses_virtual_memory()) << "a custom device upstream is never bypassed";
+  cuda::Stream stream;
+  std::uint64_t after_first_step = 0;
+  for (int step = 0; step < 3; ++step) {
+    void* big = pool.allocate_async(100_MiB, stream.get());
+    void* other = pool.allocate_async(40_MiB + 512, stream.get());
+    launch_fill(big, 100_MiB / 4, 0x2000u + static_cast<std::uint32_t>(step), stream.get());
+    unsigned long long* mismatches = nullptr;
+    cuda::check(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches),
+                "cudaMalloc");
+    cuda::check(cudaMemsetAsync(mismatches, 0, sizeof *mismatches, stream.get()),
+                "cudaMemsetAsync");
+    launch_count_mismatches(big, 100_MiB / 4, 0x2000u + static_cast<std::uint32_t>(step),
+                            mismatches, stream.get());
+    unsigned long long host = 1;
+    cuda::check(
+        cudaMemcpyAsync(&host, mismatches, sizeof host, cudaMemcpyDeviceToHost, stream.get()),
+        "cudaMemcpyAsync");
+    stream.synchronize();
+    cudaFree(mismatches);
+    EXPECT_EQ(host, 0U) << "step " << step;
+    pool.deallocate_async(other, 40_MiB + 512, stream.get());
+    pool.deallocate_async(big, 100_MiB, stream.get());
+    if (step == 0) after_first_step = pool.stats().upstream_allocations;
+  }
+  EXPECT_EQ(pool.stats().upstream_allocations, after_first_step) << "warm steps map nothing";
+  EXPECT_EQ(pool.stats().upstream_frees, 0U);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+}
 #endif
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/pinned_host_upstream.hpp"
+#include "vram/virtual_memory.hpp"
 #include "vram_git_commit.hpp"
 
 namespace vram::cli {
@@ -85,6 +86,10 @@ int run_info(const std::vector<std::string>& args) {
     std::printf("  memory pools        %s\n", p.memory_pools_supported
                                                   ? "supported (StreamOrderedPool available)"
                                                   : "NOT supported (use DevicePool)");
+    std::printf("  virtual memory      %s\n",
+                CudaVirtualMemory::supported(ordinal)
+                    ? "supported (DevicePool's large tier runs over it by default)"
+                    : "NOT supported (DevicePool's large tier uses cudaMalloc segments)");
     std::printf("  copy engines        %d\n", p.copy_engines);
     std::printf("  PCI bus             %s\n", p.pci_bus_id.c_str());
     if (!p.pcie_link_speed.empty()) {

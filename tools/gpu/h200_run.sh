@@ -35,9 +35,9 @@ case $mode in
       --gtest_filter='*Gpu*' --gtest_brief=1
     step racecheck_pager 150 compute-sanitizer --tool racecheck ./build/tests/vram_tests \
       --gtest_filter='WeightPagerGpu.*' --gtest_repeat=5 --gtest_brief=1
-    step replay 240 ./build/vram replay --runs 5 bench/traces/*.csv.gz --json "$log/replay.json"
+    step replay 240 ./build/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay.json"
     step bench 400 ./build/vram bench \
-      --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,pager \
+      --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,driver,pager \
       --json "$log/bench.json" --markdown "$log/bench.md" --svg "$log/bench.svg"
     ;;
   torch)
@@ -46,7 +46,7 @@ case $mode in
     step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
       -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
-    step replay_torch 300 ./build-torch-replay/vram replay --runs 5 bench/traces/*.csv.gz --json "$log/replay_torch.json"
+    step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay_torch.json"
     step torch_checks 420 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
 esac
