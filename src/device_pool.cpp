@@ -60,6 +60,29 @@ class Backoff {
 
 std::atomic<std::uint64_t> next_pool_uid{1};
 
+// LargeTierMemory::automatic: virtual memory only where it behaves as cudaMalloc memory
+// does for the program. Mapped memory is reachable from the devices cuMemSetAccess names
+// (this one), and cudaDeviceEnablePeerAccess does not extend that, so where another device
+// could read this one's memory through peer access, segments stay the default.
+bool virtual_memory_by_default(int device) noexcept {
+  if (!CudaVirtualMemory::supported(device)) return false;
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  for (int peer = 0; peer < count; ++peer) {
+    int can_access = 0;
+    if (peer == device) continue;
+    if (cudaDeviceCanAccessPeer(&can_access, peer, device) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    if (can_access != 0) return false;
+  }
+  return true;
+}
+
 std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePool::Options& options,
                                                    const std::shared_ptr<Upstream>& upstream) {
   switch (options.large_tier_memory) {
@@ -69,7 +92,7 @@ std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePool::Options& op
       // Only over vram's own device upstream: the granules come from cuMemCreate, not from
       // the upstream, and a custom upstream (a budget, a counter) must not be bypassed.
       const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(upstream.get());
-      if (device_upstream == nullptr || !CudaVirtualMemory::supported(device_upstream->device())) {
+      if (device_upstream == nullptr || !virtual_memory_by_default(device_upstream->device())) {
         return nullptr;
       }
       return std::make_shared<CudaVirtualMemory>(device_upstream->device());
@@ -88,9 +111,15 @@ std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePool::Options& op
 std::size_t reservation_for(const DevicePool::Options& options, const Upstream& upstream) {
   if (options.virtual_reservation_bytes != 0) return options.virtual_reservation_bytes;
   if (upstream.kind() == MemoryKind::device) {
-    std::size_t free = 0;
-    std::size_t total = 0;
-    if (cudaMemGetInfo(&free, &total) == cudaSuccess) return 2 * total;
+    // The pool's device, not the current one (a pool for device 1 built while device 0 is
+    // current); cudaGetDeviceProperties creates no context.
+    const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(&upstream);
+    const int device =
+        device_upstream != nullptr ? device_upstream->device() : cuda::Device::current();
+    cudaDeviceProp properties{};
+    if (cudaGetDeviceProperties(&properties, device) == cudaSuccess) {
+      return 2 * properties.totalGlobalMem;
+    }
     (void)cudaGetLastError();
   }
   return std::size_t{64} << 30;
@@ -553,8 +582,13 @@ void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, st
   // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
   // free segments cannot cover the excess, the other tier's give back the rest (the tier
   // itself gives back its own as it grows).
-  const std::size_t excess = gauge.excess_after_growth(
-      tier.growth_bytes(bytes), tier.peak_growth_for(bytes), tier.growth_headroom_1024());
+  // A virtual-memory large tier that does not unmap before mapping keeps no budget of its
+  // own, so its growth does not make the other tier give segments back either.
+  const std::size_t excess =
+      !tier.enforces_growth_budget()
+          ? 0
+          : gauge.excess_after_growth(tier.growth_bytes(bytes), tier.peak_growth_for(bytes),
+                                      tier.growth_headroom_1024());
   if (const std::size_t own = excess > 0 ? tier.empty_bytes() : 0; own < excess) {
     (&tier == &small ? large : small).release_empty_for(excess - own);
   }

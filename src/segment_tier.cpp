@@ -472,6 +472,7 @@ std::size_t SegmentTier::release_empty_segments_for(std::size_t bytes) noexcept 
 }
 
 std::size_t SegmentTier::empty_bytes() const noexcept {
+  if (options_.virtual_memory != nullptr) return 0;
   std::lock_guard lock(mutex_);
   std::size_t bytes = 0;
   for (const Segment* segment : segments_) {

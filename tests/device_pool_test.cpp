@@ -17,6 +17,7 @@
 #include "vram/cuda/stream.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/units.hpp"
+#include "vram/virtual_memory.hpp"
 #ifdef VRAM_HAVE_TEST_KERNELS
 #include "test_kernels.hpp"
 #endif
@@ -516,6 +517,33 @@ TEST(DevicePoolStreams, TiersPeakingAtDifferentMomentsKeepTheirSegments) {
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 
+// A virtual-memory large tier (without unmap_before_map) keeps no growth budget, so its
+// growth must not make the small tier give back its wholly free segments (each a cudaFree
+// the next step would undo): found by a review, repeated here over the host emulation.
+TEST(DevicePoolStreams, VirtualLargeTierGrowthLeavesTheSmallTierAlone) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Options options;
+  options.thread_cache_blocks = 0;
+  options.max_cached_blocks_per_class = 0;
+  options.large_tier_memory = LargeTierMemory::virtual_memory;
+  options.virtual_reservation_bytes = 4_GiB;
+  DevicePool pool(upstream, options);
+  ASSERT_TRUE(pool.uses_virtual_memory());
+  for (int step = 0; step < 2; ++step) {
+    std::vector<void*> small;
+    for (int i = 0; i < 64; ++i) small.push_back(pool.allocate(1_MiB));
+    for (void* block : small) pool.deallocate(block, 1_MiB);
+    void* a = pool.allocate(100_MiB);
+    void* b = pool.allocate(100_MiB);
+    pool.deallocate(a, 100_MiB);
+    void* c = pool.allocate(150_MiB);  // fits no free range: maps new granules
+    pool.deallocate(b, 100_MiB);
+    pool.deallocate(c, 150_MiB);
+  }
+  EXPECT_EQ(pool.stats().upstream_frees, 0U) << "no small segment went back, nothing unmapped";
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
 // trim() restarts the budget from what is in use: the all-time peak no longer lets a
 // later growth keep idle segments.
 TEST(DevicePoolStreams, TrimRestartsTheGrowthBudget) {
@@ -854,13 +882,18 @@ TEST(DevicePoolVirtualGpu, RunsOfGranulesHoldKernelDataAndGoBackOnTrim) {
 }
 
 // The default (LargeTierMemory::automatic) over vram's device upstream is virtual memory on
-// a device that supports it (the H200 does); `segments` and any other upstream keep
-// segments. A large block of the default pool holds what a kernel wrote, and a repeated
-// step makes no driver call.
+// a device that supports it and that no other device can reach by peer access (the
+// one-H200 machine); `segments` and any other upstream keep segments. A large block of the default
+// pool holds what a kernel wrote, and a repeated step makes no driver call.
 TEST(DevicePoolVirtualGpu, DefaultPoolRunsItsLargeTierOverVirtualMemory) {
   VRAM_GPU_TEST_OR_SKIP();
+  if (!CudaVirtualMemory::supported(0)) GTEST_SKIP() << "device 0 has no virtual memory management";
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices > 1)
+    GTEST_SKIP() << "several devices: automatic keeps segments where peers could read";
   DevicePool pool(0);
-  EXPECT_TRUE(pool.uses_virtual_memory()) << "the H200 supports virtual memory management";
+  EXPECT_TRUE(pool.uses_virtual_memory()) << "one device with virtual memory management";
   DevicePool segments(0, DevicePool::Options{.large_tier_memory = LargeTierMemory::segments});
   EXPECT_FALSE(segments.uses_virtual_memory());
   DevicePool custom(std::make_shared<TestUpstream>(std::make_shared<DeviceMemoryUpstream>(0)));

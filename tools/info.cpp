@@ -88,7 +88,8 @@ int run_info(const std::vector<std::string>& args) {
                                                   : "NOT supported (use DevicePool)");
     std::printf("  virtual memory      %s\n",
                 CudaVirtualMemory::supported(ordinal)
-                    ? "supported (DevicePool's large tier runs over it by default)"
+                    ? "supported (DevicePool's large tier runs over it by default unless "
+                      "another device has peer access to this one)"
                     : "NOT supported (DevicePool's large tier uses cudaMalloc segments)");
     std::printf("  copy engines        %d\n", p.copy_engines);
     std::printf("  PCI bus             %s\n", p.pci_bus_id.c_str());

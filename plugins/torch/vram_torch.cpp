@@ -175,16 +175,30 @@ DeviceState& state_for(int device) {
   // instead of a new segment, and nothing is given back during the run (no cudaFree, no
   // device synchronize). PyTorch cannot share this memory through CUDA IPC, as with its
   // own expandable segments. VRAM_TORCH_VIRTUAL_MEMORY=0 selects cudaMalloc segments.
-  if (const char* virtual_memory = std::getenv("VRAM_TORCH_VIRTUAL_MEMORY");
-      virtual_memory != nullptr && std::strcmp(virtual_memory, "0") == 0) {
-    options.large_tier_memory = vram::LargeTierMemory::segments;
+  if (const char* text = std::getenv("VRAM_TORCH_VIRTUAL_MEMORY")) {
+    const std::string value(text);
+    if (value == "0" || value == "false" || value == "off" || value == "no") {
+      options.large_tier_memory = vram::LargeTierMemory::segments;
+    } else if (!(value == "1" || value == "true" || value == "on" || value == "yes")) {
+      std::fprintf(stderr,
+                   "vram_torch: VRAM_TORCH_VIRTUAL_MEMORY=%s is not 0/1 (false/true, off/on, "
+                   "no/yes): the default (virtual memory where supported) is used\n",
+                   text);
+    }
   }
-  // Segments: reserved may pass the peak in use by this fraction before growing gives
-  // wholly free segments back (vram::DevicePool::Options::growth_headroom).
-  if (const char* headroom = std::getenv("VRAM_TORCH_GROWTH_HEADROOM")) {
+  // Segments: reserved may pass each tier's peak in use by this fraction before growing
+  // gives wholly free segments back (vram::DevicePool::Options::growth_headroom).
+  if (const char* text = std::getenv("VRAM_TORCH_GROWTH_HEADROOM")) {
     char* end = nullptr;
-    const double value = std::strtod(headroom, &end);
-    if (end != headroom && *end == '\0') options.growth_headroom = value;
+    const double value = std::strtod(text, &end);
+    if (end != text && *end == '\0' && value >= 0) {  // NaN fails value >= 0
+      options.growth_headroom = value;
+    } else {
+      std::fprintf(stderr,
+                   "vram_torch: VRAM_TORCH_GROWTH_HEADROOM=%s is not a number >= 0 (e.g. "
+                   "0.0625 or 0.5): the default 1/16 is used\n",
+                   text);
+    }
   }
   auto* state = new DeviceState(device, options);  // never deleted (see invariants)
   slot.store(state, std::memory_order_release);

@@ -5,7 +5,7 @@
 //
 // Per size: cudaMalloc and cudaFree timed separately (a steady clock around each call; a
 // device synchronize before each pair, so no queued work is timed), and the virtual-memory
-// path DevicePool's `use_virtual_memory` takes (CudaVirtualMemory::map: cuMemCreate +
+// path DevicePool's virtual-memory large tier takes (CudaVirtualMemory::map: cuMemCreate +
 // cuMemMap + cuMemSetAccess; unmap: cuMemUnmap + cuMemRelease) inside one reserved range.
 // One untimed pair first per size and method; the median of the repetitions is reported.
 #include <algorithm>
@@ -71,12 +71,16 @@ std::size_t driver_steps(const BenchConfig& config) { return driver_sizes(config
 void run_driver(const BenchConfig& config, Progress& progress, std::vector<Measurement>& results) {
   cuda::check(cudaSetDevice(config.device), "cudaSetDevice");
   const auto sizes = driver_sizes(config);
-  std::unique_ptr<CudaVirtualMemory> virtual_memory;
-  char* range = nullptr;
   const std::size_t range_bytes = *std::max_element(sizes.begin(), sizes.end());
+  std::unique_ptr<CudaVirtualMemory> virtual_memory;
+  // The reserved range goes back however the scenario ends (a failed call throws).
+  auto unreserve = [&](char* base) {
+    if (base != nullptr) virtual_memory->unreserve(base, range_bytes);
+  };
+  std::unique_ptr<char, decltype(unreserve)> range(nullptr, unreserve);
   if (CudaVirtualMemory::supported(config.device)) {
     virtual_memory = std::make_unique<CudaVirtualMemory>(config.device);
-    range = virtual_memory->reserve(range_bytes);
+    range.reset(virtual_memory->reserve(range_bytes));
   }
   for (std::size_t bytes : sizes) {
     const std::size_t repetitions = driver_repetitions(bytes);
@@ -98,13 +102,12 @@ void run_driver(const BenchConfig& config, Progress& progress, std::vector<Measu
     std::vector<double> map_us;
     std::vector<double> unmap_us;
     time_pairs(
-        repetitions, [&] { return virtual_memory->map(range, bytes); },
-        [&](std::uint64_t handle) { virtual_memory->unmap(range, bytes, handle); }, map_us,
+        repetitions, [&] { return virtual_memory->map(range.get(), bytes); },
+        [&](std::uint64_t handle) { virtual_memory->unmap(range.get(), bytes, handle); }, map_us,
         unmap_us);
     add_rows(results, bytes, "cuMemCreate+cuMemMap+cuMemSetAccess", map_us,
              "cuMemUnmap+cuMemRelease", unmap_us);
   }
-  if (virtual_memory != nullptr) virtual_memory->unreserve(range, range_bytes);
 }
 
 }  // namespace vram::bench

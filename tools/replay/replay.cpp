@@ -81,13 +81,19 @@ class Driver {
       }
     }
     result.ns_per_op = result.pass_ns_per_op.front();
-    if (result.pass_ns_per_op.size() >= 2) {
-      std::vector<double> warm(result.pass_ns_per_op.begin() + 1, result.pass_ns_per_op.end());
+    // Warm figures from the passes after the first that completed (a failing pass is cut
+    // short and timed with its retry: not a warm figure).
+    const std::size_t complete =
+        result.failed_pass ? *result.failed_pass - 1 : result.pass_ns_per_op.size();
+    if (complete >= 2) {
+      std::vector<double> warm(
+          result.pass_ns_per_op.begin() + 1,
+          result.pass_ns_per_op.begin() + static_cast<std::ptrdiff_t>(complete));
       std::sort(warm.begin(), warm.end());
       result.warm_ns_per_op = warm[warm.size() / 2];
       std::uint64_t upstream = 0;
       bool known = true;
-      for (std::size_t p = 1; p < result.pass_upstream_allocations.size(); ++p) {
+      for (std::size_t p = 1; p < complete; ++p) {
         const auto& delta = result.pass_upstream_allocations[p];
         known = known && delta.has_value();
         if (delta) upstream += *delta;

@@ -469,7 +469,9 @@ int run_replay(const std::vector<std::string>& args) {
       std::vector<double> sorted = run.runs_ns_per_op;
       std::sort(sorted.begin(), sorted.end());
       run.result.ns_per_op = sorted[sorted.size() / 2];
-      if (!run.runs_warm_ns_per_op.empty()) {
+      // The median of the runs' warm figures, only onto a kept result that has one of its
+      // own (a run that failed before pass 2 keeps none).
+      if (!run.runs_warm_ns_per_op.empty() && run.result.warm_ns_per_op) {
         std::vector<double> warm = run.runs_warm_ns_per_op;
         std::sort(warm.begin(), warm.end());
         run.result.warm_ns_per_op = warm[warm.size() / 2];

@@ -166,8 +166,13 @@ class SegmentTier {
   std::size_t peak_growth_for(std::size_t bytes) const noexcept;
   // The tier's peak of used bytes restarts from what is used now (DevicePool::trim).
   void restart_peak() noexcept;
-  // Bytes of wholly free, untagged segments.
+  // Bytes of wholly free, untagged segments (virtual mode: 0, granules are not segments).
   std::size_t empty_bytes() const noexcept;
+  // False for a virtual-memory tier without unmap_before_map: it maps new granules without
+  // checking the growth budget (its free mapped bytes are bounded by max_free_bytes).
+  bool enforces_growth_budget() const noexcept {
+    return options_.virtual_memory == nullptr || options_.unmap_before_map;
+  }
   // Gives back wholly free segments covering at least `bytes` (waiting first for the
   // streams of stream-tagged ones): what a sibling tier calls before it grows.
   void release_empty_for(std::size_t bytes) noexcept;
