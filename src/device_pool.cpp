@@ -604,9 +604,12 @@ void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, st
     return tier.allocate(bytes, key, true);
   } catch (const OutOfMemory& second) {
     const DevicePoolStats now = stats();
-    throw OutOfMemory(requested, now.bytes_cached, now.bytes_in_use,
-                      std::string("upstream ") + std::string(upstream->name()) +
-                          " failed after trimming the cache and retrying (" + second.what() + ")");
+    const std::string source = &tier == &large && virtual_memory != nullptr
+                                   ? std::string("virtual memory (cuMemCreate/cuMemMap)")
+                                   : "upstream " + std::string(upstream->name());
+    throw OutOfMemory(
+        requested, now.bytes_cached, now.bytes_in_use,
+        source + " failed after trimming the cache and retrying (" + second.what() + ")");
   }
 }
 

@@ -41,17 +41,21 @@
 //   Tier 2: per class a bounded lock-free ring shared by all threads. Tier 3: the small
 //   segment tier, which carves blocks best-fit out of 2 MiB segments and merges them back
 //   (detail/segment_tier.hpp; a short mutex). Larger requests round to 512 bytes and go
-//   to the large segment tier (best fit, split, coalesce) over segments of
-//   large_segment_bytes (20 MiB) for requests under half that, else the request rounded up
-//   to 2 MiB. Warm small acquire/release make no CUDA call, take no lock and allocate no
-//   host memory; large ones take the large tier's mutex and make no CUDA call when a free
-//   range fits.
+//   to the large tier (best fit, split, coalesce; large_tier_memory says over what): by
+//   default on a device with virtual memory management that no peer can reach, one
+//   reserved address range whose 2 MiB granules are mapped in runs under the blocks;
+//   otherwise segments of large_segment_bytes (20 MiB) for requests under half that, else
+//   the request rounded up to 2 MiB. Warm small acquire/release make no CUDA call, take no
+//   lock and allocate no host memory; large ones take the large tier's mutex and make no
+//   CUDA call when a free range fits (virtual memory: one whose granules are mapped).
 //
 // Memory held (reserved) follows the peak of memory in use
-//   Both tiers share one growth budget: reserved may exceed the peak of the bytes carved
-//   out of segments (in use, or cached in threads and rings) by growth_headroom (1/16);
-//   trim() restarts that
-//   peak from what is carved out now. A tier that must grow within the budget just grows;
+//   The tiers share one growth budget: reserved may exceed the sum of each tier's own peak
+//   of the bytes carved out of it (in use, or cached in threads and rings) by
+//   growth_headroom (1/16) of that sum; trim() restarts each peak from what is carved out
+//   now. A virtual-memory large tier keeps no budget unless unmap_before_map is set: it
+//   maps what its blocks need and unmaps free runs on trim(), on an out-of-memory retry and
+//   past max_cached_bytes of free mapped bytes. A tier that must grow within the budget just grows;
 //   past it, it first gives back wholly free segments covering the excess (the smallest
 //   that covers it, else the largest ones; one freed with a stream after the host waited
 //   for that stream's marker), and the other tier gives back what this one cannot cover.
@@ -73,9 +77,10 @@
 //   releases is stranded.
 //
 // Out of memory
-//   An upstream OutOfMemory trims every cache (waiting for stream-ordered frees' work) and
-//   retries once; a second failure throws vram::OutOfMemory with the size asked and the
-//   bytes cached and in use.
+//   An upstream OutOfMemory (or, with virtual memory, one from cuMemCreate/cuMemMap/
+//   cuMemSetAccess) trims every cache (waiting for stream-ordered frees' work) and retries
+//   once; a second failure throws vram::OutOfMemory with the size asked and the bytes
+//   cached and in use.
 //
 // Bad input (the same rules in every vram pool)
 //   Zero bytes, or an alignment above 256 or not a power of two: vram::InvalidArgument,
@@ -86,7 +91,8 @@
 //   (above small_block_max_bytes) unknown to the pool is still rejected and counted, but a
 //   small one is undefined behaviour: it would be cached and handed out again.
 //   cudaDeviceReset() invalidates every cached block, and the warm path (no driver call)
-//   cannot notice: call trim(0) before a reset, or destroy the pool.
+//   cannot notice: destroy the pool before a reset (with segments, trim(0) before it also
+//   works; a virtual-memory large tier keeps its reserved address range after trim(0)).
 //   Destroying the pool with blocks still leased: the cache is freed, a warning names the
 //   bytes still leased, and the pool's bookkeeping stays alive until the last of them is
 //   released (each then goes straight back to the upstream), so no lease dangles.
@@ -124,6 +130,9 @@ struct DevicePoolStats {
   std::uint64_t hits = 0;      // acquires served from a free list
   std::uint64_t misses = 0;    // acquires that went to the upstream
   std::uint64_t releases = 0;  // accepted deallocate()/lease returns
+  // Driver-side growth and give-back: segments taken from / given to the upstream, and with
+  // a virtual-memory large tier its runs mapped / unmapped (cuMemCreate+cuMemMap, not
+  // through the upstream).
   std::uint64_t upstream_allocations = 0;
   std::uint64_t upstream_frees = 0;
   std::uint64_t oom_retries = 0;       // upstream OutOfMemory answered by trim + retry
@@ -132,26 +141,31 @@ struct DevicePoolStats {
   std::size_t bytes_cached = 0;        // reserved and not in use: caches, rings, free ranges
   std::size_t bytes_cached_in_threads = 0;
   std::size_t bytes_cached_in_rings = 0;
-  std::size_t bytes_reserved = 0;       // held from the upstream (segments): in use + cached
+  std::size_t bytes_reserved = 0;       // segments held, plus granules mapped: in use + cached
   std::size_t peak_bytes_reserved = 0;  // high-water mark of bytes_reserved
   std::size_t peak_bytes_in_use = 0;    // high-water mark of bytes_in_use (track_peak_in_use)
-  std::uint64_t segments = 0;           // segments held from the upstream
+  std::uint64_t segments = 0;  // segments held (a virtual tier counts its reserved range as one)
 };
 
 // What backs DevicePool's large tier (blocks above small_block_max_bytes).
 //   automatic       virtual memory when the upstream is vram's DeviceMemoryUpstream (as
-//                   with DevicePool(int device)) and the device supports CUDA virtual
-//                   memory management; segments otherwise (any other upstream is used as
-//                   given: a custom device upstream is never bypassed).
+//                   with DevicePool(int device)), the device supports CUDA virtual memory
+//                   management and no other device can access it by peer access (mapped
+//                   memory is reachable only from the devices cuMemSetAccess names, and
+//                   cudaDeviceEnablePeerAccess does not extend that); segments otherwise
+//                   (any other upstream is used as given: a custom device upstream is
+//                   never bypassed).
 //   segments        segments from the upstream (cudaMalloc): best-fit split and coalesce
 //                   within each segment. The memory can be shared by CUDA IPC
 //                   (cudaIpcGetMemHandle), which virtual memory cannot.
 //   virtual_memory  always (over a host upstream: the host emulation; on a device without
-//                   virtual memory management: segments).
-// Replaying traces recorded from PyTorch models (bench/RESULTS.md), virtual memory held
-// 1.01x / 1.01x / 1.18x the live bytes against 1.04x-1.08x / 1.08x-1.13x / 1.21x with
-// segments, and made no driver call once the pattern repeated where segments kept
-// returning and retaking GiB segments every step.
+//                   virtual memory management: segments). Only the pool's device can
+//                   access the large blocks.
+// Replaying traces recorded from PyTorch models three times on one pool on the H200
+// (bench/RESULTS.md, the defaults), virtual memory held 1.01x / 1.09x / 1.17x the live
+// bytes (conv / decode / transformer) against 1.08x / 1.13x / 1.22x with segments, and
+// made 2 / 0 / 0 driver calls in the repeated passes where segments made 21 / 41 / 0
+// (GiB segments returned and retaken on conv).
 enum class LargeTierMemory : std::uint8_t { automatic, segments, virtual_memory };
 
 // Configuration of a DevicePool (see the class comment for what each bound means).
@@ -170,13 +184,13 @@ struct DevicePoolOptions {
   std::size_t large_segment_bytes = std::size_t{20} << 20;
   // A wholly free large segment is not split for a request that would leave more than this
   // many bytes of it idle: the tier grows by a segment sized for the request (the idle one
-  // goes back only when growing passes the budget: peak in use + 1/16).
+  // goes back only when growing passes the budget: the tiers' peaks + growth_headroom).
   // Lower keeps reserved closer to in use at the price of more upstream calls; SIZE_MAX
   // splits every segment that fits. (Replay of a conv net with 2 GiB activations: 1.37x
   // reserved/live with SIZE_MAX, 1.02x with 1 GiB; bench/RESULTS.md.)
   std::size_t max_segment_waste_bytes = std::size_t{1} << 30;
-  // Reserved may exceed the peak of the bytes carved out of segments by this fraction of it
-  // before a growing tier gives wholly free segments back (see "Memory held" above).
+  // Reserved may exceed the sum of the tiers' peaks of carved-out bytes by this fraction of
+  // it before a growing tier gives wholly free segments back (see "Memory held" above).
   // Higher means fewer upstream calls when request sizes vary from step to step (a
   // non-moving pool needs free room to fit new shapes) at the price of more memory held;
   // 0 keeps reserved at the peak. Values above 1024 count as 1024; negative or NaN:
@@ -236,7 +250,8 @@ class DevicePool {
     std::size_t bytes_ = 0;
   };
 
-  // A pool over device memory of `device` (cudaMalloc).
+  // A pool over device memory of `device` (DeviceMemoryUpstream: cudaMalloc segments; the
+  // large tier over virtual memory where large_tier_memory allows it).
   explicit DevicePool(int device, Options options = {});
   explicit DevicePool(std::shared_ptr<Upstream> upstream, Options options = {});
   ~DevicePool();

@@ -10,14 +10,14 @@
 // reused across sizes, not only within a size class.
 //
 // Reserved follows the peak of used: when a request fits no free range, the tier grows.
-// Reserved (of all tiers sharing the ReservedGauge) may exceed the peak of their used
-// bytes by a headroom (DevicePool::Options::growth_headroom, 1/16); past that, wholly free
-// segments covering the excess go back to the upstream before the new segment is taken
-// (none of them could serve the request; the smallest that covers it, else the largest
-// ones; one freed with a stream after the host waited for a marker on that stream). A
-// wholly free segment is not split for a request that would leave more than
-// max_segment_waste idle in it: the tier grows instead. Free bytes above max_free_bytes
-// are given back on release. trim() gives back every wholly free segment.
+// Reserved (of all tiers sharing the ReservedGauge) may exceed the sum of each tier's own
+// peak of used bytes by a headroom (DevicePool::Options::growth_headroom, 1/16); past that, wholly
+// free segments covering the excess go back to the upstream before the new segment is taken (none
+// of them could serve the request; the smallest that covers it, else the largest ones; one freed
+// with a stream after the host waited for a marker on that stream). A wholly free segment is not
+// split for a request that would leave more than max_segment_waste idle in it: the tier grows
+// instead. Free bytes above max_free_bytes are given back on release. trim() gives back every
+// wholly free segment.
 //
 // Stream tags (reuse rule of DevicePool::deallocate_async): a range freed with stream S
 // is tagged S and serves later requests on S at once. It becomes untagged (usable by any
@@ -77,8 +77,8 @@ struct ReservedGauge {
   std::size_t excess_after_growth(std::size_t grow, std::size_t peak_growth,
                                   std::size_t headroom_1024) const noexcept {
     const std::size_t peaks = tier_peaks.load(std::memory_order_relaxed) + peak_growth;
-    // peaks < 2^44 (1 TiB blocks, a few thousand of them at most) and headroom_1024 <=
-    // kMaxHeadroom1024 (2^20): the product fits.
+    // (peaks >> 10) * headroom_1024 fits in 64 bits for peaks below 2^54 with headroom_1024
+    // <= kMaxHeadroom1024 (2^20); a pool's used bytes are far below that.
     const std::size_t bound =
         peaks + (peaks >> 10) * headroom_1024 + (((peaks & 1023) * headroom_1024) >> 10);
     const std::size_t after = reserved.load(std::memory_order_relaxed) + grow;
@@ -105,14 +105,14 @@ class SegmentTier {
     // range, one physical allocation). Runs wholly inside free, untagged ranges are
     // unmapped on trim, when free mapped bytes pass max_free_bytes, when a map fails, and,
     // with unmap_before_map, before a new map that would pass the growth budget of the
-    // ReservedGauge (the peak of used bytes of its tiers plus growth_headroom_1024/1024).
+    // ReservedGauge (the sum of its tiers' peaks of used bytes plus growth_headroom_1024/1024).
     VirtualMemory* virtual_memory = nullptr;
     std::size_t reservation = std::size_t{64} << 30;
     bool unmap_before_map = false;
     // The longest run one map covers: a run goes back only whole, so a block left in a
     // freed run keeps at most this much mapped.
     std::size_t max_run_bytes = std::size_t{64} << 20;
-    // Reserved may reach the peak of used bytes plus this many 1024ths of it before growing
+    // Reserved may reach the tiers' peaks of used bytes plus this many 1024ths before growing
     // gives wholly free segments back (64: 1/16).
     std::size_t growth_headroom_1024 = 64;
   };
