@@ -107,9 +107,17 @@ TEST_P(AsymmetricFenceModes, StoreBufferingLitmusNeverMissesBothStores) {
       if (spins > 100) std::this_thread::yield();  // 2 cores, builds running beside
     }
   };
+  // A pseudo-random short delay after each meeting, so that the two sides' stores and
+  // loads overlap in some rounds (the one released last by a meeting trails the other).
+  auto delay = [](int seed) {
+    const unsigned spins = (static_cast<unsigned>(seed) * 2654435761U) >> 26;  // 0..63
+    for (volatile unsigned i = 0; i < spins; i = i + 1) {
+    }
+  };
   std::thread light_side([&] {
     for (int round = 0; round < kRounds; ++round) {
       meet(4 * round + 2);
+      delay(round);
       x.store(1, detail::kDekkerStore);
       barrier.light();
       seen[0] = y.load(detail::kDekkerLoad);
@@ -118,6 +126,7 @@ TEST_P(AsymmetricFenceModes, StoreBufferingLitmusNeverMissesBothStores) {
   });
   for (int round = 0; round < kRounds; ++round) {
     meet(4 * round + 2);
+    delay(round + kRounds);
     y.store(1, detail::kDekkerStore);
     barrier.heavy();
     seen[1] = x.load(detail::kDekkerLoad);
