@@ -16,9 +16,7 @@ namespace vram::detail {
 namespace {
 
 #if VRAM_DETAIL_HAVE_MEMBARRIER
-long membarrier_call(int command) noexcept {
-  return syscall(__NR_membarrier, command, 0U);
-}
+long membarrier_call(int command) noexcept { return syscall(__NR_membarrier, command, 0U); }
 #endif
 
 // Registers this process for private expedited membarrier; true when it can be used.
@@ -66,10 +64,10 @@ FenceMode default_fence_mode() noexcept {
 const char* asymmetric_fence_mode() noexcept { return fence_mode_name(fence_mode_for_new_pool()); }
 
 bool force_fence_mode_for_testing(FenceMode mode) noexcept {
-  const bool usable = VRAM_DETAIL_TSAN ? mode == FenceMode::seq_cst
-                                       : mode == FenceMode::fence ||
-                                             (mode == FenceMode::membarrier &&
-                                              membarrier_registered());
+  const bool usable =
+      VRAM_DETAIL_TSAN
+          ? mode == FenceMode::seq_cst
+          : mode == FenceMode::fence || (mode == FenceMode::membarrier && membarrier_registered());
   if (!usable) return false;
   forced_mode.store(static_cast<int>(mode), std::memory_order_release);
   return true;

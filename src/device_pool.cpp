@@ -121,7 +121,7 @@ std::shared_ptr<StreamFence> default_fence(const Upstream& upstream) {
 // kUntagged, by any stream (its work has completed). A stream-ordered free on another
 // stream first moves the bins to the small segment tier under their old tag.
 struct ThreadCache {
-  enum : std::uint32_t { kFree = 0, kOwner = 1 };                       // state
+  enum : std::uint32_t { kFree = 0, kOwner = 1 };                     // state
   enum : std::uint32_t { kNoSteal = 0, kStealing = 1, kClosed = 2 };  // steal
   struct Bin {
     std::uint32_t count = 0;
@@ -302,7 +302,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Lock order: slow_mutex, then steal_mutex, then registry_mutex / a tier's mutex. Only
   // a holder of steal_mutex waits for a cache's state word (trim(), which never waits for
   // an owner inside a call that may block), and close() (holding none of them).
-  std::mutex steal_mutex;  // one stealer at a time: writes every ThreadCache::steal
+  std::mutex steal_mutex;             // one stealer at a time: writes every ThreadCache::steal
   mutable std::mutex registry_mutex;  // guards caches, spare_caches, closing
   std::vector<std::unique_ptr<ThreadCache>> caches;
   std::vector<ThreadCache*> spare_caches;  // of exited threads, empty, adoptable
@@ -435,7 +435,7 @@ inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
 void DevicePoolCore::retire(ThreadCache* cache) noexcept {
   // The exiting thread still owns its cache: it claims it like any call.
   if (claim(*cache) == nullptr) return;  // closed: close() took its blocks already
-  take_bins(*cache);  // its counters stay in the cache
+  take_bins(*cache);                     // its counters stay in the cache
   cache->flush_requested.store(false, std::memory_order_relaxed);
   cache->state.store(ThreadCache::kFree, std::memory_order_release);
   std::lock_guard lock(registry_mutex);

@@ -48,13 +48,13 @@ class ForcedMode {
   bool applied_;
 };
 
-#define VRAM_FORCE_MODE_OR_SKIP(mode)                                                       \
-  ForcedMode forced_mode(mode);                                                             \
-  if (!forced_mode.applied()) {                                                             \
-    GTEST_SKIP() << "fence mode " << detail::fence_mode_name(mode)                          \
-                 << " is not available in this build/kernel (default here: "                \
-                 << detail::asymmetric_fence_mode() << ")";                                 \
-  }                                                                                         \
+#define VRAM_FORCE_MODE_OR_SKIP(mode)                                        \
+  ForcedMode forced_mode(mode);                                              \
+  if (!forced_mode.applied()) {                                              \
+    GTEST_SKIP() << "fence mode " << detail::fence_mode_name(mode)           \
+                 << " is not available in this build/kernel (default here: " \
+                 << detail::asymmetric_fence_mode() << ")";                  \
+  }                                                                          \
   ASSERT_STREQ(detail::asymmetric_fence_mode(), detail::fence_mode_name(mode))
 
 std::string mode_test_name(const ::testing::TestParamInfo<FenceMode>& info) {

@@ -37,7 +37,8 @@
 // Structure and hot path
 //   Requests up to small_block_max_bytes (1 MiB) round to a size class (size_classes.hpp,
 //   rounded up to 256 bytes). Tier 1, per thread: a few blocks per class, touched only by
-//   its thread under an uncontended state word: acquire and release are a pop and a push.
+//   its thread under its own state word (no locked instruction): acquire and release are
+//   a pop and a push.
 //   Tier 2: per class a bounded lock-free ring shared by all threads. Tier 3: the small
 //   segment tier, which carves blocks best-fit out of 2 MiB segments and merges them back
 //   (detail/segment_tier.hpp; a short mutex). Larger requests round to 512 bytes and go
