@@ -1,6 +1,7 @@
 #include "vram/detail/asymmetric_fence.hpp"
 
 #include <atomic>
+#include <cerrno>
 #include <thread>
 
 #if defined(__linux__) && __has_include(<linux/membarrier.h>)
@@ -82,10 +83,15 @@ FenceMode fence_mode_for_new_pool() noexcept {
 
 void membarrier_heavy() noexcept {
 #if VRAM_DETAIL_HAVE_MEMBARRIER
-  // Only a pool built in membarrier mode calls this, so the process is registered; the
+  // Only a pool built in membarrier mode calls this, so the process is registered (the
+  // registration survives fork(); only exec() drops it, and no pool survives exec). The
   // call can then fail only for lack of kernel memory (ENOMEM). Its owners run no hardware
-  // fence, so no other barrier would do: retry.
-  while (membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) std::this_thread::yield();
+  // fence, so no other barrier would do: retry (registering again should EPERM say the
+  // registration is gone).
+  while (membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
+    if (errno == EPERM) (void)membarrier_call(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);
+    std::this_thread::yield();
+  }
 #else
   std::atomic_thread_fence(std::memory_order_seq_cst);  // unreachable: never this mode
 #endif
