@@ -111,8 +111,8 @@ TEST_P(AsymmetricFenceModes, StoreBufferingLitmusNeverMissesBothStores) {
   // loads overlap in some rounds (the one released last by a meeting trails the other).
   auto delay = [](int seed) {
     const unsigned spins = (static_cast<unsigned>(seed) * 2654435761U) >> 26;  // 0..63
-    for (volatile unsigned i = 0; i < spins; i = i + 1) {
-    }
+    volatile unsigned count = 0;
+    while (count < spins) count = count + 1;
   };
   std::thread light_side([&] {
     for (int round = 0; round < kRounds; ++round) {
