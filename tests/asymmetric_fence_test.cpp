@@ -69,7 +69,7 @@ std::string mode_test_name(const ::testing::TestParamInfo<FenceMode>& info) {
   return "Unknown";
 }
 
-TEST(AsymmetricFence, DefaultModeIsNamedAndFixed) {
+TEST(ThreadCacheHandshake, DefaultModeIsNamedAndFixed) {
   const std::string name = detail::asymmetric_fence_mode();
   std::printf("[fence] default mode here: %s\n", name.c_str());
   EXPECT_EQ(name, detail::fence_mode_name(detail::default_fence_mode()));
@@ -87,11 +87,11 @@ TEST(AsymmetricFence, DefaultModeIsNamedAndFixed) {
   EXPECT_EQ(std::string(detail::asymmetric_fence_mode()), name);
 }
 
-class AsymmetricFenceModes : public ::testing::TestWithParam<FenceMode> {};
+class ThreadCacheHandshakeModes : public ::testing::TestWithParam<FenceMode> {};
 
 // Store buffering: each side stores its word, runs its barrier and loads the other's.
 // Without barriers x86 lets both loads read 0; with them at least one load sees a store.
-TEST_P(AsymmetricFenceModes, StoreBufferingLitmusNeverMissesBothStores) {
+TEST_P(ThreadCacheHandshakeModes, StoreBufferingLitmusNeverMissesBothStores) {
   VRAM_FORCE_MODE_OR_SKIP(GetParam());
   const detail::AsymmetricFence barrier(detail::fence_mode_for_new_pool());
   constexpr int kRounds = 20000;
@@ -182,7 +182,7 @@ class BlockCheck {
 // N threads run warm acquire/release pairs on small classes (holding a few blocks at a
 // time) while one thread trims in a loop and short-lived threads register, work and exit
 // (their caches are retired and adopted). The shipped path: validate_releases off.
-TEST_P(AsymmetricFenceModes, WarmPairsRacingTrimLoopNeverShareABlock) {
+TEST_P(ThreadCacheHandshakeModes, WarmPairsRacingTrimLoopNeverShareABlock) {
   VRAM_FORCE_MODE_OR_SKIP(GetParam());
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
@@ -279,7 +279,7 @@ TEST_P(AsymmetricFenceModes, WarmPairsRacingTrimLoopNeverShareABlock) {
 
 // Pool destruction closes the caches while other threads still release leases through
 // them (their claims find the cache closed and take the pool's slow path).
-TEST_P(AsymmetricFenceModes, DestructionRacingWarmReleasesLosesNothing) {
+TEST_P(ThreadCacheHandshakeModes, DestructionRacingWarmReleasesLosesNothing) {
   VRAM_FORCE_MODE_OR_SKIP(GetParam());
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   for (int round = 0; round < 20; ++round) {
@@ -311,7 +311,7 @@ TEST_P(AsymmetricFenceModes, DestructionRacingWarmReleasesLosesNothing) {
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, AsymmetricFenceModes,
+INSTANTIATE_TEST_SUITE_P(Modes, ThreadCacheHandshakeModes,
                          ::testing::Values(FenceMode::membarrier, FenceMode::fence,
                                            FenceMode::seq_cst),
                          mode_test_name);
