@@ -5,6 +5,7 @@
 
 #include <memory>
 
+#include "vram/detail/asymmetric_fence.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/size_classes.hpp"
@@ -35,6 +36,41 @@ BENCHMARK(BM_DevicePoolPair)
     ->Arg(1 << 20)
     ->Arg(16 << 20)
     ->ThreadRange(1, 8);
+
+// The 256-byte warm pair in a pool whose thread caches use the given handshake mode
+// (detail/asymmetric_fence.hpp): 0 membarrier, 1 fence. The default mode is printed in
+// the context (vram_fence_mode).
+vram::DevicePool* pool_with_mode(vram::detail::FenceMode mode) {
+  if (!vram::detail::force_fence_mode_for_testing(mode)) return nullptr;
+  auto* pool = new vram::DevicePool(std::make_shared<vram::HostMemoryUpstream>(),
+                                    vram::DevicePoolOptions{.validate_releases = false});
+  vram::detail::reset_fence_mode_for_testing();
+  return pool;  // lives until exit
+}
+
+void BM_DevicePoolPairFenceMode(benchmark::State& state) {
+  static vram::DevicePool* const pools[2] = {pool_with_mode(vram::detail::FenceMode::membarrier),
+                                             pool_with_mode(vram::detail::FenceMode::fence)};
+  vram::DevicePool* pool = pools[state.range(0)];
+  if (pool == nullptr) {
+    state.SkipWithError("this fence mode is not available here");
+    return;
+  }
+  constexpr std::size_t kBytes = 256;
+  pool->deallocate(pool->allocate(kBytes), kBytes);
+  for (auto _ : state) {
+    void* block = pool->allocate(kBytes);
+    benchmark::DoNotOptimize(block);
+    pool->deallocate(block, kBytes);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_DevicePoolPairFenceMode)->Arg(0)->Arg(1)->ThreadRange(1, 2);
+
+const bool fence_mode_in_context = [] {
+  benchmark::AddCustomContext("vram_fence_mode", vram::detail::asymmetric_fence_mode());
+  return true;
+}();
 
 void BM_LeasePair(benchmark::State& state) {
   auto& pool = shared_pool();

@@ -16,6 +16,7 @@
 
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
+#include "vram/detail/asymmetric_fence.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 #include "vram/detail/segment_tier.hpp"
 #include "vram/size_classes.hpp"
@@ -149,20 +150,34 @@ std::shared_ptr<StreamFence> default_fence(const Upstream& upstream) {
 
 // Tier 1: one thread's small blocks and counters for one pool.
 //
-// Ownership handshake (the state word). Whoever moves `state` from kFree to kOwner (its
-// thread, for the length of one pool call) or kOther (trim(), for the length of a steal)
-// owns the bins, the tag and the counters until it stores kFree again; the CAS is an
-// acquire and the store a release, so each holder sees the previous holder's writes. The
-// owner waits only for a steal in progress. trim() waits for an owner inside a short call
-// and asks an owner inside a call that may block (in_slow_call) to flush on its way out.
-// Pool destruction moves every state to kClosed for good (waiting for calls in progress);
-// a thread that finds kClosed takes the pool's slow path.
+// Ownership handshake: two words, no locked instruction on the owner's side (a Dekker
+// handshake over an asymmetric fence, detail/asymmetric_fence.hpp, which argues why at
+// least one side always sees the other).
+//   `state` is written only by the owner thread (its thread; at thread exit retire(), on
+//   that thread; later the thread that adopts the cache): kOwner for the length of one
+//   pool call, kFree otherwise (release).
+//   `steal` is written only by a stealer holding the core's steal_mutex (trim(), close()):
+//   kStealing for the length of a steal, kNoSteal after it (release), kClosed for good
+//   once the pool is being destroyed.
+// Invariant: the bins, the tag and cached_bytes are touched only by
+//   - the owner, between a claim (state = kOwner, light barrier, steal read as kNoSteal)
+//     and its store of kFree; a claim that reads any other steal value stores kFree
+//     without touching them, waits until steal is no longer kStealing, and either retries
+//     or, on kClosed, takes the pool's slow path (nullptr);
+//   - a stealer, between reading state == kFree (acquire) after its flag store and one
+//     heavy barrier, and its clear of the flag (or, for close(), for good);
+//   - anyone once the core is single-threaded (its destructor).
+// The owner's counters (acquires, ...) are written only by the owner (stats() reads them).
+// trim() waits for an owner inside a short call and asks an owner inside a call that may
+// block (in_slow_call) to flush on its way out (that owner empties its own bins, so the
+// stealer skips the cache). close() waits for every call in progress.
 //
 // Stream tag: every block in the bins may be used by work on stream `tag` at once; with
 // kUntagged, by any stream (its work has completed). A stream-ordered free on another
 // stream first moves the bins to the small segment tier under their old tag.
 struct ThreadCache {
-  enum : std::uint32_t { kFree = 0, kOwner = 1, kOther = 2, kClosed = 3 };
+  enum : std::uint32_t { kFree = 0, kOwner = 1 };                     // state
+  enum : std::uint32_t { kNoSteal = 0, kStealing = 1, kClosed = 2 };  // steal
   struct Bin {
     std::uint32_t count = 0;
     void* blocks[kMaxThreadCacheDepth] = {};
@@ -170,6 +185,7 @@ struct ThreadCache {
   explicit ThreadCache(std::size_t classes) : bins(classes) {}
 
   alignas(kCacheLine) std::atomic<std::uint32_t> state{kFree};
+  std::atomic<std::uint32_t> steal{kNoSteal};
   std::atomic<bool> flush_requested{false};
   std::atomic<bool> in_slow_call{false};
   StreamKey tag = kUntagged;
@@ -211,6 +227,7 @@ class SlowSection {
 struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   DevicePoolCore(std::shared_ptr<Upstream> upstream_in, const DevicePool::Options& options_in)
       : uid(next_pool_uid.fetch_add(1, std::memory_order_relaxed)),
+        dekker(fence_mode_for_new_pool()),
         upstream(upstream_in ? std::move(upstream_in)
                              : throw InvalidArgument("vram::DevicePool: the upstream is null")),
         options(options_in),
@@ -289,6 +306,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   }
 
   ThreadCache* lock_own_cache() noexcept;
+  // The owner's claim of its cache (see ThreadCache): the cache, or null once closed.
+  ThreadCache* claim(ThreadCache& cache) noexcept;
+  ThreadCache* claim_slow(ThreadCache& cache) noexcept;
   void unlock_own_cache(ThreadCache& cache) noexcept;
   ThreadCache* find_or_register() noexcept;
   void retire(ThreadCache* cache) noexcept;
@@ -316,6 +336,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   DevicePoolStats stats() const;
 
   const std::uint64_t uid;
+  // The barriers of the caches' handshake; fixed for the life of the core.
+  const AsymmetricFence dekker;
   std::shared_ptr<Upstream> upstream;
   DevicePool::Options options;
   std::shared_ptr<StreamFence> fence;
@@ -336,8 +358,10 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   alignas(kCacheLine) std::atomic<std::int64_t> in_use_now{0};
   std::atomic<std::int64_t> in_use_peak{0};
 
-  // Lock order: slow_mutex, then registry_mutex / a tier's mutex. Nobody waits for a
-  // cache's state word while holding any of them, except close() after closing them all.
+  // Lock order: slow_mutex, then steal_mutex, then registry_mutex / a tier's mutex. Only
+  // a holder of steal_mutex waits for a cache's state word (trim(), which never waits for
+  // an owner inside a call that may block), and close() (holding none of them).
+  std::mutex steal_mutex;             // one stealer at a time: writes every ThreadCache::steal
   mutable std::mutex registry_mutex;  // guards caches, spare_caches, closing
   std::vector<std::unique_ptr<ThreadCache>> caches;
   std::vector<ThreadCache*> spare_caches;  // of exited threads, empty, adoptable
@@ -426,15 +450,33 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
 inline ThreadCache* DevicePoolCore::lock_own_cache() noexcept {
   ThreadCache* cache = tl_last_uid == uid ? tl_last_cache : find_or_register();
   if (cache == nullptr) return nullptr;
+  return claim(*cache);
+}
+
+inline ThreadCache* DevicePoolCore::claim(ThreadCache& cache) noexcept {
+  cache.state.store(ThreadCache::kOwner, kDekkerStore);
+  dekker.light();
+  if (cache.steal.load(kDekkerLoad) == ThreadCache::kNoSteal) [[likely]] {
+    return &cache;
+  }
+  return claim_slow(cache);
+}
+
+[[gnu::noinline]] ThreadCache* DevicePoolCore::claim_slow(ThreadCache& cache) noexcept {
   Backoff backoff;
   for (;;) {
-    std::uint32_t expected = ThreadCache::kFree;
-    if (cache->state.compare_exchange_weak(expected, ThreadCache::kOwner, std::memory_order_acquire,
-                                           std::memory_order_relaxed)) [[likely]] {
-      return cache;
+    // A steal is in progress or the pool is closing: step back without touching the bins
+    // so that the stealer (waiting for kFree) may go on.
+    cache.state.store(ThreadCache::kFree, std::memory_order_release);
+    std::uint32_t steal = cache.steal.load(std::memory_order_acquire);
+    while (steal == ThreadCache::kStealing) {
+      backoff.pause();
+      steal = cache.steal.load(std::memory_order_acquire);
     }
-    if (expected == ThreadCache::kClosed) return nullptr;
-    backoff.pause();  // a trim() is moving this cache's blocks out
+    if (steal == ThreadCache::kClosed) return nullptr;
+    cache.state.store(ThreadCache::kOwner, kDekkerStore);
+    dekker.light();
+    if (cache.steal.load(kDekkerLoad) == ThreadCache::kNoSteal) return &cache;
   }
 }
 
@@ -450,15 +492,9 @@ inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
 }
 
 void DevicePoolCore::retire(ThreadCache* cache) noexcept {
-  std::uint32_t expected = ThreadCache::kFree;
-  Backoff backoff;
-  while (!cache->state.compare_exchange_weak(expected, ThreadCache::kOwner,
-                                             std::memory_order_acquire)) {
-    if (expected == ThreadCache::kClosed) return;  // close() took its blocks already
-    expected = ThreadCache::kFree;
-    backoff.pause();
-  }
-  take_bins(*cache);  // its counters stay in the cache
+  // The exiting thread still owns its cache: it claims it like any call.
+  if (claim(*cache) == nullptr) return;  // closed: close() took its blocks already
+  take_bins(*cache);                     // its counters stay in the cache
   cache->flush_requested.store(false, std::memory_order_relaxed);
   cache->state.store(ThreadCache::kFree, std::memory_order_release);
   std::lock_guard lock(registry_mutex);
@@ -494,31 +530,40 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) 
     for (auto& cache : caches) snapshot.push_back(cache.get());
   } catch (...) {  // no host memory for the list: only the shared tiers are trimmed
   }
-  for (ThreadCache* cache : snapshot) {
-    if (cache == held) {
-      take_bins(*cache);
-      continue;
+  {
+    // Flag every cache, then one heavy barrier for all of them (see ThreadCache): after it,
+    // an owner that has not yet claimed its cache sees the flag and stays out.
+    std::lock_guard steal_lock(steal_mutex);
+    std::size_t kept = 0;
+    for (ThreadCache* cache : snapshot) {
+      if (cache == held) {
+        take_bins(*cache);  // the caller's own, claimed by the caller
+      } else if (cache->steal.load(std::memory_order_relaxed) != ThreadCache::kClosed) {
+        snapshot[kept++] = cache;  // (a closed one: close() takes its blocks)
+      }
     }
-    // Waits for an owner inside a short call; an owner inside a call that may block (an
-    // upstream call, its own trim) is asked to flush before it returns instead. The seq_cst
-    // store/load pairs here and in SlowSection guarantee one side sees the other.
-    Backoff backoff;
-    for (;;) {
-      std::uint32_t expected = ThreadCache::kFree;
-      if (cache->state.compare_exchange_weak(expected, ThreadCache::kOther,
-                                             std::memory_order_acquire)) {
-        take_bins(*cache);
-        cache->flush_requested.store(false, std::memory_order_relaxed);
-        cache->state.store(ThreadCache::kFree, std::memory_order_release);
-        break;
+    snapshot.resize(kept);
+    for (ThreadCache* cache : snapshot) cache->steal.store(ThreadCache::kStealing, kDekkerStore);
+    if (!snapshot.empty()) dekker.heavy();
+    for (ThreadCache* cache : snapshot) {
+      // Waits for an owner inside a short call; an owner inside a call that may block (an
+      // upstream call, its own trim) is asked to flush before it returns instead. The
+      // seq_cst store/load pairs here and in SlowSection guarantee one side sees the other.
+      Backoff backoff;
+      for (;;) {
+        if (cache->state.load(kDekkerLoad) == ThreadCache::kFree) {
+          take_bins(*cache);
+          cache->flush_requested.store(false, std::memory_order_relaxed);
+          break;
+        }
+        if (cache->in_slow_call.load(std::memory_order_seq_cst)) {
+          cache->flush_requested.store(true, std::memory_order_seq_cst);
+          if (cache->in_slow_call.load(std::memory_order_seq_cst)) break;  // it will see it
+          continue;
+        }
+        backoff.pause();
       }
-      if (expected == ThreadCache::kClosed) break;  // close() took its blocks
-      if (expected == ThreadCache::kOwner && cache->in_slow_call.load(std::memory_order_seq_cst)) {
-        cache->flush_requested.store(true, std::memory_order_seq_cst);
-        if (cache->in_slow_call.load(std::memory_order_seq_cst)) break;  // it will see it
-        continue;
-      }
-      backoff.pause();
+      cache->steal.store(ThreadCache::kNoSteal, std::memory_order_release);
     }
   }
   drain_rings();
@@ -541,15 +586,17 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
     std::lock_guard lock(registry_mutex);
     closing = true;  // no cache registers from now on: `caches` is frozen
   }
-  // Close every cache, waiting for calls in progress on them.
+  // Close every cache for good (after any trim in progress: it holds steal_mutex from its
+  // first flag to its last clear), then wait for the calls in progress on them. The wait
+  // holds no mutex: an owner inside a blocking call may still trim (it skips closed caches).
+  {
+    std::lock_guard steal_lock(steal_mutex);
+    for (auto& cache : caches) cache->steal.store(ThreadCache::kClosed, kDekkerStore);
+  }
+  dekker.heavy();
   for (auto& cache : caches) {
-    std::uint32_t expected = ThreadCache::kFree;
     Backoff backoff;
-    while (!cache->state.compare_exchange_weak(expected, ThreadCache::kClosed,
-                                               std::memory_order_acquire)) {
-      expected = ThreadCache::kFree;
-      backoff.pause();
-    }
+    while (cache->state.load(kDekkerLoad) != ThreadCache::kFree) backoff.pause();
     take_bins(*cache);
   }
   // Every call from now on takes the slow path, serialised by slow_mutex: the count of

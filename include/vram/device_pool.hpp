@@ -37,7 +37,8 @@
 // Structure and hot path
 //   Requests up to small_block_max_bytes (1 MiB) round to a size class (size_classes.hpp,
 //   rounded up to 256 bytes). Tier 1, per thread: a few blocks per class, touched only by
-//   its thread under an uncontended state word: acquire and release are a pop and a push.
+//   its thread under its own state word (no locked instruction): acquire and release are
+//   a pop and a push.
 //   Tier 2: per class a bounded lock-free ring shared by all threads. Tier 3: the small
 //   segment tier, which carves blocks best-fit out of 2 MiB segments and merges them back
 //   (detail/segment_tier.hpp; a short mutex). Larger requests round to 512 bytes and go
@@ -69,12 +70,21 @@
 //   segment while more than `keep` bytes are free (large tier; the small tier down to 0).
 //
 // Thread caches without a lock on the warm path
-//   Each thread cache has a state word. Its thread claims it with one uncontended CAS for
-//   the length of a call; trim() claims it the same way to take the blocks out, so it
-//   reaches idle threads. The cache of an exited thread is emptied and adopted by the next
-//   thread that registers. A thread whose thread_local teardown already destroyed vram's
-//   per-thread directory uses a slow path (a pool mutex, no thread cache), so nothing it
-//   releases is stranded.
+//   Each thread cache has two words: `state`, written only by its thread (kOwner for the
+//   length of a call, kFree otherwise), and `steal`, written only by trim() or pool
+//   destruction (one at a time, under a pool mutex). Invariant: a cache's blocks are
+//   touched either by its thread, between claiming it (state = kOwner, then reading
+//   steal == none) and storing kFree, or by one stealer, between reading kFree after
+//   raising `steal` and clearing it (destruction keeps it raised for good). The claim is a
+//   plain store and a plain load, no locked instruction: a Dekker handshake whose barrier
+//   is asymmetric (detail/asymmetric_fence.hpp): on Linux with membarrier(2) the thread
+//   pays a compiler barrier and the stealer one membarrier syscall for all the caches it
+//   flags; elsewhere both pay a full fence (under ThreadSanitizer: seq_cst atomics). A
+//   thread that finds `steal` raised steps back without touching its blocks and waits for
+//   the steal to end. trim() so reaches idle threads too. The cache of an exited thread is
+//   emptied by that thread and adopted by the next thread that registers. A thread whose
+//   thread_local teardown already destroyed vram's per-thread directory uses a slow path
+//   (a pool mutex, no thread cache), so nothing it releases is stranded.
 //
 // Out of memory
 //   An upstream OutOfMemory (or, with virtual memory, one from cuMemCreate/cuMemMap/
