@@ -1,5 +1,7 @@
 #include "vram/detail/segment_tier.hpp"
 
+#include <bit>
+
 #include <algorithm>
 #include <memory>
 
@@ -57,11 +59,9 @@ SegmentTier::Range* SegmentTier::best_fit(StreamKey key, std::size_t bytes) noex
   auto candidate = it;
   for (int tries = 0; tries < 8 && candidate != set->second.end(); ++tries, ++candidate) {
     const Range* r = *candidate;
-    bool mapped = true;
-    for (std::size_t g = granule_of(r->addr); g <= granule_of(r->addr + bytes - 1) && mapped; ++g) {
-      mapped = this->mapped(g);
+    if (unmapped_granules(granule_of(r->addr), granule_of(r->addr + bytes - 1)) == 0) {
+      return *candidate;
     }
-    if (mapped) return *candidate;
   }
   return *it;
 }
@@ -208,10 +208,9 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
                                                         options_.growth_headroom_1024) > 0;
     if (wait_for_empty_segments(past_budget ? 0 : need)) r = fit(stream, need);
   }
-  if (r != nullptr && base_ != nullptr && !may_grow) {
-    for (std::size_t g = granule_of(r->addr); g <= granule_of(r->addr + need - 1); ++g) {
-      if (!mapped(g)) return nullptr;  // would need a new granule: that is growing
-    }
+  if (r != nullptr && base_ != nullptr && !may_grow &&
+      unmapped_granules(granule_of(r->addr), granule_of(r->addr + need - 1)) != 0) {
+    return nullptr;  // would need a new granule: that is growing
   }
   if (r != nullptr) {
     remove_free(r);
@@ -552,6 +551,7 @@ void SegmentTier::reserve_range() {
   handles_.assign(granules, 0);
   run_granules_.assign(granules, 0);
   run_of_.assign(granules, kNoRun);
+  mapped_bits_.assign((granules + 63) / 64, 0);
   auto segment = std::make_unique<Segment>(Segment{nullptr, bytes, nullptr});
   auto whole = std::make_unique<Range>(Range{nullptr, bytes, nullptr});
   segments_.reserve(segments_.size() + 1);
@@ -576,8 +576,7 @@ void SegmentTier::make_reclaimable() noexcept {
 void SegmentTier::map_range(Range* range) {
   const std::size_t first = granule_of(range->addr);
   const std::size_t last = granule_of(range->addr + range->size - 1);
-  std::size_t new_bytes = 0;
-  for (std::size_t g = first; g <= last; ++g) new_bytes += mapped(g) ? 0 : granule_;
+  const std::size_t new_bytes = unmapped_granules(first, last) * granule_;
   if (new_bytes == 0) return;
   if (options_.unmap_before_map) {
     // The growth budget the tiers share (ReservedGauge): past it, free runs are unmapped
@@ -616,6 +615,7 @@ void SegmentTier::map_range(Range* range) {
       }
     }
     for (std::size_t k = g; k < end; ++k) run_of_[k] = g;
+    set_mapped_bits(g, end, true);
     run_granules_[g] = end - g;
     handles_[g] = handle;
     mapped_high_ = std::max(mapped_high_, end);
@@ -629,11 +629,34 @@ void SegmentTier::map_range(Range* range) {
   }
 }
 
+std::size_t SegmentTier::unmapped_granules(std::size_t first, std::size_t last) const noexcept {
+  std::size_t mapped_count = 0;
+  for (std::size_t word = first / 64; word <= last / 64; ++word) {
+    std::uint64_t bits = mapped_bits_[word];
+    if (word == first / 64) bits &= ~std::uint64_t{0} << (first % 64);
+    if (word == last / 64 && last % 64 != 63) bits &= (std::uint64_t{1} << (last % 64 + 1)) - 1;
+    mapped_count += static_cast<std::size_t>(std::popcount(bits));
+  }
+  return last - first + 1 - mapped_count;
+}
+
+void SegmentTier::set_mapped_bits(std::size_t first, std::size_t end, bool mapped) noexcept {
+  for (std::size_t g = first; g < end; ++g) {
+    const std::uint64_t bit = std::uint64_t{1} << (g % 64);
+    if (mapped) {
+      mapped_bits_[g / 64] |= bit;
+    } else {
+      mapped_bits_[g / 64] &= ~bit;
+    }
+  }
+}
+
 void SegmentTier::unmap_run(std::size_t first) noexcept {
   const std::size_t granules = run_granules_[first];
   const std::size_t bytes = granules * granule_;
   options_.virtual_memory->unmap(base_ + first * granule_, bytes, handles_[first]);
   for (std::size_t k = first; k < first + granules; ++k) run_of_[k] = kNoRun;
+  set_mapped_bits(first, first + granules, false);
   run_granules_[first] = 0;
   ++counters_.upstream_frees;
   counters_.reserved -= bytes;

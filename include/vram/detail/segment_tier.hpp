@@ -264,6 +264,11 @@ class SegmentTier {
   // run's first granule, run_granules_ holds its length and handles_ its handle.
   static constexpr std::size_t kNoRun = SIZE_MAX;
   bool mapped(std::size_t granule) const noexcept { return run_of_[granule] != kNoRun; }
+  // Granules in [first, last] (inclusive) not mapped, a 64-granule word at a time: the large
+  // tier's warm path asks this of every block it hands out (a 256 MiB block spans 128).
+  std::size_t unmapped_granules(std::size_t first, std::size_t last) const noexcept;
+  void set_mapped_bits(std::size_t first, std::size_t end, bool mapped) noexcept;
+  std::vector<std::uint64_t> mapped_bits_;  // bit g: granule g is mapped (as run_of_)
   void unmap_run(std::size_t first) noexcept;
   std::vector<std::size_t> run_of_;
   std::vector<std::size_t> run_granules_;
