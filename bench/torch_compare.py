@@ -2,7 +2,7 @@
 tools/torch/workloads.py: identical per-step results, step time, peak reserved memory.
 
     python3 bench/torch_compare.py OUT_DIR [--lib build/plugins/torch/libvram_torch.so]
-                                           [--rounds 3] [--steps ...] [--warmup ...]
+                                           [--rounds 4] [--steps ...] [--warmup ...]
 
 Every run of a (workload, allocator) is a fresh interpreter (the allocator must be chosen
 before CUDA starts). The runs go in --rounds rounds; each round runs every workload once

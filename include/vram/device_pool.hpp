@@ -174,8 +174,7 @@ struct DevicePoolStats {
 // Replaying traces recorded from PyTorch models three times on one pool on the H200
 // (bench/RESULTS.md, the defaults), virtual memory held 1.01x / 1.09x / 1.17x the live
 // bytes (conv / decode / transformer) against 1.08x / 1.13x / 1.22x with segments, and
-// made no driver call in the repeated passes where segments made 21 / 41 / 0 (GiB
-// segments returned and retaken on conv).
+// made no driver allocation in the repeated passes where segments made 21 / 41 / 0.
 enum class LargeTierMemory : std::uint8_t { automatic, segments, virtual_memory };
 
 // Configuration of a DevicePool (see the class comment for what each bound means).
