@@ -84,28 +84,27 @@ bool virtual_memory_by_default(int device) noexcept {
   return true;
 }
 
+// The device a device upstream allocates on: vram's DeviceMemoryUpstream names it; any
+// other device upstream is taken to allocate on the current device.
+int device_of(const Upstream& upstream) {
+  const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(&upstream);
+  return device_upstream != nullptr ? device_upstream->device() : cuda::Device::current();
+}
+
 std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePool::Options& options,
                                                    const std::shared_ptr<Upstream>& upstream) {
-  switch (options.large_tier_memory) {
-    case LargeTierMemory::segments:
-      return nullptr;
-    case LargeTierMemory::automatic: {
-      // Only over vram's own device upstream: the granules come from cuMemCreate, not from
-      // the upstream, and a custom upstream (a budget, a counter) must not be bypassed.
-      const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(upstream.get());
-      if (device_upstream == nullptr || !virtual_memory_by_default(device_upstream->device())) {
-        return nullptr;
-      }
-      return std::make_shared<CudaVirtualMemory>(device_upstream->device());
-    }
-    case LargeTierMemory::virtual_memory:
-      break;
+  if (options.large_tier_memory == LargeTierMemory::segments) return nullptr;
+  const bool automatic = options.large_tier_memory == LargeTierMemory::automatic;
+  // automatic: only over vram's own device upstream. The granules come from cuMemCreate,
+  // not from the upstream, and a custom upstream (a budget, a counter) must not be bypassed.
+  if (automatic && dynamic_cast<const DeviceMemoryUpstream*>(upstream.get()) == nullptr) {
+    return nullptr;
   }
   if (upstream->kind() != MemoryKind::device) return std::make_shared<HostVirtualMemory>(upstream);
-  const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(upstream.get());
-  const int device =
-      device_upstream != nullptr ? device_upstream->device() : cuda::Device::current();
-  if (!CudaVirtualMemory::supported(device)) return nullptr;  // segments instead
+  const int device = device_of(*upstream);
+  const bool usable =
+      automatic ? virtual_memory_by_default(device) : CudaVirtualMemory::supported(device);
+  if (!usable) return nullptr;  // segments instead
   return std::make_shared<CudaVirtualMemory>(device);
 }
 
@@ -114,11 +113,8 @@ std::size_t reservation_for(const DevicePool::Options& options, const Upstream& 
   if (upstream.kind() == MemoryKind::device) {
     // The pool's device, not the current one (a pool for device 1 built while device 0 is
     // current); cudaGetDeviceProperties creates no context.
-    const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(&upstream);
-    const int device =
-        device_upstream != nullptr ? device_upstream->device() : cuda::Device::current();
     cudaDeviceProp properties{};
-    if (cudaGetDeviceProperties(&properties, device) == cudaSuccess) {
+    if (cudaGetDeviceProperties(&properties, device_of(upstream)) == cudaSuccess) {
       return 2 * properties.totalGlobalMem;
     }
     (void)cudaGetLastError();
@@ -140,10 +136,7 @@ std::size_t growth_headroom_1024(double headroom) {
 
 std::shared_ptr<StreamFence> default_fence(const Upstream& upstream) {
   if (upstream.kind() != MemoryKind::device) return std::make_shared<ImmediateFence>();
-  if (const auto* device = dynamic_cast<const DeviceMemoryUpstream*>(&upstream)) {
-    return std::make_shared<CudaEventFence>(device->device());
-  }
-  return std::make_shared<CudaEventFence>(cuda::Device::current());
+  return std::make_shared<CudaEventFence>(device_of(upstream));
 }
 
 }  // namespace
