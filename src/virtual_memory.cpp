@@ -148,6 +148,18 @@ std::uint64_t CudaVirtualMemory::map(char* address, std::size_t bytes) {
   return handle;
 }
 
+std::size_t CudaVirtualMemory::available_bytes() const noexcept {
+  try {
+    cuda::DeviceGuard guard(device_);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) return free;
+    (void)cudaGetLastError();
+  } catch (...) {  // the device cannot be made current: unknown
+  }
+  return SIZE_MAX;
+}
+
 void CudaVirtualMemory::unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept {
   const auto& api = cuda::driver_api();
   if (api.mem_unmap.function != nullptr) {

@@ -190,18 +190,19 @@ TEST(SegmentTierVirtual, MapFailureUnmapsFreeGranulesAndRetriesOrLeavesNothingCh
 
 // Review (wt/review4) of 5390f6c: a run goes back only whole, so one small block placed in
 // a freed large block's run (best_fit prefers mapped ranges) pins the whole run: trim and
-// the map-failure reclaim cannot give back the free granules around it. max_run_bytes bounds
-// that: with runs of one granule (per-granule mapping) they go back and a request that fits
-// the device is served; with longer runs the pinned run stays mapped (at most
-// max_run_bytes; DevicePoolOptions::virtual_run_bytes, 64 MiB by default).
-TEST(SegmentTierVirtualReview, ASmallBlockInAFreedRunPinsAtMostItsRun) {
-  for (const std::size_t run : {2_MiB, 64_MiB}) {
-    SCOPED_TRACE(run);
-    VirtualTierParts parts(16_MiB);
+// the map-failure reclaim cannot give back the free granules around it. Runs are at most
+// max_run_bytes and at most 1/16 of the physical memory still available, so near the end
+// of memory they shrink to single granules: on a 16 MiB device the freed granules go back
+// and a request that fits the device is served; on a large one the pinned run (one map,
+// far from the end of memory) stays mapped.
+TEST(SegmentTierVirtualReview, ASmallBlockInAFreedRunPinsItsRunOnlyFarFromTheEndOfMemory) {
+  for (const std::size_t capacity : {16_MiB, 4_GiB}) {
+    SCOPED_TRACE(capacity);
+    VirtualTierParts parts(capacity);
     auto& upstream = parts.upstream;
     {
       SegmentTier::Options options = virtual_options(parts.vm);
-      options.max_run_bytes = run;
+      options.max_run_bytes = 64_MiB;
       SegmentTier tier(*upstream, parts.fence, parts.gauge, options);
       void* a = tier.allocate(12_MiB, kUntagged, true);  // granules 0-5
       void* x = tier.allocate(2_MiB, kUntagged, true);   // granule 6
@@ -209,12 +210,14 @@ TEST(SegmentTierVirtualReview, ASmallBlockInAFreedRunPinsAtMostItsRun) {
       void* b = tier.allocate(2_MiB, kUntagged, true);  // best fit, mapped: granule 0
       EXPECT_EQ(b, a);
       tier.trim(0, false);
-      if (run == 2_MiB) {
+      if (capacity == 16_MiB) {
+        EXPECT_EQ(tier.counters().maps, 7U) << "16 MiB free: runs of one granule";
         EXPECT_EQ(upstream->live_bytes(), 4_MiB) << "granules 1-5 are free: trim gives them back";
         void* c = nullptr;  // 2 + 2 + 12 MiB live fits the 16 MiB device
         EXPECT_NO_THROW(c = tier.allocate(12_MiB, kUntagged, true));
         if (c != nullptr) ASSERT_TRUE(tier.free(c, kUntagged));
       } else {
+        EXPECT_EQ(tier.counters().maps, 2U) << "one run per block far from the end of memory";
         EXPECT_EQ(upstream->live_bytes(), 14_MiB) << "b pins its 12 MiB run, x its granule";
       }
       ASSERT_TRUE(tier.free(b, kUntagged));
@@ -223,6 +226,35 @@ TEST(SegmentTierVirtualReview, ASmallBlockInAFreedRunPinsAtMostItsRun) {
       EXPECT_EQ(upstream->live_bytes(), 0U);
     }
     EXPECT_EQ(upstream->bad_frees(), 0U);
+  }
+}
+
+// How long a run is: max_run_bytes, and 1/16 of the physical memory still available when
+// the map is made (a map costs about the same from 2 MiB to 256 MiB, so long runs make
+// filling an empty pool cheap; short ones near the end of memory can go back separately).
+TEST(SegmentTierVirtual, RunsAreCappedByTheOptionAndByTheMemoryStillAvailable) {
+  {
+    VirtualTierParts parts;  // unknown capacity: only the option caps runs
+    SegmentTier::Options options = virtual_options(parts.vm);
+    options.max_run_bytes = 4_MiB;
+    SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, options);
+    void* a = tier.allocate(12_MiB, kUntagged, true);
+    EXPECT_EQ(tier.counters().maps, 3U) << "12 MiB in runs of at most 4 MiB";
+    ASSERT_TRUE(tier.free(a, kUntagged));
+  }
+  {
+    VirtualTierParts parts(256_MiB);  // 256 MiB available: runs of at most 16 MiB
+    SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
+    void* a = tier.allocate(64_MiB, kUntagged, true);
+    EXPECT_EQ(tier.counters().maps, 4U) << "64 MiB in runs of 256/16 MiB";
+    EXPECT_EQ(parts.upstream->live_bytes(), 64_MiB);
+    // 192 MiB left: runs of 12 MiB; 24 MiB more is two of them.
+    void* b = tier.allocate(24_MiB, kUntagged, true);
+    EXPECT_EQ(tier.counters().maps, 6U);
+    ASSERT_TRUE(tier.free(a, kUntagged));
+    ASSERT_TRUE(tier.free(b, kUntagged));
+    tier.trim(0, false);
+    EXPECT_EQ(parts.upstream->live_bytes(), 0U);
   }
 }
 

@@ -69,6 +69,12 @@ class TestUpstream final : public Upstream {
   MemoryKind kind() const noexcept override { return inner_->kind(); }
   std::string_view name() const noexcept override { return "test"; }
   std::size_t alignment() const noexcept override { return inner_->alignment(); }
+  std::size_t available_bytes() const noexcept override {
+    std::lock_guard lock(mutex_);
+    const std::size_t left =
+        live_bytes_ < options_.capacity_bytes ? options_.capacity_bytes - live_bytes_ : 0;
+    return std::min(left, inner_->available_bytes());
+  }
 
   void set_options(Options options) {
     std::lock_guard lock(mutex_);

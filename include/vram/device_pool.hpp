@@ -215,10 +215,13 @@ struct DevicePoolOptions {
   LargeTierMemory large_tier_memory = LargeTierMemory::automatic;
   std::size_t virtual_reservation_bytes = 0;  // 0: twice the device's memory, or 64 GiB
   bool unmap_before_map = false;              // keep reserved at in use, at the price of more maps
-  // The longest run of granules one map covers (rounded down to granules, at least one). A
-  // run goes back only whole, so a block left in a freed run keeps up to this much mapped;
-  // longer runs mean fewer maps.
-  std::size_t virtual_run_bytes = std::size_t{64} << 20;
+  // The longest run of granules one map covers (rounded down to granules, at least one);
+  // a run is also at most 1/16 of the device memory still free when it is mapped. A map
+  // costs about the same from 2 MiB to 256 MiB (60-86 us on an H200), so long runs make a
+  // pool that starts empty cheap to fill; but a run goes back only whole, so a block left
+  // in a freed run keeps up to its run mapped through trim() (near the end of memory runs
+  // are short, so what a reclaim needs can still go back).
+  std::size_t virtual_run_bytes = std::size_t{1} << 30;
   // Completion of stream-ordered frees; null: CUDA events over a device upstream, "always
   // complete" over any other (host memory has no queued work). ManualFence emulates
   // streams in host-only replay and tests.

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 namespace vram {
@@ -33,6 +34,9 @@ class Upstream {
   virtual MemoryKind kind() const noexcept = 0;
   virtual std::string_view name() const noexcept = 0;
   virtual std::size_t alignment() const noexcept { return 256; }
+  // Bytes allocate() could still supply, as far as the upstream knows (SIZE_MAX: unknown).
+  // A hint for sizing growth, never a promise: another user may take them first.
+  virtual std::size_t available_bytes() const noexcept { return SIZE_MAX; }
 };
 
 // cudaMalloc / cudaFree on one device (the current device at construction by default).
@@ -61,6 +65,10 @@ class HostMemoryUpstream final : public Upstream {
   MemoryKind kind() const noexcept override { return MemoryKind::host; }
   std::string_view name() const noexcept override { return "host"; }
   std::size_t live_bytes() const noexcept { return live_bytes_.load(std::memory_order_relaxed); }
+  std::size_t available_bytes() const noexcept override {
+    const std::size_t live = live_bytes();
+    return live < capacity_bytes_ ? capacity_bytes_ - live : 0;
+  }
 
  private:
   std::size_t capacity_bytes_;

@@ -40,6 +40,10 @@ class VirtualMemory {
   // physical memory is left.
   virtual std::uint64_t map(char* address, std::size_t bytes) = 0;
   virtual void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept = 0;
+  // Physical bytes map() could still obtain, as far as is known (SIZE_MAX: unknown): the
+  // tier maps shorter runs as it nears the end of physical memory (a run goes back only
+  // whole, so a long run that a live block pins would hold memory a later map needs).
+  virtual std::size_t available_bytes() const noexcept { return SIZE_MAX; }
 };
 
 // The host emulation over an Upstream that supplies (and counts) the "physical" granules.
@@ -53,6 +57,7 @@ class HostVirtualMemory final : public VirtualMemory {
   void unreserve(char* base, std::size_t bytes) noexcept override;
   std::uint64_t map(char* address, std::size_t bytes) override;
   void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept override;
+  std::size_t available_bytes() const noexcept override { return physical_->available_bytes(); }
 
  private:
   std::shared_ptr<Upstream> physical_;
@@ -69,6 +74,7 @@ class CudaVirtualMemory final : public VirtualMemory {
   void unreserve(char* base, std::size_t bytes) noexcept override;
   std::uint64_t map(char* address, std::size_t bytes) override;
   void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept override;
+  std::size_t available_bytes() const noexcept override;  // cudaMemGetInfo's free bytes
   // True when the driver and device support it.
   static bool supported(int device) noexcept;
 

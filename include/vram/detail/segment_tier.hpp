@@ -109,9 +109,10 @@ class SegmentTier {
     VirtualMemory* virtual_memory = nullptr;
     std::size_t reservation = std::size_t{64} << 30;
     bool unmap_before_map = false;
-    // The longest run one map covers: a run goes back only whole, so a block left in a
-    // freed run keeps at most this much mapped.
-    std::size_t max_run_bytes = std::size_t{64} << 20;
+    // The longest run one map covers (also at most 1/16 of the physical memory still
+    // available, run_granule_cap()): a run goes back only whole, so a block left in a freed
+    // run keeps at most this much mapped.
+    std::size_t max_run_bytes = std::size_t{1} << 30;
     // Reserved may reach the tiers' peaks of used bytes plus this many 1024ths before growing
     // gives wholly free segments back (64: 1/16).
     std::size_t growth_headroom_1024 = 64;
@@ -270,6 +271,8 @@ class SegmentTier {
   void set_mapped_bits(std::size_t first, std::size_t end, bool mapped) noexcept;
   std::vector<std::uint64_t> mapped_bits_;  // bit g: granule g is mapped (as run_of_)
   void unmap_run(std::size_t first) noexcept;
+  static constexpr std::size_t kRunShareOfAvailable = 16;
+  std::size_t run_granule_cap() const noexcept;  // the longest run to map now, in granules
   std::vector<std::size_t> run_of_;
   std::vector<std::size_t> run_granules_;
   std::vector<std::uint64_t> handles_;
