@@ -14,11 +14,19 @@ environment variable for the vram runs only (e.g. VRAM_TORCH_VIRTUAL_MEMORY=0). 
 seed, so it draws the same shapes (for the decode workload: the same sequence of request
 sizes and lengths) in the same order, in every round and with both allocators.
 
+Epochs (--epochs, default 2): each run goes through its steps that many times in one
+process, the workload built afresh each time with the same seed (the same shapes in the same
+order); only the last epoch is timed, so every timed step has a shape seen before (kernels
+loaded, library heuristics cached, each allocator holding what the workload needs): the
+steady state a training or serving loop spends its time in. The first epoch's paired ratio is
+reported too (notes, JSON first_epoch_step_ratio_rounds). --epochs 1 is the old single pass
+with --warmup steps excluded. Results are compared over all epochs.
+
 Timing: the workload functions are not changed; the harness wraps their random.Random so
 that every rng.choice() call (each step draws its shapes first) synchronises the device and
 takes a time stamp. With k draws per step, step i starts at stamp i*k; the last step ends
 when run() returns (after a synchronize). The first --warmup steps of every run are
-excluded. Per round: median step of each allocator, and the paired ratio = median over the
+excluded (of the timed epoch; with several epochs none by default). Per round: median step of each allocator, and the paired ratio = median over the
 timed steps of vram_step_i / torch_step_i. Figures per workload:
   identical        in every round the per-step floats (losses / checksums) of the two
                    allocators compare exactly equal (drives the exit status);
@@ -37,8 +45,8 @@ Time and memory targets are reported, not turned into the exit status.
 
 Cost: each run pays the interpreter, import torch, CUDA start and model build (several
 seconds) besides its steps, so the defaults are few steps per run and 4 rounds (even, so
-each allocator goes first equally often): 4 x 2 x 3 = 24 runs; decode 2 warm-up + 10 timed
-requests per run (about 0.8 s each), 40 timed requests per allocator over the rounds.
+each allocator goes first equally often): 4 x 2 x 3 = 24 runs; with 2 epochs, decode 8
+requests per epoch (about 0.8 s each), 32 timed requests per allocator over the rounds.
 """
 import argparse
 import json
@@ -53,8 +61,11 @@ ROOT = os.path.dirname(HERE)
 DEFAULT_STEPS = {"transformer_training": 15, "decode_growing_caches": 12, "conv_training": 15}
 DEFAULT_WARMUP = {"transformer_training": 3, "decode_growing_caches": 2, "conv_training": 3}
 DEFAULT_ROUNDS = 4
+DEFAULT_EPOCHS = 2
+# Steps per epoch when several epochs run (decode's requests are long: 8 per epoch).
+DEFAULT_EPOCH_STEPS = {"transformer_training": 15, "decode_growing_caches": 8, "conv_training": 15}
 TIME_TARGET = 1.01
-RUN_FIELDS = ("values", "step_s", "total_s", "num_device_alloc", "num_ooms", "num_alloc_retries")
+RUN_FIELDS = ("values", "step_s", "epoch_step_s", "total_s", "num_device_alloc", "num_ooms", "num_alloc_retries")
 
 
 # --- child: one workload with one allocator --------------------------------------------
@@ -78,7 +89,7 @@ def _timed_random_module(stamps, sync, draws):
     return shim
 
 
-def child(name, allocator, steps, warmup, result_path, lib):
+def child(name, allocator, steps, warmup, result_path, lib, epochs=1):
     sys.path.insert(0, os.path.join(ROOT, "python"))
     sys.path.insert(0, os.path.join(ROOT, "tools", "torch"))
     import torch
@@ -89,18 +100,25 @@ def child(name, allocator, steps, warmup, result_path, lib):
         vram_torch.enable(lib)
     import workloads
 
-    stamps, draws = [], []
-    workloads.random = _timed_random_module(stamps, torch.cuda.synchronize, draws)
+    # Each epoch runs the workload afresh in this process (model built again, same seed, so
+    # the same shapes in the same order): from the second epoch on, every shape has been seen
+    # (kernels loaded, library heuristics cached, the allocator holding what the workload
+    # needs), which is the steady state a training or serving loop spends its time in.
+    values, draws, epoch_step_s = [], [], []
     start = time.perf_counter()
-    values = workloads.run(name, steps, "cuda")
-    torch.cuda.synchronize()
-    end = time.perf_counter()
-    if len(stamps) % steps != 0 or not stamps:
-        raise RuntimeError(f"{len(stamps)} rng.choice calls for {steps} steps: cannot find "
-                           "step boundaries (workloads.py changed?)")
-    per_step = len(stamps) // steps
-    starts = stamps[::per_step] + [end]
-    step_s = [b - a for a, b in zip(starts, starts[1:])]
+    for _ in range(epochs):
+        stamps = []
+        workloads.random = _timed_random_module(stamps, torch.cuda.synchronize, draws)
+        values += workloads.run(name, steps, "cuda")
+        torch.cuda.synchronize()
+        end = time.perf_counter()
+        if len(stamps) % steps != 0 or not stamps:
+            raise RuntimeError(f"{len(stamps)} rng.choice calls for {steps} steps: cannot find "
+                               "step boundaries (workloads.py changed?)")
+        per_step = len(stamps) // steps
+        starts = stamps[::per_step] + [end]
+        epoch_step_s.append([b - a for a, b in zip(starts, starts[1:])])
+    step_s = epoch_step_s[-1]
     if allocator == "vram":
         s = vram_torch.stats()
         peak_reserved, peak_allocated = s["reserved_bytes.all.peak"], s["allocated_bytes.all.peak"]
@@ -113,7 +131,8 @@ def child(name, allocator, steps, warmup, result_path, lib):
                  "num_alloc_retries": s["num_alloc_retries"]}
     with open(result_path, "w") as out:
         json.dump({"workload": name, "allocator": allocator, "steps": steps, "warmup": warmup,
-                   "values": values, "draws": draws, "step_s": step_s, "total_s": end - start,
+                   "epochs": epochs, "values": values, "draws": draws, "step_s": step_s,
+                   "epoch_step_s": epoch_step_s, "total_s": end - start,
                    "peak_reserved": peak_reserved, "peak_allocated": peak_allocated,
                    "torch": torch.__version__, "device": torch.cuda.get_device_name(0),
                    **extra}, out)
@@ -125,7 +144,7 @@ def run_child(args, name, allocator, steps, warmup, out_dir, round_index):
     result_path = os.path.join(out_dir, stem + ".json")
     log_path = os.path.join(out_dir, stem + ".log")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", name, allocator, str(steps),
-           str(warmup), result_path]
+           str(warmup), result_path, "--epochs", str(args.epochs)]
     if args.lib:
         cmd += ["--lib", args.lib]
     if os.path.exists(result_path):
@@ -186,6 +205,13 @@ def compare(torch_run, vram_run, warmup):
         "torch_peak_allocated": torch_run["peak_allocated"],
         "vram_peak_allocated": vram_run["peak_allocated"],
     }
+    # With several epochs: the first one's paired ratio too (shapes seen for the first time,
+    # the allocator growing), steps after DEFAULT_WARMUP, for the record.
+    t_epochs, v_epochs = torch_run.get("epoch_step_s", []), vram_run.get("epoch_step_s", [])
+    if len(t_epochs) > 1 and len(v_epochs) > 1:
+        skip = DEFAULT_WARMUP.get(torch_run["workload"], 0)
+        first = [b / a for a, b in zip(t_epochs[0][skip:], v_epochs[0][skip:]) if a > 0]
+        row["first_epoch_step_ratio_median"] = statistics.median(first) if first else None
     row["time_target_met"] = row["step_ratio_median"] <= TIME_TARGET
     row["memory_target_met"] = row["vram_peak_reserved"] <= row["torch_peak_reserved"]
     return row
@@ -219,6 +245,7 @@ def aggregate(rounds):
         "step_ratio_max": max(per_round_ratio),
         "step_ratio_rounds": per_round_ratio,
         "step_ratio_pooled": statistics.median(x for r in rows for x in r["step_ratios"]),
+        "first_epoch_step_ratio_rounds": [r.get("first_epoch_step_ratio_median") for r in rows],
         "torch_peak_reserved": max(r["torch_peak_reserved"] for r in rows),
         "vram_peak_reserved": max(r["vram_peak_reserved"] for r in rows),
         "torch_peak_allocated": max(r["torch_peak_allocated"] for r in rows),
@@ -244,8 +271,10 @@ def markdown(rows, meta):
     lines = [
         f"PyTorch {meta.get('torch', '?')} on {meta.get('device', '?')}; {meta.get('rounds', '?')}"
         " rounds, each a fresh process per allocator, who goes first alternating between rounds "
-        f"and workloads; vram environment {meta.get('vram_env') or 'default'}; steps timed "
-        "after warm-up; median step = median over rounds of each run's median; step ratio = "
+        f"and workloads; vram environment {meta.get('vram_env') or 'default'}; "
+        + (f"{meta['epochs']} epochs per run, the last one timed (every shape seen before)"
+           if meta.get("epochs", 1) > 1 else "steps timed after warm-up")
+        + "; median step = median over rounds of each run's median; step ratio = "
         "median over rounds of the paired per-round ratio (median over steps of vram/PyTorch; "
         f"target <= {TIME_TARGET}), spread = min..max of the per-round ratios; peak reserved = "
         "max over rounds of each whole run's peak (target vram <= PyTorch).",
@@ -275,6 +304,11 @@ def markdown(rows, meta):
             notes.append(f"{name}: the results differ between rounds (the workload is not "
                          "repeatable across processes), though each round's two allocators "
                          "agree")
+        firsts = [x for x in row.get("first_epoch_step_ratio_rounds", []) if x is not None]
+        if firsts:
+            notes.append(f"{name}: first epoch (new shapes, allocator growing) per-round step "
+                         f"ratios {min(firsts):.4f}..{max(firsts):.4f}, median "
+                         f"{statistics.median(firsts):.4f}")
         if not row["same_draws"]:
             notes.append(f"{name}: the runs drew different shapes, so the step ratios pair "
                          "unlike steps (the workload's seeding changed?)")
@@ -298,9 +332,10 @@ def main():
         p = argparse.ArgumentParser()
         p.add_argument("--child", nargs=5, metavar=("NAME", "ALLOC", "STEPS", "WARMUP", "OUT"))
         p.add_argument("--lib", default=None)
+        p.add_argument("--epochs", type=int, default=1)
         a = p.parse_args()
         name, alloc, steps, warmup, out = a.child
-        child(name, alloc, int(steps), int(warmup), out, a.lib)
+        child(name, alloc, int(steps), int(warmup), out, a.lib, a.epochs)
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("out_dir")
@@ -313,14 +348,23 @@ def main():
     p.add_argument("--warmup", default="", help="same form as --steps")
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                    help="fresh-process runs per allocator and workload (default %(default)s)")
+    p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS,
+                   help="times each run goes through its steps, in one process; the last "
+                   "epoch is timed (default %(default)s: every timed step has a shape seen "
+                   "before); 1: the first and only pass is timed after --warmup steps")
     p.add_argument("--timeout", type=int, default=300, help="seconds per child run")
     p.add_argument("--vram-env", action="append", default=[], metavar="KEY=VALUE",
                    help="environment of the vram runs only (repeatable)")
     args = p.parse_args()
     vram_env(args.vram_env)  # bad items fail before any run
     os.makedirs(args.out_dir, exist_ok=True)
-    steps = parse_counts(args.steps, DEFAULT_STEPS)
-    warmup = parse_counts(args.warmup, DEFAULT_WARMUP)
+    if args.epochs < 1:
+        raise SystemExit("--epochs must be >= 1")
+    steps = parse_counts(args.steps, DEFAULT_STEPS if args.epochs == 1 else DEFAULT_EPOCH_STEPS)
+    # With several epochs the earlier ones are the warm-up: the timed epoch excludes nothing
+    # unless asked.
+    warmup = parse_counts(args.warmup, DEFAULT_WARMUP if args.epochs == 1 else
+                          {name: 0 for name in DEFAULT_STEPS})
     if args.rounds < 1:
         raise SystemExit("--rounds must be >= 1")
     names = list(filter(None, args.workloads.split(",")))
@@ -371,11 +415,12 @@ def main():
         if not rows[name]["identical"] and status == 0:
             status = 1
     elapsed = time.time() - began
-    meta.update({"rounds": args.rounds, "elapsed_s": elapsed,
+    meta.update({"rounds": args.rounds, "epochs": args.epochs, "elapsed_s": elapsed,
                  "vram_env": vram_env(args.vram_env)})
     table = markdown(rows, meta)
     with open(os.path.join(args.out_dir, "torch_compare.json"), "w") as f:
         json.dump({"meta": meta, "steps": steps, "warmup": warmup, "rounds": args.rounds,
+                   "epochs": args.epochs,
                    "elapsed_s": elapsed, "workloads": rows}, f, indent=1)
     with open(os.path.join(args.out_dir, "torch_compare.md"), "w") as f:
         f.write(table)
