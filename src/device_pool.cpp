@@ -245,6 +245,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
                   .reservation = reservation_for(options, *upstream),
                   .unmap_before_map = options.unmap_before_map,
                   .max_run_bytes = options.virtual_run_bytes,
+                  .map_ahead_bytes = options.virtual_map_ahead_bytes,
                   .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom)}) {
     upstream_alignment = upstream->alignment();
     options.thread_cache_blocks = std::min(options.thread_cache_blocks, kMaxThreadCacheDepth);

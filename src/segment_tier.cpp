@@ -575,8 +575,9 @@ void SegmentTier::make_reclaimable() noexcept {
 
 void SegmentTier::map_range(Range* range) {
   const std::size_t first = granule_of(range->addr);
-  const std::size_t last = granule_of(range->addr + range->size - 1);
-  const std::size_t new_bytes = unmapped_granules(first, last) * granule_;
+  std::size_t last = granule_of(range->addr + range->size - 1);
+  const std::size_t new_granules = unmapped_granules(first, last);
+  const std::size_t new_bytes = new_granules * granule_;
   if (new_bytes == 0) return;
   if (options_.unmap_before_map) {
     // The growth budget the tiers share (ReservedGauge): past it, free runs are unmapped
@@ -591,6 +592,7 @@ void SegmentTier::map_range(Range* range) {
   // Each stretch of unmapped granules under the range is one run: one physical allocation
   // and one map, however many granules it spans, up to run_granule_cap().
   const std::size_t cap = run_granule_cap();
+  last = map_ahead_end(range, last, new_granules, cap);
   for (std::size_t g = first; g <= last;) {
     if (mapped(g)) {
       ++g;
@@ -639,6 +641,32 @@ std::size_t SegmentTier::run_granule_cap() const noexcept {
   const std::size_t available = options_.virtual_memory->available_bytes();
   const std::size_t bytes = std::min(options_.max_run_bytes, available / kRunShareOfAvailable);
   return std::max<std::size_t>(1, bytes / granule_);
+}
+
+// Map-ahead: the map a block needs anyway also covers granules of the free range right
+// after it, so that a tier growing in many small steps makes few maps (a map costs about
+// the same for 2 MiB as for 256 MiB). Bounds: options_.map_ahead_bytes; 1/4 of what the
+// tier holds (growth stays geometric: a steady workload whose peak the tier already holds
+// needs no map at all); the run's cap (no extra map for it); only granules wholly inside
+// that range and only when it is untagged (a stream's free range stays its own); and only
+// while the tier holds at most 1/4 of the physical memory still available, so near the
+// end of memory (where a reclaim must find whole free runs) every granule mapped is one a
+// block needs. The extra granules count as reserved and free, and serve later blocks.
+std::size_t SegmentTier::map_ahead_end(const Range* range, std::size_t last,
+                                       std::size_t new_granules, std::size_t cap) const noexcept {
+  const Range* next = range->next;
+  if (options_.map_ahead_bytes == 0 || next == nullptr || next->state != Range::State::free ||
+      next->tag != kUntagged || new_granules >= cap) {
+    return last;
+  }
+  const std::size_t held = counters_.reserved;
+  if (options_.virtual_memory->available_bytes() / 4 < held) return last;
+  const std::size_t ahead =
+      std::min({options_.map_ahead_bytes, held / 4, (cap - new_granules) * granule_, next->size});
+  // Granules wholly below next->addr + ahead (those after `last` start at or past
+  // next->addr, which is where the range ends).
+  const std::size_t end = granule_of(next->addr + ahead);
+  return end > last + 1 ? end - 1 : last;
 }
 
 std::size_t SegmentTier::unmapped_granules(std::size_t first, std::size_t last) const noexcept {

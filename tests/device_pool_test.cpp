@@ -726,6 +726,20 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
     }
     auto s = pool.stats();
     EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
+    // The default maps ahead of growth (virtual_map_ahead_bytes): at most 1/4 of what is
+    // held beyond the blocks' granules.
+    EXPECT_LE(s.bytes_reserved, s.bytes_in_use + 2_MiB + s.bytes_reserved / 4);
+    leases.clear();
+    pool.trim(0);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+  }
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+  options.virtual_map_ahead_bytes = 0;
+  {
+    DevicePool pool(upstream, options);
+    std::vector<DevicePool::Lease> leases;
+    for (int i = 0; i < 8; ++i) leases.push_back(pool.acquire(3_MiB + 4096 * i));
+    auto s = pool.stats();
     EXPECT_LT(s.bytes_reserved, s.bytes_in_use + 2_MiB) << "granules only where blocks live";
     leases.clear();
     pool.trim(0);
@@ -837,6 +851,7 @@ TEST(DevicePoolVirtualGpu, RunsOfGranulesHoldKernelDataAndGoBackOnTrim) {
   options.large_tier_memory = LargeTierMemory::virtual_memory;
   options.small_block_max_bytes = std::size_t{256} << 10;
   options.virtual_reservation_bytes = 8_GiB;
+  options.virtual_run_bytes = 64_MiB;  // the 300 MiB block spans five runs (default: one)
   DevicePool pool(0, options);
   cuda::Stream stream;
   const std::vector<std::size_t> sizes = {3_MiB, 64_MiB + 4096, 5_MiB, 300_MiB, 1_MiB + 512};

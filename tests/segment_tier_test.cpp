@@ -258,6 +258,77 @@ TEST(SegmentTierVirtual, RunsAreCappedByTheOptionAndByTheMemoryStillAvailable) {
   }
 }
 
+// Map-ahead (Options::map_ahead_bytes): a tier growing in many small steps maps the granules
+// after a block with the map that block needs anyway, within its bounds: the extra mapped
+// and free bytes stay under map_ahead_bytes and 1/4 of what the tier holds (plus the
+// granule a block's end leaves partly free).
+TEST(SegmentTierVirtual, MapAheadMakesFewMapsForManySmallStepsWithinItsBounds) {
+  std::uint64_t maps[2] = {0, 0};
+  for (const bool ahead : {false, true}) {
+    SCOPED_TRACE(ahead);
+    VirtualTierParts parts;
+    SegmentTier::Options options = virtual_options(parts.vm);
+    options.map_ahead_bytes = ahead ? 32_MiB : 0;
+    SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, options);
+    std::vector<void*> blocks;
+    for (std::size_t i = 1; i <= 300; ++i) {  // 900 MiB in 3 MiB steps, all live
+      blocks.push_back(tier.allocate(3_MiB, kUntagged, true));
+      const std::size_t used = i * 3_MiB;
+      const std::size_t held = parts.upstream->live_bytes();
+      ASSERT_GE(held, used);
+      const std::size_t bound = ahead ? std::min<std::size_t>(32_MiB, held / 4) + 2_MiB : 2_MiB;
+      ASSERT_LE(held - used, bound) << "after block " << i;
+    }
+    maps[ahead ? 1 : 0] = tier.counters().maps;
+    for (void* b : blocks) ASSERT_TRUE(tier.free(b, kUntagged));
+    tier.trim(0, false);
+    EXPECT_EQ(parts.upstream->live_bytes(), 0U);
+  }
+  EXPECT_EQ(maps[0], 300U) << "without map-ahead every 3 MiB block needs a map";
+  EXPECT_LE(maps[1] * 8, maps[0]) << "with it: " << maps[1] << " maps";
+}
+
+// Map-ahead never takes a stream's free range (its granules serve that stream; mapping them
+// for nobody would be memory no block asked for), and stops near the end of memory: on a
+// 64 MiB device 21 blocks of 3 MiB (63 MiB) all fit.
+TEST(SegmentTierVirtual, MapAheadSkipsStreamRangesAndStopsNearTheEndOfMemory) {
+  {
+    VirtualTierParts parts;
+    SegmentTier::Options options = virtual_options(parts.vm);
+    options.map_ahead_bytes = 128_MiB;
+    SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, options);
+    const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+    void* b = tier.allocate(64_MiB, kUntagged, true);  // the first map: nothing held, no ahead
+    EXPECT_EQ(parts.upstream->live_bytes(), 64_MiB);
+    void* a = tier.allocate(3_MiB, kUntagged, true);  // 64 MiB held: up to 16 MiB ahead
+    const std::size_t after_a = parts.upstream->live_bytes();
+    EXPECT_GT(after_a, 68_MiB) << "the untagged tail after a was mapped ahead";
+    EXPECT_LE(after_a, 68_MiB + 16_MiB);
+    ASSERT_TRUE(tier.free(a, s1));              // a and the tail after it become s1's free range
+    void* c = tier.allocate(40_MiB, s1, true);  // s1's range at 64 MiB, past the mapped part
+    EXPECT_EQ(c, a);
+    EXPECT_EQ(parts.upstream->live_bytes(), 104_MiB) << "exactly the granules under c: the "
+                                                        "rest of s1's range is not mapped ahead";
+    ASSERT_TRUE(tier.free(c, kUntagged));
+    ASSERT_TRUE(tier.free(b, kUntagged));
+  }
+  {
+    VirtualTierParts parts(64_MiB);
+    SegmentTier::Options options = virtual_options(parts.vm);
+    options.map_ahead_bytes = 128_MiB;
+    SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, options);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 21; ++i) {
+      void* p = nullptr;
+      ASSERT_NO_THROW(p = tier.allocate(3_MiB, kUntagged, true)) << "block " << i;
+      blocks.push_back(p);
+    }
+    for (void* p : blocks) ASSERT_TRUE(tier.free(p, kUntagged));
+    tier.trim(0, false);
+    EXPECT_EQ(parts.upstream->live_bytes(), 0U);
+  }
+}
+
 // Review (wt/review3): a range freed on a stream absorbs an untagged neighbour; the range
 // beyond that neighbour may be free on the same stream, and must be merged too, or two
 // adjacent free ranges carry the same tag (the header's invariant) and a wholly free

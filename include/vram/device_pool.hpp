@@ -222,6 +222,14 @@ struct DevicePoolOptions {
   // in a freed run keeps up to its run mapped through trim() (near the end of memory runs
   // are short, so what a reclaim needs can still go back).
   std::size_t virtual_run_bytes = std::size_t{1} << 30;
+  // When a block needs new granules, its run also maps up to this much of the free range
+  // right after it (at most 1/4 of what the large tier holds, within the run's cap, and
+  // only while the tier holds at most 1/4 of the device memory still free): a workload
+  // that grows in many small steps (a decode loop's caches, a model loaded tensor by
+  // tensor) makes a few maps instead of one per step. The extra granules serve later
+  // blocks; like any granule of a run they go back only with the whole run. 0: map only
+  // what each block needs.
+  std::size_t virtual_map_ahead_bytes = std::size_t{128} << 20;
   // Completion of stream-ordered frees; null: CUDA events over a device upstream, "always
   // complete" over any other (host memory has no queued work). ManualFence emulates
   // streams in host-only replay and tests.

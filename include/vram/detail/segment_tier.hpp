@@ -113,6 +113,9 @@ class SegmentTier {
     // available, run_granule_cap()): a run goes back only whole, so a block left in a freed
     // run keeps at most this much mapped.
     std::size_t max_run_bytes = std::size_t{1} << 30;
+    // A map for a block also covers up to this much of the untagged free range after it
+    // (map_ahead_end()).
+    std::size_t map_ahead_bytes = 0;
     // Reserved may reach the tiers' peaks of used bytes plus this many 1024ths before growing
     // gives wholly free segments back (64: 1/16).
     std::size_t growth_headroom_1024 = 64;
@@ -273,6 +276,10 @@ class SegmentTier {
   void unmap_run(std::size_t first) noexcept;
   static constexpr std::size_t kRunShareOfAvailable = 16;
   std::size_t run_granule_cap() const noexcept;  // the longest run to map now, in granules
+  // The last granule to map for `range` (whose granules up to `last` include `new_granules`
+  // unmapped ones), extended by map-ahead where its rules allow.
+  std::size_t map_ahead_end(const Range* range, std::size_t last, std::size_t new_granules,
+                            std::size_t cap) const noexcept;
   std::vector<std::size_t> run_of_;
   std::vector<std::size_t> run_granules_;
   std::vector<std::uint64_t> handles_;
