@@ -2,6 +2,8 @@
 # The GPU machine's part of a session (docs/GPU-STATUS.md): run from the repository root on
 # the H200 with the Release build from the build machine carried in build/.
 #   tools/gpu/h200_run.sh cxx   OUT   tests, compute-sanitizer, replay, benchmarks
+#   tools/gpu/h200_run.sh core  OUT   tests, memcheck, replay with the Torch peer (built there),
+#                                     pairs and batched benchmarks: one call per session
 #   tools/gpu/h200_run.sh torch OUT   builds the PyTorch plug-in and the Torch replay peer
 #                                     there (Torch exists only on that machine), runs them
 # Every log lands in OUT; OUT/results.tar.gz holds them all (the device tool returns few files).
@@ -39,6 +41,20 @@ case $mode in
     step bench 400 ./build/vram bench \
       --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,driver,pager \
       --json "$log/bench.json" --markdown "$log/bench.md" --svg "$log/bench.svg"
+    ;;
+  core)  # a session's GPU check in one call: tests, memcheck, replay with PyTorch, pairs
+    export VRAM_REQUIRE_GPU=1
+    py=${PYTHON:-/opt/torch/.venv/bin/python3}
+    prefix=$($py -c 'import torch;print(torch.utils.cmake_prefix_path)')
+    step tests 240 ./build/tests/vram_tests
+    step memcheck 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \
+      ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*' --gtest_brief=1
+    step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
+      -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
+    step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay_torch.json"
+    step bench 300 ./build/vram bench --scenario pairs,batched \
+      --json "$log/bench.json" --markdown "$log/bench.md"
     ;;
   torch)
     py=${PYTHON:-/opt/torch/.venv/bin/python3}
