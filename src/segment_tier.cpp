@@ -70,8 +70,17 @@ void SegmentTier::keep_spares(std::size_t count) {
 
 SegmentTier::Index* SegmentTier::index_of(StreamKey key) noexcept {
   if (key == kUntagged) return &untagged_;
+  if (cached_index_ != nullptr && cached_key_ == key) return cached_index_;
   auto it = tagged_.find(key);
-  return it == tagged_.end() ? nullptr : &it->second;
+  if (it == tagged_.end()) return nullptr;
+  cached_key_ = key;
+  cached_index_ = &it->second;
+  return cached_index_;
+}
+
+void SegmentTier::erase_index(TaggedIndices::iterator it) noexcept {
+  tagged_.erase(it);
+  cached_index_ = nullptr;
 }
 
 bool SegmentTier::file(Range* range) noexcept {
@@ -79,12 +88,20 @@ bool SegmentTier::file(Range* range) noexcept {
     untagged_.insert(range);
     return true;
   }
-  try {
-    tagged_.try_emplace(range->tag, static_cast<unsigned>(std::countr_zero(options_.granularity)))
-        .first->second.insert(range);
-  } catch (...) {
-    return false;
+  Index* index = index_of(range->tag);
+  if (index == nullptr) {
+    try {
+      index = &tagged_
+                   .try_emplace(range->tag,
+                                static_cast<unsigned>(std::countr_zero(options_.granularity)))
+                   .first->second;
+    } catch (...) {
+      return false;
+    }
+    cached_key_ = range->tag;
+    cached_index_ = index;
   }
+  index->insert(range);
   return true;
 }
 
@@ -102,14 +119,14 @@ SegmentTier::Range* SegmentTier::best_fit(StreamKey key, std::size_t bytes) noex
   if (best == nullptr || base_ == nullptr) return best;
   // Virtual mode: among the few best fits (in (size, address) order), prefer one whose
   // granules are all mapped (no driver call, nothing unmapped elsewhere for it).
-  auto all_mapped = [this, bytes](const Range* r) {
-    return unmapped_granules(granule_of(r->addr), granule_of(r->addr + bytes - 1)) == 0;
+  auto mapped_under = [this, bytes](const Range* r) {
+    return this->all_mapped(granule_of(r->addr), granule_of(r->addr + bytes - 1));
   };
-  if (all_mapped(best)) return best;
+  if (mapped_under(best)) return best;
   Range* candidates[8];
   const std::size_t n = index->best_k(bytes, candidates, 8);
   for (std::size_t i = 1; i < n; ++i) {
-    if (all_mapped(candidates[i])) return candidates[i];
+    if (mapped_under(candidates[i])) return candidates[i];
   }
   return best;
 }
@@ -118,7 +135,11 @@ void SegmentTier::remove_free(Range* range) noexcept {
   Index* index = range->index;
   if (index == nullptr) return;  // unfiled (or pending)
   index->erase(range);
-  if (index->empty() && index != &untagged_) tagged_.erase(range->tag);
+  // An emptied stream index stays for the stream's next free (creating one clears its bins)
+  // while there are few; past that it goes, so that streams come and go without leaking.
+  if (index->empty() && index != &untagged_ && tagged_.size() > kKeptEmptyIndices) {
+    erase_index(tagged_.find(range->tag));
+  }
 }
 
 // A range freed with stream S also absorbs untagged free neighbours (memory usable by any
@@ -246,7 +267,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     if (wait_for_empty_segments(past_budget ? 0 : need)) r = fit(stream, need);
   }
   if (r != nullptr && base_ != nullptr && !may_grow &&
-      unmapped_granules(granule_of(r->addr), granule_of(r->addr + need - 1)) != 0) {
+      !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1))) {
     return nullptr;  // would need a new granule: that is growing
   }
   if (r != nullptr) {
@@ -373,6 +394,7 @@ bool SegmentTier::fence_other_streams(StreamKey except) noexcept {
       continue;
     }
     if (fence_stream(it)) {
+      cached_index_ = nullptr;
       it = tagged_.erase(it);
       fenced = true;
     } else {
@@ -421,7 +443,7 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
       continue;
     }
     auto set = tagged_.find(only->tag);
-    if (set != tagged_.end() && fence_stream(set)) tagged_.erase(set);
+    if (set != tagged_.end() && fence_stream(set)) erase_index(set);
   }
   // Only the markers of wholly free segments are waited for (a pending range never merges,
   // so "wholly free" cannot change while it waits); other pending markers are polled.
@@ -670,6 +692,16 @@ std::size_t SegmentTier::run_granule_cap() const noexcept {
   const std::size_t available = options_.virtual_memory->available_bytes();
   const std::size_t bytes = std::min(options_.max_run_bytes, available / kRunShareOfAvailable);
   return std::max<std::size_t>(1, bytes / granule_);
+}
+
+bool SegmentTier::all_mapped(std::size_t first, std::size_t last) const noexcept {
+  for (std::size_t word = first / 64; word <= last / 64; ++word) {
+    std::uint64_t want = ~std::uint64_t{0};
+    if (word == first / 64) want &= ~std::uint64_t{0} << (first % 64);
+    if (word == last / 64 && last % 64 != 63) want &= (std::uint64_t{1} << (last % 64 + 1)) - 1;
+    if ((mapped_bits_[word] & want) != want) return false;
+  }
+  return true;
 }
 
 std::size_t SegmentTier::unmapped_granules(std::size_t first, std::size_t last) const noexcept {

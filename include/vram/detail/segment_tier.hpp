@@ -212,6 +212,7 @@ class SegmentTier {
 
   Range* best_fit(StreamKey key, std::size_t bytes) noexcept;
   Index* index_of(StreamKey key) noexcept;  // null: no index for the stream (none free)
+  void erase_index(TaggedIndices::iterator it) noexcept;
   // Files a free range under its tag; false (left unfiled: not reused until destruction,
   // accounting unchanged) when a stream's index could not be created.
   bool file(Range* range) noexcept;
@@ -258,7 +259,12 @@ class SegmentTier {
   const Options options_;
   mutable std::mutex mutex_;
   Index untagged_;
-  TaggedIndices tagged_;  // a stream's free ranges; an emptied index is erased
+  // A stream's free ranges. A fenced stream's index is erased; an emptied one only when
+  // more than kKeptEmptyIndices streams have one. cached_*: the last stream looked up.
+  TaggedIndices tagged_;
+  static constexpr std::size_t kKeptEmptyIndices = 4;
+  StreamKey cached_key_ = kUntagged;
+  Index* cached_index_ = nullptr;  // null: no cache; reset by every erase from tagged_
   PointerMap<Range> live_;
   Range* spare_ranges_ = nullptr;
   std::size_t spare_count_ = 0;
@@ -282,6 +288,7 @@ class SegmentTier {
   // Granules in [first, last] (inclusive) not mapped, a 64-granule word at a time: the large
   // tier's warm path asks this of every block it hands out (a 256 MiB block spans 128).
   std::size_t unmapped_granules(std::size_t first, std::size_t last) const noexcept;
+  bool all_mapped(std::size_t first, std::size_t last) const noexcept;  // unmapped_granules == 0
   void set_mapped_bits(std::size_t first, std::size_t end, bool mapped) noexcept;
   std::vector<std::uint64_t> mapped_bits_;  // bit g: granule g is mapped (as run_of_)
   void unmap_run(std::size_t first) noexcept;
