@@ -630,8 +630,8 @@ void SegmentTier::make_reclaimable() noexcept {
 void SegmentTier::map_range(Range* range) {
   const std::size_t first = granule_of(range->addr);
   const std::size_t last = granule_of(range->addr + range->size - 1);
+  if (all_mapped(first, last)) return;  // the warm path: no count needed
   const std::size_t new_bytes = unmapped_granules(first, last) * granule_;
-  if (new_bytes == 0) return;
   if (options_.unmap_before_map) {
     // The growth budget the tiers share (ReservedGauge): past it, free runs are unmapped
     // before new ones are mapped. Below it, mapped free granules stay for reuse, so a loop
