@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <new>
 
 #include "vram/cuda/error.hpp"
 
@@ -11,7 +12,11 @@ namespace vram::detail {
 
 SegmentTier::SegmentTier(Upstream& upstream, StreamFence& fence, ReservedGauge& gauge,
                          Options options)
-    : upstream_(upstream), fence_(fence), gauge_(gauge), options_(options) {
+    : upstream_(upstream),
+      fence_(fence),
+      gauge_(gauge),
+      options_(options),
+      untagged_(static_cast<unsigned>(std::countr_zero(options.granularity))) {
   if (options_.virtual_memory != nullptr) granule_ = options_.virtual_memory->granularity();
 }
 
@@ -38,6 +43,67 @@ SegmentTier::~SegmentTier() {
     }
     delete segment;
   }
+  while (spare_ranges_ != nullptr) {
+    Range* next = spare_ranges_->next;
+    delete spare_ranges_;
+    spare_ranges_ = next;
+  }
+}
+
+SegmentTier::Range* SegmentTier::take_range() noexcept {
+  Range* r = spare_ranges_;
+  if (r != nullptr) {
+    spare_ranges_ = r->next;
+    --spare_count_;
+  }
+  return r;
+}
+
+void SegmentTier::recycle(Range* range) noexcept {
+  range->next = spare_ranges_;
+  spare_ranges_ = range;
+  ++spare_count_;
+}
+
+void SegmentTier::keep_spares(std::size_t count) {
+  while (spare_count_ < count) recycle(new Range{nullptr, 0, nullptr});
+}
+
+SegmentTier::Index* SegmentTier::index_of(StreamKey key) noexcept {
+  if (key == kUntagged) return &untagged_;
+  if (cached_index_ != nullptr && cached_key_ == key) return cached_index_;
+  auto it = tagged_.find(key);
+  if (it == tagged_.end()) return nullptr;
+  cached_key_ = key;
+  cached_index_ = &it->second;
+  return cached_index_;
+}
+
+void SegmentTier::erase_index(TaggedIndices::iterator it) noexcept {
+  tagged_.erase(it);
+  cached_index_ = nullptr;
+}
+
+bool SegmentTier::file(Range* range) noexcept {
+  if (range->tag == kUntagged) {
+    untagged_.insert(range);
+    return true;
+  }
+  Index* index = index_of(range->tag);
+  if (index == nullptr) {
+    try {
+      index = &tagged_
+                   .try_emplace(range->tag,
+                                static_cast<unsigned>(std::countr_zero(options_.granularity)))
+                   .first->second;
+    } catch (...) {
+      return false;
+    }
+    cached_key_ = range->tag;
+    cached_index_ = index;
+  }
+  index->insert(range);
+  return true;
 }
 
 std::size_t SegmentTier::segment_size_for(std::size_t bytes) const noexcept {
@@ -48,29 +114,33 @@ std::size_t SegmentTier::segment_size_for(std::size_t bytes) const noexcept {
 }
 
 SegmentTier::Range* SegmentTier::best_fit(StreamKey key, std::size_t bytes) noexcept {
-  auto set = free_.find(key);
-  if (set == free_.end() || set->second.empty()) return nullptr;
-  Range probe{nullptr, bytes, nullptr};
-  auto it = set->second.lower_bound(&probe);
-  if (it == set->second.end()) return nullptr;
-  if (base_ == nullptr) return *it;
-  // Virtual mode: among the few best fits, prefer one whose granules are all mapped (no
-  // driver call, nothing unmapped elsewhere for it).
-  auto candidate = it;
-  for (int tries = 0; tries < 8 && candidate != set->second.end(); ++tries, ++candidate) {
-    const Range* r = *candidate;
-    if (unmapped_granules(granule_of(r->addr), granule_of(r->addr + bytes - 1)) == 0) {
-      return *candidate;
-    }
+  Index* index = index_of(key);
+  if (index == nullptr || index->empty()) return nullptr;
+  Range* best = index->best(bytes);
+  if (best == nullptr || base_ == nullptr) return best;
+  // Virtual mode: among the few best fits (in (size, address) order), prefer one whose
+  // granules are all mapped (no driver call, nothing unmapped elsewhere for it).
+  auto mapped_under = [this, bytes](const Range* r) {
+    return this->all_mapped(granule_of(r->addr), granule_of(r->addr + bytes - 1));
+  };
+  if (mapped_under(best)) return best;
+  Range* candidates[8];
+  const std::size_t n = index->best_k(bytes, candidates, 8);
+  for (std::size_t i = 1; i < n; ++i) {
+    if (mapped_under(candidates[i])) return candidates[i];
   }
-  return *it;
+  return best;
 }
 
 void SegmentTier::remove_free(Range* range) noexcept {
-  auto set = free_.find(range->tag);
-  if (set == free_.end()) return;
-  set->second.erase(range);
-  if (set->second.empty() && range->tag != kUntagged) free_.erase(set);
+  Index* index = range->index;
+  if (index == nullptr) return;  // unfiled (or pending)
+  index->erase(range);
+  // An emptied stream index stays for the stream's next free (creating one clears its bins)
+  // while there are few; past that it goes, so that streams come and go without leaking.
+  if (index->empty() && index != &untagged_ && tagged_.size() > kKeptEmptyIndices) {
+    erase_index(tagged_.find(range->tag));
+  }
 }
 
 // A range freed with stream S also absorbs untagged free neighbours (memory usable by any
@@ -99,28 +169,21 @@ SegmentTier::Range* SegmentTier::fresh_tail(std::size_t need) noexcept {
   if (fresh <= last->addr || fresh >= end || static_cast<std::size_t>(end - fresh) < need) {
     return nullptr;
   }
-  Range* tail = nullptr;
-  try {
-    tail = new Range{fresh,         static_cast<std::size_t>(end - fresh),
-                     last->segment, last,
-                     nullptr,       Range::State::free,
-                     kUntagged,     0};
-    free_[kUntagged];  // the set exists before anything changes
-  } catch (...) {
-    delete tail;
-    return nullptr;
+  Range* tail = take_range();
+  if (tail == nullptr) {
+    tail = new (std::nothrow) Range{nullptr, 0, nullptr};
+    if (tail == nullptr) return nullptr;
   }
+  *tail = Range{fresh,         static_cast<std::size_t>(end - fresh),
+                last->segment, last,
+                nullptr,       Range::State::free,
+                kUntagged,     0};
   const bool filed = last->state == Range::State::free;
   if (filed) remove_free(last);  // its size is its key
   last->size = static_cast<std::size_t>(fresh - last->addr);
   last->next = tail;
-  if (filed) {
-    try {
-      free_[last->tag].insert(last);
-    } catch (...) {  // left unfiled: not reused until trimmed (accounting unchanged)
-    }
-  }
-  free_[kUntagged].insert(tail);
+  if (filed) file(last);  // false: left unfiled (accounting unchanged)
+  untagged_.insert(tail);
   return tail;
 }
 
@@ -134,7 +197,7 @@ void SegmentTier::insert_free(Range* range) noexcept {
     prev->epoch = std::max(prev->epoch, range->epoch);
     prev->next = range->next;
     if (range->next != nullptr) range->next->prev = prev;
-    delete range;
+    recycle(range);
     range = prev;
   };
   auto absorb_next = [this, &range] {
@@ -144,7 +207,7 @@ void SegmentTier::insert_free(Range* range) noexcept {
     range->epoch = std::max(range->epoch, next->epoch);
     range->next = next->next;
     if (next->next != nullptr) next->next->prev = range;
-    delete next;
+    recycle(next);
   };
   // A neighbour absorbed untagged may border a range of this stream beyond it (an untagged
   // range may border a tagged one): that one merges too, so no two adjacent free ranges
@@ -160,12 +223,9 @@ void SegmentTier::insert_free(Range* range) noexcept {
     absorb_next();
     if (same_tag(range->next)) absorb_next();
   }
-  try {
-    free_[range->tag].insert(range);
-  } catch (...) {
-    // No host memory for the set node: the range stays free but unfiled (not reused, and
-    // its segment is given back only at destruction). Accounting is unchanged.
-  }
+  // False: no host memory for the stream's index: the range stays free but unfiled (not
+  // reused, and its segment is given back only at destruction). Accounting is unchanged.
+  file(range);
 }
 
 SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcept {
@@ -190,12 +250,11 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
 
 void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) {
   const std::size_t need = round(bytes);
-  auto spare = std::make_unique<Range>(Range{nullptr, 0, nullptr});  // before any change
   std::lock_guard lock(mutex_);
-  if (static_cast<float>(live_.size() + 1) >
-      static_cast<float>(live_.bucket_count()) * live_.max_load_factor()) {
-    live_.reserve(2 * live_.size() + 16);  // the emplace below cannot throw or rehash
-  }
+  // Before any change: a new segment's range and a split-off rest cannot fail, nor can
+  // filing the block in live_.
+  keep_spares(2);
+  live_.reserve_one();
   if (options_.virtual_memory != nullptr && base_ == nullptr) reserve_range();
   if (!pending_.empty()) poll_pending(false);
   Range* r = fit(stream, need);
@@ -209,7 +268,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     if (wait_for_empty_segments(past_budget ? 0 : need)) r = fit(stream, need);
   }
   if (r != nullptr && base_ != nullptr && !may_grow &&
-      unmapped_granules(granule_of(r->addr), granule_of(r->addr + need - 1)) != 0) {
+      !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1))) {
     return nullptr;  // would need a new granule: that is growing
   }
   if (r != nullptr) {
@@ -230,7 +289,6 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
       release_empty_segments_for(excess);
     }
     auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
-    auto whole = std::make_unique<Range>(Range{nullptr, size, nullptr});
     segments_.reserve(segments_.size() + 1);
     void* base = nullptr;
     try {
@@ -250,13 +308,12 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
       throw;
     }
     segment->size = size;
-    whole->size = size;
     segment->base = static_cast<char*>(base);
-    whole->addr = segment->base;
-    whole->segment = segment.get();
-    segment->first = whole.get();
+    Range* whole = take_range();  // kept spare
+    *whole = Range{segment->base, size, segment.get()};
+    segment->first = whole;
     segments_.push_back(segment.release());
-    r = whole.release();
+    r = whole;
     ++counters_.upstream_allocations;
     ++counters_.segments;
     counters_.reserved += size;
@@ -265,16 +322,13 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     gauge_.add(size);
   }
   if (r->size - need >= options_.granularity) {
-    Range* rest = spare.release();
+    Range* rest = take_range();  // kept spare, or recycled by a merge since
     *rest = Range{r->addr + need, r->size - need,     r->segment, r,
                   r->next,        Range::State::free, r->tag,     r->epoch};
     if (r->next != nullptr) r->next->prev = rest;
     r->next = rest;
     r->size = need;
-    try {
-      free_[rest->tag].insert(rest);  // r was maximal: rest has no free same-tag neighbour
-    } catch (...) {
-    }
+    file(rest);  // r was maximal: rest has no free same-tag neighbour
   }
   r->state = Range::State::used;  // before mapping: nothing may merge it meanwhile
   if (base_ != nullptr) {
@@ -285,12 +339,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
       throw;
     }
   }
-  try {
-    live_.emplace(r->addr, r);
-  } catch (...) {    // no host memory for the node: the range goes back, nothing changed
-    insert_free(r);  // still under its tag
-    throw;
-  }
+  live_.insert(r->addr, r);  // reserved above
   r->tag = kUntagged;
   counters_.free_bytes -= r->size;
   used_ += r->size;
@@ -303,10 +352,8 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
 
 bool SegmentTier::free(void* block, StreamKey tag) noexcept {
   std::lock_guard lock(mutex_);
-  auto it = live_.find(block);
-  if (it == live_.end()) return false;
-  Range* r = it->second;
-  live_.erase(it);
+  Range* r = live_.erase(block);
+  if (r == nullptr) return false;
   counters_.free_bytes += r->size;
   used_ -= r->size;
   r->tag = tag;
@@ -342,13 +389,14 @@ void SegmentTier::poll_pending(bool wait) noexcept {
 
 bool SegmentTier::fence_other_streams(StreamKey except) noexcept {
   bool fenced = false;
-  for (auto it = free_.begin(); it != free_.end();) {
-    if (it->first == kUntagged || it->first == except || it->second.empty()) {
+  for (auto it = tagged_.begin(); it != tagged_.end();) {
+    if (it->first == except || it->second.empty()) {
       ++it;
       continue;
     }
     if (fence_stream(it)) {
-      it = free_.erase(it);
+      cached_index_ = nullptr;
+      it = tagged_.erase(it);
       fenced = true;
     } else {
       ++it;
@@ -357,15 +405,23 @@ bool SegmentTier::fence_other_streams(StreamKey except) noexcept {
   return fenced;
 }
 
-bool SegmentTier::fence_stream(std::unordered_map<StreamKey, FreeSet>::iterator set) noexcept {
+bool SegmentTier::fence_stream(TaggedIndices::iterator set) noexcept {
   try {
     Pending p{fence_.record(reinterpret_cast<cudaStream_t>(set->first)), {}};
-    p.ranges.assign(set->second.begin(), set->second.end());
+    p.ranges.reserve(set->second.size());
+    set->second.for_each([&p](Range* r) { p.ranges.push_back(r); });  // reserved: no throw
     pending_.push_back(std::move(p));
   } catch (...) {  // no marker (or no host memory): these ranges stay with their stream
     return false;
   }
-  for (Range* r : set->second) r->state = Range::State::pending;
+  // (Order within p.ranges does not matter: pending ranges never merge with each other
+  // until untagged, and untagging merges to the same ranges in any order.)
+  for (Range* r : pending_.back().ranges) {
+    r->state = Range::State::pending;
+    r->bin_prev = r->bin_next = nullptr;
+    r->index = nullptr;
+  }
+  set->second.clear();
   return true;
 }
 
@@ -387,8 +443,8 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
         !could_serve(only)) {
       continue;
     }
-    auto set = free_.find(only->tag);
-    if (set != free_.end() && fence_stream(set)) free_.erase(set);
+    auto set = tagged_.find(only->tag);
+    if (set != tagged_.end() && fence_stream(set)) erase_index(set);
   }
   // Only the markers of wholly free segments are waited for (a pending range never merges,
   // so "wholly free" cannot change while it waits); other pending markers are polled.
@@ -413,7 +469,7 @@ void SegmentTier::release_segment(Segment* segment) noexcept {
   counters_.reserved -= segment->size;
   counters_.free_bytes -= segment->size;
   gauge_.sub(segment->size);
-  delete segment->first;
+  recycle(segment->first);
   delete segment;
 }
 
@@ -518,11 +574,10 @@ void SegmentTier::forget_streams(std::uint64_t mark) noexcept {
   // stays alive until its own turn.
   std::vector<Range*> tagged;
   try {
-    for (auto& [key, set] : free_) {
-      if (key == kUntagged) continue;
-      for (Range* r : set) {
+    for (auto& [key, index] : tagged_) {
+      index.for_each([&tagged, mark](Range* r) {
         if (r->epoch < mark) tagged.push_back(r);
-      }
+      });
     }
   } catch (...) {  // no host memory for the list: the ranges keep their streams
     return;
@@ -555,14 +610,13 @@ void SegmentTier::reserve_range() {
   auto segment = std::make_unique<Segment>(Segment{nullptr, bytes, nullptr});
   auto whole = std::make_unique<Range>(Range{nullptr, bytes, nullptr});
   segments_.reserve(segments_.size() + 1);
-  free_[kUntagged];  // the set exists before the range is filed
   base_ = options_.virtual_memory->reserve(bytes);
   segment->base = base_;
   whole->addr = base_;
   whole->segment = segment.get();
   segment->first = whole.get();
   segments_.push_back(segment.release());
-  free_[kUntagged].insert(whole.release());
+  untagged_.insert(whole.release());
   ++counters_.segments;
 }
 
@@ -576,9 +630,9 @@ void SegmentTier::make_reclaimable() noexcept {
 void SegmentTier::map_range(Range* range) {
   const std::size_t first = granule_of(range->addr);
   std::size_t last = granule_of(range->addr + range->size - 1);
+  if (all_mapped(first, last)) return;  // the warm path: no count needed
   const std::size_t new_granules = unmapped_granules(first, last);
   const std::size_t new_bytes = new_granules * granule_;
-  if (new_bytes == 0) return;
   if (options_.unmap_before_map) {
     // The growth budget the tiers share (ReservedGauge): past it, free runs are unmapped
     // before new ones are mapped. Below it, mapped free granules stay for reuse, so a loop
@@ -591,8 +645,9 @@ void SegmentTier::map_range(Range* range) {
   }
   // Each stretch of unmapped granules under the range is one run: one physical allocation
   // and one map, however many granules it spans, up to run_granule_cap().
-  const std::size_t cap = run_granule_cap();
-  last = map_ahead_end(range, last, new_granules, cap);
+  const std::size_t available = options_.virtual_memory->available_bytes();
+  const std::size_t cap = run_granule_cap(available);
+  last = map_ahead_end(range, last, new_granules, cap, available);
   for (std::size_t g = first; g <= last;) {
     if (mapped(g)) {
       ++g;
@@ -637,8 +692,7 @@ void SegmentTier::map_range(Range* range) {
 // (nothing is unmapped); near it, the unmaps that make room for a new run must find whole
 // free runs. So a run is at most 1/kRunShareOfAvailable of the physical memory still
 // available (and at most max_run_bytes): runs shrink to single granules as memory runs out.
-std::size_t SegmentTier::run_granule_cap() const noexcept {
-  const std::size_t available = options_.virtual_memory->available_bytes();
+std::size_t SegmentTier::run_granule_cap(std::size_t available) const noexcept {
   const std::size_t bytes = std::min(options_.max_run_bytes, available / kRunShareOfAvailable);
   return std::max<std::size_t>(1, bytes / granule_);
 }
@@ -653,20 +707,31 @@ std::size_t SegmentTier::run_granule_cap() const noexcept {
 // end of memory (where a reclaim must find whole free runs) every granule mapped is one a
 // block needs. The extra granules count as reserved and free, and serve later blocks.
 std::size_t SegmentTier::map_ahead_end(const Range* range, std::size_t last,
-                                       std::size_t new_granules, std::size_t cap) const noexcept {
+                                       std::size_t new_granules, std::size_t cap,
+                                       std::size_t available) const noexcept {
   const Range* next = range->next;
   if (options_.map_ahead_bytes == 0 || next == nullptr || next->state != Range::State::free ||
       next->tag != kUntagged || new_granules >= cap) {
     return last;
   }
   const std::size_t held = counters_.reserved;
-  if (options_.virtual_memory->available_bytes() / 4 < held) return last;
+  if (available / 4 < held) return last;
   const std::size_t ahead =
       std::min({options_.map_ahead_bytes, held / 4, (cap - new_granules) * granule_, next->size});
   // Granules wholly below next->addr + ahead (those after `last` start at or past
   // next->addr, which is where the range ends).
   const std::size_t end = granule_of(next->addr + ahead);
   return end > last + 1 ? end - 1 : last;
+}
+
+bool SegmentTier::all_mapped(std::size_t first, std::size_t last) const noexcept {
+  for (std::size_t word = first / 64; word <= last / 64; ++word) {
+    std::uint64_t want = ~std::uint64_t{0};
+    if (word == first / 64) want &= ~std::uint64_t{0} << (first % 64);
+    if (word == last / 64 && last % 64 != 63) want &= (std::uint64_t{1} << (last % 64 + 1)) - 1;
+    if ((mapped_bits_[word] & want) != want) return false;
+  }
+  return true;
 }
 
 std::size_t SegmentTier::unmapped_granules(std::size_t first, std::size_t last) const noexcept {
@@ -707,11 +772,10 @@ void SegmentTier::unmap_run(std::size_t first) noexcept {
 // A run goes back only whole: when every one of its granules lies inside one free,
 // untagged range.
 void SegmentTier::unmap_free_granules(std::size_t keep_free, const Range* except) noexcept {
-  auto set = free_.find(kUntagged);
-  if (set == free_.end()) return;
-  for (const Range* r : set->second) {
-    if (counters_.free_bytes <= keep_free) return;
-    if (r == except) continue;
+  // In ascending (size, address) order: the smallest free ranges go back first.
+  untagged_.for_each_ordered(scratch_, [&](const Range* r) noexcept {
+    if (counters_.free_bytes <= keep_free) return false;
+    if (r == except) return true;
     const auto begin = static_cast<std::size_t>(r->addr - base_);
     const std::size_t first = (begin + granule_ - 1) / granule_;
     const std::size_t end = std::min((begin + r->size) / granule_, mapped_high_);  // wholly inside
@@ -725,7 +789,8 @@ void SegmentTier::unmap_free_granules(std::size_t keep_free, const Range* except
       if (run >= first && next <= end) unmap_run(run);
       g = next;
     }
-  }
+    return true;
+  });
 }
 
 std::size_t SegmentTier::peak_growth_for(std::size_t bytes) const noexcept {
@@ -741,7 +806,7 @@ void SegmentTier::restart_peak() noexcept {
 
 bool SegmentTier::owns(void* block) const noexcept {
   std::lock_guard lock(mutex_);
-  return live_.count(block) != 0;
+  return live_.find(block) != nullptr;
 }
 
 SegmentTier::Counters SegmentTier::counters() const noexcept {

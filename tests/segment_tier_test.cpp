@@ -95,6 +95,41 @@ TEST(SegmentTier, StreamTaggedRangesServeTheirStreamAtOnceOthersAfterTheFence) {
   ASSERT_TRUE(f.tier.free(filler, kUntagged));
 }
 
+// More streams than the tier keeps emptied per-stream indices for (its free-range indices
+// are created, emptied, kept or erased as ranges come and go): each stream still gets back
+// exactly its own range at once, and no other stream's.
+TEST(SegmentTier, ManyStreamsEachReuseTheirOwnRangesWhileIndicesComeAndGo) {
+  TierFixture f(two_mib_segments());
+  constexpr int kStreams = 8;
+  char* blocks[kStreams];
+  detail::StreamKey keys[kStreams];
+  for (int i = 0; i < kStreams; ++i) {
+    blocks[i] = static_cast<char*>(f.tier.allocate(256_KiB, kUntagged, true));
+    keys[i] = detail::stream_key(reinterpret_cast<cudaStream_t>(std::uintptr_t{0x100} * (i + 1)));
+  }
+  EXPECT_EQ(f.upstream->allocations(), 1U);  // the 2 MiB segment, full
+  for (int round = 0; round < 4; ++round) {
+    for (int k = 0; k < kStreams; ++k) {  // freed in a different order each round
+      const int i = (k * 3 + round) % kStreams;
+      ASSERT_TRUE(f.tier.free(blocks[i], keys[i]));
+    }
+    for (int k = 0; k < kStreams; ++k) {
+      const int i = (k * 5 + round) % kStreams;
+      EXPECT_EQ(f.tier.allocate(256_KiB, keys[i], false), blocks[i])
+          << "round " << round << " stream " << i;
+    }
+  }
+  EXPECT_EQ(f.fence.recorded(), 0U) << "each stream found its own range: nothing fenced";
+  for (int i = 0; i < kStreams; ++i) ASSERT_TRUE(f.tier.free(blocks[i], keys[i]));
+  // Another stream needs them: every stream is fenced; after the markers, one whole range.
+  EXPECT_EQ(f.tier.allocate(2_MiB, kUntagged, false), nullptr);
+  EXPECT_EQ(f.fence.recorded(), static_cast<std::size_t>(kStreams));
+  f.fence.complete_all();
+  EXPECT_EQ(f.tier.allocate(2_MiB, kUntagged, false), blocks[0]);
+  ASSERT_TRUE(f.tier.free(blocks[0], kUntagged));
+  EXPECT_EQ(f.tier.counters().free_bytes, 2_MiB);
+}
+
 SegmentTier::Options virtual_options(VirtualMemory& vm) {
   return {.granularity = 512, .virtual_memory = &vm, .reservation = 1_GiB};
 }

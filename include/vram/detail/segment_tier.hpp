@@ -36,10 +36,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <set>
 #include <unordered_map>
 #include <vector>
 
+#include "vram/detail/free_index.hpp"
+#include "vram/detail/pointer_map.hpp"
 #include "vram/stream_fence.hpp"
 #include "vram/upstream.hpp"
 #include "vram/virtual_memory.hpp"
@@ -195,24 +196,34 @@ class SegmentTier {
     enum class State : std::uint8_t { used, free, pending } state = State::free;
     StreamKey tag = kUntagged;
     std::uint64_t epoch = 0;  // epoch_ at its (latest merged) stream-tagged free
+    // Filing in a FreeIndex (the one of `tag`) while free; index is null when unfiled.
+    Range* bin_prev = nullptr;
+    Range* bin_next = nullptr;
+    FreeIndex<Range>* index = nullptr;
   };
   struct Segment {
     char* base;
     std::size_t size;
     Range* first;
   };
-  struct BySize {
-    bool operator()(const Range* a, const Range* b) const noexcept {
-      return a->size != b->size ? a->size < b->size : a->addr < b->addr;
-    }
-  };
-  using FreeSet = std::set<Range*, BySize>;
+  using Index = FreeIndex<Range>;
+  using TaggedIndices = std::unordered_map<StreamKey, Index>;
   struct Pending {
     std::uint64_t marker;
     std::vector<Range*> ranges;
   };
 
   Range* best_fit(StreamKey key, std::size_t bytes) noexcept;
+  Index* index_of(StreamKey key) noexcept;  // null: no index for the stream (none free)
+  void erase_index(TaggedIndices::iterator it) noexcept;
+  // Files a free range under its tag; false (left unfiled: not reused until destruction,
+  // accounting unchanged) when a stream's index could not be created.
+  bool file(Range* range) noexcept;
+  // Ranges are recycled through spare_ranges_ (linked by `next`): splitting and merging
+  // allocate nothing once the tier has run a while.
+  Range* take_range() noexcept;  // from the spares; null when there is none
+  void recycle(Range* range) noexcept;
+  void keep_spares(std::size_t count);  // throws std::bad_alloc, nothing changed
   bool mergeable(const Range* range, const Range* neighbour) const noexcept;
   void insert_free(Range* range) noexcept;  // coalesces, then files it under its tag
   void remove_free(Range* range) noexcept;
@@ -220,7 +231,7 @@ class SegmentTier {
   bool fence_other_streams(StreamKey except) noexcept;  // true when some were fenced
   // Records a marker on the set's stream and moves its ranges to pending_; false (nothing
   // changed) when no marker could be recorded. The caller erases the set.
-  bool fence_stream(std::unordered_map<StreamKey, FreeSet>::iterator set) noexcept;
+  bool fence_stream(TaggedIndices::iterator set) noexcept;
   // Best fit for `need` bytes on `stream` (its own ranges or untagged ones, fencing other
   // streams when neither fits); null when nothing fits or the fit is a wholly free segment
   // that would leave more than max_segment_waste idle.
@@ -250,8 +261,17 @@ class SegmentTier {
   ReservedGauge& gauge_;
   const Options options_;
   mutable std::mutex mutex_;
-  std::unordered_map<StreamKey, FreeSet> free_;
-  std::unordered_map<void*, Range*> live_;
+  Index untagged_;
+  // A stream's free ranges. A fenced stream's index is erased; an emptied one only when
+  // more than kKeptEmptyIndices streams have one. cached_*: the last stream looked up.
+  TaggedIndices tagged_;
+  static constexpr std::size_t kKeptEmptyIndices = 4;
+  StreamKey cached_key_ = kUntagged;
+  Index* cached_index_ = nullptr;  // null: no cache; reset by every erase from tagged_
+  PointerMap<Range> live_;
+  Range* spare_ranges_ = nullptr;
+  std::size_t spare_count_ = 0;
+  std::vector<Range*> scratch_;  // unmap_free_granules()'s ordered walk
   std::vector<Pending> pending_;
   std::vector<Segment*> segments_;
   Counters counters_;
@@ -271,15 +291,18 @@ class SegmentTier {
   // Granules in [first, last] (inclusive) not mapped, a 64-granule word at a time: the large
   // tier's warm path asks this of every block it hands out (a 256 MiB block spans 128).
   std::size_t unmapped_granules(std::size_t first, std::size_t last) const noexcept;
+  bool all_mapped(std::size_t first, std::size_t last) const noexcept;  // unmapped_granules == 0
   void set_mapped_bits(std::size_t first, std::size_t end, bool mapped) noexcept;
   std::vector<std::uint64_t> mapped_bits_;  // bit g: granule g is mapped (as run_of_)
   void unmap_run(std::size_t first) noexcept;
   static constexpr std::size_t kRunShareOfAvailable = 16;
-  std::size_t run_granule_cap() const noexcept;  // the longest run to map now, in granules
+  // The longest run to map now, in granules, with `available` physical bytes left
+  // (VirtualMemory::available_bytes(), asked once per map_range()).
+  std::size_t run_granule_cap(std::size_t available) const noexcept;
   // The last granule to map for `range` (whose granules up to `last` include `new_granules`
   // unmapped ones), extended by map-ahead where its rules allow.
   std::size_t map_ahead_end(const Range* range, std::size_t last, std::size_t new_granules,
-                            std::size_t cap) const noexcept;
+                            std::size_t cap, std::size_t available) const noexcept;
   std::vector<std::size_t> run_of_;
   std::vector<std::size_t> run_granules_;
   std::vector<std::uint64_t> handles_;
