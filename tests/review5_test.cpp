@@ -166,7 +166,8 @@ TEST(Review5FreeIndex, HugeSizesAreFoundInOrder) {
     }
     EXPECT_EQ(index.best(1), &nodes[3]);
     EXPECT_EQ(index.best(std::size_t{1} << 62), &nodes[2]);
-    EXPECT_EQ(index.best((std::size_t{1} << 63) - 1), &nodes[2]);
+    EXPECT_EQ(index.best(nodes[2].size), &nodes[2]);
+    EXPECT_EQ(index.best(nodes[2].size + 1), &nodes[0]);
     EXPECT_EQ(index.best((std::size_t{1} << 63) + 1), &nodes[1]);
     EXPECT_EQ(index.best(top), &nodes[1]);
     if (top != ~std::size_t{0}) EXPECT_EQ(index.best(top + 1), nullptr);
