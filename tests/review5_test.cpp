@@ -142,6 +142,31 @@ TEST(Review5SegmentTierVirtual, MapAheadStaysWithinTheUnmapBeforeMapBudget) {
   for (void* b : blocks) ASSERT_TRUE(tier.free(b, kUntagged));
 }
 
+// max_free_bytes (DevicePoolOptions::max_cached_bytes) bounds the free bytes the tier keeps
+// mapped (free() unmaps past it). Map-ahead maps up to 1/4 of what the tier holds as free
+// bytes regardless, and they stay (pinned in the run of the block that was mapped with
+// them), so a pool told to cache nothing holds up to 128 MiB cached after each growth.
+TEST(Review5SegmentTierVirtual, MapAheadStaysWithinMaxFreeBytes) {
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  HostVirtualMemory vm(physical);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  SegmentTier tier(*physical, fence, gauge,
+                   {.granularity = 512,
+                    .max_free_bytes = 0,
+                    .virtual_memory = &vm,
+                    .reservation = 1_GiB,
+                    .map_ahead_bytes = 128_MiB});
+  std::vector<void*> blocks;
+  std::size_t worst = 0;
+  for (int i = 1; i <= 100; ++i) {
+    blocks.push_back(tier.allocate(3_MiB, kUntagged, true));
+    worst = std::max(worst, tier.counters().free_bytes);
+  }
+  EXPECT_LE(worst, 2_MiB) << "max_free_bytes 0: at most the part of a granule a block leaves";
+  for (void* b : blocks) ASSERT_TRUE(tier.free(b, kUntagged));
+}
+
 // FreeIndex at the top of the size range (rows 59-60; bin_of near 2^64).
 TEST(Review5FreeIndex, HugeSizesAreFoundInOrder) {
   struct Node {
