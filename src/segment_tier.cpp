@@ -351,6 +351,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
 }
 
 bool SegmentTier::free(void* block, StreamKey tag) noexcept {
+  if (block == nullptr) return false;
   std::lock_guard lock(mutex_);
   Range* r = live_.erase(block);
   if (r == nullptr) return false;
@@ -647,6 +648,7 @@ void SegmentTier::map_range(Range* range) {
   // and one map, however many granules it spans, up to run_granule_cap().
   const std::size_t available = options_.virtual_memory->available_bytes();
   const std::size_t cap = run_granule_cap(available);
+  const std::size_t block_last = last;
   last = map_ahead_end(range, last, new_granules, cap, available);
   for (std::size_t g = first; g <= last;) {
     if (mapped(g)) {
@@ -662,6 +664,10 @@ void SegmentTier::map_range(Range* range) {
       handle = options_.virtual_memory->map(address, bytes);
     } catch (const OutOfMemory&) {
       ++counters_.failed_upstream_allocations;
+      if (last > block_last) {  // map-ahead goes first: only the block's granules are needed
+        last = block_last;
+        continue;  // this run again without them (or done, when it held only those)
+      }
       make_reclaimable();
       unmap_free_granules(0, range);
       try {
@@ -705,23 +711,38 @@ std::size_t SegmentTier::run_granule_cap(std::size_t available) const noexcept {
 // that range and only when it is untagged (a stream's free range stays its own); and only
 // while the tier holds at most 1/4 of the physical memory still available, so near the
 // end of memory (where a reclaim must find whole free runs) every granule mapped is one a
-// block needs. The extra granules count as reserved and free, and serve later blocks.
+// block needs. The extra granules count as reserved and free, and serve later blocks. If
+// the map fails (out of memory), map_range() drops them before reclaiming anything: the
+// available figure may be unknown (SIZE_MAX) or stale, and map-ahead must never make a
+// block that fits fail.
 std::size_t SegmentTier::map_ahead_end(const Range* range, std::size_t last,
                                        std::size_t new_granules, std::size_t cap,
                                        std::size_t available) const noexcept {
   const Range* next = range->next;
-  if (options_.map_ahead_bytes == 0 || next == nullptr || next->state != Range::State::free ||
-      next->tag != kUntagged || new_granules >= cap) {
+  // Not with unmap_before_map (its growth budget keeps reserved at what is used), not for a
+  // stream's range, and only where the extra granules extend the block's last run (mapped
+  // last granule: they would be a run, a map, of their own).
+  if (options_.map_ahead_bytes == 0 || options_.unmap_before_map || next == nullptr ||
+      next->state != Range::State::free || next->tag != kUntagged || new_granules >= cap ||
+      mapped(last)) {
     return last;
   }
   const std::size_t held = counters_.reserved;
   if (available / 4 < held) return last;
+  // Free bytes after this map without map-ahead; the extra granules are free bytes too and
+  // stay within max_free_bytes (they share a run with the block, so free() cannot unmap
+  // them to honour it).
+  const std::size_t free_after = held + new_granules * granule_ - used_ - range->size;
+  if (free_after >= options_.max_free_bytes) return last;
   const std::size_t ahead =
-      std::min({options_.map_ahead_bytes, held / 4, (cap - new_granules) * granule_, next->size});
+      std::min({options_.map_ahead_bytes, held / 4, (cap - new_granules) * granule_, next->size,
+                options_.max_free_bytes - free_after});
   // Granules wholly below next->addr + ahead (those after `last` start at or past
-  // next->addr, which is where the range ends).
+  // next->addr, which is where the range ends), up to the first one already mapped.
   const std::size_t end = granule_of(next->addr + ahead);
-  return end > last + 1 ? end - 1 : last;
+  std::size_t extended = last;
+  while (extended + 1 < end && !mapped(extended + 1)) ++extended;
+  return extended;
 }
 
 bool SegmentTier::all_mapped(std::size_t first, std::size_t last) const noexcept {

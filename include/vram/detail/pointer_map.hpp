@@ -36,8 +36,10 @@ class PointerMap {
   }
   // `key` must not be present; reserve_one() must have been called since the last insert.
   void insert(const void* key, Value* value) noexcept { place(key, value), ++size_; }
+  // The null key is never present (an empty slot's key is null): find and erase answer null
+  // for it and change nothing.
   Value* find(const void* key) const noexcept {
-    if (slots_ == nullptr) return nullptr;
+    if (slots_ == nullptr || key == nullptr) return nullptr;
     for (std::size_t i = home(key);; i = (i + 1) & mask()) {
       if (slots_[i].key == key) return slots_[i].value;
       if (slots_[i].key == nullptr) return nullptr;
@@ -45,7 +47,7 @@ class PointerMap {
   }
   // Removes `key`; returns its value, null when absent.
   Value* erase(const void* key) noexcept {
-    if (slots_ == nullptr) return nullptr;
+    if (slots_ == nullptr || key == nullptr) return nullptr;
     std::size_t i = home(key);
     for (;; i = (i + 1) & mask()) {
       if (slots_[i].key == key) break;
