@@ -2,8 +2,8 @@
 # The GPU machine's part of a session (docs/GPU-STATUS.md): run from the repository root on
 # the H200 with the Release build from the build machine carried in build/.
 #   tools/gpu/h200_run.sh cxx   OUT   tests, compute-sanitizer, replay, benchmarks
-#   tools/gpu/h200_run.sh core  OUT   tests, memcheck (never death tests: they fork, and a
-#                                     memcheck run that took one hung in session 5), replay
+#   tools/gpu/h200_run.sh core  OUT   tests, memcheck (never death tests: they fork; a
+#                                     memcheck run with one did not finish in session 5), replay
 #                                     with the Torch peer (built there),
 #                                     pairs and batched benchmarks: one call per session
 #   tools/gpu/h200_run.sh torch OUT   builds the PyTorch plug-in and the Torch replay peer
