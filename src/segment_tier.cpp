@@ -3,6 +3,7 @@
 #include <bit>
 
 #include <algorithm>
+#include <cassert>
 #include <memory>
 #include <new>
 
@@ -69,18 +70,29 @@ void SegmentTier::keep_spares(std::size_t count) {
   while (spare_count_ < count) recycle(new Range{nullptr, 0, nullptr});
 }
 
+std::size_t SegmentTier::stream_slot(StreamKey key) const noexcept {
+  std::size_t slot = 0;
+  while (slot < tagged_.size() && tagged_[slot].key != key) ++slot;
+  return slot;
+}
+
 SegmentTier::Index* SegmentTier::index_of(StreamKey key) noexcept {
   if (key == kUntagged) return &untagged_;
   if (cached_index_ != nullptr && cached_key_ == key) return cached_index_;
-  auto it = tagged_.find(key);
-  if (it == tagged_.end()) return nullptr;
+  const std::size_t slot = stream_slot(key);
+  if (slot == tagged_.size()) return nullptr;
   cached_key_ = key;
-  cached_index_ = &it->second;
+  cached_index_ = tagged_[slot].index.get();
   return cached_index_;
 }
 
-void SegmentTier::erase_index(TaggedIndices::iterator it) noexcept {
-  tagged_.erase(it);
+void SegmentTier::erase_index(std::size_t slot) noexcept {
+  assert(tagged_[slot].index->empty());
+  if (spare_indices_.size() < spare_indices_.capacity()) {  // reserved in file(): no throw
+    spare_indices_.push_back(std::move(tagged_[slot].index));
+  }
+  if (slot + 1 != tagged_.size()) tagged_[slot] = std::move(tagged_.back());
+  tagged_.pop_back();
   cached_index_ = nullptr;
 }
 
@@ -92,10 +104,18 @@ bool SegmentTier::file(Range* range) noexcept {
   Index* index = index_of(range->tag);
   if (index == nullptr) {
     try {
-      index = &tagged_
-                   .try_emplace(range->tag,
-                                static_cast<unsigned>(std::countr_zero(options_.granularity)))
-                   .first->second;
+      tagged_.reserve(tagged_.size() + 1);
+      spare_indices_.reserve(kSpareIndices);
+      std::unique_ptr<Index> fresh;
+      if (!spare_indices_.empty()) {
+        fresh = std::move(spare_indices_.back());
+        spare_indices_.pop_back();
+      } else {
+        fresh =
+            std::make_unique<Index>(static_cast<unsigned>(std::countr_zero(options_.granularity)));
+      }
+      index = fresh.get();
+      tagged_.push_back(StreamIndex{range->tag, std::move(fresh)});  // reserved: no throw
     } catch (...) {
       return false;
     }
@@ -139,7 +159,7 @@ void SegmentTier::remove_free(Range* range) noexcept {
   // An emptied stream index stays for the stream's next free (creating one clears its bins)
   // while there are few; past that it goes, so that streams come and go without leaking.
   if (index->empty() && index != &untagged_ && tagged_.size() > kKeptEmptyIndices) {
-    erase_index(tagged_.find(range->tag));
+    erase_index(stream_slot(range->tag));
   }
 }
 
@@ -230,14 +250,33 @@ void SegmentTier::insert_free(Range* range) noexcept {
 
 SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcept {
   // The smaller fit of the stream's own ranges and the untagged ones.
-  Range* r = best_fit(kUntagged, need);
-  if (stream != kUntagged) {
-    Range* own = best_fit(stream, need);
-    if (own != nullptr && (r == nullptr || own->size <= r->size)) r = own;
-  }
-  if (r == nullptr && fence_other_streams(stream)) {
-    poll_pending(false);
-    r = best_fit(kUntagged, need);
+  auto smaller_fit = [this, stream, need] {
+    Range* r = best_fit(kUntagged, need);
+    if (stream != kUntagged) {
+      Range* own = best_fit(stream, need);
+      if (own != nullptr && (r == nullptr || own->size <= r->size)) r = own;
+    }
+    return r;
+  };
+  Range* r = smaller_fit();
+  // Growing while other streams hold free memory: fence those streams first (their ranges
+  // serve any stream once their markers complete; on a device usually by a later request,
+  // here only when already complete). In virtual mode a fit over unmapped granules is
+  // growth too: the untagged rest of the reservation always fits, and without this a
+  // stream whose own ranges did not fit mapped new memory while the other streams' free
+  // memory stayed idle (16 streams replayed host-only: 97x the live bytes, growing every
+  // pass). The fence runs only when the tier would otherwise grow.
+  auto others_hold_free = [this, stream] {
+    return std::any_of(tagged_.begin(), tagged_.end(), [stream](const StreamIndex& s) {
+      return s.key != stream && !s.index->empty();
+    });
+  };
+  const bool grows =
+      r == nullptr || (base_ != nullptr && others_hold_free() &&
+                       !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1)));
+  if (grows && fence_other_streams(stream)) {
+    poll_pending(false);  // may merge ranges (r among them): look again
+    r = smaller_fit();
   }
   if (r == nullptr) r = fresh_tail(need);
   if (r != nullptr && base_ == nullptr && r->prev == nullptr && r->next == nullptr &&
@@ -266,6 +305,23 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     const bool past_budget = gauge_.excess_after_growth(segment_size_for(need), peak_growth(need),
                                                         options_.growth_headroom_1024) > 0;
     if (wait_for_empty_segments(past_budget ? 0 : need)) r = fit(stream, need);
+  }
+  // Virtual mode, the same rule for other streams' free memory: fit() fenced those streams
+  // before growing, and their markers may not have completed yet. Growing past the budget
+  // (the tiers' peaks of used bytes plus the headroom) waits for them instead; within it the
+  // tier grows without blocking. Without this bound, streams that each capture free memory
+  // next to their own frees made the others grow again and again (reserved 60x what is
+  // live, and rising, with 16 streams whose markers complete a few requests later).
+  if (base_ != nullptr && may_grow && !pending_.empty()) {
+    const std::size_t new_bytes =
+        r == nullptr
+            ? growth_bytes(need)
+            : unmapped_granules(granule_of(r->addr), granule_of(r->addr + need - 1)) * granule_;
+    if (new_bytes > 0 && gauge_.excess_after_growth(new_bytes, peak_growth(need),
+                                                    options_.growth_headroom_1024) > 0) {
+      poll_pending(/*wait=*/true);
+      r = fit(stream, need);
+    }
   }
   if (r != nullptr && base_ != nullptr && !may_grow &&
       !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1))) {
@@ -390,27 +446,27 @@ void SegmentTier::poll_pending(bool wait) noexcept {
 
 bool SegmentTier::fence_other_streams(StreamKey except) noexcept {
   bool fenced = false;
-  for (auto it = tagged_.begin(); it != tagged_.end();) {
-    if (it->first == except || it->second.empty()) {
-      ++it;
+  for (std::size_t slot = 0; slot < tagged_.size();) {
+    if (tagged_[slot].key == except || tagged_[slot].index->empty()) {
+      ++slot;
       continue;
     }
-    if (fence_stream(it)) {
-      cached_index_ = nullptr;
-      it = tagged_.erase(it);
+    if (fence_stream(slot)) {
+      erase_index(slot);  // the last slot moved here: look at this one again
       fenced = true;
     } else {
-      ++it;
+      ++slot;
     }
   }
   return fenced;
 }
 
-bool SegmentTier::fence_stream(TaggedIndices::iterator set) noexcept {
+bool SegmentTier::fence_stream(std::size_t slot) noexcept {
+  Index& index = *tagged_[slot].index;
   try {
-    Pending p{fence_.record(reinterpret_cast<cudaStream_t>(set->first)), {}};
-    p.ranges.reserve(set->second.size());
-    set->second.for_each([&p](Range* r) { p.ranges.push_back(r); });  // reserved: no throw
+    Pending p{fence_.record(reinterpret_cast<cudaStream_t>(tagged_[slot].key)), {}};
+    p.ranges.reserve(index.size());
+    index.for_each([&p](Range* r) { p.ranges.push_back(r); });  // reserved: no throw
     pending_.push_back(std::move(p));
   } catch (...) {  // no marker (or no host memory): these ranges stay with their stream
     return false;
@@ -422,7 +478,7 @@ bool SegmentTier::fence_stream(TaggedIndices::iterator set) noexcept {
     r->bin_prev = r->bin_next = nullptr;
     r->index = nullptr;
   }
-  set->second.clear();
+  index.clear();
   return true;
 }
 
@@ -444,8 +500,8 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
         !could_serve(only)) {
       continue;
     }
-    auto set = tagged_.find(only->tag);
-    if (set != tagged_.end() && fence_stream(set)) erase_index(set);
+    const std::size_t slot = stream_slot(only->tag);
+    if (slot != tagged_.size() && fence_stream(slot)) erase_index(slot);
   }
   // Only the markers of wholly free segments are waited for (a pending range never merges,
   // so "wholly free" cannot change while it waits); other pending markers are polled.
@@ -575,8 +631,8 @@ void SegmentTier::forget_streams(std::uint64_t mark) noexcept {
   // stays alive until its own turn.
   std::vector<Range*> tagged;
   try {
-    for (auto& [key, index] : tagged_) {
-      index.for_each([&tagged, mark](Range* r) {
+    for (const StreamIndex& stream : tagged_) {
+      stream.index->for_each([&tagged, mark](Range* r) {
         if (r->epoch < mark) tagged.push_back(r);
       });
     }

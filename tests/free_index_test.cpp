@@ -115,6 +115,32 @@ TEST(FreeIndex, EmptyIndexFindsNothing) {
   h.check_walks();
 }
 
+// clear() touches only the non-empty bins; afterwards the index is as a new one (a stream's
+// index is cleared when the stream is fenced and reused as a spare for the next stream).
+TEST(FreeIndex, ClearedIndexIsAsNewAndServesAgain) {
+  Harness h(9);
+  std::uintptr_t addr = 0x10000;
+  for (std::size_t size : {std::size_t{512}, std::size_t{4096}, std::size_t{3} << 20,
+                           std::size_t{1} << 30, std::size_t{5} << 40}) {
+    for (int i = 0; i < 3; ++i) h.add(size, addr += 0x1000);
+  }
+  h.check(1 << 20);
+  h.index.clear();
+  for (auto& n : h.nodes) n->index = nullptr;  // the caller resets what it moves elsewhere
+  h.reference.clear();
+  h.check_walks();
+  h.check(512);
+  h.check(std::size_t{1} << 30);
+  Node* again = h.add(std::size_t{3} << 20, 0x900000);
+  h.add(std::size_t{1} << 30, 0xA00000);
+  h.check(1 << 20);
+  h.check(std::size_t{2} << 30);
+  h.check_walks();
+  h.remove(again);
+  h.check(1 << 20);
+  h.check_walks();
+}
+
 // Sizes at and around bin boundaries (a granule, one granule or one byte under and over
 // powers of two and sub-bin edges), up to 2^46.
 TEST(FreeIndex, EdgeSizesMatchReference) {

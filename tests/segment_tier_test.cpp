@@ -3,7 +3,9 @@
 // mode over the host emulation (granules mapped where blocks live, unmapped on trim).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "test_upstreams.hpp"
 #include "vram/detail/segment_tier.hpp"
@@ -362,6 +364,113 @@ TEST(SegmentTierVirtual, MapAheadSkipsStreamRangesAndStopsNearTheEndOfMemory) {
     tier.trim(0, false);
     EXPECT_EQ(parts.upstream->live_bytes(), 0U);
   }
+}
+
+// Virtual mode: the untagged rest of the reservation fits every request, so a stream whose
+// own free ranges are too small used to map new granules while other streams' free memory
+// idled (16 streams replayed host-only: 97x the live bytes, growing every pass). Growing
+// now fences the other streams first; their ranges serve once the markers complete. Within
+// the growth budget the tier grows without waiting; past it, it waits for those markers.
+TEST(SegmentTierVirtual, GrowingFencesOtherStreamsWhoseFreeMemoryServesOnceComplete) {
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto s2 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  const auto s3 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x30));
+  {  // within the budget (a headroom of 2x): grow at once, reuse after the marker
+    VirtualTierParts parts;
+    SegmentTier::Options options = virtual_options(parts.vm);
+    options.growth_headroom_1024 = 2048;
+    SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, options);
+    void* a = tier.allocate(8_MiB, s1, true);
+    ASSERT_TRUE(tier.free(a, s1));
+    EXPECT_EQ(parts.fence.recorded(), 0U) << "a free records nothing";
+    void* s1_again = tier.allocate(8_MiB, s1, true);
+    EXPECT_EQ(s1_again, a) << "its own stream reuses it at once";
+    EXPECT_EQ(parts.fence.recorded(), 0U) << "no growth: nothing fenced";
+    ASSERT_TRUE(tier.free(s1_again, s1));
+    // s2 has nothing free; only s1's range (mapped) would serve without growing.
+    void* b = tier.allocate(8_MiB, s2, true);
+    EXPECT_NE(b, a) << "s1's work may still use a: b is new memory";
+    EXPECT_EQ(parts.fence.recorded(), 1U) << "growing fenced s1 first";
+    EXPECT_EQ(parts.fence.waits(), 0U) << "within the budget: no wait";
+    EXPECT_EQ(tier.counters().maps, 2U);
+    const std::size_t reserved = tier.counters().reserved;
+    parts.fence.complete_all();  // s1's work at its free has completed
+    void* c = tier.allocate(8_MiB, s3, true);
+    EXPECT_EQ(c, a) << "s1's range, untagged after its marker, serves another stream";
+    EXPECT_EQ(tier.counters().maps, 2U) << "no map for c";
+    EXPECT_EQ(tier.counters().reserved, reserved);
+    // A fit over mapped memory is not growth: b's range freed on s2 serves s2 at once.
+    ASSERT_TRUE(tier.free(b, s2));
+    ASSERT_TRUE(tier.free(c, s3));
+    const std::uint64_t fenced = parts.fence.recorded();
+    void* d = tier.allocate(8_MiB, s2, true);
+    EXPECT_EQ(d, b);
+    EXPECT_EQ(parts.fence.recorded(), fenced) << "served by its own range: nothing fenced";
+    EXPECT_EQ(tier.counters().maps, 2U);
+    ASSERT_TRUE(tier.free(d, s2));
+  }
+  {  // past the budget (the default headroom, 1/16): wait for s1's marker, then reuse a
+    VirtualTierParts parts;
+    SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
+    void* a = tier.allocate(8_MiB, s1, true);
+    ASSERT_TRUE(tier.free(a, s1));
+    void* b = tier.allocate(8_MiB, s2, true);
+    EXPECT_EQ(b, a) << "waited for s1's work, then reused its range";
+    EXPECT_EQ(parts.fence.recorded(), 1U);
+    EXPECT_EQ(parts.fence.waits(), 1U);
+    EXPECT_EQ(tier.counters().maps, 1U) << "nothing new mapped";
+    ASSERT_TRUE(tier.free(b, s2));
+  }
+}
+
+// Many streams, each allocating blocks of mixed sizes and freeing them on itself, while
+// the fence completes markers a little later (as a device would): reserved stays within
+// a small multiple of what is live and stops growing, pass after pass.
+TEST(SegmentTierVirtual, ManyStreamsKeepReservedBoundedAcrossPasses) {
+  VirtualTierParts parts;
+  SegmentTier::Options options = virtual_options(parts.vm);
+  options.reservation = 64_GiB;
+  options.map_ahead_bytes = 128_MiB;
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, options);
+  constexpr std::size_t kStreams = 16;
+  const std::size_t sizes[] = {3_MiB, 5_MiB, 9_MiB};
+  struct Live {
+    void* block;
+    std::size_t bytes;
+    detail::StreamKey stream;
+  };
+  std::vector<Live> live;
+  std::size_t live_bytes = 0;
+  std::size_t peak_live = 0;
+  std::uint64_t seed = 12345;
+  auto next = [&seed] {
+    seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+    return seed >> 33;
+  };
+  std::size_t reserved_after_pass[3] = {};
+  for (int pass = 0; pass < 3; ++pass) {
+    for (std::size_t i = 0; i < 4000; ++i) {
+      const auto stream = detail::stream_key(
+          reinterpret_cast<cudaStream_t>(std::uintptr_t{0x100} * (i % kStreams + 1)));
+      const std::size_t bytes = sizes[next() % 3];
+      void* block = tier.allocate(bytes, stream, true);
+      ASSERT_NE(block, nullptr);
+      live.push_back({block, bytes, stream});
+      live_bytes += tier.round(bytes);
+      peak_live = std::max(peak_live, live_bytes);
+      if (live.size() > 2 * kStreams) {  // the oldest goes back on its own stream
+        ASSERT_TRUE(tier.free(live.front().block, live.front().stream));
+        live_bytes -= tier.round(live.front().bytes);
+        live.erase(live.begin());
+      }
+      if (i % 8 == 0) parts.fence.complete_all();  // markers complete some events later
+    }
+    reserved_after_pass[pass] = tier.counters().peak_reserved;
+  }
+  EXPECT_LE(tier.counters().peak_reserved, 2 * peak_live)
+      << "peak live " << peak_live << ": other streams' free memory must serve before growing";
+  EXPECT_EQ(reserved_after_pass[2], reserved_after_pass[1]) << "no growth in a repeated pass";
+  for (const Live& l : live) ASSERT_TRUE(tier.free(l.block, l.stream));
 }
 
 // Review (wt/review3): a range freed on a stream absorbs an untagged neighbour; the range

@@ -22,7 +22,10 @@
 //   must grow (the slow path: an upstream call) first waits on the host for the marker of
 //   each stream whose freed blocks fill a whole segment that could serve the request (or
 //   go back, when growing passes the budget below), holding the tier's mutex (a device
-//   upstream's free synchronizes the device anyway). So never call the pool from a
+//   upstream's free synchronizes the device anyway). The large tier over virtual memory
+//   records the markers of the other streams with free memory before it maps more, and
+//   when mapping would pass the budget it waits for them instead (so streams that free
+//   beside each other cannot make the pool grow without bound). So never call the pool from a
 //   cudaLaunchHostFunc/stream callback: it could wait for the stream it runs on. trim(), the
 //   out-of-memory retry and destruction record nothing on any stream: they wait for the device (a
 //   device synchronize) and then treat every stream-freed block as free for all.

@@ -89,10 +89,16 @@ class FreeIndex {
   }
 
   // Forgets every node without touching them (their links and `index` stay stale: the
-  // caller resets them, e.g. when it moves them elsewhere).
+  // caller resets them, e.g. when it moves them elsewhere). Touches only the non-empty
+  // bins: a cleared index is as a new one, at the cost of its ranges, not of its bins.
   void clear() noexcept {
-    heads_.fill(nullptr);
-    bins_.fill(0);
+    for (std::uint64_t rows = rows_; rows != 0; rows &= rows - 1) {
+      const auto row = static_cast<std::size_t>(std::countr_zero(rows));
+      for (unsigned bins = bins_[row]; bins != 0; bins &= bins - 1) {
+        heads_[row * kSub + static_cast<std::size_t>(std::countr_zero(bins))] = nullptr;
+      }
+      bins_[row] = 0;
+    }
     rows_ = 0;
     count_ = 0;
   }

@@ -22,8 +22,11 @@
 // Stream tags (reuse rule of DevicePool::deallocate_async): a range freed with stream S
 // is tagged S and serves later requests on S at once. It becomes untagged (usable by any
 // stream) only after a StreamFence marker recorded on S has completed; markers are
-// recorded lazily, when another stream needs memory that only S's free ranges could give
-// (or on trim), so a free costs no event record. Plain frees are untagged.
+// recorded lazily, when another stream's request would otherwise grow the tier (nothing
+// fits, or in virtual mode only unmapped granules do) or on trim, so a free costs no event
+// record. Growing past the budget below waits for those markers first (a segment tier for
+// wholly free segments, a virtual one for any fenced range); within it, it grows at once.
+// Plain frees are untagged.
 //
 // Invariants (under the mutex): reserved == sum of segment sizes == used + free bytes
 // (free includes tagged and pending ranges); no two adjacent free ranges have the same
@@ -35,8 +38,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "vram/detail/free_index.hpp"
@@ -207,7 +210,10 @@ class SegmentTier {
     Range* first;
   };
   using Index = FreeIndex<Range>;
-  using TaggedIndices = std::unordered_map<StreamKey, Index>;
+  struct StreamIndex {
+    StreamKey key;
+    std::unique_ptr<Index> index;
+  };
   struct Pending {
     std::uint64_t marker;
     std::vector<Range*> ranges;
@@ -215,7 +221,9 @@ class SegmentTier {
 
   Range* best_fit(StreamKey key, std::size_t bytes) noexcept;
   Index* index_of(StreamKey key) noexcept;  // null: no index for the stream (none free)
-  void erase_index(TaggedIndices::iterator it) noexcept;
+  std::size_t stream_slot(StreamKey key) const noexcept;  // tagged_.size(): none
+  // Drops tagged_[slot] (its index empty), keeping the index as a spare.
+  void erase_index(std::size_t slot) noexcept;
   // Files a free range under its tag; false (left unfiled: not reused until destruction,
   // accounting unchanged) when a stream's index could not be created.
   bool file(Range* range) noexcept;
@@ -229,11 +237,11 @@ class SegmentTier {
   void remove_free(Range* range) noexcept;
   void poll_pending(bool wait) noexcept;
   bool fence_other_streams(StreamKey except) noexcept;  // true when some were fenced
-  // Records a marker on the set's stream and moves its ranges to pending_; false (nothing
-  // changed) when no marker could be recorded. The caller erases the set.
-  bool fence_stream(TaggedIndices::iterator set) noexcept;
+  // Records a marker on tagged_[slot]'s stream and moves its ranges to pending_; false
+  // (nothing changed) when no marker could be recorded. The caller erases the slot.
+  bool fence_stream(std::size_t slot) noexcept;
   // Best fit for `need` bytes on `stream` (its own ranges or untagged ones, fencing other
-  // streams when neither fits); null when nothing fits or the fit is a wholly free segment
+  // streams before growing); null when nothing fits or the fit is a wholly free segment
   // that would leave more than max_segment_waste idle.
   Range* fit(StreamKey stream, std::size_t need) noexcept;
   Range* fresh_tail(std::size_t need) noexcept;
@@ -262,10 +270,16 @@ class SegmentTier {
   const Options options_;
   mutable std::mutex mutex_;
   Index untagged_;
-  // A stream's free ranges. A fenced stream's index is erased; an emptied one only when
-  // more than kKeptEmptyIndices streams have one. cached_*: the last stream looked up.
-  TaggedIndices tagged_;
+  // A stream's free ranges, one index per stream (few streams: a flat table). A fenced
+  // stream's index is erased; an emptied one only when more than kKeptEmptyIndices streams
+  // have one. An erased index is empty and kept in spare_indices_ (up to kSpareIndices)
+  // for the next stream: creating one writes its ~8 KB of bins, which made every fence
+  // and every new stream index cost microseconds with more than four streams.
+  // cached_*: the last stream looked up.
+  std::vector<StreamIndex> tagged_;
+  std::vector<std::unique_ptr<Index>> spare_indices_;
   static constexpr std::size_t kKeptEmptyIndices = 4;
+  static constexpr std::size_t kSpareIndices = 16;
   StreamKey cached_key_ = kUntagged;
   Index* cached_index_ = nullptr;  // null: no cache; reset by every erase from tagged_
   PointerMap<Range> live_;
