@@ -4,7 +4,8 @@
 #   tools/gpu/h200_run.sh cxx   OUT   tests, compute-sanitizer, replay, benchmarks
 #   tools/gpu/h200_run.sh core  OUT   tests, memcheck (never death tests: they fork; a
 #                                     memcheck run with one did not finish in session 5), replay
-#                                     with the Torch peer (built there),
+#                                     with the Torch peer (built there), of the recorded and of
+#                                     the synthetic multi-stream traces,
 #                                     pairs and batched benchmarks: one call per session
 #   tools/gpu/h200_run.sh torch OUT   builds the PyTorch plug-in and the Torch replay peer
 #                                     there (Torch exists only on that machine), runs them
@@ -55,6 +56,11 @@ case $mode in
       -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
       -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
     step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay_torch.json"
+    # Synthetic multi-stream traces (tools/traces/stream_traces.py), every peer in the run.
+    step replay_streams 300 bash -c "python3 tools/traces/stream_traces.py $log/stream_traces && \
+      ./build-torch-replay/vram replay --runs 3 --passes 3 $log/stream_traces/streams1.csv \
+      $log/stream_traces/streams4.csv $log/stream_traces/streams16.csv --json $log/replay_streams.json && \
+      rm -r $log/stream_traces"
     step bench 300 ./build/vram bench --scenario pairs,batched \
       --json "$log/bench.json" --markdown "$log/bench.md"
     ;;
