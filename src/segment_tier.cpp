@@ -407,9 +407,8 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
 }
 
 bool SegmentTier::free(void* block, StreamKey tag) noexcept {
-  if (block == nullptr) return false;
   std::lock_guard lock(mutex_);
-  Range* r = live_.erase(block);
+  Range* r = live_.erase(block);  // null for a foreign block, and for null itself
   if (r == nullptr) return false;
   counters_.free_bytes += r->size;
   used_ -= r->size;
@@ -801,11 +800,18 @@ std::size_t SegmentTier::map_ahead_end(const Range* range, std::size_t last,
   return extended;
 }
 
+// The bits of mapped_bits_[word] that stand for granules in [first, last].
+std::uint64_t SegmentTier::granule_mask(std::size_t word, std::size_t first,
+                                        std::size_t last) noexcept {
+  std::uint64_t mask = ~std::uint64_t{0};
+  if (word == first / 64) mask &= ~std::uint64_t{0} << (first % 64);
+  if (word == last / 64 && last % 64 != 63) mask &= (std::uint64_t{1} << (last % 64 + 1)) - 1;
+  return mask;
+}
+
 bool SegmentTier::all_mapped(std::size_t first, std::size_t last) const noexcept {
   for (std::size_t word = first / 64; word <= last / 64; ++word) {
-    std::uint64_t want = ~std::uint64_t{0};
-    if (word == first / 64) want &= ~std::uint64_t{0} << (first % 64);
-    if (word == last / 64 && last % 64 != 63) want &= (std::uint64_t{1} << (last % 64 + 1)) - 1;
+    const std::uint64_t want = granule_mask(word, first, last);
     if ((mapped_bits_[word] & want) != want) return false;
   }
   return true;
@@ -814,10 +820,8 @@ bool SegmentTier::all_mapped(std::size_t first, std::size_t last) const noexcept
 std::size_t SegmentTier::unmapped_granules(std::size_t first, std::size_t last) const noexcept {
   std::size_t mapped_count = 0;
   for (std::size_t word = first / 64; word <= last / 64; ++word) {
-    std::uint64_t bits = mapped_bits_[word];
-    if (word == first / 64) bits &= ~std::uint64_t{0} << (first % 64);
-    if (word == last / 64 && last % 64 != 63) bits &= (std::uint64_t{1} << (last % 64 + 1)) - 1;
-    mapped_count += static_cast<std::size_t>(std::popcount(bits));
+    mapped_count += static_cast<std::size_t>(
+        std::popcount(mapped_bits_[word] & granule_mask(word, first, last)));
   }
   return last - first + 1 - mapped_count;
 }

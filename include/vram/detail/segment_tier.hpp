@@ -306,6 +306,7 @@ class SegmentTier {
   // tier's warm path asks this of every block it hands out (a 256 MiB block spans 128).
   std::size_t unmapped_granules(std::size_t first, std::size_t last) const noexcept;
   bool all_mapped(std::size_t first, std::size_t last) const noexcept;  // unmapped_granules == 0
+  static std::uint64_t granule_mask(std::size_t word, std::size_t first, std::size_t last) noexcept;
   void set_mapped_bits(std::size_t first, std::size_t end, bool mapped) noexcept;
   std::vector<std::uint64_t> mapped_bits_;  // bit g: granule g is mapped (as run_of_)
   void unmap_run(std::size_t first) noexcept;
