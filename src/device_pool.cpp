@@ -623,8 +623,9 @@ void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, st
   // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
   // free segments cannot cover the excess, the other tier's give back the rest (the tier
   // itself gives back its own as it grows).
-  // A virtual-memory large tier that does not unmap before mapping keeps no budget of its
-  // own, so its growth does not make the other tier give segments back either.
+  // A virtual-memory large tier that does not unmap before mapping gives nothing back to
+  // stay within the budget (it only waits for other streams' frees past it), so its growth
+  // does not make the other tier give segments back either.
   const std::size_t excess =
       !tier.enforces_growth_budget()
           ? 0

@@ -104,7 +104,7 @@ bool SegmentTier::file(Range* range) noexcept {
   Index* index = index_of(range->tag);
   if (index == nullptr) {
     try {
-      tagged_.reserve(tagged_.size() + 1);
+      if (tagged_.size() == tagged_.capacity()) tagged_.reserve(2 * tagged_.size() + 4);
       spare_indices_.reserve(kSpareIndices);
       std::unique_ptr<Index> fresh;
       if (!spare_indices_.empty()) {
@@ -159,7 +159,9 @@ void SegmentTier::remove_free(Range* range) noexcept {
   // An emptied stream index stays for the stream's next free (creating one clears its bins)
   // while there are few; past that it goes, so that streams come and go without leaking.
   if (index->empty() && index != &untagged_ && tagged_.size() > kKeptEmptyIndices) {
-    erase_index(stream_slot(range->tag));
+    std::size_t slot = 0;
+    while (tagged_[slot].index.get() != index) ++slot;  // filed in it: present
+    erase_index(slot);
   }
 }
 
@@ -265,18 +267,25 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
   // growth too: the untagged rest of the reservation always fits, and without this a
   // stream whose own ranges did not fit mapped new memory while the other streams' free
   // memory stayed idle (16 streams replayed host-only: 97x the live bytes, growing every
-  // pass). The fence runs only when the tier would otherwise grow.
+  // pass). The fence runs only when the tier would otherwise grow. A segment tier fences
+  // every other stream (as before); a virtual one, within the growth budget, only the
+  // streams whose ranges could serve the request (a fence costs a CUDA event and takes the
+  // stream's own frees from it), past the budget every one.
   auto others_hold_free = [this, stream] {
     return std::any_of(tagged_.begin(), tagged_.end(), [stream](const StreamIndex& s) {
       return s.key != stream && !s.index->empty();
     });
   };
   const bool grows =
-      r == nullptr || (base_ != nullptr && others_hold_free() &&
-                       !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1)));
-  if (grows && fence_other_streams(stream)) {
-    poll_pending(false);  // may merge ranges (r among them): look again
-    r = smaller_fit();
+      r == nullptr ||
+      (base_ != nullptr && !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1)) &&
+       others_hold_free());
+  if (grows) {
+    const bool every_stream = base_ == nullptr || past_budget(r, need);
+    if (fence_other_streams(stream, every_stream ? 0 : need)) {
+      poll_pending(false);  // may merge ranges (r among them): look again
+      r = smaller_fit();
+    }
   }
   if (r == nullptr) r = fresh_tail(need);
   if (r != nullptr && base_ == nullptr && r->prev == nullptr && r->next == nullptr &&
@@ -285,6 +294,42 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
                      // budget)
   }
   return r;
+}
+
+std::size_t SegmentTier::growth_for(const Range* r, std::size_t need) const noexcept {
+  if (r == nullptr) return growth_bytes(need);
+  if (base_ == nullptr) return 0;
+  return unmapped_granules(granule_of(r->addr), granule_of(r->addr + need - 1)) * granule_;
+}
+
+bool SegmentTier::past_budget(const Range* r, std::size_t need) const noexcept {
+  const std::size_t grow = growth_for(r, need);
+  return grow > 0 &&
+         gauge_.excess_after_growth(grow, peak_growth(need), options_.growth_headroom_1024) > 0;
+}
+
+bool SegmentTier::could_serve(const Range* r, std::size_t need) const noexcept {
+  auto untagged_free = [](const Range* n) {
+    return n != nullptr && n->state == Range::State::free && n->tag == kUntagged;
+  };
+  std::size_t span = r->size;
+  if (untagged_free(r->prev)) span += r->prev->size;
+  if (untagged_free(r->next)) span += r->next->size;
+  return span >= need;
+}
+
+bool SegmentTier::wait_for_pending(StreamKey stream, std::size_t need) noexcept {
+  bool waited = false;
+  for (const Pending& p : pending_) {
+    if (p.stream == stream) continue;
+    if (std::any_of(p.ranges.begin(), p.ranges.end(),
+                    [&](const Range* r) { return could_serve(r, need); })) {
+      fence_.wait(p.marker);
+      waited = true;
+    }
+  }
+  if (waited) poll_pending(false);
+  return waited;
 }
 
 void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) {
@@ -312,16 +357,11 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   // tier grows without blocking. Without this bound, streams that each capture free memory
   // next to their own frees made the others grow again and again (reserved 60x what is
   // live, and rising, with 16 streams whose markers complete a few requests later).
-  if (base_ != nullptr && may_grow && !pending_.empty()) {
-    const std::size_t new_bytes =
-        r == nullptr
-            ? growth_bytes(need)
-            : unmapped_granules(granule_of(r->addr), granule_of(r->addr + need - 1)) * granule_;
-    if (new_bytes > 0 && gauge_.excess_after_growth(new_bytes, peak_growth(need),
-                                                    options_.growth_headroom_1024) > 0) {
-      poll_pending(/*wait=*/true);
-      r = fit(stream, need);
-    }
+  // Only markers of other streams (a stream's own frees are safe for it in stream order)
+  // whose ranges could serve the request are waited for.
+  if (base_ != nullptr && may_grow && !pending_.empty() && past_budget(r, need) &&
+      wait_for_pending(stream, need)) {
+    r = fit(stream, need);
   }
   if (r != nullptr && base_ != nullptr && !may_grow &&
       !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1))) {
@@ -443,10 +483,15 @@ void SegmentTier::poll_pending(bool wait) noexcept {
   }
 }
 
-bool SegmentTier::fence_other_streams(StreamKey except) noexcept {
+bool SegmentTier::fence_other_streams(StreamKey except, std::size_t need) noexcept {
   bool fenced = false;
   for (std::size_t slot = 0; slot < tagged_.size();) {
-    if (tagged_[slot].key == except || tagged_[slot].index->empty()) {
+    const Index& index = *tagged_[slot].index;
+    bool serves = need == 0 || index.best(need) != nullptr;
+    if (!serves) {  // a smaller range may merge with untagged neighbours into a fit
+      index.for_each([&](const Range* r) { serves = serves || could_serve(r, need); });
+    }
+    if (tagged_[slot].key == except || index.empty() || !serves) {
       ++slot;
       continue;
     }
@@ -463,7 +508,8 @@ bool SegmentTier::fence_other_streams(StreamKey except) noexcept {
 bool SegmentTier::fence_stream(std::size_t slot) noexcept {
   Index& index = *tagged_[slot].index;
   try {
-    Pending p{fence_.record(reinterpret_cast<cudaStream_t>(tagged_[slot].key)), {}};
+    Pending p{
+        fence_.record(reinterpret_cast<cudaStream_t>(tagged_[slot].key)), tagged_[slot].key, {}};
     p.ranges.reserve(index.size());
     index.for_each([&p](Range* r) { p.ranges.push_back(r); });  // reserved: no throw
     pending_.push_back(std::move(p));

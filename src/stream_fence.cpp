@@ -12,6 +12,15 @@ CudaEventFence::~CudaEventFence() {
 }
 
 std::uint64_t CudaEventFence::record(cudaStream_t stream) {
+  // A stream being captured into a CUDA graph runs nothing yet: an event recorded on it
+  // becomes a node of the graph, and querying it fails (cudaErrorCapturedEvent), which must
+  // never read as "completed". The stream is not fenced: its frees stay its own.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t asked = cudaStreamIsCapturing(stream, &capture);
+  if (asked != cudaSuccess) (void)cudaGetLastError();
+  if (asked == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+    cuda::check(cudaErrorStreamCaptureUnsupported, "cudaEventRecord on a stream being captured");
+  }
   std::lock_guard lock(mutex_);
   std::uint64_t marker = 0;
   if (!free_.empty()) {
@@ -47,9 +56,21 @@ bool CudaEventFence::completed(std::uint64_t marker) noexcept {
   const cudaError_t status = cudaEventQuery(event);
   if (status == cudaSuccess) return true;
   (void)cudaGetLastError();
-  // cudaErrorNotReady: still running. Any other error (driver shutting down): nothing will
-  // run any more, so the work is as complete as it will ever be.
-  return status != cudaErrorNotReady;
+  // cudaErrorNotReady: still running. A capture error (the event belongs to a graph being
+  // captured, or the query is not allowed during a capture): unknown, so not completed. Any
+  // other error (driver shutting down): nothing will run any more, so the work is as
+  // complete as it will ever be.
+  switch (status) {
+    case cudaErrorNotReady:
+    case cudaErrorCapturedEvent:
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorStreamCaptureWrongThread:
+      return false;
+    default:
+      return true;
+  }
 }
 
 void CudaEventFence::wait(std::uint64_t marker) noexcept {

@@ -789,6 +789,35 @@ TEST(DevicePoolVirtualReview, AStreamFreeDoesNotTakeTheWholeReservationFromOther
 #ifdef VRAM_HAVE_TEST_KERNELS
 // On the GPU: a block freed on stream A while a long kernel on A still writes it is not
 // handed to stream B until that kernel has finished; on A it is reused at once.
+// A block freed on a stream that is being captured into a CUDA graph: the free happens
+// when the graph runs, not now. Another stream's growth fences the other streams; an event
+// recorded on the capturing stream is a graph node, and querying it fails
+// (cudaErrorCapturedEvent), which read as "completed" handed the block to the other stream
+// at once. The capturing stream is not fenced: the block stays its own.
+TEST(DevicePoolStreamsGpu, ABlockFreedDuringAGraphCaptureIsNotHandedToAnotherStream) {
+  VRAM_GPU_TEST_OR_SKIP();
+  DevicePool pool(0);
+  cuda::Stream capturing;
+  cuda::Stream other;
+  void* keep = pool.allocate_async(2_MiB, capturing.get());  // keeps the range off the tail
+  ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeRelaxed), cudaSuccess);
+  void* block = pool.allocate_async(8_MiB, capturing.get());
+  launch_fill(block, (8_MiB) / 4, 0x11111111u, capturing.get());
+  pool.deallocate_async(block, 8_MiB, capturing.get());
+  void* taken = pool.allocate_async(8_MiB, other.get());  // would grow: fences the others
+  EXPECT_NE(taken, block) << "the captured work has not run: the block is not free";
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess);
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  pool.deallocate_async(taken, 8_MiB, other.get());
+  pool.deallocate_async(keep, 2_MiB, capturing.get());
+  other.synchronize();
+  capturing.synchronize();
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
 TEST(DevicePoolStreamsGpu, StreamDestroyedBeforeThePoolIsSafe) {
   VRAM_GPU_TEST_OR_SKIP();
   std::size_t reserved_after_trim = 1;

@@ -568,5 +568,75 @@ TEST(SegmentTierReview, WastefulWhollyFreeSegmentStaysWithinTheBudget) {
   ASSERT_TRUE(f.tier.free(big, kUntagged));
 }
 
+// Review (wt/review6): past the budget the virtual tier waits for every pending marker,
+// whether or not any pending range could serve the request (the segments mode waits only
+// for ranges that could: wait_for_empty_segments' could_serve). Here t's 8 MiB range sits
+// between a used block and the start of the reservation: after the wait it still cannot
+// serve 16 MiB, and the tier maps 16 MiB anyway. The allocation on s blocked the host on
+// t's work for nothing.
+TEST(SegmentTierVirtualReview6, PastBudgetDoesNotWaitForMarkersWhoseRangesCannotServe) {
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  VirtualTierParts parts;
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
+  void* x = tier.allocate(8_MiB, t, true);
+  void* y = tier.allocate(2_MiB, t, true);  // keeps x away from the untagged tail
+  ASSERT_TRUE(tier.free(x, t));
+  const std::size_t reserved = tier.counters().reserved;
+  void* big = tier.allocate(16_MiB, s, true);  // past the budget (10 MiB peak + 1/16)
+  EXPECT_NE(big, x);
+  EXPECT_EQ(tier.counters().reserved, reserved + 16_MiB) << "mapped 16 MiB, wait or not";
+  EXPECT_EQ(parts.fence.waits(), 0U)
+      << "waited for t's marker though t's 8 MiB range could not serve 16 MiB";
+  ASSERT_TRUE(tier.free(big, s));
+  ASSERT_TRUE(tier.free(y, t));
+}
+
+// Review (wt/review6): growing for one stream fences every other stream holding any free
+// range, even ranges that could never serve the request. The fenced stream then loses the
+// immediate reuse of its own frees (stream order makes them safe for it): t's 2 MiB block,
+// freed on t, is pending after s's unrelated 64 MiB growth, and t's next 2 MiB request
+// maps new memory. Before 08a64a2 (fence only when nothing fit) t got x back at once.
+TEST(SegmentTierVirtualReview6, AnUnrelatedGrowthDoesNotTakeAStreamsOwnFreesFromIt) {
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  VirtualTierParts parts;
+  SegmentTier::Options options = virtual_options(parts.vm);
+  options.growth_headroom_1024 = 4096;  // well within the budget: no wait anywhere
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, options);
+  void* x = tier.allocate(2_MiB, t, true);
+  void* y = tier.allocate(2_MiB, t, true);  // keeps x away from the untagged tail
+  ASSERT_TRUE(tier.free(x, t));
+  void* big = tier.allocate(64_MiB, s, true);  // x (2 MiB) cannot serve it
+  const std::uint64_t maps = tier.counters().maps;
+  void* again = tier.allocate(2_MiB, t, true);
+  EXPECT_EQ(again, x) << "t's own free range, mapped, serves t at once";
+  EXPECT_EQ(tier.counters().maps, maps) << "no new map for a request t's own frees cover";
+  EXPECT_EQ(parts.fence.recorded(), 0U) << "t was fenced for a request its ranges cannot serve";
+  ASSERT_TRUE(tier.free(again, t));
+  ASSERT_TRUE(tier.free(big, s));
+  ASSERT_TRUE(tier.free(y, t));
+}
+
+// Review (wt/review6): past the budget an allocation on t waits for a marker recorded on t
+// itself (here by trim(wait=false)): a host block on t's own queued work, though t's own
+// fenced range is safe for t in stream order. (Not a deadlock on a device, but a needless
+// synchronize on every such growth; with host-dependent work on t, e.g. a host function
+// that calls into the pool, it never returns.)
+TEST(SegmentTierVirtualReview6, AStreamDoesNotBlockOnItsOwnMarker) {
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  VirtualTierParts parts;
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
+  void* x = tier.allocate(8_MiB, t, true);
+  void* y = tier.allocate(2_MiB, t, true);  // keeps x away from the untagged tail
+  ASSERT_TRUE(tier.free(x, t));
+  tier.trim(SIZE_MAX, /*wait=*/false);  // fences t, waits for nothing
+  ASSERT_EQ(parts.fence.recorded(), 1U);
+  void* again = tier.allocate(8_MiB, t, true);  // growing 8 MiB passes 10 MiB + 1/16
+  EXPECT_EQ(parts.fence.waits(), 0U) << "t's allocation waited for t's own marker";
+  ASSERT_TRUE(tier.free(again, t));
+  ASSERT_TRUE(tier.free(y, t));
+}
+
 }  // namespace
 }  // namespace vram::testing

@@ -22,10 +22,12 @@
 //   must grow (the slow path: an upstream call) first waits on the host for the marker of
 //   each stream whose freed blocks fill a whole segment that could serve the request (or
 //   go back, when growing passes the budget below), holding the tier's mutex (a device
-//   upstream's free synchronizes the device anyway). The large tier over virtual memory
-//   records the markers of the other streams with free memory before it maps more, and
-//   when mapping would pass the budget it waits for them instead (so streams that free
-//   beside each other cannot make the pool grow without bound). So never call the pool from a
+//   upstream's free synchronizes the device anyway). The large tier over virtual memory,
+//   before it maps more, records markers on the other streams whose freed blocks could
+//   serve the request (on every other stream with freed blocks when mapping would pass the
+//   budget below) and, past the budget, waits for those that could serve (never for a
+//   marker on the requesting stream): streams that free beside each other cannot make it
+//   grow without bound. So never call the pool from a
 //   cudaLaunchHostFunc/stream callback: it could wait for the stream it runs on. trim(), the
 //   out-of-memory retry and destruction record nothing on any stream: they wait for the device (a
 //   device synchronize) and then treat every stream-freed block as free for all.
@@ -36,6 +38,10 @@
 //   another thread raced and that no thread inside a slow pool call (an upstream
 //   allocation) was still holding S's blocks for (PyTorch never destroys its streams, so
 //   its plug-in never meets this). Destroying the pool after S is safe.
+//   CUDA graphs: a stream being captured is never fenced (its freed blocks stay its own
+//   until the capture ends and another request fences it again). The pool queries events
+//   (cudaEventQuery) when it fences; under cudaStreamCaptureModeGlobal, a capture on
+//   another thread may be invalidated by that: capture in relaxed or thread-local mode.
 //
 // Structure and hot path
 //   Requests up to small_block_max_bytes (1 MiB) round to a size class (size_classes.hpp,
@@ -57,9 +63,11 @@
 //   The tiers share one growth budget: reserved may exceed the sum of each tier's own peak
 //   of the bytes carved out of it (in use, or cached in threads and rings) by
 //   growth_headroom (1/16) of that sum; trim() restarts each peak from what is carved out
-//   now. A virtual-memory large tier keeps no budget unless unmap_before_map is set: it
-//   maps what its blocks need and unmaps free runs on trim(), on an out-of-memory retry and
-//   past max_cached_bytes of free mapped bytes. A tier that must grow within the budget just grows;
+//   now. A virtual-memory large tier unmaps nothing to stay within the budget unless
+//   unmap_before_map is set: it maps what its blocks need and unmaps free runs on trim(), on
+//   an out-of-memory retry and past max_cached_bytes of free mapped bytes; the budget only
+//   decides whether it waits for other streams' freed blocks before it maps more (above).
+//   A tier that must grow within the budget just grows;
 //   past it, it first gives back wholly free segments covering the excess (the smallest
 //   that covers it, else the largest ones; one freed with a stream after the host waited
 //   for that stream's marker), and the other tier gives back what this one cannot cover.

@@ -216,6 +216,7 @@ class SegmentTier {
   };
   struct Pending {
     std::uint64_t marker;
+    StreamKey stream;  // the stream the marker was recorded on (the ranges' tag)
     std::vector<Range*> ranges;
   };
 
@@ -236,7 +237,9 @@ class SegmentTier {
   void insert_free(Range* range) noexcept;  // coalesces, then files it under its tag
   void remove_free(Range* range) noexcept;
   void poll_pending(bool wait) noexcept;
-  bool fence_other_streams(StreamKey except) noexcept;  // true when some were fenced
+  // Fences every stream but `except` with free ranges (need > 0: only those with a range
+  // that could_serve(need)); true when some were fenced.
+  bool fence_other_streams(StreamKey except, std::size_t need = 0) noexcept;
   // Records a marker on tagged_[slot]'s stream and moves its ranges to pending_; false
   // (nothing changed) when no marker could be recorded. The caller erases the slot.
   bool fence_stream(std::size_t slot) noexcept;
@@ -244,6 +247,17 @@ class SegmentTier {
   // streams before growing); null when nothing fits or the fit is a wholly free segment
   // that would leave more than max_segment_waste idle.
   Range* fit(StreamKey stream, std::size_t need) noexcept;
+  // Bytes the tier grows by when `r` (null: no fit) serves `need` bytes (virtual mode: the
+  // granules under it not mapped yet), and whether that passes the growth budget.
+  std::size_t growth_for(const Range* r, std::size_t need) const noexcept;
+  bool past_budget(const Range* r, std::size_t need) const noexcept;
+  // `r` (free or pending) with the free untagged ranges beside it, which it merges with once
+  // untagged, spans `need` bytes.
+  bool could_serve(const Range* r, std::size_t need) const noexcept;
+  // Virtual mode, growing past the budget: waits for the markers of other streams than
+  // `stream` whose pending ranges could serve `need`, then untags what completed; false when
+  // there was none.
+  bool wait_for_pending(StreamKey stream, std::size_t need) noexcept;
   Range* fresh_tail(std::size_t need) noexcept;
   // Waits for the streams of wholly free stream-tagged (or pending) segments, so that they
   // become untagged; false when there was none. need > 0: only segments that could then
