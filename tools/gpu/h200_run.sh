@@ -59,7 +59,8 @@ case $mode in
     # Synthetic multi-stream traces (tools/traces/stream_traces.py), every peer in the run.
     step replay_streams 300 bash -c "python3 tools/traces/stream_traces.py $log/stream_traces && \
       ./build-torch-replay/vram replay --runs 3 --passes 3 $log/stream_traces/streams1.csv \
-      $log/stream_traces/streams4.csv $log/stream_traces/streams16.csv --json $log/replay_streams.json && \
+      $log/stream_traces/streams4.csv $log/stream_traces/streams8.csv $log/stream_traces/streams16.csv \
+      --json $log/replay_streams.json && \
       rm -r $log/stream_traces"
     step bench 300 ./build/vram bench --scenario pairs,batched \
       --json "$log/bench.json" --markdown "$log/bench.md"
