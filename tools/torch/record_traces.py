@@ -28,7 +28,8 @@ def main():
     parser.add_argument("--only", default="", help="comma-separated workload names")
     args = parser.parse_args()
     os.makedirs(args.out_dir, exist_ok=True)
-    defaults = {"transformer_training": 24, "decode_growing_caches": 8, "conv_training": 24}
+    defaults = {"transformer_training": 24, "decode_growing_caches": 8, "conv_training": 24,
+                "decode_streams": 12}
     names = [n for n in workloads.WORKLOADS if not args.only or n in args.only.split(",")]
     for name in names:
         steps = args.steps or defaults[name]

@@ -130,6 +130,49 @@ def decode_growing_caches(steps: int, device: str, seed: int = 0):
     return sums
 
 
+@torch.no_grad()
+def decode_streams(steps: int, device: str, seed: int = 0):
+    """`steps` requests served four at a time, each on its own CUDA stream, one token of each
+    in turn (a server without batching): each decodes 32-96 tokens from a random prompt
+    (batch 1-8) with caches grown by torch.cat; a finished request's stream takes the next."""
+    set_deterministic(seed)
+    model = TinyDecoder().to(device).eval()
+    torch.cuda.synchronize()
+    rng = random.Random(seed)
+    streams = [torch.cuda.Stream() for _ in range(4)]
+    slots = [None] * len(streams)  # [logits, caches, tokens left]
+    started = 0
+    sums = []
+
+    def start(i):
+        nonlocal started
+        with torch.cuda.stream(streams[i]):
+            batch = rng.choice([1, 2, 4, 8])
+            prompt = torch.randint(0, 8192, (batch, rng.choice([32, 64, 128])), device=device)
+            logits, caches = model(prompt, [None] * len(model.layers))
+        slots[i] = [logits, caches, rng.choice([32, 64, 96])]
+        started += 1
+
+    for i in range(len(streams)):
+        if started < steps:
+            start(i)
+    while any(slot is not None for slot in slots):
+        for i, slot in enumerate(slots):
+            if slot is None:
+                continue
+            with torch.cuda.stream(streams[i]):
+                token = slot[0].argmax(-1, keepdim=True)
+                slot[0], slot[1] = model(token, slot[1])
+                slot[2] -= 1
+                if slot[2] == 0:
+                    sums.append(float(slot[0].float().sum().item()) * 1e-6)
+                    slots[i] = None
+                    if started < steps:
+                        start(i)
+    torch.cuda.synchronize()
+    return sums
+
+
 # --- conv net training with varying batch and resolution --------------------------------
 def conv_block(cin, cout, stride):
     return nn.Sequential(nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout),
@@ -175,6 +218,7 @@ def conv_training(steps: int, device: str, seed: int = 0):
 WORKLOADS = {
     "transformer_training": transformer_training,
     "decode_growing_caches": decode_growing_caches,
+    "decode_streams": decode_streams,
     "conv_training": conv_training,
 }
 
