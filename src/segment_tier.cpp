@@ -6,6 +6,7 @@
 #include <cassert>
 #include <memory>
 #include <new>
+#include <string>
 
 #include "vram/cuda/error.hpp"
 
@@ -18,7 +19,14 @@ SegmentTier::SegmentTier(Upstream& upstream, StreamFence& fence, ReservedGauge& 
       gauge_(gauge),
       options_(options),
       untagged_(static_cast<unsigned>(std::countr_zero(options.granularity))) {
-  if (options_.virtual_memory != nullptr) granule_ = options_.virtual_memory->granularity();
+  if (options_.virtual_memory != nullptr) {
+    granule_ = options_.virtual_memory->granularity();
+    if (!std::has_single_bit(granule_)) {
+      throw InvalidArgument("vram::DevicePool: virtual memory granularity " +
+                            std::to_string(granule_) + " is not a power of two");
+    }
+    granule_shift_ = static_cast<unsigned>(std::countr_zero(granule_));
+  }
 }
 
 SegmentTier::~SegmentTier() {

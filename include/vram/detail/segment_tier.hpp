@@ -275,7 +275,7 @@ class SegmentTier {
   void make_reclaimable() noexcept;  // every granule under `range`; throws OutOfMemory
   void unmap_free_granules(std::size_t keep_free, const Range* except) noexcept;
   std::size_t granule_of(const char* address) const noexcept {
-    return static_cast<std::size_t>(address - base_) / granule_;
+    return static_cast<std::size_t>(address - base_) >> granule_shift_;
   }
 
   Upstream& upstream_;
@@ -311,6 +311,8 @@ class SegmentTier {
   std::uint64_t epoch_ = 0;  // advanced by mark_frees()
   char* base_ = nullptr;     // virtual mode: the reserved range
   std::size_t granule_ = 0;
+  unsigned granule_shift_ =
+      0;  // granule_ == 1 << granule_shift_ (the warm path shifts, never divides)
   // Virtual mode: granules are mapped in runs (one physical allocation per run, taken back
   // whole). run_of_[g] is the first granule of g's run, kNoRun when g is unmapped; at a
   // run's first granule, run_granules_ holds its length and handles_ its handle.
