@@ -287,13 +287,17 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
   const bool grows =
       r == nullptr ||
       (base_ != nullptr && !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1)) &&
-       others_hold_free());
+       (!pending_.empty() || others_hold_free()));
   if (grows) {
-    const bool every_stream = base_ == nullptr || past_budget(r, need);
+    // The requester's own ranges that a fence made pending (another stream's growth, a
+    // trim) are safe for it in stream order: they become its free ranges again.
+    bool changed = base_ != nullptr && stream != kUntagged && take_back_pending(stream);
+    const bool every_stream = base_ == nullptr || past_budget(changed ? nullptr : r, need);
     if (fence_other_streams(stream, every_stream ? 0 : need)) {
-      poll_pending(false);  // may merge ranges (r among them): look again
-      r = smaller_fit();
+      poll_pending(false);
+      changed = true;
     }
+    if (changed) r = smaller_fit();  // ranges may have merged (r among them): look again
   }
   if (r == nullptr) r = fresh_tail(need);
   if (r != nullptr && base_ == nullptr && r->prev == nullptr && r->next == nullptr &&
@@ -317,13 +321,34 @@ bool SegmentTier::past_budget(const Range* r, std::size_t need) const noexcept {
 }
 
 bool SegmentTier::could_serve(const Range* r, std::size_t need) const noexcept {
-  auto untagged_free = [](const Range* n) {
-    return n != nullptr && n->state == Range::State::free && n->tag == kUntagged;
-  };
-  std::size_t span = r->size;
-  if (untagged_free(r->prev)) span += r->prev->size;
-  if (untagged_free(r->next)) span += r->next->size;
-  return span >= need;
+  // The stretch of ranges around r that are free (any tag) or pending: once untagged they
+  // merge into one. Virtual mode counts only bytes below the highest granule ever mapped:
+  // the never-mapped rest of the reservation serves any stream without a fence
+  // (fresh_tail()), so a range beside it is no reason to fence or wait.
+  auto unused = [](const Range* n) { return n != nullptr && n->state != Range::State::used; };
+  const char* begin = r->addr;
+  const char* end = r->addr + r->size;
+  for (const Range* n = r->prev; unused(n); n = n->prev) begin = n->addr;
+  for (const Range* n = r->next; unused(n); n = n->next) end = n->addr + n->size;
+  if (base_ != nullptr) end = std::min<const char*>(end, base_ + mapped_high_ * granule_);
+  return end > begin && static_cast<std::size_t>(end - begin) >= need;
+}
+
+bool SegmentTier::take_back_pending(StreamKey stream) noexcept {
+  bool taken = false;
+  for (std::size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    if (p.stream != stream) {
+      ++i;
+      continue;
+    }
+    fence_.release(p.marker);
+    for (Range* r : p.ranges) insert_free(r);  // tag still `stream`: filed as its own
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+    taken = true;
+  }
+  return taken;
 }
 
 bool SegmentTier::wait_for_pending(StreamKey stream, std::size_t need) noexcept {
@@ -495,8 +520,8 @@ bool SegmentTier::fence_other_streams(StreamKey except, std::size_t need) noexce
   bool fenced = false;
   for (std::size_t slot = 0; slot < tagged_.size();) {
     const Index& index = *tagged_[slot].index;
-    bool serves = need == 0 || index.best(need) != nullptr;
-    if (!serves) {  // a smaller range may merge with untagged neighbours into a fit
+    bool serves = need == 0;
+    if (!serves && tagged_[slot].key != except) {
       index.for_each([&](const Range* r) { serves = serves || could_serve(r, need); });
     }
     if (tagged_[slot].key == except || index.empty() || !serves) {

@@ -4,6 +4,34 @@
 #include "vram/cuda/error.hpp"
 
 namespace vram {
+namespace {
+
+// The calling thread in relaxed stream-capture mode while the fence calls CUDA: in global
+// or thread-local mode (PyTorch's graphs capture in global mode) an event query or
+// synchronize on this or, in global mode, another thread would invalidate the capture.
+// PyTorch's caching allocator does the same around its event calls.
+class RelaxedCaptureMode {
+ public:
+  RelaxedCaptureMode() noexcept {
+    if (cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      restore_ = false;
+    }
+  }
+  ~RelaxedCaptureMode() {
+    if (restore_ && cudaThreadExchangeStreamCaptureMode(&mode_) != cudaSuccess) {
+      (void)cudaGetLastError();
+    }
+  }
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool restore_ = true;
+};
+
+}  // namespace
 
 CudaEventFence::~CudaEventFence() {
   for (cudaEvent_t event : events_) {
@@ -15,10 +43,15 @@ std::uint64_t CudaEventFence::record(cudaStream_t stream) {
   // A stream being captured into a CUDA graph runs nothing yet: an event recorded on it
   // becomes a node of the graph, and querying it fails (cudaErrorCapturedEvent), which must
   // never read as "completed". The stream is not fenced: its frees stay its own.
+  // Any error counts as capturing: cudaErrorStreamCaptureImplicit, for one, says that the
+  // legacy default stream would join a capture of a blocking stream. A capture that begins
+  // between this check and the record leaves the marker never completed: the ranges stay
+  // pending until trim() or an out-of-memory retry synchronizes the device.
+  const RelaxedCaptureMode relaxed;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   const cudaError_t asked = cudaStreamIsCapturing(stream, &capture);
   if (asked != cudaSuccess) (void)cudaGetLastError();
-  if (asked == cudaSuccess && capture != cudaStreamCaptureStatusNone) {
+  if (asked != cudaSuccess || capture != cudaStreamCaptureStatusNone) {
     cuda::check(cudaErrorStreamCaptureUnsupported, "cudaEventRecord on a stream being captured");
   }
   std::lock_guard lock(mutex_);
@@ -53,6 +86,7 @@ bool CudaEventFence::completed(std::uint64_t marker) noexcept {
     std::lock_guard lock(mutex_);
     event = events_[marker - 1];
   }
+  const RelaxedCaptureMode relaxed;
   const cudaError_t status = cudaEventQuery(event);
   if (status == cudaSuccess) return true;
   (void)cudaGetLastError();
@@ -79,6 +113,7 @@ void CudaEventFence::wait(std::uint64_t marker) noexcept {
     std::lock_guard lock(mutex_);
     event = events_[marker - 1];
   }
+  const RelaxedCaptureMode relaxed;
   if (cudaEventSynchronize(event) != cudaSuccess) (void)cudaGetLastError();
 }
 

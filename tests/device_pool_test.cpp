@@ -787,8 +787,6 @@ TEST(DevicePoolVirtualReview, AStreamFreeDoesNotTakeTheWholeReservationFromOther
 }
 
 #ifdef VRAM_HAVE_TEST_KERNELS
-// On the GPU: a block freed on stream A while a long kernel on A still writes it is not
-// handed to stream B until that kernel has finished; on A it is reused at once.
 // A block freed on a stream that is being captured into a CUDA graph: the free happens
 // when the graph runs, not now. Another stream's growth fences the other streams; an event
 // recorded on the capturing stream is a graph node, and querying it fails
@@ -843,6 +841,46 @@ TEST(DevicePoolStreamsGpu, StreamDestroyedBeforeThePoolIsSafe) {
   EXPECT_EQ(reserved_after_trim, 0U);
 }
 
+// Allocating on a stream while this thread captures it in global mode (PyTorch's default):
+// the request finds only another stream's freed memory, so the pool records a marker on
+// that stream and queries it. Those calls run in relaxed capture mode, so the capture stays
+// valid and the freed memory (its work completed before the capture) serves the request.
+TEST(DevicePoolStreamsGpu, AllocatingDuringAGlobalModeCaptureKeepsTheCaptureValid) {
+  VRAM_GPU_TEST_OR_SKIP();
+  DevicePool pool(0);
+  cuda::Stream capturing;
+  cuda::Stream other;
+  void* keep = pool.allocate_async(2_MiB, other.get());  // keeps a off the unmapped tail
+  void* a = pool.allocate_async(8_MiB, other.get());
+  void* keep2 = pool.allocate_async(2_MiB, other.get());
+  launch_fill(a, (8_MiB) / 4, 0x22222222u, other.get());
+  pool.deallocate_async(a, 8_MiB, other.get());
+  other.synchronize();  // the work at a's free has completed
+  ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+  void* b = pool.allocate_async(8_MiB, capturing.get());
+  launch_fill(b, (8_MiB) / 4, 0x33333333u, capturing.get());
+  cudaGraph_t graph = nullptr;
+  EXPECT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess)
+      << "the pool's event calls did not invalidate the capture";
+  EXPECT_EQ(b, a) << "the other stream's completed free served the request";
+  if (graph != nullptr) {
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, capturing.get()), cudaSuccess);
+    capturing.synchronize();
+    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+  (void)cudaGetLastError();
+  pool.deallocate_async(b, 8_MiB, capturing.get());
+  pool.deallocate_async(keep, 2_MiB, other.get());
+  pool.deallocate_async(keep2, 2_MiB, other.get());
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
+// On the GPU: a block freed on stream A while a long kernel on A still writes it is not
+// handed to stream B until that kernel has finished; on A it is reused at once.
 TEST(DevicePoolStreamsGpu, BlockFreedBehindALongKernelIsNotReusedByAnotherStreamEarly) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool pool(0);

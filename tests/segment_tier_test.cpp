@@ -638,5 +638,77 @@ TEST(SegmentTierVirtualReview6, AStreamDoesNotBlockOnItsOwnMarker) {
   ASSERT_TRUE(tier.free(y, t));
 }
 
+// Review (wt/review6b): could_serve counts the never-mapped tail of the reservation, which a
+// stream's free beside it absorbs (the most recent block usually sits there). t's 2 MiB
+// block x, freed on t, takes the tail; s's unrelated 64 MiB growth then "could be served"
+// by t's range and fences t (within the budget), although fresh_tail() serves s from the
+// never-mapped part either way. t loses the immediate reuse of x and maps new memory:
+// AnUnrelatedGrowthDoesNotTakeAStreamsOwnFreesFromIt, with x at the tail.
+TEST(SegmentTierVirtualReview6b, AnUnrelatedGrowthDoesNotFenceAStreamForItsNeverMappedTail) {
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  VirtualTierParts parts;
+  SegmentTier::Options options = virtual_options(parts.vm);
+  options.growth_headroom_1024 = 4096;  // well within the budget: no wait anywhere
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, options);
+  void* x = tier.allocate(2_MiB, t, true);
+  ASSERT_TRUE(tier.free(x, t));  // absorbs the untagged, never-mapped rest of the reservation
+  void* big = tier.allocate(64_MiB, s, true);
+  EXPECT_NE(big, x);
+  const std::uint64_t maps = tier.counters().maps;
+  void* again = tier.allocate(2_MiB, t, true);
+  EXPECT_EQ(again, x) << "t's own free range, mapped, serves t at once";
+  EXPECT_EQ(tier.counters().maps, maps) << "no new map for a request t's own frees cover";
+  EXPECT_EQ(parts.fence.recorded(), 0U)
+      << "t was fenced because its range holds never-mapped granules fresh_tail() serves anyway";
+  ASSERT_TRUE(tier.free(again, t));
+  ASSERT_TRUE(tier.free(big, s));
+}
+
+// Review (wt/review6b): past the budget wait_for_pending asks could_serve of each pending
+// range alone, with its *free untagged* neighbours; two other streams' pending ranges side
+// by side merge into one once both are untagged, but neither counts the other. t's and u's
+// 8 MiB ranges are adjacent; s's 16 MiB request past the budget fences both, waits for
+// neither, and maps 16 MiB; 08a64a2 waited and reused the 16 MiB (no growth).
+TEST(SegmentTierVirtualReview6b, PastBudgetWaitsForAdjacentPendingRangesThatServeTogether) {
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  const auto u = detail::stream_key(reinterpret_cast<cudaStream_t>(0x30));
+  VirtualTierParts parts;
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
+  void* a = tier.allocate(8_MiB, t, true);
+  void* b = tier.allocate(8_MiB, u, true);
+  void* c = tier.allocate(2_MiB, kUntagged, true);  // keeps b away from the untagged tail
+  ASSERT_EQ(static_cast<char*>(b), static_cast<char*>(a) + 8_MiB);
+  ASSERT_TRUE(tier.free(a, t));
+  ASSERT_TRUE(tier.free(b, u));
+  const std::size_t reserved = tier.counters().reserved;
+  void* big = tier.allocate(16_MiB, s, true);  // past the budget (18 MiB peak + 1/16)
+  EXPECT_EQ(big, a) << "t's and u's ranges, once untagged, are one 16 MiB mapped range";
+  EXPECT_EQ(tier.counters().reserved, reserved) << "mapped 16 MiB past the budget";
+  ASSERT_TRUE(tier.free(big, s));
+  ASSERT_TRUE(tier.free(c, kUntagged));
+}
+
+// Review (wt/review6b): bb2ca8e no longer waits for the requester's own marker (its own
+// fenced frees are safe for it in stream order) but does not let it use them either: t's
+// own pending 8 MiB range idles while t maps 8 MiB more past the budget.
+TEST(SegmentTierVirtualReview6b, AStreamPastTheBudgetReusesItsOwnPendingRange) {
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  VirtualTierParts parts;
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
+  void* x = tier.allocate(8_MiB, t, true);
+  void* y = tier.allocate(2_MiB, t, true);  // keeps x away from the untagged tail
+  ASSERT_TRUE(tier.free(x, t));
+  tier.trim(SIZE_MAX, /*wait=*/false);  // fences t, waits for nothing
+  const std::size_t reserved = tier.counters().reserved;
+  void* again = tier.allocate(8_MiB, t, true);  // growing 8 MiB passes 10 MiB + 1/16
+  EXPECT_EQ(parts.fence.waits(), 0U);
+  EXPECT_EQ(again, x) << "t's own pending range is safe for t in stream order";
+  EXPECT_EQ(tier.counters().reserved, reserved) << "mapped 8 MiB past the budget instead";
+  ASSERT_TRUE(tier.free(again, t));
+  ASSERT_TRUE(tier.free(y, t));
+}
+
 }  // namespace
 }  // namespace vram::testing

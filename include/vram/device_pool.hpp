@@ -39,9 +39,11 @@
 //   allocation) was still holding S's blocks for (PyTorch never destroys its streams, so
 //   its plug-in never meets this). Destroying the pool after S is safe.
 //   CUDA graphs: a stream being captured is never fenced (its freed blocks stay its own
-//   until the capture ends and another request fences it again). The pool queries events
-//   (cudaEventQuery) when it fences; under cudaStreamCaptureModeGlobal, a capture on
-//   another thread may be invalidated by that: capture in relaxed or thread-local mode.
+//   until the capture ends and another request fences it again), and the pool's event calls
+//   run in relaxed capture mode (as PyTorch's allocator's do), so they do not invalidate a
+//   capture in global mode. The pool has no graph-private memory: a block a captured graph
+//   uses must stay allocated while the graph can be launched (a block freed inside the
+//   capture is handed out again, and every launch of the graph writes it).
 //
 // Structure and hot path
 //   Requests up to small_block_max_bytes (1 MiB) round to a size class (size_classes.hpp,

@@ -32,7 +32,7 @@ class StreamFence {
   virtual std::uint64_t record(cudaStream_t stream) = 0;
   // Non-blocking: has the work before `marker` completed?
   virtual bool completed(std::uint64_t marker) noexcept = 0;
-  // Blocks until it has (used only on the out-of-memory path).
+  // Blocks until it has (growing past the budget, trim(wait), the out-of-memory path).
   virtual void wait(std::uint64_t marker) noexcept = 0;
   // The marker is no longer needed.
   virtual void release(std::uint64_t marker) noexcept = 0;

@@ -25,7 +25,8 @@
 // recorded lazily, when another stream's request would otherwise grow the tier (nothing
 // fits, or in virtual mode only unmapped granules do) or on trim, so a free costs no event
 // record. Growing past the budget below waits for those markers first (a segment tier for
-// wholly free segments, a virtual one for any fenced range); within it, it grows at once.
+// wholly free segments, a virtual one for the other streams' fenced ranges that could serve
+// the request; a stream's own fenced ranges go back to it); within it, it grows at once.
 // Plain frees are untagged.
 //
 // Invariants (under the mutex): reserved == sum of segment sizes == used + free bytes
@@ -251,9 +252,12 @@ class SegmentTier {
   // granules under it not mapped yet), and whether that passes the growth budget.
   std::size_t growth_for(const Range* r, std::size_t need) const noexcept;
   bool past_budget(const Range* r, std::size_t need) const noexcept;
-  // `r` (free or pending) with the free untagged ranges beside it, which it merges with once
-  // untagged, spans `need` bytes.
+  // `r` (free or pending) with the free or pending ranges beside it, which it merges with
+  // once all are untagged, spans `need` bytes (virtual mode: of memory mapped before).
   bool could_serve(const Range* r, std::size_t need) const noexcept;
+  // Virtual mode: the pending ranges of `stream` become its free ranges again (they are
+  // safe for it in stream order; their markers are released unawaited); false when none.
+  bool take_back_pending(StreamKey stream) noexcept;
   // Virtual mode, growing past the budget: waits for the markers of other streams than
   // `stream` whose pending ranges could serve `need`, then untags what completed; false when
   // there was none.
