@@ -23,11 +23,12 @@
 //   each stream whose freed blocks fill a whole segment that could serve the request (or
 //   go back, when growing passes the budget below), holding the tier's mutex (a device
 //   upstream's free synchronizes the device anyway). The large tier over virtual memory,
-//   before it maps more, records markers on the other streams whose freed blocks could
-//   serve the request (on every other stream with freed blocks when mapping would pass the
-//   budget below) and, past the budget, waits for those that could serve (never for a
-//   marker on the requesting stream): streams that free beside each other cannot make it
-//   grow without bound. So never call the pool from a
+//   before it maps more, takes back the requesting stream's own blocks that a marker was
+//   recorded for (safe for it in stream order), records markers on the other streams whose
+//   freed blocks could serve the request (on every other stream with freed blocks when
+//   mapping would pass the budget below) and, past the budget, waits for those that could
+//   serve (never for a marker on the requesting stream): streams that free beside each
+//   other cannot make it grow without bound. So never call the pool from a
 //   cudaLaunchHostFunc/stream callback: it could wait for the stream it runs on. trim(), the
 //   out-of-memory retry and destruction record nothing on any stream: they wait for the device (a
 //   device synchronize) and then treat every stream-freed block as free for all.
@@ -67,8 +68,9 @@
 //   growth_headroom (1/16) of that sum; trim() restarts each peak from what is carved out
 //   now. A virtual-memory large tier unmaps nothing to stay within the budget unless
 //   unmap_before_map is set: it maps what its blocks need and unmaps free runs on trim(), on
-//   an out-of-memory retry and past max_cached_bytes of free mapped bytes; the budget only
-//   decides whether it waits for other streams' freed blocks before it maps more (above).
+//   an out-of-memory retry and past max_cached_bytes of free mapped bytes; the budget
+//   decides only how it treats other streams' freed blocks before it maps more (above:
+//   which streams it fences, and whether it waits for them).
 //   A tier that must grow within the budget just grows;
 //   past it, it first gives back wholly free segments covering the excess (the smallest
 //   that covers it, else the largest ones; one freed with a stream after the host waited

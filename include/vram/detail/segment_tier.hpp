@@ -24,9 +24,11 @@
 // stream) only after a StreamFence marker recorded on S has completed; markers are
 // recorded lazily, when another stream's request would otherwise grow the tier (nothing
 // fits, or in virtual mode only unmapped granules do) or on trim, so a free costs no event
-// record. Growing past the budget below waits for those markers first (a segment tier for
-// wholly free segments, a virtual one for the other streams' fenced ranges that could serve
-// the request; a stream's own fenced ranges go back to it); within it, it grows at once.
+// record. Before growing, a segment tier waits for the markers of wholly free segments that
+// could serve the request (past the budget below: of every wholly free segment, which may
+// then go back); a virtual tier takes back the requester's own fenced ranges and, only past
+// the budget, waits for the other streams' fenced ranges that could serve it; within the
+// budget it maps at once.
 // Plain frees are untagged.
 //
 // Invariants (under the mutex): reserved == sum of segment sizes == used + free bytes
