@@ -148,14 +148,11 @@ SegmentTier::Range* SegmentTier::best_fit(StreamKey key, std::size_t bytes) noex
   if (best == nullptr || base_ == nullptr) return best;
   // Virtual mode: among the few best fits (in (size, address) order), prefer one whose
   // granules are all mapped (no driver call, nothing unmapped elsewhere for it).
-  auto mapped_under = [this, bytes](const Range* r) {
-    return this->all_mapped(granule_of(r->addr), granule_of(r->addr + bytes - 1));
-  };
-  if (mapped_under(best)) return best;
+  if (mapped_under(best, bytes)) return best;
   Range* candidates[8];
   const std::size_t n = index->best_k(bytes, candidates, 8);
   for (std::size_t i = 1; i < n; ++i) {
-    if (mapped_under(candidates[i])) return candidates[i];
+    if (mapped_under(candidates[i], bytes)) return candidates[i];
   }
   return best;
 }
@@ -284,10 +281,8 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
       return s.key != stream && !s.index->empty();
     });
   };
-  const bool grows =
-      r == nullptr ||
-      (base_ != nullptr && !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1)) &&
-       (!pending_.empty() || others_hold_free()));
+  const bool grows = r == nullptr || (base_ != nullptr && !mapped_under(r, need) &&
+                                      (!pending_.empty() || others_hold_free()));
   if (grows) {
     // The requester's own ranges that a fence made pending (another stream's growth, a
     // trim) are safe for it in stream order: they become its free ranges again.
@@ -380,26 +375,22 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   if (r == nullptr && may_grow) {
     // Only segments that could then serve the request are worth the wait, unless growing
     // passes the budget (then any of them may have to go back).
-    const bool past_budget = gauge_.excess_after_growth(segment_size_for(need), peak_growth(need),
-                                                        options_.growth_headroom_1024) > 0;
-    if (wait_for_empty_segments(past_budget ? 0 : need)) r = fit(stream, need);
+    if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need)) r = fit(stream, need);
   }
   // Virtual mode, the same rule for other streams' free memory: fit() fenced those streams
   // before growing, and their markers may not have completed yet. Growing past the budget
-  // (the tiers' peaks of used bytes plus the headroom) waits for them instead; within it the
-  // tier grows without blocking. Without this bound, streams that each capture free memory
-  // next to their own frees made the others grow again and again (reserved 60x what is
-  // live, and rising, with 16 streams whose markers complete a few requests later).
-  // Only markers of other streams (a stream's own frees are safe for it in stream order)
-  // whose ranges could serve the request are waited for.
+  // (the tiers' peaks of used bytes plus the headroom) waits for the markers of other
+  // streams (a stream's own frees are safe for it in stream order) whose ranges could serve
+  // the request; within it the tier grows without blocking. Without this bound, streams that
+  // each capture free memory next to their own frees made the others grow again and again
+  // (reserved 60x what is live, and rising, with 16 streams whose markers complete a few
+  // requests later).
   if (base_ != nullptr && may_grow && !pending_.empty() && past_budget(r, need) &&
       wait_for_pending(stream, need)) {
     r = fit(stream, need);
   }
-  if (r != nullptr && base_ != nullptr && !may_grow &&
-      !all_mapped(granule_of(r->addr), granule_of(r->addr + need - 1))) {
-    return nullptr;  // would need a new granule: that is growing
-  }
+  const bool needs_map = r != nullptr && base_ != nullptr && !mapped_under(r, need);
+  if (needs_map && !may_grow) return nullptr;  // would need a new granule: that is growing
   if (r != nullptr) {
     remove_free(r);
   } else if (!may_grow) {
@@ -460,7 +451,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     file(rest);  // r was maximal: rest has no free same-tag neighbour
   }
   r->state = Range::State::used;  // before mapping: nothing may merge it meanwhile
-  if (base_ != nullptr) {
+  if (needs_map) {                // computed for this r: after the split, r->size == need
     try {
       map_range(r);
     } catch (...) {  // give the range back as it was (it merges with its split-off rest)
@@ -765,7 +756,7 @@ void SegmentTier::make_reclaimable() noexcept {
 void SegmentTier::map_range(Range* range) {
   const std::size_t first = granule_of(range->addr);
   std::size_t last = granule_of(range->addr + range->size - 1);
-  if (all_mapped(first, last)) return;  // the warm path: no count needed
+  if (all_mapped(first, last)) return;  // allocate() calls it only when a granule is missing
   const std::size_t new_granules = unmapped_granules(first, last);
   const std::size_t new_bytes = new_granules * granule_;
   if (options_.unmap_before_map) {
@@ -886,6 +877,10 @@ std::uint64_t SegmentTier::granule_mask(std::size_t word, std::size_t first,
   if (word == first / 64) mask &= ~std::uint64_t{0} << (first % 64);
   if (word == last / 64 && last % 64 != 63) mask &= (std::uint64_t{1} << (last % 64 + 1)) - 1;
   return mask;
+}
+
+bool SegmentTier::mapped_under(const Range* r, std::size_t bytes) const noexcept {
+  return all_mapped(granule_of(r->addr), granule_of(r->addr + bytes - 1));
 }
 
 bool SegmentTier::all_mapped(std::size_t first, std::size_t last) const noexcept {

@@ -92,13 +92,8 @@ class FreeIndex {
   // caller resets them, e.g. when it moves them elsewhere). Touches only the non-empty
   // bins: a cleared index is as a new one, at the cost of its ranges, not of its bins.
   void clear() noexcept {
-    for (std::uint64_t rows = rows_; rows != 0; rows &= rows - 1) {
-      const auto row = static_cast<std::size_t>(std::countr_zero(rows));
-      for (unsigned bins = bins_[row]; bins != 0; bins &= bins - 1) {
-        heads_[row * kSub + static_cast<std::size_t>(std::countr_zero(bins))] = nullptr;
-      }
-      bins_[row] = 0;
-    }
+    for_each_bin([this](std::size_t bin) { heads_[bin] = nullptr; });
+    bins_.fill(0);
     rows_ = 0;
     count_ = 0;
   }
@@ -135,13 +130,9 @@ class FreeIndex {
   // Calls f(node) for every node, in no particular order. f may not change the index.
   template <class F>
   void for_each(F&& f) const {
-    for (std::uint64_t rows = rows_; rows != 0; rows &= rows - 1) {
-      const auto row = static_cast<std::size_t>(std::countr_zero(rows));
-      for (unsigned bins = bins_[row]; bins != 0; bins &= bins - 1) {
-        const std::size_t bin = row * kSub + static_cast<std::size_t>(std::countr_zero(bins));
-        for (Node* r = heads_[bin]; r != nullptr; r = r->bin_next) f(r);
-      }
-    }
+    for_each_bin([this, &f](std::size_t bin) {
+      for (Node* r = heads_[bin]; r != nullptr; r = r->bin_next) f(r);
+    });
   }
 
   // Calls f(node) in ascending (size, address) order until it returns false. f may not
@@ -192,6 +183,16 @@ class FreeIndex {
       if (r->size >= need && (found == nullptr || before(r, found))) found = r;
     }
     return found;
+  }
+  // Calls g(bin) for every non-empty bin, through the bitmap.
+  template <class G>
+  void for_each_bin(G&& g) const {
+    for (std::uint64_t rows = rows_; rows != 0; rows &= rows - 1) {
+      const auto row = static_cast<std::size_t>(std::countr_zero(rows));
+      for (unsigned bins = bins_[row]; bins != 0; bins &= bins - 1) {
+        g(row * kSub + static_cast<std::size_t>(std::countr_zero(bins)));
+      }
+    }
   }
   // The first non-empty bin at or after `bin` (kBins: none).
   std::size_t next_bin(std::size_t bin) const noexcept {

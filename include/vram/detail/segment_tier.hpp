@@ -277,8 +277,8 @@ class SegmentTier {
   std::size_t segment_size_for(std::size_t bytes) const noexcept;
   // Virtual mode.
   void reserve_range();
-  void map_range(Range* range);
-  void make_reclaimable() noexcept;  // every granule under `range`; throws OutOfMemory
+  void map_range(Range* range);  // every granule under `range`; throws OutOfMemory
+  void make_reclaimable() noexcept;
   void unmap_free_granules(std::size_t keep_free, const Range* except) noexcept;
   std::size_t granule_of(const char* address) const noexcept {
     return static_cast<std::size_t>(address - base_) >> granule_shift_;
@@ -328,6 +328,8 @@ class SegmentTier {
   // tier's warm path asks this of every block it hands out (a 256 MiB block spans 128).
   std::size_t unmapped_granules(std::size_t first, std::size_t last) const noexcept;
   bool all_mapped(std::size_t first, std::size_t last) const noexcept;  // unmapped_granules == 0
+  // Virtual mode: every granule under the first `bytes` of `r` is mapped (no driver call).
+  bool mapped_under(const Range* r, std::size_t bytes) const noexcept;
   static std::uint64_t granule_mask(std::size_t word, std::size_t first, std::size_t last) noexcept;
   void set_mapped_bits(std::size_t first, std::size_t end, bool mapped) noexcept;
   std::vector<std::uint64_t> mapped_bits_;  // bit g: granule g is mapped (as run_of_)
