@@ -27,6 +27,7 @@ namespace {
 
 constexpr std::size_t kMaxThreadCacheDepth = 16;
 constexpr std::size_t kSmallGranularity = 256;  // small blocks: class bytes rounded to 256
+static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePoolCore::held_bytes_of
 
 // Update of a counter written only by the holder of its cache's state word (or under
 // slow_mutex): a relaxed load + store is exact and needs no locked instruction; stats()
@@ -171,11 +172,18 @@ std::shared_ptr<StreamFence> default_fence(const Upstream& upstream) {
 struct ThreadCache {
   enum : std::uint32_t { kFree = 0, kOwner = 1 };                     // state
   enum : std::uint32_t { kNoSteal = 0, kStealing = 1, kClosed = 2 };  // steal
+  // One bin per small class; `limit` is the depth the options allow for the class (0 for
+  // a class the thread cache does not keep), so the warm paths test only the count.
   struct Bin {
     std::uint32_t count = 0;
+    std::uint32_t limit = 0;
     void* blocks[kMaxThreadCacheDepth] = {};
   };
-  explicit ThreadCache(std::size_t classes) : bins(classes) {}
+  ThreadCache(std::size_t classes, std::size_t cached_classes, std::size_t depth) : bins(classes) {
+    for (std::size_t index = 0; index < cached_classes; ++index) {
+      bins[index].limit = static_cast<std::uint32_t>(depth);
+    }
+  }
 
   alignas(kCacheLine) std::atomic<std::uint32_t> state{kFree};
   std::atomic<std::uint32_t> steal{kNoSteal};
@@ -255,6 +263,10 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
         options.thread_cache_blocks == 0 || options.thread_cache_max_block_bytes == 0
             ? 0
             : SizeClasses::index_for(std::min(options.thread_cache_max_block_bytes, small_max)) + 1;
+    for (std::size_t index = 0; index < small_classes; ++index) {
+      held_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
+    }
+    plain_calls = !options.validate_releases && !options.track_peak_in_use;
   }
 
   ~DevicePoolCore() {
@@ -304,15 +316,19 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   ThreadCache* claim(ThreadCache& cache) noexcept;
   ThreadCache* claim_slow(ThreadCache& cache) noexcept;
   void unlock_own_cache(ThreadCache& cache) noexcept;
+  void* flush_and_unlock(ThreadCache& cache, void* result) noexcept;
+  ThreadCache* claim_warm() noexcept;
   ThreadCache* find_or_register() noexcept;
   void retire(ThreadCache* cache) noexcept;
 
   void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
-  void* allocate_slow(std::size_t bytes, StreamKey key);
+  void* allocate_slow(std::size_t bytes, std::size_t alignment, StreamKey key);
   [[noreturn]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
+  void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
   // deallocate() after validation.
   void release(void* block, std::size_t bytes, StreamKey key) noexcept;
+  bool release_to_own_cache(void* block, std::size_t bytes, StreamKey key) noexcept;
   void release_slow(void* block, std::size_t bytes, StreamKey key) noexcept;
   void* small_get(ThreadCache* cache, std::size_t index, StreamKey key);
   bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
@@ -340,6 +356,10 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::size_t small_classes = 0;
   std::size_t thread_cache_classes = 0;
   std::size_t upstream_alignment = 256;
+  // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
+  bool plain_calls = false;
+  // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
+  std::array<std::uint32_t, 64> held_bytes_of{};
   ReservedGauge gauge;
   SegmentTier small;
   SegmentTier large;
@@ -378,12 +398,15 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
 
 namespace {
 
-// Per thread: which ThreadCache belongs to which pool. The two scalars are the fast path
+// Per thread: which ThreadCache belongs to which pool. tl_last is the fast path
 // (the pool used last); the directory is consulted on a switch and retires the caches of
 // pools still alive when the thread exits. A thread whose directory is already destroyed
 // (thread_local teardown order) uses the pool's slow path and parks nothing.
-thread_local std::uint64_t tl_last_uid = 0;
-thread_local ThreadCache* tl_last_cache = nullptr;
+struct LastPool {
+  std::uint64_t uid = 0;
+  ThreadCache* cache = nullptr;  // not null when uid is not 0
+};
+thread_local LastPool tl_last;  // one thread-pointer access for both
 thread_local bool tl_directory_gone = false;
 
 struct ThreadDirectory {
@@ -395,8 +418,7 @@ struct ThreadDirectory {
   std::vector<Entry> entries;
 
   ~ThreadDirectory() {
-    tl_last_uid = 0;
-    tl_last_cache = nullptr;
+    tl_last = LastPool{};
     tl_directory_gone = true;
     for (Entry& entry : entries) {
       if (auto core = entry.core.lock()) core->retire(entry.cache);
@@ -413,8 +435,7 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
     auto& entries = tl_directory.entries;
     for (auto& entry : entries) {
       if (entry.uid == uid) {
-        tl_last_uid = uid;
-        tl_last_cache = entry.cache;
+        tl_last = LastPool{uid, entry.cache};
         return entry.cache;
       }
     }
@@ -428,13 +449,13 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
         cache = spare_caches.back();
         spare_caches.pop_back();
       } else {
-        caches.push_back(std::make_unique<ThreadCache>(thread_cache_classes));
+        caches.push_back(std::make_unique<ThreadCache>(small_classes, thread_cache_classes,
+                                                       options.thread_cache_blocks));
         cache = caches.back().get();
       }
     }
     entries.push_back({uid, weak_from_this(), cache});
-    tl_last_uid = uid;
-    tl_last_cache = cache;
+    tl_last = LastPool{uid, cache};
     return cache;
   } catch (...) {  // host out of memory: this call takes the slow path
     return nullptr;
@@ -442,7 +463,7 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
 }
 
 inline ThreadCache* DevicePoolCore::lock_own_cache() noexcept {
-  ThreadCache* cache = tl_last_uid == uid ? tl_last_cache : find_or_register();
+  ThreadCache* cache = tl_last.uid == uid ? tl_last.cache : find_or_register();
   if (cache == nullptr) return nullptr;
   return claim(*cache);
 }
@@ -478,11 +499,37 @@ inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
   // The request is honoured before the release of the state word: once kFree is stored,
   // close() may take the cache and destroy the pool, so nothing after it may touch them.
   if (cache.flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
-    cache.flush_requested.store(false, std::memory_order_relaxed);
-    take_bins(cache);
-    small.trim(0, false);
+    (void)flush_and_unlock(cache, nullptr);
+    return;
   }
   cache.state.store(ThreadCache::kFree, std::memory_order_release);
+}
+
+// Returns `result`, so that a warm path ends in a tail call (it needs no stack frame).
+[[gnu::noinline, gnu::cold]] void* DevicePoolCore::flush_and_unlock(ThreadCache& cache,
+                                                                    void* result) noexcept {
+  cache.flush_requested.store(false, std::memory_order_relaxed);
+  take_bins(cache);
+  small.trim(0, false);
+  cache.state.store(ThreadCache::kFree, std::memory_order_release);
+  return result;
+}
+
+// The warm paths' claim: only the cache of the pool this thread used last, only when no
+// stealer is about. Null: nothing is held (the state word is back to kFree) and the caller
+// takes its slow path, which registers, waits for a stealer or finds the pool closed.
+// Calls nothing, so the warm paths need no stack frame.
+inline ThreadCache* DevicePoolCore::claim_warm() noexcept {
+  const LastPool last = tl_last;
+  if (last.uid != uid) [[unlikely]]
+    return nullptr;
+  ThreadCache* cache = last.cache;
+  cache->state.store(ThreadCache::kOwner, kDekkerStore);
+  dekker.light();
+  if (cache->steal.load(kDekkerLoad) == ThreadCache::kNoSteal) [[likely]]
+    return cache;
+  cache->state.store(ThreadCache::kFree, std::memory_order_release);
+  return nullptr;
 }
 
 void DevicePoolCore::retire(ThreadCache* cache) noexcept {
@@ -656,10 +703,10 @@ void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, st
 }
 
 void* DevicePoolCore::small_get(ThreadCache* cache, std::size_t index, StreamKey key) {
-  if (cache != nullptr && index < thread_cache_classes && cache->bins[index].count > 0 &&
+  if (cache != nullptr && cache->bins[index].count > 0 &&
       (cache->tag == kUntagged || cache->tag == key)) [[likely]] {
     auto& bin = cache->bins[index];
-    bump(cache->cached_bytes, 0 - std::uint64_t{small_block_bytes(index)});
+    bump(cache->cached_bytes, 0 - std::uint64_t{held_bytes_of[index]});
     return bin.blocks[--bin.count];
   }
   void* block = nullptr;
@@ -672,9 +719,8 @@ void* DevicePoolCore::small_get(ThreadCache* cache, std::size_t index, StreamKey
 // Returns false when the block is not this pool's (only detectable in the tiers).
 bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t index,
                                StreamKey key) noexcept {
-  const std::size_t bytes = small_block_bytes(index);
-  if (cache != nullptr && index < thread_cache_classes &&
-      cache->bins[index].count < options.thread_cache_blocks &&
+  const std::size_t bytes = held_bytes_of[index];
+  if (cache != nullptr && cache->bins[index].count < cache->bins[index].limit &&
       cache->cached_bytes.load(std::memory_order_relaxed) + bytes <= options.thread_cache_max_bytes)
       [[likely]] {
     if (cache->cached_bytes.load(std::memory_order_relaxed) == 0) {
@@ -725,35 +771,40 @@ void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
 }
 
 void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
+  // Warm path: a block of this class in this thread's cache. `bytes - 1 < small_max` also
+  // sends zero bytes to the slow path, which rejects it with the other bad requests.
+  if (bytes - 1 < small_max && plain_calls && alignment - 1 < upstream_alignment &&
+      (alignment & (alignment - 1)) == 0) [[likely]] {
+    const std::size_t index = SizeClasses::index_for(bytes);
+    if (ThreadCache* cache = claim_warm(); cache != nullptr) [[likely]] {
+      auto& bin = cache->bins[index];
+      if (bin.count > 0 && (cache->tag == kUntagged || cache->tag == key)) [[likely]] {
+        const std::uint64_t held_bytes = held_bytes_of[index];
+        void* block = bin.blocks[--bin.count];
+        bump(cache->cached_bytes, 0 - held_bytes);
+        bump(cache->acquires, 1);
+        bump(cache->acquired_bytes, held_bytes);
+        if (cache->flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
+          return flush_and_unlock(*cache, block);  // see unlock_own_cache
+        }
+        cache->state.store(ThreadCache::kFree, std::memory_order_release);
+        return block;
+      }
+      // Untouched: the slow path claims the cache again and honours a flush request.
+      cache->state.store(ThreadCache::kFree, std::memory_order_release);
+    }
+  }
+  return allocate_slow(bytes, alignment, key);
+}
+
+void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, StreamKey key) {
   if (bytes - 1 >= SizeClasses::kMaxBytes || alignment - 1 >= upstream_alignment ||
       (alignment & (alignment - 1)) != 0) [[unlikely]] {
     reject_request(bytes, alignment);
   }
   const bool is_small = bytes <= small_max;
-  // Warm path: a block of this class in this thread's cache.
-  if (is_small && !options.validate_releases && !options.track_peak_in_use) [[likely]] {
-    const std::size_t index = SizeClasses::index_for(bytes);
-    ThreadCache* cache = lock_own_cache();
-    if (cache != nullptr && index < thread_cache_classes && cache->bins[index].count > 0 &&
-        (cache->tag == kUntagged || cache->tag == key)) [[likely]] {
-      auto& bin = cache->bins[index];
-      const std::size_t held_bytes = small_block_bytes(index);
-      void* block = bin.blocks[--bin.count];
-      bump(cache->cached_bytes, 0 - std::uint64_t{held_bytes});
-      bump(cache->acquires, 1);
-      bump(cache->acquired_bytes, held_bytes);
-      unlock_own_cache(*cache);
-      return block;
-    }
-    if (cache != nullptr) unlock_own_cache(*cache);
-  }
-  return allocate_slow(bytes, key);
-}
-
-void* DevicePoolCore::allocate_slow(std::size_t bytes, StreamKey key) {
-  const bool is_small = bytes <= small_max;
   const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
-  const std::size_t held_bytes = is_small ? small_block_bytes(index) : large.round(bytes);
+  const std::size_t held_bytes = is_small ? held_bytes_of[index] : large.round(bytes);
   void* block = nullptr;
   if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
     try {
@@ -811,7 +862,42 @@ bool DevicePoolCore::validate_release(void* block, std::size_t bytes) noexcept {
   return false;
 }
 
+// The warm release: room in this thread's cache and nothing to retag. False: nothing done
+// (nothing held either).
+inline bool DevicePoolCore::release_to_own_cache(void* block, std::size_t bytes,
+                                                 StreamKey key) noexcept {
+  const std::size_t index = SizeClasses::index_for(bytes);
+  ThreadCache* cache = claim_warm();
+  if (cache == nullptr) [[unlikely]]
+    return false;
+  auto& bin = cache->bins[index];
+  const std::uint64_t held_bytes = held_bytes_of[index];
+  const std::uint64_t cached = cache->cached_bytes.load(std::memory_order_relaxed);
+  if (bin.count < bin.limit && cached + held_bytes <= options.thread_cache_max_bytes &&
+      (key == cache->tag || key == kUntagged || cached == 0)) [[likely]] {
+    if (cached == 0) cache->tag = key;  // an empty cache takes the tag of what it holds
+    bin.blocks[bin.count++] = block;
+    bump(cache->cached_bytes, held_bytes);
+    bump(cache->releases, 1);
+    bump(cache->released_bytes, held_bytes);
+    unlock_own_cache(*cache);
+    return true;
+  }
+  // Untouched: the slow path claims the cache again and honours a flush request.
+  cache->state.store(ThreadCache::kFree, std::memory_order_release);
+  return false;
+}
+
 void DevicePoolCore::deallocate(void* block, std::size_t bytes, StreamKey key) noexcept {
+  if (bytes - 1 < small_max && plain_calls && block != nullptr) [[likely]] {
+    if (release_to_own_cache(block, bytes, key)) return;
+    return release_slow(block, bytes, key);
+  }
+  deallocate_checked(block, bytes, key);
+}
+
+[[gnu::noinline]] void DevicePoolCore::deallocate_checked(void* block, std::size_t bytes,
+                                                          StreamKey key) noexcept {
   if (block == nullptr) return;
   if (bytes == 0 || bytes > SizeClasses::kMaxBytes) {
     invalid_releases.fetch_add(1, std::memory_order_relaxed);
@@ -822,27 +908,8 @@ void DevicePoolCore::deallocate(void* block, std::size_t bytes, StreamKey key) n
 }
 
 void DevicePoolCore::release(void* block, std::size_t bytes, StreamKey key) noexcept {
-  // Warm path: room in this thread's cache and nothing to retag.
-  if (bytes <= small_max && !options.track_peak_in_use) [[likely]] {
-    const std::size_t index = SizeClasses::index_for(bytes);
-    ThreadCache* cache = lock_own_cache();
-    if (cache != nullptr) [[likely]] {
-      const std::size_t held_bytes = small_block_bytes(index);
-      const std::uint64_t cached = cache->cached_bytes.load(std::memory_order_relaxed);
-      if (index < thread_cache_classes && cache->bins[index].count < options.thread_cache_blocks &&
-          cached + held_bytes <= options.thread_cache_max_bytes &&
-          (key == cache->tag || key == kUntagged || cached == 0)) [[likely]] {
-        if (cached == 0) cache->tag = key;  // an empty cache takes the tag of what it holds
-        auto& bin = cache->bins[index];
-        bin.blocks[bin.count++] = block;
-        bump(cache->cached_bytes, held_bytes);
-        bump(cache->releases, 1);
-        bump(cache->released_bytes, held_bytes);
-        unlock_own_cache(*cache);
-        return;
-      }
-      unlock_own_cache(*cache);
-    }
+  if (bytes <= small_max && !options.track_peak_in_use && release_to_own_cache(block, bytes, key)) {
+    return;
   }
   release_slow(block, bytes, key);
 }
@@ -850,7 +917,7 @@ void DevicePoolCore::release(void* block, std::size_t bytes, StreamKey key) noex
 void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key) noexcept {
   const bool is_small = bytes <= small_max;
   const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
-  const std::size_t held_bytes = is_small ? small_block_bytes(index) : large.round(bytes);
+  const std::size_t held_bytes = is_small ? held_bytes_of[index] : large.round(bytes);
   const bool track = options.track_peak_in_use;
   if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
     bool known = true;
