@@ -8,13 +8,17 @@
 // path DevicePool's virtual-memory large tier takes (CudaVirtualMemory::map: cuMemCreate +
 // cuMemMap + cuMemSetAccess; unmap: cuMemUnmap + cuMemRelease) inside one reserved range.
 // One untimed pair first per size and method; the median of the repetitions is reported.
+// Also cudaMemGetInfo, which the tier asks before each map (the run cap).
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "bench/scenarios.hpp"
 #include "vram/cuda/error.hpp"
+#include "vram/cuda/stream.hpp"
+#include "vram/stream_fence.hpp"
 #include "vram/units.hpp"
 #include "vram/virtual_memory.hpp"
 
@@ -64,9 +68,49 @@ void add_rows(std::vector<Measurement>& results, std::size_t bytes, const std::s
   }
 }
 
+// What one fence of a stream costs (DevicePool's CudaEventFence, used when a request would
+// grow while other streams hold free memory): record + completed + release on an idle
+// stream, and its CUDA calls one by one. Mean per call over batches of about 20 ms; the
+// median of the batches is reported.
+void run_fence_calls(const BenchConfig& config, std::vector<Measurement>& results) {
+  cuda::Stream stream;
+  cudaStream_t s = stream.get();
+  CudaEventFence fence(config.device);
+  cudaEvent_t event = nullptr;
+  cuda::check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+  const std::size_t repetitions = config.quick ? 5 : 9;
+  auto row = [&](const std::string& name, const std::function<void()>& call) {
+    auto samples = time_per_operation(
+        [&](std::size_t n) {
+          for (std::size_t i = 0; i < n; ++i) call();
+        },
+        repetitions, config.quick ? 5 : 20);
+    for (double& ns : samples) ns /= 1000.0;  // us
+    Measurement m = make_measurement("driver", "fence", 0, name, false, "us/call", true, samples);
+    m.reference = true;
+    results.push_back(m);
+  };
+  row("CudaEventFence record+completed+release", [&] {
+    const std::uint64_t marker = fence.record(s);
+    (void)fence.completed(marker);
+    fence.release(marker);
+  });
+  row("cudaEventRecord", [&] { (void)cudaEventRecord(event, s); });
+  row("cudaEventQuery", [&] { (void)cudaEventQuery(event); });
+  row("cudaStreamIsCapturing", [&] {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    (void)cudaStreamIsCapturing(s, &status);
+  });
+  row("cudaThreadExchangeStreamCaptureMode", [&] {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+  });
+  (void)cudaEventDestroy(event);
+}
+
 }  // namespace
 
-std::size_t driver_steps(const BenchConfig& config) { return driver_sizes(config).size() * 2; }
+std::size_t driver_steps(const BenchConfig& config) { return driver_sizes(config).size() * 2 + 1; }
 
 void run_driver(const BenchConfig& config, Progress& progress, std::vector<Measurement>& results) {
   cuda::check(cudaSetDevice(config.device), "cudaSetDevice");
@@ -82,6 +126,8 @@ void run_driver(const BenchConfig& config, Progress& progress, std::vector<Measu
     virtual_memory = std::make_unique<CudaVirtualMemory>(config.device);
     range.reset(virtual_memory->reserve(range_bytes));
   }
+  progress.step("driver fence calls");
+  run_fence_calls(config, results);
   for (std::size_t bytes : sizes) {
     const std::size_t repetitions = driver_repetitions(bytes);
     progress.step("driver " + format_bytes(bytes) + " cudaMalloc");
@@ -107,6 +153,20 @@ void run_driver(const BenchConfig& config, Progress& progress, std::vector<Measu
         unmap_us);
     add_rows(results, bytes, "cuMemCreate+cuMemMap+cuMemSetAccess", map_us,
              "cuMemUnmap+cuMemRelease", unmap_us);
+    // What the tier asks before each map (VirtualMemory::available_bytes(): cudaMemGetInfo
+    // under a device guard), with this size mapped, as during a replay.
+    const std::uint64_t held = virtual_memory->map(range.get(), bytes);
+    std::vector<double> info_us;
+    std::vector<double> none_us;
+    time_pairs(
+        repetitions, [&] { return virtual_memory->available_bytes(); }, [](std::size_t) {}, info_us,
+        none_us);
+    virtual_memory->unmap(range.get(), bytes, held);
+    Measurement m =
+        make_measurement("driver", format_bytes(bytes), static_cast<double>(bytes),
+                         "cudaMemGetInfo (available_bytes)", false, "us/call", true, info_us);
+    m.reference = true;
+    results.push_back(m);
   }
 }
 
