@@ -406,7 +406,11 @@ struct LastPool {
   std::uint64_t uid = 0;
   ThreadCache* cache = nullptr;  // not null when uid is not 0
 };
-thread_local LastPool tl_last;  // one thread-pointer access for both
+// initial-exec: the library is built position-independent (the PyTorch plug-in links it
+// into a shared object), and the default model for that makes every access a possible
+// __tls_get_addr call, which the warm paths would pay for with spills even where the
+// linker relaxes the call away. 16 bytes of static TLS, also in a dlopen'ed plug-in.
+[[gnu::tls_model("initial-exec")]] thread_local LastPool tl_last;
 thread_local bool tl_directory_gone = false;
 
 struct ThreadDirectory {
@@ -520,10 +524,9 @@ inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
 // takes its slow path, which registers, waits for a stealer or finds the pool closed.
 // Calls nothing, so the warm paths need no stack frame.
 inline ThreadCache* DevicePoolCore::claim_warm() noexcept {
-  const LastPool last = tl_last;
-  if (last.uid != uid) [[unlikely]]
+  if (tl_last.uid != uid) [[unlikely]]
     return nullptr;
-  ThreadCache* cache = last.cache;
+  ThreadCache* cache = tl_last.cache;
   cache->state.store(ThreadCache::kOwner, kDekkerStore);
   dekker.light();
   if (cache->steal.load(kDekkerLoad) == ThreadCache::kNoSteal) [[likely]]
