@@ -406,11 +406,7 @@ struct LastPool {
   std::uint64_t uid = 0;
   ThreadCache* cache = nullptr;  // not null when uid is not 0
 };
-// initial-exec: the library is built position-independent (the PyTorch plug-in links it
-// into a shared object), and the default model for that makes every access a possible
-// __tls_get_addr call, which the warm paths would pay for with spills even where the
-// linker relaxes the call away. 16 bytes of static TLS, also in a dlopen'ed plug-in.
-[[gnu::tls_model("initial-exec")]] thread_local LastPool tl_last;
+thread_local LastPool tl_last;  // one thread-pointer access for both (see CMakeLists.txt: TLS)
 thread_local bool tl_directory_gone = false;
 
 struct ThreadDirectory {
