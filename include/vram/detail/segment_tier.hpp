@@ -47,6 +47,7 @@
 
 #include "vram/detail/free_index.hpp"
 #include "vram/detail/pointer_map.hpp"
+#include "vram/detail/tier_mutex.hpp"
 #include "vram/stream_fence.hpp"
 #include "vram/upstream.hpp"
 #include "vram/virtual_memory.hpp"
@@ -288,7 +289,7 @@ class SegmentTier {
   StreamFence& fence_;
   ReservedGauge& gauge_;
   const Options options_;
-  mutable std::mutex mutex_;
+  mutable TierMutex mutex_;  // a holder may block in the driver (map_range)
   Index untagged_;
   // A stream's free ranges, one index per stream (few streams: a flat table). A fenced
   // stream's index is erased; an emptied one only when more than kKeptEmptyIndices streams
