@@ -84,9 +84,15 @@ std::size_t SegmentTier::stream_slot(StreamKey key) const noexcept {
   return slot;
 }
 
-SegmentTier::Index* SegmentTier::index_of(StreamKey key) noexcept {
+// The warm path's lookups are inline (index_of, file, remove_free, best_fit: one call each
+// per split, merge or fit), their rare branches out of line.
+inline SegmentTier::Index* SegmentTier::index_of(StreamKey key) noexcept {
   if (key == kUntagged) return &untagged_;
   if (cached_index_ != nullptr && cached_key_ == key) return cached_index_;
+  return stream_index(key);
+}
+
+SegmentTier::Index* SegmentTier::stream_index(StreamKey key) noexcept {
   const std::size_t slot = stream_slot(key);
   if (slot == tagged_.size()) return nullptr;
   cached_key_ = key;
@@ -104,32 +110,35 @@ void SegmentTier::erase_index(std::size_t slot) noexcept {
   cached_index_ = nullptr;
 }
 
-bool SegmentTier::file(Range* range) noexcept {
-  if (range->tag == kUntagged) {
-    untagged_.insert(range);
-    return true;
-  }
+inline bool SegmentTier::file(Range* range) noexcept {
   Index* index = index_of(range->tag);
-  if (index == nullptr) {
-    try {
-      if (tagged_.size() == tagged_.capacity()) tagged_.reserve(2 * tagged_.size() + 4);
-      spare_indices_.reserve(kSpareIndices);
-      std::unique_ptr<Index> fresh;
-      if (!spare_indices_.empty()) {
-        fresh = std::move(spare_indices_.back());
-        spare_indices_.pop_back();
-      } else {
-        fresh =
-            std::make_unique<Index>(static_cast<unsigned>(std::countr_zero(options_.granularity)));
-      }
-      index = fresh.get();
-      tagged_.push_back(StreamIndex{range->tag, std::move(fresh)});  // reserved: no throw
-    } catch (...) {
-      return false;
-    }
-    cached_key_ = range->tag;
-    cached_index_ = index;
+  if (index == nullptr) [[unlikely]] {
+    return file_new_index(range);
   }
+  index->insert(range);
+  return true;
+}
+
+bool SegmentTier::file_new_index(Range* range) noexcept {
+  Index* index = nullptr;
+  try {
+    if (tagged_.size() == tagged_.capacity()) tagged_.reserve(2 * tagged_.size() + 4);
+    spare_indices_.reserve(kSpareIndices);
+    std::unique_ptr<Index> fresh;
+    if (!spare_indices_.empty()) {
+      fresh = std::move(spare_indices_.back());
+      spare_indices_.pop_back();
+    } else {
+      fresh =
+          std::make_unique<Index>(static_cast<unsigned>(std::countr_zero(options_.granularity)));
+    }
+    index = fresh.get();
+    tagged_.push_back(StreamIndex{range->tag, std::move(fresh)});  // reserved: no throw
+  } catch (...) {
+    return false;
+  }
+  cached_key_ = range->tag;
+  cached_index_ = index;
   index->insert(range);
   return true;
 }
@@ -141,33 +150,50 @@ std::size_t SegmentTier::segment_size_for(std::size_t bytes) const noexcept {
   return std::max(size, options_.min_segment);
 }
 
-SegmentTier::Range* SegmentTier::best_fit(StreamKey key, std::size_t bytes) noexcept {
+inline SegmentTier::Range* SegmentTier::best_fit(StreamKey key, std::size_t bytes,
+                                                 bool& mapped) noexcept {
   Index* index = index_of(key);
-  if (index == nullptr || index->empty()) return nullptr;
+  if (index == nullptr || index->empty()) {
+    mapped = true;
+    return nullptr;
+  }
   Range* best = index->best(bytes);
-  if (best == nullptr || base_ == nullptr) return best;
-  // Virtual mode: among the few best fits (in (size, address) order), prefer one whose
-  // granules are all mapped (no driver call, nothing unmapped elsewhere for it).
-  if (mapped_under(best, bytes)) return best;
+  mapped = best == nullptr || base_ == nullptr || mapped_under(best, bytes);
+  if (mapped) return best;
+  return mapped_fit(index, best, bytes, mapped);
+}
+
+// Virtual mode: among the few best fits (in (size, address) order), prefer one whose
+// granules are all mapped (no driver call, nothing unmapped elsewhere for it).
+SegmentTier::Range* SegmentTier::mapped_fit(Index* index, Range* best, std::size_t bytes,
+                                            bool& mapped) noexcept {
   Range* candidates[8];
   const std::size_t n = index->best_k(bytes, candidates, 8);
   for (std::size_t i = 1; i < n; ++i) {
-    if (mapped_under(candidates[i], bytes)) return candidates[i];
+    if (mapped_under(candidates[i], bytes)) {
+      mapped = true;
+      return candidates[i];
+    }
   }
+  mapped = false;
   return best;
 }
 
-void SegmentTier::remove_free(Range* range) noexcept {
+inline void SegmentTier::remove_free(Range* range) noexcept {
   Index* index = range->index;
   if (index == nullptr) return;  // unfiled (or pending)
   index->erase(range);
   // An emptied stream index stays for the stream's next free (creating one clears its bins)
   // while there are few; past that it goes, so that streams come and go without leaking.
-  if (index->empty() && index != &untagged_ && tagged_.size() > kKeptEmptyIndices) {
-    std::size_t slot = 0;
-    while (tagged_[slot].index.get() != index) ++slot;  // filed in it: present
-    erase_index(slot);
+  if (index->empty() && index != &untagged_ && tagged_.size() > kKeptEmptyIndices) [[unlikely]] {
+    drop_index(index);
   }
+}
+
+void SegmentTier::drop_index(const Index* index) noexcept {
+  std::size_t slot = 0;
+  while (tagged_[slot].index.get() != index) ++slot;  // filed in it: present
+  erase_index(slot);
 }
 
 // A range freed with stream S also absorbs untagged free neighbours (memory usable by any
@@ -255,13 +281,17 @@ void SegmentTier::insert_free(Range* range) noexcept {
   file(range);
 }
 
-SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcept {
+SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& mapped) noexcept {
   // The smaller fit of the stream's own ranges and the untagged ones.
-  auto smaller_fit = [this, stream, need] {
-    Range* r = best_fit(kUntagged, need);
+  auto smaller_fit = [this, stream, need, &mapped] {
+    Range* r = best_fit(kUntagged, need, mapped);
     if (stream != kUntagged) {
-      Range* own = best_fit(stream, need);
-      if (own != nullptr && (r == nullptr || own->size <= r->size)) r = own;
+      bool own_mapped = false;
+      Range* own = best_fit(stream, need, own_mapped);
+      if (own != nullptr && (r == nullptr || own->size <= r->size)) {
+        r = own;
+        mapped = own_mapped;
+      }
     }
     return r;
   };
@@ -281,8 +311,8 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
       return s.key != stream && !s.index->empty();
     });
   };
-  const bool grows = r == nullptr || (base_ != nullptr && !mapped_under(r, need) &&
-                                      (!pending_.empty() || others_hold_free()));
+  const bool grows =
+      r == nullptr || (base_ != nullptr && !mapped && (!pending_.empty() || others_hold_free()));
   if (grows) {
     // The requester's own ranges that a fence made pending (another stream's growth, a
     // trim) are safe for it in stream order: they become its free ranges again.
@@ -294,7 +324,10 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need) noexcep
     }
     if (changed) r = smaller_fit();  // ranges may have merged (r among them): look again
   }
-  if (r == nullptr) r = fresh_tail(need);
+  if (r == nullptr) {
+    r = fresh_tail(need);
+    mapped = r != nullptr && mapped_under(r, need);
+  }
   if (r != nullptr && base_ == nullptr && r->prev == nullptr && r->next == nullptr &&
       r->size - need > options_.max_segment_waste) {
     return nullptr;  // the tier grows by one sized for the request (this one goes back past the
@@ -369,13 +402,15 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   live_.reserve_one();
   if (options_.virtual_memory != nullptr && base_ == nullptr) reserve_range();
   if (!pending_.empty()) poll_pending(false);
-  Range* r = fit(stream, need);
+  bool mapped = false;  // r's granules under `need` (virtual mode), as fit() found them
+  Range* r = fit(stream, need, mapped);
   // Before growing: wholly free segments that wait for their streams' work are waited for
   // (see wait_for_empty_segments); one of them may serve the request.
   if (r == nullptr && may_grow) {
     // Only segments that could then serve the request are worth the wait, unless growing
     // passes the budget (then any of them may have to go back).
-    if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need)) r = fit(stream, need);
+    if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need))
+      r = fit(stream, need, mapped);
   }
   // Virtual mode, the same rule for other streams' free memory: fit() fenced those streams
   // before growing, and their markers may not have completed yet. Growing past the budget
@@ -387,9 +422,10 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   // requests later).
   if (base_ != nullptr && may_grow && !pending_.empty() && past_budget(r, need) &&
       wait_for_pending(stream, need)) {
-    r = fit(stream, need);
+    r = fit(stream, need, mapped);
   }
-  const bool needs_map = r != nullptr && base_ != nullptr && !mapped_under(r, need);
+  // (Nothing maps or unmaps between fit() and here.)
+  const bool needs_map = r != nullptr && base_ != nullptr && !mapped;
   if (needs_map && !may_grow) return nullptr;  // would need a new granule: that is growing
   if (r != nullptr) {
     remove_free(r);

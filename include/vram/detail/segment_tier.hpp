@@ -224,14 +224,19 @@ class SegmentTier {
     std::vector<Range*> ranges;
   };
 
-  Range* best_fit(StreamKey key, std::size_t bytes) noexcept;
-  Index* index_of(StreamKey key) noexcept;  // null: no index for the stream (none free)
+  // `mapped`: whether the result's granules under `bytes` are all mapped (virtual mode; true
+  // in segment mode and for null).
+  Range* best_fit(StreamKey key, std::size_t bytes, bool& mapped) noexcept;
+  Range* mapped_fit(Index* index, Range* best, std::size_t bytes, bool& mapped) noexcept;
+  Index* index_of(StreamKey key) noexcept;      // null: no index for the stream (none free)
+  Index* stream_index(StreamKey key) noexcept;  // index_of past its cache
   std::size_t stream_slot(StreamKey key) const noexcept;  // tagged_.size(): none
   // Drops tagged_[slot] (its index empty), keeping the index as a spare.
   void erase_index(std::size_t slot) noexcept;
   // Files a free range under its tag; false (left unfiled: not reused until destruction,
   // accounting unchanged) when a stream's index could not be created.
   bool file(Range* range) noexcept;
+  bool file_new_index(Range* range) noexcept;  // file() for a stream without an index
   // Ranges are recycled through spare_ranges_ (linked by `next`): splitting and merging
   // allocate nothing once the tier has run a while.
   Range* take_range() noexcept;  // from the spares; null when there is none
@@ -240,6 +245,7 @@ class SegmentTier {
   bool mergeable(const Range* range, const Range* neighbour) const noexcept;
   void insert_free(Range* range) noexcept;  // coalesces, then files it under its tag
   void remove_free(Range* range) noexcept;
+  void drop_index(const Index* index) noexcept;  // erase_index of the (emptied) index
   void poll_pending(bool wait) noexcept;
   // Fences every stream but `except` with free ranges (need > 0: only those with a range
   // that could_serve(need)); true when some were fenced.
@@ -250,7 +256,9 @@ class SegmentTier {
   // Best fit for `need` bytes on `stream` (its own ranges or untagged ones, fencing other
   // streams before growing); null when nothing fits or the fit is a wholly free segment
   // that would leave more than max_segment_waste idle.
-  Range* fit(StreamKey stream, std::size_t need) noexcept;
+  // `mapped`: as best_fit's, for the result (mapped_under(r, need); no map or unmap happens
+  // between fit() and the caller's use of it).
+  Range* fit(StreamKey stream, std::size_t need, bool& mapped) noexcept;
   // Bytes the tier grows by when `r` (null: no fit) serves `need` bytes (virtual mode: the
   // granules under it not mapped yet), and whether that passes the growth budget.
   std::size_t growth_for(const Range* r, std::size_t need) const noexcept;
