@@ -334,6 +334,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
   void* tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
                       ThreadCache* held);
+  // tier_allocate() when no free range fits: grows the tier (trimming and retrying on OOM).
+  void* tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
+                  ThreadCache* held);
   // Moves a cache's blocks (its holder calls this) to the small tier under the cache's tag.
   void take_bins(ThreadCache& cache) noexcept;
   void drain_rings() noexcept;
@@ -662,9 +665,17 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
   return true;
 }
 
-void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes,
-                                    StreamKey key, ThreadCache* held) {
-  if (void* block = tier.allocate(bytes, key, /*may_grow=*/false)) return block;
+// Inline: every large request takes this path (the growing part is out of line).
+inline void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested,
+                                           std::size_t bytes, StreamKey key, ThreadCache* held) {
+  if (void* block = tier.allocate(bytes, key, /*may_grow=*/false)) [[likely]] {
+    return block;
+  }
+  return tier_grow(tier, requested, bytes, key, held);
+}
+
+void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes,
+                                StreamKey key, ThreadCache* held) {
   SlowSection slow(held);
   // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
   // free segments cannot cover the excess, the other tier's give back the rest (the tier
