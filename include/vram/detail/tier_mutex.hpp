@@ -76,10 +76,6 @@ class TierMutex {
   }
 
   std::atomic<std::uint32_t> state_{kFree};
-  // Sized as the std::mutex it replaced: host-only replays place segments at malloc's
-  // addresses and best fit breaks ties by address, so their multi-stream figures move with
-  // the heap layout, which SegmentTier's size is part of. Same size: same figures.
-  char pad_[sizeof(std::mutex) - sizeof(std::atomic<std::uint32_t>)] = {};
 };
 
 }  // namespace vram::detail
