@@ -7,6 +7,10 @@
 #                                     with the Torch peer (built there), of the recorded and of
 #                                     the synthetic multi-stream traces,
 #                                     pairs and batched benchmarks: one call per session
+#   tools/gpu/h200_run.sh full  OUT   the full benchmark run (every scenario; the tables of
+#                                     bench/RESULTS.md's "Latest full run" and its headline)
+#   tools/gpu/h200_run.sh py    OUT   the Python checks (plug-in build, PyTorch, CuPy), no
+#                                     torch_compare rounds
 #   tools/gpu/h200_run.sh torch OUT   builds the PyTorch plug-in and the Torch replay peer
 #                                     there (Torch exists only on that machine), runs them
 # Every log lands in OUT; OUT/results.tar.gz holds them all (the device tool returns few files).
@@ -64,6 +68,14 @@ case $mode in
       rm -r $log/stream_traces"
     step bench 300 ./build/vram bench --scenario pairs,batched \
       --json "$log/bench.json" --markdown "$log/bench.md"
+    ;;
+  full)
+    step bench 560 ./build/vram bench \
+      --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,driver,pager \
+      --json "$log/bench.json" --markdown "$log/bench.md" --svg "$log/bench.svg"
+    ;;
+  py)
+    step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
   torch)
     py=${PYTHON:-/opt/torch/.venv/bin/python3}
