@@ -23,7 +23,11 @@ std::uint64_t walk_seed() {
   return text ? std::strtoull(text, nullptr, 10) : 20261130;
 }
 
-TEST(ModelWalk, DevicePoolMatchesTheReferenceModel) {
+// `validate`: Options::validate_releases. Without it (release builds' default) the warm
+// paths serve the calls; the model must hold either way. Size-class options vary per run,
+// and a second pool's calls interleave on the thread (the warm paths serve only the pool a
+// thread used last; the others register or switch).
+void walk_device_pool(bool validate) {
   const std::uint64_t base = walk_seed();
   for (std::uint64_t run = 0; run < 20; ++run) {
     const std::uint64_t seed = base + run;
@@ -33,11 +37,18 @@ TEST(ModelWalk, DevicePoolMatchesTheReferenceModel) {
     auto upstream = std::make_shared<TestUpstream>(
         std::make_shared<HostMemoryUpstream>(), TestUpstream::Options{.capacity_bytes = capacity});
     DevicePool::Options options;
-    options.validate_releases = true;
+    options.validate_releases = validate;
     options.max_cached_bytes = (random() % 8) * 1_MiB;
     options.max_cached_blocks_per_class = 1 + random() % 8;
-    options.thread_cache_blocks = random() % 5;
+    options.thread_cache_blocks = random() % 18;  // above 16: capped
+    const std::size_t small_max[] = {256, 4_KiB, 256_KiB, 1_MiB, 2_MiB};
+    options.small_block_max_bytes = small_max[random() % 5];
+    const std::size_t cached_max[] = {0, 256, 64_KiB, 1_MiB, 2_MiB};
+    options.thread_cache_max_block_bytes = cached_max[random() % 5];
+    options.thread_cache_max_bytes = (random() % 3) * 4_MiB;
     DevicePool pool(upstream, options);
+    DevicePool other(std::make_shared<HostMemoryUpstream>(),
+                     DevicePool::Options{.validate_releases = validate});
     std::map<void*, std::size_t> model;  // live block -> class bytes
     std::size_t model_in_use = 0;
     for (int step = 0; step < 1500; ++step) {
@@ -66,6 +77,9 @@ TEST(ModelWalk, DevicePoolMatchesTheReferenceModel) {
           ASSERT_EQ(after.bytes_cached_in_threads + after.bytes_cached_in_rings, 0U);
           ASSERT_GT(upstream->live_bytes() + pool.block_bytes(bytes), capacity);
         }
+      } else if (action < 60) {
+        const std::size_t bytes = 1 + random() % (1_MiB);
+        other.deallocate(other.allocate(bytes), bytes);
       } else if (action < 95 && !model.empty()) {
         auto it = model.begin();
         std::advance(it, static_cast<long>(random() % model.size()));
@@ -88,7 +102,15 @@ TEST(ModelWalk, DevicePoolMatchesTheReferenceModel) {
     for (auto& [block, bytes] : model) pool.deallocate(block, bytes);
     pool.trim(0);
     ASSERT_EQ(upstream->live_bytes(), 0U);
+    ASSERT_EQ(other.stats().bytes_in_use, 0U);
+    ASSERT_EQ(other.stats().invalid_releases, 0U);
   }
+}
+
+TEST(ModelWalk, DevicePoolMatchesTheReferenceModel) { walk_device_pool(/*validate=*/true); }
+
+TEST(ModelWalk, DevicePoolWithoutValidationMatchesTheReferenceModel) {
+  walk_device_pool(/*validate=*/false);
 }
 
 TEST(ModelWalk, StagingPoolStaysWithinItsBounds) {
