@@ -13,9 +13,6 @@
 #include <cstdint>
 #include <mutex>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
 
 namespace vram::detail {
 
@@ -69,7 +66,7 @@ class TierMutex {
   }
   static void pause() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
-    _mm_pause();
+    __builtin_ia32_pause();
 #elif defined(__aarch64__)
     asm volatile("yield" ::: "memory");
 #endif
