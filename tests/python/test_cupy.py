@@ -66,5 +66,26 @@ def test_empty_cache_and_oom():
     assert float(y.sum()) == float(MiB)
 
 
+def test_streams_dropped_after_their_frees_stay_valid_for_the_pool():
+    # Blocks freed on a stream wait in the pool tagged with it, and the pool may record a
+    # marker on that stream when another stream's request would make it grow: CuPy destroys a
+    # stream with its last reference, so vram_cupy keeps freed-on streams until a trim (at
+    # most _MAX_KEPT_STREAMS). Before, dropping the stream could crash the next growth.
+    for round_ in range(3 * vram_cupy._MAX_KEPT_STREAMS):
+        stream = cupy.cuda.Stream(non_blocking=True)
+        with stream:
+            for i in range(4):
+                x = cupy.full(MiB, round_ + i, dtype=cupy.int32)  # 4 MiB: the large tier
+                del x
+        del stream
+        assert len(vram_cupy._kept_streams) <= vram_cupy._MAX_KEPT_STREAMS
+    # Growth on the default stream: every other stream with free blocks may be fenced.
+    big = cupy.zeros(512 * MiB, dtype=cupy.uint8)
+    big += 3
+    assert int(big[::MiB].sum()) == 3 * 512
+    del big
+    cupy.cuda.Device().synchronize()
+
+
 if __name__ == "__main__":
     util.run_tests(globals())
