@@ -57,8 +57,8 @@ TEST(Review7DevicePool, OptionSweepKeepsAccountingExactForEverySmallSize) {
   for (std::size_t small_max : {std::size_t{256}, std::size_t{300}, std::size_t{1_MiB},
                                 std::size_t{2_MiB}, std::size_t{4_MiB}}) {
     for (std::size_t blocks : {0, 1, 16, 17}) {
-      for (std::size_t max_block : {std::size_t{0}, std::size_t{1}, std::size_t{4096},
-                                    std::size_t{1} << 40}) {
+      for (std::size_t max_block :
+           {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{1} << 40}) {
         for (int flags : {0, 1, 2}) {  // plain; validate_releases; track_peak_in_use
           cases.push_back({small_max, blocks, max_block, (flags & 1) != 0, (flags & 2) != 0});
         }
@@ -67,9 +67,8 @@ TEST(Review7DevicePool, OptionSweepKeepsAccountingExactForEverySmallSize) {
   }
   for (const SweepCase& c : cases) {
     SCOPED_TRACE(::testing::Message()
-                 << "small_max " << c.small_max << " blocks " << c.cache_blocks
-                 << " max_block " << c.cache_max_block << " validate " << c.validate
-                 << " track " << c.track);
+                 << "small_max " << c.small_max << " blocks " << c.cache_blocks << " max_block "
+                 << c.cache_max_block << " validate " << c.validate << " track " << c.track);
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     DevicePool::Options options;
     options.small_block_max_bytes = c.small_max;

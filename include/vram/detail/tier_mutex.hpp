@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <mutex>
 
-
 namespace vram::detail {
 
 class TierMutex {
