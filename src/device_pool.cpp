@@ -330,6 +330,27 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void release(void* block, std::size_t bytes, StreamKey key) noexcept;
   bool release_to_own_cache(void* block, std::size_t bytes, StreamKey key) noexcept;
   void release_slow(void* block, std::size_t bytes, StreamKey key) noexcept;
+  // The bins of a thread cache, for its holder. take_cached: a block of class `index`
+  // usable on `key` (false: none). has_room: the bin's depth and the cache's byte bound allow one
+  // more. put_cached: files a block (the caller checked the room and settled the tag).
+  bool take_cached(ThreadCache& cache, std::size_t index, StreamKey key, void*& block) noexcept {
+    auto& bin = cache.bins[index];
+    if (bin.count == 0 || (cache.tag != kUntagged && cache.tag != key)) return false;
+    block = bin.blocks[--bin.count];
+    bump(cache.cached_bytes, 0 - std::uint64_t{held_bytes_of[index]});
+    return true;
+  }
+  // `cached`: the cache's cached_bytes, as the caller loaded it; `held`: held_bytes_of[index].
+  bool has_room(const ThreadCache& cache, std::size_t index, std::uint64_t cached,
+                std::uint64_t held) const noexcept {
+    const auto& bin = cache.bins[index];
+    return bin.count < bin.limit && cached + held <= options.thread_cache_max_bytes;
+  }
+  void put_cached(ThreadCache& cache, void* block, std::size_t index, std::uint64_t held) noexcept {
+    auto& bin = cache.bins[index];
+    bin.blocks[bin.count++] = block;
+    bump(cache.cached_bytes, held);
+  }
   void* small_get(ThreadCache* cache, std::size_t index, StreamKey key);
   bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
   void* tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
@@ -713,13 +734,10 @@ void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::s
 }
 
 void* DevicePoolCore::small_get(ThreadCache* cache, std::size_t index, StreamKey key) {
-  if (cache != nullptr && cache->bins[index].count > 0 &&
-      (cache->tag == kUntagged || cache->tag == key)) [[likely]] {
-    auto& bin = cache->bins[index];
-    bump(cache->cached_bytes, 0 - std::uint64_t{held_bytes_of[index]});
-    return bin.blocks[--bin.count];
-  }
   void* block = nullptr;
+  if (cache != nullptr && take_cached(*cache, index, key, block)) [[likely]] {
+    return block;
+  }
   if (MpmcRing<void*>* ring = ring_of(index); ring != nullptr && ring->try_pop(block)) {
     return block;
   }
@@ -729,11 +747,11 @@ void* DevicePoolCore::small_get(ThreadCache* cache, std::size_t index, StreamKey
 // Returns false when the block is not this pool's (only detectable in the tiers).
 bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t index,
                                StreamKey key) noexcept {
-  const std::size_t bytes = held_bytes_of[index];
-  if (cache != nullptr && cache->bins[index].count < cache->bins[index].limit &&
-      cache->cached_bytes.load(std::memory_order_relaxed) + bytes <= options.thread_cache_max_bytes)
-      [[likely]] {
-    if (cache->cached_bytes.load(std::memory_order_relaxed) == 0) {
+  const std::uint64_t held = held_bytes_of[index];
+  const std::uint64_t cached =
+      cache != nullptr ? cache->cached_bytes.load(std::memory_order_relaxed) : 0;
+  if (cache != nullptr && has_room(*cache, index, cached, held)) [[likely]] {
+    if (cached == 0) {
       cache->tag = key;  // an empty cache takes the tag of what it holds next
     } else if (key != cache->tag && key != kUntagged) {
       if (cache->tag != kUntagged) {
@@ -742,9 +760,7 @@ bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t inde
       }
       cache->tag = key;  // completed (untagged) blocks are safe on `key` too
     }
-    auto& bin = cache->bins[index];
-    bin.blocks[bin.count++] = block;
-    bump(cache->cached_bytes, bytes);
+    put_cached(*cache, block, index, held);
     return true;
   }
   if (key == kUntagged) {
@@ -787,11 +803,8 @@ void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamK
       (alignment & (alignment - 1)) == 0) [[likely]] {
     const std::size_t index = SizeClasses::index_for(bytes);
     if (ThreadCache* cache = claim_warm(); cache != nullptr) [[likely]] {
-      auto& bin = cache->bins[index];
-      if (bin.count > 0 && (cache->tag == kUntagged || cache->tag == key)) [[likely]] {
+      if (void* block = nullptr; take_cached(*cache, index, key, block)) [[likely]] {
         const std::uint64_t held_bytes = held_bytes_of[index];
-        void* block = bin.blocks[--bin.count];
-        bump(cache->cached_bytes, 0 - held_bytes);
         bump(cache->acquires, 1);
         bump(cache->acquired_bytes, held_bytes);
         if (cache->flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
@@ -880,16 +893,14 @@ inline bool DevicePoolCore::release_to_own_cache(void* block, std::size_t bytes,
   ThreadCache* cache = claim_warm();
   if (cache == nullptr) [[unlikely]]
     return false;
-  auto& bin = cache->bins[index];
-  const std::uint64_t held_bytes = held_bytes_of[index];
+  const std::uint64_t held = held_bytes_of[index];
   const std::uint64_t cached = cache->cached_bytes.load(std::memory_order_relaxed);
-  if (bin.count < bin.limit && cached + held_bytes <= options.thread_cache_max_bytes &&
+  if (has_room(*cache, index, cached, held) &&
       (key == cache->tag || key == kUntagged || cached == 0)) [[likely]] {
     if (cached == 0) cache->tag = key;  // an empty cache takes the tag of what it holds
-    bin.blocks[bin.count++] = block;
-    bump(cache->cached_bytes, held_bytes);
+    put_cached(*cache, block, index, held);
     bump(cache->releases, 1);
-    bump(cache->released_bytes, held_bytes);
+    bump(cache->released_bytes, held);
     unlock_own_cache(*cache);
     return true;
   }
