@@ -27,6 +27,7 @@ namespace {
 
 constexpr std::size_t kMaxThreadCacheDepth = 16;
 constexpr std::size_t kSmallGranularity = 256;  // small blocks: class bytes rounded to 256
+constexpr std::size_t kAutoSmallSegmentMax = std::size_t{256} << 10;  // small_segment_max_bytes = 0
 static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePoolCore::held_bytes_of
 
 // Update of a counter written only by the holder of its cache's state word (or under
@@ -259,6 +260,16 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     options.thread_cache_blocks = std::min(options.thread_cache_blocks, kMaxThreadCacheDepth);
     options.small_block_max_bytes = small_max;
     small_classes = SizeClasses::index_for(small_max) + 1;
+    // 0: automatic (kAutoSmallSegmentMax over virtual memory; segments: every small class).
+    const std::size_t segment_max = options.small_segment_max_bytes != 0
+                                        ? options.small_segment_max_bytes
+                                    : virtual_memory != nullptr ? kAutoSmallSegmentMax
+                                                                : small_max;
+    first_large_class =
+        segment_max >= small_max
+            ? small_classes
+            : SizeClasses::index_for(std::max<std::size_t>(segment_max, SizeClasses::kMinBytes)) +
+                  1;
     thread_cache_classes =
         options.thread_cache_blocks == 0 || options.thread_cache_max_block_bytes == 0
             ? 0
@@ -279,6 +290,10 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
 
   static std::size_t small_block_bytes(std::size_t index) noexcept {
     return (SizeClasses::bytes_of(index) + kSmallGranularity - 1) & ~(kSmallGranularity - 1);
+  }
+  // The tier a small class's blocks are carved from (see small_segment_max_bytes).
+  SegmentTier& tier_of(std::size_t index) noexcept {
+    return index < first_large_class ? small : large;
   }
   std::size_t block_bytes(std::size_t bytes) const noexcept {
     return bytes <= small_max ? small_block_bytes(SizeClasses::index_for(bytes))
@@ -378,6 +393,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::shared_ptr<VirtualMemory> virtual_memory;  // the large tier's, or null
   std::size_t small_max;
   std::size_t small_classes = 0;
+  std::size_t first_large_class = 0;  // small classes from here on are carved from `large`
   std::size_t thread_cache_classes = 0;
   std::size_t upstream_alignment = 256;
   // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
@@ -571,7 +587,8 @@ void DevicePoolCore::retire(ThreadCache* cache) noexcept {
 void DevicePoolCore::take_bins(ThreadCache& cache) noexcept {
   for (std::size_t index = 0; index < cache.bins.size(); ++index) {
     auto& bin = cache.bins[index];
-    for (std::uint32_t i = 0; i < bin.count; ++i) (void)small.free(bin.blocks[i], cache.tag);
+    SegmentTier& tier = tier_of(index);
+    for (std::uint32_t i = 0; i < bin.count; ++i) (void)tier.free(bin.blocks[i], cache.tag);
     bin.count = 0;
   }
   cache.tag = kUntagged;
@@ -582,7 +599,7 @@ void DevicePoolCore::drain_rings() noexcept {
   for (std::size_t index = 0; index < small_classes; ++index) {
     MpmcRing<void*>* ring = ring_of(index);
     void* block = nullptr;
-    while (ring != nullptr && ring->try_pop(block)) (void)small.free(block, kUntagged);
+    while (ring != nullptr && ring->try_pop(block)) (void)tier_of(index).free(block, kUntagged);
   }
 }
 
@@ -741,7 +758,8 @@ void* DevicePoolCore::small_get(ThreadCache* cache, std::size_t index, StreamKey
   if (MpmcRing<void*>* ring = ring_of(index); ring != nullptr && ring->try_pop(block)) {
     return block;
   }
-  return tier_allocate(small, SizeClasses::bytes_of(index), small_block_bytes(index), key, cache);
+  return tier_allocate(tier_of(index), SizeClasses::bytes_of(index), small_block_bytes(index), key,
+                       cache);
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).
@@ -769,7 +787,7 @@ bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t inde
     }
   }
   SlowSection slow(cache);
-  return small.free(block, key);
+  return tier_of(index).free(block, key);
 }
 
 void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
@@ -968,7 +986,7 @@ void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key)
   if (!orphaned) {
     known = is_small ? small_put(nullptr, block, index, key) : large.free(block, key);
   } else {
-    known = is_small ? small.free(block, key) : large.free(block, key);
+    known = (is_small ? tier_of(index) : large).free(block, key);
     small.trim(0, false);  // give wholly free segments straight back
     large.trim(0, false);
   }

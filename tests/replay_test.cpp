@@ -324,12 +324,13 @@ TEST(ReplayHostOnly, CrossStreamFreeIsNotReusableBeforeEmulatedCompletion) {
 }
 
 TEST(ReplayHostOnly, HeldBackFreesAreWaitedForBeforeAnAllocationFails) {
-  // Room for one 1 MiB block only: stream 2's allocation fits once stream 1's held-back
+  // Room for one 1 MiB block only (the emulated large tier maps 2 MiB granules, and the
+  // 1 MiB class is carved out of it): stream 2's allocation fits once stream 1's held-back
   // free is completed (the driver waits for it, as a stream-ordered pool would).
   const Trace trace = replay::parse_trace(kCrossStream, "streams.csv");
   ReplayOptions options;
   options.stream_lag = 8;
-  options.capacity_bytes = 1 * MiB + MiB / 2;
+  options.capacity_bytes = 2 * MiB + MiB / 2;
   const auto result = replay::replay_trace(trace, replay::device_pool_spec(), options);
   EXPECT_FALSE(result.failed_at.has_value()) << result.failure;
   EXPECT_LE(result.peak_reserved_bytes, options.capacity_bytes);

@@ -53,7 +53,8 @@
 //   a pop and a push.
 //   Tier 2: per class a bounded lock-free ring shared by all threads. Tier 3: the small
 //   segment tier, which carves blocks best-fit out of 2 MiB segments and merges them back
-//   (detail/segment_tier.hpp; a short mutex). Larger requests round to 512 bytes and go
+//   (detail/segment_tier.hpp; a short mutex); classes above small_segment_max_bytes (by
+//   default 256 KiB over virtual memory) are carved out of the large tier instead. Larger requests round to 512 bytes and go
 //   to the large tier (best fit, split, coalesce; large_tier_memory says over what): by
 //   default on a device with virtual memory management that no peer can reach, one
 //   reserved address range whose 2 MiB granules are mapped in runs under the blocks;
@@ -205,6 +206,16 @@ struct DevicePoolOptions {
   bool validate_releases = true;
 #endif
   std::size_t small_block_max_bytes = std::size_t{1} << 20;  // 256 B .. 2 MiB
+  // The largest size class carved out of the small tier's 2 MiB segments. Blocks of larger
+  // classes (up to small_block_max_bytes) are cached per thread and in the rings like every
+  // small block, but carved out of the large tier, so free memory of either kind serves
+  // both. 0 (automatic): 256 KiB when the large tier runs over virtual memory, else every
+  // small class comes from the small tier. Replaying the recorded traces host-only, 256 KiB
+  // over virtual memory cut peak reserved / peak live from 1.13x to 1.04x on four requests
+  // served on four streams (the small tier held 70 MiB for 51 MiB of small blocks while the
+  // large tier held 219 MiB free) and from 1.09x to 1.03x on the decode trace; over
+  // segments it made the four-stream trace worse (1.12x to 1.17x). bench/RESULTS.md.
+  std::size_t small_segment_max_bytes = 0;
   std::size_t large_segment_bytes = std::size_t{20} << 20;
   // A wholly free large segment is not split for a request that would leave more than this
   // many bytes of it idle: the tier grows by a segment sized for the request (the idle one
