@@ -325,6 +325,39 @@ TEST(SegmentTierVirtual, MapAheadMakesFewMapsForManySmallStepsWithinItsBounds) {
   EXPECT_LE(maps[1] * 8, maps[0]) << "with it: " << maps[1] << " maps";
 }
 
+// Map-ahead serves a workload that is still growing: a block that needs new granules while
+// the tier's used bytes stay below their peak (its free memory is in the wrong places) maps
+// only its own granules, which would otherwise stay reserved with nothing asking for them.
+TEST(SegmentTierVirtual, MapAheadOnlyForBlocksThatRaiseThePeakOfUsedBytes) {
+  VirtualTierParts parts;
+  SegmentTier::Options options = virtual_options(parts.vm);
+  options.map_ahead_bytes = 128_MiB;
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, options);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(tier.allocate(16_MiB, kUntagged, true));
+  // The granules mapped ahead after the last block: taken by one block, so nothing mapped
+  // is free beyond the holes made below.
+  const std::size_t tail = parts.upstream->live_bytes() - 128_MiB;
+  ASSERT_GT(tail, 0U) << "the growing workload mapped ahead";
+  void* filler = tier.allocate(tail, kUntagged, true);
+  ASSERT_EQ(tier.counters().free_bytes, 0U);
+  // Every other block freed: 16 MiB holes; used 64 MiB + tail, below the peak.
+  for (std::size_t i = 0; i < blocks.size(); i += 2) ASSERT_TRUE(tier.free(blocks[i], kUntagged));
+  std::size_t held = parts.upstream->live_bytes();
+  void* grown = tier.allocate(24_MiB, kUntagged, true);  // fits no hole: new granules
+  EXPECT_EQ(parts.upstream->live_bytes(), held + 24_MiB) << "below the peak: no map-ahead";
+  // Past the peak of used bytes, a block maps ahead again.
+  held = parts.upstream->live_bytes();
+  void* past_peak = tier.allocate(80_MiB, kUntagged, true);
+  EXPECT_GT(parts.upstream->live_bytes(), held + 80_MiB) << "map-ahead for a growing workload";
+  ASSERT_TRUE(tier.free(past_peak, kUntagged));
+  ASSERT_TRUE(tier.free(grown, kUntagged));
+  ASSERT_TRUE(tier.free(filler, kUntagged));
+  for (std::size_t i = 1; i < blocks.size(); i += 2) ASSERT_TRUE(tier.free(blocks[i], kUntagged));
+  tier.trim(0, false);
+  EXPECT_EQ(parts.upstream->live_bytes(), 0U);
+}
+
 // Map-ahead never takes a stream's free range (its granules serve that stream; mapping them
 // for nobody would be memory no block asked for), and stops near the end of memory: on a
 // 64 MiB device 21 blocks of 3 MiB (63 MiB) all fit.

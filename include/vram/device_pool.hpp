@@ -54,9 +54,9 @@
 //   Tier 2: per class a bounded lock-free ring shared by all threads. Tier 3: the small
 //   segment tier, which carves blocks best-fit out of 2 MiB segments and merges them back
 //   (detail/segment_tier.hpp; a short mutex); classes above small_segment_max_bytes (by
-//   default 256 KiB over virtual memory) are carved out of the large tier instead. Larger requests round to 512 bytes and go
-//   to the large tier (best fit, split, coalesce; large_tier_memory says over what): by
-//   default on a device with virtual memory management that no peer can reach, one
+//   default 256 KiB over virtual memory) are carved out of the large tier instead. Larger requests
+//   round to 512 bytes and go to the large tier (best fit, split, coalesce; large_tier_memory says
+//   over what): by default on a device with virtual memory management that no peer can reach, one
 //   reserved address range whose 2 MiB granules are mapped in runs under the blocks;
 //   otherwise segments of large_segment_bytes (20 MiB) for requests under half that, else
 //   the request rounded up to 2 MiB. Warm small acquire/release make no CUDA call, take no
@@ -249,8 +249,9 @@ struct DevicePoolOptions {
   // are short, so what a reclaim needs can still go back).
   std::size_t virtual_run_bytes = std::size_t{1} << 30;
   // When a block needs new granules, its run also maps up to this much of the free range
-  // right after it (at most 1/4 of what the large tier holds, within the run's cap, and
-  // only while the tier holds at most 1/4 of the device memory still free): a workload
+  // right after it (at most 1/4 of what the large tier holds, within the run's cap, only
+  // for a block that raises the tier's peak of bytes in use, and only while the tier holds
+  // at most 1/4 of the device memory still free): a workload
   // that grows in many small steps (a decode loop's caches, a model loaded tensor by
   // tensor) makes a few maps instead of one per step. The extra granules serve later
   // blocks; like any granule of a run they go back only with the whole run. 0: map only

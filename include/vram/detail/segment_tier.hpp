@@ -121,8 +121,8 @@ class SegmentTier {
     // available, run_granule_cap()): a run goes back only whole, so a block left in a freed
     // run keeps at most this much mapped.
     std::size_t max_run_bytes = std::size_t{1} << 30;
-    // A map for a block also covers up to this much of the untagged free range after it
-    // (map_ahead_end()).
+    // A map for a block that raises the tier's peak of used bytes also covers up to this
+    // much of the untagged free range after it (map_ahead_end()).
     std::size_t map_ahead_bytes = 0;
     // Reserved may reach the tiers' peaks of used bytes plus this many 1024ths before growing
     // gives wholly free segments back (64: 1/16).
