@@ -7,6 +7,7 @@
 // device synchronize before each pair, so no queued work is timed), and the virtual-memory
 // path DevicePool's virtual-memory large tier takes (CudaVirtualMemory::map: cuMemCreate +
 // cuMemMap + cuMemSetAccess; unmap: cuMemUnmap + cuMemRelease) inside one reserved range.
+// Also the map and unmap of a physical allocation created once and kept (a remap).
 // One untimed pair first per size and method; the median of the repetitions is reported.
 // Also cudaMemGetInfo, which the tier asks before each map (the run cap).
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "bench/scenarios.hpp"
+#include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
 #include "vram/stream_fence.hpp"
@@ -108,6 +110,40 @@ void run_fence_calls(const BenchConfig& config, std::vector<Measurement>& result
   (void)cudaEventDestroy(event);
 }
 
+// Times mapping and unmapping one physical allocation created once (see run_driver).
+void remap_existing(int device, char* address, std::size_t bytes, std::size_t repetitions,
+                    std::vector<double>& map_us, std::vector<double>& unmap_us) {
+  const auto& api = cuda::driver_api();
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  CUmemGenericAllocationHandle handle = 0;
+  cuda::check_driver(api.require(api.mem_create)(&handle, bytes, &prop, 0), "cuMemCreate");
+  const auto pointer = reinterpret_cast<CUdeviceptr>(address);
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  try {
+    time_pairs(
+        repetitions,
+        [&] {
+          cuda::check_driver(api.require(api.mem_map)(pointer, bytes, 0, handle, 0), "cuMemMap");
+          cuda::check_driver(api.require(api.mem_set_access)(pointer, bytes, &access, 1),
+                             "cuMemSetAccess");
+          return 0;
+        },
+        [&](int) { cuda::check_driver(api.require(api.mem_unmap)(pointer, bytes), "cuMemUnmap"); },
+        map_us, unmap_us);
+  } catch (...) {
+    (void)api.mem_unmap.function(pointer, bytes);  // fails harmlessly when not mapped
+    (void)api.mem_release.function(handle);
+    throw;
+  }
+  (void)api.mem_release.function(handle);
+}
+
 }  // namespace
 
 std::size_t driver_steps(const BenchConfig& config) { return driver_sizes(config).size() * 2 + 1; }
@@ -153,6 +189,14 @@ void run_driver(const BenchConfig& config, Progress& progress, std::vector<Measu
         unmap_us);
     add_rows(results, bytes, "cuMemCreate+cuMemMap+cuMemSetAccess", map_us,
              "cuMemUnmap+cuMemRelease", unmap_us);
+    // Remapping memory already created (what a pool that moves physical memory between
+    // addresses would pay instead of a create and a release): one cuMemCreate kept for the
+    // whole loop; each pair maps it (cuMemMap + cuMemSetAccess) and unmaps it (cuMemUnmap).
+    std::vector<double> remap_us;
+    std::vector<double> keep_us;
+    remap_existing(config.device, range.get(), bytes, repetitions, remap_us, keep_us);
+    add_rows(results, bytes, "cuMemMap+cuMemSetAccess (created before)", remap_us,
+             "cuMemUnmap (kept)", keep_us);
     // What the tier asks before each map (VirtualMemory::available_bytes(): cudaMemGetInfo
     // under a device guard), with this size mapped, as during a replay.
     const std::uint64_t held = virtual_memory->map(range.get(), bytes);
