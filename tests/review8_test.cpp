@@ -1,0 +1,387 @@
+// Review (wt/review8) of 1c92c56 (small classes above small_segment_max_bytes carved out of
+// the large tier) and 877d736 (virtual map-ahead only for a block that raises the tier's
+// peak of used bytes). Host memory: the large tier over the host emulation of virtual
+// memory, ManualFence for streams. Each test pins one question of the review (see its
+// comment); a FAILING test is a finding, a passing one pins behaviour checked and found
+// as documented (or documents a mismatch that the code, not the test, should settle).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "test_upstreams.hpp"
+#include "vram/device_pool.hpp"
+#include "vram/size_classes.hpp"
+#include "vram/stream_fence.hpp"
+#include "vram/units.hpp"
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+
+DevicePool::Options virtual_options() {
+  DevicePool::Options options;
+  options.large_tier_memory = LargeTierMemory::virtual_memory;
+  options.virtual_reservation_bytes = 2_GiB;
+  options.virtual_map_ahead_bytes = 0;  // granules mapped only under blocks (unless a test sets it)
+  options.thread_cache_blocks = 0;      // blocks straight back to their tier
+  options.max_cached_blocks_per_class = 0;
+  options.validate_releases = true;
+  return options;
+}
+
+// ---- 1c92c56: placement edges (pass: checked, as documented) --------------------------
+
+// With the large tier's 64 MiB free and mapped, a request carved from the large tier makes
+// no upstream call; one carved from the small tier takes a 2 MiB segment.
+bool carved_from_small_tier(DevicePool& pool, TestUpstream& upstream, std::size_t bytes) {
+  const std::uint64_t before = upstream.allocations();
+  void* block = pool.allocate(bytes);
+  const bool small = upstream.allocations() != before;
+  pool.deallocate(block, bytes);
+  pool.trim(64_MiB);  // the small tier's segment goes back, the large tier keeps 64 MiB
+  return small;
+}
+
+TEST(Review8Placement, ClassEdgesAroundTheThresholdAndSmallBlockMax) {
+  struct Case {
+    std::size_t small_max;
+    std::size_t segment_max;  // 0: automatic
+    std::size_t bytes;
+    bool small;
+  };
+  const Case cases[] = {
+      {1_MiB, 0, 256_KiB, true},       // the automatic threshold itself: small tier
+      {1_MiB, 0, 256_KiB + 1, false},  // the next class (320 KiB): large tier
+      {1_MiB, 0, 1_MiB, false},        // small_block_max_bytes
+      {2_MiB, 0, 2_MiB, false},        // the largest small class there is
+      {256_KiB, 0, 256_KiB, true},     // small_max at the threshold: all small
+      {300_KiB, 0, 300_KiB, false},    // small_max inside the 320 KiB class
+      {1_MiB, 1_MiB, 1_MiB, true},     // explicit threshold >= small_max: all small
+      {1_MiB, 1, 256, true},           // below the first class: the 256 B class stays
+      {1_MiB, 1, 257, false},          // ... and 320 B goes to the large tier
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "small_max " << c.small_max << " segment_max "
+                                      << c.segment_max << " bytes " << c.bytes);
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto options = virtual_options();
+    options.small_block_max_bytes = c.small_max;
+    options.small_segment_max_bytes = c.segment_max;
+    DevicePool pool(upstream, options);
+    void* large = pool.allocate(64_MiB);
+    pool.deallocate(large, 64_MiB);
+    EXPECT_EQ(carved_from_small_tier(pool, *upstream, c.bytes), c.small);
+    EXPECT_EQ(pool.stats().invalid_releases, 0U);
+    pool.trim(0);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+    EXPECT_EQ(upstream->bad_frees(), 0U);
+  }
+}
+
+// DOC MISMATCH (device_pool.hpp:209-213): small_segment_max_bytes is "the largest size
+// class carved out of the small tier" and "blocks of larger classes ... are carved out of
+// the large tier". A value that is not a class boundary rounds UP to a class: with 300 KiB
+// the 320 KiB class (above 300 KiB) is still carved from the small tier. Passes: it pins
+// what the code does.
+TEST(Review8Placement, AThresholdBetweenClassesRoundsUpToTheNextClass) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto options = virtual_options();
+  options.small_segment_max_bytes = 300_KiB;
+  DevicePool pool(upstream, options);
+  void* large = pool.allocate(64_MiB);
+  pool.deallocate(large, 64_MiB);
+  EXPECT_TRUE(carved_from_small_tier(pool, *upstream, 310_KiB))
+      << "the 320 KiB class, above the 300 KiB threshold, is carved from the small tier";
+  EXPECT_FALSE(carved_from_small_tier(pool, *upstream, 330_KiB));
+}
+
+// DOC MISMATCH / accounting (device_pool.hpp:320-322, device_pool.cpp:291-301): the large
+// tier rounds to 512 bytes, small blocks to 256. With a threshold below 1280 B a class
+// whose 256-rounded size is an odd multiple of 256 (1280, 1792) is carved as 1536 / 2048
+// bytes, while block_bytes() and bytes_in_use count 1280 / 1792: "Bytes a request of
+// `bytes` occupies in the pool" under-counts by 256 per block (the difference shows only
+// as bytes_cached). Not reachable with the automatic threshold (classes above 256 KiB are
+// multiples of 64 KiB). Passes: it pins what the code does.
+TEST(Review8Placement, ALowThresholdCarvesLargeTierClassesAt512NotAtBlockBytes) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto options = virtual_options();
+  options.small_segment_max_bytes = 1024;
+  DevicePool pool(upstream, options);
+  ASSERT_EQ(pool.block_bytes(1100), 1280U);
+  std::vector<char*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(static_cast<char*>(pool.allocate(1100)));
+  for (int i = 1; i < 4; ++i) {
+    EXPECT_EQ(static_cast<std::size_t>(blocks[i] - blocks[i - 1]), 1536U)
+        << "carved as 1536 bytes, counted as 1280";
+  }
+  EXPECT_EQ(pool.stats().bytes_in_use, 4 * 1280U);
+  for (char* block : blocks) pool.deallocate(block, 1100);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// ---- 1c92c56: release validation across the tier boundary ------------------------------
+
+// DEFECT (device_pool.cpp:945 validate_release(block, block_bytes(bytes)); routed by
+// tier_of() at :296 through :790 / :591, whose failed free take_bins() ignores): validate_releases
+// checks a release against block_bytes(bytes), and several classes share one block size (320, 384,
+// 448 and 512 B are all 512-byte blocks; 640/768; 896/1024). Before 1c92c56 they all lived in the
+// small tier, so a release naming another class of the same block size was harmless. With
+// small_segment_max_bytes between two such classes (320 here: 320 B small, 384 B large), the
+// release passes validation, is erased from live_blocks and is routed to the other tier by
+// tier_of(index): without a thread cache that tier rejects it (counted, but the block is already
+// gone from live_blocks, so the correct release is rejected too); with a thread cache it sits in
+// the wrong class's bin and take_bins() discards the failed free silently. Either way the block is
+// stranded in its 2 MiB segment: trim(0) can never give that segment back, and bytes_reserved stays
+// above bytes_in_use for good.
+TEST(Review8Validation, ASameBlockSizeReleaseAcrossTheTierBoundaryStrandsTheBlock) {
+  // Control: small_segment_max_bytes = small_block_max_bytes (every class in the small
+  // tier, as before 1c92c56) passes every assertion below.
+  for (const std::size_t segment_max : {std::size_t{320}, std::size_t{1_MiB}})
+    for (const std::size_t thread_cache_blocks : {std::size_t{0}, std::size_t{8}}) {
+      SCOPED_TRACE(::testing::Message() << "small_segment_max_bytes " << segment_max
+                                        << " thread_cache_blocks " << thread_cache_blocks);
+      auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+      {
+        auto options = virtual_options();
+        options.small_segment_max_bytes = segment_max;  // 320: 320 B class small, 384 B large
+        options.thread_cache_blocks = thread_cache_blocks;
+        DevicePool pool(upstream, options);
+        ASSERT_EQ(pool.block_bytes(300), pool.block_bytes(384));  // both 512-byte blocks
+        void* block = pool.allocate(300);                         // 320 B class: small tier
+        pool.deallocate(block, 384);  // wrong size, same block bytes: passes validation
+        pool.deallocate(block, 300);  // the right size
+        pool.trim(0);
+        const auto stats = pool.stats();
+        EXPECT_EQ(stats.invalid_releases, 1U) << "one of the two releases is rejected";
+        EXPECT_EQ(stats.bytes_in_use, 0U);
+        EXPECT_EQ(stats.bytes_reserved, 0U) << "the block's small segment can never go back";
+        EXPECT_EQ(upstream->live_bytes(), 0U);
+      }
+      // Without a thread cache the pool still counts the block as leased: destroyed, it
+      // stays orphaned for good (nothing can release the block), segment and all.
+      EXPECT_EQ(upstream->live_bytes(), 0U) << "after the pool's destruction";
+    }
+}
+
+// RISK (device_pool.cpp:967 and :987, large.free(); doc device_pool.hpp:114-118): without
+// validate_releases a release naming a size above small_block_max_bytes goes to large.free(), which
+// before 1c92c56 rejected (and counted) every block of a small class: the large tier did not know
+// them. Now the large tier carves the classes above 256 KiB, so a double release of such a block
+// under a large size is accepted: the block is in the thread cache and free in the large tier at
+// once, and the next two requests get the same memory.
+TEST(Review8Validation, ALargeSizedDoubleReleaseOfALargeTierSmallBlockIsNotRejected) {
+  // Control: small_segment_max_bytes = 1 MiB (the placement before 1c92c56) passes.
+  for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}}) {
+    SCOPED_TRACE(::testing::Message() << "small_segment_max_bytes " << segment_max);
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    {
+      auto options = virtual_options();
+      options.validate_releases = false;  // release builds
+      options.thread_cache_blocks = 8;
+      options.small_segment_max_bytes = segment_max;
+      DevicePool pool(upstream, options);
+      void* p = pool.allocate(512_KiB);
+      pool.deallocate(p, 512_KiB);  // cached in this thread
+      pool.deallocate(p, 2_MiB);    // double release under a large size
+      EXPECT_EQ(pool.stats().invalid_releases, 1U) << "rejected before 1c92c56";
+      void* a = pool.allocate(512_KiB);
+      void* b = pool.allocate(2_MiB);
+      EXPECT_NE(a, b) << "one block handed out twice";
+      pool.deallocate(a, 512_KiB);
+      pool.deallocate(b, 2_MiB);
+    }
+    // (Checked: close()'s trim still gives the physical memory back. But the accepted extra
+    // release makes releases exceed acquires: close() reports 2^64-1 blocks leased on
+    // stderr and the core stays orphaned for good, its reserved address range with it.)
+    EXPECT_EQ(upstream->live_bytes(), 0U) << "after the pool's destruction";
+  }
+}
+
+// ---- 1c92c56: stream tags --------------------------------------------------------------
+
+// RISK (segment_tier.cpp insert_free/mergeable, reached through device_pool.cpp:790): a
+// stream-ordered free of a small-class block now lands in the large tier, where a range
+// freed with stream S absorbs its untagged free neighbours and takes S's tag. One 512 KiB
+// block freed on s1 next to 64 MiB of plain-freed, mapped memory makes all of it (and the
+// unmapped rest of the reservation) s1's: a 32 MiB request on s2 then either waits on the
+// host for s1's work (past the growth budget) or maps 32 MiB more (within it). Before
+// 1c92c56 the 512 KiB block lived in the small tier and s2 got the 64 MiB at once.
+TEST(Review8Streams, ASmallClassStreamFreeCapturesTheLargeTiersUntaggedNeighbour) {
+  // Control: small_segment_max_bytes = 1 MiB (the placement before 1c92c56) passes.
+  for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}})
+    for (const double headroom : {1.0 / 16, 1.0}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "small_segment_max_bytes " << segment_max << " growth_headroom " << headroom);
+      auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+      auto fence = std::make_shared<ManualFence>();
+      auto options = virtual_options();
+      options.fence = fence;
+      options.growth_headroom = headroom;
+      options.small_segment_max_bytes = segment_max;
+      DevicePool pool(upstream, options);
+      const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
+      const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
+      void* x = pool.allocate_async(512_KiB, s1);  // large tier (class above 256 KiB)
+      void* big = pool.allocate(64_MiB);           // right after it
+      pool.deallocate(big, 64_MiB);                // plain free: usable by any stream
+      pool.deallocate_async(x, 512_KiB, s1);
+      const std::uint64_t maps = upstream->allocations();
+      const std::uint64_t waits = fence->waits();
+      void* y = pool.allocate_async(32_MiB, s2);
+      EXPECT_EQ(fence->waits(), waits) << "s2 waited on the host for s1's 512 KiB free";
+      EXPECT_EQ(upstream->allocations(), maps) << "s2 mapped new memory beside 64 MiB free";
+      pool.deallocate_async(y, 32_MiB, s2);
+      pool.trim(0);
+      EXPECT_EQ(upstream->live_bytes(), 0U);
+    }
+}
+
+// Checked: the reuse rule holds for a large-tier small class freed on a stream through a
+// thread cache that then switches streams (take_bins moves the old stream's blocks to the
+// large tier under their tag), and trim/forget_streams clear the tags. Passes.
+TEST(Review8Streams, ThreadCacheTagSwitchKeepsLargeTierSmallBlocksOnTheirStream) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<ManualFence>();
+  auto options = virtual_options();
+  options.fence = fence;
+  options.thread_cache_blocks = 8;
+  options.validate_releases = false;
+  DevicePool pool(upstream, options);
+  const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
+  const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
+  std::vector<void*> on_s1;
+  for (int i = 0; i < 4; ++i) on_s1.push_back(pool.allocate_async(512_KiB, s1));
+  for (void* b : on_s1) pool.deallocate_async(b, 512_KiB, s1);  // cache tagged s1
+  void* other = pool.allocate_async(512_KiB, s2);               // not from s1's cache
+  pool.deallocate_async(other, 512_KiB, s2);  // tag switch: s1's blocks to the tier
+  const std::uint64_t waits = fence->waits();
+  const std::set<void*> s1_blocks(on_s1.begin(), on_s1.end());
+  std::vector<void*> taken;
+  for (int i = 0; i < 8; ++i) {
+    void* b = pool.allocate_async(512_KiB, s2);
+    if (s1_blocks.count(b) != 0) {
+      EXPECT_GT(fence->waits() + fence->recorded(), waits) << "s1's block went to s2 unfenced";
+    }
+    taken.push_back(b);
+  }
+  for (void* b : taken) pool.deallocate_async(b, 512_KiB, s2);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// ---- 1c92c56: lifetime and concurrency (pass: checked) -------------------------------
+
+// Threads lease classes on both sides of the threshold, a trimmer runs alongside, and the
+// pool is destroyed with blocks of both tiers still leased (orphaned path: each goes
+// straight back to its tier and the upstream). Nothing freed twice, nothing left.
+TEST(Review8Lifetime, OrphanedBlocksOfBothTiersGoBackExactlyOnce) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  std::vector<DevicePool::Lease> leased;
+  {
+    auto options = virtual_options();
+    options.thread_cache_blocks = 8;
+    options.max_cached_blocks_per_class = 64;
+    options.validate_releases = false;
+    options.virtual_map_ahead_bytes = 128_MiB;
+    auto pool = std::make_unique<DevicePool>(upstream, options);
+    std::atomic<bool> stop{false};
+    std::thread trimmer([&] {
+      while (!stop.load()) pool->trim(0);
+    });
+    std::vector<std::thread> workers;
+    std::vector<std::vector<DevicePool::Lease>> kept(4);
+    for (int t = 0; t < 4; ++t) {
+      workers.emplace_back([&, t] {
+        const std::size_t sizes[] = {200_KiB, 256_KiB, 256_KiB + 1, 768_KiB, 1_MiB, 3_MiB};
+        std::vector<DevicePool::Lease> mine;
+        for (int i = 0; i < 3000; ++i) {
+          mine.push_back(pool->acquire(sizes[(i * 7 + t) % 6]));
+          if (mine.size() > 12) mine.erase(mine.begin());  // released on this thread
+        }
+        kept[t] = std::move(mine);
+      });
+    }
+    for (auto& w : workers) w.join();
+    stop.store(true);
+    trimmer.join();
+    for (auto& mine : kept) {
+      for (auto& lease : mine) leased.push_back(std::move(lease));
+    }
+    pool.reset();  // destroyed with blocks of both tiers leased
+  }
+  EXPECT_GT(upstream->live_bytes(), 0U);
+  // Released on another thread after destruction: the orphaned path, straight back.
+  std::thread([&] { leased.clear(); }).join();
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// ---- 877d736: map-ahead only above the peak -----------------------------------------
+
+// 160 blocks of 2.5 MiB (400 MiB) in small steps; maps counted (upstream allocations).
+std::uint64_t grow(DevicePool& pool, TestUpstream& upstream, std::vector<void*>& blocks) {
+  const std::uint64_t before = upstream.allocations();
+  for (int i = 0; i < 160; ++i) blocks.push_back(pool.allocate(2560_KiB));
+  return upstream.allocations() - before;
+}
+
+// RISK (cost; segment_tier.cpp:898): used_ at map_ahead_end() does not yet count the
+// block (allocate() adds it after map_range()), so the test `used_ + range->size <=
+// used_peak_` is what the comment says. But used_peak_ only restarts in DevicePool::trim()
+// (restart_peak); memory given back by any other path keeps the old peak: free bytes past
+// max_cached_bytes unmapped on release, the out-of-memory retry's internal trim, a failed
+// map's reclaim. A workload that peaks, releases (its free mapped bytes cut to
+// max_cached_bytes) and grows again in small steps (a warm-up at the largest batch, then
+// serving; one request's KV cache after another's) is "below the peak" for the whole
+// regrowth and now makes one map per block instead of a few long ones: here 4x+ the maps
+// of the first growth, against about as many (control: the same pool with the peak
+// restarted by trim(SIZE_MAX), which unmaps nothing). On a device each map costs 60-86 us.
+TEST(Review8MapAhead, RegrowthBelowAStalePeakMapsOncePerBlock) {
+  std::uint64_t regrowth_maps[2] = {};
+  std::uint64_t first_maps[2] = {};
+  for (const bool restart_peak : {false, true}) {
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto options = virtual_options();
+    options.virtual_map_ahead_bytes = 128_MiB;  // the default
+    options.max_cached_bytes = 64_MiB;
+    DevicePool pool(upstream, options);
+    std::vector<void*> blocks;
+    first_maps[restart_peak] = grow(pool, *upstream, blocks);
+    for (void* b : blocks) pool.deallocate(b, 2560_KiB);  // free mapped bytes cut to 64 MiB
+    blocks.clear();
+    ASSERT_LE(upstream->live_bytes(), 64_MiB + 2_MiB);
+    if (restart_peak) pool.trim(SIZE_MAX);  // unmaps nothing; restarts the tiers' peaks
+    ASSERT_LE(upstream->live_bytes(), 64_MiB + 2_MiB);
+    regrowth_maps[restart_peak] = grow(pool, *upstream, blocks);
+    for (void* b : blocks) pool.deallocate(b, 2560_KiB);
+    pool.trim(0);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+  }
+  // Control: with the peak restarted, the regrowth maps ahead like the first growth.
+  EXPECT_LE(regrowth_maps[1], first_maps[1]);
+  // The finding: the same regrowth under the stale peak.
+  EXPECT_LE(regrowth_maps[0], 2 * regrowth_maps[1] + 4)
+      << "first growth " << first_maps[0] << " maps; regrowth below the stale peak "
+      << regrowth_maps[0] << " maps; with the peak restarted " << regrowth_maps[1];
+}
+
+// Not a test (no deterministic interleaving without timing): RISK, device_pool.cpp:549-556.
+// flush_and_unlock(), which honours a trim() that found this thread inside a slow call, still
+// follows take_bins() with small.trim(0, false) only. Since 1c92c56 take_bins() also returns
+// blocks of the classes above the threshold to the large tier; when the owner flushes after
+// the trimmer's large.trim() has run, those blocks stay mapped in the large tier although
+// device_pool.hpp:83-86 says trim() takes busy threads' caches back and gives memory back. Every
+// point where the owner can block inside a slow call holds a tier mutex the trimmer also needs,
+// so the losing order can only be forced by scheduling, not by a hook.
+
+}  // namespace
+}  // namespace vram::testing
