@@ -28,6 +28,7 @@ namespace {
 constexpr std::size_t kMaxThreadCacheDepth = 16;
 constexpr std::size_t kSmallGranularity = 256;  // small blocks: class bytes rounded to 256
 constexpr std::size_t kAutoSmallSegmentMax = std::size_t{256} << 10;  // small_segment_max_bytes = 0
+constexpr std::size_t kMinLargeTierBlock = 2048;  // small_segment_max_bytes below: as 2 KiB
 static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePoolCore::held_bytes_of
 
 // Update of a counter written only by the holder of its cache's state word (or under
@@ -169,7 +170,7 @@ std::shared_ptr<StreamFence> default_fence(const Upstream& upstream) {
 //
 // Stream tag: every block in the bins may be used by work on stream `tag` at once; with
 // kUntagged, by any stream (its work has completed). A stream-ordered free on another
-// stream first moves the bins to the small segment tier under their old tag.
+// stream first moves the bins to their tiers (tier_of) under their old tag.
 struct ThreadCache {
   enum : std::uint32_t { kFree = 0, kOwner = 1 };                     // state
   enum : std::uint32_t { kNoSteal = 0, kStealing = 1, kClosed = 2 };  // steal
@@ -216,9 +217,10 @@ class SlowSection {
 };
 
 // Structure: small requests (<= small_max) round to a size class; their blocks come from
-// `small` (2 MiB segments, best fit) and are cached per thread (ThreadCache) and per class
-// in a bounded lock-free ring. Larger requests go to `large` directly (best fit, split,
-// coalesce; a short mutex). Accounting (when quiescent):
+// `small` (2 MiB segments, best fit), those above small_segment_max_bytes from `large`
+// (tier_of), and are cached per thread (ThreadCache) and per class in a bounded lock-free
+// ring. Larger requests go to `large` directly (best fit, split, coalesce; a short mutex).
+// Accounting (when quiescent):
 //   bytes_reserved == sum of segment sizes == bytes_in_use + bytes_cached
 //   bytes_in_use   == sum(acquired_bytes) - sum(released_bytes)  (thread caches + slow path)
 //
@@ -261,15 +263,18 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     options.small_block_max_bytes = small_max;
     small_classes = SizeClasses::index_for(small_max) + 1;
     // 0: automatic (kAutoSmallSegmentMax over virtual memory; segments: every small class).
-    const std::size_t segment_max = options.small_segment_max_bytes != 0
-                                        ? options.small_segment_max_bytes
-                                    : virtual_memory != nullptr ? kAutoSmallSegmentMax
-                                                                : small_max;
-    first_large_class =
-        segment_max >= small_max
-            ? small_classes
-            : SizeClasses::index_for(std::max<std::size_t>(segment_max, SizeClasses::kMinBytes)) +
-                  1;
+    // By block bytes, so classes that share a block size share a tier (validate_releases
+    // tells blocks apart by block bytes); at least kMinLargeTierBlock, above which every
+    // class is a multiple of the large tier's 512-byte rounding.
+    const std::size_t asked = options.small_segment_max_bytes != 0 ? options.small_segment_max_bytes
+                              : virtual_memory != nullptr          ? kAutoSmallSegmentMax
+                                                                   : small_max;
+    const std::size_t segment_max = std::max(kMinLargeTierBlock, asked);
+    first_large_class = 0;
+    while (first_large_class < small_classes &&
+           small_block_bytes(first_large_class) <= segment_max) {
+      ++first_large_class;
+    }
     thread_cache_classes =
         options.thread_cache_blocks == 0 || options.thread_cache_max_block_bytes == 0
             ? 0
@@ -373,7 +378,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // tier_allocate() when no free range fits: grows the tier (trimming and retrying on OOM).
   void* tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
                   ThreadCache* held);
-  // Moves a cache's blocks (its holder calls this) to the small tier under the cache's tag.
+  // Moves a cache's blocks (its holder calls this) to their tiers under the cache's tag.
   void take_bins(ThreadCache& cache) noexcept;
   void drain_rings() noexcept;
   // Takes every thread cache (idle, exited, or `held`: the caller's own, already locked)
@@ -394,6 +399,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::size_t small_max;
   std::size_t small_classes = 0;
   std::size_t first_large_class = 0;  // small classes from here on are carved from `large`
+  // The keep_bytes of the latest trim(), for a thread that flushes its cache after it.
+  std::atomic<std::size_t> flush_keep_bytes{SIZE_MAX};
   std::size_t thread_cache_classes = 0;
   std::size_t upstream_alignment = 256;
   // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
@@ -551,6 +558,11 @@ inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
   cache.flush_requested.store(false, std::memory_order_relaxed);
   take_bins(cache);
   small.trim(0, false);
+  // Its blocks of the classes carved from the large tier went back there, maybe after the
+  // trimmer's own large.trim(): that tier is trimmed again to what the trim asked.
+  if (first_large_class < small_classes) {
+    large.trim(flush_keep_bytes.load(std::memory_order_relaxed), false);
+  }
   cache.state.store(ThreadCache::kFree, std::memory_order_release);
   return result;
 }
@@ -588,7 +600,8 @@ void DevicePoolCore::take_bins(ThreadCache& cache) noexcept {
   for (std::size_t index = 0; index < cache.bins.size(); ++index) {
     auto& bin = cache.bins[index];
     SegmentTier& tier = tier_of(index);
-    for (std::uint32_t i = 0; i < bin.count; ++i) (void)tier.free(bin.blocks[i], cache.tag);
+    const std::size_t bytes = small_block_bytes(index);
+    for (std::uint32_t i = 0; i < bin.count; ++i) (void)tier.free(bin.blocks[i], cache.tag, bytes);
     bin.count = 0;
   }
   cache.tag = kUntagged;
@@ -599,11 +612,14 @@ void DevicePoolCore::drain_rings() noexcept {
   for (std::size_t index = 0; index < small_classes; ++index) {
     MpmcRing<void*>* ring = ring_of(index);
     void* block = nullptr;
-    while (ring != nullptr && ring->try_pop(block)) (void)tier_of(index).free(block, kUntagged);
+    while (ring != nullptr && ring->try_pop(block)) {
+      (void)tier_of(index).free(block, kUntagged, small_block_bytes(index));
+    }
   }
 }
 
 void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept {
+  flush_keep_bytes.store(keep_bytes, std::memory_order_relaxed);
   std::vector<ThreadCache*> snapshot;
   try {
     std::lock_guard lock(registry_mutex);
@@ -787,7 +803,7 @@ bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t inde
     }
   }
   SlowSection slow(cache);
-  return tier_of(index).free(block, key);
+  return tier_of(index).free(block, key, held);
 }
 
 void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
@@ -964,7 +980,7 @@ void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key)
       known = small_put(cache, block, index, key);
     } else {
       SlowSection slow(cache);
-      known = large.free(block, key);
+      known = large.free(block, key, bytes);
     }
     if (known) [[likely]] {
       bump(cache->releases, 1);
@@ -984,9 +1000,9 @@ void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key)
   std::lock_guard lock(slow_mutex);
   bool known = true;
   if (!orphaned) {
-    known = is_small ? small_put(nullptr, block, index, key) : large.free(block, key);
+    known = is_small ? small_put(nullptr, block, index, key) : large.free(block, key, bytes);
   } else {
-    known = (is_small ? tier_of(index) : large).free(block, key);
+    known = is_small ? tier_of(index).free(block, key, held_bytes) : large.free(block, key, bytes);
     small.trim(0, false);  // give wholly free segments straight back
     large.trim(0, false);
   }

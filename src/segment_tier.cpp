@@ -503,12 +503,17 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     gauge_.tier_peaks.fetch_add(used_ - used_peak_, std::memory_order_relaxed);
     used_peak_ = used_;
   }
+  ahead_peak_ = std::max(ahead_peak_, used_);
   return r->addr;
 }
 
-bool SegmentTier::free(void* block, StreamKey tag) noexcept {
+bool SegmentTier::free(void* block, StreamKey tag, std::size_t bytes) noexcept {
   std::lock_guard lock(mutex_);
-  Range* r = live_.erase(block);  // null for a foreign block, and for null itself
+  // Null for a foreign block, for null itself, and for a block of another size than
+  // `bytes` (a small class's released under a large size, say).
+  const std::size_t need = bytes != 0 ? round(bytes) : 0;
+  Range* r =
+      live_.erase_if(block, [need](const Range* live) { return need == 0 || live->size == need; });
   if (r == nullptr) return false;
   counters_.free_bytes += r->size;
   used_ -= r->size;
@@ -890,12 +895,13 @@ std::size_t SegmentTier::map_ahead_end(const Range* range, std::size_t last,
   }
   const std::size_t held = counters_.reserved;
   if (available / 4 < held) return last;
-  // Only for a block that raises the tier's peak of used bytes (a workload still growing).
-  // Below the peak the tier grows because its free memory is in the wrong places: extra
+  // Only for a block that raises the tier's peak of used bytes since it last gave granules
+  // back (a workload still growing; after an unmap, growing again is too). Below that peak
+  // the tier grows because its free memory is in the wrong places: extra
   // granules would stay reserved for good (a four-stream decode trace replayed ten times
   // host-only grew by 126 MiB, two maps, in its fourth pass; 1.20x the live bytes at the
   // end instead of 1.06x).
-  if (used_ + range->size <= used_peak_) return last;
+  if (used_ + range->size <= ahead_peak_) return last;
   // Free bytes after this map without map-ahead; the extra granules are free bytes too and
   // stay within max_free_bytes (they share a run with the block, so free() cannot unmap
   // them to honour it).
@@ -964,6 +970,7 @@ void SegmentTier::unmap_run(std::size_t first) noexcept {
   counters_.reserved -= bytes;
   counters_.free_bytes -= bytes;
   gauge_.sub(bytes);
+  ahead_peak_ = used_;  // less is held than the peak needed: regrowth is growth again
 }
 
 // A run goes back only whole: when every one of its granules lies inside one free,
@@ -999,6 +1006,7 @@ void SegmentTier::restart_peak() noexcept {
   std::lock_guard lock(mutex_);
   gauge_.tier_peaks.fetch_sub(used_peak_ - used_, std::memory_order_relaxed);
   used_peak_ = used_;
+  ahead_peak_ = used_;
 }
 
 bool SegmentTier::owns(void* block) const noexcept {

@@ -113,8 +113,9 @@
 //   nothing allocated. Above 1 TiB: vram::OutOfMemory. Null release: no-op.
 //   Foreign pointer, double release or wrong size: with validate_releases (default in
 //   debug builds) the release is rejected with a message on stderr and counted in
-//   invalid_releases, and nothing is cached; without it (release builds) a large block
-//   (above small_block_max_bytes) unknown to the pool is still rejected and counted, but a
+//   invalid_releases, and nothing is cached; without it (release builds) a release under a
+//   large size (above small_block_max_bytes) of a block unknown to the large tier, or of one
+//   allocated with another size (rounded to 512 bytes), is still rejected and counted, but a
 //   small one is undefined behaviour: it would be cached and handed out again.
 //   cudaDeviceReset() invalidates every cached block, and the warm path (no driver call)
 //   cannot notice: destroy the pool before a reset (with segments, trim(0) before it also
@@ -206,15 +207,19 @@ struct DevicePoolOptions {
   bool validate_releases = true;
 #endif
   std::size_t small_block_max_bytes = std::size_t{1} << 20;  // 256 B .. 2 MiB
-  // The largest size class carved out of the small tier's 2 MiB segments. Blocks of larger
-  // classes (up to small_block_max_bytes) are cached per thread and in the rings like every
-  // small block, but carved out of the large tier, so free memory of either kind serves
-  // both. 0 (automatic): 256 KiB when the large tier runs over virtual memory, else every
-  // small class comes from the small tier. Replaying the recorded traces host-only, 256 KiB
-  // over virtual memory cut peak reserved / peak live from 1.13x to 1.04x on four requests
-  // served on four streams (the small tier held 70 MiB for 51 MiB of small blocks while the
-  // large tier held 219 MiB free) and from 1.09x to 1.03x on the decode trace; over
-  // segments it made the four-stream trace worse (1.12x to 1.17x). bench/RESULTS.md.
+  // The largest block (block_bytes()) carved out of the small tier's 2 MiB segments; values
+  // below 2 KiB count as 2 KiB. Small blocks above it (up to small_block_max_bytes) are
+  // cached per thread and in the rings like every small block, but carved out of the large
+  // tier, so free memory of either kind serves both. 0 (automatic): 256 KiB when the large
+  // tier runs over virtual memory, else every small block comes from the small tier.
+  // Replaying the recorded traces on the H200 (bench/RESULTS.md, session 8), 256 KiB over
+  // virtual memory cut peak reserved / peak live from 1.14x to 1.05x on four requests served
+  // on four streams (host-only, before: the small tier held 70 MiB for 51 MiB of small
+  // blocks while the large tier held 219 MiB free) and from 1.09x to 1.03x on the decode
+  // trace; the transformer went from 1.17x to 1.19x; over segments it made the four-stream
+  // trace worse (host-only, 1.12x to 1.17x). Such a block freed on a stream, once it reaches
+  // the large tier (past the thread cache), merges with untagged free neighbours and makes
+  // them that stream's until its marker completes, as a large block's free always does.
   std::size_t small_segment_max_bytes = 0;
   std::size_t large_segment_bytes = std::size_t{20} << 20;
   // A wholly free large segment is not split for a request that would leave more than this
@@ -250,8 +255,9 @@ struct DevicePoolOptions {
   std::size_t virtual_run_bytes = std::size_t{1} << 30;
   // When a block needs new granules, its run also maps up to this much of the free range
   // right after it (at most 1/4 of what the large tier holds, within the run's cap, only
-  // for a block that raises the tier's peak of bytes in use, and only while the tier holds
-  // at most 1/4 of the device memory still free): a workload
+  // for a block that raises the peak of the bytes carved out of the tier since it last
+  // unmapped granules, and only while the tier holds at most 1/4 of the device memory still
+  // free): a workload
   // that grows in many small steps (a decode loop's caches, a model loaded tensor by
   // tensor) makes a few maps instead of one per step. The extra granules serve later
   // blocks; like any granule of a run they go back only with the whole run. 0: map only

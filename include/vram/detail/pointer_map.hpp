@@ -47,6 +47,11 @@ class PointerMap {
   }
   // Removes `key`; returns its value, null when absent.
   Value* erase(const void* key) noexcept {
+    return erase_if(key, [](const Value*) { return true; });
+  }
+  // Removes `key` when `keep_out(value)` says so; returns its value then, else null.
+  template <class Predicate>
+  Value* erase_if(const void* key, Predicate keep_out) noexcept {
     if (slots_ == nullptr || key == nullptr) return nullptr;
     std::size_t i = home(key);
     for (;; i = (i + 1) & mask()) {
@@ -54,6 +59,7 @@ class PointerMap {
       if (slots_[i].key == nullptr) return nullptr;
     }
     Value* value = slots_[i].value;
+    if (!keep_out(static_cast<const Value*>(value))) return nullptr;
     // Backward shift: move later entries of the probe run into the hole when their home
     // does not lie (cyclically) after the hole.
     for (std::size_t j = (i + 1) & mask();; j = (j + 1) & mask()) {

@@ -2,9 +2,10 @@
 // over segments from the upstream, stream-tagged free ranges, one short mutex.
 //
 // Every block DevicePool hands out lives in a segment: small blocks (size classes up to
-// 1 MiB) in a SegmentTier of 2 MiB segments, larger ones in a second SegmentTier whose
-// segments are 20 MiB for requests under 10 MiB and the request rounded up to 2 MiB above
-// that. A request takes the smallest free range that fits (best fit; ties: lowest
+// 1 MiB; over virtual memory, by default only those up to 256 KiB) in a SegmentTier of
+// 2 MiB segments, the others in a second SegmentTier whose segments are 20 MiB for requests
+// under 10 MiB and the request rounded up to 2 MiB above that (or one reserved range of
+// mapped granules). A request takes the smallest free range that fits (best fit; ties: lowest
 // address) and splits off the rest; a freed range merges with free neighbours of the
 // same tag (a stream-tagged one also with untagged neighbours, and takes its tag). So memory is
 // reused across sizes, not only within a size class.
@@ -121,8 +122,9 @@ class SegmentTier {
     // available, run_granule_cap()): a run goes back only whole, so a block left in a freed
     // run keeps at most this much mapped.
     std::size_t max_run_bytes = std::size_t{1} << 30;
-    // A map for a block that raises the tier's peak of used bytes also covers up to this
-    // much of the untagged free range after it (map_ahead_end()).
+    // A map for a block that raises the tier's peak of used bytes (since it last unmapped
+    // granules) also covers up to this much of the untagged free range after it
+    // (map_ahead_end()).
     std::size_t map_ahead_bytes = 0;
     // Reserved may reach the tiers' peaks of used bytes plus this many 1024ths before growing
     // gives wholly free segments back (64: 1/16).
@@ -152,8 +154,9 @@ class SegmentTier {
   // back the wholly free ones); throws the upstream's OutOfMemory or CudaError.
   void* allocate(std::size_t bytes, StreamKey stream, bool may_grow);
   // Returns a block from allocate(); `tag` is the freeing stream or kUntagged. False (and
-  // nothing changed) when the block is not live here.
-  bool free(void* block, StreamKey tag) noexcept;
+  // nothing changed) when the block is not live here, or when `bytes` (0: not checked) is
+  // not what allocate() was asked for, rounded (round(bytes)).
+  bool free(void* block, StreamKey tag, std::size_t bytes = 0) noexcept;
   // Untags ranges whose markers completed (recording markers for every tagged stream;
   // with `wait`, blocking until they complete), then gives back wholly free segments
   // while more than keep_free bytes are free.
@@ -319,7 +322,10 @@ class SegmentTier {
   std::vector<Segment*> segments_;
   Counters counters_;
   std::size_t used_ = 0;
-  std::size_t used_peak_ = 0;                                 // its share of gauge_.tier_peaks
+  std::size_t used_peak_ = 0;  // its share of gauge_.tier_peaks
+  // Virtual mode: the peak of used bytes since the tier last gave granules back (unmapped
+  // or restart_peak()); a block that raises it is a growing workload's, which maps ahead.
+  std::size_t ahead_peak_ = 0;
   std::size_t peak_growth(std::size_t need) const noexcept {  // under the mutex
     return used_ + need > used_peak_ ? used_ + need - used_peak_ : 0;
   }
