@@ -205,8 +205,37 @@ TEST(Readme, HeadlineFiguresAreTheBlockOfResultsAndHoldItsTables) {
   const auto rows = latest_run_rows(results_text);
   ASSERT_GT(rows.size(), 20U) << "could not read the latest run's tables";
 
+  // The realistic pattern leads: the recorded traces (one pass on a fresh pool each).
+  const auto block_lines = lines_of(block);
+  ASSERT_GE(block_lines.size(), 2U);
+  EXPECT_EQ(block_lines[1].rfind("- DevicePool on real", 0), 0U)
+      << "the first bullet is the recorded traces, not a micro-benchmark";
+  const std::string traces = bullet_starting(block, "DevicePool on real");
+  auto r = ranges_of(traces);
+  ASSERT_EQ(r.size(), 6U) << traces;
+  auto replay_figure = [&rows](const std::string& allocator, const std::string& note) {
+    std::vector<double> out;
+    for (const auto& row : rows) {
+      if (row.scenario != "replay" || row.allocator != allocator) continue;
+      out.push_back(note.empty() ? row.median : row.extra.at(note));
+    }
+    return out;
+  };
+  expect_range(r[0], replay_figure("vram DevicePool", "reserved_over_live"), Kind::latest_run,
+               "DevicePool reserved/live over the traces");
+  expect_range(r[1], replay_figure("vram DevicePool", ""), Kind::latest_run,
+               "DevicePool ns/op over the traces");
+  expect_range(r[2], replay_figure("cudaMallocAsync (private pool)", "reserved_over_live"),
+               Kind::latest_run, "cudaMallocAsync reserved/live");
+  expect_range(r[3], replay_figure("cudaMallocAsync (private pool)", ""), Kind::latest_run,
+               "cudaMallocAsync ns/op");
+  expect_range(r[4], replay_figure("CUB CachingDeviceAllocator", "reserved_over_live"),
+               Kind::latest_run, "CUB reserved/live");
+  expect_range(r[5], replay_figure("CUB CachingDeviceAllocator", ""), Kind::latest_run,
+               "CUB ns/op");
+
   const std::string pairs = bullet_starting(block, "DevicePool warm acquire+release pair");
-  auto r = ranges_of(pairs);
+  r = ranges_of(pairs);
   ASSERT_EQ(r.size(), 4U) << pairs;
   expect_range(r[0],
                medians(rows, "pairs", {"vram DevicePool"}, {"256 B", "4 KiB", "64 KiB", "1 MiB"}),

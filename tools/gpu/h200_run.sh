@@ -7,6 +7,7 @@
 #                                     with the Torch peer (built there), of the recorded and of
 #                                     the synthetic multi-stream traces,
 #                                     pairs and batched benchmarks: one call per session
+#   tools/gpu/h200_run.sh final OUT   tests, memcheck, replay with the Torch peer, the full run
 #   tools/gpu/h200_run.sh full  OUT   the full benchmark run (every scenario; the tables of
 #                                     bench/RESULTS.md's "Latest full run" and its headline)
 #   tools/gpu/h200_run.sh py    OUT   the Python checks (plug-in build, PyTorch, CuPy), no
@@ -68,6 +69,21 @@ case $mode in
       rm -r $log/stream_traces"
     step bench 300 ./build/vram bench --scenario pairs,batched \
       --json "$log/bench.json" --markdown "$log/bench.md"
+    ;;
+  final)  # the last call of a session: tests, memcheck, replay with PyTorch, the full run
+    export VRAM_REQUIRE_GPU=1
+    py=${PYTHON:-/opt/torch/.venv/bin/python3}
+    prefix=$($py -c 'import torch;print(torch.utils.cmake_prefix_path)')
+    step tests 240 ./build/tests/vram_tests
+    step memcheck 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \
+      ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*:-*DeathTest*' --gtest_brief=1
+    step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
+      -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
+    step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay_torch.json"
+    step bench 400 ./build/vram bench \
+      --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,driver,pager \
+      --json "$log/bench.json" --markdown "$log/bench.md" --svg "$log/bench.svg"
     ;;
   full)
     step bench 560 ./build/vram bench \
