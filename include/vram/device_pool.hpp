@@ -189,9 +189,10 @@ struct DevicePoolStats {
 //                   virtual memory management: segments). Only the pool's device can
 //                   access the large blocks.
 // Replaying traces recorded from PyTorch models three times on one pool on the H200
-// (bench/RESULTS.md, the defaults), virtual memory held 1.01x / 1.09x / 1.17x the live
-// bytes (conv / decode / transformer) against 1.08x / 1.13x / 1.22x with segments, and
-// made no driver allocation in the repeated passes where segments made 21 / 41 / 0.
+// (bench/RESULTS.md session 8, the defaults), virtual memory held 1.01x / 1.03x / 1.05x /
+// 1.19x the live bytes (conv / decode / decode on four streams / transformer) against 1.08x
+// / 1.13x / 1.12x / 1.22x with segments, and made 0 / 7 / 0 / 0 driver allocations in the
+// repeated passes where segments made 21 / 41 / 32 / 0.
 enum class LargeTierMemory : std::uint8_t { automatic, segments, virtual_memory };
 
 // Configuration of a DevicePool (see the class comment for what each bound means).
