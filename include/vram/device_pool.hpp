@@ -215,7 +215,7 @@ struct DevicePoolOptions {
   // tier runs over virtual memory, else every small block comes from the small tier.
   // Replaying the recorded traces on the H200 (bench/RESULTS.md, session 8), 256 KiB over
   // virtual memory cut peak reserved / peak live from 1.14x to 1.05x on four requests served
-  // on four streams (host-only, before: the small tier held 70 MiB for 51 MiB of small
+  // on four streams (host-only, before: the small tier held 68 MiB for 51 MiB of small
   // blocks while the large tier held 219 MiB free) and from 1.09x to 1.03x on the decode
   // trace; the transformer went from 1.17x to 1.19x; over segments it made the four-stream
   // trace worse (host-only, 1.12x to 1.17x). Such a block freed on a stream, once it reaches
