@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "small_class_helpers.hpp"
 #include "test_upstreams.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/size_classes.hpp"
@@ -25,29 +26,9 @@ namespace {
 
 using namespace vram::literals;
 
-DevicePool::Options virtual_options() {
-  DevicePool::Options options;
-  options.large_tier_memory = LargeTierMemory::virtual_memory;
-  options.virtual_reservation_bytes = 2_GiB;
-  options.virtual_map_ahead_bytes = 0;  // granules mapped only under blocks (unless a test sets it)
-  options.thread_cache_blocks = 0;      // blocks straight back to their tier
-  options.max_cached_blocks_per_class = 0;
-  options.validate_releases = true;
-  return options;
-}
+DevicePool::Options virtual_options() { return virtual_host_options(); }
 
 // ---- 1c92c56: placement edges (pass: checked, as documented) --------------------------
-
-// With the large tier's 64 MiB free and mapped, a request carved from the large tier makes
-// no upstream call; one carved from the small tier takes a 2 MiB segment.
-bool carved_from_small_tier(DevicePool& pool, TestUpstream& upstream, std::size_t bytes) {
-  const std::uint64_t before = upstream.allocations();
-  void* block = pool.allocate(bytes);
-  const bool small = upstream.allocations() != before;
-  pool.deallocate(block, bytes);
-  pool.trim(64_MiB);  // the small tier's segment goes back, the large tier keeps 64 MiB
-  return small;
-}
 
 TEST(Review8Placement, ClassEdgesAroundTheThresholdAndSmallBlockMax) {
   struct Case {
@@ -75,13 +56,10 @@ TEST(Review8Placement, ClassEdgesAroundTheThresholdAndSmallBlockMax) {
     options.small_block_max_bytes = c.small_max;
     options.small_segment_max_bytes = c.segment_max;
     DevicePool pool(upstream, options);
-    void* large = pool.allocate(64_MiB);
-    pool.deallocate(large, 64_MiB);
+    hold_free_large_memory(pool);
     EXPECT_EQ(carved_from_small_tier(pool, *upstream, c.bytes), c.small);
     EXPECT_EQ(pool.stats().invalid_releases, 0U);
-    pool.trim(0);
-    EXPECT_EQ(upstream->live_bytes(), 0U);
-    EXPECT_EQ(upstream->bad_frees(), 0U);
+    expect_everything_back(pool, *upstream);
   }
 }
 
@@ -93,8 +71,7 @@ TEST(Review8Placement, AThresholdBetweenClassesIsABlockSize) {
   auto options = virtual_options();
   options.small_segment_max_bytes = 300_KiB;
   DevicePool pool(upstream, options);
-  void* large = pool.allocate(64_MiB);
-  pool.deallocate(large, 64_MiB);
+  hold_free_large_memory(pool);
   EXPECT_TRUE(carved_from_small_tier(pool, *upstream, 250_KiB));
   EXPECT_FALSE(carved_from_small_tier(pool, *upstream, 310_KiB))
       << "the 320 KiB class, above the 300 KiB threshold, is carved from the large tier";
@@ -109,8 +86,7 @@ TEST(Review8Placement, LargeTierClassesAreCarvedAtTheirBlockBytes) {
   auto options = virtual_options();
   options.small_segment_max_bytes = 1024;
   DevicePool pool(upstream, options);
-  void* large = pool.allocate(64_MiB);
-  pool.deallocate(large, 64_MiB);
+  hold_free_large_memory(pool);
   EXPECT_TRUE(carved_from_small_tier(pool, *upstream, 1100)) << "1280 B blocks: small tier";
   ASSERT_EQ(pool.block_bytes(2100), 2560U);
   std::vector<char*> blocks;

@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "small_class_helpers.hpp"
 #include "test_upstreams.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/stream_fence.hpp"
@@ -20,13 +21,8 @@ namespace {
 using namespace vram::literals;
 
 DevicePool::Options virtual_options() {
-  DevicePool::Options options;
-  options.large_tier_memory = LargeTierMemory::virtual_memory;
+  auto options = virtual_host_options();
   options.virtual_reservation_bytes = 1_GiB;
-  options.virtual_map_ahead_bytes = 0;  // granules mapped only under blocks
-  options.thread_cache_blocks = 0;      // blocks straight back to their tier
-  options.max_cached_blocks_per_class = 0;
-  options.validate_releases = true;
   return options;
 }
 
@@ -61,38 +57,31 @@ TEST(SmallClassPlacement, LargerSmallClassesReuseTheLargeTiersFreeMemoryAndGiveI
   EXPECT_EQ(upstream->live_bytes(), 66_MiB);
   pool.deallocate(small, 200_KiB);
   EXPECT_EQ(pool.stats().invalid_releases, 0U);
-  pool.trim(0);
-  EXPECT_EQ(upstream->live_bytes(), 0U);
-  EXPECT_EQ(upstream->bad_frees(), 0U);
+  expect_everything_back(pool, *upstream);
 }
 
-TEST(SmallClassPlacement, AnExplicitThresholdKeepsEverySmallClassInTheSmallTier) {
-  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
-  auto options = virtual_options();
-  options.small_segment_max_bytes = options.small_block_max_bytes;  // 1 MiB: as before
-  DevicePool pool(upstream, options);
-  void* large = pool.allocate(64_MiB);
-  pool.deallocate(large, 64_MiB);
-  const std::uint64_t calls = upstream->allocations();
-  void* block = pool.allocate(500_KiB);
-  EXPECT_EQ(upstream->allocations(), calls + 1) << "a 2 MiB segment of the small tier";
-  EXPECT_EQ(upstream->live_bytes(), 66_MiB);
-  pool.deallocate(block, 500_KiB);
-}
-
-TEST(SmallClassPlacement, OverSegmentsTheAutomaticThresholdKeepsSmallBlocksInTheSmallTier) {
-  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
-  auto options = virtual_options();
-  options.large_tier_memory = LargeTierMemory::segments;
-  DevicePool pool(upstream, options);
-  ASSERT_FALSE(pool.uses_virtual_memory());
-  void* large = pool.allocate(64_MiB);
-  pool.deallocate(large, 64_MiB);
-  const std::uint64_t calls = upstream->allocations();
-  void* block = pool.allocate(1_MiB);
-  EXPECT_EQ(upstream->allocations(), calls + 1) << "a 2 MiB segment of the small tier";
-  EXPECT_EQ(upstream->live_bytes(), 66_MiB);
-  pool.deallocate(block, 1_MiB);
+// Every small class from the small tier: with an explicit threshold at small_block_max_bytes
+// (the placement before session 8), and with the automatic one over segments.
+TEST(SmallClassPlacement, AnExplicitThresholdOrSegmentsKeepEverySmallClassInTheSmallTier) {
+  for (const bool segments : {false, true}) {
+    SCOPED_TRACE(segments ? "segments, automatic threshold" : "virtual memory, 1 MiB threshold");
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto options = virtual_options();
+    if (segments) {
+      options.large_tier_memory = LargeTierMemory::segments;
+    } else {
+      options.small_segment_max_bytes = options.small_block_max_bytes;
+    }
+    DevicePool pool(upstream, options);
+    ASSERT_EQ(pool.uses_virtual_memory(), !segments);
+    hold_free_large_memory(pool);
+    const std::uint64_t calls = upstream->allocations();
+    void* block = pool.allocate(1_MiB);
+    EXPECT_EQ(upstream->allocations(), calls + 1) << "a 2 MiB segment of the small tier";
+    EXPECT_EQ(upstream->live_bytes(), 66_MiB);
+    pool.deallocate(block, 1_MiB);
+    expect_everything_back(pool, *upstream);
+  }
 }
 
 // The reuse rule of deallocate_async holds for a class carved out of the large tier, with

@@ -32,35 +32,48 @@ step() {  # step NAME TIMEOUT_S CMD...: runs CMD, logs it, records its exit code
   tail -n 4 "$log/$name.txt"
   [ $rc -eq 0 ] || status=1
 }
+# The whole test binary (VRAM_REQUIRE_GPU=1) and memcheck over the GPU, device and stress
+# tests (never death tests under compute-sanitizer: they fork).
+tests_and_memcheck() {
+  export VRAM_REQUIRE_GPU=1
+  step tests 240 ./build/tests/vram_tests
+  step memcheck 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \
+    ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*:-*DeathTest*' --gtest_brief=1
+}
+# Builds vram with the Torch replay peer there (Torch exists only on that machine) and
+# replays the recorded traces with PyTorch's allocator in the run.
+torch_replay() {
+  local py=${PYTHON:-/opt/torch/.venv/bin/python3}
+  local prefix
+  prefix=$($py -c 'import torch;print(torch.utils.cmake_prefix_path)')
+  step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
+    -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
+  step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz \
+    --json "$log/replay_torch.json"
+}
+# Every benchmark scenario (bench/RESULTS.md's "Latest full run" and its headline).
+full_bench() {
+  step bench "$1" ./build/vram bench \
+    --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,driver,pager \
+    --json "$log/bench.json" --markdown "$log/bench.md" --svg "$log/bench.svg"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv >"$log/gpu.txt" 2>&1
 git log -1 --format='%H %cI' >"$log/commit.txt" 2>/dev/null || true
 
 case $mode in
   cxx)
-    export VRAM_REQUIRE_GPU=1
-    step tests 240 ./build/tests/vram_tests
-    step memcheck 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \
-      ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*:-*DeathTest*' --gtest_brief=1
+    tests_and_memcheck
     step racecheck 120 compute-sanitizer --tool racecheck ./build/tests/vram_tests \
       --gtest_filter='*Gpu*' --gtest_brief=1
     step racecheck_pager 150 compute-sanitizer --tool racecheck ./build/tests/vram_tests \
       --gtest_filter='WeightPagerGpu.*' --gtest_repeat=5 --gtest_brief=1
     step replay 240 ./build/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay.json"
-    step bench 400 ./build/vram bench \
-      --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,driver,pager \
-      --json "$log/bench.json" --markdown "$log/bench.md" --svg "$log/bench.svg"
+    full_bench 400
     ;;
   core)  # a session's GPU check in one call: tests, memcheck, replay with PyTorch, pairs
-    export VRAM_REQUIRE_GPU=1
-    py=${PYTHON:-/opt/torch/.venv/bin/python3}
-    prefix=$($py -c 'import torch;print(torch.utils.cmake_prefix_path)')
-    step tests 240 ./build/tests/vram_tests
-    step memcheck 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \
-      ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*:-*DeathTest*' --gtest_brief=1
-    step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
-      -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
-    step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay_torch.json"
+    tests_and_memcheck
+    torch_replay
     # Synthetic multi-stream traces (tools/traces/stream_traces.py), every peer in the run.
     step replay_streams 300 bash -c "python3 tools/traces/stream_traces.py $log/stream_traces && \
       ./build-torch-replay/vram replay --runs 3 --passes 3 $log/stream_traces/streams1.csv \
@@ -71,35 +84,18 @@ case $mode in
       --json "$log/bench.json" --markdown "$log/bench.md"
     ;;
   final)  # the last call of a session: tests, memcheck, replay with PyTorch, the full run
-    export VRAM_REQUIRE_GPU=1
-    py=${PYTHON:-/opt/torch/.venv/bin/python3}
-    prefix=$($py -c 'import torch;print(torch.utils.cmake_prefix_path)')
-    step tests 240 ./build/tests/vram_tests
-    step memcheck 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \
-      ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*:-*DeathTest*' --gtest_brief=1
-    step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
-      -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
-    step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay_torch.json"
-    step bench 400 ./build/vram bench \
-      --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,driver,pager \
-      --json "$log/bench.json" --markdown "$log/bench.md" --svg "$log/bench.svg"
+    tests_and_memcheck
+    torch_replay
+    full_bench 400
     ;;
   full)
-    step bench 560 ./build/vram bench \
-      --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,driver,pager \
-      --json "$log/bench.json" --markdown "$log/bench.md" --svg "$log/bench.svg"
+    full_bench 560
     ;;
   py)
     step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
   torch)
-    py=${PYTHON:-/opt/torch/.venv/bin/python3}
-    prefix=$($py -c 'import torch;print(torch.utils.cmake_prefix_path)')
-    step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
-      -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
-    step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay_torch.json"
+    torch_replay
     step torch_checks 420 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
 esac
