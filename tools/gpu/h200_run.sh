@@ -8,6 +8,7 @@
 #                                     the synthetic multi-stream traces,
 #                                     pairs and batched benchmarks: one call per session
 #   tools/gpu/h200_run.sh final OUT   tests, memcheck, replay with the Torch peer, the full run
+#   tools/gpu/h200_run.sh check OUT   tests, memcheck, the stream traces with the Torch peer
 #   tools/gpu/h200_run.sh full  OUT   the full benchmark run (every scenario; the tables of
 #                                     bench/RESULTS.md's "Latest full run" and its headline)
 #   tools/gpu/h200_run.sh py    OUT   the Python checks (plug-in build, PyTorch, CuPy), no
@@ -40,17 +41,28 @@ tests_and_memcheck() {
   step memcheck 240 compute-sanitizer --tool memcheck --leak-check full --report-api-errors no \
     ./build/tests/vram_tests --gtest_filter='*Gpu*:*/device.*:*Stress*:-*DeathTest*' --gtest_brief=1
 }
-# Builds vram with the Torch replay peer there (Torch exists only on that machine) and
-# replays the recorded traces with PyTorch's allocator in the run.
-torch_replay() {
+# Builds vram with the Torch replay peer there (Torch exists only on that machine).
+torch_build() {
   local py=${PYTHON:-/opt/torch/.venv/bin/python3}
   local prefix
   prefix=$($py -c 'import torch;print(torch.utils.cmake_prefix_path)')
   step torch_build 300 bash -c "cmake -S . -B build-torch-replay -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DVRAM_BUILD_TESTS=OFF -DVRAM_BUILD_BENCH=OFF -DVRAM_TEST_KERNELS=OFF -DVRAM_WITH_TORCH=ON \
     -DCMAKE_PREFIX_PATH=$prefix && cmake --build build-torch-replay -j16 --target vram_cli"
+}
+# The recorded traces with PyTorch's allocator in the run.
+torch_replay() {
+  torch_build
   step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz \
     --json "$log/replay_torch.json"
+}
+# Synthetic multi-stream traces (tools/traces/stream_traces.py), every peer in the run.
+streams_replay() {
+  step replay_streams 300 bash -c "python3 tools/traces/stream_traces.py $log/stream_traces && \
+    ./build-torch-replay/vram replay --runs 3 --passes 3 $log/stream_traces/streams1.csv \
+    $log/stream_traces/streams4.csv $log/stream_traces/streams8.csv $log/stream_traces/streams16.csv \
+    --json $log/replay_streams.json && \
+    rm -r $log/stream_traces"
 }
 # Every benchmark scenario (bench/RESULTS.md's "Latest full run" and its headline).
 full_bench() {
@@ -74,12 +86,7 @@ case $mode in
   core)  # a session's GPU check in one call: tests, memcheck, replay with PyTorch, pairs
     tests_and_memcheck
     torch_replay
-    # Synthetic multi-stream traces (tools/traces/stream_traces.py), every peer in the run.
-    step replay_streams 300 bash -c "python3 tools/traces/stream_traces.py $log/stream_traces && \
-      ./build-torch-replay/vram replay --runs 3 --passes 3 $log/stream_traces/streams1.csv \
-      $log/stream_traces/streams4.csv $log/stream_traces/streams8.csv $log/stream_traces/streams16.csv \
-      --json $log/replay_streams.json && \
-      rm -r $log/stream_traces"
+    streams_replay
     step bench 300 ./build/vram bench --scenario pairs,batched \
       --json "$log/bench.json" --markdown "$log/bench.md"
     ;;
@@ -90,6 +97,11 @@ case $mode in
     ;;
   full)
     full_bench 560
+    ;;
+  check)  # after a change late in a session: tests, memcheck, the stream traces with PyTorch
+    tests_and_memcheck
+    torch_build
+    streams_replay
     ;;
   py)
     step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
