@@ -4,6 +4,7 @@
 // is printed (VRAM_STRESS_SEED replays it).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -46,22 +47,30 @@ struct Tagged {
   std::uint32_t tag = 0;
 };
 
+// The tag covers the first 64 KiB of a block (two owners of one block share its start).
+std::size_t tagged_words(const Tagged& t) {
+  return std::min<std::size_t>(t.lease.size(), 64_KiB) / 4;
+}
+
 void write_tag(Tagged& t) {
   auto* words = static_cast<std::uint32_t*>(t.lease.data());
-  const std::size_t count = t.lease.size() / 4;
+  const std::size_t count = tagged_words(t);
   for (std::size_t i = 0; i < count; ++i) words[i] = t.tag;
 }
 
 bool tag_intact(const Tagged& t) {
   const auto* words = static_cast<const std::uint32_t*>(t.lease.data());
-  const std::size_t count = t.lease.size() / 4;
+  const std::size_t count = tagged_words(t);
   for (std::size_t i = 0; i < count; ++i) {
     if (words[i] != t.tag) return false;
   }
   return true;
 }
 
-void run_host_stress(bool validate_releases) {
+// Segments (a host upstream's default): blocks up to 64 KiB. Virtual memory (the H200's
+// default, emulated): sizes across the small classes carved out of the large tier (above
+// 256 KiB) and into the large tier, which also unmaps past max_cached_bytes as blocks go.
+void run_host_stress(bool validate_releases, bool virtual_memory = false) {
   const std::uint64_t seed = stress_seed();
   std::printf("[stress] seed %llu (VRAM_STRESS_SEED=%llu replays it), validation %s\n",
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed),
@@ -70,7 +79,12 @@ void run_host_stress(bool validate_releases) {
   DevicePool::Options options;
   options.validate_releases = validate_releases;
   options.max_cached_bytes = 8_MiB;  // small: exercise upstream frees too
+  if (virtual_memory) {
+    options.large_tier_memory = LargeTierMemory::virtual_memory;
+    options.virtual_reservation_bytes = 4_GiB;
+  }
   DevicePool pool(upstream, options);
+  ASSERT_EQ(pool.uses_virtual_memory(), virtual_memory);
   constexpr int kThreads = 8;
   std::mutex handoff_mutex;
   std::deque<Tagged> handoff;  // leases passed from one thread to another
@@ -91,7 +105,11 @@ void run_host_stress(bool validate_releases) {
       while (!stop.load(std::memory_order_relaxed)) {
         const unsigned action = random() % 10;
         if (action < 5 || mine.empty()) {
-          const std::size_t bytes = 4 * (1 + random() % (16_KiB));  // up to 64 KiB
+          const unsigned kind = virtual_memory ? random() % 20 : 0;
+          const std::size_t bytes =
+              kind < 14   ? 4 * (1 + random() % (16_KiB))    // up to 64 KiB
+              : kind < 19 ? 256_KiB + random() % (768_KiB)   // large tier's small classes
+                          : 1_MiB + 1 + random() % (7_MiB);  // large blocks
           Tagged fresh{pool.acquire(bytes), next_tag.fetch_add(1)};
           write_tag(fresh);
           mine.push_back(std::move(fresh));
@@ -136,6 +154,11 @@ TEST(Stress, HostPoolManyThreadsRandomSizesHandedBetweenThreads) { run_host_stre
 
 // The shipped release path: no validation mutex to hide races.
 TEST(Stress, HostPoolManyThreadsWithoutReleaseValidation) { run_host_stress(false); }
+
+// Virtual memory (the large tier carves the small classes above 256 KiB), with and without
+// release validation.
+TEST(Stress, HostVirtualPoolManyThreadsAcrossTheTiers) { run_host_stress(true, true); }
+TEST(Stress, HostVirtualPoolManyThreadsWithoutReleaseValidation) { run_host_stress(false, true); }
 
 #ifdef VRAM_HAVE_TEST_KERNELS
 TEST(StressGpu, KernelsTagBlocksOnManyStreamsWithPendingRelease) {
