@@ -600,7 +600,7 @@ void DevicePoolCore::take_bins(ThreadCache& cache) noexcept {
   for (std::size_t index = 0; index < cache.bins.size(); ++index) {
     auto& bin = cache.bins[index];
     SegmentTier& tier = tier_of(index);
-    const std::size_t bytes = small_block_bytes(index);
+    const std::size_t bytes = held_bytes_of[index];
     for (std::uint32_t i = 0; i < bin.count; ++i) (void)tier.free(bin.blocks[i], cache.tag, bytes);
     bin.count = 0;
   }
@@ -613,7 +613,7 @@ void DevicePoolCore::drain_rings() noexcept {
     MpmcRing<void*>* ring = ring_of(index);
     void* block = nullptr;
     while (ring != nullptr && ring->try_pop(block)) {
-      (void)tier_of(index).free(block, kUntagged, small_block_bytes(index));
+      (void)tier_of(index).free(block, kUntagged, held_bytes_of[index]);
     }
   }
 }

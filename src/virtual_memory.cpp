@@ -115,7 +115,7 @@ void CudaVirtualMemory::unreserve(char* base, std::size_t bytes) noexcept {
   }
 }
 
-std::uint64_t CudaVirtualMemory::map(char* address, std::size_t bytes) {
+std::uint64_t CudaVirtualMemory::create(std::size_t bytes) {
   const auto& api = cuda::driver_api();
   const CUmemAllocationProp prop = allocation_prop(device_);
   CUmemGenericAllocationHandle handle = 0;
@@ -126,6 +126,11 @@ std::uint64_t CudaVirtualMemory::map(char* address, std::size_t bytes) {
         "cuMemCreate on device " + std::to_string(device_) + " returned CUDA_ERROR_OUT_OF_MEMORY");
   }
   cuda::check_driver(created, "cuMemCreate");
+  return handle;
+}
+
+void CudaVirtualMemory::map_created(char* address, std::size_t bytes, std::uint64_t handle) {
+  const auto& api = cuda::driver_api();
   const auto pointer = reinterpret_cast<CUdeviceptr>(address);
   CUresult result = api.require(api.mem_map)(pointer, bytes, 0, handle, 0);
   if (result == CUDA_SUCCESS) {
@@ -136,14 +141,21 @@ std::uint64_t CudaVirtualMemory::map(char* address, std::size_t bytes) {
     result = api.require(api.mem_set_access)(pointer, bytes, &access, 1);
     if (result != CUDA_SUCCESS) (void)api.mem_unmap.function(pointer, bytes);
   }
-  if (result != CUDA_SUCCESS) {
-    (void)api.mem_release.function(handle);
-    if (result == CUDA_ERROR_OUT_OF_MEMORY) {  // the pool reclaims and retries, as for cuMemCreate
-      throw OutOfMemory(bytes, 0, 0,
-                        "cuMemMap/cuMemSetAccess on device " + std::to_string(device_) +
-                            " returned CUDA_ERROR_OUT_OF_MEMORY");
-    }
-    cuda::check_driver(result, "cuMemMap/cuMemSetAccess");
+  if (result == CUDA_ERROR_OUT_OF_MEMORY) {  // the pool reclaims and retries, as for cuMemCreate
+    throw OutOfMemory(bytes, 0, 0,
+                      "cuMemMap/cuMemSetAccess on device " + std::to_string(device_) +
+                          " returned CUDA_ERROR_OUT_OF_MEMORY");
+  }
+  cuda::check_driver(result, "cuMemMap/cuMemSetAccess");
+}
+
+std::uint64_t CudaVirtualMemory::map(char* address, std::size_t bytes) {
+  const std::uint64_t handle = create(bytes);
+  try {
+    map_created(address, bytes, handle);
+  } catch (...) {
+    release(handle);
+    throw;
   }
   return handle;
 }
@@ -161,11 +173,18 @@ std::size_t CudaVirtualMemory::available_bytes() const noexcept {
 }
 
 void CudaVirtualMemory::unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept {
-  const auto& api = cuda::driver_api();
-  if (api.mem_unmap.function != nullptr) {
-    (void)api.mem_unmap.function(reinterpret_cast<CUdeviceptr>(address), bytes);
+  unmap_only(address, bytes);
+  release(handle);
+}
+
+void CudaVirtualMemory::unmap_only(char* address, std::size_t bytes) noexcept {
+  if (auto f = cuda::driver_api().mem_unmap.function) {
+    (void)f(reinterpret_cast<CUdeviceptr>(address), bytes);
   }
-  if (api.mem_release.function != nullptr) (void)api.mem_release.function(handle);
+}
+
+void CudaVirtualMemory::release(std::uint64_t handle) noexcept {
+  if (auto f = cuda::driver_api().mem_release.function) (void)f(handle);
 }
 
 }  // namespace vram

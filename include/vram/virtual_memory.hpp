@@ -75,6 +75,15 @@ class CudaVirtualMemory final : public VirtualMemory {
   std::uint64_t map(char* address, std::size_t bytes) override;
   void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept override;
   std::size_t available_bytes() const noexcept override;  // cudaMemGetInfo's free bytes
+  // map() and unmap() in halves, for a caller that keeps a physical allocation across maps
+  // (the driver benchmark times a remap): create() makes one of `bytes` (whole granules);
+  // map_created() maps it at `address` with read-write access for the device (on failure
+  // nothing stays mapped and the allocation stays the caller's); unmap_only() takes the
+  // mapping back and keeps the allocation; release() frees it. Errors as map()'s.
+  std::uint64_t create(std::size_t bytes);
+  void map_created(char* address, std::size_t bytes, std::uint64_t handle);
+  void unmap_only(char* address, std::size_t bytes) noexcept;
+  void release(std::uint64_t handle) noexcept;
   // True when the driver and device support it.
   static bool supported(int device) noexcept;
 

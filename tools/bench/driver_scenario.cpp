@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "bench/scenarios.hpp"
-#include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
 #include "vram/stream_fence.hpp"
@@ -111,37 +110,24 @@ void run_fence_calls(const BenchConfig& config, std::vector<Measurement>& result
 }
 
 // Times mapping and unmapping one physical allocation created once (see run_driver).
-void remap_existing(int device, char* address, std::size_t bytes, std::size_t repetitions,
-                    std::vector<double>& map_us, std::vector<double>& unmap_us) {
-  const auto& api = cuda::driver_api();
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = device;
-  CUmemGenericAllocationHandle handle = 0;
-  cuda::check_driver(api.require(api.mem_create)(&handle, bytes, &prop, 0), "cuMemCreate");
-  const auto pointer = reinterpret_cast<CUdeviceptr>(address);
-  CUmemAccessDesc access{};
-  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  access.location.id = device;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+void remap_existing(CudaVirtualMemory& virtual_memory, char* address, std::size_t bytes,
+                    std::size_t repetitions, std::vector<double>& map_us,
+                    std::vector<double>& unmap_us) {
+  const std::uint64_t handle = virtual_memory.create(bytes);
   try {
     time_pairs(
         repetitions,
         [&] {
-          cuda::check_driver(api.require(api.mem_map)(pointer, bytes, 0, handle, 0), "cuMemMap");
-          cuda::check_driver(api.require(api.mem_set_access)(pointer, bytes, &access, 1),
-                             "cuMemSetAccess");
+          virtual_memory.map_created(address, bytes, handle);
           return 0;
         },
-        [&](int) { cuda::check_driver(api.require(api.mem_unmap)(pointer, bytes), "cuMemUnmap"); },
-        map_us, unmap_us);
+        [&](int) { virtual_memory.unmap_only(address, bytes); }, map_us, unmap_us);
   } catch (...) {
-    (void)api.mem_unmap.function(pointer, bytes);  // fails harmlessly when not mapped
-    (void)api.mem_release.function(handle);
+    virtual_memory.unmap_only(address, bytes);  // fails harmlessly when not mapped
+    virtual_memory.release(handle);
     throw;
   }
-  (void)api.mem_release.function(handle);
+  virtual_memory.release(handle);
 }
 
 }  // namespace
@@ -194,7 +180,7 @@ void run_driver(const BenchConfig& config, Progress& progress, std::vector<Measu
     // whole loop; each pair maps it (cuMemMap + cuMemSetAccess) and unmaps it (cuMemUnmap).
     std::vector<double> remap_us;
     std::vector<double> keep_us;
-    remap_existing(config.device, range.get(), bytes, repetitions, remap_us, keep_us);
+    remap_existing(*virtual_memory, range.get(), bytes, repetitions, remap_us, keep_us);
     add_rows(results, bytes, "cuMemMap+cuMemSetAccess (created before)", remap_us,
              "cuMemUnmap (kept)", keep_us);
     // What the tier asks before each map (VirtualMemory::available_bytes(): cudaMemGetInfo
