@@ -26,6 +26,11 @@ namespace vram::detail {
 namespace {
 
 constexpr std::size_t kMaxThreadCacheDepth = 16;
+// A class's ring is made whole on its first release (16 bytes a cell): with
+// max_cached_blocks_per_class unbounded it would be max_cached_bytes / 256 cells (256 MiB
+// of host memory for the smallest class at the default 4 GiB). Beyond this depth blocks
+// wait in the segments, as free ranges, instead.
+constexpr std::size_t kMaxRingBlocks = 4096;
 constexpr std::size_t kSmallGranularity = 256;  // small blocks: class bytes rounded to 256
 constexpr std::size_t kAutoSmallSegmentMax = std::size_t{256} << 10;  // small_segment_max_bytes = 0
 constexpr std::size_t kMinLargeTierBlock = 2048;  // small_segment_max_bytes below: as 2 KiB
@@ -112,6 +117,16 @@ std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePool::Options& op
 }
 
 std::size_t reservation_for(const DevicePool::Options& options, const Upstream& upstream) {
+  // The large tier keeps a few words per 2 MiB granule of its range (16 TiB: 8 Mi granules,
+  // about 200 MiB of host memory); far above any device's memory.
+  constexpr std::size_t kMaxReservation = std::size_t{16} << 40;
+  if (options.virtual_reservation_bytes > kMaxReservation) {
+    throw InvalidArgument("vram::DevicePool: virtual_reservation_bytes " +
+                          std::to_string(options.virtual_reservation_bytes) +
+                          " is above the 16 TiB of address space a pool can manage. Fix: 0 "
+                          "reserves twice the device's memory; a larger range is needed only "
+                          "to oversubscribe it.");
+  }
   if (options.virtual_reservation_bytes != 0) return options.virtual_reservation_bytes;
   if (upstream.kind() == MemoryKind::device) {
     // The pool's device, not the current one (a pool for device 1 built while device 0 is
@@ -258,7 +273,16 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
                   .max_run_bytes = options.virtual_run_bytes,
                   .map_ahead_bytes = options.virtual_map_ahead_bytes,
                   .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom)}) {
-    upstream_alignment = upstream->alignment();
+    // Blocks are carved at 256-byte multiples of the upstream's allocations: they are
+    // 256-byte aligned only if those are (and never more than that, whatever the upstream
+    // promises: alignment above 256 is refused, not silently missed).
+    if (const std::size_t promised = upstream->alignment(); promised < kMaxAlignment) {
+      throw InvalidArgument("vram::DevicePool: the upstream '" + std::string(upstream->name()) +
+                            "' aligns its allocations to " + std::to_string(promised) +
+                            " bytes; the pool's blocks need 256. Fix: an upstream for a "
+                            "DevicePool returns 256-byte aligned memory (as cudaMalloc does) "
+                            "and says so in alignment().");
+    }
     options.thread_cache_blocks = std::min(options.thread_cache_blocks, kMaxThreadCacheDepth);
     options.small_block_max_bytes = small_max;
     small_classes = SizeClasses::index_for(small_max) + 1;
@@ -315,8 +339,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     if (ring != nullptr) [[likely]]
       return ring;
     // A power of two (the ring's own rounding) that never exceeds either bound.
-    const std::size_t capacity = std::bit_floor(std::min(
-        options.max_cached_blocks_per_class, options.max_cached_bytes / small_block_bytes(index)));
+    const std::size_t capacity =
+        std::bit_floor(std::min({options.max_cached_blocks_per_class, kMaxRingBlocks,
+                                 options.max_cached_bytes / small_block_bytes(index)}));
     if (capacity < 2) return nullptr;
     MpmcRing<void*>* fresh = nullptr;
     try {
@@ -402,7 +427,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // The keep_bytes of the latest trim(), for a thread that flushes its cache after it.
   std::atomic<std::size_t> flush_keep_bytes{SIZE_MAX};
   std::size_t thread_cache_classes = 0;
-  std::size_t upstream_alignment = 256;
+  static constexpr std::size_t kMaxAlignment =
+      DevicePool::kDefaultAlignment;  // see the constructor
   // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
   bool plain_calls = false;
   // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
@@ -820,9 +846,9 @@ void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
         "vram::DevicePool::allocate: zero bytes requested. Fix: keep zero-sized buffers as "
         "null sentinels and ask for at least one byte.");
   }
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > upstream_alignment) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kMaxAlignment) {
     throw InvalidArgument("vram::DevicePool::allocate: alignment " + std::to_string(alignment) +
-                          " is not a power of two up to " + std::to_string(upstream_alignment) +
+                          " is not a power of two up to " + std::to_string(kMaxAlignment) +
                           ". Fix: blocks are 256-byte aligned; ask for 256 or less.");
   }
   const DevicePoolStats now = stats();
@@ -833,7 +859,7 @@ void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
 void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
   // Warm path: a block of this class in this thread's cache. `bytes - 1 < small_max` also
   // sends zero bytes to the slow path, which rejects it with the other bad requests.
-  if (bytes - 1 < small_max && plain_calls && alignment - 1 < upstream_alignment &&
+  if (bytes - 1 < small_max && plain_calls && alignment - 1 < kMaxAlignment &&
       (alignment & (alignment - 1)) == 0) [[likely]] {
     const std::size_t index = SizeClasses::index_for(bytes);
     if (ThreadCache* cache = claim_warm(); cache != nullptr) [[likely]] {
@@ -855,7 +881,7 @@ void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamK
 }
 
 void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, StreamKey key) {
-  if (bytes - 1 >= SizeClasses::kMaxBytes || alignment - 1 >= upstream_alignment ||
+  if (bytes - 1 >= SizeClasses::kMaxBytes || alignment - 1 >= kMaxAlignment ||
       (alignment & (alignment - 1)) != 0) [[unlikely]] {
     reject_request(bytes, alignment);
   }
@@ -1119,34 +1145,49 @@ DevicePool::~DevicePool() {
   core_.reset();
 }
 
+// A moved-from pool has no core: calls that hand out memory throw, the others do nothing
+// (see the header's "Bad input"). The check is one test of a pointer the call loads anyway.
+detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
+  if (!core_) [[unlikely]] {
+    throw InvalidArgument(std::string("vram::DevicePool::") + call +
+                          ": the pool was moved from. Fix: use the DevicePool it was moved to.");
+  }
+  return *core_;
+}
+
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
-  return core_->allocate(bytes, alignment, detail::kUntagged);
+  return live_core("allocate").allocate(bytes, alignment, detail::kUntagged);
 }
 
 void DevicePool::deallocate(void* block, std::size_t bytes, std::size_t /*alignment*/) noexcept {
-  core_->deallocate(block, bytes, detail::kUntagged);
+  if (core_) [[likely]]
+    core_->deallocate(block, bytes, detail::kUntagged);
 }
 
 DevicePool::Lease DevicePool::acquire(std::size_t bytes) {
-  void* block = core_->allocate(bytes, kDefaultAlignment, detail::kUntagged);
+  void* block = live_core("acquire").allocate(bytes, kDefaultAlignment, detail::kUntagged);
   return Lease(core_.get(), block, bytes);
 }
 
 void* DevicePool::allocate_async(std::size_t bytes, cudaStream_t stream) {
-  return core_->allocate(bytes, kDefaultAlignment, detail::stream_key(stream));
+  return live_core("allocate_async").allocate(bytes, kDefaultAlignment, detail::stream_key(stream));
 }
 
 void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept {
-  core_->deallocate(block, bytes, detail::stream_key(stream));
+  if (core_) [[likely]]
+    core_->deallocate(block, bytes, detail::stream_key(stream));
 }
 
-bool DevicePool::uses_virtual_memory() const noexcept { return core_->virtual_memory != nullptr; }
+bool DevicePool::uses_virtual_memory() const noexcept {
+  return core_ && core_->virtual_memory != nullptr;
+}
 
 std::size_t DevicePool::block_bytes(std::size_t bytes) const noexcept {
-  return core_->block_bytes(bytes);
+  return core_ ? core_->block_bytes(bytes) : 0;
 }
 
 void DevicePool::trim(std::size_t keep_bytes) {
+  if (!core_) return;
   core_->trim(keep_bytes, nullptr, true);
   // The growth budget restarts from what is in use now: a caller that trims wants the
   // memory held to follow today's use, not the all-time peak.
@@ -1154,17 +1195,40 @@ void DevicePool::trim(std::size_t keep_bytes) {
   core_->large.restart_peak();
 }
 
-DevicePoolStats DevicePool::stats() const { return core_->stats(); }
+DevicePoolStats DevicePool::stats() const { return core_ ? core_->stats() : DevicePoolStats{}; }
 
 void DevicePool::reset_peak() noexcept {
+  if (!core_) return;
   core_->gauge.peak.store(core_->gauge.reserved.load(std::memory_order_relaxed),
                           std::memory_order_relaxed);
   core_->in_use_peak.store(core_->in_use_now.load(std::memory_order_relaxed),
                            std::memory_order_relaxed);
 }
 
-const DevicePool::Options& DevicePool::options() const noexcept { return core_->options; }
+namespace {
+// What a moved-from pool's options() and upstream() refer to: defaults, and an upstream
+// that hands out nothing.
+class MovedFromUpstream final : public Upstream {
+ public:
+  void* allocate(std::size_t) override {
+    throw InvalidArgument(
+        "vram::DevicePool::upstream: the pool was moved from. Fix: use the DevicePool it was "
+        "moved to.");
+  }
+  void deallocate(void*, std::size_t) noexcept override {}
+  MemoryKind kind() const noexcept override { return MemoryKind::device; }
+  std::string_view name() const noexcept override { return "none (moved-from DevicePool)"; }
+};
+}  // namespace
 
-Upstream& DevicePool::upstream() const noexcept { return *core_->upstream; }
+const DevicePool::Options& DevicePool::options() const noexcept {
+  static const Options defaults{};
+  return core_ ? core_->options : defaults;
+}
+
+Upstream& DevicePool::upstream() const noexcept {
+  static MovedFromUpstream none;
+  return core_ ? *core_->upstream : none;
+}
 
 }  // namespace vram

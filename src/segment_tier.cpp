@@ -12,6 +12,12 @@
 
 namespace vram::detail {
 
+StreamKey per_thread_stream_key() noexcept {
+  static std::atomic<StreamKey> next{1};
+  thread_local const StreamKey key = kPerThreadKey | next.fetch_add(1, std::memory_order_relaxed);
+  return key;
+}
+
 SegmentTier::SegmentTier(Upstream& upstream, StreamFence& fence, ReservedGauge& gauge,
                          Options options)
     : upstream_(upstream),
@@ -463,6 +469,13 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
       ++counters_.failed_upstream_allocations;
       throw;
     }
+    if (base == nullptr) {  // an upstream that breaks its contract: no segment to carve
+      ++counters_.failed_upstream_allocations;
+      throw OutOfMemory(size, counters_.free_bytes, used_,
+                        "the upstream '" + std::string(upstream_.name()) +
+                            "' returned null without throwing. Fix: an Upstream reports "
+                            "failure by throwing (vram::OutOfMemory), never by returning null");
+    }
     segment->size = size;
     segment->base = static_cast<char*>(base);
     Range* whole = take_range();  // kept spare
@@ -573,8 +586,7 @@ bool SegmentTier::fence_other_streams(StreamKey except, std::size_t need) noexce
 bool SegmentTier::fence_stream(std::size_t slot) noexcept {
   Index& index = *tagged_[slot].index;
   try {
-    Pending p{
-        fence_.record(reinterpret_cast<cudaStream_t>(tagged_[slot].key)), tagged_[slot].key, {}};
+    Pending p{fence_.record(fence_stream_of(tagged_[slot].key)), tagged_[slot].key, {}};
     p.ranges.reserve(index.size());
     index.for_each([&p](Range* r) { p.ranges.push_back(r); });  // reserved: no throw
     pending_.push_back(std::move(p));

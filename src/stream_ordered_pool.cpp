@@ -10,6 +10,7 @@
 #include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
+#include "vram/detail/block_registry.hpp"
 
 namespace vram {
 namespace {
@@ -32,6 +33,19 @@ StreamOrderedPool::StreamOrderedPool(Options options) {
         "vram::StreamOrderedPool: ipc_shareable needs a private pool, but use_default_pool is "
         "set (the default pool's handle types are fixed). Fix: drop one of the two options.");
   }
+  if (options.device < -1) {
+    throw InvalidArgument("vram::StreamOrderedPool: device " + std::to_string(options.device) +
+                          " is not a device. Fix: a device index, or -1 for the current one.");
+  }
+  if (int count = 0;
+      options.device >= 0 && cudaGetDeviceCount(&count) == cudaSuccess && options.device >= count) {
+    throw InvalidArgument("vram::StreamOrderedPool: device " + std::to_string(options.device) +
+                          " is not present (" + std::to_string(count) +
+                          " visible). Fix: a device index below that, or -1 for the current "
+                          "one; CUDA_VISIBLE_DEVICES renumbers them.");
+  }
+  (void)cudaGetLastError();  // a failed count leaves the error the next call reports
+  blocks_ = std::make_unique<detail::BlockRegistry>();
   const auto& api = cuda::driver_api();
   device_ = options.device < 0 ? cuda::Device::current() : options.device;
   cuda::DeviceGuard guard(device_);
@@ -96,7 +110,9 @@ StreamOrderedPool::StreamOrderedPool(StreamOrderedPool&& other) noexcept
       restore_threshold_(std::exchange(other.restore_threshold_, std::nullopt)),
       threshold_set_(other.threshold_set_),
       bytes_in_use_(other.bytes_in_use_.exchange(0, std::memory_order_relaxed)),
-      failed_frees_(other.failed_frees_.load(std::memory_order_relaxed)) {}
+      failed_frees_(other.failed_frees_.load(std::memory_order_relaxed)),
+      invalid_releases_(other.invalid_releases_.load(std::memory_order_relaxed)),
+      blocks_(std::move(other.blocks_)) {}
 
 StreamOrderedPool& StreamOrderedPool::operator=(StreamOrderedPool&& other) noexcept {
   if (this != &other) {
@@ -110,6 +126,8 @@ StreamOrderedPool& StreamOrderedPool::operator=(StreamOrderedPool&& other) noexc
     bytes_in_use_.store(other.bytes_in_use_.exchange(0, std::memory_order_relaxed),
                         std::memory_order_relaxed);
     failed_frees_.store(other.failed_frees_.load(std::memory_order_relaxed));
+    invalid_releases_.store(other.invalid_releases_.load(std::memory_order_relaxed));
+    blocks_ = std::move(other.blocks_);
   }
   return *this;
 }
@@ -159,12 +177,13 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) 
         "vram::StreamOrderedPool::allocate_async: zero bytes requested. Fix: keep zero-sized "
         "buffers as null sentinels and ask for at least one byte.");
   }
+  CUmemoryPool pool = as_pool(live_pool("allocate_async"));
   static const auto alloc =
       cuda::driver_api().require(cuda::driver_api().mem_alloc_from_pool_async);
   CUdeviceptr block = 0;
-  CUresult result = alloc(&block, bytes, as_pool(pool_), stream);
+  CUresult result = alloc(&block, bytes, pool, stream);
   if (result == CUDA_ERROR_INVALID_CONTEXT && bind_context()) {
-    result = alloc(&block, bytes, as_pool(pool_), stream);
+    result = alloc(&block, bytes, pool, stream);
   }
   if (result == CUDA_ERROR_OUT_OF_MEMORY) {
     const std::size_t used = pool_used_bytes();
@@ -180,16 +199,44 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) 
                     "success for " +
                         std::to_string(bytes) + " bytes. Fix: update the NVIDIA driver.");
   }
+  try {
+    blocks_->add(reinterpret_cast<void*>(block), bytes);
+  } catch (...) {  // no host memory to record it: the block goes back, nothing is lost
+    static const auto free_async = cuda::driver_api().mem_free_async.function;
+    if (free_async != nullptr) (void)free_async(block, stream);
+    throw;
+  }
   bytes_in_use_.fetch_add(bytes, std::memory_order_relaxed);
   return reinterpret_cast<void*>(block);
 }
 
 void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes,
                                          cudaStream_t stream) noexcept {
-  if (block == nullptr) return;
+  if (block == nullptr || !blocks_) return;  // null, or a moved-from object
+  // Taken out of the record before the driver frees it, so that two racing releases of
+  // one block cannot both reach cuMemFreeAsync.
+  std::size_t recorded = 0;
+  switch (blocks_->take(block, bytes, recorded)) {
+    case detail::BlockRegistry::Release::taken:
+      break;
+    case detail::BlockRegistry::Release::unknown:
+      invalid_releases_.fetch_add(1, std::memory_order_relaxed);
+      std::fprintf(stderr,
+                   "vram::StreamOrderedPool: release of %p refused: this pool did not hand it "
+                   "out, or it was released already\n",
+                   block);
+      return;
+    case detail::BlockRegistry::Release::wrong_size:
+      invalid_releases_.fetch_add(1, std::memory_order_relaxed);
+      std::fprintf(stderr,
+                   "vram::StreamOrderedPool: release of %p refused: %zu bytes given, it was "
+                   "allocated with %zu (it stays allocated)\n",
+                   block, bytes, recorded);
+      return;
+  }
   static const auto free_async = cuda::driver_api().mem_free_async.function;
-  if (free_async == nullptr) return;
-  CUresult result = free_async(reinterpret_cast<CUdeviceptr>(block), stream);
+  CUresult result = free_async != nullptr ? free_async(reinterpret_cast<CUdeviceptr>(block), stream)
+                                          : CUDA_ERROR_DEINITIALIZED;
   if (result == CUDA_ERROR_INVALID_CONTEXT && bind_context()) {
     result = free_async(reinterpret_cast<CUdeviceptr>(block), stream);
   }
@@ -197,9 +244,13 @@ void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes,
     failed_frees_.fetch_add(1, std::memory_order_relaxed);
     std::fprintf(stderr, "vram::StreamOrderedPool: cuMemFreeAsync(%p) failed: %s\n", block,
                  cuda::driver_error_name(result).c_str());
-    return;  // not freed: still counted in use
+    try {  // not freed: still allocated, and counted in use
+      blocks_->add(block, recorded);
+    } catch (...) {  // no host memory: it can no longer be released through this object
+    }
+    return;
   }
-  bytes_in_use_.fetch_sub(bytes, std::memory_order_relaxed);
+  bytes_in_use_.fetch_sub(recorded, std::memory_order_relaxed);
 }
 
 void* StreamOrderedPool::allocate_async(std::size_t bytes, std::size_t alignment,
@@ -232,21 +283,32 @@ void StreamOrderedPool::hand_over(cudaStream_t from, cudaStream_t to) {
   handed_over.make_wait(to);
 }
 
+void* StreamOrderedPool::live_pool(const char* call) const {
+  if (pool_ == nullptr) [[unlikely]] {
+    throw InvalidArgument(std::string("vram::StreamOrderedPool: ") + call +
+                          " on a moved-from object. Fix: use the StreamOrderedPool it was "
+                          "moved to.");
+  }
+  return pool_;
+}
+
 std::uint64_t StreamOrderedPool::get_attribute(int attribute, const char* label) const {
   const auto& api = cuda::driver_api();
   cuuint64_t value = 0;
-  cuda::check_driver(api.require(api.mem_pool_get_attribute)(
-                         as_pool(pool_), static_cast<CUmemPool_attribute>(attribute), &value),
-                     label);
+  cuda::check_driver(
+      api.require(api.mem_pool_get_attribute)(as_pool(live_pool(label)),
+                                              static_cast<CUmemPool_attribute>(attribute), &value),
+      label);
   return value;
 }
 
 void StreamOrderedPool::set_attribute(int attribute, std::uint64_t value, const char* label) {
   const auto& api = cuda::driver_api();
   cuuint64_t raw = value;
-  cuda::check_driver(api.require(api.mem_pool_set_attribute)(
-                         as_pool(pool_), static_cast<CUmemPool_attribute>(attribute), &raw),
-                     label);
+  cuda::check_driver(
+      api.require(api.mem_pool_set_attribute)(as_pool(live_pool(label)),
+                                              static_cast<CUmemPool_attribute>(attribute), &raw),
+      label);
 }
 
 void StreamOrderedPool::set_release_threshold(std::uint64_t bytes) {
@@ -290,7 +352,7 @@ void StreamOrderedPool::reset_pool_high_water() {
 
 void StreamOrderedPool::trim(std::size_t min_keep_bytes) {
   const auto& api = cuda::driver_api();
-  cuda::check_driver(api.require(api.mem_pool_trim_to)(as_pool(pool_), min_keep_bytes),
+  cuda::check_driver(api.require(api.mem_pool_trim_to)(as_pool(live_pool("trim")), min_keep_bytes),
                      "cuMemPoolTrimTo");
 }
 

@@ -16,7 +16,10 @@ DeviceMemoryUpstream::DeviceMemoryUpstream(int device) : device_(device) {
   int count = 0;
   cuda::check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (device < 0 || device >= count) {
-    cuda::check(cudaErrorInvalidDevice, "DeviceMemoryUpstream");
+    throw InvalidArgument("vram::DeviceMemoryUpstream: device " + std::to_string(device) +
+                          " is not present (" + std::to_string(count) +
+                          " visible). Fix: a device index below that; CUDA_VISIBLE_DEVICES "
+                          "renumbers them.");
   }
 }
 

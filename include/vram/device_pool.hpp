@@ -79,10 +79,10 @@
 //   A wholly free segment is not split for a request that would leave more than
 //   max_segment_waste_bytes of it idle: the tier grows instead (and that segment goes back
 //   if growing passes the budget). Free bytes above max_cached_bytes are given back on release; the
-//   rings hold at most max_cached_blocks_per_class blocks per class (and max_cached_bytes per
-//   class); each thread's cache at most thread_cache_max_bytes. trim(keep) takes every
-//   thread's cache (idle, exited, or busy: a thread inside a pool call frees it before the
-//   call returns) and the rings back into the segments, then gives back every wholly free
+//   rings hold at most max_cached_blocks_per_class blocks per class (at most 4096, and
+//   max_cached_bytes per class); each thread's cache at most thread_cache_max_bytes. trim(keep)
+//   takes every thread's cache (idle, exited, or busy: a thread inside a pool call frees it before
+//   the call returns) and the rings back into the segments, then gives back every wholly free
 //   segment while more than `keep` bytes are free (large tier; the small tier down to 0).
 //
 // Thread caches without a lock on the warm path
@@ -110,7 +110,12 @@
 //
 // Bad input (the same rules in every vram pool)
 //   Zero bytes, or an alignment above 256 or not a power of two: vram::InvalidArgument,
-//   nothing allocated. Above 1 TiB: vram::OutOfMemory. Null release: no-op.
+//   nothing allocated (whatever alignment the upstream promises: blocks are 256-byte
+//   aligned; an upstream that promises less than 256 is refused at construction, and one
+//   that returns null gives vram::OutOfMemory). Above 1 TiB: vram::OutOfMemory. Null
+//   release: no-op. A moved-from pool: allocate, acquire and allocate_async throw
+//   vram::InvalidArgument; releases, trim and reset_peak do nothing (the block stays leased
+//   from the pool it was moved to); stats() is all zero.
 //   Foreign pointer, double release or wrong size: with validate_releases (default in
 //   debug builds) the release is rejected with a message on stderr and counted in
 //   invalid_releases, and nothing is cached; without it (release builds) a release under a
@@ -245,7 +250,7 @@ struct DevicePoolOptions {
   // allocation and map); a run goes back only when all of it is free. Free ranges merge
   // across the whole range and reserved bytes are the granules mapped.
   LargeTierMemory large_tier_memory = LargeTierMemory::automatic;
-  std::size_t virtual_reservation_bytes = 0;  // 0: twice the device's memory, or 64 GiB
+  std::size_t virtual_reservation_bytes = 0;  // 0: twice the device's memory, or 64 GiB; <= 16 TiB
   bool unmap_before_map = false;              // keep reserved at in use, at the price of more maps
   // The longest run of granules one map covers (rounded down to granules, at least one);
   // a run is also at most 1/16 of the device memory still free when it is mapped. A map
@@ -321,6 +326,9 @@ class DevicePool {
 
   // Stream-ordered forms (see "When a released block may be handed out again"). Blocks
   // from either allocate form may be released with either deallocate form.
+  // cudaStreamPerThread is the calling thread's own stream: a block freed on it is taken
+  // by another thread's cudaStreamPerThread only after a fence (recorded on the legacy
+  // default stream). The null stream is the legacy default stream, one for all threads.
   [[nodiscard]] void* allocate_async(std::size_t bytes, cudaStream_t stream);
   void deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept;
 
@@ -345,6 +353,7 @@ class DevicePool {
   friend void get_property(const DevicePool&, ::cuda::mr::device_accessible) noexcept {}
 
  private:
+  detail::DevicePoolCore& live_core(const char* call) const;  // throws when moved from
   std::shared_ptr<detail::DevicePoolCore> core_;
 };
 

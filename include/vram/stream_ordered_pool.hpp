@@ -32,9 +32,15 @@
 //
 // Bad input: zero bytes -> vram::InvalidArgument (zero-sized buffers are null sentinels);
 // null free -> no-op; driver out of memory -> vram::OutOfMemory; a null pointer returned
-// with success -> vram::CudaError; ipc_shareable with the default pool ->
-// vram::InvalidArgument. After cudaDeviceReset() or driver shutdown, calls throw
-// vram::CudaError and deallocation/destruction quietly do nothing.
+// with success -> vram::CudaError; ipc_shareable with the default pool, a device below -1
+// or not present -> vram::InvalidArgument. The object records every block it hands out
+// (a sharded map, about 20-40 ns a call): a release of a pointer it did not hand out (another
+// pool's, cudaMalloc's) or already took back, or under another size than allocated, is
+// refused before the driver sees it, reported on stderr and counted in invalid_releases()
+// (a wrong-size block stays allocated: release it with its size). A moved-from object
+// throws vram::InvalidArgument from every call that needs the pool and ignores releases.
+// After cudaDeviceReset() or driver shutdown, calls throw vram::CudaError and
+// deallocation/destruction quietly do nothing.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,7 +52,12 @@
 #include <cstdint>
 #include <optional>
 
+#include <memory>
+
 namespace vram {
+namespace detail {
+class BlockRegistry;
+}
 
 struct StreamOrderedPoolOptions {
   int device = -1;                // -1: the current device
@@ -110,6 +121,10 @@ class StreamOrderedPool {
   std::uint64_t failed_frees() const noexcept {
     return failed_frees_.load(std::memory_order_relaxed);
   }
+  // Releases refused: unknown pointer, already released, or a size other than allocated.
+  std::uint64_t invalid_releases() const noexcept {
+    return invalid_releases_.load(std::memory_order_relaxed);
+  }
 
   bool operator==(const StreamOrderedPool& other) const noexcept { return pool_ == other.pool_; }
   friend void get_property(const StreamOrderedPool&, ::cuda::mr::device_accessible) noexcept {}
@@ -118,6 +133,7 @@ class StreamOrderedPool {
   std::uint64_t get_attribute(int attribute, const char* label) const;
   void set_attribute(int attribute, std::uint64_t value, const char* label);
   void destroy() noexcept;
+  void* live_pool(const char* call) const;  // pool_, or InvalidArgument when moved from
   // Makes the pool's device context current on this thread; false if it cannot.
   bool bind_context() const noexcept;
 
@@ -130,6 +146,8 @@ class StreamOrderedPool {
   std::uint64_t threshold_set_ = 0;  // the last threshold this object set
   std::atomic<std::size_t> bytes_in_use_{0};
   std::atomic<std::uint64_t> failed_frees_{0};
+  std::atomic<std::uint64_t> invalid_releases_{0};
+  std::unique_ptr<detail::BlockRegistry> blocks_;  // null only when moved from
 };
 
 }  // namespace vram

@@ -57,8 +57,23 @@ namespace vram::detail {
 
 using StreamKey = std::uintptr_t;
 inline constexpr StreamKey kUntagged = ~StreamKey{0};
+// A stream's key is its handle, except for cudaStreamPerThread, which names another stream
+// on every thread: its key is the calling thread's own, kPerThreadKey plus a number never
+// given to another thread (a block freed on a thread's stream is never taken for a later
+// thread's stream, even after the thread exits), and a fence for it is recorded on the
+// legacy default stream, which waits for all work queued before on every blocking stream,
+// per-thread default streams among them. The null stream is the legacy default stream (one
+// stream for all threads), as in code built without --default-stream per-thread; code
+// built with it passes cudaStreamPerThread for its own stream.
+inline constexpr StreamKey kPerThreadKey = StreamKey{1} << (sizeof(StreamKey) * 8 - 1);
+StreamKey per_thread_stream_key() noexcept;
 inline StreamKey stream_key(cudaStream_t stream) noexcept {
+  if (stream == cudaStreamPerThread) [[unlikely]]
+    return per_thread_stream_key();
   return reinterpret_cast<StreamKey>(stream);
+}
+inline cudaStream_t fence_stream_of(StreamKey key) noexcept {
+  return (key & kPerThreadKey) != 0 ? cudaStreamLegacy : reinterpret_cast<cudaStream_t>(key);
 }
 
 // Reserved bytes of several tiers together, their high-water mark, and the growth budget
