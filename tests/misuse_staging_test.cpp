@@ -1,0 +1,651 @@
+// Hostile review (branch misuse-staging): misuse and bad input against PinnedStagingPool,
+// its CopyCompleted witness, the pinned host upstream, and WeightPager (plan, schedule,
+// pageable staging). A test that FAILS pins a finding; a test that passes covers a misuse
+// case the existing tests did not spell out. Crashes and undefined behaviour are run in a
+// death-test child (EXPECT_EXIT) that exits 0 only when the documented error is thrown, so
+// the crash stays in the child and the failure names what happened.
+#include <gtest/gtest.h>
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <sys/mman.h>
+#include <vector>
+
+#include "gpu_test_policy.hpp"
+#include "test_upstreams.hpp"
+#include "vram/copy.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram/cuda/stream.hpp"
+#include "vram/detail/pageable_stager.hpp"
+#include "vram/detail/parallel_copy.hpp"
+#include "vram/pager_plan.hpp"
+#include "vram/pinned_host_upstream.hpp"
+#include "vram/pinned_staging_pool.hpp"
+#include "vram/testing/witness.hpp"
+#include "vram/units.hpp"
+#include "vram/upstream.hpp"
+#include "vram/weight_pager.hpp"
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+
+std::shared_ptr<TestUpstream> counted_host() {
+  return std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+}
+
+// Run in a death-test child: exits 0 when `body` threw E, 3 when it threw something else,
+// 4 when it returned. A crash (signal) also fails the EXPECT_EXIT around it, and so does a
+// hang: the child is killed by SIGALRM after 10 s ("killed by signal 14").
+template <class E, class Body>
+[[noreturn]] void exit_zero_if_throws(Body&& body) {
+  alarm(10);
+  try {
+    body();
+  } catch (const std::exception& error) {
+    const bool expected = dynamic_cast<const E*>(&error) != nullptr;
+    std::fprintf(stderr, "threw %s: %s\n", expected ? "as expected" : "another type",
+                 error.what());
+    std::_Exit(expected ? 0 : 3);
+  }
+  std::fprintf(stderr, "returned without an exception\n");
+  std::_Exit(4);
+}
+
+#define MISUSE_EXPECT_THROWS_IN_CHILD(E, body_lambda) \
+  EXPECT_EXIT(exit_zero_if_throws<E>(body_lambda), ::testing::ExitedWithCode(0), "")
+
+// ==== PinnedStagingPool ==================================================================
+
+// FINDING: PinnedStagingPool has an implicit move constructor (its only member is a
+// shared_ptr) and every member function dereferences state_ without a check. A moved-from
+// pool crashes (null dereference) instead of throwing InvalidArgument, as a moved-from
+// WeightPager or PooledStaging does.
+TEST(MisuseStagingPoolDeathTest, MovedFromPoolAcquireIsAClearErrorNotACrash) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto body = [&]{
+    PinnedStagingPool pool(counted_host());
+    PinnedStagingPool other = std::move(pool);
+    (void)other;
+    auto staging = pool.acquire(4096);  // NOLINT(bugprone-use-after-move)
+    (void)staging;
+  };
+  MISUSE_EXPECT_THROWS_IN_CHILD(InvalidArgument, body);
+}
+
+TEST(MisuseStagingPoolDeathTest, MovedFromPoolStatsIsAClearErrorNotACrash) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto body = [&]{
+    PinnedStagingPool pool(counted_host());
+    PinnedStagingPool other = std::move(pool);
+    (void)other;
+    (void)pool.stats();  // NOLINT(bugprone-use-after-move)
+  };
+  MISUSE_EXPECT_THROWS_IN_CHILD(InvalidArgument, body);
+}
+
+// The buffer must also stay with the caller (the house rule "loses nothing").
+TEST(MisuseStagingPoolDeathTest, ReleaseIntoAMovedFromPoolIsAClearErrorNotACrash) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto body = [&]{
+    PinnedStagingPool pool(counted_host());
+    auto staging = pool.acquire(4096);
+    PinnedStagingPool other = std::move(pool);
+    (void)other;
+    CopyCompleted witness = WitnessMint::completed_copy_of(staging);
+    pool.release(staging.into_inner(), std::move(witness));  // NOLINT(bugprone-use-after-move)
+  };
+  MISUSE_EXPECT_THROWS_IN_CHILD(InvalidArgument, body);
+}
+
+// FINDING: the header says "destroying a PooledStaging (or PinnedBuffer) frees its buffer
+// (counted in freed_without_witness)". A buffer taken out with into_inner() and dropped
+// without release() is freed, but counted nowhere: into_inner() forgets the pool.
+TEST(MisuseStagingPool, RawBufferDroppedWithoutWitnessIsCounted) {
+  auto upstream = counted_host();
+  PinnedStagingPool pool(upstream);
+  {
+    auto staging = pool.acquire(4096);
+    PinnedBuffer raw = staging.into_inner();
+    EXPECT_NE(raw.lease_id(), 0U);
+  }  // the raw buffer goes without a witness
+  EXPECT_EQ(upstream->live_bytes(), 0U);  // freed, not reused
+  EXPECT_EQ(pool.stats().free_buffers, 0U);
+  EXPECT_EQ(pool.stats().freed_without_witness, 1U)
+      << "a leased buffer dropped without a witness after into_inner() is not counted";
+}
+
+// An upstream of device memory as the staging pool's upstream: PooledStaging::data() would
+// be a device pointer that the documented use (std::memcpy into it) dereferences on the
+// host. The stand-in hands out host memory so the test itself cannot crash.
+class DeviceKindUpstream final : public Upstream {
+ public:
+  void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
+  void deallocate(void* block, std::size_t bytes) noexcept override {
+    inner_.deallocate(block, bytes);
+  }
+  MemoryKind kind() const noexcept override { return MemoryKind::device; }
+  std::string_view name() const noexcept override { return "device (stand-in)"; }
+
+ private:
+  HostMemoryUpstream inner_;
+};
+
+// FINDING: PinnedStagingPool(upstream) accepts any upstream, device memory included (no
+// kind() check), so the mistake surfaces as a host segfault at the first memcpy.
+TEST(MisuseStagingPool, DeviceMemoryUpstreamIsRefusedAtConstruction) {
+  EXPECT_THROW(PinnedStagingPool(std::make_shared<DeviceKindUpstream>()), InvalidArgument)
+      << "a staging pool over device memory was accepted";
+}
+
+// Covered (passes): copies of a PinnedStagingPool are handles of ONE pool (shared state):
+// a lease of one is accepted by the other's release(), and clear() on either empties both.
+// Documented here because the class comment does not say the pool is copyable at all.
+TEST(MisuseStagingPool, CopiedPoolIsAnAliasOfTheSamePool) {
+  auto upstream = counted_host();
+  PinnedStagingPool pool(upstream);
+  PinnedStagingPool alias = pool;  // compiles
+  auto staging = pool.acquire(4096);
+  CopyCompleted witness = WitnessMint::completed_copy_of(staging);
+  alias.release(staging.into_inner(), std::move(witness));  // not "foreign"
+  EXPECT_EQ(pool.stats().free_buffers, 1U);
+  EXPECT_EQ(pool.stats().foreign_buffers, 0U);
+  alias.clear();
+  EXPECT_EQ(pool.stats().free_buffers, 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// Covered (passes): a lease moved between PooledStaging objects keeps its identity; the
+// witness retires it from the new owner only; the moved-from owner is empty and refuses.
+TEST(MisuseStagingPool, WitnessFollowsAMovedLeaseAndTheSourceRefuses) {
+  auto upstream = counted_host();
+  PinnedStagingPool pool(upstream);
+  auto first = pool.acquire(4096);
+  const auto lease = first.lease_id();
+  PooledStaging second = std::move(first);
+  EXPECT_EQ(second.lease_id(), lease);
+  EXPECT_FALSE(first);  // NOLINT(bugprone-use-after-move)
+  EXPECT_THROW(first.retire(WitnessMint::completed_copy_of_lease(lease)), InvalidArgument);
+  second = std::move(second);  // self-move keeps the lease
+  EXPECT_EQ(second.lease_id(), lease);
+  CopyCompleted witness = WitnessMint::completed_copy_of(second);
+  witness = std::move(witness);  // self-move keeps the witness
+  EXPECT_EQ(witness.lease(), lease);
+  second.retire(std::move(witness));
+  EXPECT_EQ(pool.stats().retired, 1U);
+  EXPECT_EQ(pool.stats().freed_without_witness, 0U);
+}
+
+// Covered (passes): a witness of another pool's lease is refused by both retire() and
+// release(); both leases stay intact and retire later with their own witnesses.
+TEST(MisuseStagingPool, WitnessOfAnotherPoolsLeaseIsRefusedByRetireAndRelease) {
+  auto upstream = counted_host();
+  PinnedStagingPool a(upstream);
+  PinnedStagingPool b(upstream);
+  auto from_a = a.acquire(4096);
+  auto from_b = b.acquire(4096);
+  std::memset(from_a.data(), 0x11, from_a.len());
+  EXPECT_THROW(from_a.retire(WitnessMint::completed_copy_of(from_b)), InvalidArgument);
+  PinnedBuffer raw = from_a.into_inner();
+  try {
+    a.release(std::move(raw), WitnessMint::completed_copy_of(from_b));
+    FAIL() << "a witness of another pool's lease was accepted";
+  } catch (const InvalidArgument& error) {
+    EXPECT_NE(std::string(error.what()).find("Fix:"), std::string::npos) << error.what();
+  }
+  ASSERT_TRUE(raw);  // NOLINT(bugprone-use-after-move): refused, so left with the caller
+  EXPECT_EQ(static_cast<unsigned char>(raw.data()[0]), 0x11);
+  EXPECT_EQ(a.stats().witness_mismatches, 2U);
+  CopyCompleted own = WitnessMint::completed_copy_of(raw);
+  a.release(std::move(raw), std::move(own));
+  from_b.retire(WitnessMint::completed_copy_of(from_b));
+  EXPECT_EQ(a.stats().retired + b.stats().retired, 2U);
+}
+
+// Covered (passes): a witness refused because a copy is still in flight is consumed (it
+// was passed by value), but the lease survives; once the copy is observed, the witness
+// of that copy retires it. A witness minted before the copy was issued does not count.
+TEST(MisuseStagingPool, WitnessMintedBeforeALaterCopyIsRefusedUntilThatCopyIsObserved) {
+  struct Fence {
+    std::shared_ptr<bool> fired = std::make_shared<bool>(false);
+    bool ready() const { return *fired; }
+    void wait() { *fired = true; }
+  };
+  auto upstream = counted_host();
+  PinnedStagingPool pool(upstream);
+  auto staging = pool.acquire(4096);
+  CopyCompleted early = WitnessMint::completed_copy_of(staging);  // before any copy
+  PendingCopy copy = WitnessMint::host_copy(staging, Fence{});
+  EXPECT_EQ(staging.copies_in_flight(), 1U);
+  EXPECT_THROW(staging.retire(std::move(early)), InvalidArgument);
+  EXPECT_TRUE(staging);
+  CopyCompleted done = std::move(copy).wait();
+  EXPECT_EQ(done.sequence(), 1U);
+  staging.retire(std::move(done));
+  EXPECT_EQ(pool.stats().retired, 1U);
+}
+
+// Covered (passes): zero and absurd sizes of every sizing call, and bounds of zero.
+TEST(MisuseStagingPool, ZeroAndAbsurdSizesEverywhere) {
+  auto upstream = counted_host();
+  PinnedStagingPool pool(upstream, {.max_buffers = 0, .max_bytes = 0});
+  EXPECT_THROW((void)pool.acquire(0), InvalidArgument);
+  EXPECT_THROW(pool.reserve(1, 0), InvalidArgument);
+  pool.reserve(0, 4096);         // nothing
+  pool.reserve(SIZE_MAX, 4096);  // nothing fits the zero bounds: no pin at all
+  EXPECT_EQ(pool.stats().pin_calls, 0U);
+  EXPECT_THROW((void)pool.acquire(SIZE_MAX), std::bad_alloc);
+  EXPECT_THROW(PinnedBuffer(upstream, 0), InvalidArgument);
+  EXPECT_THROW(PinnedBuffer(nullptr, 1), InvalidArgument);
+  EXPECT_THROW(PinnedStagingPool(nullptr), InvalidArgument);
+  auto staging = pool.acquire(4096);
+  staging.retire(WitnessMint::completed_copy_of(staging));  // over bounds: freed
+  EXPECT_EQ(pool.stats().freed_over_bounds, 1U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// ==== WeightPager: plan and schedule (pure host) ===========================================
+
+// FINDING: plan_residency guards the total of the aligned layer sizes against overflow,
+// but not the sum of the layers forced resident for a candidate slot size (`forced`) nor
+// resident_bytes. Two layers of 2^63 bytes under a budget of SIZE_MAX: forced wraps to 0,
+// the plan keeps all three layers resident in an "arena" of 256 bytes, and layer 2 gets the
+// same offset as layer 0. The pager would allocate 256 bytes and upload 2^63 into it.
+// (Absurd sizes, e.g. uninitialised WeightLayer::bytes with an "unlimited" budget.)
+TEST(MisuseStagingPager, PlanWithOverflowingResidentLayersIsRefused) {
+  const std::size_t huge = std::size_t{1} << 63;
+  PagerPlan plan;
+  try {
+    plan = plan_residency({huge, huge, 256}, {}, {.budget_bytes = SIZE_MAX, .prefetch_depth = 1});
+  } catch (const InvalidArgument& error) {
+    SUCCEED() << error.what();
+    return;
+  }
+  std::size_t resident_layers_bytes = 0;
+  bool wrapped = false;
+  for (std::size_t i = 0; i < plan.layer_bytes.size(); ++i) {
+    if (!plan.resident[i]) continue;
+    wrapped = wrapped || resident_layers_bytes > SIZE_MAX - plan.layer_bytes[i];
+    resident_layers_bytes += plan.layer_bytes[i];
+  }
+  ADD_FAILURE() << "accepted: arena_bytes " << plan.arena_bytes << ", resident_bytes "
+                << plan.resident_bytes << ", resident " << plan.resident[0] << plan.resident[1]
+                << plan.resident[2] << ", offsets " << plan.offset[0] << " " << plan.offset[1]
+                << " " << plan.offset[2] << ", slot_count " << plan.slot_count
+                << ", slot_bytes " << plan.slot_bytes << (wrapped ? " (resident sum wraps)" : "");
+  EXPECT_FALSE(plan.resident[0] && plan.resident[2] && plan.offset[0] == plan.offset[2])
+      << "two resident layers share one place in the arena";
+}
+
+// FINDING: copy_to_compute_ratio is not validated. +inf (or any value past 2^64) reaches
+// static_cast<std::size_t>(std::ceil(run * (ratio - 1))) in pager_plan.cpp: undefined
+// behaviour (float-to-integer overflow), and the warning prints whatever the conversion
+// gave; NaN and negative ratios are silently taken as "unknown".
+TEST(MisuseStagingPager, NonFiniteOrNegativeCopyToComputeRatioIsRefused) {
+  for (const double ratio : {std::numeric_limits<double>::infinity(), 1e300,
+                             std::numeric_limits<double>::quiet_NaN(), -2.0}) {
+    SCOPED_TRACE("ratio " + std::to_string(ratio));
+    try {
+      const auto plan = plan_residency(std::vector<std::size_t>(8, 1_MiB), {},
+                                       {.budget_bytes = 5_MiB,
+                                        .prefetch_depth = 1,
+                                        .copy_to_compute_ratio = ratio});
+      std::string warnings;
+      for (const auto& warning : plan.warnings) warnings += warning + "\n";
+      ADD_FAILURE() << "accepted; warnings:\n" << warnings;
+    } catch (const InvalidArgument&) {
+    }
+  }
+}
+
+// FINDING (unclear error message): a layer exactly as large as the budget is refused
+// because of the arena's hidden 256-byte alignment, with the message "layer 0 (1000 bytes)
+// is larger than the VRAM budget (1000 bytes)", which is false as stated. It should either
+// be accepted or say that layers are placed at 256-byte alignment (1024 bytes needed).
+TEST(MisuseStagingPager, LayerAsLargeAsTheBudgetGetsATruthfulMessage) {
+  try {
+    const auto plan = plan_residency({1000}, {}, {.budget_bytes = 1000});
+    EXPECT_LE(plan.arena_bytes, 1000U);
+  } catch (const InvalidArgument& error) {
+    const std::string message = error.what();
+    EXPECT_NE(message.find("align"), std::string::npos)
+        << "refused without naming the alignment: " << message;
+  }
+}
+
+// FINDING: PagerSchedule (public, pager_plan.hpp) takes any PagerPlan and indexes its
+// vectors with the plan's schedule entries unchecked: a hand-made plan whose schedule
+// names a layer that does not exist writes out of bounds in the constructor
+// (uses_[plan_.schedule[position]].push_back). plan_residency validates; the schedule
+// does not. Expected: InvalidArgument.
+TEST(MisuseStagingPagerDeathTest, ScheduleOverAnInconsistentHandMadePlanIsRefused) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto body = [&]{
+    PagerPlan plan = plan_residency({64, 64}, {}, {.budget_bytes = 64, .alignment = 1});
+    plan.schedule = {0, 1, 100000, 7777777};  // layers that do not exist
+    PagerSchedule schedule(plan);
+    (void)schedule.acquire(0);
+  };
+  MISUSE_EXPECT_THROWS_IN_CHILD(InvalidArgument, body);
+}
+
+// Covered (passes): a schedule entry out of range, zero layers, a zero-byte layer and a
+// budget below one layer are refused by plan_residency with a Fix.
+TEST(MisuseStagingPager, PlanBadInputMessagesCarryAFix) {
+  const auto message = [](auto&& call) -> std::string {
+    try {
+      call();
+    } catch (const InvalidArgument& error) {
+      return error.what();
+    }
+    return "(no exception)";
+  };
+  for (const std::string& text :
+       {message([] { (void)plan_residency({}, {}, {.budget_bytes = 1_MiB}); }),
+        message([] { (void)plan_residency({1_MiB, 0}, {}, {.budget_bytes = 4_MiB}); }),
+        message([] { (void)plan_residency({2_MiB}, {}, {.budget_bytes = 1_MiB}); }),
+        message([] { (void)plan_residency({1_MiB}, {0, 1}, {.budget_bytes = 4_MiB}); }),
+        message([] { (void)plan_residency({1_MiB}, {}, {.budget_bytes = 0}); })}) {
+    EXPECT_NE(text.find("Fix:"), std::string::npos) << text;
+  }
+}
+
+// ==== WeightPager over a host-memory device ================================================
+
+class HostDevice final : public PagerDevice {
+ public:
+  std::string pin_host(std::span<const HostRange> ranges, std::size_t, WeightPagerLoad& load) override {
+    for (const auto& range : ranges) load.pinned_bytes += range.bytes;
+    return {};
+  }
+  void* allocate_arena(std::size_t bytes) override {
+    arena_.assign(bytes, std::byte{0xEE});
+    return arena_.data();
+  }
+  void upload(void* device, const void* host, std::size_t bytes) override {
+    std::memcpy(device, host, bytes);
+  }
+  void configure(std::size_t, bool, const WeightPagerOptions&) override {}
+  void page_in(std::size_t, void* device, const void* host, std::size_t bytes) override {
+    std::memcpy(device, host, bytes);
+  }
+  void wait_ready(std::size_t, cudaStream_t) override {}
+  void record_release(std::size_t, cudaStream_t) override {}
+  void collect(WeightPagerStats&) override {}
+  void synchronize() override {}
+  void shutdown(void*, std::size_t) noexcept override {}
+
+ private:
+  std::vector<std::byte> arena_;
+};
+
+struct Weights {
+  std::vector<std::vector<std::byte>> data;
+  std::vector<WeightLayer> layers;
+  Weights(std::size_t count, std::size_t bytes) {
+    for (std::size_t i = 0; i < count; ++i) data.emplace_back(bytes, std::byte(i + 1));
+    for (std::size_t i = 0; i < count; ++i) {
+      layers.push_back({"w" + std::to_string(i), data[i].data(), bytes});
+    }
+  }
+};
+
+WeightPager host_pager(const Weights& weights, WeightPagerOptions options) {
+  options.print_plan_warnings = false;
+  return WeightPager(weights.layers, options, std::make_unique<HostDevice>());
+}
+
+// Covered (passes): every slot held is OutOfMemory (a std::bad_alloc) naming the slots,
+// nothing changes, and after a release the pager serves the layer with its own bytes.
+// Acquiring one layer twice needs two releases; a third is refused.
+TEST(MisuseStagingPager, InUseLayersAreNeverEvictedAndTheErrorIsRecoverable) {
+  Weights weights(6, 1024);
+  auto pager = host_pager(weights, {.budget_bytes = 2048, .prefetch_depth = 1});
+  ASSERT_EQ(pager.plan().slot_count, 2U);
+  const void* a = pager.acquire(0, nullptr);
+  const void* b = pager.acquire(1, nullptr);
+  try {
+    (void)pager.acquire(2, nullptr);
+    FAIL() << "a third layer was paged into a slot still in use";
+  } catch (const std::bad_alloc& error) {
+    EXPECT_NE(std::string(error.what()).find("Fix:"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(std::memcmp(a, weights.data[0].data(), 1024), 0);
+  EXPECT_EQ(std::memcmp(b, weights.data[1].data(), 1024), 0);
+  const void* a_again = pager.acquire(0, nullptr);  // a second hold of layer 0
+  EXPECT_EQ(a_again, a);
+  pager.release(0, nullptr);
+  EXPECT_THROW((void)pager.acquire(2, nullptr), OutOfMemory);  // layer 0 is still held once
+  pager.release(0, nullptr);
+  const void* c = pager.acquire(2, nullptr);
+  EXPECT_EQ(std::memcmp(c, weights.data[2].data(), 1024), 0);
+  EXPECT_EQ(std::memcmp(b, weights.data[1].data(), 1024), 0);  // in use: untouched
+  EXPECT_THROW(pager.release(0, nullptr), InvalidArgument);
+  pager.release(1, nullptr);
+  pager.release(2, nullptr);
+}
+
+// Covered (passes): unnamed layers may repeat (no name, nothing to look up); a lookup of
+// the empty name is an unknown name; a moved-from pager refuses every call, its handle
+// says "pager destroyed".
+TEST(MisuseStagingPager, UnnamedLayersAndMovedFromPagerCalls) {
+  Weights weights(3, 512);
+  for (auto& layer : weights.layers) layer.name.clear();
+  auto pager = host_pager(weights, {.budget_bytes = 4_KiB});
+  EXPECT_THROW((void)pager.index_of(""), InvalidArgument);
+  EXPECT_THROW((void)pager.acquire(std::string_view(""), nullptr), InvalidArgument);
+  WeightPager other = std::move(pager);
+  EXPECT_THROW(pager.release(0, nullptr), InvalidArgument);  // NOLINT(bugprone-use-after-move)
+  EXPECT_THROW((void)pager.stats(), InvalidArgument);
+  EXPECT_THROW((void)pager.plan(), InvalidArgument);
+  EXPECT_THROW(pager.synchronize(), InvalidArgument);
+  EXPECT_FALSE(pager.handle().alive());
+  EXPECT_THROW((void)pager.handle().acquire(0, nullptr), InvalidArgument);
+  (void)other.acquire(2, nullptr);
+  other.release(2, nullptr);
+}
+
+// ==== Thread creation failing (memory pressure) ============================================
+
+// Caps the address space of this (death-test child) process at what it maps now plus
+// `headroom`, so the next thread stacks (8 MiB each by default) cannot be mapped.
+void cap_address_space(std::size_t headroom) {
+  std::ifstream statm("/proc/self/statm");
+  std::size_t pages = 0;
+  statm >> pages;
+  const auto limit = static_cast<rlim_t>(pages * static_cast<std::size_t>(sysconf(_SC_PAGESIZE)) +
+                                         headroom);
+  const rlimit cap{limit, limit};
+  if (setrlimit(RLIMIT_AS, &cap) != 0) std::_Exit(5);
+}
+
+// FINDING: ParallelCopy (the pager's fill threads, WeightPagerOptions::fill_threads) starts
+// its workers in the constructor with workers_.emplace_back. When a thread cannot be made
+// (std::system_error, e.g. under memory pressure: exactly when HostWeights::automatic
+// falls back to staging), the constructor throws with the threads already started still
+// joinable in workers_, whose destructor calls std::terminate. Expected: the exception.
+TEST(MisuseStagingThreadsDeathTest, FillThreadCreationFailureThrowsInsteadOfTerminating) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto body = [&]{
+    cap_address_space(20_MiB);  // room for about two thread stacks
+    detail::ParallelCopy copy(64);
+    (void)copy;
+  };
+  MISUSE_EXPECT_THROWS_IN_CHILD(std::exception, body);
+}
+
+// The same through the pager's stager (the object WeightPager's pageable path builds).
+class NullTarget final : public detail::StagedCopyTarget {
+ public:
+  void bind_thread() override {}
+  void begin(const detail::StagerJob&) override {}
+  PendingCopy copy(std::byte*, PooledStaging& staging) override {
+    struct Done {
+      bool ready() const { return true; }
+      void wait() {}
+    };
+    return WitnessMint::host_copy(staging, Done{});
+  }
+  void end(const detail::StagerJob&) override {}
+};
+
+TEST(MisuseStagingThreadsDeathTest, StagerWithTooManyFillThreadsThrowsInsteadOfTerminating) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto body = [&]{
+    NullTarget target;
+    auto upstream = std::make_shared<HostMemoryUpstream>();
+    cap_address_space(20_MiB);
+    detail::PageableStager stager(target, {.slot_count = 2,
+                                           .chunk_bytes = 4096,
+                                           .staging_buffers = 2,
+                                           .fill_threads = 64,
+                                           .staging_upstream = upstream});
+    (void)stager;
+  };
+  MISUSE_EXPECT_THROWS_IN_CHILD(std::exception, body);
+}
+
+// FINDING: touch_pages_in_parallel (PinnedHostUpstream's touch_register path, used for
+// every staging buffer of 64 KiB and more) has the same pattern: a std::thread that cannot
+// be created leaves the started ones joinable in a local vector -> std::terminate. (Its
+// caller, PinnedHostUpstream::allocate, would also leak the mmap on that exception.)
+TEST(MisuseStagingThreadsDeathTest, TouchThreadCreationFailureThrowsInsteadOfTerminating) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto body = [&]{
+    const std::size_t bytes = 512_MiB;  // 16 parts of 32 MiB: 15 threads wanted
+    void* block =
+        mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+             -1, 0);
+    if (block == MAP_FAILED) std::_Exit(6);
+    cap_address_space(20_MiB);
+    touch_pages_in_parallel(block, bytes, 16);
+  };
+  MISUSE_EXPECT_THROWS_IN_CHILD(std::exception, body);
+}
+
+// FINDING (wrong error type): an absurd staging_buffers (WeightPagerOptions::
+// staging_buffers, passed straight to the stager) escapes as std::length_error from
+// std::vector ("cannot create std::vector larger than max_size()"), not InvalidArgument
+// naming the option; staging_buffers * chunk_bytes also overflows into the pool's bound.
+TEST(MisuseStagingPager, AbsurdStagingBufferCountIsInvalidArgument) {
+  NullTarget target;
+  auto upstream = std::make_shared<HostMemoryUpstream>();
+  try {
+    detail::PageableStager stager(target, {.slot_count = 2,
+                                           .chunk_bytes = 4096,
+                                           .staging_buffers = SIZE_MAX,
+                                           .fill_threads = 1,
+                                           .staging_upstream = upstream});
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument&) {
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "wrong error type: " << error.what();
+  }
+}
+
+// ==== On a GPU (skip without one) =========================================================
+
+// GPU-only. FINDING candidate: a WeightLayer whose host pointer is device memory (a
+// cudaMalloc pointer) is not refused: pin_host asks cudaPointerGetAttributes, sees a
+// device pointer (not cudaMemoryTypeHost), and registers it with cudaHostRegister. Pinned
+// mode should be an InvalidArgument naming the layer, not a PinningError advising to raise
+// RLIMIT_MEMLOCK.
+TEST(MisuseStagingGpu, DevicePointerAsHostWeightIsInvalidArgumentInPinnedMode) {
+  VRAM_GPU_TEST_OR_SKIP();
+  void* device_weights = nullptr;
+  ASSERT_EQ(cudaMalloc(&device_weights, 4 * 64_KiB), cudaSuccess);
+  std::vector<WeightLayer> layers;
+  for (int i = 0; i < 4; ++i) {
+    layers.push_back({"d" + std::to_string(i),
+                      static_cast<std::byte*>(device_weights) + static_cast<std::size_t>(i) * 64_KiB,
+                      64_KiB});
+  }
+  try {
+    WeightPager pager(layers, {.budget_bytes = 2 * 64_KiB,
+                               .host = HostWeights::pinned,
+                               .print_plan_warnings = false});
+    ADD_FAILURE() << "device memory accepted as host weights";
+  } catch (const InvalidArgument&) {
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "wrong error type: " << error.what();
+  }
+  (void)cudaFree(device_weights);
+}
+
+// GPU-only. The automatic mode falls back to staging when pinning fails; with device
+// memory as "host" weights the fill threads then memcpy from a device address on the host.
+// Expected: InvalidArgument at construction (in a child: a crash stays there).
+TEST(MisuseStagingGpuDeathTest, DevicePointerAsHostWeightIsRefusedInAutomaticMode) {
+  VRAM_GPU_TEST_OR_SKIP();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto body = [&]{
+    void* device_weights = nullptr;
+    if (cudaMalloc(&device_weights, 4 * 64_KiB) != cudaSuccess) std::_Exit(7);
+    std::vector<WeightLayer> layers;
+    for (int i = 0; i < 4; ++i) {
+      layers.push_back(
+          {"d" + std::to_string(i),
+           static_cast<std::byte*>(device_weights) + static_cast<std::size_t>(i) * 64_KiB, 64_KiB});
+    }
+    WeightPager pager(layers, {.budget_bytes = 2 * 64_KiB,
+                               .host = HostWeights::automatic,
+                               .print_plan_warnings = false});
+    cuda::Stream stream;
+    for (std::size_t i = 0; i < 4; ++i) {
+      (void)pager.acquire(i, stream.get());
+      pager.release(i, stream.get());
+    }
+    pager.synchronize();
+  };
+  MISUSE_EXPECT_THROWS_IN_CHILD(InvalidArgument, body);
+}
+
+// GPU-only: the absurd staging_buffers through the public option (see the CPU case).
+TEST(MisuseStagingGpu, AbsurdStagingBufferCountIsInvalidArgumentFromThePager) {
+  VRAM_GPU_TEST_OR_SKIP();
+  std::vector<std::vector<std::byte>> data(4, std::vector<std::byte>(64_KiB, std::byte{1}));
+  std::vector<WeightLayer> layers;
+  for (std::size_t i = 0; i < 4; ++i) layers.push_back({"p" + std::to_string(i), data[i].data(), 64_KiB});
+  try {
+    WeightPager pager(layers, {.budget_bytes = 2 * 64_KiB,
+                               .host = HostWeights::pageable,
+                               .staging_buffers = SIZE_MAX,
+                               .print_plan_warnings = false});
+    ADD_FAILURE() << "accepted";
+  } catch (const InvalidArgument&) {
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "wrong error type: " << error.what();
+  }
+}
+
+// GPU-only, covered: a bad device ordinal is a CudaError naming the call with a Fix, and
+// nothing is pinned or leaked.
+TEST(MisuseStagingGpu, BadDeviceOrdinalIsACudaErrorWithAFix) {
+  VRAM_GPU_TEST_OR_SKIP();
+  std::vector<std::byte> data(64_KiB, std::byte{1});
+  try {
+    WeightPager pager({{"x", data.data(), data.size()}},
+                      {.budget_bytes = 1_MiB, .device = 4096, .print_plan_warnings = false});
+    ADD_FAILURE() << "device 4096 accepted";
+  } catch (const CudaError& error) {
+    EXPECT_NE(std::string(error.what()).find("Fix:"), std::string::npos) << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace vram::testing
