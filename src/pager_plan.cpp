@@ -42,6 +42,13 @@ PagerPlan plan_residency(std::vector<std::size_t> layer_bytes, std::vector<std::
         "vram::WeightPager: VRAM budget of 0 bytes. Fix: set budget_bytes to at least the "
         "largest layer (plus one more layer for prefetch).");
   }
+  // The ratio only shapes a warning, but a value that is no ratio is a caller's mistake
+  // (NaN, negative, infinite, or a unit error: a copy a million times its compute).
+  if (const double ratio = options.copy_to_compute_ratio; !(ratio >= 0) || !(ratio <= 1e6)) {
+    throw InvalidArgument("vram::WeightPager: copy_to_compute_ratio " + std::to_string(ratio) +
+                          " is not a ratio of copy to compute time. Fix: 0 when unknown, else "
+                          "the time to copy a layer over the time to compute it (0 to 1e6).");
+  }
   const std::size_t alignment = options.alignment == 0 ? 1 : options.alignment;
   std::vector<std::size_t> aligned(n);
   std::size_t largest = 0;
@@ -52,10 +59,15 @@ PagerPlan plan_residency(std::vector<std::size_t> layer_bytes, std::vector<std::
     }
     if (overflows_round_up(layer_bytes[i], alignment) ||
         round_up(layer_bytes[i], alignment) > options.budget_bytes) {
-      throw InvalidArgument("vram::WeightPager: layer " + std::to_string(i) + " (" +
-                            std::to_string(layer_bytes[i]) + " bytes) is larger than the VRAM " +
-                            "budget (" + std::to_string(options.budget_bytes) +
-                            " bytes). Fix: raise budget_bytes or split the layer.");
+      const bool by_alignment = layer_bytes[i] <= options.budget_bytes;
+      throw InvalidArgument(
+          "vram::WeightPager: layer " + std::to_string(i) + " (" + std::to_string(layer_bytes[i]) +
+          " bytes" +
+          (by_alignment ? ", " + std::to_string(round_up(layer_bytes[i], alignment)) +
+                              " at the arena's " + std::to_string(alignment) + "-byte alignment"
+                        : std::string()) +
+          ") does not fit the VRAM budget (" + std::to_string(options.budget_bytes) +
+          " bytes). Fix: raise budget_bytes or split the layer.");
     }
     aligned[i] = round_up(layer_bytes[i], alignment);
     largest = std::max(largest, aligned[i]);
@@ -80,13 +92,24 @@ PagerPlan plan_residency(std::vector<std::size_t> layer_bytes, std::vector<std::
   plan.resident.assign(n, false);
   plan.offset.assign(n, 0);
 
+  // Every sum below (layers forced resident, resident bytes, bytes streamed per step) is at
+  // most this total times the uses, so refusing a total past the address space keeps them
+  // exact: weights that large cannot be in host memory anyway.
+  constexpr std::size_t kMax = std::numeric_limits<std::size_t>::max();
   std::size_t total = 0;
-  bool total_overflows = false;
+  bool overflows = false;
   for (std::size_t bytes : aligned) {
-    total_overflows = total_overflows || total > std::numeric_limits<std::size_t>::max() - bytes;
+    overflows = overflows || total > kMax - bytes;
     total += bytes;
   }
-  if (!total_overflows && total <= options.budget_bytes) {
+  const std::size_t most_uses =
+      std::max<std::size_t>(1, *std::max_element(uses.begin(), uses.end()));
+  if (overflows || total > kMax / most_uses) {
+    throw InvalidArgument(
+        "vram::WeightPager: the layers' sizes (times their uses per step) add up past the "
+        "address space. Fix: give each layer's real size in bytes.");
+  }
+  if (total <= options.budget_bytes) {
     plan.resident.assign(n, true);  // nothing streams: no slots, no prefetch
   } else {
     // Candidates for the largest streamed (slot) size: every distinct aligned layer size.
@@ -192,6 +215,32 @@ PagerPlan plan_residency(std::vector<std::size_t> layer_bytes, std::vector<std::
 PagerSchedule::PagerSchedule(PagerPlan plan, EvictionPolicy policy)
     : plan_(std::move(plan)), policy_(policy) {
   const std::size_t n = plan_.layer_bytes.size();
+  // A plan from plan_residency is consistent; one made or edited by hand is checked first.
+  const auto refuse = [](const std::string& what) {
+    throw InvalidArgument("vram::PagerSchedule: the plan " + what +
+                          ". Fix: build plans with vram::plan_residency.");
+  };
+  if (n == 0) refuse("has no layers");
+  if (plan_.resident.size() != n || plan_.offset.size() != n) {
+    refuse("has " + std::to_string(n) + " layer sizes but " +
+           std::to_string(plan_.resident.size()) + " residency flags and " +
+           std::to_string(plan_.offset.size()) + " offsets");
+  }
+  if (plan_.schedule.empty()) refuse("has an empty schedule");
+  for (std::size_t position = 0; position < plan_.schedule.size(); ++position) {
+    if (plan_.schedule[position] >= n) {
+      refuse("schedule position " + std::to_string(position) + " names layer " +
+             std::to_string(plan_.schedule[position]) + " of only " + std::to_string(n));
+    }
+  }
+  const bool streams =
+      std::find(plan_.resident.begin(), plan_.resident.end(), false) != plan_.resident.end();
+  if (streams && (plan_.prefetch_depth >= plan_.slot_count)) {
+    refuse("streams layers with " + std::to_string(plan_.slot_count) +
+           " slot(s) and prefetch "
+           "depth " +
+           std::to_string(plan_.prefetch_depth) + " (it needs depth + 1 slots)");
+  }
   uses_.resize(n);
   for (std::size_t position = 0; position < plan_.schedule.size(); ++position) {
     uses_[plan_.schedule[position]].push_back(position);

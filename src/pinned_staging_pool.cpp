@@ -24,6 +24,12 @@ struct StagingPoolState {
   StagingPoolState(std::shared_ptr<Upstream> upstream_in, PinnedStagingPool::Options options_in)
       : upstream(std::move(upstream_in)), options(options_in) {
     if (!upstream) throw InvalidArgument("vram::PinnedStagingPool: the upstream is null");
+    if (upstream->kind() == MemoryKind::device) {
+      throw InvalidArgument("vram::PinnedStagingPool: the upstream '" +
+                            std::string(upstream->name()) +
+                            "' hands out device memory, which the host cannot fill. Fix: "
+                            "stage through host memory (PinnedHostUpstream, the default).");
+    }
   }
 
   // Whether one more buffer of `capacity` bytes stays within both bounds. Needs `mutex`.
@@ -109,6 +115,11 @@ std::uint64_t PinnedBuffer::copies_in_flight() const noexcept {
 }
 
 void PinnedBuffer::reset() noexcept {
+  if (data_ != nullptr && lease_) {
+    if (auto pool = lease_->raw_owner.lock()) {  // a raw buffer still on loan: no witness
+      pool->freed_without_witness.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   if (data_ != nullptr) {
     if (lease_ && lease_->copies_in_flight() != 0) {
       // A DMA may still read this memory: park it on the ledger, which the in-flight
@@ -133,13 +144,21 @@ PinnedStagingPool::PinnedStagingPool(Options options)
 PinnedStagingPool::PinnedStagingPool(std::shared_ptr<Upstream> upstream, Options options)
     : state_(std::make_shared<detail::StagingPoolState>(std::move(upstream), options)) {}
 
+detail::StagingPoolState& PinnedStagingPool::live_state(const char* call) const {
+  if (!state_) [[unlikely]] {
+    throw InvalidArgument(std::string("vram::PinnedStagingPool::") + call +
+                          ": the pool was moved from. Fix: use the pool it was moved to.");
+  }
+  return *state_;
+}
+
 PooledStaging PinnedStagingPool::acquire(std::size_t len) {
+  auto& s = live_state("acquire");
   if (len == 0) {
     throw InvalidArgument(
         "vram::PinnedStagingPool::acquire: zero bytes requested. Fix: keep zero-sized "
         "buffers as null sentinels and ask for at least one byte.");
   }
-  auto& s = *state_;
   // A new ledger for every loan, made before the free list is touched (it can throw).
   auto lease = std::make_shared<detail::StagingLease>(s.id, detail::StagingLease::next_id());
   {
@@ -199,20 +218,21 @@ void PinnedStagingPool::take_back(detail::StagingPoolState& pool, PinnedBuffer& 
 
 void PinnedStagingPool::release(PinnedBuffer&& buffer, CopyCompleted completed) {
   if (!buffer) return;
-  if (!buffer.lease_ || buffer.lease_->pool_id != state_->id) {
-    state_->foreign_buffers.fetch_add(1, std::memory_order_relaxed);
+  auto& s = live_state("release");  // moved from: the buffer stays with the caller
+  if (!buffer.lease_ || buffer.lease_->pool_id != s.id) {
+    s.foreign_buffers.fetch_add(1, std::memory_order_relaxed);
     throw InvalidArgument(
         "vram::PinnedStagingPool::release: this PinnedBuffer is not a lease of this pool (" +
         std::string(buffer.lease_ ? "another pool's" : "made outside any pool") +
         "). The buffer stays with the caller. Fix: release a buffer to the pool it was "
         "acquired from; a buffer made by hand is freed by destroying it.");
   }
-  take_back(*state_, buffer, completed, "release");
+  take_back(s, buffer, completed, "release");
 }
 
 void PinnedStagingPool::reserve(std::size_t count, std::size_t len) {
+  auto& s = live_state("reserve");
   if (len == 0) throw InvalidArgument("vram::PinnedStagingPool::reserve: zero bytes requested.");
-  auto& s = *state_;
   for (std::size_t i = 0; i < count; ++i) {
     {
       std::lock_guard lock(s.mutex);
@@ -224,6 +244,7 @@ void PinnedStagingPool::reserve(std::size_t count, std::size_t len) {
 }
 
 void PinnedStagingPool::clear() {
+  if (!state_) return;  // a moved-from pool holds nothing
   std::vector<PinnedBuffer> dropped;
   {
     std::lock_guard lock(state_->mutex);
@@ -233,13 +254,14 @@ void PinnedStagingPool::clear() {
 }
 
 bool PinnedStagingPool::can_retain_concurrent(std::size_t len, std::size_t count) const noexcept {
+  if (!state_) return false;
   const auto& options = state_->options;
   if (count > options.max_buffers) return false;
   return count == 0 || len <= options.max_bytes / count;
 }
 
 PinnedStagingStats PinnedStagingPool::stats() const {
-  const auto& s = *state_;
+  const auto& s = live_state("stats");
   PinnedStagingStats out;
   out.pin_calls = s.pin_calls.load(std::memory_order_relaxed);
   out.reuses = s.reuses.load(std::memory_order_relaxed);
@@ -255,6 +277,7 @@ PinnedStagingStats PinnedStagingPool::stats() const {
 }
 
 void PinnedStagingPool::reset_counters() noexcept {
+  if (!state_) return;
   auto& s = *state_;
   for (auto* counter : {&s.pin_calls, &s.reuses, &s.retired, &s.freed_over_bounds,
                         &s.freed_without_witness, &s.witness_mismatches, &s.foreign_buffers}) {
@@ -274,7 +297,8 @@ void PinnedStagingPool::reset_global_counters() noexcept {
 }
 
 const PinnedStagingPool::Options& PinnedStagingPool::options() const noexcept {
-  return state_->options;
+  static const Options defaults{};
+  return state_ ? state_->options : defaults;
 }
 
 PooledStaging& PooledStaging::operator=(PooledStaging&& other) noexcept {
@@ -308,6 +332,7 @@ void PooledStaging::retire(CopyCompleted completed) {
 }
 
 PinnedBuffer PooledStaging::into_inner() noexcept {
+  if (buffer_ && buffer_.lease_) buffer_.lease_->raw_owner = pool_;
   pool_.reset();
   len_ = 0;
   return std::move(buffer_);

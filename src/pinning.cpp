@@ -54,14 +54,23 @@ void touch_pages_in_parallel(void* data, std::size_t bytes, unsigned threads) {
     return;
   }
   const std::size_t slice = round_to_pages((bytes + count - 1) / count);
+  // Slices whose thread could not be started (out of memory or threads) are touched here.
   std::vector<std::thread> workers;
-  workers.reserve(count - 1);
-  for (unsigned i = 1; i < count; ++i) {
-    const std::size_t begin = std::min(bytes, i * slice);
-    const std::size_t end = std::min(bytes, begin + slice);
-    workers.emplace_back(touch, begin, end);
+  unsigned started = 1;
+  try {
+    workers.reserve(count - 1);
+    for (; started < count; ++started) {
+      const std::size_t begin = std::min(bytes, started * slice);
+      const std::size_t end = std::min(bytes, begin + slice);
+      workers.emplace_back(touch, begin, end);
+    }
+  } catch (const std::exception&) {  // std::system_error, std::bad_alloc
   }
   touch(0, std::min(bytes, slice));
+  for (unsigned i = started; i < count; ++i) {
+    const std::size_t begin = std::min(bytes, i * slice);
+    touch(begin, std::min(bytes, begin + slice));
+  }
   for (auto& worker : workers) worker.join();
 }
 

@@ -21,6 +21,8 @@
 
 namespace vram::detail {
 
+struct StagingPoolState;
+
 struct StagingLease {
   StagingLease(std::uint64_t pool_id_in, std::uint64_t id_in) noexcept
       : pool_id(pool_id_in), id(id_in) {}
@@ -46,6 +48,9 @@ struct StagingLease {
   const std::uint64_t id;
   std::atomic<std::uint64_t> copies_enqueued{0};
   std::atomic<std::uint64_t> copies_completed{0};
+  // Set by PooledStaging::into_inner(): the pool whose freed_without_witness counts the raw
+  // buffer if it is destroyed still on loan (release() ends the loan first).
+  std::weak_ptr<StagingPoolState> raw_owner;
   std::shared_ptr<Upstream> parked_upstream;
   void* parked = nullptr;
   std::size_t parked_bytes = 0;

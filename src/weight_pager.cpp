@@ -99,6 +99,20 @@ class CudaPagerDevice final : public PagerDevice {
   }
   ~CudaPagerDevice() override { shutdown(nullptr, 0); }
 
+  std::size_t first_device_range(std::span<const HostRange> ranges) override {
+    cuda::DeviceGuard guard(device_);
+    for (std::size_t i = 0; i < ranges.size(); ++i) {
+      cudaPointerAttributes attributes{};
+      const cudaError_t status = cudaPointerGetAttributes(&attributes, ranges[i].data);
+      if (status != cudaSuccess) {
+        (void)cudaGetLastError();
+        continue;  // unknown to CUDA: plain host memory
+      }
+      if (attributes.type == cudaMemoryTypeDevice) return i;
+    }
+    return ranges.size();
+  }
+
   std::string pin_host(std::span<const HostRange> ranges, std::size_t chunk_bytes,
                        WeightPagerLoad& load) override {
     cuda::DeviceGuard guard(device_);
@@ -506,6 +520,18 @@ WeightPager::WeightPager(std::vector<WeightLayer> layers, WeightPagerOptions opt
   state->options = options;
   state->device = device ? std::move(device) : make_cuda_pager_device(options.device);
   state->load.requested = options.host;
+
+  {  // The host copies from the weights (uploads, staging fills): device memory crashes it.
+    std::vector<PagerDevice::HostRange> all;
+    all.reserve(state->layers.size());
+    for (const auto& layer : state->layers) all.push_back({layer.host, layer.bytes});
+    if (const std::size_t i = state->device->first_device_range(all); i < all.size()) {
+      throw InvalidArgument("vram::WeightPager: layer " + std::to_string(i) + " ('" +
+                            state->layers[i].name +
+                            "') points at device memory, not host memory. Fix: pass the "
+                            "weights' host copy (the pager copies them to the device itself).");
+    }
+  }
 
   // From here on a throw destroys `state`, whose destructor frees what was made so far.
   bool staged = options.host == HostWeights::pageable;

@@ -25,10 +25,14 @@
 //   that is not a lease of this pool (another pool's, or a PinnedBuffer made by hand over
 //   any upstream, pageable or not) throws vram::InvalidArgument, leaves the buffer with the
 //   caller, and counts foreign_buffers.
-//   Without a witness there is no way back: destroying a PooledStaging (or PinnedBuffer)
-//   frees its buffer (counted in freed_without_witness), never reuses it; if copies issued
-//   from it are still unobserved, the memory is freed only once the last of their
-//   PendingCopy objects has waited for its copy and gone.
+//   Without a witness there is no way back: destroying a PooledStaging (or the PinnedBuffer
+//   its into_inner() gave) frees its buffer (counted in freed_without_witness), never
+//   reuses it; if copies issued from it are still unobserved, the memory is freed only once
+//   the last of their PendingCopy objects has waited for its copy and gone.
+//   Handles: a copy of a PinnedStagingPool is another handle of the same pool. A moved-from
+//   one throws vram::InvalidArgument from acquire, release (the buffer stays with the
+//   caller), reserve and stats; clear and reset_counters do nothing. An upstream of device
+//   memory is refused at construction (the host fills staging buffers).
 //
 // Choice and bounds
 //   acquire(len) takes the smallest free buffer with capacity >= len (best fit, no
@@ -151,6 +155,7 @@ class PinnedStagingPool {
   // `completed` names the buffer's current lease and no copy from it is unobserved.
   static void take_back(detail::StagingPoolState& pool, PinnedBuffer& buffer,
                         CopyCompleted& completed, const char* caller);
+  detail::StagingPoolState& live_state(const char* call) const;  // throws when moved from
   std::shared_ptr<detail::StagingPoolState> state_;
 };
 

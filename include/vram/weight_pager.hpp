@@ -83,14 +83,15 @@ struct WeightPagerOptions {
   int device = 0;
   std::size_t register_chunk_bytes = std::size_t{2} << 30;  // clamped to 2 GiB
   std::size_t staging_chunk_bytes = std::size_t{32} << 20;
-  std::size_t staging_buffers = 3;  // 2: double, 3: triple buffering
-  // Pageable fill: threads (0: the hardware threads, at most 16) and how they copy. On the
+  std::size_t staging_buffers = 3;  // 2: double, 3: triple buffering; at most 64
+  // Pageable fill: threads (0: the hardware threads, at most 16; at most 256; threads the
+  // system cannot start are done without) and how they copy. On the
   // H200 machine memcpy with 16 threads filled at 47.9 GB/s, with 8 at 45.4, non-temporal
   // stores at 37.7 and 28.9 (bench/RESULTS.md); elsewhere non-temporal stores may win.
   unsigned fill_threads = 0;
   bool streaming_fill = false;        // true: non-temporal stores into staging (x86-64)
   unsigned stall_sample_period = 16;  // time every Nth page-in; 0: never
-  double copy_to_compute_ratio = 0;   // estimate for the plan check; 0: unknown
+  double copy_to_compute_ratio = 0;   // estimate for the plan check; 0: unknown; <= 1e6
   bool print_plan_warnings = true;    // the plan check's warnings to stderr at construction
   EvictionPolicy eviction = EvictionPolicy::belady;
 };
@@ -133,6 +134,11 @@ class PagerDevice {
     std::size_t bytes;
   };
   virtual ~PagerDevice() = default;
+  // 0. The index of the first range the host cannot read (device memory given as host
+  // weights), ranges.size() when none. The default trusts the caller.
+  virtual std::size_t first_device_range(std::span<const HostRange> ranges) {
+    return ranges.size();
+  }
   // 1. Page-locks the ranges in chunks of at most chunk_bytes; on failure undoes its own
   // registrations and returns the reason (empty on success). Fills the load report.
   virtual std::string pin_host(std::span<const HostRange> ranges, std::size_t chunk_bytes,

@@ -90,7 +90,7 @@ class PageableStager {
   // Throws vram::InvalidArgument (no slots, null target), vram::PinningError (staging).
   PageableStager(StagedCopyTarget& target, const PageableStagerOptions& options)
       : target_(target),
-        chunk_(std::max(kMinChunk, options.chunk_bytes)),
+        chunk_(checked_chunk(options)),
         pool_(make_pool(options)),
         ring_(std::max<std::size_t>(2, options.staging_buffers)),
         queue_(2 * options.slot_count + 4),
@@ -170,6 +170,27 @@ class PageableStager {
   }
 
  private:
+  static constexpr std::size_t kMaxStagingBuffers = 64;
+  static constexpr unsigned kMaxFillThreads = 256;
+  // The chunk size, after the options are checked (first, before anything is made).
+  static std::size_t checked_chunk(const PageableStagerOptions& options) {
+    const std::size_t chunk = std::max(kMinChunk, options.chunk_bytes);
+    const std::size_t buffers = std::max<std::size_t>(2, options.staging_buffers);
+    if (buffers > kMaxStagingBuffers || chunk > SIZE_MAX / buffers) {
+      throw InvalidArgument("vram::WeightPager: staging_buffers " +
+                            std::to_string(options.staging_buffers) + " of " +
+                            std::to_string(chunk) +
+                            " bytes: more than the 64 buffers (or the address space) staging "
+                            "can use. Fix: 2 (double) or 3 (triple buffering).");
+    }
+    if (options.fill_threads > kMaxFillThreads) {
+      throw InvalidArgument("vram::WeightPager: fill_threads " +
+                            std::to_string(options.fill_threads) +
+                            " is more than 256. Fix: 0 picks the hardware threads, at most 16.");
+    }
+    return chunk;
+  }
+
   static PinnedStagingPool make_pool(const PageableStagerOptions& options) {
     const std::size_t buffers = std::max<std::size_t>(2, options.staging_buffers);
     const PinnedStagingPool::Options bounds{

@@ -65,9 +65,15 @@ inline void streaming_copy(std::byte* destination, const std::byte* source, std:
 
 class ParallelCopy {
  public:
-  // streaming: each part with streaming_copy (non-temporal stores), else memcpy.
+  // streaming: each part with streaming_copy (non-temporal stores), else memcpy. Up to
+  // threads - 1 workers: when the system cannot start one (out of memory or threads), the
+  // copy runs on those that started (at least the caller's own thread) instead of failing.
   explicit ParallelCopy(unsigned threads, bool streaming = false) : streaming_(streaming) {
-    for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
+    try {
+      workers_.reserve(threads > 0 ? threads - 1 : 0);
+      for (unsigned i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
+    } catch (const std::exception&) {  // std::system_error, std::bad_alloc: fewer workers
+    }
   }
   ~ParallelCopy() {
     {
