@@ -9,6 +9,8 @@
 #                                     pairs and batched benchmarks: one call per session
 #   tools/gpu/h200_run.sh final OUT   tests, memcheck, replay with the Torch peer, the full run
 #   tools/gpu/h200_run.sh check OUT   tests, memcheck, the stream traces with the Torch peer
+#   tools/gpu/h200_run.sh review OUT  tests, memcheck, replay with the Torch peer, pairs,
+#                                     batched and overhead benchmarks
 #   tools/gpu/h200_run.sh full  OUT   the full benchmark run (every scenario; the tables of
 #                                     bench/RESULTS.md's "Latest full run" and its headline)
 #   tools/gpu/h200_run.sh py    OUT   the Python checks (plug-in build, PyTorch, CuPy), no
@@ -97,6 +99,13 @@ case $mode in
     ;;
   full)
     full_bench 560
+    ;;
+  review)  # after bad-input fixes on the hot paths: tests, memcheck, replay with PyTorch,
+    # the pair, batched and StreamOrderedPool-overhead benchmarks
+    tests_and_memcheck
+    torch_replay
+    step bench 300 ./build/vram bench --scenario pairs,batched,overhead \
+      --json "$log/bench.json" --markdown "$log/bench.md"
     ;;
   check)  # after a change late in a session: tests, memcheck, the stream traces with PyTorch
     tests_and_memcheck
