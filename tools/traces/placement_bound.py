@@ -20,6 +20,8 @@ import argparse
 import bisect
 import gzip
 
+from remap_model import release_range
+
 
 def load_lifetimes(path, min_bytes):
     """(alloc index, free index, rounded bytes) per block of at least min_bytes, and the
@@ -84,16 +86,7 @@ def online_best_fit_span(blocks):
             where[i] = best
             top = max(top, best + size)
             continue
-        addr = where.pop(i)
-        pos = bisect.bisect_left(addrs, addr)
-        if pos < len(addrs) and addrs[pos] == addr + size:
-            size += free.pop(addrs[pos])
-            addrs.pop(pos)
-        if pos > 0 and addrs[pos - 1] + free[addrs[pos - 1]] == addr:
-            free[addrs[pos - 1]] += size
-        else:
-            free[addr] = size
-            addrs.insert(pos, addr)
+        release_range(free, addrs, where.pop(i), size)
     return top
 
 

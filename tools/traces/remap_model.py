@@ -43,6 +43,20 @@ def stretches(sorted_granules):
     return sum(1 for i, g in enumerate(sorted_granules) if i == 0 or sorted_granules[i - 1] != g - 1)
 
 
+def release_range(free, addrs, addr, size):
+    """Gives [addr, addr + size) back to the free ranges (free: start -> size; addrs: the
+    starts, sorted), merged with a free neighbour on either side."""
+    i = bisect.bisect_left(addrs, addr)
+    if i < len(addrs) and addrs[i] == addr + size:
+        size += free.pop(addrs[i])
+        addrs.pop(i)
+    if i > 0 and addrs[i - 1] + free[addrs[i - 1]] == addr:
+        free[addrs[i - 1]] += size
+    else:
+        free[addr] = size
+        addrs.insert(i, addr)
+
+
 def replay(events, passes, headroom):
     """headroom None: never unmap. Returns (peak live, peak mapped/physical, peak touched, calls)."""
     free = {0: HUGE}
@@ -57,15 +71,7 @@ def replay(events, passes, headroom):
     calls = [collections.Counter() for _ in range(passes)]
 
     def release(addr, size):
-        i = bisect.bisect_left(addrs, addr)
-        if i < len(addrs) and addrs[i] == addr + size:
-            size += free.pop(addrs[i])
-            addrs.pop(i)
-        if i > 0 and addrs[i - 1] + free[addrs[i - 1]] == addr:
-            free[addrs[i - 1]] += size
-        else:
-            free[addr] = size
-            addrs.insert(i, addr)
+        release_range(free, addrs, addr, size)
 
     for p in range(passes):
         clock = 0
