@@ -59,7 +59,8 @@ PagerPlan plan_residency(std::vector<std::size_t> layer_bytes, std::vector<std::
     }
     if (overflows_round_up(layer_bytes[i], alignment) ||
         round_up(layer_bytes[i], alignment) > options.budget_bytes) {
-      const bool by_alignment = layer_bytes[i] <= options.budget_bytes;
+      const bool by_alignment =
+          !overflows_round_up(layer_bytes[i], alignment) && layer_bytes[i] <= options.budget_bytes;
       throw InvalidArgument(
           "vram::WeightPager: layer " + std::to_string(i) + " (" + std::to_string(layer_bytes[i]) +
           " bytes" +

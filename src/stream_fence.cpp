@@ -1,5 +1,7 @@
 #include "vram/stream_fence.hpp"
 
+#include <optional>
+
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 
@@ -48,6 +50,11 @@ std::uint64_t CudaEventFence::record(cudaStream_t stream) {
   // between this check and the record leaves the marker never completed: the ranges stay
   // pending until trim() or an out-of-memory retry synchronizes the device.
   const RelaxedCaptureMode relaxed;
+  // The null and legacy handles name the legacy stream of the current device: the fence's
+  // device is made current for them (a thread with another device current would otherwise
+  // record on that device's stream, and fail).
+  std::optional<cuda::DeviceGuard> on_device;
+  if (stream == nullptr || stream == cudaStreamLegacy) on_device.emplace(device_);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   const cudaError_t asked = cudaStreamIsCapturing(stream, &capture);
   if (asked != cudaSuccess) (void)cudaGetLastError();

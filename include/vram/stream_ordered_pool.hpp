@@ -126,7 +126,12 @@ class StreamOrderedPool {
     return invalid_releases_.load(std::memory_order_relaxed);
   }
 
-  bool operator==(const StreamOrderedPool& other) const noexcept { return pool_ == other.pool_; }
+  // Equal only to itself (cuda::mr: equal resources free each other's memory, and a block
+  // goes back through the object that recorded it), even when two objects drive the
+  // device's default pool.
+  bool operator==(const StreamOrderedPool& other) const noexcept {
+    return blocks_ == other.blocks_;
+  }
   friend void get_property(const StreamOrderedPool&, ::cuda::mr::device_accessible) noexcept {}
 
  private:

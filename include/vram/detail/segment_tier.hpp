@@ -63,8 +63,9 @@ inline constexpr StreamKey kUntagged = ~StreamKey{0};
 // thread's stream, even after the thread exits), and a fence for it is recorded on the
 // legacy default stream, which waits for all work queued before on every blocking stream,
 // per-thread default streams among them. The null stream is the legacy default stream (one
-// stream for all threads), as in code built without --default-stream per-thread; code
-// built with it passes cudaStreamPerThread for its own stream.
+// stream for all threads), as in code built without --default-stream per-thread. Code
+// built with it must pass cudaStreamPerThread for its own stream: a 0 it passes means its
+// per-thread stream to it but the one shared key here, and the pool cannot tell.
 inline constexpr StreamKey kPerThreadKey = StreamKey{1} << (sizeof(StreamKey) * 8 - 1);
 StreamKey per_thread_stream_key() noexcept;
 inline StreamKey stream_key(cudaStream_t stream) noexcept {
