@@ -11,6 +11,7 @@
 #   tools/gpu/h200_run.sh check OUT   tests, memcheck, the stream traces with the Torch peer
 #   tools/gpu/h200_run.sh review OUT  tests, memcheck, replay with the Torch peer, pairs,
 #                                     batched and overhead benchmarks
+#   tools/gpu/h200_run.sh closing OUT tests, memcheck, replay with the Torch peer, Python checks
 #   tools/gpu/h200_run.sh full  OUT   the full benchmark run (every scenario; the tables of
 #                                     bench/RESULTS.md's "Latest full run" and its headline)
 #   tools/gpu/h200_run.sh py    OUT   the Python checks (plug-in build, PyTorch, CuPy), no
@@ -106,6 +107,12 @@ case $mode in
     torch_replay
     step bench 300 ./build/vram bench --scenario pairs,batched,overhead \
       --json "$log/bench.json" --markdown "$log/bench.md"
+    ;;
+  closing)  # the last call after bad-input fixes: tests, memcheck, replay with PyTorch, the
+    # Python checks (plug-in built there, PyTorch and CuPy)
+    tests_and_memcheck
+    torch_replay
+    step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
   check)  # after a change late in a session: tests, memcheck, the stream traces with PyTorch
     tests_and_memcheck
