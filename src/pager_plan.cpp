@@ -238,9 +238,8 @@ PagerSchedule::PagerSchedule(PagerPlan plan, EvictionPolicy policy)
       std::find(plan_.resident.begin(), plan_.resident.end(), false) != plan_.resident.end();
   if (streams && (plan_.prefetch_depth >= plan_.slot_count)) {
     refuse("streams layers with " + std::to_string(plan_.slot_count) +
-           " slot(s) and prefetch "
-           "depth " +
-           std::to_string(plan_.prefetch_depth) + " (it needs depth + 1 slots)");
+           " slot(s) and prefetch depth " + std::to_string(plan_.prefetch_depth) +
+           " (it needs depth + 1 slots)");
   }
   uses_.resize(n);
   for (std::size_t position = 0; position < plan_.schedule.size(); ++position) {

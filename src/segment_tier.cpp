@@ -454,13 +454,13 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     segments_.reserve(segments_.size() + 1);
     void* base = nullptr;
     try {
-      base = upstream_.allocate(size);
+      base = allocate_non_null(upstream_, size);
     } catch (const OutOfMemory&) {
       ++counters_.failed_upstream_allocations;
       if (size == need) throw;
       size = need;  // a segment of just this block may still fit
       try {
-        base = upstream_.allocate(size);
+        base = allocate_non_null(upstream_, size);
       } catch (...) {
         ++counters_.failed_upstream_allocations;
         throw;
@@ -468,13 +468,6 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
     } catch (...) {
       ++counters_.failed_upstream_allocations;
       throw;
-    }
-    if (base == nullptr) {  // an upstream that breaks its contract: no segment to carve
-      ++counters_.failed_upstream_allocations;
-      throw OutOfMemory(size, counters_.free_bytes, used_,
-                        "the upstream '" + std::string(upstream_.name()) +
-                            "' returned null without throwing. Fix: an Upstream reports "
-                            "failure by throwing (vram::OutOfMemory), never by returning null");
     }
     segment->size = size;
     segment->base = static_cast<char*>(base);

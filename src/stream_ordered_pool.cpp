@@ -37,14 +37,7 @@ StreamOrderedPool::StreamOrderedPool(Options options) {
     throw InvalidArgument("vram::StreamOrderedPool: device " + std::to_string(options.device) +
                           " is not a device. Fix: a device index, or -1 for the current one.");
   }
-  if (int count = 0;
-      options.device >= 0 && cudaGetDeviceCount(&count) == cudaSuccess && options.device >= count) {
-    throw InvalidArgument("vram::StreamOrderedPool: device " + std::to_string(options.device) +
-                          " is not present (" + std::to_string(count) +
-                          " visible). Fix: a device index below that, or -1 for the current "
-                          "one; CUDA_VISIBLE_DEVICES renumbers them.");
-  }
-  (void)cudaGetLastError();  // a failed count leaves the error the next call reports
+  if (options.device >= 0) cuda::Device::require_present(options.device, "vram::StreamOrderedPool");
   blocks_ = std::make_unique<detail::BlockRegistry>();
   const auto& api = cuda::driver_api();
   device_ = options.device < 0 ? cuda::Device::current() : options.device;

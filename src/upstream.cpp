@@ -10,17 +10,21 @@
 
 namespace vram {
 
+void* detail::allocate_non_null(Upstream& upstream, std::size_t bytes) {
+  void* block = upstream.allocate(bytes);
+  if (block == nullptr) {
+    throw OutOfMemory(bytes, 0, 0,
+                      "the upstream '" + std::string(upstream.name()) +
+                          "' returned null without throwing. Fix: an Upstream reports failure "
+                          "by throwing (vram::OutOfMemory), never by returning null");
+  }
+  return block;
+}
+
 DeviceMemoryUpstream::DeviceMemoryUpstream() : device_(cuda::Device::current()) {}
 
 DeviceMemoryUpstream::DeviceMemoryUpstream(int device) : device_(device) {
-  int count = 0;
-  cuda::check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-  if (device < 0 || device >= count) {
-    throw InvalidArgument("vram::DeviceMemoryUpstream: device " + std::to_string(device) +
-                          " is not present (" + std::to_string(count) +
-                          " visible). Fix: a device index below that; CUDA_VISIBLE_DEVICES "
-                          "renumbers them.");
-  }
+  cuda::Device::require_present(device, "vram::DeviceMemoryUpstream");
 }
 
 void* DeviceMemoryUpstream::allocate(std::size_t bytes) {

@@ -40,13 +40,7 @@ char* HostVirtualMemory::reserve(std::size_t bytes) {
 void HostVirtualMemory::unreserve(char* base, std::size_t bytes) noexcept { munmap(base, bytes); }
 
 std::uint64_t HostVirtualMemory::map(char* address, std::size_t bytes) {
-  void* token = physical_->allocate(bytes);  // charges the emulated device
-  if (token == nullptr) {
-    throw OutOfMemory(bytes, 0, 0,
-                      "host emulation: the upstream '" + std::string(physical_->name()) +
-                          "' returned null without throwing. Fix: an Upstream reports failure "
-                          "by throwing (vram::OutOfMemory), never by returning null");
-  }
+  void* token = detail::allocate_non_null(*physical_, bytes);  // charges the emulated device
   if (mprotect(address, bytes, PROT_READ | PROT_WRITE) != 0) {
     physical_->deallocate(token, bytes);
     throw OutOfMemory(bytes, 0, 0, "host emulation: mprotect failed");

@@ -39,6 +39,12 @@ class Upstream {
   virtual std::size_t available_bytes() const noexcept { return SIZE_MAX; }
 };
 
+namespace detail {
+// upstream.allocate(bytes), with a null result (an upstream breaking its contract) as
+// vram::OutOfMemory: the pools never carve blocks out of address 0.
+void* allocate_non_null(Upstream& upstream, std::size_t bytes);
+}  // namespace detail
+
 // cudaMalloc / cudaFree on one device (the current device at construction by default).
 class DeviceMemoryUpstream final : public Upstream {
  public:

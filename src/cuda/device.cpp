@@ -48,6 +48,17 @@ int Device::current() {
   return device;
 }
 
+void Device::require_present(int ordinal, const char* who) {
+  int count = 0;
+  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (ordinal < 0 || ordinal >= count) {
+    throw InvalidArgument(std::string(who) + ": device " + std::to_string(ordinal) +
+                          " is not present (" + std::to_string(count) +
+                          " visible). Fix: a device index below that; CUDA_VISIBLE_DEVICES "
+                          "renumbers them.");
+  }
+}
+
 bool Device::memory_pools_supported(int ordinal) {
   int supported = 0;
   check(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, ordinal),

@@ -47,6 +47,9 @@ class Device {
   // Throws vram::CudaError (cudaErrorInvalidDevice with a Fix hint) for a bad ordinal.
   static DeviceProperties properties(int ordinal);
   static int current();
+  // Throws vram::InvalidArgument naming `who` when `ordinal` is not a visible device, and
+  // vram::CudaError when the devices cannot be counted (no driver).
+  static void require_present(int ordinal, const char* who);
   // Whether the device's driver supports stream-ordered memory pools.
   static bool memory_pools_supported(int ordinal);
   // Runtime and driver versions as "13.0"; "none" where no driver is installed.
