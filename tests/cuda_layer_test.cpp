@@ -4,7 +4,14 @@
 
 #include <cuda.h>
 
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
 #include "gpu_test_policy.hpp"
+#include "source_tree.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
@@ -113,6 +120,51 @@ TEST(CudaLayerGpu, DriverEntryPointsResolveAndCanBeCalled) {
                      "cuDeviceGetDefaultMemPool");
   EXPECT_NE(pool, nullptr);
   EXPECT_EQ(cuda::driver_error_name(CUDA_ERROR_OUT_OF_MEMORY), "CUDA_ERROR_OUT_OF_MEMORY");
+}
+
+// The layer rule: every CUDA runtime or driver call of the library and its plug-in is made
+// under src/cuda/ (or by the inline checks of include/vram/cuda/). Comments and string
+// literals are not calls; kernels launched (<<<) count as calls.
+TEST(CudaLayer, EveryCudaCallLivesInTheCudaLayer) {
+  const std::regex call(R"((\b(cuda|cu)[A-Z][A-Za-z0-9]*\s*\()|(\bdriver_api\s*\()|(<<<))");
+  const std::regex literal(R"("([^"\\]|\\.)*")");
+  std::vector<std::string> found;
+  std::size_t files = 0;
+  for (const char* root : {"src", "include/vram", "plugins"}) {
+    const std::filesystem::path base = source_path(root);
+    ASSERT_TRUE(std::filesystem::is_directory(base)) << base;
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(base)) {
+      if (!entry.is_regular_file()) continue;
+      const std::string path = entry.path().generic_string();
+      if (path.find("/src/cuda/") != std::string::npos ||
+          path.find("/include/vram/cuda/") != std::string::npos) {
+        continue;
+      }
+      const std::string ext = entry.path().extension().string();
+      if (ext != ".cpp" && ext != ".hpp" && ext != ".h" && ext != ".cu" && ext != ".cuh") continue;
+      ++files;
+      std::ifstream in(entry.path());
+      std::string line;
+      for (int number = 1; std::getline(in, line); ++number) {
+        const auto first = line.find_first_not_of(" \t");
+        if (first != std::string::npos &&
+            (line[first] == '*' || line.compare(first, 2, "/*") == 0)) {
+          continue;  // a block comment's line
+        }
+        std::string code = std::regex_replace(line, literal, "\"\"");
+        if (const auto comment = code.find("//"); comment != std::string::npos) {
+          code.erase(comment);
+        }
+        if (std::regex_search(code, call)) {
+          found.push_back(path + ":" + std::to_string(number) + ": " + line);
+        }
+      }
+    }
+  }
+  EXPECT_GT(files, 10U);
+  std::string report;
+  for (const auto& f : found) report += f + "\n";
+  EXPECT_TRUE(found.empty()) << found.size() << " CUDA calls outside src/cuda/:\n" << report;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cuda/status.hpp"
 #include "vram/cuda/driver_api.hpp"
 
 namespace vram {
@@ -104,6 +105,10 @@ void check_driver(int result, const char* call) {
     return;
   throw describe(call, result, true, driver_error_name(result), driver_error_string(result),
                  driver_fix_hint(result));
+}
+
+std::string error_text(cudaError_t result) {
+  return std::string(cudaGetErrorName(result)) + " (" + cudaGetErrorString(result) + ")";
 }
 
 bool is_shutdown_error(cudaError_t result) noexcept {
