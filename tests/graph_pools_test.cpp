@@ -1,0 +1,185 @@
+// Graph-private pools (src/graph_pools.hpp) and capture routes (src/capture_routes.hpp):
+// use counts, reuse only inside a pool, memory back to the shared tiers only once a pool
+// has no use and nothing live. Host only; the threaded cases run under TSan in CI.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "capture_routes.hpp"
+#include "graph_pools.hpp"
+
+namespace vram::testing {
+namespace {
+
+using detail::CaptureRoutes;
+using detail::GraphPools;
+
+void* fake(std::uintptr_t n) { return reinterpret_cast<void*>(n << 12); }
+
+TEST(GraphPools, FreedBlockIsReusedOnlyByItsOwnPool) {
+  GraphPools pools;
+  pools.retain(1);
+  pools.retain(2);
+  pools.adopt(1, {fake(1), 4096});
+  std::vector<GraphPools::Block> to_shared;
+  EXPECT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::returned);
+  EXPECT_TRUE(to_shared.empty());                   // pool 1 still has a use open
+  EXPECT_EQ(pools.take(2, 4096).pointer, nullptr);  // never to another pool
+  const auto again = pools.take(1, 4096);
+  EXPECT_EQ(again.pointer, fake(1));
+  EXPECT_EQ(again.bytes, 4096U);
+  EXPECT_EQ(pools.live_bytes_of(fake(1)), 4096U);
+}
+
+TEST(GraphPools, BestFitAtMostAQuarterLarger) {
+  GraphPools pools;
+  pools.retain(7);
+  pools.adopt(7, {fake(1), 8192});
+  pools.adopt(7, {fake(2), 5000});
+  std::vector<GraphPools::Block> to_shared;
+  ASSERT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::returned);
+  ASSERT_EQ(pools.give_back(fake(2), to_shared), GraphPools::Release::returned);
+  EXPECT_EQ(pools.take(7, 3000).pointer, nullptr);  // 5000 > 3000 * 5/4
+  EXPECT_EQ(pools.take(7, 4500).pointer, fake(2));
+  EXPECT_EQ(pools.take(7, 8000).pointer, fake(1));
+  EXPECT_EQ(pools.take(7, 1).pointer, nullptr);  // nothing free left
+}
+
+TEST(GraphPools, MemoryReturnsOnlyWhenNoUseAndNothingLive) {
+  GraphPools pools;
+  pools.retain(3);  // graph A captures into pool 3
+  pools.retain(3);  // graph B shares it (pool=)
+  pools.adopt(3, {fake(1), 1 << 20});
+  pools.adopt(3, {fake(2), 1 << 20});
+  std::vector<GraphPools::Block> to_shared;
+  ASSERT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::returned);
+  EXPECT_TRUE(pools.release(3).empty());  // graph A gone: B still uses the pool
+  EXPECT_EQ(pools.stats().held_bytes, 2U << 20);
+  EXPECT_TRUE(pools.release(3).empty());  // graph B gone, but fake(2) is still live
+  EXPECT_FALSE(pools.empty());
+  EXPECT_EQ(pools.stats().live_bytes, 1U << 20);
+  ASSERT_EQ(pools.give_back(fake(2), to_shared), GraphPools::Release::returned);
+  ASSERT_EQ(to_shared.size(), 2U);  // the last live block: all of the pool's memory goes
+  std::set<void*> back{to_shared[0].pointer, to_shared[1].pointer};
+  EXPECT_EQ(back, (std::set<void*>{fake(1), fake(2)}));
+  EXPECT_TRUE(pools.empty());
+  EXPECT_EQ(pools.stats().held_bytes, 0U);
+  EXPECT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::not_ours);
+}
+
+TEST(GraphPools, DoubleFreeAndExtraReleaseAreRefusedAndCounted) {
+  GraphPools pools;
+  pools.retain(4);
+  pools.adopt(4, {fake(9), 512});
+  std::vector<GraphPools::Block> to_shared;
+  ASSERT_EQ(pools.give_back(fake(9), to_shared), GraphPools::Release::returned);
+  EXPECT_EQ(pools.give_back(fake(9), to_shared), GraphPools::Release::double_free);
+  EXPECT_EQ(pools.stats().double_frees, 1U);
+  const auto back = pools.release(4);
+  ASSERT_EQ(back.size(), 1U);
+  EXPECT_TRUE(pools.release(4).empty());  // no use open: counted, nothing changes
+  EXPECT_EQ(pools.stats().double_frees, 2U);
+  EXPECT_EQ(pools.give_back(fake(5), to_shared), GraphPools::Release::not_ours);
+}
+
+TEST(GraphPools, TakeNeedsAnOpenUse) {
+  GraphPools pools;
+  pools.retain(5);
+  pools.adopt(5, {fake(1), 4096});
+  pools.adopt(5, {fake(2), 4096});
+  std::vector<GraphPools::Block> to_shared;
+  ASSERT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::returned);
+  EXPECT_TRUE(pools.release(5).empty());            // fake(2) live: the pool stays
+  EXPECT_EQ(pools.take(5, 4096).pointer, nullptr);  // but no capture may draw from it
+}
+
+TEST(GraphPools, TakeAllEmptiesEveryPool) {
+  GraphPools pools;
+  pools.retain(1);
+  pools.adopt(1, {fake(1), 256});
+  pools.retain(2);
+  pools.adopt(2, {fake(2), 256});
+  EXPECT_EQ(pools.take_all().size(), 2U);
+  EXPECT_TRUE(pools.empty());
+  EXPECT_EQ(pools.stats().blocks, 0U);
+}
+
+TEST(GraphPoolsThreads, ConcurrentPoolsNeverShareBlocks) {
+  GraphPools pools;
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 2000;
+  std::atomic<int> crossed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const GraphPools::Id id = static_cast<GraphPools::Id>(t + 1);
+      pools.retain(id);
+      std::vector<GraphPools::Block> to_shared;
+      for (int i = 0; i < kRounds; ++i) {
+        auto block = pools.take(id, 4096);
+        if (block.pointer == nullptr) {
+          block = {fake(static_cast<std::uintptr_t>(t * kRounds + i + 1)), 4096};
+          pools.adopt(id, block);
+        }
+        // Every block of pool `id` was made by thread t.
+        const auto n = reinterpret_cast<std::uintptr_t>(block.pointer) >> 12;
+        if ((n - 1) / kRounds != static_cast<std::uintptr_t>(t)) crossed.fetch_add(1);
+        if (pools.give_back(block.pointer, to_shared) != GraphPools::Release::returned) {
+          crossed.fetch_add(1);
+        }
+      }
+      to_shared = pools.release(id);
+      if (to_shared.empty()) crossed.fetch_add(1);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(crossed.load(), 0);
+  EXPECT_TRUE(pools.empty());
+}
+
+TEST(CaptureRoutes, StreamAndThreadRouteToThePool) {
+  CaptureRoutes routes;
+  EXPECT_FALSE(routes.any());
+  const auto me = std::this_thread::get_id();
+  ASSERT_TRUE(routes.open(11, 0x100, me));
+  EXPECT_TRUE(routes.any());
+  EXPECT_EQ(routes.for_stream(0x100), 11U);
+  EXPECT_EQ(routes.for_thread(me), 11U);
+  EXPECT_FALSE(routes.for_stream(0x200).has_value());
+  EXPECT_FALSE(routes.open(12, 0x100, std::thread::id{}));  // the stream is captured
+  EXPECT_FALSE(routes.open(12, 0x200, me));                 // the thread has a scope
+  EXPECT_FALSE(routes.close(0x100, std::thread::id{}));     // not that thread's scope
+  EXPECT_TRUE(routes.close(0x100, me));
+  EXPECT_FALSE(routes.any());
+  EXPECT_FALSE(routes.for_thread(me).has_value());
+}
+
+TEST(CaptureRoutesThreads, EachThreadSeesItsOwnRoute) {
+  CaptureRoutes routes;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const auto me = std::this_thread::get_id();
+      const auto stream = static_cast<CaptureRoutes::StreamKey>(0x1000 + t);
+      for (int i = 0; i < 500; ++i) {
+        if (!routes.open(static_cast<CaptureRoutes::PoolId>(t), stream, me)) wrong.fetch_add(1);
+        if (routes.for_thread(me) != static_cast<CaptureRoutes::PoolId>(t)) wrong.fetch_add(1);
+        if (routes.for_stream(stream) != static_cast<CaptureRoutes::PoolId>(t)) {
+          wrong.fetch_add(1);
+        }
+        if (!routes.close(stream, me)) wrong.fetch_add(1);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_FALSE(routes.any());
+}
+
+}  // namespace
+}  // namespace vram::testing
