@@ -1,6 +1,5 @@
-// Review (wt/review5) of 12d7be4..7c52b55: the segment tier's virtual-memory runs capped by
-// available memory, map-ahead, and the FreeIndex / PointerMap rewrite of its index. Each
-// test here pins a finding of the review (see the comment above it).
+// The segment tier's virtual-memory runs capped by available memory, map-ahead, and its
+// index (FreeIndex, PointerMap) at the edges: huge sizes, the null key, a null free.
 #include <gtest/gtest.h>
 
 #include <csignal>
@@ -27,7 +26,7 @@ using detail::SegmentTier;
 // PointerMap's keys are documented non-null, but SegmentTier::free() hands it any pointer
 // (a foreign one must come back false and change nothing). erase(nullptr) "finds" the
 // first empty slot of its probe (an empty slot's key is null) and decrements size_.
-TEST(Review5PointerMap, EraseOfTheNullKeyChangesNothing) {
+TEST(PointerMapNullKey, EraseOfTheNullKeyChangesNothing) {
   detail::PointerMap<int> map;
   int value = 1;
   map.reserve_one();
@@ -40,7 +39,7 @@ TEST(Review5PointerMap, EraseOfTheNullKeyChangesNothing) {
 // The tier-level consequence: free(nullptr) returns false but under-counts live_, which
 // then grows too late; the table fills up completely and the next lookup of an absent key
 // (owns() / free() of a foreign pointer) probes forever. Run in a child with an alarm.
-TEST(Review5SegmentTierDeathTest, FreeOfNullLeavesTheLiveMapUsable) {
+TEST(NullFreeDeathTest, SegmentTierFreeOfNullLeavesTheLiveMapUsable) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(
       {
@@ -92,7 +91,7 @@ class UnknownAvailable final : public VirtualMemory {
 // included, and throws: a block that fits the device fails with OutOfMemory only because
 // of the granules mapped for nobody. (The bound available/4 keeps this away from a
 // correct, fresh available_bytes(), not from an unknown or stale one.)
-TEST(Review5SegmentTierVirtual, MapAheadNeverMakesABlockThatFitsFail) {
+TEST(MapAhead, MapAheadNeverMakesABlockThatFitsFail) {
   auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
                                                  TestUpstream::Options{.capacity_bytes = 24_MiB});
   UnknownAvailable vm(physical);
@@ -117,7 +116,7 @@ TEST(Review5SegmentTierVirtual, MapAheadNeverMakesABlockThatFitsFail) {
 // maps") bounds reserved by the growth budget: the tiers' peaks of used bytes plus
 // growth_headroom_1024/1024. map_range() checks the budget for the block's own new granules,
 // then map-ahead adds up to 1/4 of what the tier holds on top, unchecked.
-TEST(Review5SegmentTierVirtual, MapAheadStaysWithinTheUnmapBeforeMapBudget) {
+TEST(MapAhead, MapAheadStaysWithinTheUnmapBeforeMapBudget) {
   auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   HostVirtualMemory vm(physical);
   ManualFence fence;
@@ -146,7 +145,7 @@ TEST(Review5SegmentTierVirtual, MapAheadStaysWithinTheUnmapBeforeMapBudget) {
 // mapped (free() unmaps past it). Map-ahead maps up to 1/4 of what the tier holds as free
 // bytes regardless, and they stay (pinned in the run of the block that was mapped with
 // them), so a pool told to cache nothing holds up to 128 MiB cached after each growth.
-TEST(Review5SegmentTierVirtual, MapAheadStaysWithinMaxFreeBytes) {
+TEST(MapAhead, MapAheadStaysWithinMaxFreeBytes) {
   auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   HostVirtualMemory vm(physical);
   ManualFence fence;
@@ -168,7 +167,7 @@ TEST(Review5SegmentTierVirtual, MapAheadStaysWithinMaxFreeBytes) {
 }
 
 // FreeIndex at the top of the size range (rows 59-60; bin_of near 2^64).
-TEST(Review5FreeIndex, HugeSizesAreFoundInOrder) {
+TEST(FreeIndexHugeSizes, HugeSizesAreFoundInOrder) {
   struct Node {
     std::size_t size = 0;
     char* addr = nullptr;

@@ -1,9 +1,7 @@
-// Review (wt/review8) of 1c92c56 (small classes above small_segment_max_bytes carved out of
-// the large tier) and 877d736 (virtual map-ahead only for a block that raises the tier's
-// peak of used bytes). Host memory: the large tier over the host emulation of virtual
-// memory, ManualFence for streams. Each test pins one question of the review (see its
-// comment). Four failed at review time; after the fixes every test passes and the comment
-// says what was fixed (or, for the stream tag risk, what was tried and kept).
+// Small classes above small_segment_max_bytes, carved out of the large tier, and virtual
+// map-ahead only for a block that raises the tier's peak of used bytes. Host memory: the
+// large tier over the host emulation of virtual memory, ManualFence for streams. Each
+// comment states the rule its test holds the pool to.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -30,7 +28,7 @@ DevicePool::Options virtual_options() { return virtual_host_options(); }
 
 // ---- 1c92c56: placement edges (pass: checked, as documented) --------------------------
 
-TEST(Review8Placement, ClassEdgesAroundTheThresholdAndSmallBlockMax) {
+TEST(LargeTierSmallClassesPlacement, ClassEdgesAroundTheThresholdAndSmallBlockMax) {
   struct Case {
     std::size_t small_max;
     std::size_t segment_max;  // 0: automatic
@@ -63,10 +61,10 @@ TEST(Review8Placement, ClassEdgesAroundTheThresholdAndSmallBlockMax) {
   }
 }
 
-// The threshold is a block size (fixed after the review: it was a class and rounded up):
+// The threshold is a block size (not a class, which would round up):
 // with 300 KiB the 320 KiB class, above it, is carved from the large tier; 256 KiB blocks
 // stay in the small tier.
-TEST(Review8Placement, AThresholdBetweenClassesIsABlockSize) {
+TEST(LargeTierSmallClassesPlacement, AThresholdBetweenClassesIsABlockSize) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = virtual_options();
   options.small_segment_max_bytes = 300_KiB;
@@ -77,11 +75,11 @@ TEST(Review8Placement, AThresholdBetweenClassesIsABlockSize) {
       << "the 320 KiB class, above the 300 KiB threshold, is carved from the large tier";
 }
 
-// A threshold below 2 KiB counts as 2 KiB (fixed after the review: with 1024, the 1280 B
+// A threshold below 2 KiB counts as 2 KiB (with 1024, the 1280 B
 // and 1792 B classes were carved at the large tier's 512-byte rounding, 1536 and 2048
 // bytes, while block_bytes() and bytes_in_use counted 1280 and 1792). Blocks carved from
 // the large tier are now exactly block_bytes() apart.
-TEST(Review8Placement, LargeTierClassesAreCarvedAtTheirBlockBytes) {
+TEST(LargeTierSmallClassesPlacement, LargeTierClassesAreCarvedAtTheirBlockBytes) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = virtual_options();
   options.small_segment_max_bytes = 1024;
@@ -115,7 +113,7 @@ TEST(Review8Placement, LargeTierClassesAreCarvedAtTheirBlockBytes) {
 // the wrong class's bin and take_bins() discards the failed free silently. Either way the block is
 // stranded in its 2 MiB segment: trim(0) can never give that segment back, and bytes_reserved stays
 // above bytes_in_use for good.
-TEST(Review8Validation, ASameBlockSizeReleaseAcrossTheTierBoundaryStrandsTheBlock) {
+TEST(LargeTierSmallClassesValidation, ASameBlockSizeReleaseAcrossTheTierBoundaryStrandsTheBlock) {
   // Control: small_segment_max_bytes = small_block_max_bytes (every class in the small
   // tier, as before 1c92c56) passes every assertion below.
   for (const std::size_t segment_max : {std::size_t{320}, std::size_t{1_MiB}})
@@ -152,7 +150,7 @@ TEST(Review8Validation, ASameBlockSizeReleaseAcrossTheTierBoundaryStrandsTheBloc
 // them. Now the large tier carves the classes above 256 KiB, so a double release of such a block
 // under a large size is accepted: the block is in the thread cache and free in the large tier at
 // once, and the next two requests get the same memory.
-TEST(Review8Validation, ALargeSizedDoubleReleaseOfALargeTierSmallBlockIsNotRejected) {
+TEST(LargeTierSmallClassesValidation, ALargeSizedDoubleReleaseOfALargeTierSmallBlockIsNotRejected) {
   // Control: small_segment_max_bytes = 1 MiB (the placement before 1c92c56) passes.
   for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}}) {
     SCOPED_TRACE(::testing::Message() << "small_segment_max_bytes " << segment_max);
@@ -185,7 +183,7 @@ TEST(Review8Validation, ALargeSizedDoubleReleaseOfALargeTierSmallBlockIsNotRejec
 // Release builds (no validate_releases): the large tier takes a block back only under the
 // size it was allocated with (rounded to 512 B), so a wrong-size release of a large block
 // is rejected and counted, and the block stays leased until its right release.
-TEST(Review8Validation, AWrongSizeReleaseOfALargeBlockIsRejectedWithoutValidation) {
+TEST(LargeTierSmallClassesValidation, AWrongSizeReleaseOfALargeBlockIsRejectedWithoutValidation) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = virtual_options();
   options.validate_releases = false;
@@ -207,11 +205,11 @@ TEST(Review8Validation, AWrongSizeReleaseOfALargeBlockIsRejectedWithoutValidatio
 // always did: one 512 KiB block freed on s1 next to 64 MiB of plain-freed memory makes it
 // s1's, and a 32 MiB request on s2 waits for s1's marker (past the growth budget) or maps
 // more (within it). Before 1c92c56 the block lived in the small tier and s2 got the 64 MiB
-// at once. Tried after the review, host-only: no merging across tags took the four-stream
+// at once. Tried host-only: no merging across tags took the four-stream
 // decode trace from 1.04x to 1.32x the live bytes; merging only neighbours no larger than
 // the freed range, to 1.20x. Kept as it is; this pins the reuse rule (s2 never gets s1's
 // block without a wait) and the cost (a wait or a map), and the control has neither.
-TEST(Review8Streams, ASmallClassStreamFreeCapturesTheLargeTiersUntaggedNeighbour) {
+TEST(LargeTierSmallClassesStreams, ASmallClassStreamFreeCapturesTheLargeTiersUntaggedNeighbour) {
   for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}})
     for (const double headroom : {1.0 / 16, 1.0}) {
       SCOPED_TRACE(::testing::Message()
@@ -245,7 +243,7 @@ TEST(Review8Streams, ASmallClassStreamFreeCapturesTheLargeTiersUntaggedNeighbour
 // Checked: the reuse rule holds for a large-tier small class freed on a stream through a
 // thread cache that then switches streams (take_bins moves the old stream's blocks to the
 // large tier under their tag), and trim/forget_streams clear the tags. Passes.
-TEST(Review8Streams, ThreadCacheTagSwitchKeepsLargeTierSmallBlocksOnTheirStream) {
+TEST(LargeTierSmallClassesStreams, ThreadCacheTagSwitchKeepsLargeTierSmallBlocksOnTheirStream) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<ManualFence>();
   auto options = virtual_options();
@@ -281,7 +279,7 @@ TEST(Review8Streams, ThreadCacheTagSwitchKeepsLargeTierSmallBlocksOnTheirStream)
 // Threads lease classes on both sides of the threshold, a trimmer runs alongside, and the
 // pool is destroyed with blocks of both tiers still leased (orphaned path: each goes
 // straight back to its tier and the upstream). Nothing freed twice, nothing left.
-TEST(Review8Lifetime, OrphanedBlocksOfBothTiersGoBackExactlyOnce) {
+TEST(LargeTierSmallClassesLifetime, OrphanedBlocksOfBothTiersGoBackExactlyOnce) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   std::vector<DevicePool::Lease> leased;
   {
@@ -344,7 +342,7 @@ std::uint64_t grow(DevicePool& pool, TestUpstream& upstream, std::vector<void*>&
 // regrowth and now makes one map per block instead of a few long ones: here 4x+ the maps
 // of the first growth, against about as many (control: the same pool with the peak
 // restarted by trim(SIZE_MAX), which unmaps nothing). On a device each map costs 60-86 us.
-TEST(Review8MapAhead, RegrowthBelowAStalePeakMapsOncePerBlock) {
+TEST(LargeTierSmallClassesMapAhead, RegrowthBelowAStalePeakMapsOncePerBlock) {
   std::uint64_t regrowth_maps[2] = {};
   std::uint64_t first_maps[2] = {};
   for (const bool restart_peak : {false, true}) {
@@ -367,7 +365,7 @@ TEST(Review8MapAhead, RegrowthBelowAStalePeakMapsOncePerBlock) {
   }
   // Control: with the peak restarted, the regrowth maps ahead like the first growth.
   EXPECT_LE(regrowth_maps[1], first_maps[1]);
-  // The finding: the same regrowth under the stale peak.
+  // The same regrowth under the stale peak.
   EXPECT_LE(regrowth_maps[0], 2 * regrowth_maps[1] + 4)
       << "first growth " << first_maps[0] << " maps; regrowth below the stale peak "
       << regrowth_maps[0] << " maps; with the peak restarted " << regrowth_maps[1];

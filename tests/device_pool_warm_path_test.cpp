@@ -1,6 +1,6 @@
-// Review (wt/review7) of c5d383a..6e10082: DevicePool's warm paths (claim_warm, tl_last,
-// per-class bin limits, held_bytes_of, plain_calls), SegmentTier's TierMutex and the
-// `mapped` flag of fit(). Each test pins one question of the review (see its comment).
+// DevicePool's warm paths (claim_warm, tl_last, per-class bin limits, held_bytes_of,
+// plain_calls), SegmentTier's TierMutex and the `mapped` flag of fit(): accounting stays
+// exact across option sweeps, replaced pools, racing trims and adopted caches.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,7 +52,7 @@ std::vector<std::size_t> sizes_for(std::size_t small_max) {
 // 2 MiB and above, clamped), with and without validation and peak tracking: after every
 // acquire/release pattern the accounting is exact, no thread cache holds more than its
 // per-class depth allows, and trim(0) leaves nothing behind.
-TEST(Review7DevicePool, OptionSweepKeepsAccountingExactForEverySmallSize) {
+TEST(WarmPathCaches, OptionSweepKeepsAccountingExactForEverySmallSize) {
   std::vector<SweepCase> cases;
   for (std::size_t small_max : {std::size_t{256}, std::size_t{300}, std::size_t{1_MiB},
                                 std::size_t{2_MiB}, std::size_t{4_MiB}}) {
@@ -121,7 +121,7 @@ TEST(Review7DevicePool, OptionSweepKeepsAccountingExactForEverySmallSize) {
 // pool destroyed and replaced (most likely at the same address) while this thread's
 // tl_last still names the old one: every call lands in the right pool and the counts of
 // both stay exact.
-TEST(Review7DevicePool, AlternatingPoolsAndReplacedPoolsKeepTheirOwnCaches) {
+TEST(WarmPathCaches, AlternatingPoolsAndReplacedPoolsKeepTheirOwnCaches) {
   DevicePool::Options options;
   options.validate_releases = false;
   auto upstream_a = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -211,7 +211,7 @@ class GatedUpstream final : public Upstream {
 // the owner's call must flush its bins on its way out, and its later warm calls (the
 // paths that now store kFree without looking at flush_requested) must not leave the
 // request or its blocks stranded.
-TEST(Review7DevicePool, TrimRacingAnOwnerBlockedInTheUpstreamIsHonoured) {
+TEST(WarmPathCaches, TrimRacingAnOwnerBlockedInTheUpstreamIsHonoured) {
   for (bool validate : {false, true}) {
     SCOPED_TRACE(validate ? "validate" : "plain");
     auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -264,7 +264,7 @@ TEST(Review7DevicePool, TrimRacingAnOwnerBlockedInTheUpstreamIsHonoured) {
 // A block of a class the thread cache does not keep (above thread_cache_max_block_bytes)
 // released on a warm thread goes to its ring, never into a bin; one released on a thread
 // that never used this pool (tl_last names another pool) too.
-TEST(Review7DevicePool, UnkeptClassAndForeignThreadReleasesBypassTheBins) {
+TEST(WarmPathCaches, UnkeptClassAndForeignThreadReleasesBypassTheBins) {
   DevicePool::Options options;
   options.validate_releases = false;
   options.thread_cache_max_block_bytes = 4096;
@@ -291,7 +291,7 @@ TEST(Review7DevicePool, UnkeptClassAndForeignThreadReleasesBypassTheBins) {
 
 // Caches of exited threads are adopted by new threads: the adopted cache keeps the pool's
 // per-class limits (bins sized for every small class, limits for the kept ones).
-TEST(Review7DevicePool, AdoptedCachesKeepTheirLimits) {
+TEST(WarmPathCaches, AdoptedCachesKeepTheirLimits) {
   DevicePool::Options options;
   options.validate_releases = false;
   options.thread_cache_blocks = 3;
@@ -322,7 +322,7 @@ TEST(Review7DevicePool, AdoptedCachesKeepTheirLimits) {
 // exiting (retire), in every call mode (plain, validate_releases, track_peak_in_use): no
 // block is handed out twice and the accounting of both pools balances. (The name matches
 // .ci/run's TSan filter, *Thread*.)
-TEST(Review7DevicePool, TwoPoolThreadsRacingTrimsKeepAccountingExact) {
+TEST(WarmPathCaches, TwoPoolThreadsRacingTrimsKeepAccountingExact) {
   for (int mode = 0; mode < 3; ++mode) {
     SCOPED_TRACE(mode == 0 ? "plain" : mode == 1 ? "validate_releases" : "track_peak_in_use");
     DevicePool::Options options;

@@ -1,5 +1,6 @@
-// Review 9 (helper): the bad-input/misuse commits 73f8e31..4c41905. Tests that PASS pin
-// behaviour checked and found right; tests that FAIL pin a finding (see each comment).
+// The per-thread stream key (cudaStreamPerThread), the block registry of StreamOrderedPool,
+// the pager plan's overflow message and the default pool's equality: each comment states
+// the rule its test holds.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -64,7 +65,7 @@ class RecordingFence final : public StreamFence {
 // Checked, passes: the key of cudaStreamPerThread is per thread, stable within a thread,
 // never kUntagged nor a real handle's key, and its fence stream is the legacy stream; a
 // real handle's fence stream is the handle itself.
-TEST(Review9StreamKey, PerThreadKeysAreDistinctStableAndFenceOnTheLegacyStream) {
+TEST(PerThreadStreamKey, PerThreadKeysAreDistinctStableAndFenceOnTheLegacyStream) {
   const detail::StreamKey mine = detail::stream_key(cudaStreamPerThread);
   EXPECT_EQ(mine, detail::stream_key(cudaStreamPerThread));
   EXPECT_NE(mine, detail::kUntagged);
@@ -83,7 +84,7 @@ TEST(Review9StreamKey, PerThreadKeysAreDistinctStableAndFenceOnTheLegacyStream) 
 // Checked, passes: through a whole DevicePool, the fence for blocks freed on one thread's
 // cudaStreamPerThread is recorded on cudaStreamLegacy, never on cudaStreamPerThread (which
 // in the fencing thread would name that thread's own stream), large and small tier.
-TEST(Review9StreamKey, PoolFencesPerThreadFreesOnTheLegacyStream) {
+TEST(PerThreadStreamKey, PoolFencesPerThreadFreesOnTheLegacyStream) {
   for (const std::size_t bytes : {std::size_t{4096}, std::size_t{4_MiB}}) {
     SCOPED_TRACE(bytes);
     auto fence = std::make_shared<RecordingFence>();
@@ -116,7 +117,7 @@ TEST(Review9StreamKey, PoolFencesPerThreadFreesOnTheLegacyStream) {
 // Checked, passes: PointerMap (sizes encoded as pointers in BlockRegistry) against a
 // reference map under random insert/erase with clustered, aligned keys (long probe runs
 // and wrap-around exercise the backward-shift deletion).
-TEST(Review9BlockRegistry, PointerMapMatchesAReferenceMap) {
+TEST(BlockRegistry, PointerMapMatchesAReferenceMap) {
   detail::PointerMap<std::byte> map;
   std::map<std::uintptr_t, std::uintptr_t> reference;
   std::mt19937_64 rng(9);
@@ -148,7 +149,7 @@ TEST(Review9BlockRegistry, PointerMapMatchesAReferenceMap) {
 
 // Checked, passes: racing releases of one block: exactly one takes it; wrong size leaves
 // it recorded; sizes of any magnitude round-trip.
-TEST(Review9BlockRegistry, RacingTakesOfOneBlockTakeItOnce) {
+TEST(BlockRegistry, RacingTakesOfOneBlockTakeItOnce) {
   detail::BlockRegistry registry;
   std::size_t recorded = 0;
   registry.add(reinterpret_cast<void*>(0x100000), SIZE_MAX);
@@ -179,11 +180,10 @@ TEST(Review9BlockRegistry, RacingTakesOfOneBlockTakeItOnce) {
   }
 }
 
-// FINDING (low, message): a layer whose rounding to the arena alignment overflows is
-// refused (right), but the message then prints the wrapped rounded size: "18446744073709551605
-// bytes, 0 at the arena's 256-byte alignment". src/pager_plan.cpp:62-66 (by_alignment is
-// computed without looking at overflows_round_up).
-TEST(Review9Pager, OverflowingAlignmentMessageDoesNotPrintAWrappedSize) {
+// A layer whose rounding to the arena alignment overflows is refused, and the message
+// never prints the wrapped rounded size ("18446744073709551605 bytes, 0 at the arena's
+// 256-byte alignment").
+TEST(PagerPlanMessages, OverflowingAlignmentMessageDoesNotPrintAWrappedSize) {
   try {
     (void)plan_residency({SIZE_MAX - 10}, {}, {.budget_bytes = SIZE_MAX, .alignment = 256});
     ADD_FAILURE() << "accepted";
@@ -193,16 +193,10 @@ TEST(Review9Pager, OverflowingAlignmentMessageDoesNotPrintAWrappedSize) {
   }
 }
 
-// FINDING (medium, contract): two StreamOrderedPool objects over the device's default pool
-// compare equal (operator== compares the CUmemoryPool), which in the cuda::mr concepts
-// means that either may deallocate what the other allocated. Since the BlockRegistry (one
-// per object, src/stream_ordered_pool.cpp deallocate_async) the second object refuses the
-// first one's block as "did not hand it out": it stays allocated (leaked unless the caller
-// retries through the first object), and invalid_releases counts a valid release.
-// Review F1: two objects over the device's default pool compared equal (same CUmemoryPool),
-// which in cuda::mr says they free each other's memory, but each records its own blocks and
-// refuses the other's. Now an object is equal only to itself; the refusal loses nothing.
-TEST(Review9StreamOrderedPoolGpu, DefaultPoolObjectsAreEqualOnlyToThemselves) {
+// Two objects over the device's default pool share one CUmemoryPool, but each records its
+// own blocks and refuses the other's; in cuda::mr, equal resources free each other's
+// memory. So an object is equal only to itself, and a refused release loses nothing.
+TEST(StreamOrderedPoolIdentityGpu, DefaultPoolObjectsAreEqualOnlyToThemselves) {
   VRAM_GPU_TEST_OR_SKIP();
   StreamOrderedPool a({.use_default_pool = true});
   StreamOrderedPool b({.use_default_pool = true});
