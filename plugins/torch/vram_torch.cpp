@@ -33,6 +33,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "cuda/event_pool.hpp"
+#include "cuda/memory.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/device_pool.hpp"
@@ -69,7 +71,7 @@ struct HeldBack {
 
 struct DeviceState {
   DeviceState(int device, vram::DevicePool::Options options)
-      : ordinal(device), pool(device, options) {}
+      : ordinal(device), pool(device, options), events(device) {}
 
   const int ordinal;
   vram::DevicePool pool;
@@ -85,7 +87,7 @@ struct DeviceState {
   std::mutex mutex;
   std::unordered_map<void*, std::vector<cudaStream_t>> streams_of;  // live blocks only
   std::vector<HeldBack> held_back;
-  std::vector<cudaEvent_t> spare_events;
+  vram::cuda::EventPool events;  // recycled; observed in relaxed capture mode
   std::atomic<std::size_t> recorded{0};
   std::atomic<std::size_t> held_count{0};
   std::atomic<std::uint64_t> held_bytes{0};
@@ -205,19 +207,16 @@ DeviceState& state_for(int device) {
   return *state;
 }
 
-cudaEvent_t take_event(DeviceState& state) {  // under state.mutex, device current
-  if (!state.spare_events.empty()) {
-    cudaEvent_t event = state.spare_events.back();
-    state.spare_events.pop_back();
-    return event;
+// True when every event has completed; `wait`: blocks until they have.
+bool completed(const std::vector<cudaEvent_t>& events, bool wait) noexcept {
+  for (cudaEvent_t event : events) {
+    if (wait) {
+      vram::cuda::synchronize(event);
+    } else if (vram::cuda::query(event) == vram::cuda::EventState::pending) {
+      return false;
+    }
   }
-  cudaEvent_t event = nullptr;
-  const cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    return nullptr;
-  }
-  return event;
+  return true;
 }
 
 // Hands every held-back block whose events have all completed to the pool. `wait`: waits
@@ -233,22 +232,11 @@ std::size_t release_held_back(DeviceState& state, bool wait) noexcept {
     }
     auto& held = state.held_back;
     for (std::size_t i = 0; i < held.size();) {
-      bool done = true;
-      for (cudaEvent_t event : held[i].events) {
-        const cudaError_t status = wait ? cudaEventSynchronize(event) : cudaEventQuery(event);
-        if (status == cudaErrorNotReady) {
-          done = false;
-          break;
-        }
-        // Any other error (e.g. the context is gone): the event will never tell more;
-        // treat it as completed so the block is not lost.
-        if (status != cudaSuccess) (void)cudaGetLastError();
-      }
-      if (!done) {
+      if (!completed(held[i].events, wait)) {
         ++i;
         continue;
       }
-      for (cudaEvent_t event : held[i].events) state.spare_events.push_back(event);
+      for (cudaEvent_t event : held[i].events) state.events.give_back(event);
       ready.push_back(std::move(held[i]));
       held[i] = std::move(held.back());
       held.pop_back();
@@ -404,37 +392,33 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
     }
     streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
     if (!streams.empty()) {
+      HeldBack held{ptr, size, stream, {}};
       try {
-        HeldBack held{ptr, size, stream, {}};
-        bool is_held = false;
-        vram::cuda::DeviceGuard guard(device);  // events belong to the stream's device
-        {
-          std::lock_guard<std::mutex> lock(state->mutex);
-          for (cudaStream_t other : streams) {
-            cudaEvent_t event = take_event(*state);
-            if (event == nullptr || cudaEventRecord(event, other) != cudaSuccess) {
-              // Cannot order the reuse after that stream: wait for it here instead.
-              (void)cudaGetLastError();
-              if (event != nullptr) state->spare_events.push_back(event);
-              (void)cudaStreamSynchronize(other);
-              (void)cudaGetLastError();
-              continue;
-            }
-            held.events.push_back(event);
+        held.events.reserve(streams.size());
+        // A null stream names the current device's legacy stream: the block's device here.
+        vram::cuda::DeviceGuard guard(device);
+        for (cudaStream_t other : streams) {
+          cudaEvent_t event = state->events.try_take();
+          if (event == nullptr || !vram::cuda::try_record(event, other)) {
+            // Cannot order the reuse after that stream: wait for it here instead.
+            state->events.give_back(event);
+            (void)vram::cuda::try_synchronize_stream(other);
+            continue;
           }
-          if (!held.events.empty()) {
-            state->held_bytes.fetch_add(state->pool.block_bytes(size), std::memory_order_relaxed);
-            state->held_back.push_back(std::move(held));
-            is_held = true;
-            state->held_count.store(state->held_back.size(), std::memory_order_relaxed);
-          }
+          held.events.push_back(event);
         }
-        if (is_held) return;  // the pool gets it from release_held_back
+        if (!held.events.empty()) {
+          std::lock_guard<std::mutex> lock(state->mutex);
+          state->held_back.push_back(std::move(held));
+          state->held_count.store(state->held_back.size(), std::memory_order_relaxed);
+          state->held_bytes.fetch_add(state->pool.block_bytes(size), std::memory_order_relaxed);
+          return;  // the pool gets it from release_held_back
+        }
         // Every recorded stream was waited for: fall through to the ordinary release.
       } catch (...) {
         // No memory for the bookkeeping: order the reuse by waiting for those streams.
-        for (cudaStream_t other : streams) (void)cudaStreamSynchronize(other);
-        (void)cudaGetLastError();
+        for (cudaStream_t other : streams) (void)vram::cuda::try_synchronize_stream(other);
+        for (cudaEvent_t event : held.events) state->events.give_back(event);
       }
     }
   }
@@ -445,14 +429,7 @@ VRAM_TORCH_API void vram_torch_record_stream(void* ptr, vram_torch_stream_t stre
   if (ptr == nullptr) return;
   // PyTorch passes no device: ask the runtime which device owns ptr (record_stream is rare;
   // the warm allocation path never gets here).
-  cudaPointerAttributes attributes{};
-  int device = -1;
-  if (cudaPointerGetAttributes(&attributes, ptr) == cudaSuccess) {
-    device = attributes.device;
-  } else {
-    (void)cudaGetLastError();
-  }
-  DeviceState* state = find_state(device);
+  DeviceState* state = find_state(vram::cuda::pointer_info(ptr).device);
   if (state == nullptr) return;  // not a block of this library
   state->record_calls.fetch_add(1, std::memory_order_relaxed);
   try {
@@ -464,7 +441,7 @@ VRAM_TORCH_API void vram_torch_record_stream(void* ptr, vram_torch_stream_t stre
     state->recorded.store(state->streams_of.size(), std::memory_order_release);
   } catch (...) {
     note_error("record_stream: out of host memory; synchronizing the stream instead", false);
-    (void)cudaStreamSynchronize(stream);
+    (void)vram::cuda::try_synchronize_stream(stream);
   }
 }
 
