@@ -41,8 +41,8 @@
 #ifdef VRAM_TORCH_WITH_C10
 // Built where Torch is found: an out-of-memory in the allocator mode (vram_torch.enable())
 // throws c10::OutOfMemoryError, which PyTorch turns into torch.OutOfMemoryError. PyTorch's
-// CUDAPluggableAllocator wraps a null pointer into a tensor instead of raising (seen on
-// PyTorch 2.11 on the H200), so returning nullptr is not enough there.
+// CUDAPluggableAllocator wraps a null pointer into a tensor instead of raising, so
+// returning nullptr is not enough there.
 #include <c10/util/Exception.h>
 #endif
 
@@ -76,7 +76,8 @@ struct DeviceState {
   const int ordinal;
   vram::DevicePool pool;
 
-  // Counters (relaxed; summed views are exact when no call runs at the same moment).
+  // Counters (relaxed; summed views are exact when no allocation or free runs at the same
+  // moment).
   std::atomic<std::uint64_t> class_allocated{0}, class_freed{0}, class_peak{0};
   std::atomic<std::uint64_t> requested_allocated{0}, requested_freed{0}, requested_peak{0};
   std::atomic<std::uint64_t> count_allocated{0}, count_freed{0}, count_peak{0};
@@ -165,8 +166,7 @@ DeviceState& state_for(int device) {
   vram::DevicePool::Options options;
   // As PyTorch's caching allocator: keep freed memory until empty_cache() or an
   // out-of-memory retry. A bound makes the pool give memory back during the run, and each
-  // cudaFree synchronizes the device (about +9% step time on the conv workload on the H200
-  // with the library's 4 GiB default).
+  // cudaFree synchronizes the device.
   options.max_cached_bytes = SIZE_MAX;
   std::size_t max_cached = g_max_cached_bytes;
   if (max_cached == 0) max_cached = parse_bytes(std::getenv("VRAM_TORCH_MAX_CACHED_BYTES"));
