@@ -68,7 +68,8 @@ bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, cudaStream_
     held_bytes_.fetch_add(pool_.block_bytes(size), std::memory_order_relaxed);
     return true;
   } catch (...) {
-    // No memory for the bookkeeping: order the reuse by waiting for those streams.
+    // No host memory for the bookkeeping, or the device cannot be made current: order the
+    // reuse by waiting for those streams.
     for (cudaStream_t other : streams) (void)vram::cuda::try_synchronize_stream(other);
     for (cudaEvent_t event : held.events) events_.give_back(event);
     return false;

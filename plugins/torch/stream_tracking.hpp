@@ -31,7 +31,7 @@ namespace vram_torch {
 
 class StreamTracking {
  public:
-  StreamTracking(int device, vram::DevicePool& pool) noexcept
+  StreamTracking(int device, vram::DevicePool& pool)
       : device_(device), pool_(pool), events_(device) {}
   StreamTracking(const StreamTracking&) = delete;
   StreamTracking& operator=(const StreamTracking&) = delete;
