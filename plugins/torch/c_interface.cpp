@@ -1,0 +1,153 @@
+// c_interface.cpp: the exported C functions of libvram_torch.so (vram_torch.h has the
+// contract); every other symbol of the plug-in is hidden.
+//
+// Rules:
+// - No exception leaves an entry point, except the out-of-memory error of the allocator
+//   mode (errors.hpp).
+// - The warm path (no record_stream in flight on the device) takes no lock: one load of
+//   the device's state, one of its stream tracking, the pool's allocate or deallocate and
+//   a few relaxed counter updates.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <string>
+#include <type_traits>
+
+#include "cuda/memory.hpp"
+#include "device_registry.hpp"
+#include "errors.hpp"
+#include "stats.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram_torch.h"
+
+static_assert(std::is_same_v<vram_torch_stream_t, cudaStream_t>,
+              "vram_torch_stream_t must be cudaStream_t");
+
+#define VRAM_TORCH_API extern "C" __attribute__((visibility("default")))
+
+using vram_torch::DeviceState;
+using vram_torch::find_state;
+using vram_torch::note_error;
+
+VRAM_TORCH_API int vram_torch_set_oom_throws(int throws) {
+  return vram_torch::set_oom_throws(throws);
+}
+
+VRAM_TORCH_API size_t vram_torch_block_bytes(int device, size_t size) {
+  DeviceState* state = find_state(device);
+  return state == nullptr ? 0 : state->pool.block_bytes(size);
+}
+
+VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream_t stream) {
+  if (size == 0) return nullptr;  // PyTorch keeps a null data pointer for empty storage
+  DeviceState* state = nullptr;
+  try {
+    state = &vram_torch::state_for(device);
+  } catch (const std::exception& e) {
+    note_error(
+        std::string("cannot create the pool of device ") + std::to_string(device) + ": " + e.what(),
+        false);
+    return nullptr;
+  }
+  if (state->streams.held_blocks() != 0) state->streams.release(false);
+  for (int attempt = 0;; ++attempt) {
+    try {
+      void* ptr = state->pool.allocate_async(size, stream);
+      state->counters.count_allocation(state->pool.block_bytes(size), size);
+      return ptr;
+    } catch (const vram::OutOfMemory& e) {
+      // Blocks held back for recorded streams may be the memory that is missing: wait for
+      // them once and retry (the pool already trimmed its own cache and retried).
+      if (attempt == 0 && state->streams.held_blocks() != 0 && state->streams.release(true) != 0) {
+        state->counters.retries.fetch_add(1, std::memory_order_relaxed);
+        state->pool.trim(0);
+        continue;
+      }
+      state->counters.ooms.fetch_add(1, std::memory_order_relaxed);
+      note_error(e.what(), true);
+      return vram_torch::out_of_memory(e.what());
+    } catch (const std::bad_alloc& e) {
+      state->counters.ooms.fetch_add(1, std::memory_order_relaxed);
+      note_error(e.what(), true);
+      return vram_torch::out_of_memory(e.what());
+    } catch (const std::exception& e) {
+      state->counters.ooms.fetch_add(1, std::memory_order_relaxed);
+      note_error(std::string("allocation of ") + std::to_string(size) + " bytes on device " +
+                     std::to_string(device) + " failed: " + e.what(),
+                 false);
+      return nullptr;
+    }
+  }
+}
+
+VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
+                                    vram_torch_stream_t stream) {
+  if (ptr == nullptr || size == 0) return;
+  DeviceState* state = find_state(device);
+  if (state == nullptr) {  // not ours: nothing was ever allocated on this device
+    note_error("free of a pointer on device " + std::to_string(device) +
+                   ", where vram_torch never allocated; ignored",
+               false);
+    return;
+  }
+  state->counters.count_free(state->pool.block_bytes(size), size);
+  if (state->streams.hold_back(ptr, size, stream)) return;  // the pool gets it later
+  state->pool.deallocate_async(ptr, size, stream);
+}
+
+VRAM_TORCH_API void vram_torch_record_stream(void* ptr, vram_torch_stream_t stream) {
+  if (ptr == nullptr) return;
+  // PyTorch passes no device: ask the runtime which device owns ptr (record_stream is rare;
+  // the warm allocation path never gets here).
+  DeviceState* state = find_state(vram::cuda::pointer_info(ptr).device);
+  if (state == nullptr) return;  // not a block of this library
+  state->counters.record_calls.fetch_add(1, std::memory_order_relaxed);
+  try {
+    state->streams.record(ptr, stream);
+  } catch (...) {
+    note_error("record_stream: out of host memory; synchronizing the stream instead", false);
+    (void)vram::cuda::try_synchronize_stream(stream);
+  }
+}
+
+VRAM_TORCH_API size_t vram_torch_stats_size(void) { return sizeof(vram_torch_stats_t); }
+
+VRAM_TORCH_API int vram_torch_stats(int device, vram_torch_stats_t* out, size_t out_size) {
+  if (out == nullptr) return -1;
+  vram_torch_stats_t s{};
+  DeviceState* state = find_state(device);
+  if (state != nullptr) s = vram_torch::stats_of(*state);
+  std::memcpy(out, &s, std::min(out_size, sizeof s));
+  return state != nullptr ? 0 : 1;
+}
+
+VRAM_TORCH_API int vram_torch_empty_cache(int device) {
+  return vram_torch::for_each_state(device, [](DeviceState& state) {
+    state.streams.release(true);
+    try {
+      state.pool.trim(0);
+    } catch (const std::exception& e) {
+      note_error(std::string("empty_cache: ") + e.what(), false);
+    }
+  });
+}
+
+VRAM_TORCH_API void vram_torch_empty_cache_all(void) { (void)vram_torch_empty_cache(-1); }
+
+VRAM_TORCH_API int vram_torch_reset_peak(int device) {
+  return vram_torch::for_each_state(device, [](DeviceState& state) {
+    state.counters.restart_peaks();
+    state.pool.reset_peak();
+  });
+}
+
+VRAM_TORCH_API int vram_torch_configure(size_t max_cached_bytes) {
+  return vram_torch::configure_pools(max_cached_bytes) ? 0 : 1;
+}
+
+VRAM_TORCH_API size_t vram_torch_last_error(char* buffer, size_t size) {
+  return vram_torch::copy_last_error(buffer, size);
+}

@@ -1,0 +1,42 @@
+#include "device_registry.hpp"
+
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "configuration.hpp"
+
+namespace vram_torch {
+
+std::array<std::atomic<DeviceState*>, kMaxDevices> g_devices{};
+
+namespace {
+
+std::mutex g_create_mutex;           // serializes the creation of states and configure_pools
+std::size_t g_max_cached_bytes = 0;  // under g_create_mutex
+
+}  // namespace
+
+DeviceState& state_for(int device) {
+  if (DeviceState* state = find_state(device)) return *state;
+  if (device < 0 || device >= kMaxDevices) {
+    throw std::invalid_argument("device " + std::to_string(device) + " is out of range");
+  }
+  std::lock_guard<std::mutex> lock(g_create_mutex);
+  auto& slot = g_devices[static_cast<std::size_t>(device)];
+  if (DeviceState* state = slot.load(std::memory_order_acquire)) return *state;
+  auto* state = new DeviceState(device, pool_options(g_max_cached_bytes));  // never deleted
+  slot.store(state, std::memory_order_release);
+  return *state;
+}
+
+bool configure_pools(std::size_t max_cached_bytes) {
+  std::lock_guard<std::mutex> lock(g_create_mutex);
+  g_max_cached_bytes = max_cached_bytes;
+  for (const auto& slot : g_devices) {
+    if (slot.load(std::memory_order_acquire) != nullptr) return false;
+  }
+  return true;
+}
+
+}  // namespace vram_torch

@@ -1,0 +1,65 @@
+// device_registry.hpp: the plug-in's state of each device, made on its first allocation.
+//
+// Invariants:
+// - A state, once published, is never destroyed or replaced: it is leaked at exit on
+//   purpose, since PyTorch frees tensors during interpreter shutdown, after static
+//   destructors may have run.
+// - Every block handed out is either live (owned by PyTorch), held back (freed, waiting for
+//   events on recorded streams: StreamTracking), or back in the pool.
+// - find_state() is lock-free (one acquire load); only the creation of a state takes a lock.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+
+#include "stats.hpp"
+#include "stream_tracking.hpp"
+#include "vram/device_pool.hpp"
+
+namespace vram_torch {
+
+inline constexpr int kMaxDevices = 64;
+
+struct DeviceState {
+  DeviceState(int device, const vram::DevicePool::Options& options)
+      : pool(device, options), streams(device, pool) {}
+
+  vram::DevicePool pool;
+  Counters counters;
+  StreamTracking streams;  // refers to `pool`, so declared after it
+};
+
+// The published states, indexed by device ordinal; null where none was made yet.
+extern std::array<std::atomic<DeviceState*>, kMaxDevices> g_devices;
+
+// The state of `device`, null when it has none yet or `device` is out of range.
+inline DeviceState* find_state(int device) noexcept {
+  if (device < 0 || device >= kMaxDevices) return nullptr;
+  return g_devices[static_cast<std::size_t>(device)].load(std::memory_order_acquire);
+}
+
+// The state of `device`, made on first use with the options of configure_pools() and the
+// environment (configuration.hpp). Throws std::invalid_argument for a device out of range,
+// vram::CudaError when the pool cannot be made, std::bad_alloc.
+DeviceState& state_for(int device);
+
+// The max cached bytes of the pools made from now on (0: the default or the environment).
+// Returns false when a pool already exists (it keeps its options).
+bool configure_pools(std::size_t max_cached_bytes);
+
+// The device argument of the "one device or all" entry points: `device` >= 0 runs `fn` on
+// that device's state, -1 on every device that has one; a device without a state is
+// skipped. Returns -1 (and runs nothing) for a device out of range, else 0.
+template <typename Fn>
+int for_each_state(int device, Fn&& fn) {
+  if (device >= kMaxDevices || device < -1) return -1;
+  const int first = device < 0 ? 0 : device;
+  const int last = device < 0 ? kMaxDevices - 1 : device;
+  for (int d = first; d <= last; ++d) {
+    if (DeviceState* state = find_state(d)) fn(*state);
+  }
+  return 0;
+}
+
+}  // namespace vram_torch

@@ -1,0 +1,79 @@
+#include "errors.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+
+#ifdef VRAM_TORCH_WITH_C10
+// The allocator mode (vram_torch.enable()) needs an exception: PyTorch's
+// CUDAPluggableAllocator wraps a null pointer into a tensor instead of raising.
+#include <c10/util/Exception.h>
+#endif
+
+namespace vram_torch {
+
+namespace {
+
+std::mutex g_error_mutex;
+std::string g_last_error;  // under g_error_mutex
+std::atomic<bool> g_oom_printed{false};
+// 1 after vram_torch_set_oom_throws(1) (vram_torch.enable()): PyTorch calls the allocator
+// directly and needs an exception; 0 (MemPool form, CuPy): null.
+[[maybe_unused]] std::atomic<int> g_oom_throws{0};
+
+}  // namespace
+
+void note_error(const std::string& message, bool is_oom) noexcept {
+  try {
+    {
+      std::lock_guard<std::mutex> lock(g_error_mutex);
+      g_last_error = message;
+    }
+    if (!is_oom) {
+      std::fprintf(stderr, "vram_torch: %s\n", message.c_str());
+      return;
+    }
+    if (!g_oom_printed.exchange(true)) {
+      std::fprintf(stderr,
+                   "vram_torch: out of device memory; PyTorch will raise its error.\n"
+                   "  vram: %s\n"
+                   "  (printed once per process; vram_torch.last_error() has the latest)\n",
+                   message.c_str());
+    }
+  } catch (...) {
+  }
+}
+
+std::size_t copy_last_error(char* buffer, std::size_t size) {
+  std::lock_guard<std::mutex> lock(g_error_mutex);
+  if (buffer != nullptr && size > 0) {
+    const std::size_t n = std::min(size - 1, g_last_error.size());
+    std::memcpy(buffer, g_last_error.data(), n);
+    buffer[n] = '\0';
+  }
+  return g_last_error.size();
+}
+
+int set_oom_throws(int throws) noexcept {
+#ifdef VRAM_TORCH_WITH_C10
+  g_oom_throws.store(throws != 0 ? 1 : 0, std::memory_order_relaxed);
+  return 1;
+#else
+  (void)throws;
+  return 0;  // built without Torch: out of memory is always a null pointer
+#endif
+}
+
+void* out_of_memory(const std::string& message) {
+#ifdef VRAM_TORCH_WITH_C10
+  if (g_oom_throws.load(std::memory_order_relaxed) != 0) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (vram): ", message);
+  }
+#endif
+  (void)message;
+  return nullptr;
+}
+
+}  // namespace vram_torch

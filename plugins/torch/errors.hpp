@@ -1,0 +1,32 @@
+// errors.hpp: how the plug-in reports a failure: the latest explanation (read back through
+// vram_torch_last_error), stderr, and the out-of-memory result of an allocation.
+//
+// Rules:
+// - The entry points never let an exception out to their C caller, except the one an
+//   out-of-memory raises in the allocator mode (out_of_memory()).
+// - Each error is printed to stderr; an out-of-memory only the first time in the process
+//   (the latest one stays readable through vram_torch_last_error).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace vram_torch {
+
+// Keeps `message` as the latest error and prints it (an out-of-memory: once per process).
+void note_error(const std::string& message, bool is_oom) noexcept;
+
+// Copies the latest error into `buffer` (NUL-terminated, truncated to `size`); returns its
+// full length, 0 when there was none.
+std::size_t copy_last_error(char* buffer, std::size_t size);
+
+// vram_torch_set_oom_throws: 1 when this build can throw (Torch found), else 0.
+int set_oom_throws(int throws) noexcept;
+
+// The result of an allocation that ran out of memory: throws c10::OutOfMemoryError, which
+// PyTorch turns into torch.OutOfMemoryError, after set_oom_throws(1) in a build with Torch;
+// else null, which PyTorch's caching allocator (MemPool form) and CuPy turn into their own
+// out-of-memory errors.
+void* out_of_memory(const std::string& message);
+
+}  // namespace vram_torch

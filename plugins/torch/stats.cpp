@@ -1,0 +1,34 @@
+#include "stats.hpp"
+
+#include "device_registry.hpp"
+
+namespace vram_torch {
+
+vram_torch_stats_t stats_of(DeviceState& state) {
+  const Counters& c = state.counters;
+  vram_torch_stats_t s{};
+  s.allocated_bytes_current = c.class_bytes.current();
+  s.allocated_bytes_peak = c.class_bytes.peak();
+  s.allocated_bytes_allocated = c.class_bytes.added();
+  s.allocated_bytes_freed = c.class_bytes.removed();
+  s.requested_bytes_current = c.requested_bytes.current();
+  s.requested_bytes_peak = c.requested_bytes.peak();
+  s.allocation_current = c.allocations.current();
+  s.allocation_peak = c.allocations.peak();
+  s.allocation_allocated = c.allocations.added();
+  s.allocation_freed = c.allocations.removed();
+  const vram::DevicePoolStats pool = state.pool.stats();
+  s.reserved_bytes_current = pool.bytes_reserved;
+  s.reserved_bytes_peak = pool.peak_bytes_reserved;
+  s.cached_bytes = pool.bytes_cached;
+  s.num_device_alloc = pool.upstream_allocations;
+  s.num_device_free = pool.upstream_frees;
+  s.num_alloc_retries = pool.oom_retries + c.retries.load(std::memory_order_relaxed);
+  s.num_ooms = c.ooms.load(std::memory_order_relaxed);
+  s.record_stream_calls = c.record_calls.load(std::memory_order_relaxed);
+  s.held_back_blocks = state.streams.held_blocks();
+  s.held_back_bytes = state.streams.held_bytes();
+  return s;
+}
+
+}  // namespace vram_torch

@@ -1,0 +1,79 @@
+// stream_tracking.hpp: blocks used on other streams than their allocation stream
+// (tensor.record_stream), per device.
+//
+// Invariants:
+// - A block with recorded streams reaches the pool only after an event recorded at its
+//   free on each of those streams (other than the allocation stream) has completed; then
+//   it is released with its allocation stream, so the pool's own stream-ordered rule
+//   covers that stream.
+// - A stream whose event cannot be made or recorded is synchronized at the free instead,
+//   so no recorded stream is ever left unordered.
+// - recorded() and held_blocks() mirror the sizes of the containers under the mutex, so
+//   the warm path (nothing recorded, nothing held back) reads one relaxed atomic and takes
+//   no lock.
+// - Events come from the device's vram::cuda::EventPool and return to it once completed;
+//   they are observed in relaxed capture mode (src/cuda/event_pool.hpp).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/event_pool.hpp"
+#include "vram/device_pool.hpp"
+
+namespace vram_torch {
+
+class StreamTracking {
+ public:
+  StreamTracking(int device, vram::DevicePool& pool)
+      : device_(device), pool_(pool), events_(device) {}
+  StreamTracking(const StreamTracking&) = delete;
+  StreamTracking& operator=(const StreamTracking&) = delete;
+
+  // record_stream: `stream` uses the live block `ptr`. Throws std::bad_alloc.
+  void record(void* ptr, cudaStream_t stream);
+
+  // At the free of `ptr` (allocated on `stream`): true when the block is held back (the
+  // pool gets it from release()); false when the caller hands it to the pool now.
+  bool hold_back(void* ptr, std::size_t size, cudaStream_t stream) noexcept {
+    if (recorded_.load(std::memory_order_acquire) == 0) return false;
+    return hold_back_recorded(ptr, size, stream);
+  }
+
+  // Hands every held-back block whose events have all completed to the pool. `wait`: waits
+  // for the events instead (memory is short, or empty_cache); without it, a thread that
+  // finds another one releasing returns at once. Returns the blocks released.
+  std::size_t release(bool wait) noexcept;
+
+  std::size_t held_blocks() const noexcept { return held_count_.load(std::memory_order_relaxed); }
+  std::uint64_t held_bytes() const noexcept { return held_bytes_.load(std::memory_order_relaxed); }
+
+ private:
+  // A freed block still used by other streams: reusable once every event has completed.
+  struct HeldBack {
+    void* ptr;
+    std::size_t size;
+    cudaStream_t alloc_stream;
+    std::vector<cudaEvent_t> events;
+  };
+
+  bool hold_back_recorded(void* ptr, std::size_t size, cudaStream_t stream) noexcept;
+
+  const int device_;
+  vram::DevicePool& pool_;
+  vram::cuda::EventPool events_;
+  std::mutex mutex_;  // guards streams_of_ and held_back_
+  std::unordered_map<void*, std::vector<cudaStream_t>> streams_of_;  // live blocks only
+  std::vector<HeldBack> held_back_;
+  std::atomic<std::size_t> recorded_{0};    // streams_of_.size()
+  std::atomic<std::size_t> held_count_{0};  // held_back_.size()
+  std::atomic<std::uint64_t> held_bytes_{0};
+};
+
+}  // namespace vram_torch
