@@ -18,12 +18,11 @@ int main() try {
   void* p = pool.allocate_async(64_MiB, stream.get());
   // ... kernels on `stream` use p ...
   pool.deallocate_async(p, 64_MiB, stream.get());  // reusable at once by later work on `stream`
-  vram::StreamOrderedPool::hand_over(stream.get(), other_stream.get());  // before another
-                                                                         // stream reuses it
+  vram::StreamOrderedPool::hand_over(stream.get(), other_stream.get());  // before reuse there
   other_stream.synchronize();
+  // [/readme:stream_ordered_pool]
   std::size_t reserved = pool.pool_reserved_bytes(), mine = pool.bytes_in_use();
   pool.trim(0);
-  // [/readme:stream_ordered_pool]
   std::printf(
       "stream_ordered_pool example: %zu bytes reserved by the pool, %zu in use by this "
       "object before trim(0)\n",

@@ -19,7 +19,7 @@ here until the pool is trimmed (which waits for the device and forgets every str
 frees): at most _MAX_KEPT_STREAMS streams, then empty_cache() runs and they are let go.
 The default streams (legacy, per-thread) never go away and are not kept. (Before this, a
 CuPy program that freed on a stream and dropped it could crash in the pool's next growth:
-one segmentation fault in tests/python/test_cupy.py on the H200, session 7.)
+one segmentation fault in tests/python/test_cupy.py on the H200 at 396c1c2, 2026-11-30.)
 """
 import threading
 

@@ -1,13 +1,18 @@
 // The README shows what the repository holds: its code snippets are the marked regions of
-// the programs in examples/ (built by CI from the installed package), and its headline
-// figures are the block of bench/RESULTS.md, each range holding the figures of the latest
-// full run recorded there. No figure is typed in this test: all come from the two files.
+// the programs in examples/ (built by CI from the installed package), and its results table
+// is the headline table of bench/RESULTS.md, each row a verdict line of the latest result in
+// the section of RESULTS.md it links to. No figure is typed in this test: all come from the
+// two files. ProjectWords keeps the tracked files about the software and its measurements.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -20,7 +25,7 @@ namespace vram::testing {
 namespace {
 
 std::string read_source(const std::string& relative) {
-  std::ifstream file(source_path(relative));
+  std::ifstream file(source_path(relative), std::ios::binary);
   std::stringstream text;
   text << file.rdbuf();
   return text.str();
@@ -37,6 +42,10 @@ std::string trim(const std::string& text) {
   const auto begin = text.find_first_not_of(" \t");
   if (begin == std::string::npos) return {};
   return text.substr(begin, text.find_last_not_of(" \t") - begin + 1);
+}
+
+bool starts_with(const std::string& text, const std::string& prefix) {
+  return text.rfind(prefix, 0) == 0;
 }
 
 // The lines between `// [readme:NAME]` and `// [/readme:NAME]`, common indentation removed.
@@ -79,12 +88,43 @@ TEST(Readme, SnippetsAreTheExamplesAsTheyAre) {
     EXPECT_EQ(block, region) << "README snippet " << name << " differs from " << path;
     seen.insert(name);
   }
-  for (const char* name : {"device_pool", "stream_ordered_pool", "pinned_staging_pool"}) {
+  for (const char* name :
+       {"device_pool", "stream_ordered_pool", "pinned_staging_pool", "weight_pager"}) {
     EXPECT_TRUE(seen.count(name)) << "README lacks the snippet " << name;
   }
 }
 
-// ---- headline figures ---------------------------------------------------------------------
+// The CI script (.ci/run) takes the two set-up commands from these lines of README.md.
+const std::regex& main_job_line() {
+  static const std::regex line(R"(^    cmake -S \. -B build .*-DVRAM_BUILD_TESTS=OFF.*)");
+  return line;
+}
+const std::regex& test_command_line() {
+  static const std::regex line(R"(^    cmake -S \. -B build .*-DVRAM_BUILD_TESTS=ON.*)");
+  return line;
+}
+
+// A newcomer's first screen says what vram is, how to build it and where the numbers are;
+// the README stays a page (the measurements live in bench/RESULTS.md).
+TEST(Readme, FirstScreenSaysWhatHowAndWhereTheNumbersAre) {
+  const auto readme = lines_of(read_source("README.md"));
+  ASSERT_FALSE(readme.empty());
+  const std::size_t screen = std::min<std::size_t>(readme.size(), 40);
+  bool what = false, main_job = false, tests = false, numbers = false;
+  for (std::size_t i = 0; i < screen; ++i) {
+    what = what || starts_with(readme[i], "vram is ");
+    main_job = main_job || std::regex_match(readme[i], main_job_line());
+    tests = tests || std::regex_match(readme[i], test_command_line());
+    numbers = numbers || readme[i].find("(bench/RESULTS.md") != std::string::npos;
+  }
+  EXPECT_TRUE(what) << "the first screen does not say what vram is (a line 'vram is ...')";
+  EXPECT_TRUE(main_job) << "the first screen lacks the main job's command line";
+  EXPECT_TRUE(tests) << "the first screen lacks the test command line";
+  EXPECT_TRUE(numbers) << "the first screen does not link bench/RESULTS.md";
+  EXPECT_LE(readme.size(), 150U) << "README.md is " << readme.size() << " lines";
+}
+
+// ---- headline table ---------------------------------------------------------------------
 
 std::string headline_block(const std::string& text) {
   const std::string begin = "<!-- headline:";
@@ -95,198 +135,353 @@ std::string headline_block(const std::string& text) {
   return text.substr(b, e - b);
 }
 
-struct Row {
-  std::string scenario, parameter, allocator;
-  double median = 0;
-  std::map<std::string, double> extra;
-};
-
-// The tables of the section "## Latest full run" of bench/RESULTS.md.
-std::vector<Row> latest_run_rows(const std::string& results) {
-  std::vector<Row> rows;
-  bool in_latest = false;
-  std::string scenario;
-  for (const auto& line : lines_of(results)) {
-    if (line.rfind("## ", 0) == 0) in_latest = line.rfind("## Latest full run", 0) == 0;
-    if (!in_latest) continue;
-    if (line.rfind("### ", 0) == 0) scenario = trim(line.substr(4));
-    if (line.rfind("| ", 0) != 0 || line.rfind("| parameter", 0) == 0) continue;
-    std::vector<std::string> cells;
-    std::stringstream stream(line.substr(1));
-    for (std::string cell; std::getline(stream, cell, '|');) cells.push_back(trim(cell));
-    if (cells.size() < 5) continue;
-    Row row;
-    row.scenario = scenario;
-    row.parameter = cells[0];
-    row.allocator = cells[1];
-    row.allocator.erase(std::remove(row.allocator.begin(), row.allocator.end(), '*'),
-                        row.allocator.end());
-    row.median = std::stod(cells[2]);
-    std::stringstream notes(cells[4]);
-    for (std::string note; notes >> note;) {
-      const auto equals = note.find('=');
-      if (equals != std::string::npos) {
-        row.extra[note.substr(0, equals)] = std::stod(note.substr(equals + 1));
-      }
-    }
-    rows.push_back(row);
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (auto at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size())) {
+    text.replace(at, from.size(), to);
   }
-  return rows;
+  return text;
 }
 
-// A range as printed ("1,076", "0.305"), with half a unit of its last digit for rounding.
-struct Range {
-  double low = 0, high = 0, low_slack = 0, high_slack = 0;
-};
-
-double parse_figure(std::string text, double& slack) {
-  text.erase(std::remove(text.begin(), text.end(), ','), text.end());
-  const auto dot = text.find('.');
-  const int decimals = dot == std::string::npos ? 0 : static_cast<int>(text.size() - dot - 1);
-  slack = 0.5 * std::pow(10.0, -decimals) + 1e-9;
-  return std::stod(text);
+std::vector<std::string> cells_of(const std::string& row) {
+  std::vector<std::string> cells;
+  if (!starts_with(row, "|")) return cells;
+  std::stringstream stream(row.substr(1));
+  for (std::string cell; std::getline(stream, cell, '|');) cells.push_back(trim(cell));
+  return cells;
 }
 
-// Every "A-B" range of one headline bullet, in order.
-std::vector<Range> ranges_of(const std::string& bullet) {
-  std::vector<Range> ranges;
-  const std::regex range(R"(([0-9][0-9,]*(?:\.[0-9]+)?)-([0-9][0-9,]*(?:\.[0-9]+)?))");
-  for (auto it = std::sregex_iterator(bullet.begin(), bullet.end(), range);
-       it != std::sregex_iterator(); ++it) {
-    Range r;
-    r.low = parse_figure((*it)[1], r.low_slack);
-    r.high = parse_figure((*it)[2], r.high_slack);
-    ranges.push_back(r);
-  }
-  return ranges;
-}
-
-std::string bullet_starting(const std::string& block, const std::string& start) {
-  for (const auto& line : lines_of(block)) {
-    if (line.rfind("- " + start, 0) == 0) return line;
-  }
-  return {};
-}
-
-// Over runs: the latest run's figures lie inside. Latest run: they are its exact extremes.
-enum class Kind { over_runs, latest_run };
-
-void expect_range(const Range& range, const std::vector<double>& values, Kind kind,
-                  const std::string& what) {
-  ASSERT_FALSE(values.empty()) << what << ": no figure found in bench/RESULTS.md";
-  const auto [min, max] = std::minmax_element(values.begin(), values.end());
-  EXPECT_GE(*min, range.low - range.low_slack) << what;
-  EXPECT_LE(*max, range.high + range.high_slack) << what;
-  if (kind == Kind::latest_run) {
-    EXPECT_NEAR(*min, range.low, range.low_slack) << what << ": the low end is not the minimum";
-    EXPECT_NEAR(*max, range.high, range.high_slack) << what << ": the high end is not the maximum";
-  }
-}
-
-std::vector<double> medians(const std::vector<Row>& rows, const std::string& scenario,
-                            const std::set<std::string>& allocators,
-                            const std::set<std::string>& parameters = {}) {
-  std::vector<double> out;
-  for (const auto& row : rows) {
-    if (row.scenario == scenario && allocators.count(row.allocator) &&
-        (parameters.empty() || parameters.count(row.parameter))) {
-      out.push_back(row.median);
+// GitHub's anchor of a heading: lower case, spaces to '-', other punctuation dropped.
+std::string anchor_of(const std::string& heading) {
+  std::string out;
+  for (const char c : heading) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) || c == '-' || c == '_') {
+      out += static_cast<char>(std::tolower(u));
+    } else if (c == ' ') {
+      out += '-';
     }
   }
   return out;
 }
 
-TEST(Readme, HeadlineFiguresAreTheBlockOfResultsAndHoldItsTables) {
-  const std::string readme_block = headline_block(read_source("README.md"));
-  const std::string results_text = read_source("bench/RESULTS.md");
-  const std::string block = headline_block(results_text);
-  ASSERT_FALSE(block.empty()) << "bench/RESULTS.md has no headline block";
-  EXPECT_EQ(readme_block, block) << "README's headline block differs from bench/RESULTS.md's";
-  const auto rows = latest_run_rows(results_text);
-  ASSERT_GT(rows.size(), 20U) << "could not read the latest run's tables";
+// The part of a `## ` section of RESULTS.md before its `### History`: its latest result.
+std::optional<std::vector<std::string>> latest_part(const std::vector<std::string>& results,
+                                                    const std::string& anchor) {
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (!starts_with(results[i], "## ") || anchor_of(results[i].substr(3)) != anchor) continue;
+    std::vector<std::string> part;
+    for (std::size_t j = i + 1; j < results.size(); ++j) {
+      if (starts_with(results[j], "## ") || starts_with(results[j], "### History")) break;
+      part.push_back(results[j]);
+    }
+    return part;
+  }
+  return std::nullopt;
+}
 
-  // The realistic pattern leads: the recorded traces (one pass on a fresh pool each).
-  const auto block_lines = lines_of(block);
-  ASSERT_GE(block_lines.size(), 2U);
-  EXPECT_EQ(block_lines[1].rfind("- DevicePool on real", 0), 0U)
-      << "the first bullet is the recorded traces, not a micro-benchmark";
-  const std::string traces = bullet_starting(block, "DevicePool on real");
-  auto r = ranges_of(traces);
-  ASSERT_EQ(r.size(), 6U) << traces;
-  auto replay_figure = [&rows](const std::string& allocator, const std::string& note) {
-    std::vector<double> out;
-    for (const auto& row : rows) {
-      if (row.scenario != "replay" || row.allocator != allocator) continue;
-      out.push_back(note.empty() ? row.median : row.extra.at(note));
+bool is_number(const std::string& token) {
+  static const std::regex number(R"(^[0-9][0-9,]*(\.[0-9]+)?(e[+-]?[0-9]+)?$)");
+  return std::regex_match(token, number);
+}
+
+// "NAME FIGURE UNIT" with the figure the last number in the text (names may hold numbers,
+// "8 fill threads"; units may have two words, "M pairs/s").
+bool split_at_figure(const std::string& text, std::string& name, std::string& figure,
+                     std::string& unit) {
+  std::vector<std::string> tokens;
+  std::stringstream stream(text);
+  for (std::string token; stream >> token;) tokens.push_back(token);
+  for (std::size_t k = tokens.size(); k-- > 0;) {
+    if (!is_number(tokens[k])) continue;
+    name.clear();
+    unit.clear();
+    for (std::size_t i = 0; i < k; ++i) name += (i ? " " : "") + tokens[i];
+    for (std::size_t i = k + 1; i < tokens.size(); ++i) unit += (i > k + 1 ? " " : "") + tokens[i];
+    figure = tokens[k];
+    return !unit.empty();
+  }
+  return false;
+}
+
+struct Verdict {
+  std::string ours, ours_figure, peer, peer_figure, unit, ratio;
+  bool better = true;
+};
+
+// "Verdict CASE: OURS FIGURE UNIT vs best peer PEER FIGURE UNIT: **RATIOx better|worse**"
+std::optional<Verdict> parse_verdict(const std::string& line, const std::string& case_name) {
+  const std::string prefix = "Verdict " + case_name + ": ";
+  if (!starts_with(line, prefix)) return std::nullopt;
+  const std::string rest = line.substr(prefix.size());
+  const auto vs = rest.find(" vs best peer ");
+  const auto bold = rest.rfind(": **");
+  if (vs == std::string::npos || bold == std::string::npos || bold < vs) return std::nullopt;
+  // NAME FIGURE UNIT: the figure is the last number (a unit may have two words, "M pairs/s").
+  auto split_figure = [](const std::string& text, std::string& name, std::string& figure,
+                         std::string& unit) { return split_at_figure(text, name, figure, unit); };
+  Verdict v;
+  std::string peer_unit;
+  if (!split_figure(rest.substr(0, vs), v.ours, v.ours_figure, v.unit) ||
+      !split_figure(rest.substr(vs + 14, bold - vs - 14), v.peer, v.peer_figure, peer_unit) ||
+      peer_unit != v.unit) {
+    return std::nullopt;
+  }
+  std::string tail = rest.substr(bold + 4);
+  if (tail.size() < 2 || tail.substr(tail.size() - 2) != "**") return std::nullopt;
+  v.ratio = tail.substr(0, tail.size() - 2);  // "62.11x better"
+  v.better = v.ratio.find(" better") != std::string::npos;
+  return v;
+}
+
+// A figure as printed ("1,076", "6.54e+04"), with half a unit of its last digit.
+double parse_figure(std::string text, double& slack) {
+  text.erase(std::remove(text.begin(), text.end(), ','), text.end());
+  const auto e = text.find_first_of("eE");
+  const std::string mantissa = text.substr(0, e);
+  const auto dot = mantissa.find('.');
+  const int decimals = dot == std::string::npos ? 0 : static_cast<int>(mantissa.size() - dot - 1);
+  const double value = std::stod(text);
+  const double scale = e == std::string::npos ? 1.0 : std::pow(10.0, std::stod(text.substr(e + 1)));
+  slack = 0.5 * std::pow(10.0, -decimals) * scale;
+  return value;
+}
+
+// Whether `line` holds `figure` as a whole token: a table cell or a note's value.
+bool holds_figure(const std::string& line, const std::string& figure) {
+  for (auto at = line.find(figure); at != std::string::npos; at = line.find(figure, at + 1)) {
+    const char before = at == 0 ? ' ' : line[at - 1];
+    const std::size_t end = at + figure.size();
+    const char after = end >= line.size() ? ' ' : line[end];
+    if ((before == ' ' || before == '|' || before == '=') && (after == ' ' || after == '|')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string first_part(const std::string& text) { return text.substr(0, text.find(", ")); }
+
+// A table row of the latest part for this case (its first cell up to the first comma) and
+// allocator (where the table has an allocator column) that holds the figure.
+bool table_holds(const std::vector<std::string>& part, const std::string& case_name,
+                 const std::string& allocator, const std::string& figure) {
+  bool allocator_column = false;
+  for (const auto& line : part) {
+    const auto cells = cells_of(line);
+    if (cells.size() < 2) continue;
+    if (cells[0] == "parameter" || cells[0] == "workload" || cells[0] == "trace") {
+      allocator_column = cells[1] == "allocator";
+      continue;
+    }
+    if (first_part(cells[0]) != first_part(case_name)) continue;
+    if (allocator_column) {
+      std::string name = cells[1];
+      name.erase(std::remove(name.begin(), name.end(), '*'), name.end());
+      if (name != allocator) continue;
+    }
+    if (holds_figure(line, figure)) return true;
+  }
+  return false;
+}
+
+TEST(Readme, HeadlineTableIsTheTableOfResults) {
+  const std::string readme_block = headline_block(read_source("README.md"));
+  const std::string block = headline_block(read_source("bench/RESULTS.md"));
+  ASSERT_FALSE(block.empty()) << "bench/RESULTS.md has no headline block";
+  ASSERT_FALSE(readme_block.empty()) << "README.md has no headline block";
+  // The README's links reach RESULTS.md from the repository root, RESULTS.md's its own anchors.
+  EXPECT_EQ(replace_all(readme_block, "](bench/RESULTS.md#", "](#"), block)
+      << "README's headline table differs from bench/RESULTS.md's";
+}
+
+TEST(Readme, EveryHeadlineRowIsAVerdictOfTheLatestResultItLinksTo) {
+  const auto results = lines_of(read_source("bench/RESULTS.md"));
+  const auto block = lines_of(headline_block(read_source("README.md")));
+  const std::regex link(R"(^\[[^\]]+\]\(bench/RESULTS\.md#([a-z0-9_-]+)\)$)");
+  const std::regex latest_line(R"(^Latest: \d{4}-\d{2}-\d{2}, commit [0-9a-f]{7,}\b.*)");
+  std::size_t rows = 0;
+  for (const auto& line : block) {
+    const auto cells = cells_of(line);
+    if (cells.size() < 5 || cells[0] == "scenario" || starts_with(cells[0], "---")) continue;
+    ++rows;
+    std::smatch match;
+    ASSERT_TRUE(std::regex_match(cells[0], match, link))
+        << "the scenario cell must link a RESULTS.md section: " << cells[0];
+    const std::string anchor = match[1];
+    if (rows == 1) {
+      // The realistic pattern leads: the recorded traces, not a micro-benchmark.
+      EXPECT_TRUE(starts_with(anchor, "recorded-traces")) << "first row: " << anchor;
+    }
+    const auto part = latest_part(results, anchor);
+    ASSERT_TRUE(part.has_value()) << "bench/RESULTS.md has no section #" << anchor;
+    const bool dated = std::any_of(part->begin(), part->end(), [&](const std::string& l) {
+      return std::regex_match(l, latest_line);
+    });
+    const bool command = std::any_of(part->begin(), part->end(), [](const std::string& l) {
+      return starts_with(l, "Command: `");
+    });
+    EXPECT_TRUE(dated) << "#" << anchor << " states no 'Latest: DATE, commit HASH' line";
+    EXPECT_TRUE(command) << "#" << anchor << " states no 'Command: `...`' line";
+
+    const std::string& case_name = cells[1];
+    std::optional<Verdict> verdict;
+    for (const auto& l : *part) {
+      if (!verdict) verdict = parse_verdict(l, case_name);
+    }
+    ASSERT_TRUE(verdict.has_value())
+        << "#" << anchor << " has no verdict line for '" << case_name << "' in its latest result";
+    const Verdict& v = *verdict;
+    EXPECT_EQ(cells[2], v.ours_figure + " " + v.unit) << case_name;
+    std::string peer_short, peer_figure, peer_unit;
+    ASSERT_TRUE(split_at_figure(cells[3], peer_short, peer_figure, peer_unit)) << cells[3];
+    EXPECT_EQ(peer_figure + " " + peer_unit, v.peer_figure + " " + v.unit) << case_name;
+    EXPECT_TRUE(starts_with(v.peer, peer_short))
+        << case_name << ": '" << peer_short << "' does not name " << v.peer;
+    EXPECT_EQ(cells[4], v.ratio) << case_name;
+
+    // The verdict's figures are the table's, and its ratio their quotient.
+    EXPECT_TRUE(table_holds(*part, case_name, v.ours, v.ours_figure))
+        << "#" << anchor << ": no table row of " << v.ours << " for '" << case_name << "' holds "
+        << v.ours_figure;
+    EXPECT_TRUE(table_holds(*part, case_name, v.peer, v.peer_figure))
+        << "#" << anchor << ": no table row of " << v.peer << " for '" << case_name << "' holds "
+        << v.peer_figure;
+    double ours_slack = 0, peer_slack = 0, ratio_slack = 0;
+    const double ours = parse_figure(v.ours_figure, ours_slack);
+    const double peer = parse_figure(v.peer_figure, peer_slack);
+    const double ratio = parse_figure(v.ratio.substr(0, v.ratio.find('x')), ratio_slack);
+    const bool higher_is_better = v.unit.size() >= 2 && v.unit.substr(v.unit.size() - 2) == "/s";
+    const double advantage = higher_is_better ? ours / peer : peer / ours;
+    EXPECT_EQ(v.better, advantage >= 1) << case_name;
+    const double expected = v.better ? advantage : 1 / advantage;
+    const double figures_slack = expected * (ours_slack / ours + peer_slack / peer);
+    EXPECT_NEAR(ratio, expected, ratio_slack + figures_slack + expected * 1e-4) << case_name;
+  }
+  EXPECT_GE(rows, 10U) << "the headline table has " << rows << " rows";
+}
+
+// Every scenario section of RESULTS.md (one with a history) says when, where and how its
+// latest result was taken.
+TEST(Readme, EveryResultsSectionStatesItsLatestRun) {
+  const auto results = lines_of(read_source("bench/RESULTS.md"));
+  const std::regex latest_line(R"(^Latest: \d{4}-\d{2}-\d{2}, .*)");
+  std::size_t sections = 0;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    if (!starts_with(results[i], "## ")) continue;
+    bool history = false, latest = false, command = false;
+    for (std::size_t j = i + 1; j < results.size() && !starts_with(results[j], "## "); ++j) {
+      if (starts_with(results[j], "### History")) history = true;
+      if (history) continue;
+      latest = latest || std::regex_match(results[j], latest_line);
+      command = command || starts_with(results[j], "Command: `");
+    }
+    if (!history) continue;
+    ++sections;
+    EXPECT_TRUE(latest) << results[i] << ": no 'Latest: DATE, ...' line before its history";
+    EXPECT_TRUE(command) << results[i] << ": no 'Command: `...`' line before its history";
+  }
+  EXPECT_GE(sections, 10U);
+}
+
+// ---- the words of the project ------------------------------------------------------------
+
+// Every file git tracks under the source directory; without git (a copied tree), every file
+// there but build*/ and .git.
+std::filesystem::path source_root() {
+  return std::filesystem::path(source_path("README.md")).parent_path();
+}
+
+std::vector<std::filesystem::path> tracked_files() {
+  const std::filesystem::path root = source_root();
+  std::vector<std::filesystem::path> files;
+  const std::string command = "git -C '" + root.string() + "' ls-files -z 2>/dev/null";
+  if (FILE* pipe = popen(command.c_str(), "r")) {
+    std::string name;
+    for (int c = std::fgetc(pipe); c != EOF; c = std::fgetc(pipe)) {
+      if (c == '\0') {
+        files.push_back(root / name);
+        name.clear();
+      } else {
+        name += static_cast<char>(c);
+      }
+    }
+    pclose(pipe);
+  }
+  if (!files.empty()) return files;
+  for (auto it = std::filesystem::recursive_directory_iterator(root);
+       it != std::filesystem::recursive_directory_iterator(); ++it) {
+    const std::string name = it->path().filename().string();
+    if (it->is_directory() && (name == ".git" || (it.depth() == 0 && starts_with(name, "build")))) {
+      it.disable_recursion_pending();
+    } else if (it->is_regular_file()) {
+      files.push_back(it->path());
+    }
+  }
+  return files;
+}
+
+// The words that describe how work was organised rather than the software, whole words,
+// any case. Each pattern is built from pieces so that this file does not match itself.
+const std::vector<std::regex>& process_words() {
+  static const std::vector<std::regex> patterns = [] {
+    const std::vector<std::string> sources = {
+        std::string(R"(\bsess)") + R"(ions?\b)",
+        std::string(R"(\bhelp)") + R"(er'?s? (review|found|said)\b)",
+        std::string("host") + "ile review",
+        std::string("read") + "-through",
+        std::string("revi") + "ew[0-9]+",
+        std::string(R"(\btur)") + R"(n's\b)",
+        std::string(R"(\bthis )") + R"(turn\b)",
+    };
+    std::vector<std::regex> out;
+    for (const auto& s : sources) {
+      out.emplace_back(s, std::regex::ECMAScript | std::regex::icase);
     }
     return out;
-  };
-  expect_range(r[0], replay_figure("vram DevicePool", "reserved_over_live"), Kind::latest_run,
-               "DevicePool reserved/live over the traces");
-  expect_range(r[1], replay_figure("vram DevicePool", ""), Kind::latest_run,
-               "DevicePool ns/op over the traces");
-  expect_range(r[2], replay_figure("cudaMallocAsync (private pool)", "reserved_over_live"),
-               Kind::latest_run, "cudaMallocAsync reserved/live");
-  expect_range(r[3], replay_figure("cudaMallocAsync (private pool)", ""), Kind::latest_run,
-               "cudaMallocAsync ns/op");
-  expect_range(r[4], replay_figure("CUB CachingDeviceAllocator", "reserved_over_live"),
-               Kind::latest_run, "CUB reserved/live");
-  expect_range(r[5], replay_figure("CUB CachingDeviceAllocator", ""), Kind::latest_run,
-               "CUB ns/op");
+  }();
+  return patterns;
+}
 
-  const std::string pairs = bullet_starting(block, "DevicePool warm acquire+release pair");
-  r = ranges_of(pairs);
-  ASSERT_EQ(r.size(), 4U) << pairs;
-  expect_range(r[0],
-               medians(rows, "pairs", {"vram DevicePool"}, {"256 B", "4 KiB", "64 KiB", "1 MiB"}),
-               Kind::over_runs, "DevicePool pair, 256 B to 1 MiB");
-  expect_range(r[1], medians(rows, "pairs", {"vram DevicePool"}, {"16 MiB", "256 MiB"}),
-               Kind::latest_run, "DevicePool pair, 16 and 256 MiB");
-  expect_range(r[2], medians(rows, "pairs", {"CUB CachingDeviceAllocator"}), Kind::latest_run,
-               "CUB pair");
-  expect_range(r[3], medians(rows, "pairs", {"cudaMallocAsync"}), Kind::latest_run,
-               "cudaMallocAsync pair");
-
-  const std::string threads = bullet_starting(block, "DevicePool at 16 threads");
-  r = ranges_of(threads);
-  ASSERT_EQ(r.size(), 2U) << threads;
-  expect_range(r[0], medians(rows, "threads", {"vram DevicePool"}, {"16 threads"}), Kind::over_runs,
-               "DevicePool at 16 threads");
-  expect_range(
-      r[1],
-      medians(rows, "threads", {"CUB CachingDeviceAllocator", "cudaMallocAsync"}, {"16 threads"}),
-      Kind::latest_run, "CUB and cudaMallocAsync at 16 threads");
-
-  const std::string pagein = bullet_starting(block, "Page-in");
-  r = ranges_of(pagein);
-  ASSERT_EQ(r.size(), 2U) << pagein;
-  std::vector<double> share_all, share_16;
-  for (const auto& row : rows) {
-    if (row.scenario != "pagein" || !row.extra.count("of_ceiling_pct")) continue;
-    share_all.push_back(row.extra.at("of_ceiling_pct"));
-    if (row.parameter == "64 x 16 MiB") share_16.push_back(row.extra.at("of_ceiling_pct"));
-  }
-  expect_range(r[0], share_all, Kind::latest_run, "page-in share of the ceiling");
-  expect_range(r[1], share_16, Kind::over_runs, "page-in share at 16 MiB chunks");
-
-  const std::string pinning = bullet_starting(block, "Pinning");
-  r = ranges_of(pinning);
-  ASSERT_EQ(r.size(), 1U) << pinning;
-  std::vector<double> ratios;
-  for (const auto& row : rows) {
-    if (row.scenario != "pinning" || row.allocator != "vram touch+register (parallel)") continue;
-    for (const auto& peer : rows) {
-      if (peer.scenario == "pinning" && peer.parameter == row.parameter &&
-          peer.allocator == "cudaHostAlloc") {
-        ratios.push_back(row.median / peer.median);
+TEST(ProjectWords, NoProcessWordsInTheProject) {
+  const auto files = tracked_files();
+  ASSERT_FALSE(files.empty()) << "no files found under " << source_path("README.md");
+  // Lines worth running the patterns on hold one of these (lower case).
+  const std::vector<std::string> cues = {"sess", "help", "host", "read", "revi", "turn"};
+  std::vector<std::string> hits;
+  std::size_t scanned = 0;
+  for (const auto& path : files) {
+    std::ifstream file(path, std::ios::binary);
+    if (!file) continue;  // listed by git, gone from the working tree
+    std::stringstream content;
+    content << file.rdbuf();
+    const std::string text = content.str();
+    if (text.find('\0') != std::string::npos) continue;  // binary (the .csv.gz traces)
+    ++scanned;
+    std::size_t number = 0;
+    for (const auto& line : lines_of(text)) {
+      ++number;
+      std::string lower = line;
+      std::transform(lower.begin(), lower.end(), lower.begin(),
+                     [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+      if (std::none_of(cues.begin(), cues.end(), [&](const std::string& cue) {
+            return lower.find(cue) != std::string::npos;
+          })) {
+        continue;
+      }
+      for (const auto& pattern : process_words()) {
+        std::smatch match;
+        if (std::regex_search(line, match, pattern)) {
+          hits.push_back(path.lexically_relative(source_root()).string() + ":" +
+                         std::to_string(number) + ": " + match.str());
+          break;
+        }
       }
     }
   }
-  // The ratios come from medians rounded to 4 digits: allow that much on top.
-  Range widened = r[0];
-  widened.low_slack += widened.low * 1e-3;
-  widened.high_slack += widened.high * 1e-3;
-  expect_range(widened, ratios, Kind::latest_run, "pinning vs cudaHostAlloc");
+  EXPECT_GT(scanned, 10U);
+  std::string report;
+  for (std::size_t i = 0; i < hits.size() && i < 200; ++i) report += "  " + hits[i] + "\n";
+  EXPECT_TRUE(hits.empty()) << hits.size() << " lines name how the work was organised:\n" << report;
 }
 
 }  // namespace

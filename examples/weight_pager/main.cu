@@ -132,6 +132,7 @@ int main(int argc, char** argv) {
     vram::cuda::Event end(vram::cuda::Event::Timing::enabled);
     for (std::size_t step = 0; step < steps; ++step) {
       start.record(stream.get());
+      // [readme:weight_pager]
       for (std::size_t i = 0; i < layers; ++i) {
         const void* weights = pager.acquire(i, stream.get());  // ordered before the kernel
         layer_kernel<<<blocks, 256, 0, stream.get()>>>(static_cast<const uint4*>(weights),
@@ -139,6 +140,7 @@ int main(int argc, char** argv) {
         check(cudaGetLastError(), "layer_kernel");
         pager.release(i, stream.get());  // evictable once the kernel ran
       }
+      // [/readme:weight_pager]
       end.record(stream.get());
       end.wait();
       const float ms = vram::cuda::Event::elapsed_ms(start, end);

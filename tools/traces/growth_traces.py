@@ -1,6 +1,6 @@
 """Synthetic traces that only grow: every block stays live until the end, then all are freed.
 They show what DevicePool's map-ahead (virtual_map_ahead_bytes) costs in memory: reserved
-bytes mapped before any block needs them (docs/RELIABILITY.md, session 5).
+bytes mapped before any block needs them (docs/RELIABILITY.md, "Virtual-memory tier in runs").
 
     python3 tools/traces/growth_traces.py OUT_DIR
     ./build/vram replay --host-only OUT_DIR/*.csv

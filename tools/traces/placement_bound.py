@@ -12,7 +12,7 @@ over one address range (the rule of DevicePool's large tier and of remap_model.p
 "never"). The offline figure bounds the optimum from above (a clairvoyant placement needs
 at most that span); it is not a bound for an online pool, which can beat a greedy planner on
 some traces (decode_streams) and, knowing no free time, cannot expect to reach it on others
-(bench/RESULTS.md, session 9).
+(bench/RESULTS.md, "Where the transformer trace's memory goes").
 
     python3 tools/traces/placement_bound.py TRACE.csv.gz [--min-bytes 1048577]
 """

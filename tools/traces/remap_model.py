@@ -1,6 +1,6 @@
 """A model, not the pool: what giving free 2 MiB granules back and mapping them again
-elsewhere would buy on a trace, and what it would cost in driver calls (docs: bench/RESULTS.md,
-session 6). DevicePool's large tier maps granules in runs and keeps them mapped; its peak
+elsewhere would buy on a trace, and what it would cost in driver calls (bench/RESULTS.md,
+"Where the transformer trace's memory goes"). DevicePool's large tier maps granules in runs and keeps them mapped; its peak
 reserved is the span of address space its best-fit placement ever touched. This script
 replays a trace's large blocks (over 1 MiB) with the same rule (best fit over one address
 range, smallest fitting range, ties: lowest address, 512-byte rounding, free neighbours

@@ -1,7 +1,7 @@
 """Synthetic multi-stream traces: an engine with a stream per request. Stream i % N
 allocates block i (3, 5 or 9 MiB, random.Random(1)) and frees it on the same stream 2*N
 allocations later, 40,000 allocations in all. They show how a pool shares free memory
-between streams (DevicePool before session 6: 97x the live bytes with 16 streams, growing
+between streams (DevicePool before 08a64a2: 97x the live bytes with 16 streams, growing
 every pass; docs/RELIABILITY.md).
 
     python3 tools/traces/stream_traces.py OUT_DIR

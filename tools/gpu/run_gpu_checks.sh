@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# The GPU machine's part of a session (docs/GPU-STATUS.md): run from the repository root on
-# the H200 with the Release build from the build machine carried in build/.
-#   tools/gpu/h200_run.sh cxx   OUT   tests, compute-sanitizer, replay, benchmarks
-#   tools/gpu/h200_run.sh core  OUT   tests, memcheck (never death tests: they fork; a
-#                                     memcheck run with one did not finish in session 5), replay
-#                                     with the Torch peer (built there), of the recorded and of
-#                                     the synthetic multi-stream traces,
-#                                     pairs and batched benchmarks: one call per session
-#   tools/gpu/h200_run.sh final OUT   tests, memcheck, replay with the Torch peer, the full run
-#   tools/gpu/h200_run.sh check OUT   tests, memcheck, the stream traces with the Torch peer
-#   tools/gpu/h200_run.sh review OUT  tests, memcheck, replay with the Torch peer, pairs,
-#                                     batched and overhead benchmarks
-#   tools/gpu/h200_run.sh closing OUT tests, memcheck, replay with the Torch peer, Python checks
-#   tools/gpu/h200_run.sh full  OUT   the full benchmark run (every scenario; the tables of
-#                                     bench/RESULTS.md's "Latest full run" and its headline)
-#   tools/gpu/h200_run.sh py    OUT   the Python checks (plug-in build, PyTorch, CuPy), no
-#                                     torch_compare rounds
-#   tools/gpu/h200_run.sh torch OUT   builds the PyTorch plug-in and the Torch replay peer
-#                                     there (Torch exists only on that machine), runs them
-# Every log lands in OUT; OUT/results.tar.gz holds them all (the device tool returns few files).
+# The checks that need a GPU, run from the repository root on the GPU machine with the
+# Release build from the build machine carried in build/ (bench/RESULTS.md records what each
+# mode measured). MODE names what runs:
+#   tools/gpu/run_gpu_checks.sh tests-sanitizers-bench OUT
+#       tests, memcheck, racecheck, replay, every benchmark scenario
+#   tools/gpu/run_gpu_checks.sh tests-replay-streams-pairs OUT
+#       tests, memcheck (never death tests: they fork; a memcheck run with one did not
+#       finish), replay of the recorded and of the synthetic multi-stream traces with the
+#       Torch peer (built there), the pairs and batched benchmarks
+#   tools/gpu/run_gpu_checks.sh tests-replay-bench OUT
+#       tests, memcheck, replay with the Torch peer, every benchmark scenario
+#   tools/gpu/run_gpu_checks.sh tests-streams OUT
+#       tests, memcheck, the synthetic multi-stream traces with the Torch peer
+#   tools/gpu/run_gpu_checks.sh tests-replay-pairs-overhead OUT
+#       tests, memcheck, replay with the Torch peer, the pairs, batched and overhead benchmarks
+#   tools/gpu/run_gpu_checks.sh tests-replay-python OUT
+#       tests, memcheck, replay with the Torch peer, the Python checks
+#   tools/gpu/run_gpu_checks.sh bench OUT
+#       every benchmark scenario (the tables of bench/RESULTS.md)
+#   tools/gpu/run_gpu_checks.sh python OUT
+#       the Python checks (plug-in build, PyTorch, CuPy), no torch_compare rounds
+#   tools/gpu/run_gpu_checks.sh replay-torch-python OUT
+#       builds the PyTorch plug-in and the Torch replay peer there (Torch exists only on that
+#       machine), replays the recorded traces, runs the Python checks and torch_compare
+# Every log lands in OUT; OUT/results.tar.gz holds them all.
 set -uo pipefail
 mode=$1
 out=$2
@@ -67,7 +72,7 @@ streams_replay() {
     --json $log/replay_streams.json && \
     rm -r $log/stream_traces"
 }
-# Every benchmark scenario (bench/RESULTS.md's "Latest full run" and its headline).
+# Every benchmark scenario (the tables of bench/RESULTS.md).
 full_bench() {
   step bench "$1" ./build/vram bench \
     --scenario pairs,threads,batched,mixed,replay,overhead,pagein,pinning,driver,pager \
@@ -77,7 +82,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 git log -1 --format='%H %cI' >"$log/commit.txt" 2>/dev/null || true
 
 case $mode in
-  cxx)
+  tests-sanitizers-bench)
     tests_and_memcheck
     step racecheck 120 compute-sanitizer --tool racecheck ./build/tests/vram_tests \
       --gtest_filter='*Gpu*' --gtest_brief=1
@@ -86,45 +91,47 @@ case $mode in
     step replay 240 ./build/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz --json "$log/replay.json"
     full_bench 400
     ;;
-  core)  # a session's GPU check in one call: tests, memcheck, replay with PyTorch, pairs
+  tests-replay-streams-pairs)
     tests_and_memcheck
     torch_replay
     streams_replay
     step bench 300 ./build/vram bench --scenario pairs,batched \
       --json "$log/bench.json" --markdown "$log/bench.md"
     ;;
-  final)  # the last call of a session: tests, memcheck, replay with PyTorch, the full run
+  tests-replay-bench)
     tests_and_memcheck
     torch_replay
     full_bench 400
     ;;
-  full)
+  bench)
     full_bench 560
     ;;
-  review)  # after bad-input fixes on the hot paths: tests, memcheck, replay with PyTorch,
-    # the pair, batched and StreamOrderedPool-overhead benchmarks
+  tests-replay-pairs-overhead)
     tests_and_memcheck
     torch_replay
     step bench 300 ./build/vram bench --scenario pairs,batched,overhead \
       --json "$log/bench.json" --markdown "$log/bench.md"
     ;;
-  closing)  # the last call after bad-input fixes: tests, memcheck, replay with PyTorch, the
-    # Python checks (plug-in built there, PyTorch and CuPy)
+  tests-replay-python)
     tests_and_memcheck
     torch_replay
     step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
-  check)  # after a change late in a session: tests, memcheck, the stream traces with PyTorch
+  tests-streams)
     tests_and_memcheck
     torch_build
     streams_replay
     ;;
-  py)
+  python)
     step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
-  torch)
+  replay-torch-python)
     torch_replay
     step torch_checks 420 tests/python/run_all_on_gpu.sh "$log/torch"
+    ;;
+  *)
+    echo "unknown mode '$mode' (see the comment at the top of $0)" >&2
+    exit 2
     ;;
 esac
 tar czf "$out/results.tar.gz" -C "$out" logs
