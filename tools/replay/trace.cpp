@@ -201,13 +201,16 @@ class Parser {
     live_.erase(it);
   }
 
+  // Dense index of `stream`, assigned in first-seen order: O(1) per event whatever the
+  // number of distinct streams. Consecutive events mostly share a stream, so the previous
+  // event's stream is checked before the map.
   std::uint32_t stream_index(std::uint64_t stream) {
-    // Traces use a handful of streams: a linear scan beats hashing.
-    for (std::size_t i = 0; i < trace_.streams.size(); ++i) {
-      if (trace_.streams[i] == stream) return static_cast<std::uint32_t>(i);
-    }
-    trace_.streams.push_back(stream);
-    return static_cast<std::uint32_t>(trace_.streams.size() - 1);
+    if (!trace_.streams.empty() && trace_.streams[last_stream_] == stream) return last_stream_;
+    const auto [it, added] =
+        stream_indices_.try_emplace(stream, static_cast<std::uint32_t>(trace_.streams.size()));
+    if (added) trace_.streams.push_back(stream);
+    last_stream_ = it->second;
+    return last_stream_;
   }
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
@@ -221,6 +224,8 @@ class Parser {
   std::size_t stream_ = npos;
   std::unordered_map<std::uint64_t, Live> live_;
   std::size_t live_bytes_ = 0;
+  std::unordered_map<std::uint64_t, std::uint32_t> stream_indices_;  // tag -> index in streams
+  std::uint32_t last_stream_ = 0;  // index of the previous event's stream
 };
 
 }  // namespace
