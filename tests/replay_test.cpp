@@ -352,6 +352,27 @@ TEST(ReplayTrace, TruncatedOrCorruptGzipSaysSo) {
   std::remove(gz.c_str());
 }
 
+TEST(ReplayTrace, MessagesQuotingTheFileEscapeControlBytes) {
+  const std::vector<std::string> errors = {
+      parse_error(kHeader + "1,0,\x1b[2J\x1b]0;owned\x07,0x10,64,0\n"),
+      parse_error(kHeader + "1,0,allocate,0x10,6\x1b[31m4,0\n"),
+      parse_error(kHeader + "1,0,allocate,\x9b"
+                            "31m,64,0\n"),
+      parse_error(kHeader + "1,0,allocate,0x10,64,\r7\n"),
+      parse_error("Thread,\x1b[1mTime\x7f,Act\\ion\n"),
+  };
+  const std::vector<std::string> quoted = {
+      "unknown action '\\x1b[2J\\x1b]0;owned\\x07'", "bad size '6\\x1b[31m4'",
+      "bad pointer '\\x9b31m'", "bad stream '\\x0d7'", "got 'Thread,\\x1b[1mTime\\x7f,Act\\\\ion'"};
+  for (std::size_t i = 0; i < errors.size(); ++i) {
+    EXPECT_NE(errors[i].find(quoted[i]), std::string::npos) << errors[i];
+    for (const char c : errors[i]) {
+      const auto byte = static_cast<unsigned char>(c);
+      EXPECT_TRUE(byte >= 0x20 && byte < 0x7f) << "raw byte " << int{byte} << " in " << i;
+    }
+  }
+}
+
 TEST(ReplayTrace, UnknownFreesAreCountedAndSkippedReusedLivePointersReported) {
   const Trace trace = replay::parse_trace(kHeader +
                                               "1,0,deallocate,0x900,64,0\n"  // never allocated

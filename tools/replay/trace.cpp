@@ -47,6 +47,27 @@ std::string hex(std::uint64_t value) {
   return buffer;
 }
 
+// `text` as it may appear in a message: printable ASCII as it is, a backslash as "\\" and
+// every other byte as "\xNN", so no byte of a trace reaches a terminal raw (escape
+// sequences, control bytes). Every message that quotes file content goes through it.
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte == '\\') {
+      out += "\\\\";
+    } else if (byte >= 0x20 && byte < 0x7f) {
+      out += c;
+    } else {
+      char buffer[8];
+      std::snprintf(buffer, sizeof buffer, "\\x%02x", byte);
+      out += buffer;
+    }
+  }
+  return out;
+}
+
 constexpr std::size_t kExamples = 5;
 constexpr std::size_t kMaxLine = std::size_t{1} << 20;  // longest line read_trace accepts
 
@@ -104,7 +125,7 @@ class Parser {
       fail(number,
            "header must name the columns Action, Pointer and Size (RMM: "
            "Thread,Time,Action,Pointer,Size,Stream), got '" +
-               joined() + "'");
+               printable(joined()) + "'");
     }
     columns_ = fields_.size();
     have_header_ = true;
@@ -122,7 +143,7 @@ class Parser {
   std::uint64_t number_field(std::size_t column, const char* what, std::size_t number) const {
     std::uint64_t value = 0;
     if (!parse_number(fields_[column], value)) {
-      fail(number, std::string("bad ") + what + " '" + std::string(fields_[column]) +
+      fail(number, std::string("bad ") + what + " '" + printable(fields_[column]) +
                        "' (expected a decimal or 0x-hex number)");
     }
     return value;
@@ -142,7 +163,7 @@ class Parser {
       return;
     }
     if (!is_allocate && !is_free) {
-      fail(number, "unknown action '" + std::string(fields_[action_]) +
+      fail(number, "unknown action '" + printable(fields_[action_]) +
                        "' (expected allocate, deallocate, free or allocate failure)");
     }
     const std::uint64_t pointer = number_field(pointer_, "pointer", number);

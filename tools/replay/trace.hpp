@@ -12,7 +12,8 @@
 // other file is read as it is. Gzip members may follow each other (as `cat a.gz b.gz`
 // writes); bytes after a member that do not start another member are an error, and so is a
 // file that ends inside a member (truncated). Lines end at '\n' only; a NUL byte anywhere is
-// an error naming its line.
+// an error naming its line. Messages that quote file content show every byte that is not
+// printable ASCII as \xNN (a backslash doubled).
 //
 // What parsing guarantees about the event list (the replay relies on it)
 //   Every deallocate refers to a live allocation of the same trace (its `slot`), so the
