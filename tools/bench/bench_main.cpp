@@ -28,6 +28,84 @@
 #include "vram_git_commit.hpp"
 
 namespace vram::cli {
+
+// Option handling shared with `vram replay` (declared in commands.hpp).
+
+bool next_argument(const char* command, const std::vector<std::string>& args, std::size_t& i,
+                   std::initializer_list<std::string_view> valued,
+                   std::initializer_list<std::string_view> flags, CommandArgument& out) {
+  out = CommandArgument{};
+  const std::string& arg = args[i];
+  if (arg.rfind("--", 0) != 0) {
+    out.name = arg;
+    out.positional = true;
+    return true;
+  }
+  const std::size_t equals = arg.find('=');
+  const std::string name = arg.substr(0, equals);
+  const auto named = [&](std::initializer_list<std::string_view> names) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  if (named(valued)) {
+    out.name = name;
+    out.known = true;
+    if (equals != std::string::npos) {
+      out.value = arg.substr(equals + 1);
+    } else if (i + 1 < args.size()) {
+      out.value = args[++i];
+    } else {
+      std::fprintf(stderr, "%s: %s needs a value (%s --help)\n", command, name.c_str(), command);
+      return false;
+    }
+    return true;
+  }
+  if (named(flags)) {
+    if (equals != std::string::npos) {
+      std::fprintf(stderr, "%s: %s takes no value\n", command, name.c_str());
+      return false;
+    }
+    out.name = name;
+    out.known = true;
+    return true;
+  }
+  out.name = arg;  // unknown: the caller names it
+  return true;
+}
+
+bool parse_device_ordinal(const char* command, const std::string& text, int& device) {
+  bool ok = !text.empty() &&
+            std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  int parsed = 0;
+  if (ok) {
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+    ok = error == std::errc() && end == text.data() + text.size();  // errc: beyond an int
+  }
+  if (!ok) {
+    std::fprintf(stderr,
+                 "%s: --device needs a device ordinal (0, 1, ...; see `vram info`), got '%s'\n",
+                 command, text.c_str());
+    return false;
+  }
+  device = parsed;
+  return true;
+}
+
+bool device_is_visible(const char* command, int device, int visible) {
+  if (device >= 0 && device < visible) return true;
+  if (visible == 0) {
+    std::fprintf(stderr,
+                 "%s: --device %d does not exist: 0 devices visible; no CUDA device is usable "
+                 "(%s)\n",
+                 command, device, no_device_explanation().c_str());
+  } else {
+    std::fprintf(stderr,
+                 "%s: --device %d does not exist: %d device(s) visible, ordinals 0..%d (see "
+                 "`vram info`)\n",
+                 command, device, visible, visible - 1);
+  }
+  return false;
+}
+
 namespace {
 
 constexpr int kExitOk = 0;
@@ -159,17 +237,6 @@ bool write_outputs(std::vector<OutputFile>& outputs, std::FILE* human) {
   return true;
 }
 
-// A device ordinal: decimal digits only, fitting an int ("abc", "-1", "1e3" and
-// 99999999999 are refused).
-bool parse_device(const std::string& text, int& device) {
-  if (text.empty() || text.size() > 9) return false;
-  for (char c : text) {
-    if (c < '0' || c > '9') return false;
-  }
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), device);
-  return error == std::errc() && end == text.data() + text.size();
-}
-
 std::string utc_now() {
   std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -190,28 +257,16 @@ int run_bench(const std::vector<std::string>& args) {
   for (const auto& arg : args) command += " " + arg;
   bool host_only = false;
   bool device_given = false;
+  constexpr const char* kCommand = "vram bench";
   for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string option = args[i];
-    std::string value;
-    bool has_value = false;
-    if (const auto equals = option.find('=');
-        option.rfind("--", 0) == 0 && equals != std::string::npos) {
-      value = option.substr(equals + 1);
-      option.resize(equals);
-      has_value = true;
-    }
-    const bool takes_value = option == "--json" || option == "--svg" || option == "--scenario" ||
-                             option == "--device" || option == "--markdown";
-    if (takes_value && !has_value) {
-      if (i + 1 >= args.size()) {
-        std::fprintf(stderr, "vram bench: %s needs a value (vram bench --help)\n", option.c_str());
-        return kExitUsage;
-      }
-      value = args[++i];
-    } else if (!takes_value && has_value) {
-      std::fprintf(stderr, "vram bench: %s takes no value\n", option.c_str());
+    CommandArgument arg;
+    if (!next_argument(kCommand, args, i,
+                       {"--json", "--svg", "--scenario", "--device", "--markdown"},
+                       {"--quick", "--host-only", "--help"}, arg)) {
       return kExitUsage;
     }
+    const std::string& option = arg.name;
+    const std::string& value = arg.value;
     if (option == "--help" || option == "-h") {
       print_bench_usage(stdout);
       return kExitOk;
@@ -219,20 +274,11 @@ int run_bench(const std::vector<std::string>& args) {
       config.quick = true;
     } else if (option == "--host-only") {
       host_only = true;
-    } else if (option == "--json") {
-      json.path = value;
-    } else if (option == "--svg") {
-      svg.path = value;
-    } else if (option == "--markdown") {
-      markdown.path = value;
+    } else if (option == "--json" || option == "--svg" || option == "--markdown") {
+      OutputFile& output = option == "--json" ? json : option == "--svg" ? svg : markdown;
+      output.path = value;
     } else if (option == "--device") {
-      if (!parse_device(value, config.device)) {
-        std::fprintf(stderr,
-                     "vram bench: --device needs a device ordinal (0, 1, ...; see `vram info`), "
-                     "got '%s'\n",
-                     value.c_str());
-        return kExitUsage;
-      }
+      if (!parse_device_ordinal(kCommand, value, config.device)) return kExitUsage;
       device_given = true;
     } else if (option == "--scenario") {
       std::size_t start = 0;
@@ -256,7 +302,7 @@ int run_bench(const std::vector<std::string>& args) {
         start = comma + 1;
       }
     } else {
-      std::fprintf(stderr, "vram bench: unknown option '%s'\n", args[i].c_str());
+      std::fprintf(stderr, "vram bench: unknown option '%s'\n", option.c_str());
       print_bench_usage(stderr);
       return kExitUsage;
     }
@@ -284,17 +330,9 @@ int run_bench(const std::vector<std::string>& args) {
   (void)cudaRuntimeGetVersion(&runtime_version);
   env.runtime = cuda::Device::version_string(runtime_version);
   const auto availability = cuda::Device::availability();
-  if (!host_only && device_given && config.device >= availability.count) {
-    // An explicit device that is not there is an error, GPU machine or not.
-    if (availability.count == 0) {
-      std::fprintf(stderr, "vram bench: --device %d: no CUDA device is usable (%s)\n",
-                   config.device, no_device_explanation().c_str());
-    } else {
-      std::fprintf(stderr,
-                   "vram bench: --device %d does not exist: %d device(s) visible, ordinals "
-                   "0..%d (see `vram info`)\n",
-                   config.device, availability.count, availability.count - 1);
-    }
+  // An explicit device that is not there is an error, GPU machine or not.
+  if (!host_only && device_given &&
+      !device_is_visible(kCommand, config.device, availability.count)) {
     return kExitUsage;
   }
   config.gpu = !host_only && availability.count > 0;
