@@ -473,5 +473,85 @@ TEST(CliReplay, EveryValueOptionTakesTheEqualsForm) {
   std::remove(json.c_str());
 }
 
+TEST(CliReplay, JsonDashWritesOnlyJsonToStdout) {
+  // It used to create a file named '-'.
+  std::remove("-");
+  const auto run = capture_replay({"--host-only", sample_trace(), "--json", "-"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_TRUE(JsonChecker(run.out).valid()) << run.out;
+  EXPECT_NE(run.out.find("\"tool\": \"vram replay\""), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("trace replay_sample"), std::string::npos) << "tables go to stderr";
+  EXPECT_NE(run.err.find("vram DevicePool"), std::string::npos) << run.err;
+  EXPECT_FALSE(std::filesystem::exists("-"));
+  std::remove("-");
+}
+
+TEST(CliReplay, AnEmptyJsonNameIsRefusedInReplayAndBench) {
+  // It used to be taken as "no --json".
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--json", ""}, std::vector<std::string>{"--json="}}) {
+    std::vector<std::string> replay = {"--host-only", sample_trace()};
+    replay.insert(replay.end(), args.begin(), args.end());
+    const auto run = capture_replay(replay);
+    EXPECT_EQ(run.code, 2);
+    EXPECT_NE(run.err.find("vram replay: --json needs a file name"), std::string::npos) << run.err;
+    EXPECT_FALSE(replayed(run));
+    std::vector<std::string> bench = {"--quick", "--host-only", "--scenario", "pairs"};
+    bench.insert(bench.end(), args.begin(), args.end());
+    const auto measured = capture_bench(bench);
+    EXPECT_EQ(measured.code, 2);
+    EXPECT_NE(measured.err.find("vram bench: --json needs a file name"), std::string::npos)
+        << measured.err;
+  }
+}
+
+TEST(CliReplay, AJsonPathThatCannotBeWrittenIsRefusedBeforeTheRun) {
+  // A directory used to fail only at the rename after the whole replay (exit 1).
+  const std::string directory = ::testing::TempDir() + "vram-replay-json-dir";
+  std::filesystem::create_directories(directory);
+  auto run = capture_replay({"--host-only", sample_trace(), "--json", directory});
+  EXPECT_EQ(run.code, 2);
+  EXPECT_NE(run.err.find("cannot write --json file '" + directory + "': it is a directory"),
+            std::string::npos)
+      << run.err;
+  EXPECT_FALSE(replayed(run)) << run.out;
+  run = capture_replay({"--host-only", sample_trace(), "--json", directory + "/missing/r.json"});
+  EXPECT_EQ(run.code, 2);
+  EXPECT_NE(run.err.find("cannot create a file in '" + directory + "/missing'"), std::string::npos)
+      << run.err;
+  EXPECT_FALSE(replayed(run));
+  EXPECT_TRUE(std::filesystem::is_empty(directory)) << "no temporary left behind";
+  std::filesystem::remove_all(directory);
+}
+
+TEST(CliReplay, AJsonPathThatIsOneOfTheTracesIsRefusedBeforeTheRun) {
+  // It used to replace the trace with the report.
+  const std::string directory = ::testing::TempDir() + "vram-replay-same";
+  std::filesystem::create_directories(directory + "/sub");
+  const std::string trace = directory + "/input.csv";
+  const std::string original = read_text(sample_trace());
+  write_text(trace, original);
+  std::filesystem::create_symlink(trace, directory + "/link.csv");
+  std::filesystem::create_hard_link(trace, directory + "/hard.csv");
+  const std::string relative =
+      std::filesystem::relative(trace, std::filesystem::current_path()).string();
+  for (const std::string& spelling : {trace, directory + "/./input.csv", directory + "//input.csv",
+                                      directory + "/sub/../input.csv", relative,
+                                      directory + "/link.csv", directory + "/hard.csv"}) {
+    const auto run = capture_replay({"--host-only", sample_trace(), trace, "--json", spelling});
+    EXPECT_EQ(run.code, 2) << spelling;
+    EXPECT_NE(run.err.find("--json file '" + spelling + "' is the trace '" + trace + "'"),
+              std::string::npos)
+        << run.err;
+    EXPECT_FALSE(replayed(run)) << spelling;
+    EXPECT_EQ(read_text(trace), original) << spelling;
+  }
+  // A different file in the same directory is fine.
+  const auto run = capture_replay({"--host-only", trace, "--json", directory + "/input.csv.json"});
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_EQ(read_text(trace), original);
+  std::filesystem::remove_all(directory);
+}
+
 }  // namespace
 }  // namespace vram::testing

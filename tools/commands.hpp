@@ -47,4 +47,22 @@ bool parse_device_ordinal(const char* command, const std::string& text, int& dev
 // false (message printed: the ordinal, how many devices are visible and, with none, why)
 // otherwise.
 bool device_is_visible(const char* command, int device, int visible);
+
+// An output file, replaced only after the whole run succeeded: written to a temporary
+// beside it, renamed over it at the end.
+struct OutputFile {
+  const char* flag;  // "--json"
+  std::string path;  // empty: not requested; "-": stdout (where the caller allows it)
+  std::string content;
+};
+// Sets output.path from the option's value; an empty value is refused (false, printed).
+bool set_output_path(const char* command, OutputFile& output, const std::string& value);
+// Checked before anything runs: `output.path` is not a directory and its directory takes a
+// new file. The target itself is not opened, so an existing file is left as it is. False
+// (printed) otherwise. "-" passes.
+bool can_create(const char* command, const OutputFile& output);
+// Writes every requested file to a temporary beside it, then renames them all ("wrote F" to
+// `human`) and finally writes the "-" ones to stdout. On a failure nothing is renamed, the
+// temporaries are removed and false is returned (printed).
+bool write_outputs(const char* command, const std::vector<OutputFile>& outputs, std::FILE* human);
 }  // namespace vram::cli

@@ -108,6 +108,96 @@ bool device_is_visible(const char* command, int device, int visible) {
 
 namespace {
 
+std::string directory_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Creates an empty temporary file beside `path`; returns its name, or "" with errno set.
+std::string make_temporary_beside(const std::string& path) {
+  std::string name = path + ".tmp-XXXXXX";
+  const int fd = mkstemp(name.data());
+  if (fd < 0) return {};
+  // mkstemp creates mode 0600; give the file the mode a plain fopen would (0666 & ~umask).
+  const mode_t mask = umask(0);
+  umask(mask);
+  (void)fchmod(fd, 0666 & ~mask);
+  close(fd);
+  return name;
+}
+
+}  // namespace
+
+bool set_output_path(const char* command, OutputFile& output, const std::string& value) {
+  if (value.empty()) {
+    std::fprintf(stderr, "%s: %s needs a file name, got an empty one\n", command, output.flag);
+    return false;
+  }
+  output.path = value;
+  return true;
+}
+
+bool can_create(const char* command, const OutputFile& output) {
+  if (output.path.empty() || output.path == "-") return true;
+  struct stat info {};
+  if (stat(output.path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    std::fprintf(stderr, "%s: cannot write %s file '%s': it is a directory\n", command, output.flag,
+                 output.path.c_str());
+    return false;
+  }
+  const std::string probe = make_temporary_beside(output.path);
+  if (probe.empty()) {
+    std::fprintf(stderr, "%s: cannot write %s file '%s': cannot create a file in '%s': %s\n",
+                 command, output.flag, output.path.c_str(), directory_of(output.path).c_str(),
+                 std::strerror(errno));
+    return false;
+  }
+  std::remove(probe.c_str());
+  return true;
+}
+
+bool write_outputs(const char* command, const std::vector<OutputFile>& outputs, std::FILE* human) {
+  std::vector<std::pair<std::string, const OutputFile*>> written;
+  auto discard = [&] {
+    for (const auto& [temporary, output] : written) std::remove(temporary.c_str());
+  };
+  for (const auto& output : outputs) {
+    if (output.path.empty() || output.path == "-") continue;
+    const std::string temporary = make_temporary_beside(output.path);
+    std::FILE* file = temporary.empty() ? nullptr : std::fopen(temporary.c_str(), "w");
+    bool ok = file != nullptr;
+    if (ok) {
+      written.emplace_back(temporary, &output);
+      ok = std::fwrite(output.content.data(), 1, output.content.size(), file) ==
+           output.content.size();
+      ok = (std::fclose(file) == 0) && ok;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "%s: writing %s file '%s' failed: %s; no file was replaced\n", command,
+                   output.flag, output.path.c_str(), std::strerror(errno));
+      discard();
+      return false;
+    }
+  }
+  for (const auto& [temporary, output] : written) {
+    if (std::rename(temporary.c_str(), output->path.c_str()) != 0) {
+      std::fprintf(stderr, "%s: renaming '%s' to '%s' failed: %s\n", command, temporary.c_str(),
+                   output->path.c_str(), std::strerror(errno));
+      discard();
+      return false;
+    }
+    std::fprintf(human, "wrote %s\n", output->path.c_str());
+  }
+  for (const auto& output : outputs) {
+    if (output.path == "-") std::fputs(output.content.c_str(), stdout);
+  }
+  std::fflush(stdout);
+  return true;
+}
+
+namespace {
+
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
@@ -150,93 +240,6 @@ void print_bench_usage(std::FILE* out) {
       "            3 nothing measured (the scenarios asked for need a GPU)\n");
 }
 
-// Output file handling: a path to be replaced at the end of a successful run.
-struct OutputFile {
-  const char* flag;
-  std::string path;  // empty: not requested; "-": stdout (JSON only)
-  std::string content;
-};
-
-std::string directory_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// Creates an empty temporary file beside `path`; returns its name, or "" with errno set.
-std::string make_temporary_beside(const std::string& path) {
-  std::string name = path + ".tmp-XXXXXX";
-  const int fd = mkstemp(name.data());
-  if (fd < 0) return {};
-  // mkstemp creates mode 0600; give the file the mode a plain fopen would (0666 & ~umask).
-  const mode_t mask = umask(0);
-  umask(mask);
-  (void)fchmod(fd, 0666 & ~mask);
-  close(fd);
-  return name;
-}
-
-// Checked before any measurement: the directory takes a new file and the path is not a
-// directory. The target itself is not opened, so an existing file is left as it is.
-bool can_create(const OutputFile& output) {
-  struct stat info {};
-  if (stat(output.path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-    std::fprintf(stderr, "vram bench: cannot write %s file '%s': it is a directory\n", output.flag,
-                 output.path.c_str());
-    return false;
-  }
-  const std::string probe = make_temporary_beside(output.path);
-  if (probe.empty()) {
-    std::fprintf(
-        stderr, "vram bench: cannot write %s file '%s': cannot create a file in '%s': %s\n",
-        output.flag, output.path.c_str(), directory_of(output.path).c_str(), std::strerror(errno));
-    return false;
-  }
-  std::remove(probe.c_str());
-  return true;
-}
-
-// Writes every requested file to a temporary beside it, then renames them all. On any
-// failure nothing is renamed and the temporaries are removed.
-bool write_outputs(std::vector<OutputFile>& outputs, std::FILE* human) {
-  std::vector<std::pair<std::string, const OutputFile*>> written;
-  auto discard = [&] {
-    for (const auto& [temporary, output] : written) std::remove(temporary.c_str());
-  };
-  for (const auto& output : outputs) {
-    if (output.path.empty() || output.path == "-") continue;
-    const std::string temporary = make_temporary_beside(output.path);
-    std::FILE* file = temporary.empty() ? nullptr : std::fopen(temporary.c_str(), "w");
-    bool ok = file != nullptr;
-    if (ok) {
-      written.emplace_back(temporary, &output);
-      ok = std::fwrite(output.content.data(), 1, output.content.size(), file) ==
-           output.content.size();
-      ok = (std::fclose(file) == 0) && ok;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "vram bench: writing %s file '%s' failed: %s; no file was replaced\n",
-                   output.flag, output.path.c_str(), std::strerror(errno));
-      discard();
-      return false;
-    }
-  }
-  for (const auto& [temporary, output] : written) {
-    if (std::rename(temporary.c_str(), output->path.c_str()) != 0) {
-      std::fprintf(stderr, "vram bench: renaming '%s' to '%s' failed: %s\n", temporary.c_str(),
-                   output->path.c_str(), std::strerror(errno));
-      discard();
-      return false;
-    }
-    std::fprintf(human, "wrote %s\n", output->path.c_str());
-  }
-  for (const auto& output : outputs) {
-    if (output.path == "-") std::fputs(output.content.c_str(), stdout);
-  }
-  std::fflush(stdout);
-  return true;
-}
-
 std::string utc_now() {
   std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -276,7 +279,7 @@ int run_bench(const std::vector<std::string>& args) {
       host_only = true;
     } else if (option == "--json" || option == "--svg" || option == "--markdown") {
       OutputFile& output = option == "--json" ? json : option == "--svg" ? svg : markdown;
-      output.path = value;
+      if (!set_output_path(kCommand, output, value)) return kExitUsage;
     } else if (option == "--device") {
       if (!parse_device_ordinal(kCommand, value, config.device)) return kExitUsage;
       device_given = true;
@@ -317,7 +320,7 @@ int run_bench(const std::vector<std::string>& args) {
     return kExitUsage;
   }
   for (const OutputFile* output : {&json, &svg, &markdown}) {
-    if (!output->path.empty() && output->path != "-" && !can_create(*output)) return kExitUsage;
+    if (!can_create(kCommand, *output)) return kExitUsage;
   }
   // With the JSON on stdout, everything meant for a person goes to stderr.
   std::FILE* human = json.path == "-" ? stderr : stdout;
@@ -373,7 +376,7 @@ int run_bench(const std::vector<std::string>& args) {
   }
   if (!svg.path.empty()) svg.content = bench::to_svg(env, results);
   std::vector<OutputFile> outputs{std::move(json), std::move(svg), std::move(markdown)};
-  return write_outputs(outputs, human) ? kExitOk : kExitFailure;
+  return write_outputs(kCommand, outputs, human) ? kExitOk : kExitFailure;
 }
 
 }  // namespace vram::cli

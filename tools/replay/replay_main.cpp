@@ -1,14 +1,13 @@
-// `vram replay`: argument handling, the table on stdout and the --json file.
-#include <unistd.h>
-
+// `vram replay`: argument handling, the tables (stdout; stderr with --json -) and the --json
+// output.
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "commands.hpp"
@@ -207,7 +206,9 @@ void print_replay_usage(std::FILE* out) {
       "  --stream-lag N     host-only: a free's stream work completes N events later\n"
       "                     (default 8); matters only for stream-unaware allocators on\n"
       "                     multi-stream traces\n"
-      "  --json FILE        one record per trace and allocator (written atomically)\n"
+      "  --json FILE        one record per trace and allocator, written after the whole\n"
+      "                     run succeeded ('-': to stdout, the tables then go to stderr);\n"
+      "                     FILE may not be one of the traces\n"
       "  Exit status: 0 replayed (an allocator failing is a result), 2 bad input or usage.\n");
 }
 
@@ -228,6 +229,18 @@ bool parse_count(const std::string& flag, const std::string& text, std::size_t l
   }
   value = static_cast<std::size_t>(parsed);
   return true;
+}
+
+// Whether `a` and `b` name the same file: the same inode (hard links, symlinks, other
+// spellings of an existing file) or, where one does not exist yet, the same normalized path.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error;
+  if (std::filesystem::equivalent(a, b, error) && !error) return true;
+  std::error_code error_a;
+  std::error_code error_b;
+  const auto canonical_a = std::filesystem::weakly_canonical(a, error_a);
+  const auto canonical_b = std::filesystem::weakly_canonical(b, error_b);
+  return !error_a && !error_b && canonical_a == canonical_b;
 }
 
 void print_trace_header(std::FILE* out, const Trace& trace, std::size_t passes) {
@@ -335,7 +348,7 @@ void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
 
 int run_replay(const std::vector<std::string>& args) {
   std::vector<std::string> paths;
-  std::string json_path;
+  OutputFile json{"--json", {}, {}};
   bool host_only = false;
   bool capacity_search = false;
   bool device_given = false;
@@ -363,7 +376,7 @@ int run_replay(const std::vector<std::string>& args) {
     } else if (arg.name == "--capacity-search") {
       capacity_search = true;
     } else if (arg.name == "--json") {
-      json_path = arg.value;
+      if (!set_output_path(kCommand, json, arg.value)) return 2;
     } else if (arg.name == "--device") {
       if (!parse_device_ordinal(kCommand, arg.value, options.device_id)) return 2;
       device_given = true;
@@ -380,6 +393,18 @@ int run_replay(const std::vector<std::string>& args) {
     print_replay_usage(stderr);
     return 2;
   }
+  // Everything that can refuse the run is checked before a trace is read.
+  if (!json.path.empty() && json.path != "-") {
+    for (const auto& path : paths) {
+      if (same_file(json.path, path)) {
+        std::fprintf(stderr,
+                     "vram replay: --json file '%s' is the trace '%s': it would be overwritten\n",
+                     json.path.c_str(), path.c_str());
+        return 2;
+      }
+    }
+  }
+  if (!can_create(kCommand, json)) return 2;
   // A --device ordinal must be visible; device 0 (also the default) replays host-only when
   // no device is usable at all.
   const auto availability = cuda::Device::availability();
@@ -387,30 +412,14 @@ int run_replay(const std::vector<std::string>& args) {
       !device_is_visible(kCommand, options.device_id, availability.count)) {
     return 2;
   }
-  std::FILE* const human = stdout;  // the tables and notes
-
-  // The --json file is written to a temporary next to it and renamed after success.
-  const std::string json_temp =
-      json_path.empty() ? std::string() : json_path + ".tmp." + std::to_string(getpid());
-  if (!json_path.empty()) {
-    std::FILE* probe = std::fopen(json_temp.c_str(), "w");
-    if (probe == nullptr) {
-      std::fprintf(stderr, "vram replay: cannot write --json file '%s': %s\n", json_path.c_str(),
-                   std::strerror(errno));
-      return 2;
-    }
-    std::fclose(probe);
-  }
-  auto discard_temp = [&] {
-    if (!json_temp.empty()) std::remove(json_temp.c_str());
-  };
+  // With the JSON on stdout, everything meant for a person goes to stderr.
+  std::FILE* const human = json.path == "-" ? stderr : stdout;
 
   std::vector<Trace> traces;
   try {
     for (const auto& path : paths) traces.push_back(read_trace(path));
   } catch (const TraceError& error) {
     std::fprintf(stderr, "vram replay: %s\n", error.what());
-    discard_temp();
     return 2;
   }
 
@@ -500,19 +509,9 @@ int run_replay(const std::vector<std::string>& args) {
     }
   }
 
-  if (!json_path.empty()) {
-    std::FILE* file = std::fopen(json_temp.c_str(), "w");
-    const std::string text = to_json(report);
-    const bool written =
-        file != nullptr && std::fwrite(text.data(), 1, text.size(), file) == text.size();
-    const bool closed = file != nullptr && std::fclose(file) == 0;
-    if (!written || !closed || std::rename(json_temp.c_str(), json_path.c_str()) != 0) {
-      std::fprintf(stderr, "vram replay: cannot write --json file '%s': %s\n", json_path.c_str(),
-                   std::strerror(errno));
-      discard_temp();
-      return 1;
-    }
-    std::printf("wrote %s\n", json_path.c_str());
+  if (!json.path.empty()) {
+    json.content = to_json(report);
+    if (!write_outputs(kCommand, {json}, human)) return 1;
   }
   return 0;
 }
