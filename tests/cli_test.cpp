@@ -451,6 +451,25 @@ TEST(CliReplay, ADeviceThatIsNotVisibleIsAnErrorNotAHostOnlyRun) {
   }
 }
 
+TEST(CliReplay, StreamLagBeyondItsMaximumIsAUsageError) {
+  // 18446744073709551615 used to wrap the emulated completion to "at once".
+  for (const char* value : {"18446744073709551615", "1000000001", "0xffffffffffffffff"}) {
+    const auto run = capture_replay({"--host-only", sample_trace(), "--stream-lag", value});
+    EXPECT_EQ(run.code, 2) << value;
+    EXPECT_NE(run.err.find("--stream-lag needs 0 to 1000000000, got " + std::string(value)),
+              std::string::npos)
+        << run.err;
+    EXPECT_FALSE(replayed(run));
+  }
+  for (const char* value : {"0", "1000000000"}) {
+    const auto run = capture_replay(
+        {"--host-only", sample_trace(), "--json", "-", std::string("--stream-lag=") + value});
+    ASSERT_EQ(run.code, 0) << value << run.err;
+    EXPECT_NE(run.out.find(std::string("\"stream_lag_events\": ") + value), std::string::npos);
+  }
+  EXPECT_NE(capture_replay({"--help"}).out.find("0 to 1000000000"), std::string::npos);
+}
+
 TEST(CliReplay, EveryValueOptionTakesTheEqualsForm) {
   const std::string json = ::testing::TempDir() + "vram-replay-equals.json";
   const auto run = capture_replay({"--host-only", sample_trace(), "--runs=3", "--passes=2",

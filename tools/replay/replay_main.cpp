@@ -204,8 +204,8 @@ void print_replay_usage(std::FILE* out) {
       "                     not visible is an error (with no usable device, 0 replays\n"
       "                     host-only)\n"
       "  --stream-lag N     host-only: a free's stream work completes N events later\n"
-      "                     (default 8); matters only for stream-unaware allocators on\n"
-      "                     multi-stream traces\n"
+      "                     (0 to 1000000000, default 8); matters only for stream-unaware\n"
+      "                     allocators on multi-stream traces\n"
       "  --json FILE        one record per trace and allocator, written after the whole\n"
       "                     run succeeded ('-': to stdout, the tables then go to stderr);\n"
       "                     FILE may not be one of the traces\n"
@@ -213,6 +213,9 @@ void print_replay_usage(std::FILE* out) {
 }
 
 constexpr const char* kCommand = "vram replay";
+// At or past a trace's event count a held-back free completes only when the pass ends (or
+// an allocation fails), so 10^9 events loses nothing and keeps index + lag from wrapping.
+constexpr std::size_t kMaxStreamLag = 1000000000;
 
 // A count option's value (decimal or 0x-hex) within [low, high]; false (printed) otherwise.
 bool parse_count(const std::string& flag, const std::string& text, std::size_t low,
@@ -381,7 +384,7 @@ int run_replay(const std::vector<std::string>& args) {
       if (!parse_device_ordinal(kCommand, arg.value, options.device_id)) return 2;
       device_given = true;
     } else if (arg.name == "--stream-lag") {
-      if (!parse_count(arg.name, arg.value, 0, SIZE_MAX, options.stream_lag)) return 2;
+      if (!parse_count(arg.name, arg.value, 0, kMaxStreamLag, options.stream_lag)) return 2;
     } else if (arg.name == "--runs") {
       if (!parse_count(arg.name, arg.value, 1, 100, runs)) return 2;
     } else if (arg.name == "--passes") {
