@@ -22,7 +22,8 @@ std::string version_text();
 std::string no_device_explanation();
 
 // Option handling shared by `vram bench` and `vram replay` (defined in bench/bench_main.cpp).
-// Every message is printed to stderr as "<command>: ..." and the caller exits 2 (usage).
+// Every message is printed to stderr as "<command>: ..."; the caller then exits 2 (usage),
+// or 1 (run-time failure) when write_outputs fails.
 
 // One command-line argument. An option named in `valued` takes a value, after '=' in the
 // same argument ("--json=F") or as the next argument ("--json F"); one named in `flags`
