@@ -2,11 +2,13 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -14,6 +16,7 @@
 
 #include "bench/report.hpp"
 #include "commands.hpp"
+#include "source_tree.hpp"
 #include "vram/cuda/device.hpp"
 
 namespace vram::testing {
@@ -378,6 +381,195 @@ TEST(CliInfo, WithoutADeviceInfoPrintsTheLibrarysFixHint) {
   EXPECT_NE(out.find("Fix:"), std::string::npos) << out;
   EXPECT_EQ(out.find("driver version is insufficient"), std::string::npos) << out;
   EXPECT_EQ(cli::no_device_explanation().find("driver version is insufficient"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace vram::testing
+
+// `vram replay`'s options: the same value forms, --device check and output handling as
+// `vram bench` (the code is shared), and its own bounds and input/output rules.
+namespace vram::testing {
+namespace {
+
+std::string sample_trace() { return source_path("tests/data/replay_sample.csv"); }
+
+Captured capture_replay(const std::vector<std::string>& args) {
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = cli::run_replay(args);
+  std::string out = ::testing::internal::GetCapturedStdout();
+  std::string err = ::testing::internal::GetCapturedStderr();
+  return {code, std::move(out), std::move(err)};
+}
+
+// Whether the replay ran (it prints a header per trace).
+bool replayed(const Captured& run) {
+  return (run.out + run.err).find("trace replay_sample") != std::string::npos;
+}
+
+TEST(CliReplay, BadDeviceOrdinalsAreUsageErrorsAsInBench) {
+  // 4294967296 used to wrap to device 0, 2147483648 to a negative ordinal (a CUDA error).
+  for (const char* value :
+       {"abc", "-1", "4294967296", "2147483648", "99999999999", "1e3", "0x1", "", " 1"}) {
+    for (const bool equals_form : {false, true}) {
+      const auto run = equals_form
+                           ? capture_replay({sample_trace(), std::string("--device=") + value})
+                           : capture_replay({sample_trace(), "--device", value});
+      EXPECT_EQ(run.code, 2) << "'" << value << "'";
+      EXPECT_NE(run.err.find("vram replay: --device needs a device ordinal"), std::string::npos)
+          << "'" << value << "': " << run.err;
+      EXPECT_FALSE(replayed(run)) << value;
+    }
+  }
+}
+
+TEST(CliReplay, ADeviceThatIsNotVisibleIsAnErrorNotAHostOnlyRun) {
+  // --device 99 used to replay host-only without a word.
+  const int count = vram::cuda::Device::count();
+  for (const int device : {99, std::max(count, 1)}) {
+    for (const bool host_only : {false, true}) {
+      std::vector<std::string> args = {sample_trace(), "--device", std::to_string(device)};
+      if (host_only) args.push_back("--host-only");
+      const auto run = capture_replay(args);
+      EXPECT_EQ(run.code, 2) << device << run.out << run.err;
+      EXPECT_NE(run.err.find("--device " + std::to_string(device) +
+                             " does not exist: " + std::to_string(count) +
+                             (count == 0 ? " devices" : " device(s)") + " visible"),
+                std::string::npos)
+          << run.err;
+      EXPECT_FALSE(replayed(run)) << "nothing may run: " << run.out;
+    }
+  }
+  // Device 0 stays what it was: the device when there is one, else the host-only replay.
+  const auto run = capture_replay({sample_trace(), "--device", "0", "--host-only"});
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_TRUE(replayed(run));
+  if (count == 0) {
+    const auto fallback = capture_replay({sample_trace(), "--device=0"});
+    EXPECT_EQ(fallback.code, 0) << fallback.err;
+    EXPECT_NE(fallback.out.find("vram replay: host-only ("), std::string::npos) << fallback.out;
+  }
+}
+
+TEST(CliReplay, StreamLagBeyondItsMaximumIsAUsageError) {
+  // 18446744073709551615 used to wrap the emulated completion to "at once".
+  for (const char* value : {"18446744073709551615", "1000000001", "0xffffffffffffffff"}) {
+    const auto run = capture_replay({"--host-only", sample_trace(), "--stream-lag", value});
+    EXPECT_EQ(run.code, 2) << value;
+    EXPECT_NE(run.err.find("--stream-lag needs 0 to 1000000000, got " + std::string(value)),
+              std::string::npos)
+        << run.err;
+    EXPECT_FALSE(replayed(run));
+  }
+  for (const char* value : {"0", "1000000000"}) {
+    const auto run = capture_replay(
+        {"--host-only", sample_trace(), "--json", "-", std::string("--stream-lag=") + value});
+    ASSERT_EQ(run.code, 0) << value << run.err;
+    EXPECT_NE(run.out.find(std::string("\"stream_lag_events\": ") + value), std::string::npos);
+  }
+  EXPECT_NE(capture_replay({"--help"}).out.find("0 to 1000000000"), std::string::npos);
+}
+
+TEST(CliReplay, EveryValueOptionTakesTheEqualsForm) {
+  const std::string json = ::testing::TempDir() + "vram-replay-equals.json";
+  const auto run = capture_replay({"--host-only", sample_trace(), "--runs=3", "--passes=2",
+                                   "--stream-lag=5", "--device=0", "--json=" + json});
+  ASSERT_EQ(run.code, 0) << run.err;
+  const std::string text = read_text(json);
+  EXPECT_TRUE(JsonChecker(text).valid()) << text;
+  for (const char* key :
+       {"\"runs_per_allocator\": 3", "\"passes_per_run\": 2", "\"stream_lag_events\": 5"}) {
+    EXPECT_NE(text.find(key), std::string::npos) << key << "\n" << text;
+  }
+  EXPECT_EQ(capture_replay({sample_trace(), "--host-only=yes"}).code, 2);
+  EXPECT_EQ(capture_replay({sample_trace(), "--host-only", "--runs="}).code, 2);
+  const auto unknown = capture_replay({sample_trace(), "--frobnicate=1"});
+  EXPECT_EQ(unknown.code, 2);
+  EXPECT_NE(unknown.err.find("unknown option '--frobnicate=1'"), std::string::npos) << unknown.err;
+  const auto missing = capture_replay({sample_trace(), "--runs"});
+  EXPECT_NE(missing.err.find("--runs needs a value"), std::string::npos) << missing.err;
+  EXPECT_NE(capture_replay({"--help"}).out.find("--runs=3"), std::string::npos);
+  std::remove(json.c_str());
+}
+
+TEST(CliReplay, JsonDashWritesOnlyJsonToStdout) {
+  // It used to create a file named '-'.
+  std::remove("-");
+  const auto run = capture_replay({"--host-only", sample_trace(), "--json", "-"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  EXPECT_TRUE(JsonChecker(run.out).valid()) << run.out;
+  EXPECT_NE(run.out.find("\"tool\": \"vram replay\""), std::string::npos) << run.out;
+  EXPECT_NE(run.err.find("trace replay_sample"), std::string::npos) << "tables go to stderr";
+  EXPECT_NE(run.err.find("vram DevicePool"), std::string::npos) << run.err;
+  EXPECT_FALSE(std::filesystem::exists("-"));
+  std::remove("-");
+}
+
+TEST(CliReplay, AnEmptyJsonNameIsRefusedInReplayAndBench) {
+  // It used to be taken as "no --json".
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--json", ""}, std::vector<std::string>{"--json="}}) {
+    std::vector<std::string> replay = {"--host-only", sample_trace()};
+    replay.insert(replay.end(), args.begin(), args.end());
+    const auto run = capture_replay(replay);
+    EXPECT_EQ(run.code, 2);
+    EXPECT_NE(run.err.find("vram replay: --json needs a file name"), std::string::npos) << run.err;
+    EXPECT_FALSE(replayed(run));
+    std::vector<std::string> bench = {"--quick", "--host-only", "--scenario", "pairs"};
+    bench.insert(bench.end(), args.begin(), args.end());
+    const auto measured = capture_bench(bench);
+    EXPECT_EQ(measured.code, 2);
+    EXPECT_NE(measured.err.find("vram bench: --json needs a file name"), std::string::npos)
+        << measured.err;
+  }
+}
+
+TEST(CliReplay, AJsonPathThatCannotBeWrittenIsRefusedBeforeTheRun) {
+  // A directory used to fail only at the rename after the whole replay (exit 1).
+  const std::string directory = ::testing::TempDir() + "vram-replay-json-dir";
+  std::filesystem::create_directories(directory);
+  auto run = capture_replay({"--host-only", sample_trace(), "--json", directory});
+  EXPECT_EQ(run.code, 2);
+  EXPECT_NE(run.err.find("cannot write --json file '" + directory + "': it is a directory"),
+            std::string::npos)
+      << run.err;
+  EXPECT_FALSE(replayed(run)) << run.out;
+  run = capture_replay({"--host-only", sample_trace(), "--json", directory + "/missing/r.json"});
+  EXPECT_EQ(run.code, 2);
+  EXPECT_NE(run.err.find("cannot create a file in '" + directory + "/missing'"), std::string::npos)
+      << run.err;
+  EXPECT_FALSE(replayed(run));
+  EXPECT_TRUE(std::filesystem::is_empty(directory)) << "no temporary left behind";
+  std::filesystem::remove_all(directory);
+}
+
+TEST(CliReplay, AJsonPathThatIsOneOfTheTracesIsRefusedBeforeTheRun) {
+  // It used to replace the trace with the report.
+  const std::string directory = ::testing::TempDir() + "vram-replay-same";
+  std::filesystem::create_directories(directory + "/sub");
+  const std::string trace = directory + "/input.csv";
+  const std::string original = read_text(sample_trace());
+  write_text(trace, original);
+  std::filesystem::create_symlink(trace, directory + "/link.csv");
+  std::filesystem::create_hard_link(trace, directory + "/hard.csv");
+  const std::string relative =
+      std::filesystem::relative(trace, std::filesystem::current_path()).string();
+  for (const std::string& spelling : {trace, directory + "/./input.csv", directory + "//input.csv",
+                                      directory + "/sub/../input.csv", relative,
+                                      directory + "/link.csv", directory + "/hard.csv"}) {
+    const auto run = capture_replay({"--host-only", sample_trace(), trace, "--json", spelling});
+    EXPECT_EQ(run.code, 2) << spelling;
+    EXPECT_NE(run.err.find("--json file '" + spelling + "' is the trace '" + trace + "'"),
+              std::string::npos)
+        << run.err;
+    EXPECT_FALSE(replayed(run)) << spelling;
+    EXPECT_EQ(read_text(trace), original) << spelling;
+  }
+  // A different file in the same directory is fine.
+  const auto run = capture_replay({"--host-only", trace, "--json", directory + "/input.csv.json"});
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_EQ(read_text(trace), original);
+  std::filesystem::remove_all(directory);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -176,6 +177,200 @@ TEST(ReplayTrace, CliExitsTwoOnAMalformedTraceNamingFileAndLine) {
   EXPECT_EQ(cli::run_replay({"--host-only", "--frobnicate", path}), 2);
   (void)::testing::internal::GetCapturedStderr();
   std::remove(path.c_str());
+}
+
+// Stream ids map to dense indices in first-seen order in time linear in the events: 400,000
+// distinct streams parse in about a second (they took over a minute when every new
+// stream was looked up by a scan of the ones before it). The bound only catches a
+// quadratic lookup; the structure is what is asserted.
+TEST(ReplayTrace, ManyDistinctStreamsParseInLinearTime) {
+  constexpr std::size_t kStreams = 400000;
+  std::string text = kHeader;
+  text.reserve(kStreams * 48);
+  for (std::size_t i = 0; i < kStreams; ++i) {
+    // Stream ids in a scattered order, so neither a sorted nor a last-seen lookup is enough.
+    const std::uint64_t stream = (i * 2654435761ULL) % 1000000007ULL;
+    text += "1,0,allocate,0x" + std::to_string(i + 1) + "000,64," + std::to_string(stream) + "\n";
+  }
+  text += "1,0,allocate,0xfffffff000,64,0x0\n";  // stream 0 again, in hex
+  const auto start = std::chrono::steady_clock::now();
+  const Trace trace = replay::parse_trace(text, "streams.csv");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_EQ(trace.streams.size(), kStreams);
+  ASSERT_EQ(trace.events.size(), kStreams + 1);
+  for (std::size_t i = 0; i < kStreams; i += 9973) {
+    EXPECT_EQ(trace.events[i].stream_index, i) << i;
+    EXPECT_EQ(trace.streams[i], trace.events[i].stream) << i;
+  }
+  EXPECT_EQ(trace.events.back().stream_index, 0U) << "stream 0 was the first one seen";
+  EXPECT_LT(seconds, 20.0) << "parsing " << kStreams << " streams took " << seconds << " s";
+}
+
+// The TraceError of reading `path`, or "" when it reads without one.
+std::string read_error(const std::string& path) {
+  try {
+    (void)replay::read_trace(path);
+  } catch (const replay::TraceError& error) {
+    return error.what();
+  }
+  return "";
+}
+
+void write_binary(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// The gzip member of `text`, as `gzip` writes it.
+std::string gzip_bytes(const std::string& text) {
+  const std::string path = temp_path("replay_gzip_member.gz");
+  write_gzip(path, text);
+  std::string bytes = read_file(path);
+  std::remove(path.c_str());
+  return bytes;
+}
+
+using namespace std::string_literals;
+
+TEST(ReplayTrace, ANulByteIsAnErrorNamingItsLine) {
+  // At the start of a line (it used to end the line there: the events after it dropped).
+  const std::string a = parse_error(kHeader + "1,0,allocate,0x10,64,0\n\0"s +
+                                    "1,0,allocate,0x20,64,0\n1,0,allocate,0x30,64,0\n");
+  EXPECT_NE(a.find("t.csv:3: NUL byte at column 1"), std::string::npos) << a;
+  // Inside a line (it used to merge the line with the next one).
+  const std::string b =
+      parse_error(kHeader + "1,0,allocate,0x10,64,0\0\n"s + "1,0,allocate,0x20,64,0\n");
+  EXPECT_NE(b.find("t.csv:2: NUL byte at column 23"), std::string::npos) << b;
+  // In the header, and as a line of its own.
+  EXPECT_NE(parse_error("Thread,Time,Action,Pointer,Size,Stream\0\n"s).find("t.csv:1: NUL byte"),
+            std::string::npos);
+  EXPECT_NE(parse_error(kHeader + "\0\n"s).find("t.csv:2: NUL byte"), std::string::npos);
+  // Read from a file, plain and gzip, and through the CLI: exit 2, the message on stderr.
+  const std::string text = kHeader + "1,0,allocate,0x10,64,0\n\0"s + "1,0,allocate,0x20,64,0\n";
+  const std::string plain = temp_path("replay_nul.csv");
+  const std::string packed = temp_path("replay_nul.csv.gz");
+  write_binary(plain, text);
+  write_gzip(packed, text);
+  for (const std::string& path : {plain, packed}) {
+    const std::string error = read_error(path);
+    EXPECT_NE(error.find(path + ":3: NUL byte at column 1"), std::string::npos) << error;
+    ::testing::internal::CaptureStdout();
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(cli::run_replay({"--host-only", path}), 2) << path;
+    (void)::testing::internal::GetCapturedStdout();
+    const std::string err = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(err.find(path + ":3: NUL byte"), std::string::npos) << err;
+  }
+  std::remove(plain.c_str());
+  std::remove(packed.c_str());
+}
+
+TEST(ReplayTrace, LineNumbersStayExactAcrossLongLinesInFilesPlainAndGzip) {
+  // A 300,000-byte Thread field (the column is not parsed) puts line 3 across every read
+  // buffer boundary; the bad size on line 5 is still reported as line 5.
+  std::string text = kHeader + "1,0,allocate,0x10,64,0\n" + std::string(300000, '7') +
+                     ",0,allocate,0x20,64,0\n\n1,0,allocate,0x30,x64,0\n";
+  const std::string plain = temp_path("replay_long_line.csv");
+  const std::string packed = temp_path("replay_long_line.csv.gz");
+  write_binary(plain, text);
+  write_gzip(packed, text);
+  for (const std::string& path : {plain, packed}) {
+    const std::string error = read_error(path);
+    EXPECT_NE(error.find(path + ":5: bad size 'x64'"), std::string::npos) << error;
+  }
+  EXPECT_NE(parse_error(text).find("t.csv:5: bad size 'x64'"), std::string::npos);
+  // Without the bad line the events carry their exact lines.
+  text.resize(text.rfind("1,0,allocate,0x30"));
+  write_gzip(packed, text + "1,0,deallocate,0x20,64,0");  // the last line unterminated
+  const Trace trace = replay::read_trace(packed);
+  ASSERT_EQ(trace.events.size(), 3U);
+  EXPECT_EQ(trace.events[1].line, 3U);
+  EXPECT_EQ(trace.events[2].line, 5U);
+  std::remove(plain.c_str());
+  std::remove(packed.c_str());
+}
+
+TEST(ReplayTrace, ConcatenatedGzipMembersReadAsOneTrace) {
+  // `cat a.gz b.gz` is a valid gzip file (gzip -d reads both members).
+  const std::string text = read_file(sample_path());
+  const std::size_t half = text.find('\n', text.size() / 2) + 1;
+  const std::string gz = temp_path("replay_members.csv.gz");
+  write_binary(gz, gzip_bytes(text.substr(0, half)) + gzip_bytes(text.substr(half)));
+  const Trace plain = replay::read_trace(sample_path());
+  const Trace packed = replay::read_trace(gz);
+  ASSERT_EQ(packed.events.size(), plain.events.size());
+  for (std::size_t i = 0; i < plain.events.size(); ++i) {
+    EXPECT_EQ(packed.events[i].line, plain.events[i].line) << i;
+    EXPECT_EQ(packed.events[i].bytes, plain.events[i].bytes) << i;
+  }
+  EXPECT_EQ(packed.rows, plain.rows);
+  std::remove(gz.c_str());
+}
+
+TEST(ReplayTrace, BytesAfterTheGzipDataThatAreNoGzipMemberAreAnError) {
+  const std::string member = gzip_bytes(read_file(sample_path()));
+  const std::string gz = temp_path("replay_junk.csv.gz");
+  for (const std::string& junk : {"garbage\n"s, "\0\0\0\0"s, "\x1f"s, "\x1f\x8c"s}) {
+    write_binary(gz, member + junk);
+    const std::string error = read_error(gz);
+    EXPECT_NE(error.find(gz + ": junk after the end of the gzip data at byte " +
+                         std::to_string(member.size())),
+              std::string::npos)
+        << error;
+  }
+  // A second member that is itself cut short is a truncated stream.
+  std::string rows;
+  for (int i = 0; i < 2000; ++i) rows += "1,0,allocate,0x" + std::to_string(1000 + i) + "00,64,0\n";
+  const std::string second = gzip_bytes(rows);
+  write_binary(gz, member + second.substr(0, second.size() / 2));
+  EXPECT_NE(read_error(gz).find("gzip stream is truncated"), std::string::npos) << read_error(gz);
+  std::remove(gz.c_str());
+}
+
+TEST(ReplayTrace, TruncatedOrCorruptGzipSaysSo) {
+  std::string text = kHeader;
+  for (int i = 0; i < 2000; ++i) {
+    text += "1,0,allocate,0x" + std::to_string(1000 + i) + "00,4096,0\n";
+  }
+  const std::string member = gzip_bytes(text);
+  const std::string gz = temp_path("replay_cut.csv.gz");
+  // Cut inside the header, the compressed data, and the CRC/length trailer.
+  for (const std::size_t keep :
+       {std::size_t{5}, member.size() / 2, member.size() - 6, member.size() - 1}) {
+    write_binary(gz, member.substr(0, keep));
+    const std::string error = read_error(gz);
+    EXPECT_NE(error.find(gz + ":"), std::string::npos) << keep << ": " << error;
+    EXPECT_NE(error.find("gzip stream is truncated"), std::string::npos) << keep << ": " << error;
+    EXPECT_EQ(error.find("comma-separated fields"), std::string::npos) << keep << ": " << error;
+  }
+  // A wrong CRC: the data is corrupt, not cut short.
+  std::string corrupt = member;
+  corrupt[corrupt.size() - 8] = static_cast<char>(corrupt[corrupt.size() - 8] ^ 0x55);
+  write_binary(gz, corrupt);
+  const std::string error = read_error(gz);
+  EXPECT_NE(error.find("corrupt gzip data"), std::string::npos) << error;
+  std::remove(gz.c_str());
+}
+
+TEST(ReplayTrace, MessagesQuotingTheFileEscapeControlBytes) {
+  const std::vector<std::string> errors = {
+      parse_error(kHeader + "1,0,\x1b[2J\x1b]0;owned\x07,0x10,64,0\n"),
+      parse_error(kHeader + "1,0,allocate,0x10,6\x1b[31m4,0\n"),
+      parse_error(kHeader + "1,0,allocate,\x9b"
+                            "31m,64,0\n"),
+      parse_error(kHeader + "1,0,allocate,0x10,64,\r7\n"),
+      parse_error("Thread,\x1b[1mTime\x7f,Act\\ion\n"),
+  };
+  const std::vector<std::string> quoted = {
+      "unknown action '\\x1b[2J\\x1b]0;owned\\x07'", "bad size '6\\x1b[31m4'",
+      "bad pointer '\\x9b31m'", "bad stream '\\x0d7'", "got 'Thread,\\x1b[1mTime\\x7f,Act\\\\ion'"};
+  for (std::size_t i = 0; i < errors.size(); ++i) {
+    EXPECT_NE(errors[i].find(quoted[i]), std::string::npos) << errors[i];
+    for (const char c : errors[i]) {
+      const auto byte = static_cast<unsigned char>(c);
+      EXPECT_TRUE(byte >= 0x20 && byte < 0x7f) << "raw byte " << int{byte} << " in " << i;
+    }
+  }
 }
 
 TEST(ReplayTrace, UnknownFreesAreCountedAndSkippedReusedLivePointersReported) {

@@ -28,6 +28,174 @@
 #include "vram_git_commit.hpp"
 
 namespace vram::cli {
+
+// Option handling shared with `vram replay` (declared in commands.hpp).
+
+bool next_argument(const char* command, const std::vector<std::string>& args, std::size_t& i,
+                   std::initializer_list<std::string_view> valued,
+                   std::initializer_list<std::string_view> flags, CommandArgument& out) {
+  out = CommandArgument{};
+  const std::string& arg = args[i];
+  if (arg.rfind("--", 0) != 0) {
+    out.name = arg;
+    out.positional = true;
+    return true;
+  }
+  const std::size_t equals = arg.find('=');
+  const std::string name = arg.substr(0, equals);
+  const auto named = [&](std::initializer_list<std::string_view> names) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  if (named(valued)) {
+    out.name = name;
+    out.known = true;
+    if (equals != std::string::npos) {
+      out.value = arg.substr(equals + 1);
+    } else if (i + 1 < args.size()) {
+      out.value = args[++i];
+    } else {
+      std::fprintf(stderr, "%s: %s needs a value (%s --help)\n", command, name.c_str(), command);
+      return false;
+    }
+    return true;
+  }
+  if (named(flags)) {
+    if (equals != std::string::npos) {
+      std::fprintf(stderr, "%s: %s takes no value\n", command, name.c_str());
+      return false;
+    }
+    out.name = name;
+    out.known = true;
+    return true;
+  }
+  out.name = arg;  // unknown: the caller names it
+  return true;
+}
+
+bool parse_device_ordinal(const char* command, const std::string& text, int& device) {
+  bool ok = !text.empty() &&
+            std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  int parsed = 0;
+  if (ok) {
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), parsed);
+    ok = error == std::errc() && end == text.data() + text.size();  // errc: beyond an int
+  }
+  if (!ok) {
+    std::fprintf(stderr,
+                 "%s: --device needs a device ordinal (0, 1, ...; see `vram info`), got '%s'\n",
+                 command, text.c_str());
+    return false;
+  }
+  device = parsed;
+  return true;
+}
+
+bool device_is_visible(const char* command, int device, int visible) {
+  if (device >= 0 && device < visible) return true;
+  if (visible == 0) {
+    std::fprintf(stderr,
+                 "%s: --device %d does not exist: 0 devices visible; no CUDA device is usable "
+                 "(%s)\n",
+                 command, device, no_device_explanation().c_str());
+  } else {
+    std::fprintf(stderr,
+                 "%s: --device %d does not exist: %d device(s) visible, ordinals 0..%d (see "
+                 "`vram info`)\n",
+                 command, device, visible, visible - 1);
+  }
+  return false;
+}
+
+namespace {
+
+std::string directory_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// Creates an empty temporary file beside `path`; returns its name, or "" with errno set.
+std::string make_temporary_beside(const std::string& path) {
+  std::string name = path + ".tmp-XXXXXX";
+  const int fd = mkstemp(name.data());
+  if (fd < 0) return {};
+  // mkstemp creates mode 0600; give the file the mode a plain fopen would (0666 & ~umask).
+  const mode_t mask = umask(0);
+  umask(mask);
+  (void)fchmod(fd, 0666 & ~mask);
+  close(fd);
+  return name;
+}
+
+}  // namespace
+
+bool set_output_path(const char* command, OutputFile& output, const std::string& value) {
+  if (value.empty()) {
+    std::fprintf(stderr, "%s: %s needs a file name, got an empty one\n", command, output.flag);
+    return false;
+  }
+  output.path = value;
+  return true;
+}
+
+bool can_create(const char* command, const OutputFile& output) {
+  if (output.path.empty() || output.path == "-") return true;
+  struct stat info {};
+  if (stat(output.path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    std::fprintf(stderr, "%s: cannot write %s file '%s': it is a directory\n", command, output.flag,
+                 output.path.c_str());
+    return false;
+  }
+  const std::string probe = make_temporary_beside(output.path);
+  if (probe.empty()) {
+    std::fprintf(stderr, "%s: cannot write %s file '%s': cannot create a file in '%s': %s\n",
+                 command, output.flag, output.path.c_str(), directory_of(output.path).c_str(),
+                 std::strerror(errno));
+    return false;
+  }
+  std::remove(probe.c_str());
+  return true;
+}
+
+bool write_outputs(const char* command, const std::vector<OutputFile>& outputs, std::FILE* human) {
+  std::vector<std::pair<std::string, const OutputFile*>> written;
+  auto discard = [&] {
+    for (const auto& [temporary, output] : written) std::remove(temporary.c_str());
+  };
+  for (const auto& output : outputs) {
+    if (output.path.empty() || output.path == "-") continue;
+    const std::string temporary = make_temporary_beside(output.path);
+    std::FILE* file = temporary.empty() ? nullptr : std::fopen(temporary.c_str(), "w");
+    bool ok = file != nullptr;
+    if (ok) {
+      written.emplace_back(temporary, &output);
+      ok = std::fwrite(output.content.data(), 1, output.content.size(), file) ==
+           output.content.size();
+      ok = (std::fclose(file) == 0) && ok;
+    }
+    if (!ok) {
+      std::fprintf(stderr, "%s: writing %s file '%s' failed: %s; no file was replaced\n", command,
+                   output.flag, output.path.c_str(), std::strerror(errno));
+      discard();
+      return false;
+    }
+  }
+  for (const auto& [temporary, output] : written) {
+    if (std::rename(temporary.c_str(), output->path.c_str()) != 0) {
+      std::fprintf(stderr, "%s: renaming '%s' to '%s' failed: %s\n", command, temporary.c_str(),
+                   output->path.c_str(), std::strerror(errno));
+      discard();
+      return false;
+    }
+    std::fprintf(human, "wrote %s\n", output->path.c_str());
+  }
+  for (const auto& output : outputs) {
+    if (output.path == "-") std::fputs(output.content.c_str(), stdout);
+  }
+  std::fflush(stdout);
+  return true;
+}
+
 namespace {
 
 constexpr int kExitOk = 0;
@@ -72,104 +240,6 @@ void print_bench_usage(std::FILE* out) {
       "            3 nothing measured (the scenarios asked for need a GPU)\n");
 }
 
-// Output file handling: a path to be replaced at the end of a successful run.
-struct OutputFile {
-  const char* flag;
-  std::string path;  // empty: not requested; "-": stdout (JSON only)
-  std::string content;
-};
-
-std::string directory_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// Creates an empty temporary file beside `path`; returns its name, or "" with errno set.
-std::string make_temporary_beside(const std::string& path) {
-  std::string name = path + ".tmp-XXXXXX";
-  const int fd = mkstemp(name.data());
-  if (fd < 0) return {};
-  // mkstemp creates mode 0600; give the file the mode a plain fopen would (0666 & ~umask).
-  const mode_t mask = umask(0);
-  umask(mask);
-  (void)fchmod(fd, 0666 & ~mask);
-  close(fd);
-  return name;
-}
-
-// Checked before any measurement: the directory takes a new file and the path is not a
-// directory. The target itself is not opened, so an existing file is left as it is.
-bool can_create(const OutputFile& output) {
-  struct stat info {};
-  if (stat(output.path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-    std::fprintf(stderr, "vram bench: cannot write %s file '%s': it is a directory\n", output.flag,
-                 output.path.c_str());
-    return false;
-  }
-  const std::string probe = make_temporary_beside(output.path);
-  if (probe.empty()) {
-    std::fprintf(
-        stderr, "vram bench: cannot write %s file '%s': cannot create a file in '%s': %s\n",
-        output.flag, output.path.c_str(), directory_of(output.path).c_str(), std::strerror(errno));
-    return false;
-  }
-  std::remove(probe.c_str());
-  return true;
-}
-
-// Writes every requested file to a temporary beside it, then renames them all. On any
-// failure nothing is renamed and the temporaries are removed.
-bool write_outputs(std::vector<OutputFile>& outputs, std::FILE* human) {
-  std::vector<std::pair<std::string, const OutputFile*>> written;
-  auto discard = [&] {
-    for (const auto& [temporary, output] : written) std::remove(temporary.c_str());
-  };
-  for (const auto& output : outputs) {
-    if (output.path.empty() || output.path == "-") continue;
-    const std::string temporary = make_temporary_beside(output.path);
-    std::FILE* file = temporary.empty() ? nullptr : std::fopen(temporary.c_str(), "w");
-    bool ok = file != nullptr;
-    if (ok) {
-      written.emplace_back(temporary, &output);
-      ok = std::fwrite(output.content.data(), 1, output.content.size(), file) ==
-           output.content.size();
-      ok = (std::fclose(file) == 0) && ok;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "vram bench: writing %s file '%s' failed: %s; no file was replaced\n",
-                   output.flag, output.path.c_str(), std::strerror(errno));
-      discard();
-      return false;
-    }
-  }
-  for (const auto& [temporary, output] : written) {
-    if (std::rename(temporary.c_str(), output->path.c_str()) != 0) {
-      std::fprintf(stderr, "vram bench: renaming '%s' to '%s' failed: %s\n", temporary.c_str(),
-                   output->path.c_str(), std::strerror(errno));
-      discard();
-      return false;
-    }
-    std::fprintf(human, "wrote %s\n", output->path.c_str());
-  }
-  for (const auto& output : outputs) {
-    if (output.path == "-") std::fputs(output.content.c_str(), stdout);
-  }
-  std::fflush(stdout);
-  return true;
-}
-
-// A device ordinal: decimal digits only, fitting an int ("abc", "-1", "1e3" and
-// 99999999999 are refused).
-bool parse_device(const std::string& text, int& device) {
-  if (text.empty() || text.size() > 9) return false;
-  for (char c : text) {
-    if (c < '0' || c > '9') return false;
-  }
-  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), device);
-  return error == std::errc() && end == text.data() + text.size();
-}
-
 std::string utc_now() {
   std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -190,28 +260,16 @@ int run_bench(const std::vector<std::string>& args) {
   for (const auto& arg : args) command += " " + arg;
   bool host_only = false;
   bool device_given = false;
+  constexpr const char* kCommand = "vram bench";
   for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string option = args[i];
-    std::string value;
-    bool has_value = false;
-    if (const auto equals = option.find('=');
-        option.rfind("--", 0) == 0 && equals != std::string::npos) {
-      value = option.substr(equals + 1);
-      option.resize(equals);
-      has_value = true;
-    }
-    const bool takes_value = option == "--json" || option == "--svg" || option == "--scenario" ||
-                             option == "--device" || option == "--markdown";
-    if (takes_value && !has_value) {
-      if (i + 1 >= args.size()) {
-        std::fprintf(stderr, "vram bench: %s needs a value (vram bench --help)\n", option.c_str());
-        return kExitUsage;
-      }
-      value = args[++i];
-    } else if (!takes_value && has_value) {
-      std::fprintf(stderr, "vram bench: %s takes no value\n", option.c_str());
+    CommandArgument arg;
+    if (!next_argument(kCommand, args, i,
+                       {"--json", "--svg", "--scenario", "--device", "--markdown"},
+                       {"--quick", "--host-only", "--help"}, arg)) {
       return kExitUsage;
     }
+    const std::string& option = arg.name;
+    const std::string& value = arg.value;
     if (option == "--help" || option == "-h") {
       print_bench_usage(stdout);
       return kExitOk;
@@ -219,20 +277,11 @@ int run_bench(const std::vector<std::string>& args) {
       config.quick = true;
     } else if (option == "--host-only") {
       host_only = true;
-    } else if (option == "--json") {
-      json.path = value;
-    } else if (option == "--svg") {
-      svg.path = value;
-    } else if (option == "--markdown") {
-      markdown.path = value;
+    } else if (option == "--json" || option == "--svg" || option == "--markdown") {
+      OutputFile& output = option == "--json" ? json : option == "--svg" ? svg : markdown;
+      if (!set_output_path(kCommand, output, value)) return kExitUsage;
     } else if (option == "--device") {
-      if (!parse_device(value, config.device)) {
-        std::fprintf(stderr,
-                     "vram bench: --device needs a device ordinal (0, 1, ...; see `vram info`), "
-                     "got '%s'\n",
-                     value.c_str());
-        return kExitUsage;
-      }
+      if (!parse_device_ordinal(kCommand, value, config.device)) return kExitUsage;
       device_given = true;
     } else if (option == "--scenario") {
       std::size_t start = 0;
@@ -256,7 +305,7 @@ int run_bench(const std::vector<std::string>& args) {
         start = comma + 1;
       }
     } else {
-      std::fprintf(stderr, "vram bench: unknown option '%s'\n", args[i].c_str());
+      std::fprintf(stderr, "vram bench: unknown option '%s'\n", option.c_str());
       print_bench_usage(stderr);
       return kExitUsage;
     }
@@ -271,7 +320,7 @@ int run_bench(const std::vector<std::string>& args) {
     return kExitUsage;
   }
   for (const OutputFile* output : {&json, &svg, &markdown}) {
-    if (!output->path.empty() && output->path != "-" && !can_create(*output)) return kExitUsage;
+    if (!can_create(kCommand, *output)) return kExitUsage;
   }
   // With the JSON on stdout, everything meant for a person goes to stderr.
   std::FILE* human = json.path == "-" ? stderr : stdout;
@@ -284,17 +333,9 @@ int run_bench(const std::vector<std::string>& args) {
   (void)cudaRuntimeGetVersion(&runtime_version);
   env.runtime = cuda::Device::version_string(runtime_version);
   const auto availability = cuda::Device::availability();
-  if (!host_only && device_given && config.device >= availability.count) {
-    // An explicit device that is not there is an error, GPU machine or not.
-    if (availability.count == 0) {
-      std::fprintf(stderr, "vram bench: --device %d: no CUDA device is usable (%s)\n",
-                   config.device, no_device_explanation().c_str());
-    } else {
-      std::fprintf(stderr,
-                   "vram bench: --device %d does not exist: %d device(s) visible, ordinals "
-                   "0..%d (see `vram info`)\n",
-                   config.device, availability.count, availability.count - 1);
-    }
+  // An explicit device that is not there is an error, GPU machine or not.
+  if (!host_only && device_given &&
+      !device_is_visible(kCommand, config.device, availability.count)) {
     return kExitUsage;
   }
   config.gpu = !host_only && availability.count > 0;
@@ -335,7 +376,7 @@ int run_bench(const std::vector<std::string>& args) {
   }
   if (!svg.path.empty()) svg.content = bench::to_svg(env, results);
   std::vector<OutputFile> outputs{std::move(json), std::move(svg), std::move(markdown)};
-  return write_outputs(outputs, human) ? kExitOk : kExitFailure;
+  return write_outputs(kCommand, outputs, human) ? kExitOk : kExitFailure;
 }
 
 }  // namespace vram::cli

@@ -1,13 +1,13 @@
-// `vram replay`: argument handling, the table on stdout and the --json file.
-#include <unistd.h>
-
+// `vram replay`: argument handling, the tables (stdout; stderr with --json -) and the --json
+// output.
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "commands.hpp"
@@ -179,6 +179,7 @@ void print_replay_usage(std::FILE* out) {
       out,
       "usage: vram replay TRACE... [--json FILE] [--host-only] [--capacity-search]\n"
       "                   [--device N] [--stream-lag N] [--runs N] [--passes N]\n"
+      "  (a value may follow as the next argument or after '=': --runs=3)\n"
       "  Replays allocation traces (RMM logging_resource_adaptor CSV, or .csv.gz) through\n"
       "  vram DevicePool and the peers (cudaMallocAsync on a private pool, CUB, cudaMalloc,\n"
       "  PyTorch's caching allocator when built with VRAM_WITH_TORCH) and reports per trace\n"
@@ -199,54 +200,87 @@ void print_replay_usage(std::FILE* out) {
       "                     passes 2..N) and a by-pass line (of the first run, or the\n"
       "                     failing one). Peak reserved and upstream are over all passes;\n"
       "                     --capacity-search replays one pass per probe\n"
+      "  --device N         the CUDA device ordinal to replay on (default 0); one that is\n"
+      "                     not visible is an error (with no usable device, 0 replays\n"
+      "                     host-only)\n"
       "  --stream-lag N     host-only: a free's stream work completes N events later\n"
-      "                     (default 8); matters only for stream-unaware allocators on\n"
-      "                     multi-stream traces\n"
-      "  --json FILE        one record per trace and allocator (written atomically)\n"
+      "                     (0 to 1000000000, default 8); matters only for stream-unaware\n"
+      "                     allocators on multi-stream traces\n"
+      "  --json FILE        one record per trace and allocator, written after the whole\n"
+      "                     run succeeded ('-': to stdout, the tables then go to stderr);\n"
+      "                     FILE may not be one of the traces\n"
       "  Exit status: 0 replayed (an allocator failing is a result), 2 bad input or usage.\n");
 }
 
-bool parse_count(const std::string& text, std::size_t& value) {
+constexpr const char* kCommand = "vram replay";
+// At or past a trace's event count a held-back free completes only when the pass ends (or
+// an allocation fails), so 10^9 events loses nothing and keeps index + lag from wrapping.
+constexpr std::size_t kMaxStreamLag = 1000000000;
+
+// A count option's value (decimal or 0x-hex) within [low, high]; false (printed) otherwise.
+bool parse_count(const std::string& flag, const std::string& text, std::size_t low,
+                 std::size_t high, std::size_t& value) {
   std::uint64_t parsed = 0;
-  if (!parse_number(text, parsed)) return false;
+  if (!parse_number(text, parsed)) {
+    std::fprintf(stderr, "%s: %s needs a number, got '%s'\n", kCommand, flag.c_str(), text.c_str());
+    return false;
+  }
+  if (parsed < low || parsed > high) {
+    std::fprintf(stderr, "%s: %s needs %zu to %zu, got %s\n", kCommand, flag.c_str(), low, high,
+                 text.c_str());
+    return false;
+  }
   value = static_cast<std::size_t>(parsed);
   return true;
 }
 
-void print_trace_header(const Trace& trace, std::size_t passes) {
-  std::printf("\ntrace %s (%s): %zu events, %zu allocations, %zu stream%s, peak live %s\n",
-              trace.name.c_str(), trace.path.c_str(), trace.events.size(), trace.slots,
-              trace.streams.size(), trace.streams.size() == 1 ? "" : "s",
-              human_bytes(trace.peak_live_bytes).c_str());
+// Whether `a` and `b` name the same file: the same inode (hard links, symlinks, other
+// spellings of an existing file) or, where one does not exist yet, the same normalized path.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error;
+  if (std::filesystem::equivalent(a, b, error) && !error) return true;
+  std::error_code error_a;
+  std::error_code error_b;
+  const auto canonical_a = std::filesystem::weakly_canonical(a, error_a);
+  const auto canonical_b = std::filesystem::weakly_canonical(b, error_b);
+  return !error_a && !error_b && canonical_a == canonical_b;
+}
+
+void print_trace_header(std::FILE* out, const Trace& trace, std::size_t passes) {
+  std::fprintf(out, "\ntrace %s (%s): %zu events, %zu allocations, %zu stream%s, peak live %s\n",
+               trace.name.c_str(), trace.path.c_str(), trace.events.size(), trace.slots,
+               trace.streams.size(), trace.streams.size() == 1 ? "" : "s",
+               human_bytes(trace.peak_live_bytes).c_str());
   if (trace.allocate_failures > 0) {
-    std::printf("  %zu 'allocate failure' rows in the trace (not replayed)\n",
-                trace.allocate_failures);
+    std::fprintf(out, "  %zu 'allocate failure' rows in the trace (not replayed)\n",
+                 trace.allocate_failures);
   }
   if (trace.unknown_frees > 0) {
-    std::printf("  %zu frees of unknown pointers skipped; first:\n", trace.unknown_frees);
+    std::fprintf(out, "  %zu frees of unknown pointers skipped; first:\n", trace.unknown_frees);
     for (const auto& example : trace.unknown_free_examples) {
-      std::printf("    %s\n", example.c_str());
+      std::fprintf(out, "    %s\n", example.c_str());
     }
   }
   if (trace.reused_live_pointers > 0) {
-    std::printf("  %zu pointers allocated again while live; first:\n", trace.reused_live_pointers);
+    std::fprintf(out, "  %zu pointers allocated again while live; first:\n",
+                 trace.reused_live_pointers);
     for (const auto& example : trace.reused_live_examples) {
-      std::printf("    %s\n", example.c_str());
+      std::fprintf(out, "    %s\n", example.c_str());
     }
   }
   if (trace.free_size_mismatches > 0) {
-    std::printf(
-        "  %zu frees with a size other than the allocation's (replayed with the "
-        "allocation's size)\n",
-        trace.free_size_mismatches);
+    std::fprintf(out,
+                 "  %zu frees with a size other than the allocation's (replayed with the "
+                 "allocation's size)\n",
+                 trace.free_size_mismatches);
   }
-  std::printf("  %-38s %10s %9s %13s %8s %10s %10s %13s", "allocator", "ops", "ns/op",
-              "peak reserved", "res/live", "upstream", "failed_at", "min capacity");
-  if (passes >= 2) std::printf(" %10s %13s", "warm ns/op", "warm upstream");
-  std::printf("\n");
+  std::fprintf(out, "  %-38s %10s %9s %13s %8s %10s %10s %13s", "allocator", "ops", "ns/op",
+               "peak reserved", "res/live", "upstream", "failed_at", "min capacity");
+  if (passes >= 2) std::fprintf(out, " %10s %13s", "warm ns/op", "warm upstream");
+  std::fprintf(out, "\n");
 }
 
-void print_run(const AllocatorRun& run, std::size_t passes) {
+void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
   const ReplayResult& r = run.result;
   const std::string upstream =
       r.upstream_allocations ? std::to_string(*r.upstream_allocations) : "n/a";
@@ -254,29 +288,29 @@ void print_run(const AllocatorRun& run, std::size_t passes) {
   const std::string capacity = run.min_capacity_bytes
                                    ? human_bytes(*run.min_capacity_bytes)
                                    : (run.capacity_method.empty() ? "-" : "none found");
-  std::printf("  %-38s %10zu %9.1f %13s %7.2fx %10s %10s %13s", r.allocator.c_str(), r.operations,
-              r.ns_per_op, human_bytes(r.peak_reserved_bytes).c_str(), r.reserved_over_live(),
-              upstream.c_str(), failed.c_str(), capacity.c_str());
+  std::fprintf(out, "  %-38s %10zu %9.1f %13s %7.2fx %10s %10s %13s", r.allocator.c_str(),
+               r.operations, r.ns_per_op, human_bytes(r.peak_reserved_bytes).c_str(),
+               r.reserved_over_live(), upstream.c_str(), failed.c_str(), capacity.c_str());
   if (passes >= 2) {
     char warm[32] = "-";
     if (r.warm_ns_per_op) std::snprintf(warm, sizeof warm, "%.1f", *r.warm_ns_per_op);
     const std::string warm_upstream = r.warm_upstream_allocations
                                           ? std::to_string(*r.warm_upstream_allocations)
                                           : (r.warm_ns_per_op ? "n/a" : "-");
-    std::printf(" %10s %13s", warm, warm_upstream.c_str());
+    std::fprintf(out, " %10s %13s", warm, warm_upstream.c_str());
   }
-  std::printf("\n");
+  std::fprintf(out, "\n");
   if (run.runs_ns_per_op.size() > 1) {
     const auto [low, high] =
         std::minmax_element(run.runs_ns_per_op.begin(), run.runs_ns_per_op.end());
-    std::printf("    ns/op median of %zu runs; range %.1f .. %.1f\n", run.runs_ns_per_op.size(),
-                *low, *high);
+    std::fprintf(out, "    ns/op median of %zu runs; range %.1f .. %.1f\n",
+                 run.runs_ns_per_op.size(), *low, *high);
   }
   if (run.runs_warm_ns_per_op.size() > 1) {
     const auto [low, high] =
         std::minmax_element(run.runs_warm_ns_per_op.begin(), run.runs_warm_ns_per_op.end());
-    std::printf("    warm ns/op median of %zu runs; range %.1f .. %.1f\n",
-                run.runs_warm_ns_per_op.size(), *low, *high);
+    std::fprintf(out, "    warm ns/op median of %zu runs; range %.1f .. %.1f\n",
+                 run.runs_warm_ns_per_op.size(), *low, *high);
   }
   if (passes >= 2) {
     std::string ns;
@@ -295,21 +329,21 @@ void print_run(const AllocatorRun& run, std::size_t passes) {
       up += delta ? std::to_string(*delta) : std::string("n/a");
       ops += std::to_string(r.pass_operations[p]);
     }
-    std::printf("    by pass: ns/op %s; upstream %s; ops %s\n", ns.c_str(), up.c_str(),
-                ops.c_str());
+    std::fprintf(out, "    by pass: ns/op %s; upstream %s; ops %s\n", ns.c_str(), up.c_str(),
+                 ops.c_str());
   }
   if (r.failed_at) {
     if (passes >= 2) {
-      std::printf("    failed at row %zu (line %zu) in pass %zu: %s\n", *r.failed_at, r.failed_line,
-                  r.failed_pass.value_or(1), r.failure.c_str());
+      std::fprintf(out, "    failed at row %zu (line %zu) in pass %zu: %s\n", *r.failed_at,
+                   r.failed_line, r.failed_pass.value_or(1), r.failure.c_str());
     } else {
-      std::printf("    failed at row %zu (line %zu): %s\n", *r.failed_at, r.failed_line,
-                  r.failure.c_str());
+      std::fprintf(out, "    failed at row %zu (line %zu): %s\n", *r.failed_at, r.failed_line,
+                   r.failure.c_str());
     }
   }
   if (r.held_back_frees > 0) {
-    std::printf("    %zu frees held back for stream order (stream-unaware allocator)\n",
-                r.held_back_frees);
+    std::fprintf(out, "    %zu frees held back for stream order (stream-unaware allocator)\n",
+                 r.held_back_frees);
   }
 }
 
@@ -317,62 +351,44 @@ void print_run(const AllocatorRun& run, std::size_t passes) {
 
 int run_replay(const std::vector<std::string>& args) {
   std::vector<std::string> paths;
-  std::string json_path;
+  OutputFile json{"--json", {}, {}};
   bool host_only = false;
   bool capacity_search = false;
+  bool device_given = false;
   std::size_t runs = 1;
   std::size_t passes = 1;
   ReplayOptions options;
   for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    auto value = [&](const char* flag) -> const std::string* {
-      if (i + 1 >= args.size()) {
-        std::fprintf(stderr, "vram replay: %s needs a value\n", flag);
-        return nullptr;
-      }
-      return &args[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
+    CommandArgument arg;
+    if (!next_argument(kCommand, args, i,
+                       {"--json", "--device", "--stream-lag", "--runs", "--passes"},
+                       {"--help", "--host-only", "--capacity-search"}, arg)) {
+      return 2;
+    }
+    if (arg.name == "--help" || arg.name == "-h") {
       print_replay_usage(stdout);
       return 0;
-    } else if (arg == "--host-only") {
-      host_only = true;
-    } else if (arg == "--capacity-search") {
-      capacity_search = true;
-    } else if (arg == "--json") {
-      const std::string* v = value("--json");
-      if (v == nullptr) return 2;
-      json_path = *v;
-    } else if (arg == "--device" || arg == "--stream-lag" || arg == "--runs" || arg == "--passes") {
-      const std::string* v = value(arg.c_str());
-      std::size_t n = 0;
-      if (v == nullptr) return 2;
-      if (!parse_count(*v, n)) {
-        std::fprintf(stderr, "vram replay: %s needs a number, got '%s'\n", arg.c_str(), v->c_str());
-        return 2;
-      }
-      if (arg == "--device") options.device_id = static_cast<int>(n);
-      if (arg == "--stream-lag") options.stream_lag = n;
-      if (arg == "--runs") {
-        if (n == 0 || n > 100) {
-          std::fprintf(stderr, "vram replay: --runs needs 1 to 100, got %zu\n", n);
-          return 2;
-        }
-        runs = n;
-      }
-      if (arg == "--passes") {
-        if (n == 0 || n > 1000) {
-          std::fprintf(stderr, "vram replay: --passes needs 1 to 1000, got %zu\n", n);
-          return 2;
-        }
-        passes = n;
-      }
-    } else if (arg.rfind("--", 0) == 0) {
-      std::fprintf(stderr, "vram replay: unknown option '%s'\n", arg.c_str());
+    } else if (arg.positional) {
+      paths.push_back(arg.name);
+    } else if (!arg.known) {
+      std::fprintf(stderr, "vram replay: unknown option '%s'\n", arg.name.c_str());
       print_replay_usage(stderr);
       return 2;
-    } else {
-      paths.push_back(arg);
+    } else if (arg.name == "--host-only") {
+      host_only = true;
+    } else if (arg.name == "--capacity-search") {
+      capacity_search = true;
+    } else if (arg.name == "--json") {
+      if (!set_output_path(kCommand, json, arg.value)) return 2;
+    } else if (arg.name == "--device") {
+      if (!parse_device_ordinal(kCommand, arg.value, options.device_id)) return 2;
+      device_given = true;
+    } else if (arg.name == "--stream-lag") {
+      if (!parse_count(arg.name, arg.value, 0, kMaxStreamLag, options.stream_lag)) return 2;
+    } else if (arg.name == "--runs") {
+      if (!parse_count(arg.name, arg.value, 1, 100, runs)) return 2;
+    } else if (arg.name == "--passes") {
+      if (!parse_count(arg.name, arg.value, 1, 1000, passes)) return 2;
     }
   }
   if (paths.empty()) {
@@ -380,28 +396,33 @@ int run_replay(const std::vector<std::string>& args) {
     print_replay_usage(stderr);
     return 2;
   }
-  // The --json file is written to a temporary next to it and renamed after success.
-  const std::string json_temp =
-      json_path.empty() ? std::string() : json_path + ".tmp." + std::to_string(getpid());
-  if (!json_path.empty()) {
-    std::FILE* probe = std::fopen(json_temp.c_str(), "w");
-    if (probe == nullptr) {
-      std::fprintf(stderr, "vram replay: cannot write --json file '%s': %s\n", json_path.c_str(),
-                   std::strerror(errno));
-      return 2;
+  // Everything that can refuse the run is checked before a trace is read.
+  if (!json.path.empty() && json.path != "-") {
+    for (const auto& path : paths) {
+      if (same_file(json.path, path)) {
+        std::fprintf(stderr,
+                     "vram replay: --json file '%s' is the trace '%s': it would be overwritten\n",
+                     json.path.c_str(), path.c_str());
+        return 2;
+      }
     }
-    std::fclose(probe);
   }
-  auto discard_temp = [&] {
-    if (!json_temp.empty()) std::remove(json_temp.c_str());
-  };
+  if (!can_create(kCommand, json)) return 2;
+  // A --device ordinal must be visible; device 0 (also the default) replays host-only when
+  // no device is usable at all.
+  const auto availability = cuda::Device::availability();
+  if (device_given && !(options.device_id == 0 && availability.count == 0) &&
+      !device_is_visible(kCommand, options.device_id, availability.count)) {
+    return 2;
+  }
+  // With the JSON on stdout, everything meant for a person goes to stderr.
+  std::FILE* const human = json.path == "-" ? stderr : stdout;
 
   std::vector<Trace> traces;
   try {
     for (const auto& path : paths) traces.push_back(read_trace(path));
   } catch (const TraceError& error) {
     std::fprintf(stderr, "vram replay: %s\n", error.what());
-    discard_temp();
     return 2;
   }
 
@@ -410,18 +431,18 @@ int run_replay(const std::vector<std::string>& args) {
   report.runs_per_allocator = runs;
   report.passes_per_run = passes;
   options.passes = passes;
-  const auto availability = cuda::Device::availability();
-  options.device = !host_only && availability.count > options.device_id;
+  options.device = !host_only && availability.count > 0;
   report.device = options.device;
   if (options.device) {
     report.device_name = cuda::Device::properties(options.device_id).name;
-    std::printf("vram replay on %s (device %d)\n", report.device_name.c_str(), options.device_id);
+    std::fprintf(human, "vram replay on %s (device %d)\n", report.device_name.c_str(),
+                 options.device_id);
   } else {
     report.device_name = "host-only (emulated device)";
-    std::printf(
-        "vram replay: host-only (%s): pool logic over host memory, emulated device; "
-        "ns/op are host figures, not device ones\n",
-        host_only ? "--host-only" : availability.reason.c_str());
+    std::fprintf(human,
+                 "vram replay: host-only (%s): pool logic over host memory, emulated device; "
+                 "ns/op are host figures, not device ones\n",
+                 host_only ? "--host-only" : availability.reason.c_str());
   }
   std::vector<AllocatorSpec> specs;
   for (auto& spec : all_replay_allocators()) {
@@ -432,12 +453,12 @@ int run_replay(const std::vector<std::string>& args) {
     specs.push_back(std::move(spec));
   }
   for (const auto& skipped : report.skipped) {
-    std::printf("  skipped: %s (%s)\n", skipped.allocator.c_str(), skipped.reason.c_str());
+    std::fprintf(human, "  skipped: %s (%s)\n", skipped.allocator.c_str(), skipped.reason.c_str());
   }
 
   for (const Trace& trace : traces) {
     report.traces.push_back(TraceSummary::of(trace));
-    print_trace_header(trace, passes);
+    print_trace_header(human, trace, passes);
     // Every allocator replays the trace `runs` times, a fresh instance each time; round k
     // starts with allocator k (mod their count), so none always runs first (cold driver)
     // or last. The memory figures are the same in every run; ns/op is the median run's.
@@ -456,7 +477,7 @@ int run_replay(const std::vector<std::string>& args) {
           if (round == 0 || result.failed_at) of_trace[which].result = std::move(result);
         } catch (const std::exception& error) {
           // Setting up the allocator failed (not an allocation of the trace): no record.
-          std::printf("  %-38s error: %s\n", specs[which].name.c_str(), error.what());
+          std::fprintf(human, "  %-38s error: %s\n", specs[which].name.c_str(), error.what());
           report.skipped.push_back(
               {specs[which].name, "trace " + trace.name + ": " + error.what()});
           broken[which] = true;
@@ -486,24 +507,14 @@ int run_replay(const std::vector<std::string>& args) {
               min_capacity(trace, specs[which], options, run.result.peak_reserved_bytes);
         }
       }
-      print_run(run, passes);
+      print_run(human, run, passes);
       report.runs.push_back(std::move(run));
     }
   }
 
-  if (!json_path.empty()) {
-    std::FILE* file = std::fopen(json_temp.c_str(), "w");
-    const std::string text = to_json(report);
-    const bool written =
-        file != nullptr && std::fwrite(text.data(), 1, text.size(), file) == text.size();
-    const bool closed = file != nullptr && std::fclose(file) == 0;
-    if (!written || !closed || std::rename(json_temp.c_str(), json_path.c_str()) != 0) {
-      std::fprintf(stderr, "vram replay: cannot write --json file '%s': %s\n", json_path.c_str(),
-                   std::strerror(errno));
-      discard_temp();
-      return 1;
-    }
-    std::printf("wrote %s\n", json_path.c_str());
+  if (!json.path.empty()) {
+    json.content = to_json(report);
+    if (!write_outputs(kCommand, {json}, human)) return 1;
   }
   return 0;
 }

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <unordered_map>
+#include <vector>
 
 namespace vram::replay {
 namespace {
@@ -44,14 +47,41 @@ std::string hex(std::uint64_t value) {
   return buffer;
 }
 
+// `text` as it may appear in a message: printable ASCII as it is, a backslash as "\\" and
+// every other byte as "\xNN", so no byte of a trace reaches a terminal raw (escape
+// sequences, control bytes). Every message that quotes file content goes through it.
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte == '\\') {
+      out += "\\\\";
+    } else if (byte >= 0x20 && byte < 0x7f) {
+      out += c;
+    } else {
+      char buffer[8];
+      std::snprintf(buffer, sizeof buffer, "\\x%02x", byte);
+      out += buffer;
+    }
+  }
+  return out;
+}
+
 constexpr std::size_t kExamples = 5;
+constexpr std::size_t kMaxLine = std::size_t{1} << 20;  // longest line read_trace accepts
 
 // Builds a Trace line by line; see trace.hpp for the invariants it establishes.
 class Parser {
  public:
   explicit Parser(Trace& trace) : trace_(trace) {}
 
+  // One line without its '\n'. A NUL byte anywhere is an error (a text trace has none).
   void line(std::string_view text, std::size_t number) {
+    if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos) {
+      fail(number, "NUL byte at column " + std::to_string(nul + 1) +
+                       " (a CSV trace is text; the file is binary or corrupt)");
+    }
     text = trim(text);
     if (text.empty()) return;
     fields_.clear();
@@ -95,7 +125,7 @@ class Parser {
       fail(number,
            "header must name the columns Action, Pointer and Size (RMM: "
            "Thread,Time,Action,Pointer,Size,Stream), got '" +
-               joined() + "'");
+               printable(joined()) + "'");
     }
     columns_ = fields_.size();
     have_header_ = true;
@@ -113,7 +143,7 @@ class Parser {
   std::uint64_t number_field(std::size_t column, const char* what, std::size_t number) const {
     std::uint64_t value = 0;
     if (!parse_number(fields_[column], value)) {
-      fail(number, std::string("bad ") + what + " '" + std::string(fields_[column]) +
+      fail(number, std::string("bad ") + what + " '" + printable(fields_[column]) +
                        "' (expected a decimal or 0x-hex number)");
     }
     return value;
@@ -133,7 +163,7 @@ class Parser {
       return;
     }
     if (!is_allocate && !is_free) {
-      fail(number, "unknown action '" + std::string(fields_[action_]) +
+      fail(number, "unknown action '" + printable(fields_[action_]) +
                        "' (expected allocate, deallocate, free or allocate failure)");
     }
     const std::uint64_t pointer = number_field(pointer_, "pointer", number);
@@ -201,13 +231,16 @@ class Parser {
     live_.erase(it);
   }
 
+  // Dense index of `stream`, assigned in first-seen order: O(1) per event whatever the
+  // number of distinct streams. Consecutive events mostly share a stream, so the previous
+  // event's stream is checked before the map.
   std::uint32_t stream_index(std::uint64_t stream) {
-    // Traces use a handful of streams: a linear scan beats hashing.
-    for (std::size_t i = 0; i < trace_.streams.size(); ++i) {
-      if (trace_.streams[i] == stream) return static_cast<std::uint32_t>(i);
-    }
-    trace_.streams.push_back(stream);
-    return static_cast<std::uint32_t>(trace_.streams.size() - 1);
+    if (!trace_.streams.empty() && trace_.streams[last_stream_] == stream) return last_stream_;
+    const auto [it, added] =
+        stream_indices_.try_emplace(stream, static_cast<std::uint32_t>(trace_.streams.size()));
+    if (added) trace_.streams.push_back(stream);
+    last_stream_ = it->second;
+    return last_stream_;
   }
 
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
@@ -221,6 +254,8 @@ class Parser {
   std::size_t stream_ = npos;
   std::unordered_map<std::uint64_t, Live> live_;
   std::size_t live_bytes_ = 0;
+  std::unordered_map<std::uint64_t, std::uint32_t> stream_indices_;  // tag -> index in streams
+  std::uint32_t last_stream_ = 0;  // index of the previous event's stream
 };
 
 }  // namespace
@@ -251,19 +286,174 @@ bool parse_number(std::string_view text, std::uint64_t& value) {
   return true;
 }
 
+namespace {
+
+// Cuts bytes into lines at '\n' (only there: every other byte, NUL included, belongs to its
+// line, so line numbers are exact) and hands each to the parser with its 1-based number.
+// A line may arrive in pieces across feed() calls; pieces are joined up to kMaxLine bytes.
+class LineSplitter {
+ public:
+  LineSplitter(Parser& parser, const std::string& path) : parser_(parser), path_(path) {}
+
+  void feed(std::string_view bytes) {
+    while (!bytes.empty()) {
+      const std::size_t end = bytes.find('\n');
+      if (end == std::string_view::npos) {
+        append_pending(bytes);
+        return;
+      }
+      ++number_;
+      if (pending_.empty()) {
+        parser_.line(bytes.substr(0, end), number_);
+      } else {
+        append_pending(bytes.substr(0, end));
+        parser_.line(pending_, number_);
+        pending_.clear();
+      }
+      bytes.remove_prefix(end + 1);
+    }
+  }
+
+  // The input is complete: a last line without '\n' is a line.
+  void finish() {
+    if (!pending_.empty()) parser_.line(pending_, ++number_);
+    parser_.finish(number_);
+  }
+
+  // The line the next byte belongs to.
+  std::size_t current_line() const noexcept { return number_ + 1; }
+
+ private:
+  void append_pending(std::string_view piece) {
+    if (pending_.size() + piece.size() > kMaxLine) {
+      throw TraceError(path_ + ":" + std::to_string(current_line()) + ": line longer than 1 MiB");
+    }
+    pending_.append(piece);
+  }
+
+  Parser& parser_;
+  const std::string& path_;
+  std::string pending_;     // the start of the current line, when it spans feed() calls
+  std::size_t number_ = 0;  // lines completed
+};
+
+constexpr std::size_t kReadChunk = std::size_t{1} << 18;
+
+// Reads a file in chunks. The buffer holds the bytes [read() - available(), read()) of the
+// file not consumed yet.
+class FileReader {
+ public:
+  explicit FileReader(const std::string& path) : path_(path), buffer_(kReadChunk) {
+    errno = 0;
+    file_ = std::fopen(path.c_str(), "rb");
+    if (file_ == nullptr) {
+      throw TraceError(path +
+                       ": cannot open: " + (errno != 0 ? std::strerror(errno) : "out of memory"));
+    }
+  }
+  ~FileReader() { std::fclose(file_); }
+  FileReader(const FileReader&) = delete;
+  FileReader& operator=(const FileReader&) = delete;
+
+  // Tops the buffer up to `wanted` unconsumed bytes (or what is left of the file); false
+  // when not even one byte is left.
+  bool fill(std::size_t wanted = 1) {
+    if (size_ - start_ >= wanted || end_of_file_) return size_ > start_;
+    std::memmove(buffer_.data(), buffer_.data() + start_, size_ - start_);
+    size_ -= start_;
+    start_ = 0;
+    while (size_ < wanted && !end_of_file_) {
+      const std::size_t n = std::fread(buffer_.data() + size_, 1, buffer_.size() - size_, file_);
+      if (n == 0) {
+        if (std::ferror(file_)) {
+          throw TraceError(path_ + ": cannot read: " + std::strerror(errno));
+        }
+        end_of_file_ = true;
+      }
+      size_ += n;
+      read_ += n;
+    }
+    return size_ > start_;
+  }
+
+  unsigned char* data() noexcept { return buffer_.data() + start_; }
+  std::size_t available() const noexcept { return size_ - start_; }
+  void consume(std::size_t n) noexcept { start_ += n; }
+  bool end_of_file() const noexcept { return end_of_file_ && start_ == size_; }
+  // File offset of data()[0].
+  std::uint64_t offset() const noexcept { return read_ - available(); }
+
+ private:
+  const std::string& path_;
+  std::FILE* file_ = nullptr;
+  std::vector<unsigned char> buffer_;
+  std::size_t start_ = 0;
+  std::size_t size_ = 0;
+  std::uint64_t read_ = 0;  // bytes read from the file so far
+  bool end_of_file_ = false;
+};
+
+bool at_gzip_magic(FileReader& in) {
+  return in.fill(2) && in.available() >= 2 && in.data()[0] == 0x1f && in.data()[1] == 0x8b;
+}
+
+// Decompresses gzip members back to back (gzip reads `cat a.gz b.gz` as one stream) into
+// `lines`. After a member's end the file must end or another member must start (its magic
+// 1f 8b): other bytes there are refused, and so is a member the file ends inside of.
+void inflate_members(FileReader& in, LineSplitter& lines, const std::string& path) {
+  z_stream z{};
+  if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK) {
+    throw TraceError(path + ": cannot decompress: zlib could not start (out of memory)");
+  }
+  const std::unique_ptr<z_stream, int (*)(z_stream*)> end_inflate(&z, inflateEnd);
+  std::vector<unsigned char> out(kReadChunk);
+  std::uint64_t text_bytes = 0;  // decompressed so far
+  for (;;) {
+    in.fill();
+    z.next_in = in.data();
+    z.avail_in = static_cast<uInt>(in.available());
+    z.next_out = out.data();
+    z.avail_out = static_cast<uInt>(out.size());
+    const int code = inflate(&z, Z_NO_FLUSH);
+    in.consume(in.available() - z.avail_in);
+    const std::size_t produced = out.size() - z.avail_out;
+    text_bytes += produced;
+    lines.feed(std::string_view(reinterpret_cast<const char*>(out.data()), produced));
+    if (code == Z_STREAM_END) {
+      if (!in.fill()) return;
+      if (!at_gzip_magic(in)) {
+        throw TraceError(path + ": junk after the end of the gzip data at byte " +
+                         std::to_string(in.offset()) + " (not another gzip member)");
+      }
+      inflateReset(&z);
+      continue;
+    }
+    if (code == Z_OK || code == Z_BUF_ERROR) {
+      // Output room left and no input left: the member needs bytes the file does not have.
+      if (z.avail_out != 0 && in.end_of_file()) {
+        throw TraceError(path + ":" + std::to_string(lines.current_line()) +
+                         ": gzip stream is truncated: the file ends inside compressed data (" +
+                         std::to_string(text_bytes) + " bytes of text decompressed)");
+      }
+      continue;
+    }
+    throw TraceError(path + ":" + std::to_string(lines.current_line()) +
+                     (code == Z_MEM_ERROR ? ": cannot decompress: out of memory"
+                                          : std::string(": corrupt gzip data (") +
+                                                (z.msg != nullptr ? z.msg : "zlib error") + ")"));
+  }
+}
+
+}  // namespace
+
 Trace parse_trace(std::string_view text, const std::string& name) {
   Trace trace;
   trace.path = name;
   trace.name = base_name(name);
   Parser parser(trace);
-  std::size_t number = 0;
-  while (!text.empty()) {
-    const std::size_t end = text.find('\n');
-    parser.line(text.substr(0, end), ++number);
-    if (end == std::string_view::npos) break;
-    text.remove_prefix(end + 1);
-  }
-  parser.finish(number);
+  LineSplitter lines(parser, trace.path);
+  lines.feed(text);
+  lines.finish();
   return trace;
 }
 
@@ -271,50 +461,18 @@ Trace read_trace(const std::string& path) {
   Trace trace;
   trace.path = path;
   trace.name = base_name(path);
-  errno = 0;
-  gzFile file = gzopen(path.c_str(), "rb");
-  if (file == nullptr) {
-    throw TraceError(path +
-                     ": cannot open: " + (errno != 0 ? std::strerror(errno) : "out of memory"));
-  }
-  gzbuffer(file, 1 << 20);
   Parser parser(trace);
-  std::string pending;  // a line longer than the buffer, assembled across reads
-  char buffer[4096];
-  std::size_t number = 0;
-  try {
-    while (gzgets(file, buffer, sizeof buffer) != nullptr) {
-      const std::size_t n = std::strlen(buffer);
-      if (n > 0 && buffer[n - 1] != '\n' && !gzeof(file)) {
-        pending.append(buffer, n);
-        if (pending.size() > (1 << 20)) {
-          throw TraceError(path + ":" + std::to_string(number + 1) + ": line longer than 1 MiB");
-        }
-        continue;
-      }
-      ++number;
-      if (!pending.empty()) {
-        pending.append(buffer, n);
-        parser.line(pending, number);
-        pending.clear();
-      } else {
-        parser.line(std::string_view(buffer, n), number);
-      }
+  LineSplitter lines(parser, trace.path);
+  FileReader in(path);
+  if (at_gzip_magic(in)) {
+    inflate_members(in, lines, path);
+  } else {
+    while (in.fill()) {
+      lines.feed(std::string_view(reinterpret_cast<const char*>(in.data()), in.available()));
+      in.consume(in.available());
     }
-    if (!pending.empty()) parser.line(pending, ++number);
-    int code = Z_OK;
-    const char* message = gzerror(file, &code);
-    if (code != Z_OK && code != Z_STREAM_END) {
-      throw TraceError(path + ":" + std::to_string(number + 1) +
-                       ": cannot decompress: " + (message ? message : "zlib error") +
-                       (code == Z_BUF_ERROR ? " (truncated gzip file?)" : ""));
-    }
-    parser.finish(number);
-  } catch (...) {
-    gzclose(file);
-    throw;
   }
-  gzclose(file);
+  lines.finish();
   return trace;
 }
 

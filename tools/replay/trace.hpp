@@ -8,7 +8,12 @@
 // Time and Stream optional, Stream 0 when absent), so column order does not matter.
 // Actions: `allocate`, `deallocate`, `free` (older logs) and `allocate failure` (counted,
 // not replayed). Pointers and streams are hex (0x...) or decimal. Blank lines are skipped.
-// `.gz` files are read through zlib (gzopen also reads uncompressed files unchanged).
+// A file that starts with the gzip magic (1f 8b) is decompressed with zlib's inflate, any
+// other file is read as it is. Gzip members may follow each other (as `cat a.gz b.gz`
+// writes); bytes after a member that do not start another member are an error, and so is a
+// file that ends inside a member (truncated). Lines end at '\n' only; a NUL byte anywhere is
+// an error naming its line. Messages that quote file content show every byte that is not
+// printable ASCII as \xNN (a backslash doubled).
 //
 // What parsing guarantees about the event list (the replay relies on it)
 //   Every deallocate refers to a live allocation of the same trace (its `slot`), so the
@@ -20,7 +25,8 @@
 //   still live (the trace lost a free) is counted and reported; the earlier block is freed
 //   implicitly just before it, so the replay stays consistent. A free whose size differs
 //   from the allocation's is counted and replayed with the allocation's size.
-// A malformed line throws TraceError "FILE:LINE: what is wrong".
+// A malformed line throws TraceError "FILE:LINE: what is wrong"; a file that cannot be read
+// or has junk after its gzip data, "FILE: what is wrong".
 #pragma once
 
 #include <cstddef>
