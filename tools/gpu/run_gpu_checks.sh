@@ -23,6 +23,10 @@
 #   tools/gpu/run_gpu_checks.sh replay-torch-python OUT
 #       builds the PyTorch plug-in and the Torch replay peer there (Torch exists only on that
 #       machine), replays the recorded traces, runs the Python checks and torch_compare
+#   tools/gpu/run_gpu_checks.sh tests-python-compare OUT BASE_VRAM
+#       tests, memcheck, the Python checks, then the pairs and batched benchmarks of the
+#       `vram` binary BASE_VRAM (a build of an earlier commit) and of build/vram, alternating,
+#       two rounds each, so both builds meet the same card state
 # Every log lands in OUT; OUT/results.tar.gz holds them all.
 set -uo pipefail
 mode=$1
@@ -116,6 +120,17 @@ case $mode in
     tests_and_memcheck
     torch_replay
     step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
+    ;;
+  tests-python-compare)
+    base=${3:?tests-python-compare needs BASE_VRAM}
+    tests_and_memcheck
+    step torch_checks 300 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
+    for round in 1 2; do
+      step "base_pairs_batched_$round" 150 "$base" bench --scenario pairs,batched \
+        --json "$log/base_pairs_batched_$round.json"
+      step "new_pairs_batched_$round" 150 ./build/vram bench --scenario pairs,batched \
+        --json "$log/new_pairs_batched_$round.json"
+    done
     ;;
   tests-streams)
     tests_and_memcheck
