@@ -23,10 +23,12 @@
 #   tools/gpu/run_gpu_checks.sh replay-torch-python OUT
 #       builds the PyTorch plug-in and the Torch replay peer there (Torch exists only on that
 #       machine), replays the recorded traces, runs the Python checks and torch_compare
-#   tools/gpu/run_gpu_checks.sh tests-python-compare OUT BASE_VRAM
-#       tests, memcheck, the Python checks, then the pairs and batched benchmarks of the
-#       `vram` binary BASE_VRAM (a build of an earlier commit) and of build/vram, alternating,
-#       two rounds each, so both builds meet the same card state
+#   tools/gpu/run_gpu_checks.sh tests-python OUT
+#       tests, memcheck, the Python checks (no torch_compare rounds)
+#   tools/gpu/run_gpu_checks.sh compare-pairs-batched OUT BASE_VRAM
+#       the pairs and batched benchmarks of the `vram` binary BASE_VRAM (a build of an
+#       earlier commit) and of build/vram, alternating, two rounds each, so both builds meet
+#       the same card state
 # Every log lands in OUT; OUT/results.tar.gz holds them all.
 set -uo pipefail
 mode=$1
@@ -121,10 +123,12 @@ case $mode in
     torch_replay
     step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
     ;;
-  tests-python-compare)
-    base=${3:?tests-python-compare needs BASE_VRAM}
+  tests-python)
     tests_and_memcheck
     step torch_checks 300 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
+    ;;
+  compare-pairs-batched)
+    base=${3:?compare-pairs-batched needs BASE_VRAM}
     for round in 1 2; do
       step "base_pairs_batched_$round" 150 "$base" bench --scenario pairs,batched \
         --json "$log/base_pairs_batched_$round.json"
