@@ -1,4 +1,4 @@
-#include "vram/detail/segment_tier.hpp"
+#include "segment_tier.hpp"
 
 #include <bit>
 

@@ -1,4 +1,4 @@
-// vram/detail/segment_tier.hpp: DevicePool's segment tier: best-fit split and coalesce
+// segment_tier.hpp: DevicePool's segment tier: best-fit split and coalesce
 // over segments from the upstream, stream-tagged free ranges, one short mutex.
 //
 // Every block DevicePool hands out lives in a segment: small blocks (size classes up to
@@ -46,7 +46,7 @@
 #include <mutex>
 #include <vector>
 
-#include "vram/detail/free_index.hpp"
+#include "free_index.hpp"
 #include "vram/detail/pointer_map.hpp"
 #include "vram/detail/tier_mutex.hpp"
 #include "vram/stream_fence.hpp"
