@@ -78,8 +78,8 @@ class FreeRanges {
   FreeRanges& operator=(const FreeRanges&) = delete;
 
   Index& untagged() noexcept { return untagged_; }
-  // A stream's free ranges, one index per stream with free ranges (few streams: a flat
-  // table). fence and erase through erase_index().
+  // The streams' free ranges, one index per stream (few streams: a flat table); an entry
+  // goes only through erase_index().
   std::vector<StreamIndex>& streams() noexcept { return tagged_; }
   std::size_t stream_slot(StreamKey key) const noexcept;  // streams().size(): none
   // Drops streams()[slot] (its index empty), keeping the index as a spare.
@@ -133,7 +133,7 @@ class FreeRanges {
     spare_ranges_ = range;
     ++spare_count_;
   }
-  // At least `count` spare nodes; throws std::bad_alloc (with the spares taken so far kept).
+  // At least `count` spare nodes; throws std::bad_alloc (the ranges unchanged).
   void keep_spares(std::size_t count) {
     while (spare_count_ < count) recycle(new Range{nullptr, 0, nullptr});
   }
@@ -180,8 +180,8 @@ class FreeRanges {
     file(range);
   }
 
-  // Splits the unfiled range `r` (no longer free) at `need` bytes: the rest, when at least
-  // one granule, becomes a free range of r's tag. A spare node must be kept (keep_spares).
+  // Splits the unfiled range `r` (taken for a block) at `need` bytes: the rest, when at
+  // least `granularity` bytes, becomes a free range of r's tag. Takes a kept spare node.
   void split(Range* r, std::size_t need) noexcept {
     if (r->size - need < granularity_) return;
     Range* rest = take_range();
