@@ -252,7 +252,9 @@ TEST(SegmentTierVirtual, ASmallBlockInAFreedRunPinsItsRunOnlyFarFromTheEndOfMemo
         EXPECT_EQ(upstream->live_bytes(), 4_MiB) << "granules 1-5 are free: trim gives them back";
         void* c = nullptr;  // 2 + 2 + 12 MiB live fits the 16 MiB device
         EXPECT_NO_THROW(c = tier.allocate(12_MiB, kUntagged, true));
-        if (c != nullptr) ASSERT_TRUE(tier.free(c, kUntagged));
+        if (c != nullptr) {
+          ASSERT_TRUE(tier.free(c, kUntagged));
+        }
       } else {
         EXPECT_EQ(tier.counters().maps, 2U) << "one run per block far from the end of memory";
         EXPECT_EQ(upstream->live_bytes(), 14_MiB) << "b pins its 12 MiB run, x its granule";
