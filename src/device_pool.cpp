@@ -14,11 +14,11 @@
 #include <utility>
 #include <vector>
 
+#include "segment_tier.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/detail/asymmetric_fence.hpp"
 #include "vram/detail/mpmc_ring.hpp"
-#include "vram/detail/segment_tier.hpp"
 #include "vram/size_classes.hpp"
 #include "vram/virtual_memory.hpp"
 

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "vram/detail/free_index.hpp"
+#include "free_index.hpp"
 #include "vram/detail/pointer_map.hpp"
 
 namespace vram::detail {
@@ -273,7 +273,9 @@ TEST(PointerMap, RandomOperationsMatchUnorderedMap) {
     } else {
       auto it = reference.find(key);
       EXPECT_EQ(map.find(key), it == reference.end() ? nullptr : it->second);
-      if (it == reference.end()) EXPECT_EQ(map.erase(key), nullptr);
+      if (it == reference.end()) {
+        EXPECT_EQ(map.erase(key), nullptr);
+      }
     }
     EXPECT_EQ(map.size(), reference.size());
   }

@@ -9,10 +9,10 @@
 
 #include <unistd.h>
 
+#include "free_index.hpp"
+#include "segment_tier.hpp"
 #include "test_upstreams.hpp"
-#include "vram/detail/free_index.hpp"
 #include "vram/detail/pointer_map.hpp"
-#include "vram/detail/segment_tier.hpp"
 #include "vram/units.hpp"
 #include "vram/virtual_memory.hpp"
 

@@ -1,5 +1,5 @@
-// SegmentTier against a model of the device (review of the stream-tagged merge rule, the
-// growth waits and the growth budget): random allocations and frees on several streams,
+// SegmentTier against a model of the device (the stream-tagged merge rule, the growth
+// waits and the growth budget): random allocations and frees on several streams,
 // plain frees, markers completing in order, trims, release_empty_for, and the trim path's
 // mark_frees / quiesce / forget_streams. Every 512-byte chunk remembers the stream that last
 // freed it and when; a chunk handed to another stream (or to any stream), or given back to
@@ -17,8 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "segment_tier.hpp"
 #include "test_upstreams.hpp"
-#include "vram/detail/segment_tier.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/units.hpp"
 #include "vram/virtual_memory.hpp"
@@ -208,7 +208,7 @@ TEST(SegmentTierModel, StreamFreesNeverReachAnotherStreamBeforeTheirWorkComplete
   }
 }
 
-// Virtual mode (review of 5390f6c, runs of granules): a VirtualMemory that records every
+// Virtual mode (runs of granules): a VirtualMemory that records every
 // mapping over the host emulation. A map must not overlap a mapping; an unmap must name
 // exactly one whole mapping, must not touch a live block, and (Model::hand_over) must not
 // take memory freed on a stream before that stream's work completed. After every step every

@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
+#include "segment_tier.hpp"
 #include "test_upstreams.hpp"
-#include "vram/detail/segment_tier.hpp"
 #include "vram/units.hpp"
 
 namespace vram::testing {
@@ -225,14 +225,14 @@ TEST(SegmentTierVirtual, MapFailureUnmapsFreeGranulesAndRetriesOrLeavesNothingCh
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
-// Review (wt/review4) of 5390f6c: a run goes back only whole, so one small block placed in
-// a freed large block's run (best_fit prefers mapped ranges) pins the whole run: trim and
-// the map-failure reclaim cannot give back the free granules around it. Runs are at most
-// max_run_bytes and at most 1/16 of the physical memory still available, so near the end
-// of memory they shrink to single granules: on a 16 MiB device the freed granules go back
-// and a request that fits the device is served; on a large one the pinned run (one map,
-// far from the end of memory) stays mapped.
-TEST(SegmentTierVirtualReview, ASmallBlockInAFreedRunPinsItsRunOnlyFarFromTheEndOfMemory) {
+// A run goes back only whole, so one small block placed in a freed large block's run
+// (best_fit prefers mapped ranges) pins the whole run: trim and the map-failure reclaim
+// cannot give back the free granules around it. Runs are at most max_run_bytes and at most
+// 1/16 of the physical memory still available, so near the end of memory they shrink to
+// single granules: on a 16 MiB device the freed granules go back and a request that fits
+// the device is served; on a large one the pinned run (one map, far from the end of
+// memory) stays mapped.
+TEST(SegmentTierVirtual, ASmallBlockInAFreedRunPinsItsRunOnlyFarFromTheEndOfMemory) {
   for (const std::size_t capacity : {16_MiB, 4_GiB}) {
     SCOPED_TRACE(capacity);
     VirtualTierParts parts(capacity);
@@ -252,7 +252,9 @@ TEST(SegmentTierVirtualReview, ASmallBlockInAFreedRunPinsItsRunOnlyFarFromTheEnd
         EXPECT_EQ(upstream->live_bytes(), 4_MiB) << "granules 1-5 are free: trim gives them back";
         void* c = nullptr;  // 2 + 2 + 12 MiB live fits the 16 MiB device
         EXPECT_NO_THROW(c = tier.allocate(12_MiB, kUntagged, true));
-        if (c != nullptr) ASSERT_TRUE(tier.free(c, kUntagged));
+        if (c != nullptr) {
+          ASSERT_TRUE(tier.free(c, kUntagged));
+        }
       } else {
         EXPECT_EQ(tier.counters().maps, 2U) << "one run per block far from the end of memory";
         EXPECT_EQ(upstream->live_bytes(), 14_MiB) << "b pins its 12 MiB run, x its granule";
@@ -400,10 +402,10 @@ TEST(SegmentTierVirtual, MapAheadSkipsStreamRangesAndStopsNearTheEndOfMemory) {
 }
 
 // Virtual mode: the untagged rest of the reservation fits every request, so a stream whose
-// own free ranges are too small used to map new granules while other streams' free memory
-// idled (16 streams replayed host-only: 97x the live bytes, growing every pass). Growing
-// now fences the other streams first; their ranges serve once the markers complete. Within
-// the growth budget the tier grows without waiting; past it, it waits for those markers.
+// own free ranges are too small would map new granules while other streams' free memory
+// idles. Growing fences the other streams first; their ranges serve once the markers
+// complete. Within the growth budget the tier grows without waiting; past it, it waits for
+// those markers.
 TEST(SegmentTierVirtual, GrowingFencesOtherStreamsWhoseFreeMemoryServesOnceComplete) {
   const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   const auto s2 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
@@ -506,12 +508,12 @@ TEST(SegmentTierVirtual, ManyStreamsKeepReservedBoundedAcrossPasses) {
   for (const Live& l : live) ASSERT_TRUE(tier.free(l.block, l.stream));
 }
 
-// Review (wt/review3): a range freed on a stream absorbs an untagged neighbour; the range
-// beyond that neighbour may be free on the same stream, and must be merged too, or two
-// adjacent free ranges carry the same tag (the header's invariant) and a wholly free
-// segment is never seen as one: it cannot serve a whole-segment request on its own stream,
-// is never waited for nor given back, and the tier grows beside it.
-TEST(SegmentTierReview, StreamFreeMergesThroughAnAbsorbedUntaggedRangeBefore) {
+// A range freed on a stream absorbs an untagged neighbour; the range beyond that neighbour
+// may be free on the same stream, and must be merged too, else two adjacent free ranges
+// carry the same tag (against the invariant of free_ranges.hpp) and a wholly free segment
+// is never seen as one: it cannot serve a whole-segment request on its own stream, is never
+// waited for nor given back, and the tier grows beside it.
+TEST(SegmentTier, StreamFreeMergesThroughAnAbsorbedUntaggedRangeBefore) {
   TierFixture f(two_mib_segments());
   const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   char* a = static_cast<char*>(f.tier.allocate(512_KiB, s1, true));
@@ -527,7 +529,7 @@ TEST(SegmentTierReview, StreamFreeMergesThroughAnAbsorbedUntaggedRangeBefore) {
   EXPECT_EQ(f.upstream->allocations(), 1U);
 }
 
-TEST(SegmentTierReview, StreamFreeMergesThroughAnAbsorbedUntaggedRangeAfter) {
+TEST(SegmentTier, StreamFreeMergesThroughAnAbsorbedUntaggedRangeAfter) {
   TierFixture f(two_mib_segments());
   const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   char* a = static_cast<char*>(f.tier.allocate(512_KiB, s1, true));
@@ -544,10 +546,10 @@ TEST(SegmentTierReview, StreamFreeMergesThroughAnAbsorbedUntaggedRangeAfter) {
   ASSERT_TRUE(f.tier.free(whole, kUntagged));
 }
 
-// Review (wt/review3): growing waits on the host (under the tier mutex) for the markers of
-// wholly free segments' streams, as documented; it must not also block on every other
-// pending marker (another stream's range in a segment still in use: its long kernel).
-TEST(SegmentTierReview, GrowingWaitsOnlyForTheMarkersOfWhollyFreeSegments) {
+// Growing waits on the host (under the tier mutex) for the markers of wholly free segments'
+// streams; it does not also block on every other pending marker (another stream's range in
+// a segment still in use: its long kernel).
+TEST(SegmentTier, GrowingWaitsOnlyForTheMarkersOfWhollyFreeSegments) {
   TierFixture f(two_mib_segments());
   const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   const auto s2 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
@@ -565,11 +567,11 @@ TEST(SegmentTierReview, GrowingWaitsOnlyForTheMarkersOfWhollyFreeSegments) {
   ASSERT_TRUE(f.tier.free(keep, kUntagged));
 }
 
-// Review (wt/review3): the host wait before growing is worth it only when a waited-for
-// segment can then serve the request or must go back (past the growth budget). Here the
-// stream's wholly free segment is too small and reserved stays within the budget: the
-// wait (a host block on the stream's work, under the tier mutex) buys nothing.
-TEST(SegmentTierReview, GrowingWithinTheBudgetDoesNotWaitForSegmentsTooSmallToServe) {
+// The host wait before growing is taken only when a waited-for segment can then serve the
+// request or must go back (past the growth budget). Here the stream's wholly free segment
+// is too small and reserved stays within the budget: no wait (a host block on the stream's
+// work, under the tier mutex).
+TEST(SegmentTier, GrowingWithinTheBudgetDoesNotWaitForSegmentsTooSmallToServe) {
   TierFixture f(two_mib_segments());
   const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   void* big = f.tier.allocate(64_MiB, s1, true);
@@ -583,11 +585,10 @@ TEST(SegmentTierReview, GrowingWithinTheBudgetDoesNotWaitForSegmentsTooSmallToSe
   ASSERT_TRUE(f.tier.free(big, kUntagged));
 }
 
-// Review (wt/review3): max_segment_waste makes the tier grow instead of splitting a wholly
-// free segment; that segment goes back only when growing passes the budget (peak in use
-// + 1/16). Within it, it stays idle beside the new segment (the comments claimed it always
-// went back).
-TEST(SegmentTierReview, WastefulWhollyFreeSegmentStaysWithinTheBudget) {
+// max_segment_waste makes the tier grow instead of splitting a wholly free segment; that
+// segment goes back only when growing passes the budget (peak in use + 1/16). Within it,
+// it stays idle beside the new segment.
+TEST(SegmentTier, WastefulWhollyFreeSegmentStaysWithinTheBudget) {
   auto options = two_mib_segments();
   options.max_segment_waste = 8_MiB;
   TierFixture f(options);
@@ -601,13 +602,12 @@ TEST(SegmentTierReview, WastefulWhollyFreeSegmentStaysWithinTheBudget) {
   ASSERT_TRUE(f.tier.free(big, kUntagged));
 }
 
-// Review (wt/review6): past the budget the virtual tier waits for every pending marker,
-// whether or not any pending range could serve the request (the segments mode waits only
-// for ranges that could: wait_for_empty_segments' could_serve). Here t's 8 MiB range sits
-// between a used block and the start of the reservation: after the wait it still cannot
-// serve 16 MiB, and the tier maps 16 MiB anyway. The allocation on s blocked the host on
-// t's work for nothing.
-TEST(SegmentTierVirtualReview6, PastBudgetDoesNotWaitForMarkersWhoseRangesCannotServe) {
+// Past the budget the virtual tier waits only for pending markers whose ranges could serve
+// the request (as the segments mode does: wait_for_empty_segments' could_serve). Here t's
+// 8 MiB range sits between a used block and the start of the reservation: after a wait it
+// still could not serve 16 MiB, so the allocation on s maps 16 MiB without blocking the
+// host on t's work.
+TEST(SegmentTierVirtualStreams, PastBudgetDoesNotWaitForMarkersWhoseRangesCannotServe) {
   const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   VirtualTierParts parts;
@@ -625,12 +625,11 @@ TEST(SegmentTierVirtualReview6, PastBudgetDoesNotWaitForMarkersWhoseRangesCannot
   ASSERT_TRUE(tier.free(y, t));
 }
 
-// Review (wt/review6): growing for one stream fences every other stream holding any free
-// range, even ranges that could never serve the request. The fenced stream then loses the
-// immediate reuse of its own frees (stream order makes them safe for it): t's 2 MiB block,
-// freed on t, is pending after s's unrelated 64 MiB growth, and t's next 2 MiB request
-// maps new memory. Before 08a64a2 (fence only when nothing fit) t got x back at once.
-TEST(SegmentTierVirtualReview6, AnUnrelatedGrowthDoesNotTakeAStreamsOwnFreesFromIt) {
+// Growing for one stream within the budget fences only the other streams whose free ranges
+// could serve the request: a fenced stream loses the immediate reuse of its own frees
+// (stream order makes them safe for it). t's 2 MiB block, freed on t, cannot serve s's
+// 64 MiB growth, so it stays t's, and t's next 2 MiB request gets it back at once.
+TEST(SegmentTierVirtualStreams, AnUnrelatedGrowthDoesNotTakeAStreamsOwnFreesFromIt) {
   const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   VirtualTierParts parts;
@@ -651,12 +650,11 @@ TEST(SegmentTierVirtualReview6, AnUnrelatedGrowthDoesNotTakeAStreamsOwnFreesFrom
   ASSERT_TRUE(tier.free(y, t));
 }
 
-// Review (wt/review6): past the budget an allocation on t waits for a marker recorded on t
-// itself (here by trim(wait=false)): a host block on t's own queued work, though t's own
-// fenced range is safe for t in stream order. (Not a deadlock on a device, but a needless
-// synchronize on every such growth; with host-dependent work on t, e.g. a host function
-// that calls into the pool, it never returns.)
-TEST(SegmentTierVirtualReview6, AStreamDoesNotBlockOnItsOwnMarker) {
+// Past the budget an allocation on t never waits for a marker recorded on t itself (here by
+// trim(wait=false)): t's own fenced range is safe for t in stream order. A wait would be a
+// host block on t's own queued work on every such growth, and with host-dependent work on
+// t (a host function that calls into the pool) it would never return.
+TEST(SegmentTierVirtualStreams, AStreamDoesNotBlockOnItsOwnMarker) {
   const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   VirtualTierParts parts;
   SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
@@ -671,13 +669,11 @@ TEST(SegmentTierVirtualReview6, AStreamDoesNotBlockOnItsOwnMarker) {
   ASSERT_TRUE(tier.free(y, t));
 }
 
-// Review (wt/review6b): could_serve counts the never-mapped tail of the reservation, which a
-// stream's free beside it absorbs (the most recent block usually sits there). t's 2 MiB
-// block x, freed on t, takes the tail; s's unrelated 64 MiB growth then "could be served"
-// by t's range and fences t (within the budget), although fresh_tail() serves s from the
-// never-mapped part either way. t loses the immediate reuse of x and maps new memory:
-// AnUnrelatedGrowthDoesNotTakeAStreamsOwnFreesFromIt, with x at the tail.
-TEST(SegmentTierVirtualReview6b, AnUnrelatedGrowthDoesNotFenceAStreamForItsNeverMappedTail) {
+// could_serve does not count the never-mapped tail of the reservation, which a stream's
+// free beside it absorbs (the most recent block usually sits there): fresh_tail() serves
+// any stream from it without a fence. t's 2 MiB block x, freed on t, takes the tail; s's
+// unrelated 64 MiB growth (within the budget) does not fence t, and t reuses x at once.
+TEST(SegmentTierVirtualStreams, AnUnrelatedGrowthDoesNotFenceAStreamForItsNeverMappedTail) {
   const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   VirtualTierParts parts;
@@ -698,12 +694,11 @@ TEST(SegmentTierVirtualReview6b, AnUnrelatedGrowthDoesNotFenceAStreamForItsNever
   ASSERT_TRUE(tier.free(big, s));
 }
 
-// Review (wt/review6b): past the budget wait_for_pending asks could_serve of each pending
-// range alone, with its *free untagged* neighbours; two other streams' pending ranges side
-// by side merge into one once both are untagged, but neither counts the other. t's and u's
-// 8 MiB ranges are adjacent; s's 16 MiB request past the budget fences both, waits for
-// neither, and maps 16 MiB; 08a64a2 waited and reused the 16 MiB (no growth).
-TEST(SegmentTierVirtualReview6b, PastBudgetWaitsForAdjacentPendingRangesThatServeTogether) {
+// Past the budget wait_for_pending asks could_serve of each pending range with all its free
+// or pending neighbours: two other streams' pending ranges side by side merge into one
+// once both are untagged. t's and u's 8 MiB ranges are adjacent; s's 16 MiB request past
+// the budget fences both, waits for them, and reuses the 16 MiB (no growth).
+TEST(SegmentTierVirtualStreams, PastBudgetWaitsForAdjacentPendingRangesThatServeTogether) {
   const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   const auto u = detail::stream_key(reinterpret_cast<cudaStream_t>(0x30));
@@ -723,10 +718,10 @@ TEST(SegmentTierVirtualReview6b, PastBudgetWaitsForAdjacentPendingRangesThatServ
   ASSERT_TRUE(tier.free(c, kUntagged));
 }
 
-// Review (wt/review6b): bb2ca8e no longer waits for the requester's own marker (its own
-// fenced frees are safe for it in stream order) but does not let it use them either: t's
-// own pending 8 MiB range idles while t maps 8 MiB more past the budget.
-TEST(SegmentTierVirtualReview6b, AStreamPastTheBudgetReusesItsOwnPendingRange) {
+// The requester's own fenced frees are safe for it in stream order: past the budget, t
+// takes back its own pending 8 MiB range instead of mapping 8 MiB more (and waits for no
+// marker).
+TEST(SegmentTierVirtualStreams, AStreamPastTheBudgetReusesItsOwnPendingRange) {
   const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   VirtualTierParts parts;
   SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));

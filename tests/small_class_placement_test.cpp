@@ -1,7 +1,8 @@
 // Where small blocks are carved from (DevicePoolOptions::small_segment_max_bytes): classes
 // up to it from the small tier's 2 MiB segments, larger small classes from the large tier,
 // whose free memory then serves both kinds. Host memory, the large tier over the host
-// emulation of virtual memory (the H200 default) or over segments.
+// emulation of virtual memory (the default on a device with virtual memory management) or
+// over segments.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -60,8 +61,8 @@ TEST(SmallClassPlacement, LargerSmallClassesReuseTheLargeTiersFreeMemoryAndGiveI
   expect_everything_back(pool, *upstream);
 }
 
-// Every small class from the small tier: with an explicit threshold at small_block_max_bytes
-// (the placement before session 8), and with the automatic one over segments.
+// Every small class from the small tier: with an explicit threshold at small_block_max_bytes,
+// and with the automatic one over segments.
 TEST(SmallClassPlacement, AnExplicitThresholdOrSegmentsKeepEverySmallClassInTheSmallTier) {
   for (const bool segments : {false, true}) {
     SCOPED_TRACE(segments ? "segments, automatic threshold" : "virtual memory, 1 MiB threshold");

@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <mutex>
 
+#include "segment_tier.hpp"
 #include "vram/cuda/error.hpp"
-#include "vram/detail/segment_tier.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/stream_ordered_pool.hpp"
 #include "vram/units.hpp"

@@ -1,4 +1,4 @@
-// vram/detail/free_index.hpp: an intrusive index of free ranges for best-fit placement
+// free_index.hpp: an intrusive index of free ranges for best-fit placement
 // (the smallest range of at least `need` bytes, ties: lowest address), TLSF-style.
 //
 // Ranges are filed in segregated bins by size: sizes of fewer than 2*kSub units (a unit
@@ -8,8 +8,8 @@
 // per bin) finds the next non-empty bin in O(1). Within a bin the ranges are unordered
 // (O(1) insert and erase through the intrusive links); a search scans the first bin that
 // may hold a fit for its minimum (size, address) among the ranges of at least `need`,
-// then, if none qualifies there, the whole next non-empty bin. That is exactly
-// std::set<(size, address)>::lower_bound(need), which the index replaced.
+// then, if none qualifies there, the whole next non-empty bin. The result is
+// std::set<(size, address)>::lower_bound(need) over the same ranges.
 //
 // Node: a struct with `std::size_t size`, `char* addr` (any pointer type compared with <),
 // `Node* bin_prev`, `Node* bin_next` and `FreeIndex<Node>* index` (the index it is filed

@@ -1,0 +1,215 @@
+// segment_tier.hpp: DevicePool's segment tier: best-fit split and coalesce over segments
+// from the upstream, stream-tagged free ranges, one short mutex.
+//
+// Every block DevicePool hands out lives in a segment: small blocks (size classes up to
+// 1 MiB; over virtual memory, by default only those up to 256 KiB) in a SegmentTier of
+// 2 MiB segments, the others in a second SegmentTier whose segments are 20 MiB for requests
+// under 10 MiB and the request rounded up to 2 MiB above that (or one reserved range of
+// mapped granules). A request takes the smallest free range that fits (best fit; ties:
+// lowest address) and splits off the rest; a freed range merges with free neighbours
+// (free_ranges.hpp). So memory is reused across sizes, not only within a size class.
+//
+// The tier composes:
+//   FreeRanges   (free_ranges.hpp)   ranges, segments' nodes, best fit, split, coalesce;
+//   StreamTags   (stream_tags.hpp)   stream tags, lazily recorded markers, untagging;
+//   GranuleMap   (granule_map.hpp)   virtual mode: mapped granules, runs, map-ahead;
+//   GrowthBudget (growth_budget.hpp) reserved/used accounting against the shared gauge.
+// segment_tier.cpp holds the public calls (each takes the mutex, lock()) and the fit;
+// segment_tier_growth.cpp how the tier takes memory from the upstream and gives it back.
+//
+// Growth: when a request fits no free range, the tier grows. Reserved (of all tiers
+// sharing the ReservedGauge) may exceed the sum of each tier's own peak of used bytes by a
+// headroom (DevicePool::Options::growth_headroom, 1/16); past that, wholly free segments
+// covering the excess go back to the upstream before the new segment is taken (none of
+// them could serve the request; the smallest that covers it, else the largest ones; one
+// freed with a stream after the host waited for a marker on that stream). A wholly free
+// segment is not split for a request that would leave more than max_segment_waste idle in
+// it: the tier grows instead. Free bytes above max_free_bytes are given back on release.
+// trim() gives back every wholly free segment.
+//
+// Streams (stream_tags.hpp): a range freed with a stream serves that stream at once and
+// any stream once a marker recorded on it has completed. Before growing, a segment tier
+// waits for the markers of wholly free segments that could serve the request (past the
+// budget: of every wholly free segment, which may then go back); a virtual tier takes back
+// the requester's own fenced ranges and, only past the budget, waits for the other
+// streams' fenced ranges that could serve it; within the budget it maps at once. Plain
+// frees are untagged.
+//
+// Invariants (under the mutex): reserved == sum of segment sizes (virtual mode: of mapped
+// runs) == used + free bytes (free includes tagged and pending ranges); the free-range
+// invariants of free_ranges.hpp; every used range is in `live_`, and no other.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "free_ranges.hpp"
+#include "granule_map.hpp"
+#include "growth_budget.hpp"
+#include "stream_key.hpp"
+#include "stream_tags.hpp"
+#include "vram/detail/pointer_map.hpp"
+#include "vram/detail/tier_mutex.hpp"
+#include "vram/stream_fence.hpp"
+#include "vram/upstream.hpp"
+#include "vram/virtual_memory.hpp"
+
+namespace vram::detail {
+
+class SegmentTier {
+ public:
+  struct Options {
+    std::size_t granularity = 512;  // every range is a multiple of it
+    std::size_t min_segment = std::size_t{2} << 20;
+    std::size_t packed_segment = std::size_t{20} << 20;  // for requests under packed_limit
+    std::size_t packed_limit = std::size_t{10} << 20;
+    std::size_t segment_rounding = std::size_t{2} << 20;
+    std::size_t max_free_bytes = SIZE_MAX;
+    // A wholly free segment is not split for a request that would leave more than this
+    // idle in it: a segment sized for the request is taken (the idle one goes back only
+    // when growing passes the budget, like any wholly free segment).
+    std::size_t max_segment_waste = SIZE_MAX;
+    // Virtual-memory mode: one reserved range of `reservation` bytes instead of segments;
+    // reserved bytes are the granules mapped, in runs (the unmapped granules under a new
+    // range, one physical allocation). Runs wholly inside free, untagged ranges are
+    // unmapped on trim, when free mapped bytes pass max_free_bytes, when a map fails, and,
+    // with unmap_before_map, before a new map that would pass the growth budget of the
+    // ReservedGauge (the sum of its tiers' peaks of used bytes plus growth_headroom_1024/1024).
+    VirtualMemory* virtual_memory = nullptr;
+    std::size_t reservation = std::size_t{64} << 30;
+    bool unmap_before_map = false;
+    // The longest run one map covers (also at most 1/16 of the physical memory still
+    // available, GranuleMap::run_granule_cap()): a run goes back only whole, so a block left
+    // in a freed run keeps at most this much mapped.
+    std::size_t max_run_bytes = std::size_t{1} << 30;
+    // A map for a block that raises the tier's peak of used bytes (since it last unmapped
+    // granules) also covers up to this much of the untagged free range after it
+    // (GranuleMap::map_ahead_end()).
+    std::size_t map_ahead_bytes = 0;
+    // Reserved may reach the tiers' peaks of used bytes plus this many 1024ths before growing
+    // gives wholly free segments back (64: 1/16).
+    std::size_t growth_headroom_1024 = 64;
+  };
+  using Counters = TierCounters;
+
+  SegmentTier(Upstream& upstream, StreamFence& fence, ReservedGauge& gauge, Options options);
+  ~SegmentTier();
+  SegmentTier(const SegmentTier&) = delete;
+  SegmentTier& operator=(const SegmentTier&) = delete;
+
+  std::size_t round(std::size_t bytes) const noexcept {
+    return (bytes + options_.granularity - 1) & ~(options_.granularity - 1);
+  }
+  // A range of round(bytes) usable on `stream` (kUntagged: any stream, completed work only).
+  // Without may_grow: null when no free range fits. With it, a new segment (after giving
+  // back the wholly free ones); throws the upstream's OutOfMemory or CudaError.
+  void* allocate(std::size_t bytes, StreamKey stream, bool may_grow);
+  // Returns a block from allocate(); `tag` is the freeing stream or kUntagged. False (and
+  // nothing changed) when the block is not live here, or when `bytes` (0: not checked) is
+  // not what allocate() was asked for, rounded (round(bytes)).
+  bool free(void* block, StreamKey tag, std::size_t bytes = 0) noexcept;
+  // Untags ranges whose markers completed (recording markers for every tagged stream;
+  // with `wait`, blocking until they complete), then gives back wholly free segments
+  // while more than keep_free bytes are free.
+  void trim(std::size_t keep_free, bool wait) noexcept;
+  // Marks the frees made so far: call it before the fence's quiesce(), then pass its
+  // result to forget_streams().
+  std::uint64_t mark_frees() noexcept;
+  // After the fence's quiesce() that followed mark_frees() (every stream's work queued
+  // before it has completed): every range freed on a stream before the mark becomes free
+  // for all streams, with no marker recorded on any stream (a stream may have been
+  // destroyed since its frees). A range freed after the mark (while the device was being
+  // synchronized, on another thread) keeps its stream: work queued after the synchronize
+  // began may still use it.
+  void forget_streams(std::uint64_t mark) noexcept;
+  // Bytes of the segment a request of `bytes` would grow the tier by.
+  std::size_t growth_bytes(std::size_t bytes) const noexcept {
+    const std::size_t granule = map_.granule();
+    if (granule != 0) return (round(bytes) + granule - 1) / granule * granule;  // virtual
+    return segment_size_for(round(bytes));
+  }
+  std::size_t growth_headroom_1024() const noexcept { return options_.growth_headroom_1024; }
+  // By how much a request of `bytes` would raise this tier's peak of used bytes.
+  std::size_t peak_growth_for(std::size_t bytes) const noexcept;
+  // The tier's peak of used bytes restarts from what is used now (DevicePool::trim).
+  void restart_peak() noexcept;
+  // Bytes of wholly free, untagged segments (virtual mode: 0, granules are not segments).
+  std::size_t empty_bytes() const noexcept;
+  // False for a virtual-memory tier without unmap_before_map: it maps new granules without
+  // checking the growth budget (its free mapped bytes are bounded by max_free_bytes).
+  bool enforces_growth_budget() const noexcept {
+    return options_.virtual_memory == nullptr || options_.unmap_before_map;
+  }
+  // Gives back wholly free segments covering at least `bytes` (waiting first for the
+  // streams of stream-tagged ones): what a sibling tier calls before it grows.
+  void release_empty_for(std::size_t bytes) noexcept;
+  bool owns(void* block) const noexcept;
+  Counters counters() const noexcept;
+  void reset_peak() noexcept;
+
+ private:
+  using Range = FreeRanges::Range;
+  using Segment = FreeRanges::Segment;
+  using Lock = std::lock_guard<TierMutex>;
+
+  // The one place the tier takes its mutex. Each public call above that reads or changes
+  // the tier holds it for its whole body (segment_tier.cpp); every private member function
+  // runs under it. A holder may block in the driver (a map) or on a marker (growing).
+  [[nodiscard]] Lock lock() const noexcept { return Lock(mutex_); }
+
+  // --- the fit (segment_tier.cpp) ---
+  // `mapped`: whether the result's granules under `bytes` are all mapped (virtual mode; true
+  // in segment mode and for null).
+  Range* best_fit(StreamKey key, std::size_t bytes, bool& mapped) noexcept;
+  Range* mapped_fit(FreeRanges::Index* index, Range* best, std::size_t bytes,
+                    bool& mapped) noexcept;
+  // Best fit for `need` bytes on `stream` (its own ranges or untagged ones, fencing other
+  // streams before growing); null when nothing fits or the fit is a wholly free segment
+  // that would leave more than max_segment_waste idle.
+  // `mapped`: as best_fit's, for the result (no map or unmap happens between fit() and the
+  // caller's use of it).
+  Range* fit(StreamKey stream, std::size_t need, bool& mapped) noexcept;
+  // Bytes the tier grows by when `r` (null: no fit) serves `need` bytes (virtual mode: the
+  // granules under it not mapped yet), and whether that passes the growth budget.
+  std::size_t growth_for(const Range* r, std::size_t need) const noexcept;
+  bool past_budget(const Range* r, std::size_t need) const noexcept;
+
+  // --- growing and giving back (segment_tier_growth.cpp) ---
+  std::size_t segment_size_for(std::size_t bytes) const noexcept;
+  // A new segment for `need` bytes, its one free range returned unfiled (after giving back
+  // wholly free segments past the budget); throws the upstream's exceptions.
+  Range* grow_segment(std::size_t need);
+  // Virtual mode: the never-mapped end of the reservation split off as an untagged range
+  // of at least `need` bytes, when the last range is a stream's; null otherwise.
+  Range* fresh_tail(std::size_t need) noexcept;
+  void reserve_range();
+  void map_range(Range* range);  // every granule under `range`; throws OutOfMemory
+  // Fences every stream, untags what completed, then unmaps free runs (but those under
+  // `except`) until at most keep_free bytes are free.
+  void reclaim(std::size_t keep_free, const Range* except) noexcept;
+  // Gives back free memory (segments or unmapped runs) until at most keep_free is free.
+  void give_back(std::size_t keep_free) noexcept;
+  // Waits for the streams of wholly free stream-tagged (or pending) segments, so that they
+  // become untagged; false when there was none. need > 0: only segments that could then
+  // serve a request of `need` bytes (0: all, e.g. to give them back).
+  bool wait_for_empty_segments(std::size_t need) noexcept;
+  void release_empty_segments(std::size_t keep_free) noexcept;
+  // The smallest wholly free segment of at least `bytes`, else the largest ones until they
+  // cover it; returns the bytes given back.
+  std::size_t release_empty_segments_for(std::size_t bytes) noexcept;
+  void release_segment(Segment* segment) noexcept;
+
+  Upstream& upstream_;
+  const Options options_;
+  mutable TierMutex mutex_;
+  GrowthBudget budget_;
+  FreeRanges ranges_;
+  GranuleMap map_;
+  StreamTags tags_;
+  PointerMap<Range> live_;
+  std::vector<Segment*> segments_;
+};
+
+}  // namespace vram::detail

@@ -1,0 +1,239 @@
+// How a SegmentTier takes memory from its upstream (a segment, or granules of its reserved
+// range) and gives it back. Every function here runs under the tier's mutex.
+#include <algorithm>
+#include <memory>
+
+#include "segment_tier.hpp"
+#include "vram/cuda/error.hpp"
+
+namespace vram::detail {
+
+std::size_t SegmentTier::segment_size_for(std::size_t bytes) const noexcept {
+  const std::size_t rounding = options_.segment_rounding;
+  std::size_t size = (bytes + rounding - 1) / rounding * rounding;
+  if (bytes < options_.packed_limit) size = std::max(size, options_.packed_segment);
+  return std::max(size, options_.min_segment);
+}
+
+SegmentTier::Range* SegmentTier::grow_segment(std::size_t need) {
+  // Nothing free fits: wholly free segments cannot serve this request. Reserved may
+  // exceed the peak of used bytes by the headroom; past that, wholly free segments covering
+  // the excess go back first (the smallest that covers it, else the largest ones). Giving
+  // back all of them would make the next step take them again.
+  std::size_t size = segment_size_for(need);
+  if (const std::size_t excess = budget_.excess_after_growth(size, need)) {
+    release_empty_segments_for(excess);
+  }
+  auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
+  segments_.reserve(segments_.size() + 1);
+  void* base = nullptr;
+  try {
+    base = allocate_non_null(upstream_, size);
+  } catch (const OutOfMemory&) {
+    ++budget_.counters().failed_upstream_allocations;
+    if (size == need) throw;
+    size = need;  // a segment of just this block may still fit
+    try {
+      base = allocate_non_null(upstream_, size);
+    } catch (...) {
+      ++budget_.counters().failed_upstream_allocations;
+      throw;
+    }
+  } catch (...) {
+    ++budget_.counters().failed_upstream_allocations;
+    throw;
+  }
+  segment->size = size;
+  segment->base = static_cast<char*>(base);
+  Range* whole = ranges_.take_range();  // kept spare
+  *whole = Range{segment->base, size, segment.get()};
+  segment->first = whole;
+  segments_.push_back(segment.release());
+  ++budget_.counters().segments;
+  budget_.add_reserved(size);
+  return whole;
+}
+
+// Virtual mode: granules at or above mapped_high() were never mapped, so no work can use
+// them whatever the tag of the range they sit in. When the last range of the reservation
+// is a stream's (tagged, or pending on its marker) and nothing else fits, its never-mapped
+// part is split off as an untagged range for the request.
+SegmentTier::Range* SegmentTier::fresh_tail(std::size_t need) noexcept {
+  char* const base = map_.base();
+  if (base == nullptr || segments_.empty()) return nullptr;
+  Range* last = segments_.front()->first;
+  while (last->next != nullptr) last = last->next;
+  if (last->state == Range::State::used || last->tag == kUntagged) return nullptr;
+  const std::size_t granule = map_.granule();
+  char* end = last->addr + last->size;
+  char* fresh = std::max(map_.mapped_end(), last->addr);
+  fresh = base + (static_cast<std::size_t>(fresh - base) + granule - 1) / granule * granule;
+  if (fresh <= last->addr || fresh >= end || static_cast<std::size_t>(end - fresh) < need) {
+    return nullptr;
+  }
+  return ranges_.split_off_untagged(last, fresh);
+}
+
+void SegmentTier::reserve_range() {
+  const std::size_t bytes = map_.prepare();
+  auto segment = std::make_unique<Segment>(Segment{nullptr, bytes, nullptr});
+  auto whole = std::make_unique<Range>(Range{nullptr, bytes, nullptr});
+  segments_.reserve(segments_.size() + 1);
+  char* base = map_.reserve(bytes);
+  segment->base = base;
+  whole->addr = base;
+  whole->segment = segment.get();
+  segment->first = whole.get();
+  segments_.push_back(segment.release());
+  ranges_.untagged().insert(whole.release());
+  ++budget_.counters().segments;
+}
+
+void SegmentTier::reclaim(std::size_t keep_free, const Range* except) noexcept {
+  // Stream-tagged free ranges may still be used by queued work: fence every stream and
+  // untag what has completed (without blocking), so that its granules can be unmapped.
+  tags_.fence_all(false);
+  map_.unmap_free(ranges_.untagged(), keep_free, except);
+}
+
+void SegmentTier::map_range(Range* range) {
+  const std::size_t first = map_.granule_of(range->addr);
+  std::size_t last = map_.granule_of(range->addr + range->size - 1);
+  if (map_.all_mapped(first, last)) return;  // allocate() calls it only when one is missing
+  const std::size_t new_granules = map_.unmapped_granules(first, last);
+  if (options_.unmap_before_map) {
+    // The growth budget the tiers share (ReservedGauge): past it, free runs are unmapped
+    // before new ones are mapped. Below it, mapped free granules stay for reuse, so a loop
+    // that frees and reallocates makes no driver call.
+    if (const std::size_t excess =
+            budget_.excess_after_growth(new_granules * map_.granule(), range->size)) {
+      const std::size_t free_bytes = budget_.free_bytes();
+      reclaim(free_bytes > excess ? free_bytes - excess : 0, range);
+    }
+  }
+  // Each stretch of unmapped granules under the range is one run: one physical allocation
+  // and one map, however many granules it spans, up to run_granule_cap().
+  const std::size_t available = options_.virtual_memory->available_bytes();
+  const std::size_t cap = map_.run_granule_cap(available);
+  const std::size_t block_last = last;
+  last = map_.map_ahead_end(range, last, new_granules, cap, available);
+  for (std::size_t g = first; g <= last;) {
+    if (map_.mapped(g)) {
+      ++g;
+      continue;
+    }
+    std::size_t end = g;
+    while (end <= last && !map_.mapped(end) && end - g < cap) ++end;
+    try {
+      map_.map_run(g, end);
+    } catch (const OutOfMemory&) {
+      ++budget_.counters().failed_upstream_allocations;
+      if (last > block_last) {  // map-ahead goes first: only the block's granules are needed
+        last = block_last;
+        continue;  // this run again without them (or done, when it held only those)
+      }
+      reclaim(0, range);
+      try {
+        map_.map_run(g, end);
+      } catch (...) {
+        ++budget_.counters().failed_upstream_allocations;
+        throw;
+      }
+    }
+    g = end;
+  }
+}
+
+void SegmentTier::give_back(std::size_t keep_free) noexcept {
+  if (map_.base() != nullptr) {
+    map_.unmap_free(ranges_.untagged(), keep_free, nullptr);
+  } else {
+    release_empty_segments(keep_free);
+  }
+}
+
+bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
+  if (map_.base() != nullptr) return false;
+  // A wholly free segment whose range is still stream-tagged (or pending) may be read by
+  // work queued on that stream: fence that stream and wait for its marker, after which
+  // the segment can serve any request or go back. Only growing waits (the slow path
+  // already: an upstream allocation, and a device upstream's free synchronizes the device
+  // anyway); without it a pool driven only through allocate_async/deallocate_async would
+  // never give a segment back before growing and would hold far more than is live.
+  // need > 0: only segments that could serve a request of `need` bytes (fit()'s rule).
+  auto could_serve = [this, need](const Range* only) {
+    return need == 0 || (only->size >= need && only->size - need <= options_.max_segment_waste);
+  };
+  for (const Segment* segment : segments_) {
+    const Range* only = segment->first;
+    if (only->next != nullptr || only->state != Range::State::free || only->tag == kUntagged ||
+        !could_serve(only)) {
+      continue;
+    }
+    tags_.fence(only->tag);
+  }
+  // Only the markers of wholly free segments are waited for (a pending range never merges,
+  // so "wholly free" cannot change while it waits); other pending markers are polled.
+  return tags_.wait_for(kUntagged, [&could_serve](const Range* r) {
+    return r->prev == nullptr && r->next == nullptr && could_serve(r);
+  });
+}
+
+void SegmentTier::release_segment(Segment* segment) noexcept {
+  upstream_.deallocate(segment->base, segment->size);
+  --budget_.counters().segments;
+  budget_.sub_reserved(segment->size);
+  ranges_.recycle(segment->first);
+  delete segment;
+}
+
+void SegmentTier::release_empty_segments(std::size_t keep_free) noexcept {
+  if (map_.base() != nullptr) return;  // virtual mode: granules, not segments, go back
+  for (std::size_t i = 0; i < segments_.size() && budget_.free_bytes() > keep_free;) {
+    Segment* segment = segments_[i];
+    if (segment->idle()) {
+      ranges_.remove_free(segment->first);
+      release_segment(segment);
+      segments_[i] = segments_.back();
+      segments_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+std::size_t SegmentTier::release_empty_segments_for(std::size_t bytes) noexcept {
+  if (map_.base() != nullptr || bytes == 0) return 0;
+  // The smallest wholly free segment that covers `bytes`; else the largest ones until
+  // they do (or none is left).
+  std::vector<Segment*> empty;
+  try {
+    for (Segment* segment : segments_) {
+      if (segment->idle()) empty.push_back(segment);
+    }
+  } catch (...) {  // no host memory for the list: give back every wholly free segment
+    const std::size_t before = budget_.reserved();
+    release_empty_segments(0);
+    return before - budget_.reserved();
+  }
+  std::sort(empty.begin(), empty.end(),
+            [](const Segment* a, const Segment* b) { return a->size < b->size; });
+  auto cover = std::lower_bound(empty.begin(), empty.end(), bytes,
+                                [](const Segment* s, std::size_t n) { return s->size < n; });
+  if (cover != empty.end()) {
+    empty.assign(1, *cover);
+  } else {
+    std::reverse(empty.begin(), empty.end());
+  }
+  std::size_t released = 0;
+  for (Segment* segment : empty) {
+    if (released >= bytes) break;
+    released += segment->size;
+    ranges_.remove_free(segment->first);
+    segments_.erase(std::find(segments_.begin(), segments_.end(), segment));
+    release_segment(segment);
+  }
+  return released;
+}
+
+}  // namespace vram::detail

@@ -1,0 +1,158 @@
+#include "stream_tags.hpp"
+
+#include <atomic>
+#include <utility>
+
+namespace vram::detail {
+
+StreamKey per_thread_stream_key() noexcept {
+  static std::atomic<StreamKey> next{1};
+  thread_local const StreamKey key = kPerThreadKey | next.fetch_add(1, std::memory_order_relaxed);
+  return key;
+}
+
+void StreamTags::untag(std::size_t i) noexcept {
+  Pending& p = pending_[i];
+  fence_.release(p.marker);
+  for (Range* r : p.ranges) {
+    r->tag = kUntagged;
+    ranges_.insert_free(r);
+  }
+  drop(i);
+}
+
+void StreamTags::poll(bool wait) noexcept {
+  for (std::size_t i = 0; i < pending_.size();) {
+    const Pending& p = pending_[i];
+    if (wait) fence_.wait(p.marker);
+    if (fence_.completed(p.marker)) {
+      untag(i);
+    } else {
+      ++i;
+    }
+  }
+}
+
+bool StreamTags::fence_other_streams(StreamKey except, std::size_t need) noexcept {
+  std::vector<FreeRanges::StreamIndex>& streams = ranges_.streams();
+  bool fenced = false;
+  for (std::size_t slot = 0; slot < streams.size();) {
+    const FreeRanges::Index& index = *streams[slot].index;
+    bool serves = need == 0;
+    if (!serves && streams[slot].key != except) {
+      index.for_each([&](const Range* r) { serves = serves || could_serve(r, need); });
+    }
+    if (streams[slot].key == except || index.empty() || !serves) {
+      ++slot;
+      continue;
+    }
+    if (fence_stream(slot)) {
+      ranges_.erase_index(slot);  // the last slot moved here: look at this one again
+      fenced = true;
+    } else {
+      ++slot;
+    }
+  }
+  return fenced;
+}
+
+void StreamTags::fence(StreamKey key) noexcept {
+  const std::size_t slot = ranges_.stream_slot(key);
+  if (slot != ranges_.streams().size() && fence_stream(slot)) ranges_.erase_index(slot);
+}
+
+bool StreamTags::fence_stream(std::size_t slot) noexcept {
+  FreeRanges::StreamIndex& stream = ranges_.streams()[slot];
+  FreeRanges::Index& index = *stream.index;
+  try {
+    Pending p{fence_.record(fence_stream_of(stream.key)), stream.key, {}};
+    p.ranges.reserve(index.size());
+    index.for_each([&p](Range* r) { p.ranges.push_back(r); });  // reserved: no throw
+    pending_.push_back(std::move(p));
+  } catch (...) {  // no marker (or no host memory): these ranges stay with their stream
+    return false;
+  }
+  // Order within p.ranges does not matter: pending ranges never merge with each other
+  // until untagged, and untagging merges to the same ranges in any order.
+  for (Range* r : pending_.back().ranges) {
+    r->state = Range::State::pending;
+    r->bin_prev = r->bin_next = nullptr;
+    r->index = nullptr;
+  }
+  index.clear();
+  return true;
+}
+
+bool StreamTags::take_back(StreamKey stream) noexcept {
+  bool taken = false;
+  for (std::size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    if (p.stream != stream) {
+      ++i;
+      continue;
+    }
+    fence_.release(p.marker);
+    for (Range* r : p.ranges) ranges_.insert_free(r);  // tag still `stream`: filed as its own
+    drop(i);
+    taken = true;
+  }
+  return taken;
+}
+
+bool StreamTags::could_serve(const Range* r, std::size_t need) const noexcept {
+  // The stretch of ranges around r that are free (any tag) or pending: once untagged they
+  // merge into one. Virtual mode counts only bytes below the highest granule ever mapped:
+  // the never-mapped rest of the reservation serves any stream without a fence, so a range
+  // beside it is no reason to fence or wait.
+  auto unused = [](const Range* n) { return n != nullptr && n->state != Range::State::used; };
+  const char* begin = r->addr;
+  const char* end = r->addr + r->size;
+  for (const Range* n = r->prev; unused(n); n = n->prev) begin = n->addr;
+  for (const Range* n = r->next; unused(n); n = n->next) end = n->addr + n->size;
+  if (map_.base() != nullptr) end = std::min<const char*>(end, map_.mapped_end());
+  return end > begin && static_cast<std::size_t>(end - begin) >= need;
+}
+
+void StreamTags::forget(std::uint64_t mark) noexcept {
+  // Pending ranges are never merged, so each keeps its own epoch.
+  for (std::size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    auto older = std::partition(p.ranges.begin(), p.ranges.end(),
+                                [mark](const Range* r) { return r->epoch >= mark; });
+    for (auto it = older; it != p.ranges.end(); ++it) {
+      (*it)->tag = kUntagged;
+      ranges_.insert_free(*it);
+    }
+    p.ranges.erase(older, p.ranges.end());
+    if (!p.ranges.empty()) {  // freed after the mark: still waits for its marker
+      ++i;
+      continue;
+    }
+    fence_.release(p.marker);
+    drop(i);
+  }
+  // Untagging merges a range only with untagged neighbours, so every range collected here
+  // stays alive until its own turn.
+  std::vector<Range*> tagged;
+  try {
+    for (const FreeRanges::StreamIndex& stream : ranges_.streams()) {
+      stream.index->for_each([&tagged, mark](Range* r) {
+        if (r->epoch < mark) tagged.push_back(r);
+      });
+    }
+  } catch (...) {  // no host memory for the list: the ranges keep their streams
+    return;
+  }
+  for (Range* r : tagged) {
+    ranges_.remove_free(r);
+    r->tag = kUntagged;
+    ranges_.insert_free(r);
+  }
+}
+
+void StreamTags::release_markers() noexcept {
+  for (Pending& p : pending_) fence_.release(p.marker);
+  pending_.clear();
+}
+
+}  // namespace vram::detail

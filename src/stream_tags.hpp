@@ -1,0 +1,119 @@
+// stream_tags.hpp: a segment tier's stream-tagged free ranges and the markers that untag
+// them.
+//
+// Reuse rule (DevicePool::deallocate_async): a range freed with stream S is tagged S and
+// serves later requests on S at once. It becomes untagged (usable by any stream) only after
+// a StreamFence marker recorded on S has completed. Markers are recorded lazily, when
+// another stream's request would otherwise grow the tier or on trim, so a free costs no
+// event record: fencing a stream moves all its free ranges to one Pending entry (state
+// pending, unfiled) under one marker; polling untags the ranges of every completed marker
+// and files them as free again. A stream may take back its own pending ranges at any time
+// (they are safe for it in stream order).
+//
+// Invariants: a pending range is in exactly one Pending entry, whose stream is its tag;
+// pending ranges never merge (so each keeps its own epoch) until untagged; every marker in
+// pending_ is released exactly once (when its ranges are untagged or taken back, or at
+// release_markers()).
+//
+// Not thread-safe: the owning tier calls it under its mutex.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "free_ranges.hpp"
+#include "granule_map.hpp"
+#include "stream_key.hpp"
+#include "vram/stream_fence.hpp"
+
+namespace vram::detail {
+
+class StreamTags {
+ public:
+  using Range = FreeRanges::Range;
+
+  // `map`: the tier's granules (a virtual-memory tier's never-mapped bytes serve any stream
+  // without a fence, see could_serve()).
+  StreamTags(StreamFence& fence, FreeRanges& ranges, const GranuleMap& map) noexcept
+      : fence_(fence), ranges_(ranges), map_(map) {}
+  StreamTags(const StreamTags&) = delete;
+  StreamTags& operator=(const StreamTags&) = delete;
+
+  bool any_pending() const noexcept { return !pending_.empty(); }
+  // The epoch a free is stamped with; mark() advances it (DevicePool's synchronize).
+  std::uint64_t epoch() const noexcept { return epoch_; }
+  std::uint64_t mark() noexcept { return ++epoch_; }
+
+  // Untags the ranges whose markers completed (with `wait`, waiting for each first).
+  void poll(bool wait) noexcept;
+  // Fences every stream with free ranges, then polls: what trim() and a reclaim start with.
+  void fence_all(bool wait) noexcept {
+    fence_other_streams(kUntagged);
+    poll(wait);
+  }
+  // Fences every stream but `except` with free ranges (need > 0: only those with a range
+  // that could_serve(need)); true when some were fenced.
+  bool fence_other_streams(StreamKey except, std::size_t need = 0) noexcept;
+  // Fences `key`'s stream, when it has an index of free ranges.
+  void fence(StreamKey key) noexcept;
+  // The pending ranges of `stream` become its free ranges again (their markers are released
+  // unawaited); false when there were none.
+  bool take_back(StreamKey stream) noexcept;
+  // Waits for the markers of other streams than `stream` whose pending ranges could serve
+  // `need`, then untags what completed; false when there was none.
+  bool wait_for_pending(StreamKey stream, std::size_t need) noexcept {
+    return wait_for(stream, [this, need](const Range* r) { return could_serve(r, need); });
+  }
+  // Waits for the marker of every Pending entry (but `skip`'s stream's; kUntagged: none
+  // skipped) with a range for which `serves(range)` holds, then polls; false when there was
+  // none.
+  template <class Serves>
+  bool wait_for(StreamKey skip, Serves serves) noexcept {
+    bool waited = false;
+    for (const Pending& p : pending_) {
+      if (p.stream == skip) continue;
+      if (std::any_of(p.ranges.begin(), p.ranges.end(), serves)) {
+        fence_.wait(p.marker);
+        waited = true;
+      }
+    }
+    if (waited) poll(false);
+    return waited;
+  }
+  // After the fence's quiesce() that followed mark() returned `mark`: every range freed on
+  // a stream before the mark becomes untagged, with no marker recorded.
+  void forget(std::uint64_t mark) noexcept;
+  // Releases every marker still pending (the tier's destruction).
+  void release_markers() noexcept;
+
+ private:
+  struct Pending {
+    std::uint64_t marker;
+    StreamKey stream;  // the stream the marker was recorded on (the ranges' tag)
+    std::vector<Range*> ranges;
+  };
+  // Records a marker on streams()[slot]'s stream and moves its ranges to pending_; false
+  // (nothing changed) when no marker could be recorded. The caller erases the slot.
+  bool fence_stream(std::size_t slot) noexcept;
+  // `r` (free or pending) with the free or pending ranges beside it, which it merges with
+  // once all are untagged, spans `need` bytes (virtual mode: of memory mapped before).
+  bool could_serve(const Range* r, std::size_t need) const noexcept;
+  // Untags and refiles every range of pending_[i], releases its marker and drops the entry
+  // (the last entry moves to i).
+  void untag(std::size_t i) noexcept;
+  void drop(std::size_t i) noexcept {  // the last entry moves to i
+    pending_[i] = std::move(pending_.back());
+    pending_.pop_back();
+  }
+
+  StreamFence& fence_;
+  FreeRanges& ranges_;
+  const GranuleMap& map_;
+  std::vector<Pending> pending_;
+  std::uint64_t epoch_ = 0;
+};
+
+}  // namespace vram::detail
