@@ -4,13 +4,13 @@
 #include <string>
 #include <utility>
 
+#include "block_registry.hpp"
 #include "cuda/driver_pool.hpp"
 #include "cuda/memory.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
-#include "vram/detail/block_registry.hpp"
 
 namespace vram {
 namespace {

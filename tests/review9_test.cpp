@@ -11,10 +11,10 @@
 #include <thread>
 #include <vector>
 
+#include "block_registry.hpp"
 #include "gpu_test_policy.hpp"
 #include "test_upstreams.hpp"
 #include "vram/cuda/stream.hpp"
-#include "vram/detail/block_registry.hpp"
 #include "vram/detail/pointer_map.hpp"
 #include "vram/detail/segment_tier.hpp"
 #include "vram/device_pool.hpp"
