@@ -161,11 +161,12 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void note_in_use(std::int64_t delta) noexcept;
   DevicePoolStats stats() const;
 
-  const std::uint64_t uid;
-  // The barriers of the caches' handshake; fixed for the life of the core.
+  const std::uint64_t uid;  // unique per core, never 0: names its caches in tl_last
+  // The memory barriers of the thread caches' handshake; fixed for the life of the core.
   const AsymmetricFence dekker;
   std::shared_ptr<Upstream> upstream;
   DevicePool::Options options;
+  // Stream markers for stream-ordered frees (Options::fence, else default_fence()).
   std::shared_ptr<StreamFence> fence;
   std::shared_ptr<VirtualMemory> virtual_memory;  // the large tier's, or null
   std::size_t small_max;
