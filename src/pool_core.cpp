@@ -1,3 +1,7 @@
+// DevicePoolCore's construction and slow paths: everything a warm call (pool_core.hpp)
+// hands on. Rule: a slow path that may block (an upstream call, a wait for a stream marker,
+// a trim) runs inside a SlowSection, so that a concurrent trim() asks this thread to flush
+// its cache instead of waiting for it.
 #include "pool_core.hpp"
 
 #include <cstdio>

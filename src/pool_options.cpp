@@ -1,3 +1,5 @@
+// DevicePool's construction policy (pool_options.hpp). The CUDA queries it makes go
+// through src/cuda/; none of it runs after construction.
 #include "pool_options.hpp"
 
 #include <algorithm>

@@ -1,3 +1,6 @@
+// DevicePool's counters summed over the thread caches, the slow path, the rings and the
+// tiers. Exact when no call runs at the same moment: each counter has one writer (its
+// cache's owner, or the holder of slow_mutex) and is read here with relaxed loads.
 #include "pool_core.hpp"
 
 namespace vram::detail {

@@ -1,3 +1,7 @@
+// The owner's side of the thread caches (thread_cache.hpp): the contended claim, the
+// thread's directory of caches (one per pool it used) and what happens at thread exit.
+// Rule: a cache is registered once per thread and pool, and never freed before its pool:
+// an exited thread's cache is emptied and adopted by the next thread that registers.
 #include "thread_cache.hpp"
 
 #include <memory>
