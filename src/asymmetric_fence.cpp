@@ -86,7 +86,7 @@ void membarrier_heavy() noexcept {
   // Only a pool built in membarrier mode calls this, so the process is registered (the
   // registration survives fork(); only exec() drops it, and no pool survives exec). The
   // call can then fail only for lack of kernel memory (ENOMEM). Its owners run no hardware
-  // fence, so no other barrier would do: retry (registering again should EPERM say the
+  // memory barrier, so no other barrier would do: retry (registering again should EPERM say the
   // registration is gone).
   while (membarrier_call(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0) {
     if (errno == EPERM) (void)membarrier_call(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED);

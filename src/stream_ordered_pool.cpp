@@ -1,16 +1,16 @@
 #include "vram/stream_ordered_pool.hpp"
 
-#include <cuda.h>
-
 #include <cstdio>
 #include <string>
 #include <utility>
 
+#include "block_registry.hpp"
+#include "cuda/driver_pool.hpp"
+#include "cuda/memory.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
-#include "vram/detail/block_registry.hpp"
 
 namespace vram {
 namespace {
@@ -39,7 +39,6 @@ StreamOrderedPool::StreamOrderedPool(Options options) {
   }
   if (options.device >= 0) cuda::Device::require_present(options.device, "vram::StreamOrderedPool");
   blocks_ = std::make_unique<detail::BlockRegistry>();
-  const auto& api = cuda::driver_api();
   device_ = options.device < 0 ? cuda::Device::current() : options.device;
   cuda::DeviceGuard guard(device_);
   if (!cuda::Device::memory_pools_supported(device_)) {
@@ -53,25 +52,14 @@ StreamOrderedPool::StreamOrderedPool(Options options) {
   }
   // Make the primary context current on this thread (the runtime does it on first use)
   // and remember it, so calls from threads without a current context can bind it.
-  cuda::check(cudaFree(nullptr), "cudaFree(nullptr) (context initialization)");
-  CUcontext context = nullptr;
-  cuda::check_driver(api.require(api.ctx_get_current)(&context), "cuCtxGetCurrent");
-  context_ = context;
-  CUdevice cu_device = 0;
-  cuda::check_driver(api.require(api.device_get)(&cu_device, device_), "cuDeviceGet");
+  cuda::initialize_context(device_);
+  context_ = cuda::current_context();
   CUmemoryPool pool = nullptr;
   if (!options.use_default_pool) {
-    CUmemPoolProps props{};
-    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-    props.handleTypes =
-        options.ipc_shareable ? CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR : CU_MEM_HANDLE_TYPE_NONE;
-    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    props.location.id = cu_device;
-    cuda::check_driver(api.require(api.mem_pool_create)(&pool, &props), "cuMemPoolCreate");
+    pool = cuda::create_memory_pool(device_, options.ipc_shareable);
     owned_ = true;
   } else {
-    cuda::check_driver(api.require(api.device_get_default_mem_pool)(&pool, cu_device),
-                       "cuDeviceGetDefaultMemPool");
+    pool = cuda::default_memory_pool(device_);
   }
   if (pool == nullptr) {
     throw CudaError("cuDeviceGetDefaultMemPool", 0, true, "CUDA_SUCCESS",
@@ -140,18 +128,13 @@ void StreamOrderedPool::destroy() noexcept {
     }
   }
   if (still_ours) {
-    if (auto set = cuda::driver_api().mem_pool_set_attribute.function; set != nullptr) {
-      cuuint64_t raw = *restore_threshold_;
-      CUresult result = set(as_pool(pool_), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &raw);
-      if (result == CUDA_ERROR_INVALID_CONTEXT && bind_context()) {
-        (void)set(as_pool(pool_), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &raw);
-      }
-    }
+    const auto restore = [this] {
+      return cuda::try_set_pool_attribute(as_pool(pool_), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                          *restore_threshold_);
+    };
+    if (restore() == CUDA_ERROR_INVALID_CONTEXT && bind_context()) (void)restore();
   }
-  if (owned_ && pool_ != nullptr) {
-    if (auto f = cuda::driver_api().mem_pool_destroy.function; f != nullptr)
-      (void)f(as_pool(pool_));
-  }
+  if (owned_ && pool_ != nullptr) cuda::destroy_memory_pool(as_pool(pool_));
   pool_ = nullptr;
   owned_ = false;
   restore_threshold_.reset();
@@ -159,9 +142,7 @@ void StreamOrderedPool::destroy() noexcept {
 
 bool StreamOrderedPool::bind_context() const noexcept {
   // A thread's first call may find no current context: bind the device's primary context.
-  auto set = cuda::driver_api().ctx_set_current.function;
-  return context_ != nullptr && set != nullptr &&
-         set(static_cast<CUcontext>(context_)) == CUDA_SUCCESS;
+  return cuda::bind_context(static_cast<CUcontext>(context_));
 }
 
 void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) {
@@ -171,12 +152,10 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) 
         "buffers as null sentinels and ask for at least one byte.");
   }
   CUmemoryPool pool = as_pool(live_pool("allocate_async"));
-  static const auto alloc =
-      cuda::driver_api().require(cuda::driver_api().mem_alloc_from_pool_async);
   CUdeviceptr block = 0;
-  CUresult result = alloc(&block, bytes, pool, stream);
+  CUresult result = cuda::allocate_from_pool_async(block, bytes, pool, stream);
   if (result == CUDA_ERROR_INVALID_CONTEXT && bind_context()) {
-    result = alloc(&block, bytes, pool, stream);
+    result = cuda::allocate_from_pool_async(block, bytes, pool, stream);
   }
   if (result == CUDA_ERROR_OUT_OF_MEMORY) {
     const std::size_t used = pool_used_bytes();
@@ -195,8 +174,7 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) 
   try {
     blocks_->add(reinterpret_cast<void*>(block), bytes);
   } catch (...) {  // no host memory to record it: the block goes back, nothing is lost
-    static const auto free_async = cuda::driver_api().mem_free_async.function;
-    if (free_async != nullptr) (void)free_async(block, stream);
+    (void)cuda::free_async(block, stream);
     throw;
   }
   bytes_in_use_.fetch_add(bytes, std::memory_order_relaxed);
@@ -227,11 +205,10 @@ void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes,
                    block, bytes, recorded);
       return;
   }
-  static const auto free_async = cuda::driver_api().mem_free_async.function;
-  CUresult result = free_async != nullptr ? free_async(reinterpret_cast<CUdeviceptr>(block), stream)
-                                          : CUDA_ERROR_DEINITIALIZED;
+  const auto device_pointer = reinterpret_cast<CUdeviceptr>(block);
+  CUresult result = cuda::free_async(device_pointer, stream);
   if (result == CUDA_ERROR_INVALID_CONTEXT && bind_context()) {
-    result = free_async(reinterpret_cast<CUdeviceptr>(block), stream);
+    result = cuda::free_async(device_pointer, stream);
   }
   if (result != CUDA_SUCCESS && !cuda::is_driver_shutdown_error(result)) {
     failed_frees_.fetch_add(1, std::memory_order_relaxed);
@@ -260,14 +237,14 @@ void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes, std::si
 void* StreamOrderedPool::allocate(std::size_t bytes, std::size_t alignment) {
   check_alignment(alignment);
   void* block = allocate_async(bytes, cudaStreamPerThread);
-  cuda::check(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize");
+  cuda::synchronize_stream(cudaStreamPerThread);
   return block;
 }
 
 void StreamOrderedPool::deallocate(void* block, std::size_t bytes,
                                    std::size_t /*alignment*/) noexcept {
   deallocate_async(block, bytes, cudaStreamPerThread);
-  if (cudaStreamSynchronize(cudaStreamPerThread) != cudaSuccess) (void)cudaGetLastError();
+  (void)cuda::try_synchronize_stream(cudaStreamPerThread);
 }
 
 void StreamOrderedPool::hand_over(cudaStream_t from, cudaStream_t to) {
@@ -286,22 +263,13 @@ void* StreamOrderedPool::live_pool(const char* call) const {
 }
 
 std::uint64_t StreamOrderedPool::get_attribute(int attribute, const char* label) const {
-  const auto& api = cuda::driver_api();
-  cuuint64_t value = 0;
-  cuda::check_driver(
-      api.require(api.mem_pool_get_attribute)(as_pool(live_pool(label)),
-                                              static_cast<CUmemPool_attribute>(attribute), &value),
-      label);
-  return value;
+  return cuda::pool_attribute(as_pool(live_pool(label)),
+                              static_cast<CUmemPool_attribute>(attribute), label);
 }
 
 void StreamOrderedPool::set_attribute(int attribute, std::uint64_t value, const char* label) {
-  const auto& api = cuda::driver_api();
-  cuuint64_t raw = value;
-  cuda::check_driver(
-      api.require(api.mem_pool_set_attribute)(as_pool(live_pool(label)),
-                                              static_cast<CUmemPool_attribute>(attribute), &raw),
-      label);
+  cuda::set_pool_attribute(as_pool(live_pool(label)), static_cast<CUmemPool_attribute>(attribute),
+                           value, label);
 }
 
 void StreamOrderedPool::set_release_threshold(std::uint64_t bytes) {
@@ -344,9 +312,7 @@ void StreamOrderedPool::reset_pool_high_water() {
 }
 
 void StreamOrderedPool::trim(std::size_t min_keep_bytes) {
-  const auto& api = cuda::driver_api();
-  cuda::check_driver(api.require(api.mem_pool_trim_to)(as_pool(live_pool("trim")), min_keep_bytes),
-                     "cuMemPoolTrimTo");
+  cuda::trim_pool(as_pool(live_pool("trim")), min_keep_bytes);
 }
 
 }  // namespace vram

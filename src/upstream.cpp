@@ -1,10 +1,9 @@
 #include "vram/upstream.hpp"
 
-#include <cuda_runtime_api.h>
-
 #include <cstdlib>
 #include <string>
 
+#include "cuda/memory.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 
@@ -28,23 +27,11 @@ DeviceMemoryUpstream::DeviceMemoryUpstream(int device) : device_(device) {
 }
 
 void* DeviceMemoryUpstream::allocate(std::size_t bytes) {
-  cuda::DeviceGuard guard(device_);
-  void* block = nullptr;
-  cudaError_t status = cudaMalloc(&block, bytes);
-  if (status == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();
-    throw OutOfMemory(
-        bytes, 0, 0,
-        "cudaMalloc on device " + std::to_string(device_) + " returned cudaErrorMemoryAllocation");
-  }
-  cuda::check(status, "cudaMalloc");
-  return block;
+  return cuda::allocate_device(bytes, device_);
 }
 
 void DeviceMemoryUpstream::deallocate(void* block, std::size_t /*bytes*/) noexcept {
-  if (block == nullptr) return;
-  // cudaFree needs no current-device switch: the runtime finds the owning context.
-  if (cudaFree(block) != cudaSuccess) (void)cudaGetLastError();
+  cuda::free_device(block);
 }
 
 void* HostMemoryUpstream::allocate(std::size_t bytes) {

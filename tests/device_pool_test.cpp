@@ -184,7 +184,7 @@ TEST(DevicePool, ThreadCacheIsBoundedInBytes) {
 }  // namespace
 }  // namespace vram::testing
 
-// Lifetime and cross-thread reclamation (issue 10).
+// Lifetime and cross-thread reclamation.
 namespace vram::testing {
 namespace {
 
@@ -340,7 +340,7 @@ TEST(DevicePoolLifetime, DestroyWhileOtherThreadsRelease) {
 }  // namespace
 }  // namespace vram::testing
 
-// Stream-ordered release (issue 12's contract).
+// Stream-ordered release (the header's "When a released block may be handed out again").
 namespace vram::testing {
 namespace {
 
@@ -519,7 +519,7 @@ TEST(DevicePoolStreams, TiersPeakingAtDifferentMomentsKeepTheirSegments) {
 
 // A virtual-memory large tier (without unmap_before_map) keeps no growth budget, so its
 // growth must not make the small tier give back its wholly free segments (each a cudaFree
-// the next step would undo): found by a review, repeated here over the host emulation.
+// the next step would undo); checked over the host emulation.
 TEST(DevicePoolStreams, VirtualLargeTierGrowthLeavesTheSmallTierAlone) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
@@ -580,8 +580,8 @@ TEST(DevicePoolStreams, WhollyFreeSegmentIsNotSplitPastTheWasteLimit) {
 }
 
 // trim() and destruction must not record a marker on a stream that freed blocks: that
-// stream may have been destroyed since (on the H200 this was a segfault in cudaEventRecord
-// from ~DevicePool). They quiesce the fence instead.
+// stream may have been destroyed since (recording on a destroyed stream is undefined
+// behaviour). They quiesce the stream marker source instead.
 TEST(DevicePoolStreams, TrimAndDestructionRecordNothingOnTheFreeingStreams) {
   auto fence = std::make_shared<ManualFence>();
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -634,8 +634,8 @@ class QuiesceHookFence final : public StreamFence {
 // A block freed on stream 1 after trim()'s device synchronize began may still be used by
 // work queued on stream 1 after that synchronize: trim must not treat it as completed. It
 // may keep it, or wait for a marker on stream 1 (alive: it was just used) before giving it
-// back. Found in review: trim quiesced, then untagged every stream-freed range, including
-// ones freed meanwhile, and gave their segments back at once.
+// back: it must not untag the ranges freed after its synchronize began and give their
+// segments back at once.
 TEST(DevicePoolStreams, FreeRacingTrimsDeviceSynchronizeKeepsItsStream) {
   auto fence = std::make_shared<QuiesceHookFence>();
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -748,13 +748,13 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
-// Review (wt/review4): in virtual mode the large tier is one range; a block freed on a
+// In virtual mode the large tier is one range; a block freed on a
 // stream absorbs the untagged free tail of the whole reservation (insert_free's merge rule),
-// so another stream finds nothing untagged: the tier throws "reserved address range
-// exhausted" and the pool answers with trim(0, wait): a device synchronize and every free
-// run unmapped, on each such allocation. Since session 6 growing fences the other streams
-// first and, past the growth budget (here: 4 MiB more than the 8 MiB peak of used), waits
-// for the marker on s1 rather than mapping more: one event wait, no synchronize, no trim.
+// so another stream could find nothing untagged and answer each such allocation with
+// trim(0, wait) (a device synchronize, every free run unmapped). Growing records markers on
+// the other streams first and, past the growth budget (here: 4 MiB more than the 8 MiB peak
+// of used), waits for the marker on s1 rather than mapping more: one event wait, no
+// synchronize, no trim.
 TEST(DevicePoolVirtualReview, AStreamFreeDoesNotTakeTheWholeReservationFromOtherStreams) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<ManualFence>();
@@ -968,8 +968,8 @@ TEST(DevicePoolVirtualGpu, RunsOfGranulesHoldKernelDataAndGoBackOnTrim) {
 }
 
 // The default (LargeTierMemory::automatic) over vram's device upstream is virtual memory on
-// a device that supports it and that no other device can reach by peer access (the
-// one-H200 machine); `segments` and any other upstream keep segments. A large block of the default
+// a device that supports it and that no other device can reach by peer access (a machine
+// with one GPU); `segments` and any other upstream keep segments. A large block of the default
 // pool holds what a kernel wrote, and a repeated step makes no driver call.
 TEST(DevicePoolVirtualGpu, DefaultPoolRunsItsLargeTierOverVirtualMemory) {
   VRAM_GPU_TEST_OR_SKIP();

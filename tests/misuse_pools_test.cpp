@@ -1,6 +1,5 @@
-// Hostile review (helper, branch misuse-pools): misuse and bad input of DevicePool and
-// StreamOrderedPool. Each test asserts what a demanding user should get; the report lists
-// which ones fail on the library as it stands.
+// Misuse and bad input of DevicePool and StreamOrderedPool: each test asserts what a
+// demanding user should get.
 #include <gtest/gtest.h>
 #include <malloc.h>
 
@@ -485,8 +484,8 @@ TEST(MisusePoolsStreamOrderedPool, NegativeDeviceOtherThanMinusOneIsInvalidArgum
 // GPU-only (skip without a device; VRAM_REQUIRE_GPU=1 makes them fail instead).
 
 // StreamOrderedPool records what it hands out: wrong-size, foreign and double releases are
-// refused before cuMemFreeAsync sees them (before: a wrong size wrapped bytes_in_use, and the
-// driver freed another pool's block through this object).
+// refused before cuMemFreeAsync sees them (a wrong size must not wrap bytes_in_use, and the
+// driver must not free another pool's block through this object).
 TEST(MisusePoolsStreamOrderedPoolGpu, WrongSizeReleaseIsRefusedAndTheBlockStaysAllocated) {
   VRAM_GPU_TEST_OR_SKIP();
   StreamOrderedPool pool;

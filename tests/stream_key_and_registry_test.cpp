@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
+#include "block_registry.hpp"
 #include "gpu_test_policy.hpp"
 #include "segment_tier.hpp"
 #include "test_upstreams.hpp"
 #include "vram/cuda/stream.hpp"
-#include "vram/detail/block_registry.hpp"
 #include "vram/detail/pointer_map.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/pager_plan.hpp"

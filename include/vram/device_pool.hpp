@@ -39,8 +39,8 @@
 //   another thread raced and that no thread inside a slow pool call (an upstream
 //   allocation) was still holding S's blocks for (PyTorch never destroys its streams, so
 //   its plug-in never meets this). Destroying the pool after S is safe.
-//   CUDA graphs: a stream being captured is never fenced (its freed blocks stay its own
-//   until the capture ends and another request fences it again), and the pool's event calls
+//   CUDA graphs: a stream being captured never gets a stream marker (its freed blocks stay
+//   its own until the capture ends and another request records one), and the pool's event calls
 //   run in relaxed capture mode (as PyTorch's allocator's do), so they do not invalidate a
 //   capture in global mode. The pool has no graph-private memory: a block a captured graph
 //   uses must stay allocated while the graph can be launched (a block freed inside the
@@ -71,7 +71,7 @@
 //   unmap_before_map is set: it maps what its blocks need and unmaps free runs on trim(), on
 //   an out-of-memory retry and past max_cached_bytes of free mapped bytes; the budget
 //   decides only how it treats other streams' freed blocks before it maps more (above:
-//   which streams it fences, and whether it waits for them).
+//   which streams it records markers on, and whether it waits for them).
 //   A tier that must grow within the budget just grows;
 //   past it, it first gives back wholly free segments covering the excess (the smallest
 //   that covers it, else the largest ones; one freed with a stream after the host waited
@@ -93,9 +93,9 @@
 //   steal == none) and storing kFree, or by one stealer, between reading kFree after
 //   raising `steal` and clearing it (destruction keeps it raised for good). The claim is a
 //   plain store and a plain load, no locked instruction: a Dekker handshake whose barrier
-//   is asymmetric (detail/asymmetric_fence.hpp): on Linux with membarrier(2) the thread
-//   pays a compiler barrier and the stealer one membarrier syscall for all the caches it
-//   flags; elsewhere both pay a full fence (under ThreadSanitizer: seq_cst atomics). A
+//   is an asymmetric memory barrier (detail/asymmetric_fence.hpp): on Linux with membarrier(2) the
+//   thread pays a compiler barrier and the stealer one membarrier syscall for all the caches it
+//   flags; elsewhere both pay a full memory barrier (under ThreadSanitizer: seq_cst atomics). A
 //   thread that finds `steal` raised steps back without touching its blocks and waits for
 //   the steal to end. trim() so reaches idle threads too. The cache of an exited thread is
 //   emptied by that thread and adopted by the next thread that registers. A thread whose
@@ -193,11 +193,9 @@ struct DevicePoolStats {
 //   virtual_memory  always (over a host upstream: the host emulation; on a device without
 //                   virtual memory management: segments). Only the pool's device can
 //                   access the large blocks.
-// Replaying traces recorded from PyTorch models three times on one pool on the H200
-// (bench/RESULTS.md session 8, the defaults), virtual memory held 1.01x / 1.03x / 1.05x /
-// 1.19x the live bytes (conv / decode / decode on four streams / transformer) against 1.08x
-// / 1.13x / 1.12x / 1.22x with segments, and made 0 / 7 / 0 / 0 driver allocations in the
-// repeated passes where segments made 21 / 41 / 32 / 0.
+// Over virtual memory free ranges merge across the whole reservation and a run of granules
+// goes back only when all of it is free; over segments a free range never crosses a
+// segment's end and a segment goes back only when all of it is free.
 enum class LargeTierMemory : std::uint8_t { automatic, segments, virtual_memory };
 
 // Configuration of a DevicePool (see the class comment for what each bound means).
@@ -218,12 +216,7 @@ struct DevicePoolOptions {
   // cached per thread and in the rings like every small block, but carved out of the large
   // tier, so free memory of either kind serves both. 0 (automatic): 256 KiB when the large
   // tier runs over virtual memory, else every small block comes from the small tier.
-  // Replaying the recorded traces on the H200 (bench/RESULTS.md, session 8), 256 KiB over
-  // virtual memory cut peak reserved / peak live from 1.14x to 1.05x on four requests served
-  // on four streams (host-only, before: the small tier held 68 MiB for 51 MiB of small
-  // blocks while the large tier held 219 MiB free) and from 1.09x to 1.03x on the decode
-  // trace; the transformer went from 1.17x to 1.19x; over segments it made the four-stream
-  // trace worse (host-only, 1.12x to 1.17x). Such a block freed on a stream, once it reaches
+  // Such a block freed on a stream, once it reaches
   // the large tier (past the thread cache), merges with untagged free neighbours and makes
   // them that stream's until its marker completes, as a large block's free always does.
   std::size_t small_segment_max_bytes = 0;
@@ -232,8 +225,7 @@ struct DevicePoolOptions {
   // many bytes of it idle: the tier grows by a segment sized for the request (the idle one
   // goes back only when growing passes the budget: the tiers' peaks + growth_headroom).
   // Lower keeps reserved closer to in use at the price of more upstream calls; SIZE_MAX
-  // splits every segment that fits. (Replay of a conv net with 2 GiB activations: 1.37x
-  // reserved/live with SIZE_MAX, 1.02x with 1 GiB; bench/RESULTS.md.)
+  // splits every segment that fits.
   std::size_t max_segment_waste_bytes = std::size_t{1} << 30;
   // Reserved may exceed the sum of the tiers' peaks of carved-out bytes by this fraction of
   // it before a growing tier gives wholly free segments back (see "Memory held" above).
@@ -254,7 +246,7 @@ struct DevicePoolOptions {
   bool unmap_before_map = false;              // keep reserved at in use, at the price of more maps
   // The longest run of granules one map covers (rounded down to granules, at least one);
   // a run is also at most 1/16 of the device memory still free when it is mapped. A map
-  // costs about the same from 2 MiB to 256 MiB (60-86 us on an H200), so long runs make a
+  // costs about the same from 2 MiB to 256 MiB, so long runs make a
   // pool that starts empty cheap to fill; but a run goes back only whole, so a block left
   // in a freed run keeps up to its run mapped through trim() (near the end of memory runs
   // are short, so what a reclaim needs can still go back).
@@ -327,7 +319,7 @@ class DevicePool {
   // Stream-ordered forms (see "When a released block may be handed out again"). Blocks
   // from either allocate form may be released with either deallocate form.
   // cudaStreamPerThread is the calling thread's own stream: a block freed on it is taken
-  // by another thread's cudaStreamPerThread only after a fence (recorded on the legacy
+  // by another thread's cudaStreamPerThread only after a stream marker (recorded on the legacy
   // default stream). The null stream is the legacy default stream, one for all threads.
   [[nodiscard]] void* allocate_async(std::size_t bytes, cudaStream_t stream);
   void deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept;
@@ -358,3 +350,7 @@ class DevicePool {
 };
 
 }  // namespace vram
+
+// The cuda::mr contracts of DevicePool (the toolkit's CCCL).
+static_assert(::cuda::mr::resource<vram::DevicePool>);
+static_assert(::cuda::mr::resource_with<vram::DevicePool, ::cuda::mr::device_accessible>);

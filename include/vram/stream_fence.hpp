@@ -1,4 +1,6 @@
-// vram/stream_fence.hpp: "has the work queued on this stream so far completed?", pluggable.
+// vram/stream_fence.hpp: stream markers, "has the work queued on this stream so far
+// completed?", pluggable. (A fence here is a stream marker, not a memory barrier: for those
+// see vram/detail/asymmetric_fence.hpp.)
 //
 // DevicePool's stream-ordered release (deallocate_async) hands a block to another stream
 // only after the work queued on the freeing stream has completed. It asks a StreamFence:
@@ -16,10 +18,13 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
-#include <vector>
 
 namespace vram {
+namespace cuda {
+class EventPool;  // src/cuda/event_pool.hpp
+}
 
 class StreamFence {
  public:
@@ -98,24 +103,23 @@ class ManualFence final : public StreamFence {
   std::uint64_t completed_ = 0;
 };
 
-// CUDA events (cudaEventDisableTiming) on `device`, recycled through a free list.
+// CUDA events (timing disabled) on `device`, recycled through the library's event pool: a
+// marker is one event, recorded on the stream; once warm, record() creates no event.
 class CudaEventFence final : public StreamFence {
  public:
-  explicit CudaEventFence(int device) : device_(device) {}
+  explicit CudaEventFence(int device);
   ~CudaEventFence() override;
   std::uint64_t record(cudaStream_t stream) override;
   bool completed(std::uint64_t marker) noexcept override;
   void wait(std::uint64_t marker) noexcept override;
   void release(std::uint64_t marker) noexcept override;
-  // cudaDeviceSynchronize on the fence's device (errors, e.g. at driver shutdown, ignored).
+  // A device synchronize on the fence's device (errors, e.g. at driver shutdown, ignored).
   void quiesce() noexcept override;
   std::size_t events_created() const;
 
  private:
   int device_;
-  mutable std::mutex mutex_;
-  std::vector<cudaEvent_t> events_;  // marker - 1 indexes this
-  std::vector<std::uint64_t> free_;  // recycled markers
+  std::unique_ptr<cuda::EventPool> events_;
 };
 
 }  // namespace vram

@@ -34,7 +34,7 @@
 // null free -> no-op; driver out of memory -> vram::OutOfMemory; a null pointer returned
 // with success -> vram::CudaError; ipc_shareable with the default pool, a device below -1
 // or not present -> vram::InvalidArgument. The object records every block it hands out
-// (a sharded map; the wrapper took 3-4% over raw cudaMallocAsync in the H200 overhead benchmark): a
+// (a sharded map): a
 // release of a pointer it did not hand out (another pool's, cudaMalloc's) or already took back, or
 // under another size than allocated, is refused before the driver sees it, reported on stderr and
 // counted in invalid_releases() (a wrong-size block stays allocated: release it with its size). A
@@ -156,3 +156,9 @@ class StreamOrderedPool {
 };
 
 }  // namespace vram
+
+// The cuda::mr contracts of StreamOrderedPool (the toolkit's CCCL).
+static_assert(::cuda::mr::resource<vram::StreamOrderedPool>);
+static_assert(::cuda::mr::async_resource<vram::StreamOrderedPool>);
+static_assert(
+    ::cuda::mr::async_resource_with<vram::StreamOrderedPool, ::cuda::mr::device_accessible>);

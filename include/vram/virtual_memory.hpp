@@ -7,7 +7,8 @@
 //
 //   CudaVirtualMemory  cuMemAddressReserve + cuMemCreate / cuMemMap / cuMemSetAccess per
 //                      span of granules, cuMemUnmap + cuMemRelease (driver entry points
-//                      through vram::cuda::driver_api(); no libcuda link).
+//                      resolved at run time, src/cuda/virtual_memory_api.hpp; no libcuda
+//                      link).
 //   HostVirtualMemory  the emulation: mmap(PROT_NONE) reserves, mprotect maps; each mapped
 //                      granule is charged to an Upstream (capacity, fault injection and
 //                      accounting as for a real device), so the memory figures can be

@@ -83,6 +83,25 @@ bool can_access_peer(int peer, int device) noexcept {
   return succeeded(cudaDeviceCanAccessPeer(&can_access, peer, device)) && can_access != 0;
 }
 
+bool may_be_peer_accessible(int device) noexcept {
+  int count = 0;
+  if (!succeeded(cudaGetDeviceCount(&count))) return true;
+  for (int peer = 0; peer < count; ++peer) {
+    if (peer == device) continue;
+    int can_access = 0;
+    if (!succeeded(cudaDeviceCanAccessPeer(&can_access, peer, device)) || can_access != 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::optional<std::size_t> total_memory(int device) noexcept {
+  cudaDeviceProp properties{};
+  if (!succeeded(cudaGetDeviceProperties(&properties, device))) return std::nullopt;
+  return properties.totalGlobalMem;
+}
+
 void copy_to_device_async(void* device_destination, const void* host_source, std::size_t bytes,
                           cudaStream_t stream, const char* what) {
   check(cudaMemcpyAsync(device_destination, host_source, bytes, cudaMemcpyHostToDevice, stream),

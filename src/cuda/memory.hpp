@@ -47,6 +47,12 @@ std::optional<MemoryInfo> memory_info(int device) noexcept;
 
 // cudaDeviceCanAccessPeer(peer -> device); false when it cannot be asked.
 bool can_access_peer(int peer, int device) noexcept;
+// False only when the runtime says that no other visible device can access `device`'s
+// memory by peer access; true when one can, or when the devices cannot be counted or asked.
+bool may_be_peer_accessible(int device) noexcept;
+// The device's memory (cudaGetDeviceProperties: creates no context); empty when the runtime
+// cannot say.
+std::optional<std::size_t> total_memory(int device) noexcept;
 
 // cudaMemcpyAsync host to device on `stream`; throws vram::CudaError naming `what`.
 void copy_to_device_async(void* device_destination, const void* host_source, std::size_t bytes,

@@ -1,4 +1,5 @@
-// vram/detail/asymmetric_fence.hpp: a Dekker handshake whose frequent side pays no locked
+// vram/detail/asymmetric_fence.hpp: an asymmetric memory barrier (not a stream marker: see
+// vram/stream_fence.hpp for those), for a Dekker handshake whose frequent side pays no locked
 // instruction (the owner of a thread cache) and whose rare side pays for both (a stealer).
 //
 // The handshake. Two threads each store to one word and then load the other's word:
@@ -37,7 +38,7 @@
 //    either/or, and TSan sees every handoff as a reads-from of a release store (the
 //    owner's kFree on exit, the stealer's flag clear).
 //
-// What follows either/or (the protocol, ThreadCache in src/device_pool.cpp):
+// What follows either/or (the protocol, ThreadCache in src/thread_cache.hpp):
 //  - The owner that saw no flag at B owns the data until it stores kFree (release). A
 //    stealer that sets the flag later waits at D until it reads that kFree (acquire), so
 //    it sees all of the owner's writes.

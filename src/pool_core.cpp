@@ -1,0 +1,340 @@
+// DevicePoolCore's construction and slow paths: everything a warm call (pool_core.hpp)
+// hands on. Rule: a slow path that may block (an upstream call, a wait for a stream marker,
+// a trim) runs inside a SlowSection, so that a concurrent trim() asks this thread to flush
+// its cache instead of waiting for it.
+#include "pool_core.hpp"
+
+#include <cstdio>
+#include <string>
+#include <utility>
+
+#include "pool_options.hpp"
+#include "vram/cuda/error.hpp"
+
+namespace vram::detail {
+namespace {
+
+std::atomic<std::uint64_t> next_pool_uid{1};
+
+}  // namespace
+
+DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
+                               const DevicePool::Options& options_in)
+    : uid(next_pool_uid.fetch_add(1, std::memory_order_relaxed)),
+      dekker(fence_mode_for_new_pool()),
+      upstream(upstream_in ? std::move(upstream_in)
+                           : throw InvalidArgument("vram::DevicePool: the upstream is null")),
+      options(options_in),
+      fence(options.fence ? options.fence : default_fence(*upstream)),
+      virtual_memory(make_virtual_memory(options, upstream)),
+      small_max(std::clamp<std::size_t>(options.small_block_max_bytes, 256, 2u << 20)),
+      small(*upstream, *fence, gauge,
+            SegmentTier::Options{
+                .granularity = kSmallGranularity,
+                .packed_segment = 2u << 20,
+                .packed_limit = 0,
+                .max_free_bytes = options.max_cached_bytes,
+                .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom)}),
+      large(*upstream, *fence, gauge,
+            SegmentTier::Options{
+                .granularity = 512,
+                .packed_segment = options.large_segment_bytes,
+                .packed_limit = options.large_segment_bytes / 2,
+                .max_free_bytes = options.max_cached_bytes,
+                .max_segment_waste = options.max_segment_waste_bytes,
+                .virtual_memory = virtual_memory.get(),
+                .reservation = reservation_for(options, *upstream),
+                .unmap_before_map = options.unmap_before_map,
+                .max_run_bytes = options.virtual_run_bytes,
+                .map_ahead_bytes = options.virtual_map_ahead_bytes,
+                .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom)}) {
+  // Blocks are carved at 256-byte multiples of the upstream's allocations: they are
+  // 256-byte aligned only if those are (and never more than that, whatever the upstream
+  // promises: alignment above 256 is refused, not silently missed).
+  if (const std::size_t promised = upstream->alignment(); promised < kMaxAlignment) {
+    throw InvalidArgument("vram::DevicePool: the upstream '" + std::string(upstream->name()) +
+                          "' aligns its allocations to " + std::to_string(promised) +
+                          " bytes; the pool's blocks need 256. Fix: an upstream for a "
+                          "DevicePool returns 256-byte aligned memory (as cudaMalloc does) "
+                          "and says so in alignment().");
+  }
+  options.thread_cache_blocks = std::min(options.thread_cache_blocks, kMaxThreadCacheDepth);
+  options.small_block_max_bytes = small_max;
+  small_classes = SizeClasses::index_for(small_max) + 1;
+  // 0: automatic (kAutoSmallSegmentMax over virtual memory; segments: every small class).
+  // By block bytes, so classes that share a block size share a tier (validate_releases
+  // tells blocks apart by block bytes); at least kMinLargeTierBlock, above which every
+  // class is a multiple of the large tier's 512-byte rounding.
+  const std::size_t asked = options.small_segment_max_bytes != 0 ? options.small_segment_max_bytes
+                            : virtual_memory != nullptr          ? kAutoSmallSegmentMax
+                                                                 : small_max;
+  const std::size_t segment_max = std::max(kMinLargeTierBlock, asked);
+  first_large_class = 0;
+  while (first_large_class < small_classes && small_block_bytes(first_large_class) <= segment_max) {
+    ++first_large_class;
+  }
+  thread_cache_classes =
+      options.thread_cache_blocks == 0 || options.thread_cache_max_block_bytes == 0
+          ? 0
+          : SizeClasses::index_for(std::min(options.thread_cache_max_block_bytes, small_max)) + 1;
+  for (std::size_t index = 0; index < small_classes; ++index) {
+    held_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
+  }
+  plain_calls = !options.validate_releases && !options.track_peak_in_use;
+}
+
+DevicePoolCore::~DevicePoolCore() {
+  // close() has run and every block is back; return what a racing thread exit parked
+  // before the tiers give every segment back (they are destroyed after this body).
+  for (auto& cache : caches) take_bins(*cache);
+  drain_rings();
+  for (auto& ring : rings) delete ring.load(std::memory_order_relaxed);
+}
+
+[[gnu::noinline, gnu::cold]] void* DevicePoolCore::flush_and_unlock(ThreadCache& cache,
+                                                                    void* result) noexcept {
+  cache.flush_requested.store(false, std::memory_order_relaxed);
+  take_bins(cache);
+  small.trim(0, false);
+  // Its blocks of the classes carved from the large tier went back there, maybe after the
+  // trimmer's own large.trim(): that tier is trimmed again to what the trim asked.
+  if (first_large_class < small_classes) {
+    large.trim(flush_keep_bytes.load(std::memory_order_relaxed), false);
+  }
+  cache.state.store(ThreadCache::kFree, std::memory_order_release);
+  return result;
+}
+
+void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes,
+                                StreamKey key, ThreadCache* held) {
+  SlowSection slow(held);
+  // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
+  // free segments cannot cover the excess, the other tier's give back the rest (the tier
+  // itself gives back its own as it grows).
+  // A virtual-memory large tier that does not unmap before mapping gives nothing back to
+  // stay within the budget (it only waits for other streams' frees past it), so its growth
+  // does not make the other tier give segments back either.
+  const std::size_t excess =
+      !tier.enforces_growth_budget()
+          ? 0
+          : gauge.excess_after_growth(tier.growth_bytes(bytes), tier.peak_growth_for(bytes),
+                                      tier.growth_headroom_1024());
+  if (const std::size_t own = excess > 0 ? tier.empty_bytes() : 0; own < excess) {
+    (&tier == &small ? large : small).release_empty_for(excess - own);
+  }
+  try {
+    return tier.allocate(bytes, key, true);
+  } catch (const OutOfMemory&) {
+    oom_retries.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Everything cached, in every thread, back to the upstream (waiting for the work of
+  // stream-ordered frees), then once more.
+  trim(0, held, /*wait=*/true);
+  try {
+    return tier.allocate(bytes, key, true);
+  } catch (const OutOfMemory& second) {
+    const DevicePoolStats now = stats();
+    const std::string source = &tier == &large && virtual_memory != nullptr
+                                   ? std::string("virtual memory (cuMemCreate/cuMemMap)")
+                                   : "upstream " + std::string(upstream->name());
+    throw OutOfMemory(
+        requested, now.bytes_cached, now.bytes_in_use,
+        source + " failed after trimming the cache and retrying (" + second.what() + ")");
+  }
+}
+
+void* DevicePoolCore::small_get(ThreadCache* cache, std::size_t index, StreamKey key) {
+  void* block = nullptr;
+  if (cache != nullptr && take_cached(*cache, index, key, block)) [[likely]] {
+    return block;
+  }
+  if (MpmcRing<void*>* ring = ring_of(index); ring != nullptr && ring->try_pop(block)) {
+    return block;
+  }
+  return tier_allocate(tier_of(index), SizeClasses::bytes_of(index), small_block_bytes(index), key,
+                       cache);
+}
+
+// Returns false when the block is not this pool's (only detectable in the tiers).
+bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t index,
+                               StreamKey key) noexcept {
+  const std::uint64_t held = held_bytes_of[index];
+  const std::uint64_t cached =
+      cache != nullptr ? cache->cached_bytes.load(std::memory_order_relaxed) : 0;
+  if (cache != nullptr && has_room(*cache, index, cached, held)) [[likely]] {
+    if (cached == 0) {
+      cache->tag = key;  // an empty cache takes the tag of what it holds next
+    } else if (key != cache->tag && key != kUntagged) {
+      if (cache->tag != kUntagged) {
+        SlowSection slow(cache);
+        take_bins(*cache);  // the old stream's blocks keep their tag in the tier
+      }
+      cache->tag = key;  // completed (untagged) blocks are safe on `key` too
+    }
+    put_cached(*cache, block, index, held);
+    return true;
+  }
+  if (key == kUntagged) {
+    if (MpmcRing<void*>* ring = ring_for_release(index); ring != nullptr && ring->try_push(block)) {
+      return true;
+    }
+  }
+  SlowSection slow(cache);
+  return tier_of(index).free(block, key, held);
+}
+
+void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
+  const std::int64_t now = in_use_now.fetch_add(delta, std::memory_order_relaxed) + delta;
+  std::int64_t peak = in_use_peak.load(std::memory_order_relaxed);
+  while (now > peak && !in_use_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+
+[[gnu::noinline, gnu::cold]] void DevicePoolCore::reject_request(std::size_t bytes,
+                                                                 std::size_t alignment) const {
+  if (bytes == 0) {
+    throw InvalidArgument(
+        "vram::DevicePool::allocate: zero bytes requested. Fix: keep zero-sized buffers as "
+        "null sentinels and ask for at least one byte.");
+  }
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > kMaxAlignment) {
+    throw InvalidArgument("vram::DevicePool::allocate: alignment " + std::to_string(alignment) +
+                          " is not a power of two up to " + std::to_string(kMaxAlignment) +
+                          ". Fix: blocks are 256-byte aligned; ask for 256 or less.");
+  }
+  const DevicePoolStats now = stats();
+  throw OutOfMemory(bytes, now.bytes_cached, now.bytes_in_use,
+                    "larger than the largest block (1 TiB)");
+}
+
+void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, StreamKey key) {
+  if (bytes - 1 >= SizeClasses::kMaxBytes || alignment - 1 >= kMaxAlignment ||
+      (alignment & (alignment - 1)) != 0) [[unlikely]] {
+    reject_request(bytes, alignment);
+  }
+  const bool is_small = bytes <= small_max;
+  const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
+  const std::size_t held_bytes = is_small ? held_bytes_of[index] : large.round(bytes);
+  void* block = nullptr;
+  if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
+    try {
+      block = is_small ? small_get(cache, index, key)
+                       : tier_allocate(large, bytes, held_bytes, key, cache);
+    } catch (...) {
+      unlock_own_cache(*cache);
+      throw;
+    }
+    bump(cache->acquires, 1);
+    bump(cache->acquired_bytes, held_bytes);
+    unlock_own_cache(*cache);
+  } else {
+    std::lock_guard lock(slow_mutex);
+    if (orphaned) [[unlikely]] {
+      throw InvalidArgument(
+          "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
+          "while it is used.");
+    }
+    block = is_small ? small_get(nullptr, index, key)
+                     : tier_allocate(large, bytes, held_bytes, key, nullptr);
+    bump(slow_acquires, 1);
+    bump(slow_acquired_bytes, held_bytes);
+  }
+  if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(held_bytes));
+  if (options.validate_releases) {
+    try {
+      std::lock_guard lock(live_mutex);
+      live_blocks[block] = held_bytes;
+    } catch (...) {  // could not record it: undo the acquire so nothing is lost
+      release(block, bytes, key);
+      throw;
+    }
+  }
+  return block;
+}
+
+bool DevicePoolCore::validate_release(void* block, std::size_t bytes) noexcept {
+  std::lock_guard lock(live_mutex);
+  auto it = live_blocks.find(block);
+  const char* problem = nullptr;
+  if (it == live_blocks.end()) {
+    problem = "it was never handed out by this pool or was already released (double release)";
+  } else if (it->second != bytes) {
+    problem = "the byte count does not match the one it was allocated with";
+  } else {
+    live_blocks.erase(it);
+    return true;
+  }
+  invalid_releases.fetch_add(1, std::memory_order_relaxed);
+  std::fprintf(stderr,
+               "vram::DevicePool: release of %p (%zu block bytes) rejected: %s. The block was "
+               "not cached.\n",
+               block, bytes, problem);
+  return false;
+}
+
+[[gnu::noinline]] void DevicePoolCore::deallocate_checked(void* block, std::size_t bytes,
+                                                          StreamKey key) noexcept {
+  if (block == nullptr) return;
+  if (bytes == 0 || bytes > SizeClasses::kMaxBytes) {
+    invalid_releases.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (options.validate_releases && !validate_release(block, block_bytes(bytes))) return;
+  release(block, bytes, key);
+}
+
+void DevicePoolCore::release(void* block, std::size_t bytes, StreamKey key) noexcept {
+  if (bytes <= small_max && !options.track_peak_in_use && release_to_own_cache(block, bytes, key)) {
+    return;
+  }
+  release_slow(block, bytes, key);
+}
+
+void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key) noexcept {
+  const bool is_small = bytes <= small_max;
+  const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
+  const std::size_t held_bytes = is_small ? held_bytes_of[index] : large.round(bytes);
+  const bool track = options.track_peak_in_use;
+  if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
+    bool known = true;
+    if (is_small) {
+      known = small_put(cache, block, index, key);
+    } else {
+      SlowSection slow(cache);
+      known = large.free(block, key, bytes);
+    }
+    if (known) [[likely]] {
+      bump(cache->releases, 1);
+      bump(cache->released_bytes, held_bytes);
+    }
+    unlock_own_cache(*cache);
+    if (!known) {
+      invalid_releases.fetch_add(1, std::memory_order_relaxed);
+    } else if (track) {
+      note_in_use(-static_cast<std::int64_t>(held_bytes));
+    }
+    return;
+  }
+  // Slow path. When orphaned, the last release drops the self-reference after the lock is
+  // released (declared first, destroyed last): that may destroy *this.
+  std::shared_ptr<DevicePoolCore> last;
+  std::lock_guard lock(slow_mutex);
+  bool known = true;
+  if (!orphaned) {
+    known = is_small ? small_put(nullptr, block, index, key) : large.free(block, key, bytes);
+  } else {
+    known = is_small ? tier_of(index).free(block, key, held_bytes) : large.free(block, key, bytes);
+    small.trim(0, false);  // give wholly free segments straight back
+    large.trim(0, false);
+  }
+  if (!known) {
+    invalid_releases.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  bump(slow_releases, 1);
+  bump(slow_released_bytes, held_bytes);
+  if (track) note_in_use(-static_cast<std::int64_t>(held_bytes));
+  if (orphaned && --orphan_blocks_outstanding == 0) last = std::move(self_reference);
+}
+
+}  // namespace vram::detail

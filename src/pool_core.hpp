@@ -1,0 +1,301 @@
+// src/pool_core.hpp: DevicePoolCore, the state of one DevicePool behind its handle, and
+// the warm paths of allocate and deallocate.
+//
+// Tiers: 1, per thread (thread_cache.hpp); 2, per class a bounded lock-free ring shared by
+// all threads (mpmc_ring.hpp); 3, the small and large segment tiers (segment_tier.hpp).
+// Where each part lives:
+//   pool_core.hpp   the core's layout and its warm paths, inline: a warm allocate or
+//                   deallocate is one call into the library, no driver call, no lock.
+//   pool_core.cpp   construction, the slow paths (rings, tiers, growth, out of memory,
+//                   validation) and release after destruction.
+//   pool_trim.cpp   taking cached blocks back: trim() and close().
+//   pool_stats.cpp  stats().
+//   thread_cache.*  the per-thread cache, its handshake and the thread's directory.
+//   pool_options.*  what the options decide at construction.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "segment_tier.hpp"
+#include "thread_cache.hpp"
+#include "vram/detail/asymmetric_fence.hpp"
+#include "vram/detail/mpmc_ring.hpp"
+#include "vram/device_pool.hpp"
+#include "vram/size_classes.hpp"
+#include "vram/virtual_memory.hpp"
+
+namespace vram::detail {
+
+// A class's ring is made whole on its first release (16 bytes a cell): with
+// max_cached_blocks_per_class unbounded it would be max_cached_bytes / 256 cells (256 MiB
+// of host memory for the smallest class at the default 4 GiB). Beyond this depth blocks
+// wait in the segments, as free ranges, instead.
+inline constexpr std::size_t kMaxRingBlocks = 4096;
+inline constexpr std::size_t kSmallGranularity = 256;  // small blocks: class bytes rounded to 256
+static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePoolCore::held_bytes_of
+
+// Structure: small requests (<= small_max) round to a size class; their blocks come from
+// `small` (2 MiB segments, best fit), those above small_segment_max_bytes from `large`
+// (tier_of), and are cached per thread (ThreadCache) and per class in a bounded lock-free
+// ring. Larger requests go to `large` directly (best fit, split, coalesce; a short mutex).
+// Accounting (when quiescent):
+//   bytes_reserved == sum of segment sizes == bytes_in_use + bytes_cached
+//   bytes_in_use   == sum(acquired_bytes) - sum(released_bytes)  (thread caches + slow path)
+//
+// Lifetime: ThreadCaches are owned by the core and live as long as it does (a cache of an
+// exited thread is kept, empty, and adopted by the next thread that registers), so raw
+// pointers to them stay valid. The core lives while the DevicePool handle lives, and after
+// that while blocks are still leased (self_reference), see close().
+struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
+  // Throws vram::InvalidArgument for a null upstream, one that aligns below 256 bytes, and
+  // options that pool_options.hpp refuses.
+  DevicePoolCore(std::shared_ptr<Upstream> upstream_in, const DevicePool::Options& options_in);
+  ~DevicePoolCore();
+
+  static std::size_t small_block_bytes(std::size_t index) noexcept {
+    return (SizeClasses::bytes_of(index) + kSmallGranularity - 1) & ~(kSmallGranularity - 1);
+  }
+  // The tier a small class's blocks are carved from (see small_segment_max_bytes).
+  SegmentTier& tier_of(std::size_t index) noexcept {
+    return index < first_large_class ? small : large;
+  }
+  std::size_t block_bytes(std::size_t bytes) const noexcept {
+    return bytes <= small_max ? small_block_bytes(SizeClasses::index_for(bytes))
+                              : large.round(bytes);
+  }
+
+  MpmcRing<void*>* ring_of(std::size_t index) const noexcept {
+    return rings[index].load(std::memory_order_acquire);
+  }
+  // Creates the class's ring on its first release; null when the class keeps no ring or
+  // the host is out of memory.
+  MpmcRing<void*>* ring_for_release(std::size_t index) noexcept {
+    MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
+    if (ring != nullptr) [[likely]]
+      return ring;
+    // A power of two (the ring's own rounding) that never exceeds either bound.
+    const std::size_t capacity =
+        std::bit_floor(std::min({options.max_cached_blocks_per_class, kMaxRingBlocks,
+                                 options.max_cached_bytes / small_block_bytes(index)}));
+    if (capacity < 2) return nullptr;
+    MpmcRing<void*>* fresh = nullptr;
+    try {
+      fresh = new MpmcRing<void*>(capacity);
+    } catch (...) {  // std::bad_alloc from the ring or its cells: cache nothing
+      return nullptr;
+    }
+    if (!rings[index].compare_exchange_strong(ring, fresh, std::memory_order_acq_rel)) {
+      delete fresh;  // another thread won; `ring` now holds its ring
+      return ring;
+    }
+    return fresh;
+  }
+
+  // The calling thread's cache of this pool, claimed (see thread_cache.hpp); null when the
+  // thread has none (its directory is gone, the host is out of memory) or the pool is closed.
+  ThreadCache* lock_own_cache() noexcept;
+  void unlock_own_cache(ThreadCache& cache) noexcept;
+  // Honours a flush request of trim(), then releases the cache; returns `result`, so that a
+  // warm path ends in a tail call (it needs no stack frame).
+  [[gnu::cold]] void* flush_and_unlock(ThreadCache& cache, void* result) noexcept;
+  // The calling thread's cache of this pool from its directory, registered (or adopted
+  // from an exited thread) on first use; null as for lock_own_cache().
+  ThreadCache* find_or_register() noexcept;
+  // At thread exit: empties the thread's cache and makes it adoptable.
+  void retire(ThreadCache* cache) noexcept;
+
+  void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
+  void* allocate_slow(std::size_t bytes, std::size_t alignment, StreamKey key);
+  [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
+  void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
+  void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
+  // deallocate() after validation.
+  void release(void* block, std::size_t bytes, StreamKey key) noexcept;
+  bool release_to_own_cache(void* block, std::size_t bytes, StreamKey key) noexcept;
+  void release_slow(void* block, std::size_t bytes, StreamKey key) noexcept;
+  // The bins of a thread cache, for its holder. take_cached: a block of class `index`
+  // usable on `key` (false: none). has_room: the bin's depth and the cache's byte bound allow one
+  // more. put_cached: files a block (the caller checked the room and settled the tag).
+  bool take_cached(ThreadCache& cache, std::size_t index, StreamKey key, void*& block) noexcept {
+    auto& bin = cache.bins[index];
+    if (bin.count == 0 || (cache.tag != kUntagged && cache.tag != key)) return false;
+    block = bin.blocks[--bin.count];
+    bump(cache.cached_bytes, 0 - std::uint64_t{held_bytes_of[index]});
+    return true;
+  }
+  // `cached`: the cache's cached_bytes, as the caller loaded it; `held`: held_bytes_of[index].
+  bool has_room(const ThreadCache& cache, std::size_t index, std::uint64_t cached,
+                std::uint64_t held) const noexcept {
+    const auto& bin = cache.bins[index];
+    return bin.count < bin.limit && cached + held <= options.thread_cache_max_bytes;
+  }
+  void put_cached(ThreadCache& cache, void* block, std::size_t index, std::uint64_t held) noexcept {
+    auto& bin = cache.bins[index];
+    bin.blocks[bin.count++] = block;
+    bump(cache.cached_bytes, held);
+  }
+  void* small_get(ThreadCache* cache, std::size_t index, StreamKey key);
+  bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
+  void* tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
+                      ThreadCache* held);
+  // tier_allocate() when no free range fits: grows the tier (trimming and retrying on OOM).
+  void* tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
+                  ThreadCache* held);
+  // Moves a cache's blocks (its holder calls this) to their tiers under the cache's tag.
+  void take_bins(ThreadCache& cache) noexcept;
+  void drain_rings() noexcept;
+  // Takes every thread cache (idle, exited, or `held`: the caller's own, already locked)
+  // and the rings back to the segment tiers, then gives wholly free segments back.
+  void trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept;
+  bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
+  bool validate_release(void* block, std::size_t bytes) noexcept;
+  void note_in_use(std::int64_t delta) noexcept;
+  DevicePoolStats stats() const;
+
+  const std::uint64_t uid;  // unique per core, never 0: names its caches in tl_last
+  // The memory barriers of the thread caches' handshake; fixed for the life of the core.
+  const AsymmetricFence dekker;
+  std::shared_ptr<Upstream> upstream;
+  DevicePool::Options options;
+  // Stream markers for stream-ordered frees (Options::fence, else default_fence()).
+  std::shared_ptr<StreamFence> fence;
+  std::shared_ptr<VirtualMemory> virtual_memory;  // the large tier's, or null
+  std::size_t small_max;
+  std::size_t small_classes = 0;
+  std::size_t first_large_class = 0;  // small classes from here on are carved from `large`
+  // The keep_bytes of the latest trim(), for a thread that flushes its cache after it.
+  std::atomic<std::size_t> flush_keep_bytes{SIZE_MAX};
+  std::size_t thread_cache_classes = 0;
+  static constexpr std::size_t kMaxAlignment =
+      DevicePool::kDefaultAlignment;  // see the constructor
+  // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
+  bool plain_calls = false;
+  // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
+  std::array<std::uint32_t, 64> held_bytes_of{};
+  ReservedGauge gauge;
+  SegmentTier small;
+  SegmentTier large;
+  // Small blocks shared between threads: one lazily created ring per class.
+  std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
+
+  std::atomic<std::uint64_t> oom_retries{0};
+  std::atomic<std::uint64_t> invalid_releases{0};
+  // Only with options.track_peak_in_use (a shared counter on every call).
+  alignas(kCacheLine) std::atomic<std::int64_t> in_use_now{0};
+  std::atomic<std::int64_t> in_use_peak{0};
+
+  // Lock order: slow_mutex, then steal_mutex, then registry_mutex / a tier's mutex. Only
+  // a holder of steal_mutex waits for a cache's state word (trim(), which never waits for
+  // an owner inside a call that may block), and close() (holding none of them).
+  std::mutex steal_mutex;             // one stealer at a time: writes every ThreadCache::steal
+  mutable std::mutex registry_mutex;  // guards caches, spare_caches, closing
+  std::vector<std::unique_ptr<ThreadCache>> caches;
+  std::vector<ThreadCache*> spare_caches;  // of exited threads, empty, adoptable
+  bool closing = false;
+
+  // The slow path: calls on threads without a usable cache (see lock_own_cache) and every
+  // call once the pool is closed. Counters written under slow_mutex.
+  std::mutex slow_mutex;
+  std::atomic<std::uint64_t> slow_acquires{0};
+  std::atomic<std::uint64_t> slow_releases{0};
+  std::atomic<std::uint64_t> slow_acquired_bytes{0};
+  std::atomic<std::uint64_t> slow_released_bytes{0};
+  bool orphaned = false;                           // guarded by slow_mutex
+  std::uint64_t orphan_blocks_outstanding = 0;     // guarded by slow_mutex
+  std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
+
+  std::mutex live_mutex;  // validate_releases only
+  std::unordered_map<void*, std::size_t> live_blocks;
+};
+
+inline ThreadCache* DevicePoolCore::lock_own_cache() noexcept {
+  ThreadCache* cache = tl_last.uid == uid ? tl_last.cache : find_or_register();
+  if (cache == nullptr) return nullptr;
+  return claim(*cache, dekker);
+}
+
+inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
+  // The request is honoured before the release of the state word: once kFree is stored,
+  // close() may take the cache and destroy the pool, so nothing after it may touch them.
+  if (cache.flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
+    (void)flush_and_unlock(cache, nullptr);
+    return;
+  }
+  cache.state.store(ThreadCache::kFree, std::memory_order_release);
+}
+
+// Inline: every large request takes this path (the growing part is out of line).
+inline void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested,
+                                           std::size_t bytes, StreamKey key, ThreadCache* held) {
+  if (void* block = tier.allocate(bytes, key, /*may_grow=*/false)) [[likely]] {
+    return block;
+  }
+  return tier_grow(tier, requested, bytes, key, held);
+}
+
+inline void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
+  // Warm path: a block of this class in this thread's cache. `bytes - 1 < small_max` also
+  // sends zero bytes to the slow path, which rejects it with the other bad requests.
+  if (bytes - 1 < small_max && plain_calls && alignment - 1 < kMaxAlignment &&
+      (alignment & (alignment - 1)) == 0) [[likely]] {
+    const std::size_t index = SizeClasses::index_for(bytes);
+    if (ThreadCache* cache = claim_warm(uid, dekker); cache != nullptr) [[likely]] {
+      if (void* block = nullptr; take_cached(*cache, index, key, block)) [[likely]] {
+        const std::uint64_t held_bytes = held_bytes_of[index];
+        bump(cache->acquires, 1);
+        bump(cache->acquired_bytes, held_bytes);
+        if (cache->flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
+          return flush_and_unlock(*cache, block);  // see unlock_own_cache
+        }
+        cache->state.store(ThreadCache::kFree, std::memory_order_release);
+        return block;
+      }
+      // Untouched: the slow path claims the cache again and honours a flush request.
+      cache->state.store(ThreadCache::kFree, std::memory_order_release);
+    }
+  }
+  return allocate_slow(bytes, alignment, key);
+}
+
+// The warm release: room in this thread's cache and nothing to retag. False: nothing done
+// (nothing held either).
+inline bool DevicePoolCore::release_to_own_cache(void* block, std::size_t bytes,
+                                                 StreamKey key) noexcept {
+  const std::size_t index = SizeClasses::index_for(bytes);
+  ThreadCache* cache = claim_warm(uid, dekker);
+  if (cache == nullptr) [[unlikely]]
+    return false;
+  const std::uint64_t held = held_bytes_of[index];
+  const std::uint64_t cached = cache->cached_bytes.load(std::memory_order_relaxed);
+  if (has_room(*cache, index, cached, held) &&
+      (key == cache->tag || key == kUntagged || cached == 0)) [[likely]] {
+    if (cached == 0) cache->tag = key;  // an empty cache takes the tag of what it holds
+    put_cached(*cache, block, index, held);
+    bump(cache->releases, 1);
+    bump(cache->released_bytes, held);
+    unlock_own_cache(*cache);
+    return true;
+  }
+  // Untouched: the slow path claims the cache again and honours a flush request.
+  cache->state.store(ThreadCache::kFree, std::memory_order_release);
+  return false;
+}
+
+inline void DevicePoolCore::deallocate(void* block, std::size_t bytes, StreamKey key) noexcept {
+  if (bytes - 1 < small_max && plain_calls && block != nullptr) [[likely]] {
+    if (release_to_own_cache(block, bytes, key)) return;
+    return release_slow(block, bytes, key);
+  }
+  deallocate_checked(block, bytes, key);
+}
+
+}  // namespace vram::detail

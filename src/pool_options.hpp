@@ -1,0 +1,37 @@
+// src/pool_options.hpp: how DevicePool turns its Options and upstream into the pieces it
+// is built from (the large tier's memory, its reservation, the growth budget, the stream
+// marker). Decided once, at construction; nothing here runs on an allocation.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "vram/device_pool.hpp"
+#include "vram/stream_fence.hpp"
+#include "vram/upstream.hpp"
+#include "vram/virtual_memory.hpp"
+
+namespace vram::detail {
+
+// small_segment_max_bytes = 0 over virtual memory: small blocks above this are carved out
+// of the large tier.
+inline constexpr std::size_t kAutoSmallSegmentMax = std::size_t{256} << 10;
+// small_segment_max_bytes below this counts as this: from here on every small class is a
+// multiple of the large tier's 512-byte rounding.
+inline constexpr std::size_t kMinLargeTierBlock = 2048;
+
+// What backs the large tier (Options::large_tier_memory): virtual memory, or null for
+// segments from the upstream.
+std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePoolOptions& options,
+                                                   const std::shared_ptr<Upstream>& upstream);
+// The address range a virtual-memory large tier reserves; throws vram::InvalidArgument above
+// 16 TiB.
+std::size_t reservation_for(const DevicePoolOptions& options, const Upstream& upstream);
+// Options::growth_headroom as the tiers' fixed point (1024ths); throws vram::InvalidArgument
+// for a negative or NaN headroom.
+std::size_t growth_headroom_1024(double headroom);
+// The stream marker of a pool whose options name none: CUDA events over device memory,
+// "always complete" over any other upstream (host memory has no queued work).
+std::shared_ptr<StreamFence> default_fence(const Upstream& upstream);
+
+}  // namespace vram::detail

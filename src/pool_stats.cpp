@@ -1,0 +1,51 @@
+// DevicePool's counters summed over the thread caches, the slow path, the rings and the
+// tiers. Exact when no call runs at the same moment: each counter has one writer (its
+// cache's owner, or the holder of slow_mutex) and is read here with relaxed loads.
+#include "pool_core.hpp"
+
+namespace vram::detail {
+
+DevicePoolStats DevicePoolCore::stats() const {
+  DevicePoolStats s;
+  std::uint64_t acquired_bytes = slow_acquired_bytes.load(std::memory_order_relaxed);
+  std::uint64_t released_bytes = slow_released_bytes.load(std::memory_order_relaxed);
+  s.acquires = slow_acquires.load(std::memory_order_relaxed);
+  s.releases = slow_releases.load(std::memory_order_relaxed);
+  std::size_t thread_cached = 0;
+  {
+    std::lock_guard lock(registry_mutex);
+    for (const auto& cache : caches) {
+      s.acquires += cache->acquires.load(std::memory_order_relaxed);
+      s.releases += cache->releases.load(std::memory_order_relaxed);
+      acquired_bytes += cache->acquired_bytes.load(std::memory_order_relaxed);
+      released_bytes += cache->released_bytes.load(std::memory_order_relaxed);
+      thread_cached += cache->cached_bytes.load(std::memory_order_relaxed);
+    }
+  }
+  std::size_t ring_bytes = 0;
+  for (std::size_t index = 0; index < small_classes; ++index) {
+    if (const MpmcRing<void*>* ring = ring_of(index)) {
+      ring_bytes += ring->size() * small_block_bytes(index);
+    }
+  }
+  const SegmentTier::Counters a = small.counters();
+  const SegmentTier::Counters b = large.counters();
+  s.upstream_allocations = a.upstream_allocations + b.upstream_allocations;
+  s.upstream_frees = a.upstream_frees + b.upstream_frees;
+  s.misses = s.upstream_allocations + a.failed_upstream_allocations + b.failed_upstream_allocations;
+  s.hits = s.acquires > s.upstream_allocations ? s.acquires - s.upstream_allocations : 0;
+  s.oom_retries = oom_retries.load(std::memory_order_relaxed);
+  s.invalid_releases = invalid_releases.load(std::memory_order_relaxed);
+  s.bytes_in_use = acquired_bytes > released_bytes ? acquired_bytes - released_bytes : 0;
+  s.bytes_reserved = gauge.reserved.load(std::memory_order_relaxed);
+  s.peak_bytes_reserved = gauge.peak.load(std::memory_order_relaxed);
+  s.bytes_cached = s.bytes_reserved > s.bytes_in_use ? s.bytes_reserved - s.bytes_in_use : 0;
+  s.bytes_cached_in_threads = thread_cached;
+  s.bytes_cached_in_rings = ring_bytes;
+  s.segments = a.segments + b.segments;
+  s.peak_bytes_in_use = static_cast<std::size_t>(
+      std::max<std::int64_t>(0, in_use_peak.load(std::memory_order_relaxed)));
+  return s;
+}
+
+}  // namespace vram::detail

@@ -1,0 +1,130 @@
+// Taking cached blocks back: trim() and close() are the stealer's side of the thread
+// caches' handshake (thread_cache.hpp); then the rings, then the tiers.
+#include "pool_core.hpp"
+
+namespace vram::detail {
+
+void DevicePoolCore::take_bins(ThreadCache& cache) noexcept {
+  for (std::size_t index = 0; index < cache.bins.size(); ++index) {
+    auto& bin = cache.bins[index];
+    SegmentTier& tier = tier_of(index);
+    const std::size_t bytes = held_bytes_of[index];
+    for (std::uint32_t i = 0; i < bin.count; ++i) (void)tier.free(bin.blocks[i], cache.tag, bytes);
+    bin.count = 0;
+  }
+  cache.tag = kUntagged;
+  cache.cached_bytes.store(0, std::memory_order_relaxed);
+}
+
+void DevicePoolCore::drain_rings() noexcept {
+  for (std::size_t index = 0; index < small_classes; ++index) {
+    MpmcRing<void*>* ring = ring_of(index);
+    void* block = nullptr;
+    while (ring != nullptr && ring->try_pop(block)) {
+      (void)tier_of(index).free(block, kUntagged, held_bytes_of[index]);
+    }
+  }
+}
+
+void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept {
+  flush_keep_bytes.store(keep_bytes, std::memory_order_relaxed);
+  std::vector<ThreadCache*> snapshot;
+  try {
+    std::lock_guard lock(registry_mutex);
+    snapshot.reserve(caches.size());
+    for (auto& cache : caches) snapshot.push_back(cache.get());
+  } catch (...) {  // no host memory for the list: only the shared tiers are trimmed
+  }
+  {
+    // Flag every cache, then one heavy barrier for all of them (see ThreadCache): after it,
+    // an owner that has not yet claimed its cache sees the flag and stays out.
+    std::lock_guard steal_lock(steal_mutex);
+    std::size_t kept = 0;
+    for (ThreadCache* cache : snapshot) {
+      if (cache == held) {
+        take_bins(*cache);  // the caller's own, claimed by the caller
+      } else if (cache->steal.load(std::memory_order_relaxed) != ThreadCache::kClosed) {
+        snapshot[kept++] = cache;  // (a closed one: close() takes its blocks)
+      }
+    }
+    snapshot.resize(kept);
+    for (ThreadCache* cache : snapshot) cache->steal.store(ThreadCache::kStealing, kDekkerStore);
+    if (!snapshot.empty()) dekker.heavy();
+    for (ThreadCache* cache : snapshot) {
+      // Waits for an owner inside a short call; an owner inside a call that may block (an
+      // upstream call, its own trim) is asked to flush before it returns instead. The
+      // seq_cst store/load pairs here and in SlowSection guarantee one side sees the other.
+      Backoff backoff;
+      for (;;) {
+        if (cache->state.load(kDekkerLoad) == ThreadCache::kFree) {
+          take_bins(*cache);
+          cache->flush_requested.store(false, std::memory_order_relaxed);
+          break;
+        }
+        if (cache->in_slow_call.load(std::memory_order_seq_cst)) {
+          cache->flush_requested.store(true, std::memory_order_seq_cst);
+          if (cache->in_slow_call.load(std::memory_order_seq_cst)) break;  // it will see it
+          continue;
+        }
+        backoff.pause();
+      }
+      cache->steal.store(ThreadCache::kNoSteal, std::memory_order_release);
+    }
+  }
+  drain_rings();
+  // Wait for every stream's work instead of recording a marker on each stream that freed
+  // blocks: that stream may have been destroyed since (a marker on it would be undefined
+  // behaviour), and trim gives memory back with cudaFree, which synchronizes anyway. Only
+  // frees made before the synchronize began are known complete after it: a free racing it
+  // on another thread keeps its stream (mark_frees).
+  const std::uint64_t small_mark = small.mark_frees();
+  const std::uint64_t large_mark = large.mark_frees();
+  fence->quiesce();
+  small.forget_streams(small_mark);
+  large.forget_streams(large_mark);
+  small.trim(0, wait);
+  large.trim(keep_bytes, wait);
+}
+
+bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept {
+  {
+    std::lock_guard lock(registry_mutex);
+    closing = true;  // no cache registers from now on: `caches` is frozen
+  }
+  // Close every cache for good (after any trim in progress: it holds steal_mutex from its
+  // first flag to its last clear), then wait for the calls in progress on them. The wait
+  // holds no mutex: an owner inside a blocking call may still trim (it skips closed caches).
+  {
+    std::lock_guard steal_lock(steal_mutex);
+    for (auto& cache : caches) cache->steal.store(ThreadCache::kClosed, kDekkerStore);
+  }
+  dekker.heavy();
+  for (auto& cache : caches) {
+    Backoff backoff;
+    while (cache->state.load(kDekkerLoad) != ThreadCache::kFree) backoff.pause();
+    take_bins(*cache);
+  }
+  // Every call from now on takes the slow path, serialised by slow_mutex: the count of
+  // leased blocks is exact.
+  std::lock_guard slow(slow_mutex);
+  std::uint64_t acquires = slow_acquires.load(std::memory_order_relaxed);
+  std::uint64_t releases = slow_releases.load(std::memory_order_relaxed);
+  std::uint64_t acquired = slow_acquired_bytes.load(std::memory_order_relaxed);
+  std::uint64_t released = slow_released_bytes.load(std::memory_order_relaxed);
+  for (auto& cache : caches) {
+    acquires += cache->acquires.load(std::memory_order_relaxed);
+    releases += cache->releases.load(std::memory_order_relaxed);
+    acquired += cache->acquired_bytes.load(std::memory_order_relaxed);
+    released += cache->released_bytes.load(std::memory_order_relaxed);
+  }
+  trim(0, nullptr, false);
+  blocks = acquires - releases;
+  bytes = acquired - released;
+  if (blocks == 0) return false;
+  orphaned = true;
+  orphan_blocks_outstanding = blocks;
+  self_reference = shared_from_this();
+  return true;
+}
+
+}  // namespace vram::detail

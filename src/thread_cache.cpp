@@ -1,0 +1,108 @@
+// The owner's side of the thread caches (thread_cache.hpp): the contended claim, the
+// thread's directory of caches (one per pool it used) and what happens at thread exit.
+// Rule: a cache is registered once per thread and pool, and never freed before its pool:
+// an exited thread's cache is emptied and adopted by the next thread that registers.
+#include "thread_cache.hpp"
+
+#include <memory>
+#include <vector>
+
+#include "pool_core.hpp"
+
+namespace vram::detail {
+
+constinit thread_local LastPool tl_last VRAM_DETAIL_TLS_MODEL;
+
+namespace {
+
+// Per thread: which ThreadCache belongs to which pool. tl_last is the fast path
+// (the pool used last); the directory is consulted on a switch and retires the caches of
+// pools still alive when the thread exits. A thread whose directory is already destroyed
+// (thread_local teardown order) uses the pool's slow path and parks nothing.
+thread_local bool tl_directory_gone = false;
+
+struct ThreadDirectory {
+  struct Entry {
+    std::uint64_t uid;
+    std::weak_ptr<DevicePoolCore> core;
+    ThreadCache* cache;
+  };
+  std::vector<Entry> entries;
+
+  ~ThreadDirectory() {
+    tl_last = LastPool{};
+    tl_directory_gone = true;
+    for (Entry& entry : entries) {
+      if (auto core = entry.core.lock()) core->retire(entry.cache);
+    }
+  }
+};
+thread_local ThreadDirectory tl_directory;
+
+}  // namespace
+
+ThreadCache* claim_contended(ThreadCache& cache, const AsymmetricFence& barrier) noexcept {
+  Backoff backoff;
+  for (;;) {
+    // A steal is in progress or the pool is closing: step back without touching the bins
+    // so that the stealer (waiting for kFree) may go on.
+    cache.state.store(ThreadCache::kFree, std::memory_order_release);
+    std::uint32_t steal = cache.steal.load(std::memory_order_acquire);
+    while (steal == ThreadCache::kStealing) {
+      backoff.pause();
+      steal = cache.steal.load(std::memory_order_acquire);
+    }
+    if (steal == ThreadCache::kClosed) return nullptr;
+    cache.state.store(ThreadCache::kOwner, kDekkerStore);
+    barrier.light();
+    if (cache.steal.load(kDekkerLoad) == ThreadCache::kNoSteal) return &cache;
+  }
+}
+
+ThreadCache* DevicePoolCore::find_or_register() noexcept {
+  if (tl_directory_gone) return nullptr;
+  try {
+    auto& entries = tl_directory.entries;
+    for (auto& entry : entries) {
+      if (entry.uid == uid) {
+        tl_last = LastPool{uid, entry.cache};
+        return entry.cache;
+      }
+    }
+    std::erase_if(entries, [](const ThreadDirectory::Entry& e) { return e.core.expired(); });
+    entries.reserve(entries.size() + 1);  // the push_back below cannot throw
+    ThreadCache* cache = nullptr;
+    {
+      std::lock_guard lock(registry_mutex);
+      if (closing) return nullptr;
+      if (!spare_caches.empty()) {
+        cache = spare_caches.back();
+        spare_caches.pop_back();
+      } else {
+        caches.push_back(std::make_unique<ThreadCache>(small_classes, thread_cache_classes,
+                                                       options.thread_cache_blocks));
+        cache = caches.back().get();
+      }
+    }
+    entries.push_back({uid, weak_from_this(), cache});
+    tl_last = LastPool{uid, cache};
+    return cache;
+  } catch (...) {  // host out of memory: this call takes the slow path
+    return nullptr;
+  }
+}
+
+void DevicePoolCore::retire(ThreadCache* cache) noexcept {
+  // The exiting thread still owns its cache: it claims it like any call.
+  if (claim(*cache, dekker) == nullptr) return;  // closed: close() took its blocks already
+  take_bins(*cache);                             // its counters stay in the cache
+  cache->flush_requested.store(false, std::memory_order_relaxed);
+  cache->state.store(ThreadCache::kFree, std::memory_order_release);
+  std::lock_guard lock(registry_mutex);
+  try {
+    spare_caches.push_back(cache);
+  } catch (...) {  // not adoptable; it stays empty and counted
+  }
+}
+
+}  // namespace vram::detail
