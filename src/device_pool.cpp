@@ -27,7 +27,9 @@ DevicePool::Lease& DevicePool::Lease::operator=(Lease&& other) noexcept {
 }
 
 void DevicePool::Lease::reset() noexcept {
-  if (block_ != nullptr) core_->deallocate(block_, bytes_, detail::kUntagged);
+  if (block_ != nullptr && !core_->graph_deallocate(block_, bytes_, detail::kUntagged)) {
+    core_->deallocate(block_, bytes_, detail::kUntagged);
+  }
   core_ = nullptr;
   block_ = nullptr;
   bytes_ = 0;
@@ -55,6 +57,11 @@ DevicePool& DevicePool::operator=(DevicePool&& other) noexcept {
 
 DevicePool::~DevicePool() {
   if (!core_) return;
+  // Graph pools never released: their memory goes back with the rest.
+  try {
+    core_->return_graph_blocks(core_->graph_pools.take_all());
+  } catch (...) {  // out of host memory: those blocks count as still leased below
+  }
   std::uint64_t blocks = 0;
   std::uint64_t bytes = 0;
   if (core_->close(blocks, bytes)) {
@@ -77,27 +84,48 @@ detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
   return *core_;
 }
 
+// Each call first asks the graph pools (pool_graphs.cpp): one relaxed load while no capture
+// scope is open and no graph pool holds memory.
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
-  return live_core("allocate").allocate(bytes, alignment, detail::kUntagged);
+  detail::DevicePoolCore& core = live_core("allocate");
+  if (void* block = core.graph_allocate(bytes, alignment, detail::kUntagged)) [[unlikely]] {
+    return block;
+  }
+  return core.allocate(bytes, alignment, detail::kUntagged);
 }
 
 void DevicePool::deallocate(void* block, std::size_t bytes, std::size_t /*alignment*/) noexcept {
-  if (core_) [[likely]]
+  if (core_) [[likely]] {
+    if (core_->graph_deallocate(block, bytes, detail::kUntagged)) [[unlikely]]
+      return;
     core_->deallocate(block, bytes, detail::kUntagged);
+  }
 }
 
 DevicePool::Lease DevicePool::acquire(std::size_t bytes) {
-  void* block = live_core("acquire").allocate(bytes, kDefaultAlignment, detail::kUntagged);
+  detail::DevicePoolCore& core = live_core("acquire");
+  void* block = core.graph_allocate(bytes, kDefaultAlignment, detail::kUntagged);
+  if (block == nullptr) [[likely]]
+    block = core.allocate(bytes, kDefaultAlignment, detail::kUntagged);
   return Lease(core_.get(), block, bytes);
 }
 
 void* DevicePool::allocate_async(std::size_t bytes, cudaStream_t stream) {
-  return live_core("allocate_async").allocate(bytes, kDefaultAlignment, detail::stream_key(stream));
+  detail::DevicePoolCore& core = live_core("allocate_async");
+  const detail::StreamKey key = detail::stream_key(stream);
+  if (void* block = core.graph_allocate(bytes, kDefaultAlignment, key)) [[unlikely]] {
+    return block;
+  }
+  return core.allocate(bytes, kDefaultAlignment, key);
 }
 
 void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept {
-  if (core_) [[likely]]
-    core_->deallocate(block, bytes, detail::stream_key(stream));
+  if (core_) [[likely]] {
+    const detail::StreamKey key = detail::stream_key(stream);
+    if (core_->graph_deallocate(block, bytes, key)) [[unlikely]]
+      return;
+    core_->deallocate(block, bytes, key);
+  }
 }
 
 bool DevicePool::uses_virtual_memory() const noexcept {

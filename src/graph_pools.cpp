@@ -9,12 +9,14 @@ void GraphPools::retain(Id id) {
   if (made) pools_.store(by_id_.size(), std::memory_order_relaxed);
 }
 
-std::vector<GraphPools::Block> GraphPools::release(Id id) {
+std::vector<GraphPools::Block> GraphPools::release(Id id, bool* refused) {
   std::vector<Block> to_shared;
   std::lock_guard lock(mutex_);
   auto it = by_id_.find(id);
+  if (refused != nullptr) *refused = false;
   if (it == by_id_.end() || it->second.uses == 0) {
     ++double_frees_;
+    if (refused != nullptr) *refused = true;
     return to_shared;
   }
   --it->second.uses;

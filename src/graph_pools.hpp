@@ -50,8 +50,9 @@ class GraphPools {
   void retain(Id id);
   // Ends a use of pool `id`. Returns the blocks that go back to the shared tiers: all of
   // the pool's once no use remains and none is live; none otherwise. A pool with no open
-  // use is left as it is (the call is counted as a double free).
-  [[nodiscard]] std::vector<Block> release(Id id);
+  // use is left as it is: `refused` (when given) is set, and the call counted as a double
+  // free.
+  [[nodiscard]] std::vector<Block> release(Id id, bool* refused = nullptr);
   // A free block of pool `id` that serves `bytes` (best fit, at most a quarter larger),
   // now live; a null block when there is none or the pool has no open use.
   Block take(Id id, std::size_t bytes);

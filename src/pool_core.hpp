@@ -12,6 +12,8 @@
 //   pool_stats.cpp  stats().
 //   thread_cache.*  the per-thread cache, its handshake and the thread's directory.
 //   pool_options.*  what the options decide at construction.
+//   pool_graphs.cpp graph pools: routing under capture scopes (graph_pools.hpp,
+//                   capture_routes.hpp).
 #pragma once
 
 #include <algorithm>
@@ -25,6 +27,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "capture_routes.hpp"
+#include "graph_pools.hpp"
 #include "segment_tier.hpp"
 #include "thread_cache.hpp"
 #include "vram/detail/asymmetric_fence.hpp"
@@ -158,6 +162,26 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept;
   bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
   bool validate_release(void* block, std::size_t bytes) noexcept;
+  // Graph pools (pool_graphs.cpp). The checks are one relaxed load each while no graph pool
+  // exists and no capture scope is open.
+  // A request under a capture scope (`key`: kUntagged for the calling thread's requests
+  // without a stream): the graph pool's block, or null when no scope routes it.
+  void* graph_allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
+    if (!capture_routes.any()) [[likely]]
+      return nullptr;
+    return graph_allocate_routed(bytes, alignment, key);
+  }
+  // A release that a graph pool takes (its block, or a block freed under a scope): true.
+  bool graph_deallocate(void* block, std::size_t bytes, StreamKey key) noexcept {
+    if (graph_pools.empty() && !capture_routes.any()) [[likely]]
+      return false;
+    return graph_deallocate_routed(block, bytes, key);
+  }
+  void* graph_allocate_routed(std::size_t bytes, std::size_t alignment, StreamKey key);
+  bool graph_deallocate_routed(void* block, std::size_t bytes, StreamKey key) noexcept;
+  // Blocks a graph pool gave up go back to the shared tiers, after the device finished the
+  // work that may use them.
+  void return_graph_blocks(const std::vector<GraphPools::Block>& blocks) noexcept;
   void note_in_use(std::int64_t delta) noexcept;
   DevicePoolStats stats() const;
 
@@ -212,6 +236,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   bool orphaned = false;                           // guarded by slow_mutex
   std::uint64_t orphan_blocks_outstanding = 0;     // guarded by slow_mutex
   std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
+
+  GraphPools graph_pools;
+  CaptureRoutes capture_routes;
 
   std::mutex live_mutex;  // validate_releases only
   std::unordered_map<void*, std::size_t> live_blocks;

@@ -45,6 +45,9 @@ DevicePoolStats DevicePoolCore::stats() const {
   s.segments = a.segments + b.segments;
   s.peak_bytes_in_use = static_cast<std::size_t>(
       std::max<std::int64_t>(0, in_use_peak.load(std::memory_order_relaxed)));
+  const GraphPools::Stats graphs = graph_pools.stats();
+  s.graph_pool_bytes = graphs.held_bytes;
+  s.graph_pools = graphs.pools;
   return s;
 }
 

@@ -42,9 +42,9 @@
 //   CUDA graphs: a stream being captured never gets a stream marker (its freed blocks stay
 //   its own until the capture ends and another request records one), and the pool's event calls
 //   run in relaxed capture mode (as PyTorch's allocator's do), so they do not invalidate a
-//   capture in global mode. The pool has no graph-private memory: a block a captured graph
-//   uses must stay allocated while the graph can be launched (a block freed inside the
-//   capture is handed out again, and every launch of the graph writes it).
+//   capture in global mode. Memory a captured graph uses is kept apart only under a capture
+//   scope (capture_into, below: graph pools); without one, a block freed inside the capture
+//   is handed out again, and every launch of the graph writes it.
 //
 // Structure and hot path
 //   Requests up to small_block_max_bytes (1 MiB) round to a size class (size_classes.hpp,
@@ -145,6 +145,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <thread>
 
 #include <cuda_runtime_api.h>
 
@@ -177,6 +178,10 @@ struct DevicePoolStats {
   std::size_t peak_bytes_reserved = 0;  // high-water mark of bytes_reserved
   std::size_t peak_bytes_in_use = 0;    // high-water mark of bytes_in_use (track_peak_in_use)
   std::uint64_t segments = 0;  // segments held (a virtual tier counts its reserved range as one)
+  // Graph pools (see "CUDA graphs"): bytes they hold, live and free (counted in
+  // bytes_in_use: the shared tiers lent them out), and how many pools hold memory or a use.
+  std::size_t graph_pool_bytes = 0;
+  std::uint64_t graph_pools = 0;
 };
 
 // What backs DevicePool's large tier (blocks above small_block_max_bytes).
@@ -323,6 +328,58 @@ class DevicePool {
   // default stream). The null stream is the legacy default stream, one for all threads.
   [[nodiscard]] void* allocate_async(std::size_t bytes, cudaStream_t stream);
   void deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept;
+
+  // CUDA graphs. A graph launches its captured work long after the capture, so every block
+  // that work touches must stay the graph's. A capture scope sends allocations to a graph
+  // pool (graph_pools.hpp's rules):
+  //   auto id = vram::DevicePool::new_graph_pool();
+  //   {
+  //     auto scope = pool.capture_into(id, stream);   // before cudaStreamBeginCapture
+  //     cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
+  //     ... pool.allocate_async(n, stream), kernels, pool.deallocate_async(..., stream) ...
+  //     cudaStreamEndCapture(stream, &graph);
+  //   }                                                // the scope ends; the graph keeps id
+  //   ... launch the graph any number of times ...
+  //   pool.release_graph_pool(id);                     // when the graph is destroyed
+  // While the scope is open, allocations on `stream` and the calling thread's allocations
+  // without a stream (allocate, acquire) come from graph pool `id`, and every block freed on
+  // `stream` or by the calling thread goes to that pool (a block of the pool is also its
+  // own whatever stream frees it, during or after the capture). Only later allocations into
+  // the same pool reuse them: captures into one pool replay in capture order, so several
+  // graphs may share one (PyTorch's pool=). Each capture_into() opens a use of the pool,
+  // release_graph_pool() ends one; the pool's memory returns to the shared tiers once no use
+  // is open and none of its blocks is live, after the device has finished its work (a device
+  // synchronize). Growing during a capture runs in relaxed capture mode, so a global-mode
+  // capture stays valid. Not detected: allocations and frees of a capture made without a
+  // scope (the check would cost a driver call on every stream-ordered free) follow the
+  // ordinary rules above, which do not know the graph.
+  // Ids: any value; new_graph_pool() returns unique ones (top bit set, never 0).
+  // capture_into throws vram::InvalidArgument when `stream` or the calling thread already
+  // has a scope, and on a moved-from pool; release_graph_pool of a pool with no use open
+  // is counted in invalid_releases and changes nothing.
+  using GraphPoolId = std::uint64_t;
+  class CaptureScope {
+   public:
+    CaptureScope() = default;
+    CaptureScope(CaptureScope&& other) noexcept;
+    CaptureScope& operator=(CaptureScope&& other) noexcept;
+    CaptureScope(const CaptureScope&) = delete;
+    CaptureScope& operator=(const CaptureScope&) = delete;
+    ~CaptureScope() { end(); }
+    // Stops routing (the pool's use stays open until release_graph_pool). Idempotent.
+    void end() noexcept;
+
+   private:
+    friend class DevicePool;
+    CaptureScope(std::shared_ptr<detail::DevicePoolCore> core, std::uintptr_t stream,
+                 std::thread::id thread) noexcept;
+    std::shared_ptr<detail::DevicePoolCore> core_;
+    std::uintptr_t stream_ = 0;
+    std::thread::id thread_;
+  };
+  static GraphPoolId new_graph_pool() noexcept;
+  [[nodiscard]] CaptureScope capture_into(GraphPoolId graph_pool, cudaStream_t stream);
+  void release_graph_pool(GraphPoolId graph_pool) noexcept;
 
   // Bytes a request of `bytes` occupies in the pool (its size class up to
   // small_block_max_bytes, else rounded to 512): what bytes_in_use counts.
