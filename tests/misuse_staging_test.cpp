@@ -26,12 +26,12 @@
 #include <vector>
 
 #include "gpu_test_policy.hpp"
+#include "pageable_stager.hpp"
+#include "parallel_copy.hpp"
 #include "test_upstreams.hpp"
 #include "vram/copy.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
-#include "vram/detail/pageable_stager.hpp"
-#include "vram/detail/parallel_copy.hpp"
 #include "vram/pager_plan.hpp"
 #include "vram/pinned_host_upstream.hpp"
 #include "vram/pinned_staging_pool.hpp"

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "gpu_test_policy.hpp"
+#include "parallel_copy.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
-#include "vram/detail/parallel_copy.hpp"
 #include "vram/units.hpp"
 #include "vram/weight_pager.hpp"
 

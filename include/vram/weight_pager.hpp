@@ -125,8 +125,8 @@ struct WeightPagerLoad {
 };
 
 // The CUDA side of the pager, behind a seam: the production implementation lives in
-// weight_pager.cpp; the CPU tests substitute a host-memory one. Calls come under the
-// pager's lock, in the order documented for each.
+// src/cuda/pager_device.cpp; the CPU tests substitute a host-memory one. Calls come under
+// the pager's lock, in the order documented for each, and none after shutdown().
 class PagerDevice {
  public:
   struct HostRange {
