@@ -1,5 +1,6 @@
 #include "vram/weight_pager.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <exception>
@@ -14,6 +15,12 @@
 namespace vram {
 namespace {
 
+[[noreturn]] void throw_destroyed(const char* call) {
+  throw InvalidArgument(std::string("vram::WeightPager::Handle::") + call +
+                        ": pager destroyed. Fix: keep the WeightPager alive while its "
+                        "handles are used.");
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -22,8 +29,18 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 namespace detail {
 
+// The pager's state, shared by the WeightPager (its owner) and its Handles (weak
+// references). Every call runs under `mutex`, for its whole duration, with a strong
+// reference held, so the state outlives the calls in flight.
+// Invariants
+//   - The owner closes the state (WeightPager's destructor or move-assignment; a failed
+//     construction through the destructor): close() takes the mutex, so it waits for the
+//     calls in flight, then shuts the device down and frees the arena. After it, every
+//     call throws "pager destroyed" before touching the device, the arena or the weights.
+//   - `broken` holds the first failure inside acquire/release; later calls throw it.
 struct PagerState {
   std::mutex mutex;
+  std::atomic<bool> closed{false};  // written under `mutex`; read without it by alive()
   std::vector<WeightLayer> layers;
   std::map<std::string, std::size_t, std::less<>> names;
   WeightPagerOptions options;
@@ -35,17 +52,28 @@ struct PagerState {
   WeightPagerStats counters;
   std::string broken;  // the first failure inside acquire/release: the pager is unusable
 
-  ~PagerState() {
+  ~PagerState() { close(); }
+
+  void close() noexcept {
+    std::lock_guard lock(mutex);
+    if (closed.load(std::memory_order_relaxed)) return;
+    closed.store(true, std::memory_order_release);
     if (schedule && schedule->layers_acquired() > 0) {
       std::fprintf(stderr,
                    "vram::WeightPager: destroyed with %zu layer(s) still acquired; their device "
                    "memory is freed now (after the release events recorded so far).\n",
                    schedule->layers_acquired());
     }
-    if (device) device->shutdown(arena, arena_bytes);
+    if (device) {
+      device->shutdown(arena, arena_bytes);
+      device.reset();
+    }
+    arena = nullptr;
+    arena_bytes = 0;
   }
 
-  void check_usable() const {
+  void check_usable(const char* call) const {
+    if (closed.load(std::memory_order_relaxed)) throw_destroyed(call);
     if (!broken.empty()) {
       throw InvalidArgument("vram::WeightPager: unusable after an earlier failure: " + broken);
     }
@@ -61,7 +89,7 @@ struct PagerState {
 
   void* acquire(std::size_t layer, cudaStream_t stream) {
     std::lock_guard lock(mutex);
-    check_usable();
+    check_usable("acquire");
     const PagerSchedule::Acquired acquired = schedule->acquire(layer);  // throws: no change
     const PagerPlan& plan = schedule->plan();
     try {
@@ -85,7 +113,7 @@ struct PagerState {
 
   void release(std::size_t layer, cudaStream_t stream) {
     std::lock_guard lock(mutex);
-    check_usable();
+    check_usable("release");
     const std::size_t slot = schedule->release(layer);  // throws: no change
     if (slot == PagerSchedule::kNone) return;           // resident: never evicted
     try {
@@ -191,11 +219,16 @@ WeightPager::WeightPager(std::vector<WeightLayer> layers, WeightPagerOptions opt
 }
 
 WeightPager& WeightPager::operator=(WeightPager&& other) noexcept {
-  state_ = std::move(other.state_);
+  if (this != &other) {
+    if (state_) state_->close();
+    state_ = std::move(other.state_);
+  }
   return *this;
 }
 
-WeightPager::~WeightPager() = default;
+WeightPager::~WeightPager() {
+  if (state_) state_->close();
+}
 
 namespace {
 detail::PagerState& usable(const std::shared_ptr<detail::PagerState>& state) {
@@ -252,14 +285,12 @@ void WeightPager::synchronize() {
 WeightPager::Handle WeightPager::handle() const { return Handle(state_); }
 
 namespace {
+// A strong reference for the duration of one call: the state cannot be freed under it,
+// and a closed state throws inside the call (check_usable).
 std::shared_ptr<detail::PagerState> lock_alive(const std::weak_ptr<detail::PagerState>& state,
                                                const char* call) {
   auto alive = state.lock();
-  if (!alive) {
-    throw InvalidArgument(std::string("vram::WeightPager::Handle::") + call +
-                          ": pager destroyed. Fix: keep the WeightPager alive while its "
-                          "handles are used.");
-  }
+  if (!alive) throw_destroyed(call);
   return alive;
 }
 }  // namespace
@@ -270,6 +301,9 @@ void* WeightPager::Handle::acquire(std::size_t layer, cudaStream_t stream) const
 void WeightPager::Handle::release(std::size_t layer, cudaStream_t stream) const {
   lock_alive(state_, "release")->release(layer, stream);
 }
-bool WeightPager::Handle::alive() const noexcept { return !state_.expired(); }
+bool WeightPager::Handle::alive() const noexcept {
+  const auto state = state_.lock();
+  return state && !state->closed.load(std::memory_order_acquire);
+}
 
 }  // namespace vram

@@ -46,7 +46,10 @@
 // 0, duplicate names: vram::InvalidArgument from the constructor, nothing allocated or
 // pinned. Releasing a layer not acquired: vram::InvalidArgument, nothing changes.
 // A Handle (handle()) outlives the pager safely: its calls then throw InvalidArgument
-// ("pager destroyed"). Destroying the pager waits for its copies and for the release
+// ("pager destroyed"). A Handle may be used from any thread at any moment: a call racing
+// the pager's destruction either completes on the live pager (the destructor waits for it)
+// or throws, and never touches freed memory; what an acquire returned is valid only while
+// the pager lives. Destroying the pager waits for its copies and for the release
 // events recorded, warns about layers still acquired, then frees the arena, the staging
 // buffers and unregisters the host weights. A CUDA error inside acquire/release is thrown
 // (vram::CudaError) and leaves the pager broken: later acquire/release calls throw
@@ -202,8 +205,10 @@ class WeightPager {
   std::shared_ptr<detail::PagerState> state_;
 };
 
-// A non-owning reference to a pager that may be destroyed first: every call then throws
-// vram::InvalidArgument ("pager destroyed") instead of touching freed memory.
+// A non-owning reference to a pager that may be destroyed first, usable from any thread:
+// a call made after (or racing) the pager's destruction either completes before the
+// destructor's teardown or throws vram::InvalidArgument ("pager destroyed"); it never
+// touches freed memory. alive() turns false when the destructor's teardown begins.
 class WeightPager::Handle {
  public:
   [[nodiscard]] void* acquire(std::size_t layer, cudaStream_t stream) const;
