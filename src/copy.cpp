@@ -241,7 +241,7 @@ CopyResult PendingCopy::wait_timed() && {
   wait_fence();
   float elapsed = 0.0F;
   if (start_ && end_) elapsed = cuda::Event::elapsed_ms(*start_, *end_);
-  CopyCompleted witness = std::move(*this).wait();  // the fence has fired: returns at once
+  CopyCompleted witness = std::move(*this).wait();  // the fence is ready: returns at once
   return CopyResult{std::move(witness), elapsed};
 }
 
