@@ -56,7 +56,7 @@ TEST(PagerPlan, EverythingResidentWhenItFits) {
 }
 
 TEST(PagerPlan, KeepsWhatFitsAndStreamsTheRestThroughDepthPlusOneSlots) {
-  // The stack: 48 layers of 256 MiB under 4 GiB with one layer of look-ahead.
+  // A large stack: 48 layers of 256 MiB under 4 GiB with one layer of look-ahead.
   const auto plan =
       plan_residency(uniform(48, 256_MiB), {}, {.budget_bytes = 4_GiB, .prefetch_depth = 1});
   EXPECT_EQ(plan.slot_count, 2U);

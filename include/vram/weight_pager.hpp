@@ -88,9 +88,8 @@ struct WeightPagerOptions {
   std::size_t staging_chunk_bytes = std::size_t{32} << 20;
   std::size_t staging_buffers = 3;  // 2: double, 3: triple buffering; at most 64
   // Pageable fill: threads (0: the hardware threads, at most 16; at most 256; threads the
-  // system cannot start are done without) and how they copy. On the
-  // H200 machine memcpy with 16 threads filled at 47.9 GB/s, with 8 at 45.4, non-temporal
-  // stores at 37.7 and 28.9 (bench/RESULTS.md); elsewhere non-temporal stores may win.
+  // system cannot start are done without) and how they copy: memcpy, or non-temporal
+  // stores, which is faster depends on the machine.
   unsigned fill_threads = 0;
   bool streaming_fill = false;        // true: non-temporal stores into staging (x86-64)
   unsigned stall_sample_period = 16;  // time every Nth page-in; 0: never
