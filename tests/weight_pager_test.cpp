@@ -539,6 +539,10 @@ TEST(WeightPagerThreads, HandleCallsRacingThePagersDestructionCompleteOrThrow) {
     std::atomic<std::uint64_t> completed{0};
     std::atomic<std::uint64_t> refused{0};
     std::atomic<std::uint64_t> unexpected{0};
+    auto count_refusal = [&](const InvalidArgument& error) {
+      const bool destroyed = std::string(error.what()).find("pager destroyed") != std::string::npos;
+      (destroyed ? refused : unexpected).fetch_add(1);
+    };
     std::vector<std::thread> threads;
     for (std::size_t t = 0; t < kThreads; ++t) {
       threads.emplace_back([&, t] {
@@ -551,17 +555,13 @@ TEST(WeightPagerThreads, HandleCallsRacingThePagersDestructionCompleteOrThrow) {
             std::this_thread::yield();  // every slot acquired by the other threads
             continue;
           } catch (const InvalidArgument& error) {
-            const bool destroyed =
-                std::string(error.what()).find("pager destroyed") != std::string::npos;
-            (destroyed ? refused : unexpected).fetch_add(1);
+            count_refusal(error);
             return;
           }
           try {
             handle.release(layer, nullptr);
           } catch (const InvalidArgument& error) {
-            const bool destroyed =
-                std::string(error.what()).find("pager destroyed") != std::string::npos;
-            (destroyed ? refused : unexpected).fetch_add(1);
+            count_refusal(error);
             return;
           }
           completed.fetch_add(1);
