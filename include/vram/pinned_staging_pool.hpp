@@ -56,12 +56,9 @@
 namespace vram {
 
 namespace detail {
-struct StagingPoolState;
-}
-
-namespace detail {
-struct StagingLease;
-}
+struct StagingPoolState;  // the pool's free list and counters (src/pinned_staging_pool.cpp)
+struct StagingLease;      // the ledger of one loan (src/staging_lease.hpp)
+}  // namespace detail
 
 // An owning pinned buffer (move-only). Destruction frees it to its upstream (deferred while
 // copies issued from its lease are unobserved). A buffer made with this constructor is no
