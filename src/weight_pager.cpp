@@ -30,8 +30,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 namespace detail {
 
 // The pager's state, shared by the WeightPager (its owner) and its Handles (weak
-// references). Every call runs under `mutex`, for its whole duration, with a strong
-// reference held, so the state outlives the calls in flight.
+// references). Every acquire and release runs under `mutex` for its whole duration, and a
+// Handle's call holds a strong reference meanwhile, so the state outlives the calls in
+// flight. The owner's other calls (stats, synchronize, plan, ...) are its own thread's.
 // Invariants
 //   - The owner closes the state (WeightPager's destructor or move-assignment; a failed
 //     construction through the destructor): close() takes the mutex, so it waits for the
