@@ -2,6 +2,7 @@
 // (the CUDA seam replaced), and on a GPU the bytes delivered in pinned and pageable modes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -529,6 +530,7 @@ TEST(WeightPagerThreads, HandleCallsRacingThePagersDestructionCompleteOrThrow) {
   constexpr std::size_t kThreads = 4;
   constexpr std::size_t kLayers = 2 * kThreads;
   std::uint64_t completed_total = 0;
+  ::testing::internal::CaptureStderr();  // the destructor warns about layers still acquired
   for (int iteration = 0; iteration < kIterations; ++iteration) {
     auto host = std::make_unique<HostLayers>(kLayers, 8192);  // 32 KiB + i words a layer
     auto log = std::make_shared<FakeLog>();
@@ -578,6 +580,13 @@ TEST(WeightPagerThreads, HandleCallsRacingThePagersDestructionCompleteOrThrow) {
     EXPECT_EQ(refused.load(), kThreads);
     EXPECT_EQ(unexpected.load(), 0U);
     completed_total += completed.load();
+  }
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  for (std::size_t at = 0; at < warnings.size();) {
+    const std::size_t end = std::min(warnings.find('\n', at), warnings.size());
+    EXPECT_NE(warnings.substr(at, end - at).find("still acquired"), std::string::npos)
+        << warnings.substr(at, end - at);
+    at = end + 1;
   }
   EXPECT_GE(completed_total, 8U * kIterations);
 }
