@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/memory.hpp"
 #include "staging_lease.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/pinned_staging_pool.hpp"
@@ -59,9 +60,8 @@ PendingCopy copy_to_device_async(void* device_destination, const void* host_sour
   copy.start_.emplace(take_timing_event());
   copy.end_.emplace(take_timing_event());
   copy.start_->record(stream);
-  cuda::check(
-      cudaMemcpyAsync(device_destination, host_source, bytes, cudaMemcpyHostToDevice, stream),
-      "cudaMemcpyAsync(HostToDevice)");
+  cuda::copy_to_device_async(device_destination, host_source, bytes, stream,
+                             "cudaMemcpyAsync(HostToDevice)");
   copy.record_end(stream);
   return copy;
 }
@@ -84,9 +84,8 @@ PendingCopy copy_to_device_async(void* device_destination, PooledStaging& source
   copy.start_.emplace(take_timing_event());
   copy.end_.emplace(take_timing_event());
   copy.start_->record(stream);
-  cuda::check(cudaMemcpyAsync(device_destination, source.data() + offset, bytes,
-                              cudaMemcpyHostToDevice, stream),
-              "cudaMemcpyAsync(HostToDevice)");
+  cuda::copy_to_device_async(device_destination, source.data() + offset, bytes, stream,
+                             "cudaMemcpyAsync(HostToDevice)");
   // The copy is queued: count it on the lease before anything else can throw, so the
   // buffer cannot be retired until this copy is observed complete.
   copy.lease_ = lease;
@@ -133,11 +132,10 @@ void PendingCopy::record_end(cudaStream_t stream) {
     // The copy is queued but has no end event: drain the stream instead. If even that
     // fails, the copy stays unobserved: the lease can never be retired and the buffer's
     // memory is leaked (kept parked) rather than reused.
-    if (cudaStreamSynchronize(stream) == cudaSuccess) {
+    if (cuda::try_synchronize_stream(stream)) {
       mark_observed();
-    } else {
-      (void)cudaGetLastError();
-      if (lease_) (void)new std::shared_ptr<detail::StagingLease>(lease_);
+    } else if (lease_) {
+      (void)new std::shared_ptr<detail::StagingLease>(lease_);
     }
     throw;
   }
@@ -243,7 +241,7 @@ CopyResult PendingCopy::wait_timed() && {
   wait_fence();
   float elapsed = 0.0F;
   if (start_ && end_) elapsed = cuda::Event::elapsed_ms(*start_, *end_);
-  CopyCompleted witness = std::move(*this).wait();  // the fence has fired: returns at once
+  CopyCompleted witness = std::move(*this).wait();  // the fence is ready: returns at once
   return CopyResult{std::move(witness), elapsed};
 }
 

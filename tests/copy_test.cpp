@@ -1,5 +1,5 @@
 // The copy layer's witness: single-use, bound to one lease and to every copy issued from
-// it. Each misuse named in issue 10 has a case here (CPU, host-fenced copies over host
+// it. Each misuse of the witness has a case here (CPU, host-fenced copies over host
 // memory) and, for the copy cases, a GPU case holding a real copy in flight behind a long
 // kernel. Compile-time misuses are in tests/compile_fail/.
 #include <gtest/gtest.h>
@@ -100,8 +100,8 @@ TEST(CopyWitness, MovedFromWitnessProvesNothing) {
       << "a returned lease cannot be retired twice";
 }
 
-// The issue's H200 case: a buffer retired with one completed copy's witness, reacquired,
-// a new copy queued from it, and the moved-from witness presented again.
+// A buffer retired with one completed copy's witness, reacquired, a new copy queued from
+// it, and the moved-from witness presented again: refused while the copy is in flight.
 TEST(CopyWitness, MovedFromWitnessCannotRetireTheReacquiredBufferWithACopyInFlight) {
   PinnedStagingPool pool(host_upstream());
   auto first = pool.acquire(4096);

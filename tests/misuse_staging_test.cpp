@@ -1,9 +1,8 @@
-// Hostile review (branch misuse-staging): misuse and bad input against PinnedStagingPool,
-// its CopyCompleted witness, the pinned host upstream, and WeightPager (plan, schedule,
-// pageable staging). A test that FAILS pins a finding; a test that passes covers a misuse
-// case the existing tests did not spell out. Crashes and undefined behaviour are run in a
+// Misuse and bad input against PinnedStagingPool, its CopyCompleted witness, the pinned
+// host upstream, and WeightPager (plan, schedule, pageable staging): each test states the
+// documented behaviour for one misuse. Crashes and undefined behaviour are run in a
 // death-test child (EXPECT_EXIT) that exits 0 only when the documented error is thrown, so
-// the crash stays in the child and the failure names what happened.
+// a crash stays in the child and the failure names what happened.
 #include <gtest/gtest.h>
 
 #include <sys/resource.h>
@@ -26,12 +25,12 @@
 #include <vector>
 
 #include "gpu_test_policy.hpp"
+#include "pageable_stager.hpp"
+#include "parallel_copy.hpp"
 #include "test_upstreams.hpp"
 #include "vram/copy.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
-#include "vram/detail/pageable_stager.hpp"
-#include "vram/detail/parallel_copy.hpp"
 #include "vram/pager_plan.hpp"
 #include "vram/pinned_host_upstream.hpp"
 #include "vram/pinned_staging_pool.hpp"
@@ -71,9 +70,9 @@ template <class E, class Body>
 
 // ==== PinnedStagingPool ==================================================================
 
-// Found: a moved-from PinnedStagingPool (its only member a shared_ptr, moved) crashed in
-// every call (null dereference). Now the calls that need the pool throw InvalidArgument,
-// release() leaving the buffer with the caller, and the rest do nothing.
+// A moved-from PinnedStagingPool (its only member a shared_ptr, moved): the calls that
+// need the pool throw InvalidArgument, release() leaving the buffer with the caller, and
+// the rest do nothing; none dereferences the empty state.
 TEST(MisuseStagingPool, MovedFromPoolRefusesAndLosesNothing) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
@@ -106,9 +105,9 @@ TEST(MisuseStagingPool, MovedFromPoolRefusesAndLosesNothing) {
   EXPECT_EQ(other.stats().retired, 1U);
 }
 
-// FINDING: the header says "destroying a PooledStaging (or PinnedBuffer) frees its buffer
-// (counted in freed_without_witness)". A buffer taken out with into_inner() and dropped
-// without release() is freed, but counted nowhere: into_inner() forgets the pool.
+// Destroying a PooledStaging or its PinnedBuffer without a witness frees the buffer and
+// counts it in freed_without_witness, a buffer taken out with into_inner() too: the raw
+// buffer still belongs to its pool's lease.
 TEST(MisuseStagingPool, RawBufferDroppedWithoutWitnessIsCounted) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
@@ -139,16 +138,15 @@ class DeviceKindUpstream final : public Upstream {
   HostMemoryUpstream inner_;
 };
 
-// FINDING: PinnedStagingPool(upstream) accepts any upstream, device memory included (no
-// kind() check), so the mistake surfaces as a host segfault at the first memcpy.
+// PinnedStagingPool(upstream) refuses an upstream of device memory (kind() device): the
+// host fills staging buffers, so such memory would crash the first memcpy.
 TEST(MisuseStagingPool, DeviceMemoryUpstreamIsRefusedAtConstruction) {
   EXPECT_THROW(PinnedStagingPool(std::make_shared<DeviceKindUpstream>()), InvalidArgument)
       << "a staging pool over device memory was accepted";
 }
 
-// Covered (passes): copies of a PinnedStagingPool are handles of ONE pool (shared state):
-// a lease of one is accepted by the other's release(), and clear() on either empties both.
-// Documented here because the class comment does not say the pool is copyable at all.
+// Copies of a PinnedStagingPool are handles of ONE pool (shared state): a lease of one is
+// accepted by the other's release(), and clear() on either empties both.
 TEST(MisuseStagingPool, CopiedPoolIsAnAliasOfTheSamePool) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
@@ -163,8 +161,8 @@ TEST(MisuseStagingPool, CopiedPoolIsAnAliasOfTheSamePool) {
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
-// Covered (passes): a lease moved between PooledStaging objects keeps its identity; the
-// witness retires it from the new owner only; the moved-from owner is empty and refuses.
+// A lease moved between PooledStaging objects keeps its identity; the witness retires it
+// from the new owner only; the moved-from owner is empty and refuses.
 TEST(MisuseStagingPool, WitnessFollowsAMovedLeaseAndTheSourceRefuses) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
@@ -184,8 +182,8 @@ TEST(MisuseStagingPool, WitnessFollowsAMovedLeaseAndTheSourceRefuses) {
   EXPECT_EQ(pool.stats().freed_without_witness, 0U);
 }
 
-// Covered (passes): a witness of another pool's lease is refused by both retire() and
-// release(); both leases stay intact and retire later with their own witnesses.
+// A witness of another pool's lease is refused by both retire() and release(); both
+// leases stay intact and retire later with their own witnesses.
 TEST(MisuseStagingPool, WitnessOfAnotherPoolsLeaseIsRefusedByRetireAndRelease) {
   auto upstream = counted_host();
   PinnedStagingPool a(upstream);
@@ -210,9 +208,9 @@ TEST(MisuseStagingPool, WitnessOfAnotherPoolsLeaseIsRefusedByRetireAndRelease) {
   EXPECT_EQ(a.stats().retired + b.stats().retired, 2U);
 }
 
-// Covered (passes): a witness refused because a copy is still in flight is consumed (it
-// was passed by value), but the lease survives; once the copy is observed, the witness
-// of that copy retires it. A witness minted before the copy was issued does not count.
+// A witness refused because a copy is still in flight is consumed (it was passed by
+// value), but the lease survives; once the copy is observed, the witness of that copy
+// retires it. A witness minted before the copy was issued does not count.
 TEST(MisuseStagingPool, WitnessMintedBeforeALaterCopyIsRefusedUntilThatCopyIsObserved) {
   struct Fence {
     std::shared_ptr<bool> fired = std::make_shared<bool>(false);
@@ -233,7 +231,7 @@ TEST(MisuseStagingPool, WitnessMintedBeforeALaterCopyIsRefusedUntilThatCopyIsObs
   EXPECT_EQ(pool.stats().retired, 1U);
 }
 
-// Covered (passes): zero and absurd sizes of every sizing call, and bounds of zero.
+// Zero and absurd sizes of every sizing call, and bounds of zero.
 TEST(MisuseStagingPool, ZeroAndAbsurdSizesEverywhere) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream, {.max_buffers = 0, .max_bytes = 0});
@@ -255,12 +253,11 @@ TEST(MisuseStagingPool, ZeroAndAbsurdSizesEverywhere) {
 
 // ==== WeightPager: plan and schedule (pure host) ===========================================
 
-// FINDING: plan_residency guards the total of the aligned layer sizes against overflow,
-// but not the sum of the layers forced resident for a candidate slot size (`forced`) nor
-// resident_bytes. Two layers of 2^63 bytes under a budget of SIZE_MAX: forced wraps to 0,
-// the plan keeps all three layers resident in an "arena" of 256 bytes, and layer 2 gets the
-// same offset as layer 0. The pager would allocate 256 bytes and upload 2^63 into it.
-// (Absurd sizes, e.g. uninitialised WeightLayer::bytes with an "unlimited" budget.)
+// plan_residency guards every sum of layer sizes against overflow: the total of the
+// aligned sizes, the layers forced resident for a candidate slot size, and resident_bytes.
+// Two layers of 2^63 bytes under a budget of SIZE_MAX are refused, never planned into a
+// wrapped arena (absurd sizes, e.g. an uninitialised WeightLayer::bytes with an
+// "unlimited" budget).
 TEST(MisuseStagingPager, PlanWithOverflowingResidentLayersIsRefused) {
   const std::size_t huge = std::size_t{1} << 63;
   try {
@@ -277,10 +274,8 @@ TEST(MisuseStagingPager, PlanWithOverflowingResidentLayersIsRefused) {
                InvalidArgument);
 }
 
-// FINDING: copy_to_compute_ratio is not validated. +inf (or any value past 2^64) reaches
-// static_cast<std::size_t>(std::ceil(run * (ratio - 1))) in pager_plan.cpp: undefined
-// behaviour (float-to-integer overflow), and the warning prints whatever the conversion
-// gave; NaN and negative ratios are silently taken as "unknown".
+// copy_to_compute_ratio is validated: +inf and values past 2^64 (which would overflow the
+// float-to-integer conversion of the plan check), NaN and negative ratios are refused.
 TEST(MisuseStagingPager, NonFiniteOrNegativeCopyToComputeRatioIsRefused) {
   for (const double ratio : {std::numeric_limits<double>::infinity(), 1e300,
                              std::numeric_limits<double>::quiet_NaN(), -2.0}) {
@@ -297,10 +292,9 @@ TEST(MisuseStagingPager, NonFiniteOrNegativeCopyToComputeRatioIsRefused) {
   }
 }
 
-// FINDING (unclear error message): a layer exactly as large as the budget is refused
-// because of the arena's hidden 256-byte alignment, with the message "layer 0 (1000 bytes)
-// is larger than the VRAM budget (1000 bytes)", which is false as stated. It should either
-// be accepted or say that layers are placed at 256-byte alignment (1024 bytes needed).
+// A layer exactly as large as the budget: the arena places layers at 256-byte alignment,
+// so it is either accepted or refused with a message that names the alignment, never a
+// false "larger than the VRAM budget".
 TEST(MisuseStagingPager, LayerAsLargeAsTheBudgetGetsATruthfulMessage) {
   try {
     const auto plan = plan_residency({1000}, {}, {.budget_bytes = 1000});
@@ -312,8 +306,8 @@ TEST(MisuseStagingPager, LayerAsLargeAsTheBudgetGetsATruthfulMessage) {
   }
 }
 
-// Found: PagerSchedule (public) indexed its vectors with a hand-made plan's schedule entries
-// unchecked (a crash). Now an inconsistent plan is InvalidArgument.
+// PagerSchedule (public) checks a hand-made plan before indexing with its schedule
+// entries: an inconsistent plan is InvalidArgument, not a crash.
 TEST(MisuseStagingPager, ScheduleOverAnInconsistentHandMadePlanIsRefused) {
   const PagerPlan good = plan_residency({64, 64}, {}, {.budget_bytes = 64, .alignment = 1});
   {
@@ -347,8 +341,8 @@ TEST(MisuseStagingPager, ScheduleOverAnInconsistentHandMadePlanIsRefused) {
   EXPECT_EQ(schedule.layers_acquired(), 1U);
 }
 
-// Covered (passes): a schedule entry out of range, zero layers, a zero-byte layer and a
-// budget below one layer are refused by plan_residency with a Fix.
+// A schedule entry out of range, zero layers, a zero-byte layer and a budget below one
+// layer are refused by plan_residency with a Fix.
 TEST(MisuseStagingPager, PlanBadInputMessagesCarryAFix) {
   const auto message = [](auto&& call) -> std::string {
     try {
@@ -416,9 +410,9 @@ WeightPager host_pager(const Weights& weights, WeightPagerOptions options) {
   return WeightPager(weights.layers, options, std::make_unique<HostDevice>());
 }
 
-// Covered (passes): every slot held is OutOfMemory (a std::bad_alloc) naming the slots,
-// nothing changes, and after a release the pager serves the layer with its own bytes.
-// Acquiring one layer twice needs two releases; a third is refused.
+// Every slot held is OutOfMemory (a std::bad_alloc) naming the slots, nothing changes,
+// and after a release the pager serves the layer with its own bytes. Acquiring one layer
+// twice needs two releases; a third is refused.
 TEST(MisuseStagingPager, InUseLayersAreNeverEvictedAndTheErrorIsRecoverable) {
   Weights weights(6, 1024);
   auto pager = host_pager(weights, {.budget_bytes = 2048, .prefetch_depth = 1});
@@ -446,9 +440,9 @@ TEST(MisuseStagingPager, InUseLayersAreNeverEvictedAndTheErrorIsRecoverable) {
   pager.release(2, nullptr);
 }
 
-// Covered (passes): unnamed layers may repeat (no name, nothing to look up); a lookup of
-// the empty name is an unknown name; a moved-from pager refuses every call, its handle
-// says "pager destroyed".
+// Unnamed layers may repeat (no name, nothing to look up); a lookup of the empty name is
+// an unknown name; a moved-from pager refuses every call, its handle says "pager
+// destroyed".
 TEST(MisuseStagingPager, UnnamedLayersAndMovedFromPagerCalls) {
   Weights weights(3, 512);
   for (auto& layer : weights.layers) layer.name.clear();
@@ -480,13 +474,12 @@ void cap_address_space(std::size_t headroom) {
   if (setrlimit(RLIMIT_AS, &cap) != 0) std::_Exit(5);
 }
 
-// Found: ParallelCopy (the pager's fill threads) and touch_pages_in_parallel (every pinned
-// staging buffer of 64 KiB and more) started threads into a vector; when the system could
-// not start one (under memory pressure: exactly when HostWeights::automatic falls back to
-// staging) the constructor hung (condition variables destroyed under waiting workers) or
-// std::terminate ran. Now the work runs on the threads that started (at least the
-// caller's). The children cap their address space, which a sanitizer's shadow memory
-// cannot live with: these tests are the plain build's.
+// ParallelCopy (the pager's fill threads) and touch_pages_in_parallel (every pinned
+// staging buffer of 64 KiB and more) run the work on the threads that started (at least
+// the caller's) when the system cannot start one (under memory pressure: exactly when
+// HostWeights::automatic falls back to staging); neither hangs nor terminates. The
+// children cap their address space, which a sanitizer's shadow memory cannot live with:
+// these tests are the plain build's.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define MISUSE_SKIP_UNDER_SANITIZERS() \
   GTEST_SKIP() << "caps the address space, which the sanitizer's shadow memory cannot live with"
@@ -539,7 +532,7 @@ class NullTarget final : public detail::StagedCopyTarget {
 
 // The stager's own thread (the one that issues the copies) must start: when the fill
 // threads took the last room, the constructor throws std::system_error, with every thread
-// it started joined (it hung before).
+// it started joined.
 TEST(MisuseStagingThreadsDeathTest, StagerWhoseThreadsCannotAllStartThrowsAndJoins) {
   MISUSE_SKIP_UNDER_SANITIZERS();
   GTEST_FLAG_SET(death_test_style, "threadsafe");
@@ -598,10 +591,9 @@ TEST(MisuseStagingPager, AbsurdFillThreadCountIsInvalidArgument) {
   }
 }
 
-// FINDING (wrong error type): an absurd staging_buffers (WeightPagerOptions::
-// staging_buffers, passed straight to the stager) escapes as std::length_error from
-// std::vector ("cannot create std::vector larger than max_size()"), not InvalidArgument
-// naming the option; staging_buffers * chunk_bytes also overflows into the pool's bound.
+// An absurd staging_buffers (WeightPagerOptions::staging_buffers, passed to the stager)
+// is an InvalidArgument naming the option, never std::length_error from std::vector, and
+// staging_buffers * chunk_bytes cannot overflow into the pool's bound.
 TEST(MisuseStagingPager, AbsurdStagingBufferCountIsInvalidArgument) {
   NullTarget target;
   auto upstream = std::make_shared<HostMemoryUpstream>();
@@ -620,11 +612,9 @@ TEST(MisuseStagingPager, AbsurdStagingBufferCountIsInvalidArgument) {
 
 // ==== On a GPU (skip without one) =========================================================
 
-// GPU-only. FINDING candidate: a WeightLayer whose host pointer is device memory (a
-// cudaMalloc pointer) is not refused: pin_host asks cudaPointerGetAttributes, sees a
-// device pointer (not cudaMemoryTypeHost), and registers it with cudaHostRegister. Pinned
-// mode should be an InvalidArgument naming the layer, not a PinningError advising to raise
-// RLIMIT_MEMLOCK.
+// GPU-only. A WeightLayer whose host pointer is device memory (a cudaMalloc pointer) is
+// an InvalidArgument naming the layer in pinned mode, not a PinningError advising to
+// raise RLIMIT_MEMLOCK.
 TEST(MisuseStagingGpu, DevicePointerAsHostWeightIsInvalidArgumentInPinnedMode) {
   VRAM_GPU_TEST_OR_SKIP();
   void* device_weights = nullptr;
@@ -647,9 +637,9 @@ TEST(MisuseStagingGpu, DevicePointerAsHostWeightIsInvalidArgumentInPinnedMode) {
   (void)cudaFree(device_weights);
 }
 
-// GPU-only. The automatic and pageable modes fell back to staging with device memory as
-// "host" weights, whose fill threads then memcpy from a device address on the host. Now
-// every mode refuses them at construction, naming the layer.
+// GPU-only. The automatic and pageable modes refuse device memory as "host" weights at
+// construction too, naming the layer: their fill threads would memcpy from a device
+// address on the host.
 TEST(MisuseStagingGpu, DevicePointerAsHostWeightIsRefusedInEveryMode) {
   VRAM_GPU_TEST_OR_SKIP();
   void* device_weights = nullptr;
@@ -690,8 +680,8 @@ TEST(MisuseStagingGpu, AbsurdStagingBufferCountIsInvalidArgumentFromThePager) {
   }
 }
 
-// GPU-only, covered: a bad device ordinal is a CudaError naming the call with a Fix, and
-// nothing is pinned or leaked.
+// GPU-only: a bad device ordinal is a CudaError naming the call with a Fix, and nothing
+// is pinned or leaked.
 TEST(MisuseStagingGpu, BadDeviceOrdinalIsACudaErrorWithAFix) {
   VRAM_GPU_TEST_OR_SKIP();
   std::vector<std::byte> data(64_KiB, std::byte{1});

@@ -1,4 +1,4 @@
-// PendingWork: blocks used by queued work stay out of the free list until the fence fires.
+// PendingWork: blocks used by queued work stay out of the free list until the fence is ready.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -23,17 +23,17 @@ namespace {
 
 using namespace vram::literals;
 
-// A fence the test fires by hand (host stand-in for a CUDA event).
+// A fence the test completes by hand (host stand-in for a CUDA event).
 struct ManualFence {
-  std::shared_ptr<std::atomic<bool>> fired = std::make_shared<std::atomic<bool>>(false);
-  bool ready() const { return fired->load(); }
+  std::shared_ptr<std::atomic<bool>> completed = std::make_shared<std::atomic<bool>>(false);
+  bool ready() const { return completed->load(); }
   void wait() const {
-    while (!fired->load()) {
+    while (!completed->load()) {
     }
   }
 };
 
-TEST(PendingWork, HoldsBlocksUntilTheFenceFires) {
+TEST(PendingWork, HoldsBlocksUntilTheFenceIsReady) {
   DevicePool pool(std::make_shared<HostMemoryUpstream>());
   ManualFence fence;
   auto lease = pool.acquire(4096);
@@ -43,14 +43,26 @@ TEST(PendingWork, HoldsBlocksUntilTheFenceFires) {
   auto other = pool.acquire(4096);
   EXPECT_NE(other.data(), in_flight) << "a block of unfinished work was handed out again";
   EXPECT_EQ(pool.stats().bytes_in_use, 2U * 4096);
-  fence.fired->store(true);
+  fence.completed->store(true);
   EXPECT_TRUE(work.poll());
   EXPECT_TRUE(work.released());
   auto reused = pool.acquire(4096);
   EXPECT_EQ(reused.data(), in_flight);
 }
 
-TEST(PendingWork, QueueReleasesFinishedWorkInOrder) {
+TEST(PendingWork, ReadySaysWhetherTheWorkCompletedWithoutReleasingTheBlocks) {
+  DevicePool pool(std::make_shared<HostMemoryUpstream>());
+  ManualFence fence;
+  PendingWork<ManualFence> work(fence, pool.acquire(4096));
+  EXPECT_FALSE(work.ready());
+  fence.completed->store(true);
+  EXPECT_TRUE(work.ready());
+  EXPECT_EQ(work.held(), 1U) << "ready() must not release the blocks";
+  EXPECT_TRUE(work.poll());
+  EXPECT_TRUE(work.ready());  // nothing held
+}
+
+TEST(PendingWork, QueueReleasesCompletedWorkInOrder) {
   DevicePool pool(std::make_shared<HostMemoryUpstream>());
   PendingWorkQueue<ManualFence> queue;
   ManualFence first;
@@ -58,9 +70,9 @@ TEST(PendingWork, QueueReleasesFinishedWorkInOrder) {
   queue.submit(first, pool.acquire(256), pool.acquire(512));
   queue.submit(second, pool.acquire(1024));
   EXPECT_EQ(queue.collect(), 0U);
-  second.fired->store(true);
+  second.completed->store(true);
   EXPECT_EQ(queue.collect(), 0U);  // in order: the first still runs
-  first.fired->store(true);
+  first.completed->store(true);
   EXPECT_EQ(queue.collect(), 2U);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
@@ -68,19 +80,19 @@ TEST(PendingWork, QueueReleasesFinishedWorkInOrder) {
 TEST(PendingWork, DestructionWaitsForTheFence) {
   DevicePool pool(std::make_shared<HostMemoryUpstream>());
   ManualFence fence;
-  fence.fired->store(true);
+  fence.completed->store(true);
   { PendingWork<ManualFence> work(fence, pool.acquire(4096)); }
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 
-// Counts waits; wait() spins until the test fires it.
+// Counts waits; wait() spins until the test completes it.
 struct CountingFence {
-  std::shared_ptr<std::atomic<bool>> fired = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<std::atomic<bool>> completed = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<std::atomic<int>> waits = std::make_shared<std::atomic<int>>(0);
-  bool ready() const { return fired->load(); }
+  bool ready() const { return completed->load(); }
   void wait() const {
     waits->fetch_add(1);
-    while (!fired->load()) std::this_thread::yield();
+    while (!completed->load()) std::this_thread::yield();
   }
 };
 
@@ -104,14 +116,14 @@ TEST(PendingWork, MoveAssignmentWaitsForTheOldWorkFirst) {
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 
-TEST(PendingWork, MoveAssignmentHoldsTheOldBlockUntilItsFenceFires) {
+TEST(PendingWork, MoveAssignmentHoldsTheOldBlockUntilItsFenceIsReady) {
   DevicePool pool(std::make_shared<HostMemoryUpstream>());
   CountingFence never_yet;
   auto lease = pool.acquire(4096);
   void* in_flight = lease.data();
   PendingWork<CountingFence> work(never_yet, std::move(lease));
   CountingFence done;
-  done.fired->store(true);
+  done.completed->store(true);
   std::atomic<bool> assigned{false};
   std::thread assigner([&] {
     work = PendingWork<CountingFence>(done, std::vector<DevicePool::Lease>{});
@@ -123,7 +135,7 @@ TEST(PendingWork, MoveAssignmentHoldsTheOldBlockUntilItsFenceFires) {
     auto other = pool.acquire(4096);
     EXPECT_NE(other.data(), in_flight) << "a block of unfinished work was handed out again";
   }
-  never_yet.fired->store(true);
+  never_yet.completed->store(true);
   assigner.join();
   EXPECT_TRUE(assigned.load());
   EXPECT_TRUE(work.released());
@@ -143,7 +155,7 @@ TEST(PendingWork, MovedFromWorkHoldsNothing) {
 }
 
 #ifdef VRAM_HAVE_TEST_KERNELS
-TEST(PendingWorkGpu, BlockOfARunningKernelIsNotHandedOutUntilItsEventFires) {
+TEST(PendingWorkGpu, BlockOfARunningKernelIsNotHandedOutUntilItsEventIsReady) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool pool(0);
   cuda::Stream stream;

@@ -2,16 +2,21 @@
 // (the CUDA seam replaced), and on a GPU the bytes delivered in pinned and pageable modes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_test_policy.hpp"
+#include "parallel_copy.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
-#include "vram/detail/parallel_copy.hpp"
 #include "vram/units.hpp"
 #include "vram/weight_pager.hpp"
 
@@ -52,7 +57,7 @@ TEST(PagerPlan, EverythingResidentWhenItFits) {
 }
 
 TEST(PagerPlan, KeepsWhatFitsAndStreamsTheRestThroughDepthPlusOneSlots) {
-  // The issue's stack: 48 layers of 256 MiB under 4 GiB with one layer of look-ahead.
+  // A large stack: 48 layers of 256 MiB under 4 GiB with one layer of look-ahead.
   const auto plan =
       plan_residency(uniform(48, 256_MiB), {}, {.budget_bytes = 4_GiB, .prefetch_depth = 1});
   EXPECT_EQ(plan.slot_count, 2U);
@@ -512,6 +517,78 @@ TEST(WeightPagerHost, MovedFromPagerThrows) {
                InvalidArgument);  // NOLINT(bugprone-use-after-move)
   (void)other.acquire(0, nullptr);
   other.release(0, nullptr);
+}
+
+// ---- a Handle used from other threads while the owner destroys the pager -------------
+
+// Threads hammer Handle::acquire/release while the owner destroys the pager and then frees
+// the host weights. Each call either completes on the live pager or throws "pager
+// destroyed"; the teardown runs in the owner's destructor (the device is shut down when
+// it returns), and no call reads the weights or the arena after it.
+TEST(WeightPagerThreads, HandleCallsRacingThePagersDestructionCompleteOrThrow) {
+  constexpr int kIterations = 150;
+  constexpr std::size_t kThreads = 4;
+  constexpr std::size_t kLayers = 2 * kThreads;
+  std::uint64_t completed_total = 0;
+  ::testing::internal::CaptureStderr();  // the destructor warns about layers still acquired
+  for (int iteration = 0; iteration < kIterations; ++iteration) {
+    auto host = std::make_unique<HostLayers>(kLayers, 8192);  // 32 KiB + i words a layer
+    auto log = std::make_shared<FakeLog>();
+    std::optional<WeightPager> pager(
+        make_host_pager(*host, {.budget_bytes = 4 * 33_KiB, .prefetch_depth = 2}, log));
+    const WeightPager::Handle handle = pager->handle();
+    std::atomic<std::size_t> running{0};
+    std::atomic<std::uint64_t> completed{0};
+    std::atomic<std::uint64_t> refused{0};
+    std::atomic<std::uint64_t> unexpected{0};
+    auto count_refusal = [&](const InvalidArgument& error) {
+      const bool destroyed = std::string(error.what()).find("pager destroyed") != std::string::npos;
+      (destroyed ? refused : unexpected).fetch_add(1);
+    };
+    std::vector<std::thread> threads;
+    for (std::size_t t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        running.fetch_add(1);
+        for (std::size_t call = 0;; ++call) {
+          const std::size_t layer = t + kThreads * (call % 2);
+          try {
+            (void)handle.acquire(layer, nullptr);
+          } catch (const OutOfMemory&) {
+            std::this_thread::yield();  // every slot acquired by the other threads
+            continue;
+          } catch (const InvalidArgument& error) {
+            count_refusal(error);
+            return;
+          }
+          try {
+            handle.release(layer, nullptr);
+          } catch (const InvalidArgument& error) {
+            count_refusal(error);
+            return;
+          }
+          completed.fetch_add(1);
+        }
+      });
+    }
+    while (running.load() < kThreads || completed.load() < 8) std::this_thread::yield();
+    pager.reset();  // the owner destroys the pager while the threads are calling
+    EXPECT_EQ(log->shutdowns, 1U) << "the teardown must be done when the destructor returns";
+    EXPECT_EQ(log->frees, 1U);
+    EXPECT_FALSE(handle.alive());
+    host.reset();  // the weights are gone: no call may read them any more
+    for (auto& thread : threads) thread.join();
+    EXPECT_EQ(refused.load(), kThreads);
+    EXPECT_EQ(unexpected.load(), 0U);
+    completed_total += completed.load();
+  }
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  for (std::size_t at = 0; at < warnings.size();) {
+    const std::size_t end = std::min(warnings.find('\n', at), warnings.size());
+    EXPECT_NE(warnings.substr(at, end - at).find("still acquired"), std::string::npos)
+        << warnings.substr(at, end - at);
+    at = end + 1;
+  }
+  EXPECT_GE(completed_total, 8U * kIterations);
 }
 
 // ---- on a GPU ---------------------------------------------------------------------------

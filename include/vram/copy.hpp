@@ -15,7 +15,7 @@
 //   - Copies from a staging buffer go through its lease: copy_to_device_async(dst,
 //     PooledStaging&, ...) counts the copy on the lease (copies_enqueued) before it returns
 //     the PendingCopy. The PendingCopy counts the copy complete (copies_completed) only
-//     after the host saw its end event fire: in wait() or, for an abandoned copy, in its
+//     after the host observed its end event complete: in wait() or, for an abandoned copy, in its
 //     destructor or when it is overwritten by move-assignment.
 //   - A lease id is drawn from a process-wide counter on every acquire(), so it names one
 //     buffer for one loan: the same buffer handed out again (or a new pin at a reused
@@ -52,6 +52,7 @@
 #include <optional>
 #include <utility>
 
+#include "vram/completion.hpp"
 #include "vram/cuda/event.hpp"
 
 namespace vram {
@@ -137,7 +138,7 @@ struct CopyResult {
 };
 
 // An enqueued copy. The witness comes only out of wait(), after the host saw the end
-// event complete; ready() polls without blocking. wait() consumes the PendingCopy: a
+// event complete; ready() checks without blocking. wait() consumes the PendingCopy: a
 // second wait() (or one on a moved-from PendingCopy) throws vram::InvalidArgument.
 // Destroying or move-assigning over an unwaited PendingCopy first blocks until its copy
 // ends (the source stays safe) and yields no witness; the copy still counts as observed
@@ -201,5 +202,9 @@ PendingCopy copy_to_device_async(void* device_destination, PooledStaging& source
 CopyResult copy_to_device(void* device_destination, const void* host_source, std::size_t bytes,
                           cudaStream_t stream);
 CopyResult copy_to_device(void* device_destination, PooledStaging& source, cudaStream_t stream);
+
+// A copy's completion is observed once, and its wait yields the witness.
+static_assert(ConsumingCompletion<PendingCopy, CopyCompleted>);
+static_assert(!Completion<PendingCopy>);  // no lvalue wait(): one copy, one witness
 
 }  // namespace vram

@@ -3,7 +3,8 @@
 // A block handed to GPU work must not return to a pool before that work has completed.
 // PendingWork takes the leases of one dispatch together with a fence recorded after the
 // dispatch (a vram::cuda::Event in production) and returns the leases to their pools only
-// once the fence has fired: poll() checks without blocking, wait() blocks. The pool itself
+// once the fence is ready: ready() checks without blocking, poll() checks and returns the
+// leases, wait() blocks until the work completed and returns them. The pool itself
 // makes no driver call for this; the event is the one the engine records anyway.
 //
 //   vram::cuda::Event done;
@@ -12,10 +13,11 @@
 //   vram::PendingWorkQueue<vram::cuda::Event> in_flight;
 //   in_flight.submit(std::move(done), std::move(a), std::move(b));
 //   ...
-//   in_flight.collect();   // each step: returns the blocks of every finished dispatch
+//   in_flight.collect();   // each step: returns the blocks of every completed dispatch
 //
 // Fence: any vram::Completion (completion.hpp): `ready()` non-blocking, `wait()` blocking.
-// Destroying or move-assigning over unfinished work waits for its fence first.
+// Destroying or move-assigning over pending work waits for its fence first. A PendingWork
+// is itself a Completion.
 #pragma once
 
 #include <cstdio>
@@ -25,6 +27,7 @@
 #include <vector>
 
 #include "vram/completion.hpp"
+#include "vram/cuda/event.hpp"
 #include "vram/device_pool.hpp"
 
 namespace vram {
@@ -47,7 +50,7 @@ class PendingWork {
   // blocks it holds cannot go back to their pools while that work may still use them.
   PendingWork& operator=(PendingWork&& other) noexcept {
     if (this != &other) {
-      finish();
+      wait_or_leak();
       fence_ = std::move(other.fence_);
       leases_ = std::exchange(other.leases_, {});
     }
@@ -56,10 +59,13 @@ class PendingWork {
   PendingWork(const PendingWork&) = delete;
   PendingWork& operator=(const PendingWork&) = delete;
 
-  // Destroying unfinished work waits for it first, so its blocks can never be reused
-  // early. If the wait fails (device lost, driver shut down), the blocks are leaked
-  // deliberately rather than handed out while they may still be in use.
-  ~PendingWork() { finish(); }
+  // Destroying pending work waits for it first, so its blocks can never be reused early.
+  // If the wait fails (device lost, driver shut down), the blocks are leaked deliberately
+  // rather than handed out while they may still be in use.
+  ~PendingWork() { wait_or_leak(); }
+
+  // True once the work has completed (or nothing is held); never blocks, returns nothing.
+  bool ready() const { return leases_.empty() || static_cast<bool>(fence_.ready()); }
 
   // Returns true once the work has completed and the leases went back to their pools.
   bool poll() {
@@ -79,7 +85,7 @@ class PendingWork {
   std::size_t held() const noexcept { return leases_.size(); }
 
  private:
-  void finish() noexcept {
+  void wait_or_leak() noexcept {
     if (leases_.empty()) return;
     try {
       fence_.wait();
@@ -99,7 +105,7 @@ class PendingWork {
   std::vector<Lease> leases_;
 };
 
-// In-order queue of dispatches; collect() releases every finished one at the front.
+// In-order queue of dispatches; collect() releases every completed one at the front.
 template <Completion Fence>
 class PendingWorkQueue {
  public:
@@ -125,5 +131,9 @@ class PendingWorkQueue {
  private:
   std::deque<PendingWork<Fence>> queue_;
 };
+
+// The production fence and the work it guards are completions.
+static_assert(Completion<cuda::Event>);
+static_assert(Completion<PendingWork<cuda::Event>>);
 
 }  // namespace vram

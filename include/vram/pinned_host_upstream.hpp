@@ -2,13 +2,12 @@
 //
 // Two ways to pin:
 //   host_alloc     cudaHostAlloc: the driver allocates, zero-fills and locks the pages in
-//                  one call under a driver-wide lock (about 2.7 GB/s on the H200).
+//                  one call under a driver-wide lock.
 //   touch_register mmap anonymous memory (transparent huge pages requested), fault the
-//                  pages in on several threads, then cudaHostRegister the range.
-// automatic picks touch_register from `register_min_bytes` (64 KiB) upward and host_alloc
-// below. Measured on the H200 (bench/RESULTS.md, page touching included): touch_register
-// pinned 7.4x faster than cudaHostAlloc at 64 KiB, 4x at 256 KiB, 1.4-1.8x at 1 MiB,
-// 3-11x from 16 MiB to 8 GiB, and unpinned 4-5x faster; below 64 KiB it was not measured.
+//                  pages in on several threads, then cudaHostRegister the range (one
+//                  registration, undone by deallocate()).
+// automatic picks touch_register from `register_min_bytes` (64 KiB) upward, where it pins
+// and unpins faster (bench/ measures both), and host_alloc below.
 //
 // A pin that fails (RLIMIT_MEMLOCK, a container memlock cap, no memory) throws
 // vram::PinningError saying so and how to raise the limit; never a silent pageable

@@ -1,8 +1,8 @@
 // vram/pinned_staging_pool.hpp: a bounded pool of page-locked host staging buffers.
 //
-// Why: an engine that pages weights pins a staging buffer per page-in, and pinning costs
-// far more than the copy it serves (0.7 ms for 1 MiB, 169 ms for 256 MiB on the H200
-// against 55 GB/s of copy). The pool pins a handful of buffers and reuses them.
+// Why: an engine that pages weights would pin a staging buffer per page-in, and pinning a
+// buffer costs far more than the copy it serves. The pool pins a handful of buffers and
+// reuses them.
 //
 //   vram::PinnedStagingPool pool({.max_buffers = 8, .max_bytes = 512_MiB});
 //   pool.reserve(2, 64_MiB);                         // pin ahead, at start-up
@@ -56,12 +56,9 @@
 namespace vram {
 
 namespace detail {
-struct StagingPoolState;
-}
-
-namespace detail {
-struct StagingLease;
-}
+struct StagingPoolState;  // the pool's free list and counters (src/pinned_staging_pool.cpp)
+struct StagingLease;      // the ledger of one loan (src/staging_lease.hpp)
+}  // namespace detail
 
 // An owning pinned buffer (move-only). Destruction frees it to its upstream (deferred while
 // copies issued from its lease are unobserved). A buffer made with this constructor is no

@@ -46,7 +46,10 @@
 // 0, duplicate names: vram::InvalidArgument from the constructor, nothing allocated or
 // pinned. Releasing a layer not acquired: vram::InvalidArgument, nothing changes.
 // A Handle (handle()) outlives the pager safely: its calls then throw InvalidArgument
-// ("pager destroyed"). Destroying the pager waits for its copies and for the release
+// ("pager destroyed"). A Handle may be used from any thread at any moment: a call racing
+// the pager's destruction either completes on the live pager (the destructor waits for it)
+// or throws, and never touches freed memory; what an acquire returned is valid only while
+// the pager lives. Destroying the pager waits for its copies and for the release
 // events recorded, warns about layers still acquired, then frees the arena, the staging
 // buffers and unregisters the host weights. A CUDA error inside acquire/release is thrown
 // (vram::CudaError) and leaves the pager broken: later acquire/release calls throw
@@ -85,9 +88,8 @@ struct WeightPagerOptions {
   std::size_t staging_chunk_bytes = std::size_t{32} << 20;
   std::size_t staging_buffers = 3;  // 2: double, 3: triple buffering; at most 64
   // Pageable fill: threads (0: the hardware threads, at most 16; at most 256; threads the
-  // system cannot start are done without) and how they copy. On the
-  // H200 machine memcpy with 16 threads filled at 47.9 GB/s, with 8 at 45.4, non-temporal
-  // stores at 37.7 and 28.9 (bench/RESULTS.md); elsewhere non-temporal stores may win.
+  // system cannot start are done without) and how they copy: memcpy, or non-temporal
+  // stores, which is faster depends on the machine.
   unsigned fill_threads = 0;
   bool streaming_fill = false;        // true: non-temporal stores into staging (x86-64)
   unsigned stall_sample_period = 16;  // time every Nth page-in; 0: never
@@ -125,8 +127,8 @@ struct WeightPagerLoad {
 };
 
 // The CUDA side of the pager, behind a seam: the production implementation lives in
-// weight_pager.cpp; the CPU tests substitute a host-memory one. Calls come under the
-// pager's lock, in the order documented for each.
+// src/cuda/pager_device.cpp; the CPU tests substitute a host-memory one. Calls come under
+// the pager's lock, in the order documented for each, and none after shutdown().
 class PagerDevice {
  public:
   struct HostRange {
@@ -202,8 +204,10 @@ class WeightPager {
   std::shared_ptr<detail::PagerState> state_;
 };
 
-// A non-owning reference to a pager that may be destroyed first: every call then throws
-// vram::InvalidArgument ("pager destroyed") instead of touching freed memory.
+// A non-owning reference to a pager that may be destroyed first, usable from any thread:
+// a call made after (or racing) the pager's destruction either completes before the
+// destructor's teardown or throws vram::InvalidArgument ("pager destroyed"); it never
+// touches freed memory. alive() turns false when the destructor's teardown begins.
 class WeightPager::Handle {
  public:
   [[nodiscard]] void* acquire(std::size_t layer, cudaStream_t stream) const;

@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "bench/scenarios.hpp"
+#include "pageable_stager.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
 #include "vram/cuda/stream.hpp"
-#include "vram/detail/pageable_stager.hpp"
 #include "vram/units.hpp"
 #include "vram/weight_pager.hpp"
 

@@ -1,4 +1,5 @@
-#include <cuda_runtime_api.h>
+#include "vram/pinned_host_upstream.hpp"
+
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -8,8 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/host_registration.hpp"
+#include "cuda/memory.hpp"
 #include "vram/cuda/error.hpp"
-#include "vram/pinned_host_upstream.hpp"
 
 namespace vram {
 namespace {
@@ -19,18 +21,19 @@ constexpr std::size_t kTouchChunkPerThread = std::size_t{32} << 20;
 
 std::size_t round_to_pages(std::size_t bytes) { return (bytes + kPage - 1) & ~(kPage - 1); }
 
-[[noreturn]] void throw_pinning_error(const char* call, cudaError_t status, std::size_t bytes) {
-  (void)cudaGetLastError();
+// The failure's reason (cuda::pin_failure_text) with how to raise the limit. Without a
+// driver it is the ordinary CudaError, whose hint says how to get one.
+[[noreturn]] void throw_pinning_error(const char* call, cudaError_t status, std::size_t bytes,
+                                      std::size_t call_bytes) {
   if (status == cudaErrorInsufficientDriver || status == cudaErrorNoDevice) {
-    cuda::check(status, call);  // no driver: the ordinary CudaError with its Fix hint
+    cuda::check(status, call);
   }
-  throw PinningError(std::string("vram: pinning ") + std::to_string(bytes) +
-                     " bytes of host memory failed: " + call + " returned " +
-                     cudaGetErrorName(status) + " (" + cudaGetErrorString(status) +
-                     "); RLIMIT_MEMLOCK is " + memlock_limit_text() +
-                     ". Fix: raise the locked-memory limit (`ulimit -l unlimited`, "
-                     "/etc/security/limits.conf, or `docker run --ulimit memlock=-1`), free "
-                     "host memory, or lower the staging pool's max_bytes.");
+  throw PinningError(
+      std::string("vram: pinning ") + std::to_string(bytes) +
+      " bytes of host memory failed: " + cuda::pin_failure_text(call, status, call_bytes) +
+      ". Fix: raise the locked-memory limit (`ulimit -l unlimited`, "
+      "/etc/security/limits.conf, or `docker run --ulimit memlock=-1`), free "
+      "host memory, or lower the staging pool's max_bytes.");
 }
 
 }  // namespace
@@ -88,8 +91,8 @@ void* PinnedHostUpstream::allocate(std::size_t bytes) {
   }
   if (method_for(bytes) == PinningMethod::host_alloc) {
     void* block = nullptr;
-    cudaError_t status = cudaHostAlloc(&block, bytes, cudaHostAllocPortable);
-    if (status != cudaSuccess) throw_pinning_error("cudaHostAlloc", status, bytes);
+    const cudaError_t status = cuda::try_allocate_pinned_host(&block, bytes);
+    if (status != cudaSuccess) throw_pinning_error("cudaHostAlloc", status, bytes, bytes);
     return block;
   }
   if (bytes > SIZE_MAX - kPage) throw OutOfMemory(bytes, 0, 0, "size overflows the address space");
@@ -104,10 +107,11 @@ void* PinnedHostUpstream::allocate(std::size_t bytes) {
   unsigned threads = options_.touch_threads;
   if (threads == 0) threads = std::min(16U, std::max(1U, std::thread::hardware_concurrency()));
   touch_pages_in_parallel(block, length, threads);
-  cudaError_t status = cudaHostRegister(block, length, cudaHostRegisterPortable);
-  if (status != cudaSuccess) {
+  std::vector<cuda::HostRegistration> registered;  // one registration: the whole mapping
+  const cuda::HostRange range{block, length};
+  if (const auto failure = cuda::register_host_pages({&range, 1}, 0, registered)) {
     munmap(block, length);
-    throw_pinning_error("cudaHostRegister", status, bytes);
+    throw_pinning_error("cudaHostRegister", failure->status, bytes, length);
   }
   return block;
 }
@@ -115,11 +119,11 @@ void* PinnedHostUpstream::allocate(std::size_t bytes) {
 void PinnedHostUpstream::deallocate(void* block, std::size_t bytes) noexcept {
   if (block == nullptr) return;
   if (method_for(bytes) == PinningMethod::host_alloc) {
-    if (cudaFreeHost(block) != cudaSuccess) (void)cudaGetLastError();
+    cuda::free_pinned_host(block);
     return;
   }
   // Unregister may fail during driver shutdown; the mapping is released either way.
-  if (cudaHostUnregister(block) != cudaSuccess) (void)cudaGetLastError();
+  cuda::unregister_host(block);
   munmap(block, round_to_pages(bytes));
 }
 

@@ -1,4 +1,4 @@
-// vram/detail/pageable_stager.hpp (internal): the weight pager's pageable path, without CUDA.
+// src/pageable_stager.hpp (internal): the weight pager's pageable path, without CUDA.
 //
 // A driver thread takes page-in jobs in order, fills pinned staging buffers from pageable
 // host memory with a ParallelCopy (several host threads), in chunks, and hands each filled
@@ -10,7 +10,7 @@
 //
 // The seam: everything CUDA (the device thread binding, the copy stream, slot events,
 // timing) lives behind StagedCopyTarget; the pager's CUDA device implements it in
-// weight_pager.cpp, the CPU tests with host threads and host-fenced copies. One virtual
+// src/cuda/pager_device.cpp, the CPU tests with host threads and host-fenced copies. One virtual
 // call per chunk (a chunk is megabytes: milliseconds of DMA), none per byte.
 //
 // Invariants
@@ -36,9 +36,9 @@
 #include <thread>
 #include <vector>
 
+#include "parallel_copy.hpp"
 #include "vram/copy.hpp"
 #include "vram/cuda/error.hpp"
-#include "vram/detail/parallel_copy.hpp"
 #include "vram/pinned_staging_pool.hpp"
 #include "vram/upstream.hpp"
 

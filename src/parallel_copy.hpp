@@ -1,9 +1,9 @@
-// vram/detail/parallel_copy.hpp: a host memcpy split over a few long-lived threads.
+// src/parallel_copy.hpp: a host memcpy split over a few long-lived threads.
 //
-// The weight pager fills pinned staging buffers from pageable weights with it: one thread
-// copies about 10-20 GB/s, a staged page-in wants the link's 50+. Each part is a memcpy,
-// or a streaming_copy (non-temporal stores) when asked: slower on the H200 machine (28.9
-// against 45.4 GB/s with 8 threads), faster on the 2-core build machine. run() splits a
+// The weight pager fills pinned staging buffers from pageable weights with it: a staged
+// page-in wants more host bandwidth than one thread copies. Each part is a memcpy, or a
+// streaming_copy (non-temporal stores) when asked; which is faster depends on the machine
+// (bench/ measures both). run() splits a
 // copy into one contiguous part per thread (parts of at least 1 MiB), the caller copies a part too,
 // and returns once every part is done and no worker is still inside the job (so the next
 // run() may reuse the fields). One run() at a time (the pager's single stager thread).
