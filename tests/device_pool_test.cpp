@@ -755,7 +755,7 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
 // the other streams first and, past the growth budget (here: 4 MiB more than the 8 MiB peak
 // of used), waits for the marker on s1 rather than mapping more: one event wait, no
 // synchronize, no trim.
-TEST(DevicePoolVirtualReview, AStreamFreeDoesNotTakeTheWholeReservationFromOtherStreams) {
+TEST(DevicePoolVirtualStreams, AStreamFreeDoesNotTakeTheWholeReservationFromOtherStreams) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;

@@ -73,7 +73,7 @@ template <class E, class Body>
 // A moved-from PinnedStagingPool (its only member a shared_ptr, moved): the calls that
 // need the pool throw InvalidArgument, release() leaving the buffer with the caller, and
 // the rest do nothing; none dereferences the empty state.
-TEST(MisuseStagingPool, MovedFromPoolRefusesAndLosesNothing) {
+TEST(PinnedStagingPoolMisuse, MovedFromPoolRefusesAndLosesNothing) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
   auto staging = pool.acquire(4096);
@@ -108,7 +108,7 @@ TEST(MisuseStagingPool, MovedFromPoolRefusesAndLosesNothing) {
 // Destroying a PooledStaging or its PinnedBuffer without a witness frees the buffer and
 // counts it in freed_without_witness, a buffer taken out with into_inner() too: the raw
 // buffer still belongs to its pool's lease.
-TEST(MisuseStagingPool, RawBufferDroppedWithoutWitnessIsCounted) {
+TEST(PinnedStagingPoolMisuse, RawBufferDroppedWithoutWitnessIsCounted) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
   {
@@ -140,14 +140,14 @@ class DeviceKindUpstream final : public Upstream {
 
 // PinnedStagingPool(upstream) refuses an upstream of device memory (kind() device): the
 // host fills staging buffers, so such memory would crash the first memcpy.
-TEST(MisuseStagingPool, DeviceMemoryUpstreamIsRefusedAtConstruction) {
+TEST(PinnedStagingPoolMisuse, DeviceMemoryUpstreamIsRefusedAtConstruction) {
   EXPECT_THROW(PinnedStagingPool(std::make_shared<DeviceKindUpstream>()), InvalidArgument)
       << "a staging pool over device memory was accepted";
 }
 
 // Copies of a PinnedStagingPool are handles of ONE pool (shared state): a lease of one is
 // accepted by the other's release(), and clear() on either empties both.
-TEST(MisuseStagingPool, CopiedPoolIsAnAliasOfTheSamePool) {
+TEST(PinnedStagingPoolMisuse, CopiedPoolIsAnAliasOfTheSamePool) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
   PinnedStagingPool alias = pool;  // compiles
@@ -163,7 +163,7 @@ TEST(MisuseStagingPool, CopiedPoolIsAnAliasOfTheSamePool) {
 
 // A lease moved between PooledStaging objects keeps its identity; the witness retires it
 // from the new owner only; the moved-from owner is empty and refuses.
-TEST(MisuseStagingPool, WitnessFollowsAMovedLeaseAndTheSourceRefuses) {
+TEST(PinnedStagingPoolMisuse, WitnessFollowsAMovedLeaseAndTheSourceRefuses) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
   auto first = pool.acquire(4096);
@@ -184,7 +184,7 @@ TEST(MisuseStagingPool, WitnessFollowsAMovedLeaseAndTheSourceRefuses) {
 
 // A witness of another pool's lease is refused by both retire() and release(); both
 // leases stay intact and retire later with their own witnesses.
-TEST(MisuseStagingPool, WitnessOfAnotherPoolsLeaseIsRefusedByRetireAndRelease) {
+TEST(PinnedStagingPoolMisuse, WitnessOfAnotherPoolsLeaseIsRefusedByRetireAndRelease) {
   auto upstream = counted_host();
   PinnedStagingPool a(upstream);
   PinnedStagingPool b(upstream);
@@ -211,7 +211,7 @@ TEST(MisuseStagingPool, WitnessOfAnotherPoolsLeaseIsRefusedByRetireAndRelease) {
 // A witness refused because a copy is still in flight is consumed (it was passed by
 // value), but the lease survives; once the copy is observed, the witness of that copy
 // retires it. A witness minted before the copy was issued does not count.
-TEST(MisuseStagingPool, WitnessMintedBeforeALaterCopyIsRefusedUntilThatCopyIsObserved) {
+TEST(PinnedStagingPoolMisuse, WitnessMintedBeforeALaterCopyIsRefusedUntilThatCopyIsObserved) {
   struct Fence {
     std::shared_ptr<bool> fired = std::make_shared<bool>(false);
     bool ready() const { return *fired; }
@@ -232,7 +232,7 @@ TEST(MisuseStagingPool, WitnessMintedBeforeALaterCopyIsRefusedUntilThatCopyIsObs
 }
 
 // Zero and absurd sizes of every sizing call, and bounds of zero.
-TEST(MisuseStagingPool, ZeroAndAbsurdSizesEverywhere) {
+TEST(PinnedStagingPoolMisuse, ZeroAndAbsurdSizesEverywhere) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream, {.max_buffers = 0, .max_bytes = 0});
   EXPECT_THROW((void)pool.acquire(0), InvalidArgument);
@@ -258,7 +258,7 @@ TEST(MisuseStagingPool, ZeroAndAbsurdSizesEverywhere) {
 // Two layers of 2^63 bytes under a budget of SIZE_MAX are refused, never planned into a
 // wrapped arena (absurd sizes, e.g. an uninitialised WeightLayer::bytes with an
 // "unlimited" budget).
-TEST(MisuseStagingPager, PlanWithOverflowingResidentLayersIsRefused) {
+TEST(WeightPagerMisuse, PlanWithOverflowingResidentLayersIsRefused) {
   const std::size_t huge = std::size_t{1} << 63;
   try {
     const auto plan =
@@ -276,7 +276,7 @@ TEST(MisuseStagingPager, PlanWithOverflowingResidentLayersIsRefused) {
 
 // copy_to_compute_ratio is validated: +inf and values past 2^64 (which would overflow the
 // float-to-integer conversion of the plan check), NaN and negative ratios are refused.
-TEST(MisuseStagingPager, NonFiniteOrNegativeCopyToComputeRatioIsRefused) {
+TEST(WeightPagerMisuse, NonFiniteOrNegativeCopyToComputeRatioIsRefused) {
   for (const double ratio : {std::numeric_limits<double>::infinity(), 1e300,
                              std::numeric_limits<double>::quiet_NaN(), -2.0}) {
     SCOPED_TRACE("ratio " + std::to_string(ratio));
@@ -295,7 +295,7 @@ TEST(MisuseStagingPager, NonFiniteOrNegativeCopyToComputeRatioIsRefused) {
 // A layer exactly as large as the budget: the arena places layers at 256-byte alignment,
 // so it is either accepted or refused with a message that names the alignment, never a
 // false "larger than the VRAM budget".
-TEST(MisuseStagingPager, LayerAsLargeAsTheBudgetGetsATruthfulMessage) {
+TEST(WeightPagerMisuse, LayerAsLargeAsTheBudgetGetsATruthfulMessage) {
   try {
     const auto plan = plan_residency({1000}, {}, {.budget_bytes = 1000});
     EXPECT_LE(plan.arena_bytes, 1000U);
@@ -308,7 +308,7 @@ TEST(MisuseStagingPager, LayerAsLargeAsTheBudgetGetsATruthfulMessage) {
 
 // PagerSchedule (public) checks a hand-made plan before indexing with its schedule
 // entries: an inconsistent plan is InvalidArgument, not a crash.
-TEST(MisuseStagingPager, ScheduleOverAnInconsistentHandMadePlanIsRefused) {
+TEST(WeightPagerMisuse, ScheduleOverAnInconsistentHandMadePlanIsRefused) {
   const PagerPlan good = plan_residency({64, 64}, {}, {.budget_bytes = 64, .alignment = 1});
   {
     PagerPlan plan = good;
@@ -343,7 +343,7 @@ TEST(MisuseStagingPager, ScheduleOverAnInconsistentHandMadePlanIsRefused) {
 
 // A schedule entry out of range, zero layers, a zero-byte layer and a budget below one
 // layer are refused by plan_residency with a Fix.
-TEST(MisuseStagingPager, PlanBadInputMessagesCarryAFix) {
+TEST(WeightPagerMisuse, PlanBadInputMessagesCarryAFix) {
   const auto message = [](auto&& call) -> std::string {
     try {
       call();
@@ -413,7 +413,7 @@ WeightPager host_pager(const Weights& weights, WeightPagerOptions options) {
 // Every slot held is OutOfMemory (a std::bad_alloc) naming the slots, nothing changes,
 // and after a release the pager serves the layer with its own bytes. Acquiring one layer
 // twice needs two releases; a third is refused.
-TEST(MisuseStagingPager, InUseLayersAreNeverEvictedAndTheErrorIsRecoverable) {
+TEST(WeightPagerMisuse, InUseLayersAreNeverEvictedAndTheErrorIsRecoverable) {
   Weights weights(6, 1024);
   auto pager = host_pager(weights, {.budget_bytes = 2048, .prefetch_depth = 1});
   ASSERT_EQ(pager.plan().slot_count, 2U);
@@ -443,7 +443,7 @@ TEST(MisuseStagingPager, InUseLayersAreNeverEvictedAndTheErrorIsRecoverable) {
 // Unnamed layers may repeat (no name, nothing to look up); a lookup of the empty name is
 // an unknown name; a moved-from pager refuses every call, its handle says "pager
 // destroyed".
-TEST(MisuseStagingPager, UnnamedLayersAndMovedFromPagerCalls) {
+TEST(WeightPagerMisuse, UnnamedLayersAndMovedFromPagerCalls) {
   Weights weights(3, 512);
   for (auto& layer : weights.layers) layer.name.clear();
   auto pager = host_pager(weights, {.budget_bytes = 4_KiB});
@@ -500,7 +500,7 @@ template <class Body>
   }
 }
 
-TEST(MisuseStagingThreadsDeathTest, FillThreadsThatCannotStartLeaveTheCopyToThoseThatDid) {
+TEST(StagingThreadsMisuseDeathTest, FillThreadsThatCannotStartLeaveTheCopyToThoseThatDid) {
   MISUSE_SKIP_UNDER_SANITIZERS();
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(exit_zero_if_done([] {
@@ -533,7 +533,7 @@ class NullTarget final : public detail::StagedCopyTarget {
 // The stager's own thread (the one that issues the copies) must start: when the fill
 // threads took the last room, the constructor throws std::system_error, with every thread
 // it started joined.
-TEST(MisuseStagingThreadsDeathTest, StagerWhoseThreadsCannotAllStartThrowsAndJoins) {
+TEST(StagingThreadsMisuseDeathTest, StagerWhoseThreadsCannotAllStartThrowsAndJoins) {
   MISUSE_SKIP_UNDER_SANITIZERS();
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(exit_zero_if_done([] {
@@ -556,7 +556,7 @@ TEST(MisuseStagingThreadsDeathTest, StagerWhoseThreadsCannotAllStartThrowsAndJoi
               ::testing::ExitedWithCode(0), "");
 }
 
-TEST(MisuseStagingThreadsDeathTest, TouchThreadsThatCannotStartLeaveThePagesToTheCaller) {
+TEST(StagingThreadsMisuseDeathTest, TouchThreadsThatCannotStartLeaveThePagesToTheCaller) {
   MISUSE_SKIP_UNDER_SANITIZERS();
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(exit_zero_if_done([] {
@@ -576,7 +576,7 @@ TEST(MisuseStagingThreadsDeathTest, TouchThreadsThatCannotStartLeaveThePagesToTh
               ::testing::ExitedWithCode(0), "");
 }
 
-TEST(MisuseStagingPager, AbsurdFillThreadCountIsInvalidArgument) {
+TEST(WeightPagerMisuse, AbsurdFillThreadCountIsInvalidArgument) {
   NullTarget target;
   auto upstream = std::make_shared<HostMemoryUpstream>();
   try {
@@ -594,7 +594,7 @@ TEST(MisuseStagingPager, AbsurdFillThreadCountIsInvalidArgument) {
 // An absurd staging_buffers (WeightPagerOptions::staging_buffers, passed to the stager)
 // is an InvalidArgument naming the option, never std::length_error from std::vector, and
 // staging_buffers * chunk_bytes cannot overflow into the pool's bound.
-TEST(MisuseStagingPager, AbsurdStagingBufferCountIsInvalidArgument) {
+TEST(WeightPagerMisuse, AbsurdStagingBufferCountIsInvalidArgument) {
   NullTarget target;
   auto upstream = std::make_shared<HostMemoryUpstream>();
   try {
@@ -615,7 +615,7 @@ TEST(MisuseStagingPager, AbsurdStagingBufferCountIsInvalidArgument) {
 // GPU-only. A WeightLayer whose host pointer is device memory (a cudaMalloc pointer) is
 // an InvalidArgument naming the layer in pinned mode, not a PinningError advising to
 // raise RLIMIT_MEMLOCK.
-TEST(MisuseStagingGpu, DevicePointerAsHostWeightIsInvalidArgumentInPinnedMode) {
+TEST(StagingMisuseGpu, DevicePointerAsHostWeightIsInvalidArgumentInPinnedMode) {
   VRAM_GPU_TEST_OR_SKIP();
   void* device_weights = nullptr;
   ASSERT_EQ(cudaMalloc(&device_weights, 4 * 64_KiB), cudaSuccess);
@@ -640,7 +640,7 @@ TEST(MisuseStagingGpu, DevicePointerAsHostWeightIsInvalidArgumentInPinnedMode) {
 // GPU-only. The automatic and pageable modes refuse device memory as "host" weights at
 // construction too, naming the layer: their fill threads would memcpy from a device
 // address on the host.
-TEST(MisuseStagingGpu, DevicePointerAsHostWeightIsRefusedInEveryMode) {
+TEST(StagingMisuseGpu, DevicePointerAsHostWeightIsRefusedInEveryMode) {
   VRAM_GPU_TEST_OR_SKIP();
   void* device_weights = nullptr;
   ASSERT_EQ(cudaMalloc(&device_weights, 4 * 64_KiB), cudaSuccess);
@@ -662,7 +662,7 @@ TEST(MisuseStagingGpu, DevicePointerAsHostWeightIsRefusedInEveryMode) {
 }
 
 // GPU-only: the absurd staging_buffers through the public option (see the CPU case).
-TEST(MisuseStagingGpu, AbsurdStagingBufferCountIsInvalidArgumentFromThePager) {
+TEST(StagingMisuseGpu, AbsurdStagingBufferCountIsInvalidArgumentFromThePager) {
   VRAM_GPU_TEST_OR_SKIP();
   std::vector<std::vector<std::byte>> data(4, std::vector<std::byte>(64_KiB, std::byte{1}));
   std::vector<WeightLayer> layers;
@@ -682,7 +682,7 @@ TEST(MisuseStagingGpu, AbsurdStagingBufferCountIsInvalidArgumentFromThePager) {
 
 // GPU-only: a bad device ordinal is a CudaError naming the call with a Fix, and nothing
 // is pinned or leaked.
-TEST(MisuseStagingGpu, BadDeviceOrdinalIsACudaErrorWithAFix) {
+TEST(StagingMisuseGpu, BadDeviceOrdinalIsACudaErrorWithAFix) {
   VRAM_GPU_TEST_OR_SKIP();
   std::vector<std::byte> data(64_KiB, std::byte{1});
   try {

@@ -76,7 +76,7 @@ class AlignedUpstream final : public Upstream {
 // ---------------------------------------------------------------------------------------
 // DevicePool: moved-from objects (they crashed: a null core dereferenced by every call).
 
-TEST(MisusePoolsDevicePool, MovedFromPoolRefusesToAllocateAndIgnoresTheRest) {
+TEST(DevicePoolMisuse, MovedFromPoolRefusesToAllocateAndIgnoresTheRest) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool source(upstream);
   void* block = source.allocate(4096);
@@ -120,7 +120,7 @@ TEST(MisusePoolsDevicePool, MovedFromPoolRefusesToAllocateAndIgnoresTheRest) {
 // ---------------------------------------------------------------------------------------
 // DevicePool: alignment vs the upstream's promise
 
-TEST(MisusePoolsDevicePool, AlignmentAbove256IsRefusedEvenOverA4KiBUpstream) {
+TEST(DevicePoolMisuse, AlignmentAbove256IsRefusedEvenOverA4KiBUpstream) {
   // PinnedHostUpstream reports alignment() == 4096; blocks are carved at 256-byte multiples
   // of its allocations, so the pool accepted alignment 4096 and returned blocks at 512-byte
   // offsets. Now alignment above 256 is refused whatever the upstream promises.
@@ -143,7 +143,7 @@ TEST(MisusePoolsDevicePool, AlignmentAbove256IsRefusedEvenOverA4KiBUpstream) {
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 
-TEST(MisusePoolsDevicePool, UpstreamWithSmallerAlignmentIsRefusedAtConstruction) {
+TEST(DevicePoolMisuse, UpstreamWithSmallerAlignmentIsRefusedAtConstruction) {
   // It was accepted, and every default-aligned call then threw "alignment 256 is not a power
   // of two up to 64".
   auto upstream = std::make_shared<AlignedUpstream>(std::make_shared<HostMemoryUpstream>(), 64);
@@ -168,7 +168,7 @@ DevicePool::Options virtual_options(std::size_t reservation) {
   return options;
 }
 
-TEST(MisusePoolsDevicePool, ReservationSmallerThanAGranuleIsRejectedOrOutOfMemory) {
+TEST(DevicePoolMisuse, ReservationSmallerThanAGranuleIsRejectedOrOutOfMemory) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   std::unique_ptr<DevicePool> pool;
   try {
@@ -184,7 +184,7 @@ TEST(MisusePoolsDevicePool, ReservationSmallerThanAGranuleIsRejectedOrOutOfMemor
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
-TEST(MisusePoolsDevicePool, RequestAboveTheVirtualReservationIsOutOfMemoryAndLosesNothing) {
+TEST(DevicePoolMisuse, RequestAboveTheVirtualReservationIsOutOfMemoryAndLosesNothing) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool pool(upstream, virtual_options(64_MiB));
   void* keep = pool.allocate(8_MiB);
@@ -204,7 +204,7 @@ TEST(MisusePoolsDevicePool, RequestAboveTheVirtualReservationIsOutOfMemoryAndLos
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
-TEST(MisusePoolsDevicePool, ExtremeRunAndMapAheadOptionsStillServeAndAccount) {
+TEST(DevicePoolMisuse, ExtremeRunAndMapAheadOptionsStillServeAndAccount) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
                                                  TestUpstream::Options{.capacity_bytes = 256_MiB});
   for (const std::size_t run : {std::size_t{0}, std::size_t{1}, SIZE_MAX}) {
@@ -230,7 +230,7 @@ TEST(MisusePoolsDevicePool, ExtremeRunAndMapAheadOptionsStillServeAndAccount) {
   }
 }
 
-TEST(MisusePoolsDevicePool, AbsurdLargeSegmentBytesIsRejectedOrStillServes) {
+TEST(DevicePoolMisuse, AbsurdLargeSegmentBytesIsRejectedOrStillServes) {
   for (const std::size_t segment :
        {std::size_t{0}, std::size_t{1}, std::size_t{3} << 20 | 1, SIZE_MAX / 2, SIZE_MAX}) {
     SCOPED_TRACE("large_segment_bytes " + std::to_string(segment));
@@ -266,7 +266,7 @@ TEST(MisusePoolsDevicePool, AbsurdLargeSegmentBytesIsRejectedOrStillServes) {
 // DevicePool: stream-ordered release on cudaStreamPerThread (a different stream on every
 // thread, one handle value)
 
-TEST(MisusePoolsDevicePool, PerThreadDefaultStreamFreesAreNotHandedToAnotherThreadsStream) {
+TEST(DevicePoolMisuse, PerThreadDefaultStreamFreesAreNotHandedToAnotherThreadsStream) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;
@@ -292,7 +292,7 @@ TEST(MisusePoolsDevicePool, PerThreadDefaultStreamFreesAreNotHandedToAnotherThre
   pool.trim(0);
 }
 
-TEST(MisusePoolsDevicePool, PerThreadDefaultStreamSmallFreesAreNotHandedToAnotherThread) {
+TEST(DevicePoolMisuse, PerThreadDefaultStreamSmallFreesAreNotHandedToAnotherThread) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;
@@ -321,7 +321,7 @@ TEST(MisusePoolsDevicePool, PerThreadDefaultStreamSmallFreesAreNotHandedToAnothe
 // ---------------------------------------------------------------------------------------
 // DevicePool: release-build (no validation) misuse of large blocks: interior pointer,
 // double release, release after trim. (Passes: pins the release-build rule of the header.)
-TEST(MisusePoolsDevicePool, LargeBlockInteriorAndDoubleReleaseAreRejectedWithoutValidation) {
+TEST(DevicePoolMisuse, LargeBlockInteriorAndDoubleReleaseAreRejectedWithoutValidation) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
   options.validate_releases = false;
@@ -361,7 +361,7 @@ class NullUpstream final : public Upstream {
   std::string_view name() const noexcept override { return "null"; }
 };
 
-TEST(MisusePoolsDevicePool, UpstreamReturningNullIsAnErrorNotANullBlock) {
+TEST(DevicePoolMisuse, UpstreamReturningNullIsAnErrorNotANullBlock) {
   for (const auto memory : {LargeTierMemory::segments, LargeTierMemory::virtual_memory}) {
     SCOPED_TRACE(memory == LargeTierMemory::segments ? "segments" : "virtual memory");
     DevicePool::Options options;
@@ -382,7 +382,7 @@ TEST(MisusePoolsDevicePool, UpstreamReturningNullIsAnErrorNotANullBlock) {
 }
 
 // Throws a CudaError (not OutOfMemory) on a schedule: a driver failure while growing.
-TEST(MisusePoolsDevicePool, UpstreamCudaErrorWhileGrowingLeavesThePoolUsableAndExact) {
+TEST(DevicePoolMisuse, UpstreamCudaErrorWhileGrowingLeavesThePoolUsableAndExact) {
   class FailingUpstream final : public Upstream {
    public:
     void* allocate(std::size_t bytes) override {
@@ -424,7 +424,7 @@ TEST(MisusePoolsDevicePool, UpstreamCudaErrorWhileGrowingLeavesThePoolUsableAndE
   EXPECT_EQ(upstream->inner.live_bytes(), 0U);
 }
 
-TEST(MisusePoolsDevicePool, AbsurdVirtualReservationIsRefusedAtConstruction) {
+TEST(DevicePoolMisuse, AbsurdVirtualReservationIsRefusedAtConstruction) {
   // It was accepted, and every large request then threw a bare std::bad_alloc (per-granule
   // tables of 2^43 entries).
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -442,7 +442,7 @@ TEST(MisusePoolsDevicePool, AbsurdVirtualReservationIsRefusedAtConstruction) {
 // ---------------------------------------------------------------------------------------
 // DevicePool: the per-class ring bound "SIZE_MAX" (no bound but max_cached_bytes) makes the
 // first release of a small block allocate a ring for max_cached_bytes / 256 blocks.
-TEST(MisusePoolsDevicePool, UnboundedBlocksPerClassDoesNotAllocateHugeRings) {
+TEST(DevicePoolMisuse, UnboundedBlocksPerClassDoesNotAllocateHugeRings) {
   DevicePool::Options options;
   options.max_cached_blocks_per_class = SIZE_MAX;
   options.thread_cache_blocks = 0;  // releases go to the ring
@@ -469,7 +469,7 @@ TEST(MisusePoolsDevicePool, UnboundedBlocksPerClassDoesNotAllocateHugeRings) {
 // ---------------------------------------------------------------------------------------
 // StreamOrderedPool: options that make no sense
 
-TEST(MisusePoolsStreamOrderedPool, NegativeDeviceOtherThanMinusOneIsInvalidArgument) {
+TEST(StreamOrderedPoolMisuse, NegativeDeviceOtherThanMinusOneIsInvalidArgument) {
   // -1 means "the current device"; -7 is a typo and must not silently mean the same.
   try {
     StreamOrderedPool pool({.device = -7});
@@ -486,7 +486,7 @@ TEST(MisusePoolsStreamOrderedPool, NegativeDeviceOtherThanMinusOneIsInvalidArgum
 // StreamOrderedPool records what it hands out: wrong-size, foreign and double releases are
 // refused before cuMemFreeAsync sees them (a wrong size must not wrap bytes_in_use, and the
 // driver must not free another pool's block through this object).
-TEST(MisusePoolsStreamOrderedPoolGpu, WrongSizeReleaseIsRefusedAndTheBlockStaysAllocated) {
+TEST(StreamOrderedPoolMisuseGpu, WrongSizeReleaseIsRefusedAndTheBlockStaysAllocated) {
   VRAM_GPU_TEST_OR_SKIP();
   StreamOrderedPool pool;
   cuda::Stream stream;
@@ -505,7 +505,7 @@ TEST(MisusePoolsStreamOrderedPoolGpu, WrongSizeReleaseIsRefusedAndTheBlockStaysA
   EXPECT_EQ(pool.invalid_releases(), 1U);
 }
 
-TEST(MisusePoolsStreamOrderedPoolGpu, ReleaseIntoAnotherPrivatePoolIsRefused) {
+TEST(StreamOrderedPoolMisuseGpu, ReleaseIntoAnotherPrivatePoolIsRefused) {
   VRAM_GPU_TEST_OR_SKIP();
   StreamOrderedPool owner;
   StreamOrderedPool other;
@@ -526,7 +526,7 @@ TEST(MisusePoolsStreamOrderedPoolGpu, ReleaseIntoAnotherPrivatePoolIsRefused) {
   EXPECT_EQ(owner.invalid_releases(), 0U);
 }
 
-TEST(MisusePoolsStreamOrderedPoolGpu, ForeignCudaMallocPointerIsRefusedAndStaysAllocated) {
+TEST(StreamOrderedPoolMisuseGpu, ForeignCudaMallocPointerIsRefusedAndStaysAllocated) {
   VRAM_GPU_TEST_OR_SKIP();
   StreamOrderedPool pool;
   cuda::Stream stream;
@@ -543,7 +543,7 @@ TEST(MisusePoolsStreamOrderedPoolGpu, ForeignCudaMallocPointerIsRefusedAndStaysA
   EXPECT_EQ(cudaFree(foreign), cudaSuccess) << "the cudaMalloc block was freed through the pool";
 }
 
-TEST(MisusePoolsStreamOrderedPoolGpu, DoubleReleaseIsRefusedAndBytesInUseStaysExact) {
+TEST(StreamOrderedPoolMisuseGpu, DoubleReleaseIsRefusedAndBytesInUseStaysExact) {
   VRAM_GPU_TEST_OR_SKIP();
   StreamOrderedPool pool;
   cuda::Stream stream;
@@ -563,7 +563,7 @@ TEST(MisusePoolsStreamOrderedPoolGpu, DoubleReleaseIsRefusedAndBytesInUseStaysEx
   EXPECT_EQ(pool.bytes_in_use(), 0U);
 }
 
-TEST(MisusePoolsStreamOrderedPoolGpu, MovedFromPoolThrowsInvalidArgumentNamingTheMove) {
+TEST(StreamOrderedPoolMisuseGpu, MovedFromPoolThrowsInvalidArgumentNamingTheMove) {
   VRAM_GPU_TEST_OR_SKIP();
   StreamOrderedPool source;
   StreamOrderedPool target(std::move(source));
@@ -589,7 +589,7 @@ TEST(MisusePoolsStreamOrderedPoolGpu, MovedFromPoolThrowsInvalidArgumentNamingTh
   stream.synchronize();
 }
 
-TEST(MisusePoolsStreamOrderedPoolGpu, DeviceOutOfRangeIsInvalidArgument) {
+TEST(StreamOrderedPoolMisuseGpu, DeviceOutOfRangeIsInvalidArgument) {
   VRAM_GPU_TEST_OR_SKIP();
   int count = 0;
   ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
@@ -605,7 +605,7 @@ TEST(MisusePoolsStreamOrderedPoolGpu, DeviceOutOfRangeIsInvalidArgument) {
   }
 }
 
-TEST(MisusePoolsDevicePoolGpu, DeviceOutOfRangeIsInvalidArgument) {
+TEST(DevicePoolMisuseGpu, DeviceOutOfRangeIsInvalidArgument) {
   VRAM_GPU_TEST_OR_SKIP();
   int count = 0;
   ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
@@ -625,7 +625,7 @@ TEST(MisusePoolsDevicePoolGpu, DeviceOutOfRangeIsInvalidArgument) {
 // Thread A's kernel on its per-thread default stream still writes the block it freed with
 // deallocate_async(..., cudaStreamPerThread); thread B asks for the same size on its own
 // per-thread default stream (the same handle value, another stream).
-TEST(MisusePoolsDevicePoolGpu, PerThreadDefaultStreamBlockIsNotReusedByAnotherThreadEarly) {
+TEST(DevicePoolMisuseGpu, PerThreadDefaultStreamBlockIsNotReusedByAnotherThreadEarly) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool pool(0);
   constexpr std::size_t kBytes = 4_MiB;
