@@ -27,8 +27,12 @@ DevicePool::Lease& DevicePool::Lease::operator=(Lease&& other) noexcept {
 }
 
 void DevicePool::Lease::reset() noexcept {
-  if (block_ != nullptr && !core_->graph_deallocate(block_, bytes_, detail::kUntagged)) {
-    core_->deallocate(block_, bytes_, detail::kUntagged);
+  if (block_ != nullptr) {
+    if (core_->graphs_active()) [[unlikely]] {
+      core_->deallocate_with_graphs(block_, bytes_, detail::kUntagged);
+    } else {
+      core_->deallocate(block_, bytes_, detail::kUntagged);
+    }
   }
   core_ = nullptr;
   block_ = nullptr;
@@ -84,46 +88,44 @@ detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
   return *core_;
 }
 
-// Each call first asks the graph pools (pool_graphs.cpp): one relaxed load while no capture
-// scope is open and no graph pool holds memory.
+// Each call tests graph_activity first (pool_graphs.cpp): while no graph pool exists and no
+// capture scope is open, one load from the cache line the warm path reads anyway.
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
   detail::DevicePoolCore& core = live_core("allocate");
-  if (void* block = core.graph_allocate(bytes, alignment, detail::kUntagged)) [[unlikely]] {
-    return block;
-  }
+  if (core.graphs_active()) [[unlikely]]
+    return core.allocate_with_graphs(bytes, alignment, detail::kUntagged);
   return core.allocate(bytes, alignment, detail::kUntagged);
 }
 
 void DevicePool::deallocate(void* block, std::size_t bytes, std::size_t /*alignment*/) noexcept {
   if (core_) [[likely]] {
-    if (core_->graph_deallocate(block, bytes, detail::kUntagged)) [[unlikely]]
-      return;
+    if (core_->graphs_active()) [[unlikely]]
+      return core_->deallocate_with_graphs(block, bytes, detail::kUntagged);
     core_->deallocate(block, bytes, detail::kUntagged);
   }
 }
 
 DevicePool::Lease DevicePool::acquire(std::size_t bytes) {
   detail::DevicePoolCore& core = live_core("acquire");
-  void* block = core.graph_allocate(bytes, kDefaultAlignment, detail::kUntagged);
-  if (block == nullptr) [[likely]]
-    block = core.allocate(bytes, kDefaultAlignment, detail::kUntagged);
+  void* block = core.graphs_active()
+                    ? core.allocate_with_graphs(bytes, kDefaultAlignment, detail::kUntagged)
+                    : core.allocate(bytes, kDefaultAlignment, detail::kUntagged);
   return Lease(core_.get(), block, bytes);
 }
 
 void* DevicePool::allocate_async(std::size_t bytes, cudaStream_t stream) {
   detail::DevicePoolCore& core = live_core("allocate_async");
   const detail::StreamKey key = detail::stream_key(stream);
-  if (void* block = core.graph_allocate(bytes, kDefaultAlignment, key)) [[unlikely]] {
-    return block;
-  }
+  if (core.graphs_active()) [[unlikely]]
+    return core.allocate_with_graphs(bytes, kDefaultAlignment, key);
   return core.allocate(bytes, kDefaultAlignment, key);
 }
 
 void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept {
   if (core_) [[likely]] {
     const detail::StreamKey key = detail::stream_key(stream);
-    if (core_->graph_deallocate(block, bytes, key)) [[unlikely]]
-      return;
+    if (core_->graphs_active()) [[unlikely]]
+      return core_->deallocate_with_graphs(block, bytes, key);
     core_->deallocate(block, bytes, key);
   }
 }

@@ -6,7 +6,7 @@ void GraphPools::retain(Id id) {
   std::lock_guard lock(mutex_);
   auto [it, made] = by_id_.try_emplace(id);
   ++it->second.uses;
-  if (made) pools_.store(by_id_.size(), std::memory_order_relaxed);
+  if (made) note_pools();
 }
 
 std::vector<GraphPools::Block> GraphPools::release(Id id, bool* refused) {
@@ -43,8 +43,9 @@ GraphPools::Block GraphPools::take(Id id, std::size_t bytes) {
 void GraphPools::adopt(Id id, Block block) {
   std::lock_guard lock(mutex_);
   auto [it, made] = by_id_.try_emplace(id);
-  if (made) pools_.store(by_id_.size(), std::memory_order_relaxed);
-  owner_.insert_or_assign(block.pointer, Owner{id, block.bytes, true});
+  if (made) note_pools();
+  const bool fresh = owner_.insert_or_assign(block.pointer, Owner{id, block.bytes, true}).second;
+  if (fresh) filter_[slot_of(block.pointer)].fetch_add(1, std::memory_order_relaxed);
   Pool& pool = it->second;
   ++pool.live_blocks;
   pool.held_bytes += block.bytes;
@@ -84,9 +85,17 @@ void GraphPools::retire_if_unused(Id id, std::vector<Block>& to_shared) {
   for (const auto& [bytes, pointer] : pool.free) {
     to_shared.push_back({pointer, bytes});
     owner_.erase(pointer);
+    filter_[slot_of(pointer)].fetch_sub(1, std::memory_order_relaxed);
   }
   by_id_.erase(it);
-  pools_.store(by_id_.size(), std::memory_order_relaxed);
+  note_pools();
+}
+
+void GraphPools::note_pools() noexcept {
+  const std::size_t before = pools_.exchange(by_id_.size(), std::memory_order_relaxed);
+  if (activity_ != nullptr && before != by_id_.size()) {
+    activity_->fetch_add(by_id_.size() - before, std::memory_order_relaxed);  // wraps: a sub
+  }
 }
 
 GraphPools::Stats GraphPools::stats() const {
@@ -108,10 +117,11 @@ std::vector<GraphPools::Block> GraphPools::take_all() {
   all.reserve(owner_.size());
   for (const auto& [pointer, owner] : owner_) {
     all.push_back({const_cast<void*>(pointer), owner.bytes});
+    filter_[slot_of(pointer)].fetch_sub(1, std::memory_order_relaxed);
   }
   owner_.clear();
   by_id_.clear();
-  pools_.store(0, std::memory_order_relaxed);
+  note_pools();
   return all;
 }
 

@@ -15,11 +15,16 @@
 //   long that is.
 // - A free of a block that is P's but not live (a double free) is refused and counted; the
 //   block stays free in P.
-// Thread safety: every call takes one mutex (graph pools are touched while capturing and
-// when their blocks are freed, not on the pool's warm path); empty() is a relaxed load, so
-// a pool with no graph pool pays one load per free.
+// Thread safety: every call but may_own() takes one mutex (graph pools are touched while
+// capturing and when their blocks are freed). may_own() is one relaxed load of a counting
+// filter over the blocks' addresses: false means the block is no graph pool's, so frees of
+// other blocks never take the mutex while graph pools exist. A block's slot is counted up
+// before the block is handed out and down after it left every pool.
+// `activity` (optional): raised by one for each pool that exists, so that an owner can
+// test one word for "no graph pool and no capture scope".
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -32,6 +37,8 @@ namespace vram::detail {
 
 class GraphPools {
  public:
+  explicit GraphPools(std::atomic<std::size_t>* activity = nullptr) noexcept
+      : activity_(activity) {}
   using Id = std::uint64_t;
   struct Block {
     void* pointer = nullptr;
@@ -66,6 +73,9 @@ class GraphPools {
   std::size_t live_bytes_of(const void* pointer) const;
   // True when no graph pool holds memory or has a use open.
   bool empty() const noexcept { return pools_.load(std::memory_order_relaxed) == 0; }
+  bool may_own(const void* pointer) const noexcept {
+    return filter_[slot_of(pointer)].load(std::memory_order_relaxed) != 0;
+  }
   Stats stats() const;
   // Every block of every pool, for the owner's destruction; the pools are emptied.
   std::vector<Block> take_all();
@@ -86,12 +96,21 @@ class GraphPools {
   // Under mutex_: the pool's memory back to the shared tiers if it has no use and nothing
   // live; erases it.
   void retire_if_unused(Id id, std::vector<Block>& to_shared);
+  // Under mutex_: keeps pools_ and the owner's activity count in step with by_id_.
+  void note_pools() noexcept;
+  static std::size_t slot_of(const void* pointer) noexcept {
+    const auto bits = reinterpret_cast<std::uintptr_t>(pointer) >> 8;  // blocks: 256-aligned
+    return static_cast<std::size_t>((bits * 0x9E3779B97F4A7C15ULL) >> (64 - kFilterBits));
+  }
+  static constexpr unsigned kFilterBits = 14;
 
   mutable std::mutex mutex_;
   std::unordered_map<Id, Pool> by_id_;
   std::unordered_map<const void*, Owner> owner_;
   std::atomic<std::size_t> pools_{0};
+  std::atomic<std::size_t>* activity_;
   std::uint64_t double_frees_ = 0;
+  std::array<std::atomic<std::uint32_t>, std::size_t{1} << kFilterBits> filter_{};
 };
 
 }  // namespace vram::detail

@@ -162,21 +162,18 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept;
   bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
   bool validate_release(void* block, std::size_t bytes) noexcept;
-  // Graph pools (pool_graphs.cpp). The checks are one relaxed load each while no graph pool
-  // exists and no capture scope is open.
-  // A request under a capture scope (`key`: kUntagged for the calling thread's requests
-  // without a stream): the graph pool's block, or null when no scope routes it.
-  void* graph_allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
-    if (!capture_routes.any()) [[likely]]
-      return nullptr;
-    return graph_allocate_routed(bytes, alignment, key);
+  // Graph pools (pool_graphs.cpp). The public calls test graph_activity and, while it is
+  // not 0, go through these (`key`: kUntagged for the calling thread's calls without a
+  // stream): a request under a capture scope gets the graph pool's block; a release of a
+  // graph pool's block, or of any block freed under a scope, goes to that pool.
+  bool graphs_active() const noexcept {
+    return graph_activity.load(std::memory_order_relaxed) != 0;
   }
-  // A release that a graph pool takes (its block, or a block freed under a scope): true.
-  bool graph_deallocate(void* block, std::size_t bytes, StreamKey key) noexcept {
-    if (graph_pools.empty() && !capture_routes.any()) [[likely]]
-      return false;
-    return graph_deallocate_routed(block, bytes, key);
-  }
+  [[gnu::noinline]] void* allocate_with_graphs(std::size_t bytes, std::size_t alignment,
+                                               StreamKey key);
+  [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes,
+                                                StreamKey key) noexcept;
+  // Null / false when no graph pool takes the call.
   void* graph_allocate_routed(std::size_t bytes, std::size_t alignment, StreamKey key);
   bool graph_deallocate_routed(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Blocks a graph pool gave up go back to the shared tiers, after the device finished the
@@ -203,6 +200,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
       DevicePool::kDefaultAlignment;  // see the constructor
   // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
   bool plain_calls = false;
+  // Graph pools that exist plus capture scopes that are open (pool_graphs.cpp): while 0,
+  // which every call tests next to plain_calls (one cache line), no call is routed.
+  std::atomic<std::size_t> graph_activity{0};
   // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
   std::array<std::uint32_t, 64> held_bytes_of{};
   ReservedGauge gauge;
@@ -237,8 +237,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::uint64_t orphan_blocks_outstanding = 0;     // guarded by slow_mutex
   std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
 
-  GraphPools graph_pools;
-  CaptureRoutes capture_routes;
+  GraphPools graph_pools{&graph_activity};
+  CaptureRoutes capture_routes{&graph_activity};
 
   std::mutex live_mutex;  // validate_releases only
   std::unordered_map<void*, std::size_t> live_blocks;

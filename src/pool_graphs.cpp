@@ -27,6 +27,17 @@ std::optional<GraphPools::Id> route_of(const CaptureRoutes& routes, StreamKey ke
 
 }  // namespace
 
+void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignment,
+                                           StreamKey key) {
+  if (void* block = graph_allocate_routed(bytes, alignment, key)) return block;
+  return allocate(bytes, alignment, key);
+}
+
+void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes,
+                                            StreamKey key) noexcept {
+  if (!graph_deallocate_routed(block, bytes, key)) deallocate(block, bytes, key);
+}
+
 void* DevicePoolCore::graph_allocate_routed(std::size_t bytes, std::size_t alignment,
                                             StreamKey key) {
   const auto id = route_of(capture_routes, key);
@@ -57,6 +68,7 @@ void* DevicePoolCore::graph_allocate_routed(std::size_t bytes, std::size_t align
 bool DevicePoolCore::graph_deallocate_routed(void* block, std::size_t bytes,
                                              StreamKey key) noexcept {
   if (block == nullptr) return true;
+  if (!capture_routes.any() && !graph_pools.may_own(block)) return false;  // no mutex taken
   std::vector<GraphPools::Block> to_shared;
   try {
     GraphPools::Release result = graph_pools.give_back(block, to_shared);
