@@ -12,7 +12,7 @@ bool CaptureRoutes::open(PoolId pool, StreamKey stream, std::thread::id thread) 
   if (taken) return false;
   routes_.push_back({pool, stream, thread});
   open_.store(routes_.size(), std::memory_order_relaxed);
-  if (activity_ != nullptr) activity_->fetch_add(1, std::memory_order_relaxed);
+  if (activity_ != nullptr) activity_->add(1);
   return true;
 }
 
@@ -24,7 +24,7 @@ bool CaptureRoutes::close(StreamKey stream, std::thread::id thread) {
   if (it == routes_.end()) return false;
   routes_.erase(it);
   open_.store(routes_.size(), std::memory_order_relaxed);
-  if (activity_ != nullptr) activity_->fetch_sub(1, std::memory_order_relaxed);
+  if (activity_ != nullptr) activity_->add(-1);
   return true;
 }
 

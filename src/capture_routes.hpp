@@ -18,13 +18,14 @@
 #include <thread>
 #include <vector>
 
+#include "graph_activity.hpp"
+
 namespace vram::detail {
 
 class CaptureRoutes {
  public:
   // `activity` (optional): raised by one for each open route (see GraphPools).
-  explicit CaptureRoutes(std::atomic<std::size_t>* activity = nullptr) noexcept
-      : activity_(activity) {}
+  explicit CaptureRoutes(GraphActivity* activity = nullptr) noexcept : activity_(activity) {}
   using PoolId = std::uint64_t;
   using StreamKey = std::uintptr_t;
 
@@ -45,7 +46,7 @@ class CaptureRoutes {
   mutable std::mutex mutex_;
   std::vector<Route> routes_;  // a handful at most: one per capturing stream
   std::atomic<std::size_t> open_{0};
-  std::atomic<std::size_t>* activity_;
+  GraphActivity* activity_;
 };
 
 }  // namespace vram::detail

@@ -94,7 +94,8 @@ void GraphPools::retire_if_unused(Id id, std::vector<Block>& to_shared) {
 void GraphPools::note_pools() noexcept {
   const std::size_t before = pools_.exchange(by_id_.size(), std::memory_order_relaxed);
   if (activity_ != nullptr && before != by_id_.size()) {
-    activity_->fetch_add(by_id_.size() - before, std::memory_order_relaxed);  // wraps: a sub
+    activity_->add(static_cast<std::ptrdiff_t>(by_id_.size()) -
+                   static_cast<std::ptrdiff_t>(before));
   }
 }
 

@@ -20,8 +20,7 @@
 // filter over the blocks' addresses: false means the block is no graph pool's, so frees of
 // other blocks never take the mutex while graph pools exist. A block's slot is counted up
 // before the block is handed out and down after it left every pool.
-// `activity` (optional): raised by one for each pool that exists, so that an owner can
-// test one word for "no graph pool and no capture scope".
+// `activity` (optional): raised by one for each pool that exists (graph_activity.hpp).
 #pragma once
 
 #include <array>
@@ -33,12 +32,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "graph_activity.hpp"
+
 namespace vram::detail {
 
 class GraphPools {
  public:
-  explicit GraphPools(std::atomic<std::size_t>* activity = nullptr) noexcept
-      : activity_(activity) {}
+  explicit GraphPools(GraphActivity* activity = nullptr) noexcept : activity_(activity) {}
   using Id = std::uint64_t;
   struct Block {
     void* pointer = nullptr;
@@ -108,7 +108,7 @@ class GraphPools {
   std::unordered_map<Id, Pool> by_id_;
   std::unordered_map<const void*, Owner> owner_;
   std::atomic<std::size_t> pools_{0};
-  std::atomic<std::size_t>* activity_;
+  GraphActivity* activity_;
   std::uint64_t double_frees_ = 0;
   std::array<std::atomic<std::uint32_t>, std::size_t{1} << kFilterBits> filter_{};
 };

@@ -162,13 +162,11 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept;
   bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
   bool validate_release(void* block, std::size_t bytes) noexcept;
-  // Graph pools (pool_graphs.cpp). The public calls test graph_activity and, while it is
-  // not 0, go through these (`key`: kUntagged for the calling thread's calls without a
+  // Graph pools (pool_graphs.cpp). The public calls test graphs_on and, while it is set,
+  // go through these (`key`: kUntagged for the calling thread's calls without a
   // stream): a request under a capture scope gets the graph pool's block; a release of a
   // graph pool's block, or of any block freed under a scope, goes to that pool.
-  bool graphs_active() const noexcept {
-    return graph_activity.load(std::memory_order_relaxed) != 0;
-  }
+  bool graphs_active() const noexcept { return graphs_on.load(std::memory_order_relaxed); }
   [[gnu::noinline]] void* allocate_with_graphs(std::size_t bytes, std::size_t alignment,
                                                StreamKey key);
   [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes,
@@ -200,9 +198,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
       DevicePool::kDefaultAlignment;  // see the constructor
   // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
   bool plain_calls = false;
-  // Graph pools that exist plus capture scopes that are open (pool_graphs.cpp): while 0,
-  // which every call tests next to plain_calls (one cache line), no call is routed.
-  std::atomic<std::size_t> graph_activity{0};
+  // True while a graph pool exists or a capture scope is open (graph_activity.hpp): every
+  // public call tests it, in the cache line of plain_calls, before it asks the graph pools.
+  std::atomic<bool> graphs_on{false};
   // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
   std::array<std::uint32_t, 64> held_bytes_of{};
   ReservedGauge gauge;
@@ -237,11 +235,14 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::uint64_t orphan_blocks_outstanding = 0;     // guarded by slow_mutex
   std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
 
-  GraphPools graph_pools{&graph_activity};
-  CaptureRoutes capture_routes{&graph_activity};
-
   std::mutex live_mutex;  // validate_releases only
   std::unordered_map<void*, std::size_t> live_blocks;
+
+  // Last: the graph pools' state (its address filter is 64 KiB) stays out of the lines the
+  // warm paths and the tiers use.
+  GraphActivity graph_activity{graphs_on};
+  GraphPools graph_pools{&graph_activity};
+  CaptureRoutes capture_routes{&graph_activity};
 };
 
 inline ThreadCache* DevicePoolCore::lock_own_cache() noexcept {
