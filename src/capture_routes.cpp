@@ -7,7 +7,7 @@ namespace vram::detail {
 bool CaptureRoutes::open(PoolId pool, StreamKey stream, std::thread::id thread) {
   std::lock_guard lock(mutex_);
   const bool taken = std::any_of(routes_.begin(), routes_.end(), [&](const Route& r) {
-    return r.stream == stream || r.thread == thread;
+    return r.stream == stream || r.thread == thread || r.pool == pool;
   });
   if (taken) return false;
   routes_.push_back({pool, stream, thread});

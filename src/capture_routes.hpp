@@ -29,7 +29,8 @@ class CaptureRoutes {
   using PoolId = std::uint64_t;
   using StreamKey = std::uintptr_t;
 
-  // Opens a route; false when `stream` or `thread` already has one (nothing changed).
+  // Opens a route; false when `stream`, `thread` or `pool` already has one (nothing
+  // changed): captures into one pool follow each other, so reuse inside it is ordered.
   bool open(PoolId pool, StreamKey stream, std::thread::id thread);
   // Closes the route of `stream` opened by `thread`; false when there was none.
   bool close(StreamKey stream, std::thread::id thread);

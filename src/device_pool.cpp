@@ -61,11 +61,13 @@ DevicePool& DevicePool::operator=(DevicePool&& other) noexcept {
 
 DevicePool::~DevicePool() {
   if (!core_) return;
-  // Graph pools never released: their memory goes back with the rest.
+  // Graph pools never released: their free blocks go back with the rest; their live ones
+  // stay leased (the bookkeeping outlives the pool for them, as for any lease).
   try {
-    core_->return_graph_blocks(core_->graph_pools.take_all());
+    core_->graph_pools.close();
   } catch (...) {  // out of host memory: those blocks count as still leased below
   }
+  core_->drain_graph_returns();
   std::uint64_t blocks = 0;
   std::uint64_t bytes = 0;
   if (core_->close(blocks, bytes)) {
@@ -140,6 +142,7 @@ std::size_t DevicePool::block_bytes(std::size_t bytes) const noexcept {
 
 void DevicePool::trim(std::size_t keep_bytes) {
   if (!core_) return;
+  core_->drain_graph_returns();
   core_->trim(keep_bytes, nullptr, true);
   // The growth budget restarts from what is in use now: a caller that trims wants the
   // memory held to follow today's use, not the all-time peak.

@@ -9,19 +9,16 @@ void GraphPools::retain(Id id) {
   if (made) note_pools();
 }
 
-std::vector<GraphPools::Block> GraphPools::release(Id id, bool* refused) {
-  std::vector<Block> to_shared;
+bool GraphPools::release(Id id) {
   std::lock_guard lock(mutex_);
   auto it = by_id_.find(id);
-  if (refused != nullptr) *refused = false;
   if (it == by_id_.end() || it->second.uses == 0) {
     ++double_frees_;
-    if (refused != nullptr) *refused = true;
-    return to_shared;
+    return false;
   }
   --it->second.uses;
-  retire_if_unused(id, to_shared);
-  return to_shared;
+  retire_if_unused(id);
+  return true;
 }
 
 GraphPools::Block GraphPools::take(Id id, std::size_t bytes) {
@@ -40,20 +37,20 @@ GraphPools::Block GraphPools::take(Id id, std::size_t bytes) {
   return block;
 }
 
-void GraphPools::adopt(Id id, Block block) {
+bool GraphPools::adopt(Id id, Block block) {
   std::lock_guard lock(mutex_);
-  auto [it, made] = by_id_.try_emplace(id);
-  if (made) note_pools();
-  const bool fresh = owner_.insert_or_assign(block.pointer, Owner{id, block.bytes, true}).second;
-  if (fresh) filter_[slot_of(block.pointer)].fetch_add(1, std::memory_order_relaxed);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end() || it->second.uses == 0) return false;
+  if (!owner_.try_emplace(block.pointer, Owner{id, block.bytes, true}).second) return false;
+  filter_[slot_of(block.pointer)].fetch_add(1, std::memory_order_relaxed);
   Pool& pool = it->second;
   ++pool.live_blocks;
   pool.held_bytes += block.bytes;
   pool.live_bytes += block.bytes;
+  return true;
 }
 
-GraphPools::Release GraphPools::give_back(void* pointer, std::vector<Block>& to_shared) {
-  if (empty()) return Release::not_ours;
+GraphPools::Release GraphPools::give_back(void* pointer) {
   std::lock_guard lock(mutex_);
   auto found = owner_.find(pointer);
   if (found == owner_.end()) return Release::not_ours;
@@ -62,28 +59,59 @@ GraphPools::Release GraphPools::give_back(void* pointer, std::vector<Block>& to_
     ++double_frees_;
     return Release::double_free;
   }
-  owner.live = false;
   Pool& pool = by_id_.at(owner.pool);
+  pool.free.emplace(owner.bytes, pointer);  // first: it may throw, and nothing changed yet
+  owner.live = false;
   --pool.live_blocks;
   pool.live_bytes -= owner.bytes;
-  pool.free.emplace(owner.bytes, pointer);
-  retire_if_unused(owner.pool, to_shared);
+  retire_if_unused(owner.pool);
   return Release::returned;
 }
 
+std::vector<GraphPools::Block> GraphPools::take_pending() {
+  std::lock_guard lock(mutex_);
+  pending_bytes_ = 0;
+  return std::exchange(pending_, {});
+}
+
+void GraphPools::close() {
+  std::lock_guard lock(mutex_);
+  closed_.store(true, std::memory_order_release);
+  std::vector<Id> ids;
+  ids.reserve(by_id_.size());
+  for (auto& [id, pool] : by_id_) {
+    pool.uses = 0;
+    ids.push_back(id);
+  }
+  for (const Id id : ids) {
+    Pool& pool = by_id_.at(id);
+    pending_.reserve(pending_.size() + pool.free.size());
+    for (const auto& [bytes, pointer] : pool.free) {
+      pending_.push_back({pointer, bytes});
+      pending_bytes_ += bytes;
+      owner_.erase(pointer);
+      filter_[slot_of(pointer)].fetch_sub(1, std::memory_order_relaxed);
+      pool.held_bytes -= bytes;
+    }
+    pool.free.clear();
+    retire_if_unused(id);
+  }
+}
+
 std::size_t GraphPools::live_bytes_of(const void* pointer) const {
-  if (empty()) return 0;
   std::lock_guard lock(mutex_);
   const auto found = owner_.find(pointer);
   return found != owner_.end() && found->second.live ? found->second.bytes : 0;
 }
 
-void GraphPools::retire_if_unused(Id id, std::vector<Block>& to_shared) {
+void GraphPools::retire_if_unused(Id id) {
   auto it = by_id_.find(id);
   Pool& pool = it->second;
   if (pool.uses != 0 || pool.live_blocks != 0) return;
+  pending_.reserve(pending_.size() + pool.free.size());  // may throw: nothing changed yet
   for (const auto& [bytes, pointer] : pool.free) {
-    to_shared.push_back({pointer, bytes});
+    pending_.push_back({pointer, bytes});
+    pending_bytes_ += bytes;
     owner_.erase(pointer);
     filter_[slot_of(pointer)].fetch_sub(1, std::memory_order_relaxed);
   }
@@ -107,23 +135,10 @@ GraphPools::Stats GraphPools::stats() const {
     s.held_bytes += pool.held_bytes;
     s.live_bytes += pool.live_bytes;
   }
-  s.blocks = owner_.size();
+  s.held_bytes += pending_bytes_;
+  s.blocks = owner_.size() + pending_.size();
   s.double_frees = double_frees_;
   return s;
-}
-
-std::vector<GraphPools::Block> GraphPools::take_all() {
-  std::lock_guard lock(mutex_);
-  std::vector<Block> all;
-  all.reserve(owner_.size());
-  for (const auto& [pointer, owner] : owner_) {
-    all.push_back({const_cast<void*>(pointer), owner.bytes});
-    filter_[slot_of(pointer)].fetch_sub(1, std::memory_order_relaxed);
-  }
-  owner_.clear();
-  by_id_.clear();
-  note_pools();
-  return all;
 }
 
 }  // namespace vram::detail

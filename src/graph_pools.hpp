@@ -9,10 +9,12 @@
 //   capture or after it) it goes back to P, never to the shared tiers: only a later
 //   allocation into P reuses it. Captures into one pool replay in capture order, so a
 //   block freed inside one capture is safe for the next capture into the same pool.
-// - P's use count is the number of open uses (a capture into P, a graph that keeps P);
-//   retain() opens one, release() ends one. P's memory returns to the shared tiers once its
-//   use count is zero and none of its blocks is live; until then it stays P's, however
-//   long that is.
+// - P's use count is the number of open uses (a capture scope, a graph that keeps P);
+//   retain() opens one, release() ends one. Once no use is open and none of P's blocks is
+//   live, P's blocks wait in `pending` until the owner takes them (take_pending()) at a
+//   moment when it may wait for the device: they rejoin the shared tiers only after the
+//   graph's last launch has run.
+// - adopt() and take() never make a pool: a pool with no open use takes no block.
 // - A free of a block that is P's but not live (a double free) is refused and counted; the
 //   block stays free in P.
 // Thread safety: every call but may_own() takes one mutex (graph pools are touched while
@@ -30,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "graph_activity.hpp"
@@ -55,30 +58,33 @@ class GraphPools {
 
   // Opens a use of pool `id` (made at the first use).
   void retain(Id id);
-  // Ends a use of pool `id`. Returns the blocks that go back to the shared tiers: all of
-  // the pool's once no use remains and none is live; none otherwise. A pool with no open
-  // use is left as it is: `refused` (when given) is set, and the call counted as a double
-  // free.
-  [[nodiscard]] std::vector<Block> release(Id id, bool* refused = nullptr);
+  // Ends a use of pool `id`; false (counted as a double free, nothing changed) when the
+  // pool has no open use.
+  bool release(Id id);
   // A free block of pool `id` that serves `bytes` (best fit, at most a quarter larger),
   // now live; a null block when there is none or the pool has no open use.
   Block take(Id id, std::size_t bytes);
-  // Makes `block`, just taken from the shared tiers, a live block of pool `id`.
-  void adopt(Id id, Block block);
-  // A freed block: back to its pool when it is a graph pool's. `to_shared` receives the
-  // pool's memory when this was its last live block and no use remains.
-  Release give_back(void* pointer, std::vector<Block>& to_shared);
-  // The bytes of a live block of a graph pool (its real size, which may exceed the size
-  // the caller asked for); 0 when the pointer is no live graph block.
+  // Makes `block`, just taken from the shared tiers (or freed under a scope), a live block
+  // of pool `id`. False, nothing changed, when the pool has no open use or already knows
+  // the block.
+  bool adopt(Id id, Block block);
+  // A freed block: back to its pool when it is a graph pool's.
+  Release give_back(void* pointer);
+  // The blocks of pools that no longer hold them (see the rules), for the shared tiers.
+  std::vector<Block> take_pending();
+  // The owner closes: every use ends and every free block becomes pending; live blocks stay
+  // their pool's until freed, and then become pending.
+  void close();
+  bool closed() const noexcept { return closed_.load(std::memory_order_acquire); }
+  // The bytes of a live block of a graph pool as recorded at adopt(); 0 when the pointer is
+  // no live graph block.
   std::size_t live_bytes_of(const void* pointer) const;
-  // True when no graph pool holds memory or has a use open.
+  // True when no graph pool holds memory or has a use open (pending blocks aside).
   bool empty() const noexcept { return pools_.load(std::memory_order_relaxed) == 0; }
   bool may_own(const void* pointer) const noexcept {
     return filter_[slot_of(pointer)].load(std::memory_order_relaxed) != 0;
   }
   Stats stats() const;
-  // Every block of every pool, for the owner's destruction; the pools are emptied.
-  std::vector<Block> take_all();
 
  private:
   struct Pool {
@@ -93,9 +99,9 @@ class GraphPools {
     std::size_t bytes = 0;
     bool live = false;
   };
-  // Under mutex_: the pool's memory back to the shared tiers if it has no use and nothing
-  // live; erases it.
-  void retire_if_unused(Id id, std::vector<Block>& to_shared);
+  // Under mutex_: the pool's blocks become pending if it has no use and nothing live; erases
+  // it.
+  void retire_if_unused(Id id);
   // Under mutex_: keeps pools_ and the owner's activity count in step with by_id_.
   void note_pools() noexcept;
   static std::size_t slot_of(const void* pointer) noexcept {
@@ -110,6 +116,9 @@ class GraphPools {
   std::atomic<std::size_t> pools_{0};
   GraphActivity* activity_;
   std::uint64_t double_frees_ = 0;
+  std::vector<Block> pending_;
+  std::atomic<bool> closed_{false};
+  std::size_t pending_bytes_ = 0;
   std::array<std::atomic<std::uint32_t>, std::size_t{1} << kFilterBits> filter_{};
 };
 

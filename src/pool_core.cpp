@@ -125,6 +125,9 @@ void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::s
   try {
     return tier.allocate(bytes, key, true);
   } catch (const OutOfMemory&) {
+    // While a capture scope is open the trim below would synchronize the device, which
+    // invalidates the capture: the request fails instead (PyTorch's allocator does the same).
+    if (capture_routes.any()) throw;
     oom_retries.fetch_add(1, std::memory_order_relaxed);
   }
   // Everything cached, in every thread, back to the upstream (waiting for the work of

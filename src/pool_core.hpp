@@ -174,9 +174,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Null / false when no graph pool takes the call.
   void* graph_allocate_routed(std::size_t bytes, std::size_t alignment, StreamKey key);
   bool graph_deallocate_routed(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Blocks a graph pool gave up go back to the shared tiers, after the device finished the
-  // work that may use them.
-  void return_graph_blocks(const std::vector<GraphPools::Block>& blocks) noexcept;
+  // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
+  // nothing while a capture scope is open (pool_graphs.cpp's rules).
+  void drain_graph_returns() noexcept;
   void note_in_use(std::int64_t delta) noexcept;
   DevicePoolStats stats() const;
 

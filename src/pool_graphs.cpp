@@ -8,8 +8,10 @@
 //   launch of the graph, on any stream, reaches it.
 // - Growing while a capture is open runs in relaxed capture mode: the capturing thread's
 //   own mode would refuse the driver allocation and invalidate its capture.
-// - Returned blocks wait for the device (fence->quiesce()) first: a launch of the graph may
-//   still be running.
+// - Blocks a graph pool gave up rejoin the shared tiers only in drain_graph_returns(),
+//   after a device synchronize (a launch of the graph may still run), and only while no
+//   capture scope is open (a synchronize during a capture invalidates it): on
+//   release_graph_pool, trim and destruction, never inside a release.
 #include <algorithm>
 #include <atomic>
 #include <thread>
@@ -57,42 +59,52 @@ void* DevicePoolCore::graph_allocate_routed(std::size_t bytes, std::size_t align
     block = allocate(bytes, alignment, kUntagged);
   }
   try {
-    graph_pools.adopt(*id, {block, bytes});
+    if (graph_pools.adopt(*id, {block, bytes})) return block;
   } catch (...) {
     deallocate(block, bytes, kUntagged);
     throw;
   }
-  return block;
+  return block;  // the pool lost its last use meanwhile: an ordinary block
 }
 
 bool DevicePoolCore::graph_deallocate_routed(void* block, std::size_t bytes,
                                              StreamKey key) noexcept {
   if (block == nullptr) return true;
-  if (!capture_routes.any() && !graph_pools.may_own(block)) return false;  // no mutex taken
-  std::vector<GraphPools::Block> to_shared;
   try {
-    GraphPools::Release result = graph_pools.give_back(block, to_shared);
-    if (result == GraphPools::Release::not_ours) {
-      const auto id = route_of(capture_routes, key);
-      if (!id) return false;
-      // Freed under a scope: captured work may use it at every launch. It becomes a free
-      // block of the scope's pool.
-      graph_pools.adopt(*id, {block, bytes});
-      result = graph_pools.give_back(block, to_shared);
+    if (graph_pools.may_own(block)) {  // else no mutex: the filter says it is no graph block
+      switch (graph_pools.give_back(block)) {
+        case GraphPools::Release::returned:
+          // After the owner's destruction nothing else drains: a live block's return does.
+          if (graph_pools.closed()) drain_graph_returns();
+          return true;
+        case GraphPools::Release::double_free:
+          invalid_releases.fetch_add(1, std::memory_order_relaxed);
+          return true;
+        case GraphPools::Release::not_ours:
+          break;
+      }
     }
-    if (result == GraphPools::Release::double_free) {
-      invalid_releases.fetch_add(1, std::memory_order_relaxed);
-    }
+    const auto id = route_of(capture_routes, key);
+    if (!id) return false;
+    // Freed under a scope: captured work may use it at every launch. It becomes a free
+    // block of the scope's pool (refused when the pool has no use: then the ordinary path).
+    if (!graph_pools.adopt(*id, {block, bytes})) return false;
+    return graph_pools.give_back(block) == GraphPools::Release::returned;
   } catch (...) {
     // Out of host memory for the bookkeeping: the block stays out of every tier (leaked),
     // which is safe; handing it out again would not be.
     return true;
   }
-  return_graph_blocks(to_shared);
-  return true;
 }
 
-void DevicePoolCore::return_graph_blocks(const std::vector<GraphPools::Block>& blocks) noexcept {
+void DevicePoolCore::drain_graph_returns() noexcept {
+  if (capture_routes.any()) return;  // a device synchronize would invalidate the capture
+  std::vector<GraphPools::Block> blocks;
+  try {
+    blocks = graph_pools.take_pending();
+  } catch (...) {
+    return;
+  }
   if (blocks.empty()) return;
   fence->quiesce();
   for (const GraphPools::Block& block : blocks) deallocate(block.pointer, block.bytes, kUntagged);
@@ -103,16 +115,21 @@ void DevicePoolCore::return_graph_blocks(const std::vector<GraphPools::Block>& b
 namespace vram {
 
 DevicePool::CaptureScope::CaptureScope(std::shared_ptr<detail::DevicePoolCore> core,
-                                       std::uintptr_t stream, std::thread::id thread) noexcept
-    : core_(std::move(core)), stream_(stream), thread_(thread) {}
+                                       GraphPoolId pool, std::uintptr_t stream,
+                                       std::thread::id thread) noexcept
+    : core_(std::move(core)), pool_(pool), stream_(stream), thread_(thread) {}
 
 DevicePool::CaptureScope::CaptureScope(CaptureScope&& other) noexcept
-    : core_(std::move(other.core_)), stream_(other.stream_), thread_(other.thread_) {}
+    : core_(std::move(other.core_)),
+      pool_(other.pool_),
+      stream_(other.stream_),
+      thread_(other.thread_) {}
 
 DevicePool::CaptureScope& DevicePool::CaptureScope::operator=(CaptureScope&& other) noexcept {
   if (this != &other) {
     end();
     core_ = std::move(other.core_);
+    pool_ = other.pool_;
     stream_ = other.stream_;
     thread_ = other.thread_;
   }
@@ -121,7 +138,9 @@ DevicePool::CaptureScope& DevicePool::CaptureScope::operator=(CaptureScope&& oth
 
 void DevicePool::CaptureScope::end() noexcept {
   if (!core_) return;
-  (void)core_->capture_routes.close(stream_, thread_);
+  if (core_->capture_routes.close(stream_, thread_)) {
+    (void)core_->graph_pools.release(pool_);  // the scope's own use; the graph's stays
+  }
   core_.reset();
 }
 
@@ -132,28 +151,42 @@ DevicePool::GraphPoolId DevicePool::new_graph_pool() noexcept {
 
 DevicePool::CaptureScope DevicePool::capture_into(GraphPoolId graph_pool, cudaStream_t stream) {
   detail::DevicePoolCore& core = live_core("capture_into");
+  if (stream == nullptr || stream == cudaStreamLegacy) {
+    throw InvalidArgument(
+        "vram::DevicePool::capture_into: the legacy default stream cannot be captured. Fix: "
+        "capture a stream you created (cudaStreamNonBlocking) or cudaStreamPerThread.");
+  }
   const detail::StreamKey key = detail::stream_key(stream);
   const std::thread::id thread = std::this_thread::get_id();
+  // Two uses: the scope's (ended by end()) and the graph's (ended by release_graph_pool).
   core.graph_pools.retain(graph_pool);
-  if (!core.capture_routes.open(graph_pool, key, thread)) {
-    core.return_graph_blocks(core.graph_pools.release(graph_pool));
-    throw InvalidArgument(
-        "vram::DevicePool::capture_into: the stream or the calling thread already has a "
-        "capture scope. Fix: end() the open scope first (CUDA captures a stream once at a "
-        "time; a thread opens one scope at a time).");
+  core.graph_pools.retain(graph_pool);
+  bool opened = false;
+  try {
+    opened = core.capture_routes.open(graph_pool, key, thread);
+  } catch (...) {
   }
-  return CaptureScope(core_, key, thread);
+  if (!opened) {
+    (void)core.graph_pools.release(graph_pool);
+    (void)core.graph_pools.release(graph_pool);
+    throw InvalidArgument(
+        "vram::DevicePool::capture_into: the stream, the calling thread or the graph pool "
+        "already has an open capture scope. Fix: end() the open scope first (CUDA captures a "
+        "stream once at a time; a thread opens one scope at a time; captures into one pool "
+        "follow each other).");
+  }
+  return CaptureScope(core_, graph_pool, key, thread);
 }
 
 void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {
   if (!core_) return;
   try {
-    bool refused = false;
-    const auto blocks = core_->graph_pools.release(graph_pool, &refused);
-    if (refused) core_->invalid_releases.fetch_add(1, std::memory_order_relaxed);
-    core_->return_graph_blocks(blocks);
+    if (!core_->graph_pools.release(graph_pool)) {
+      core_->invalid_releases.fetch_add(1, std::memory_order_relaxed);
+    }
   } catch (...) {  // out of host memory: the pool keeps its memory
   }
+  core_->drain_graph_returns();
 }
 
 }  // namespace vram

@@ -132,9 +132,12 @@ TEST(GraphPoolsDevicePool, LiveGraphBlocksKeepThePoolUntilFreed) {
   }
   pool.release_graph_pool(graph_pool);
   EXPECT_GE(pool.stats().graph_pool_bytes, 2_MiB) << "a live block keeps its pool";
+  const std::size_t in_use = pool.stats().bytes_in_use;
   pool.deallocate(output, 2_MiB);
-  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+  EXPECT_GE(pool.stats().graph_pool_bytes, 2_MiB) << "rejoins only at a trim or release";
+  EXPECT_EQ(pool.stats().bytes_in_use, in_use) << "never inside a release";
   pool.trim(0);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
@@ -144,17 +147,28 @@ TEST(GraphPoolsDevicePool, ScopesAreRefusedTwiceAndMovable) {
   const auto graph_pool = DevicePool::new_graph_pool();
   auto scope = pool.capture_into(graph_pool, host_stream(0x10));
   EXPECT_THROW((void)pool.capture_into(graph_pool, host_stream(0x10)), InvalidArgument);
-  EXPECT_THROW((void)pool.capture_into(graph_pool, host_stream(0x20)), InvalidArgument)
+  EXPECT_THROW((void)pool.capture_into(graph_pool + 1, host_stream(0x20)), InvalidArgument)
       << "one scope per thread";
+  EXPECT_THROW((void)pool.capture_into(graph_pool + 1, nullptr), InvalidArgument)
+      << "the legacy stream cannot be captured";
+  std::thread([&] {
+    EXPECT_THROW((void)pool.capture_into(graph_pool, host_stream(0x30)), InvalidArgument)
+        << "captures into one pool follow each other";
+  }).join();
   DevicePool::CaptureScope moved(std::move(scope));
   scope.end();  // moved-from: nothing
   moved.end();
   moved.end();  // twice: nothing
   auto again = pool.capture_into(graph_pool, host_stream(0x10));
   again.end();
-  pool.release_graph_pool(graph_pool);
-  pool.release_graph_pool(graph_pool);
+  const std::uint64_t invalid = pool.stats().invalid_releases;
+  pool.release_graph_pool(graph_pool);  // the first graph
+  pool.release_graph_pool(graph_pool);  // the second
+  EXPECT_EQ(pool.stats().invalid_releases, invalid);
   EXPECT_EQ(pool.stats().graph_pools, 0U);
+  pool.release_graph_pool(graph_pool);  // one too many
+  pool.release_graph_pool(12345);       // unknown
+  EXPECT_EQ(pool.stats().invalid_releases, invalid + 2);
   DevicePool moved_from(std::move(pool));
   EXPECT_THROW((void)pool.capture_into(graph_pool, host_stream(0x10)), InvalidArgument);
   pool.release_graph_pool(graph_pool);  // moved-from: nothing
@@ -171,6 +185,26 @@ TEST(GraphPoolsDevicePool, DestroyingThePoolWithGraphMemoryFreesItOnce) {
     pool.deallocate(pool.allocate(3_MiB), 3_MiB);
     scope.end();
   }  // the graph pool was never released
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+TEST(GraphPoolsDevicePool, DestroyingThePoolKeepsLiveGraphBlocksLeased) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Lease lease;
+  {
+    DevicePool::Options options;
+    options.fence = std::make_shared<ManualFence>();
+    DevicePool pool(upstream, options);
+    const auto graph_pool = DevicePool::new_graph_pool();
+    {
+      auto scope = pool.capture_into(graph_pool, host_stream(0x10));
+      lease = pool.acquire(4_MiB);  // a graph output the caller keeps
+    }
+    pool.release_graph_pool(graph_pool);
+  }  // the pool goes first: the lease must stay valid
+  EXPECT_GE(upstream->live_bytes(), 4_MiB) << "a leased graph block was freed with the pool";
+  lease.reset();
   EXPECT_EQ(upstream->live_bytes(), 0U);
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }

@@ -24,10 +24,10 @@ TEST(GraphPools, FreedBlockIsReusedOnlyByItsOwnPool) {
   GraphPools pools;
   pools.retain(1);
   pools.retain(2);
-  pools.adopt(1, {fake(1), 4096});
-  std::vector<GraphPools::Block> to_shared;
-  EXPECT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::returned);
-  EXPECT_TRUE(to_shared.empty());                   // pool 1 still has a use open
+  ASSERT_TRUE(pools.adopt(1, {fake(1), 4096}));
+  EXPECT_TRUE(pools.may_own(fake(1)));
+  EXPECT_EQ(pools.give_back(fake(1)), GraphPools::Release::returned);
+  EXPECT_TRUE(pools.take_pending().empty());        // pool 1 still has a use open
   EXPECT_EQ(pools.take(2, 4096).pointer, nullptr);  // never to another pool
   const auto again = pools.take(1, 4096);
   EXPECT_EQ(again.pointer, fake(1));
@@ -38,74 +38,88 @@ TEST(GraphPools, FreedBlockIsReusedOnlyByItsOwnPool) {
 TEST(GraphPools, BestFitAtMostAQuarterLarger) {
   GraphPools pools;
   pools.retain(7);
-  pools.adopt(7, {fake(1), 8192});
-  pools.adopt(7, {fake(2), 5000});
-  std::vector<GraphPools::Block> to_shared;
-  ASSERT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::returned);
-  ASSERT_EQ(pools.give_back(fake(2), to_shared), GraphPools::Release::returned);
+  ASSERT_TRUE(pools.adopt(7, {fake(1), 8192}));
+  ASSERT_TRUE(pools.adopt(7, {fake(2), 5000}));
+  ASSERT_EQ(pools.give_back(fake(1)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.give_back(fake(2)), GraphPools::Release::returned);
   EXPECT_EQ(pools.take(7, 3000).pointer, nullptr);  // 5000 > 3000 * 5/4
   EXPECT_EQ(pools.take(7, 4500).pointer, fake(2));
   EXPECT_EQ(pools.take(7, 8000).pointer, fake(1));
   EXPECT_EQ(pools.take(7, 1).pointer, nullptr);  // nothing free left
 }
 
-TEST(GraphPools, MemoryReturnsOnlyWhenNoUseAndNothingLive) {
+TEST(GraphPools, MemoryIsPendingOnlyWhenNoUseAndNothingLive) {
   GraphPools pools;
   pools.retain(3);  // graph A captures into pool 3
   pools.retain(3);  // graph B shares it (pool=)
-  pools.adopt(3, {fake(1), 1 << 20});
-  pools.adopt(3, {fake(2), 1 << 20});
-  std::vector<GraphPools::Block> to_shared;
-  ASSERT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::returned);
-  EXPECT_TRUE(pools.release(3).empty());  // graph A gone: B still uses the pool
+  ASSERT_TRUE(pools.adopt(3, {fake(1), 1 << 20}));
+  ASSERT_TRUE(pools.adopt(3, {fake(2), 1 << 20}));
+  ASSERT_EQ(pools.give_back(fake(1)), GraphPools::Release::returned);
+  EXPECT_TRUE(pools.release(3));  // graph A gone: B still uses the pool
+  EXPECT_TRUE(pools.take_pending().empty());
   EXPECT_EQ(pools.stats().held_bytes, 2U << 20);
-  EXPECT_TRUE(pools.release(3).empty());  // graph B gone, but fake(2) is still live
+  EXPECT_TRUE(pools.release(3));  // graph B gone, but fake(2) is still live
+  EXPECT_TRUE(pools.take_pending().empty());
   EXPECT_FALSE(pools.empty());
   EXPECT_EQ(pools.stats().live_bytes, 1U << 20);
-  ASSERT_EQ(pools.give_back(fake(2), to_shared), GraphPools::Release::returned);
-  ASSERT_EQ(to_shared.size(), 2U);  // the last live block: all of the pool's memory goes
-  std::set<void*> back{to_shared[0].pointer, to_shared[1].pointer};
-  EXPECT_EQ(back, (std::set<void*>{fake(1), fake(2)}));
+  ASSERT_EQ(pools.give_back(fake(2)), GraphPools::Release::returned);
   EXPECT_TRUE(pools.empty());
+  EXPECT_EQ(pools.stats().held_bytes, 2U << 20) << "pending bytes still count";
+  const auto pending = pools.take_pending();
+  ASSERT_EQ(pending.size(), 2U);  // the last live block: all of the pool's memory goes
+  std::set<void*> back{pending[0].pointer, pending[1].pointer};
+  EXPECT_EQ(back, (std::set<void*>{fake(1), fake(2)}));
   EXPECT_EQ(pools.stats().held_bytes, 0U);
-  EXPECT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::not_ours);
+  EXPECT_FALSE(pools.may_own(fake(1)));
+  EXPECT_EQ(pools.give_back(fake(1)), GraphPools::Release::not_ours);
 }
 
 TEST(GraphPools, DoubleFreeAndExtraReleaseAreRefusedAndCounted) {
   GraphPools pools;
   pools.retain(4);
-  pools.adopt(4, {fake(9), 512});
-  std::vector<GraphPools::Block> to_shared;
-  ASSERT_EQ(pools.give_back(fake(9), to_shared), GraphPools::Release::returned);
-  EXPECT_EQ(pools.give_back(fake(9), to_shared), GraphPools::Release::double_free);
+  ASSERT_TRUE(pools.adopt(4, {fake(9), 512}));
+  EXPECT_FALSE(pools.adopt(4, {fake(9), 512})) << "a block the pool knows is not adopted twice";
+  ASSERT_EQ(pools.give_back(fake(9)), GraphPools::Release::returned);
+  EXPECT_EQ(pools.give_back(fake(9)), GraphPools::Release::double_free);
   EXPECT_EQ(pools.stats().double_frees, 1U);
-  const auto back = pools.release(4);
-  ASSERT_EQ(back.size(), 1U);
-  EXPECT_TRUE(pools.release(4).empty());  // no use open: counted, nothing changes
-  EXPECT_EQ(pools.stats().double_frees, 2U);
-  EXPECT_EQ(pools.give_back(fake(5), to_shared), GraphPools::Release::not_ours);
+  EXPECT_TRUE(pools.release(4));
+  EXPECT_EQ(pools.take_pending().size(), 1U);
+  EXPECT_FALSE(pools.release(4));   // no use open: counted, nothing changes
+  EXPECT_FALSE(pools.release(99));  // unknown
+  EXPECT_EQ(pools.stats().double_frees, 3U);
+  EXPECT_EQ(pools.give_back(fake(5)), GraphPools::Release::not_ours);
 }
 
-TEST(GraphPools, TakeNeedsAnOpenUse) {
+TEST(GraphPools, APoolWithNoUseTakesAndAdoptsNothing) {
   GraphPools pools;
+  EXPECT_FALSE(pools.adopt(5, {fake(3), 4096})) << "adopt never makes a pool";
   pools.retain(5);
-  pools.adopt(5, {fake(1), 4096});
-  pools.adopt(5, {fake(2), 4096});
-  std::vector<GraphPools::Block> to_shared;
-  ASSERT_EQ(pools.give_back(fake(1), to_shared), GraphPools::Release::returned);
-  EXPECT_TRUE(pools.release(5).empty());            // fake(2) live: the pool stays
+  ASSERT_TRUE(pools.adopt(5, {fake(1), 4096}));
+  ASSERT_TRUE(pools.adopt(5, {fake(2), 4096}));
+  ASSERT_EQ(pools.give_back(fake(1)), GraphPools::Release::returned);
+  EXPECT_TRUE(pools.release(5));                    // fake(2) live: the pool stays
   EXPECT_EQ(pools.take(5, 4096).pointer, nullptr);  // but no capture may draw from it
+  EXPECT_FALSE(pools.adopt(5, {fake(3), 4096}));
 }
 
-TEST(GraphPools, TakeAllEmptiesEveryPool) {
+TEST(GraphPools, CloseEndsEveryUseAndKeepsLiveBlocksTheirPools) {
   GraphPools pools;
   pools.retain(1);
-  pools.adopt(1, {fake(1), 256});
+  ASSERT_TRUE(pools.adopt(1, {fake(1), 256}));
+  ASSERT_TRUE(pools.adopt(1, {fake(2), 256}));
+  ASSERT_EQ(pools.give_back(fake(1)), GraphPools::Release::returned);
   pools.retain(2);
-  pools.adopt(2, {fake(2), 256});
-  EXPECT_EQ(pools.take_all().size(), 2U);
+  ASSERT_TRUE(pools.adopt(2, {fake(3), 256}));
+  ASSERT_EQ(pools.give_back(fake(3)), GraphPools::Release::returned);
+  pools.close();
+  auto pending = pools.take_pending();
+  EXPECT_EQ(pending.size(), 2U) << "the free blocks";
+  EXPECT_EQ(pools.stats().pools, 1U) << "pool 1 keeps its live block";
+  EXPECT_EQ(pools.give_back(fake(2)), GraphPools::Release::returned);
+  pending = pools.take_pending();
+  ASSERT_EQ(pending.size(), 1U);
+  EXPECT_EQ(pending[0].pointer, fake(2));
   EXPECT_TRUE(pools.empty());
-  EXPECT_EQ(pools.stats().blocks, 0U);
 }
 
 TEST(GraphPoolsThreads, ConcurrentPoolsNeverShareBlocks) {
@@ -118,27 +132,26 @@ TEST(GraphPoolsThreads, ConcurrentPoolsNeverShareBlocks) {
     threads.emplace_back([&, t] {
       const GraphPools::Id id = static_cast<GraphPools::Id>(t + 1);
       pools.retain(id);
-      std::vector<GraphPools::Block> to_shared;
       for (int i = 0; i < kRounds; ++i) {
         auto block = pools.take(id, 4096);
         if (block.pointer == nullptr) {
           block = {fake(static_cast<std::uintptr_t>(t * kRounds + i + 1)), 4096};
-          pools.adopt(id, block);
+          if (!pools.adopt(id, block)) crossed.fetch_add(1);
         }
         // Every block of pool `id` was made by thread t.
         const auto n = reinterpret_cast<std::uintptr_t>(block.pointer) >> 12;
         if ((n - 1) / kRounds != static_cast<std::uintptr_t>(t)) crossed.fetch_add(1);
-        if (pools.give_back(block.pointer, to_shared) != GraphPools::Release::returned) {
+        if (pools.give_back(block.pointer) != GraphPools::Release::returned) {
           crossed.fetch_add(1);
         }
       }
-      to_shared = pools.release(id);
-      if (to_shared.empty()) crossed.fetch_add(1);
+      if (!pools.release(id)) crossed.fetch_add(1);
     });
   }
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(crossed.load(), 0);
   EXPECT_TRUE(pools.empty());
+  EXPECT_EQ(pools.take_pending().size(), 4U);
 }
 
 TEST(CaptureRoutes, StreamAndThreadRouteToThePool) {
@@ -152,6 +165,7 @@ TEST(CaptureRoutes, StreamAndThreadRouteToThePool) {
   EXPECT_FALSE(routes.for_stream(0x200).has_value());
   EXPECT_FALSE(routes.open(12, 0x100, std::thread::id{}));  // the stream is captured
   EXPECT_FALSE(routes.open(12, 0x200, me));                 // the thread has a scope
+  EXPECT_FALSE(routes.open(11, 0x300, std::thread::id{}));  // the pool has a scope
   EXPECT_FALSE(routes.close(0x100, std::thread::id{}));     // not that thread's scope
   EXPECT_TRUE(routes.close(0x100, me));
   EXPECT_FALSE(routes.any());

@@ -345,18 +345,25 @@ class DevicePool {
   // without a stream (allocate, acquire) come from graph pool `id`, and every block freed on
   // `stream` or by the calling thread goes to that pool (a block of the pool is also its
   // own whatever stream frees it, during or after the capture). Only later allocations into
-  // the same pool reuse them: captures into one pool replay in capture order, so several
-  // graphs may share one (PyTorch's pool=). Each capture_into() opens a use of the pool,
-  // release_graph_pool() ends one; the pool's memory returns to the shared tiers once no use
-  // is open and none of its blocks is live, after the device has finished its work (a device
-  // synchronize). Growing during a capture runs in relaxed capture mode, so a global-mode
-  // capture stays valid. Not detected: allocations and frees of a capture made without a
-  // scope (the check would cost a driver call on every stream-ordered free) follow the
-  // ordinary rules above, which do not know the graph.
+  // the same pool reuse them: captures into one pool follow each other (a second scope into
+  // a pool while one is open is refused) and replay in capture order, so several graphs may
+  // share one (PyTorch's pool=). capture_into() opens a use of the pool for the graph,
+  // ended by release_graph_pool(). Once no use is open and none of its blocks is live, the
+  // pool's memory rejoins the shared tiers at the next release_graph_pool(), trim() or
+  // destruction that finds no scope open, after a device synchronize (the graph's last
+  // launch may still run); until then graph_pool_bytes counts it. Growing during a capture
+  // runs in relaxed capture mode, so a global-mode capture stays valid; a request the
+  // upstream cannot serve during a capture throws vram::OutOfMemory without the trim and
+  // retry (they would synchronize the device). Not routed: other streams that join the
+  // capture (fork and join through events), and captures made without a scope (the check
+  // would cost a driver call on every stream-ordered free): they follow the ordinary rules
+  // above, which do not know the graph. Destroying the pool frees the graph pools' free
+  // blocks; live ones stay leased (see Bad input).
   // Ids: any value; new_graph_pool() returns unique ones (top bit set, never 0).
-  // capture_into throws vram::InvalidArgument when `stream` or the calling thread already
-  // has a scope, and on a moved-from pool; release_graph_pool of a pool with no use open
-  // is counted in invalid_releases and changes nothing.
+  // capture_into throws vram::InvalidArgument for the legacy default stream, when `stream`,
+  // the calling thread or the pool already has an open scope, and on a moved-from pool;
+  // release_graph_pool of a pool with no use open is counted in invalid_releases and
+  // changes nothing.
   using GraphPoolId = std::uint64_t;
   class CaptureScope {
    public:
@@ -371,9 +378,10 @@ class DevicePool {
 
    private:
     friend class DevicePool;
-    CaptureScope(std::shared_ptr<detail::DevicePoolCore> core, std::uintptr_t stream,
-                 std::thread::id thread) noexcept;
+    CaptureScope(std::shared_ptr<detail::DevicePoolCore> core, GraphPoolId pool,
+                 std::uintptr_t stream, std::thread::id thread) noexcept;
     std::shared_ptr<detail::DevicePoolCore> core_;
+    GraphPoolId pool_ = 0;
     std::uintptr_t stream_ = 0;
     std::thread::id thread_;
   };
