@@ -84,16 +84,7 @@ void GraphPools::close() {
     ids.push_back(id);
   }
   for (const Id id : ids) {
-    Pool& pool = by_id_.at(id);
-    pending_.reserve(pending_.size() + pool.free.size());
-    for (const auto& [bytes, pointer] : pool.free) {
-      pending_.push_back({pointer, bytes});
-      pending_bytes_ += bytes;
-      owner_.erase(pointer);
-      filter_[slot_of(pointer)].fetch_sub(1, std::memory_order_relaxed);
-      pool.held_bytes -= bytes;
-    }
-    pool.free.clear();
+    free_to_pending(by_id_.at(id));
     retire_if_unused(id);
   }
 }
@@ -108,19 +99,25 @@ void GraphPools::retire_if_unused(Id id) {
   auto it = by_id_.find(id);
   Pool& pool = it->second;
   if (pool.uses != 0 || pool.live_blocks != 0) return;
-  pending_.reserve(pending_.size() + pool.free.size());  // may throw: nothing changed yet
-  for (const auto& [bytes, pointer] : pool.free) {
-    pending_.push_back({pointer, bytes});
-    pending_bytes_ += bytes;
-    owner_.erase(pointer);
-    filter_[slot_of(pointer)].fetch_sub(1, std::memory_order_relaxed);
-  }
+  free_to_pending(pool);
   by_id_.erase(it);
   note_pools();
 }
 
+void GraphPools::free_to_pending(Pool& pool) {
+  pending_.reserve(pending_.size() + pool.free.size());
+  for (const auto& [bytes, pointer] : pool.free) {
+    pending_.push_back({pointer, bytes});
+    pending_bytes_ += bytes;
+    pool.held_bytes -= bytes;
+    owner_.erase(pointer);
+    filter_[slot_of(pointer)].fetch_sub(1, std::memory_order_relaxed);
+  }
+  pool.free.clear();
+}
+
 void GraphPools::note_pools() noexcept {
-  const std::size_t before = pools_.exchange(by_id_.size(), std::memory_order_relaxed);
+  const std::size_t before = std::exchange(counted_pools_, by_id_.size());
   if (activity_ != nullptr && before != by_id_.size()) {
     activity_->add(static_cast<std::ptrdiff_t>(by_id_.size()) -
                    static_cast<std::ptrdiff_t>(before));

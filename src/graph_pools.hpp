@@ -80,7 +80,10 @@ class GraphPools {
   // no live graph block.
   std::size_t live_bytes_of(const void* pointer) const;
   // True when no graph pool holds memory or has a use open (pending blocks aside).
-  bool empty() const noexcept { return pools_.load(std::memory_order_relaxed) == 0; }
+  bool empty() const {
+    std::lock_guard lock(mutex_);
+    return by_id_.empty();
+  }
   bool may_own(const void* pointer) const noexcept {
     return filter_[slot_of(pointer)].load(std::memory_order_relaxed) != 0;
   }
@@ -102,7 +105,10 @@ class GraphPools {
   // Under mutex_: the pool's blocks become pending if it has no use and nothing live; erases
   // it.
   void retire_if_unused(Id id);
-  // Under mutex_: keeps pools_ and the owner's activity count in step with by_id_.
+  // Under mutex_: the pool's free blocks become pending (reserves first: may throw before
+  // anything changed).
+  void free_to_pending(Pool& pool);
+  // Under mutex_: keeps counted_pools_ and the owner's activity count in step with by_id_.
   void note_pools() noexcept;
   static std::size_t slot_of(const void* pointer) noexcept {
     const auto bits = reinterpret_cast<std::uintptr_t>(pointer) >> 8;  // blocks: 256-aligned
@@ -113,7 +119,7 @@ class GraphPools {
   mutable std::mutex mutex_;
   std::unordered_map<Id, Pool> by_id_;
   std::unordered_map<const void*, Owner> owner_;
-  std::atomic<std::size_t> pools_{0};
+  std::size_t counted_pools_ = 0;  // by_id_.size() as last told to activity_
   GraphActivity* activity_;
   std::uint64_t double_frees_ = 0;
   std::vector<Block> pending_;

@@ -14,6 +14,7 @@
 //   release_graph_pool, trim and destruction, never inside a release.
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include "cuda/capture.hpp"
@@ -51,13 +52,10 @@ void* DevicePoolCore::graph_allocate_routed(std::size_t bytes, std::size_t align
       return reused.pointer;
     }
   }
-  void* block = nullptr;
-  if (upstream->kind() == MemoryKind::device) {
-    const cuda::RelaxedCaptureMode relaxed;
-    block = allocate(bytes, alignment, kUntagged);  // throws for bad requests, as ever
-  } else {
-    block = allocate(bytes, alignment, kUntagged);
-  }
+  std::optional<cuda::RelaxedCaptureMode> relaxed;  // host upstreams have no capture
+  if (upstream->kind() == MemoryKind::device) relaxed.emplace();
+  void* block = allocate(bytes, alignment, kUntagged);  // throws for bad requests, as ever
+  relaxed.reset();
   try {
     if (graph_pools.adopt(*id, {block, bytes})) return block;
   } catch (...) {

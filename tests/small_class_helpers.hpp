@@ -1,7 +1,7 @@
 // Helpers of the tests of where small blocks are carved from (small_class_placement_test.cpp,
-// large_tier_small_classes_test.cpp): a pool over host memory whose large tier runs over the host emulation
-// of virtual memory (the H200 default), with caches off so blocks go straight back to their
-// tier.
+// large_tier_small_classes_test.cpp): a pool over host memory whose large tier runs over the host
+// emulation of virtual memory (the H200 default), with caches off so blocks go straight back to
+// their tier.
 #pragma once
 
 #include <gtest/gtest.h>
