@@ -69,6 +69,11 @@ void CudaEventFence::release(std::uint64_t marker) noexcept {
 
 void CudaEventFence::quiesce() noexcept { cuda::synchronize_device(device_); }
 
+std::uint64_t CudaEventFence::capture_of(cudaStream_t stream) noexcept {
+  const cuda::CaptureInfo info = cuda::capture_info(stream);
+  return info.state == cuda::CaptureState::active ? info.id : 0;
+}
+
 std::size_t CudaEventFence::events_created() const { return events_->created(); }
 
 }  // namespace vram
