@@ -59,9 +59,12 @@ def test_graphs_sharing_a_pool_release_memory_with_the_last_graph():
 
 def test_make_graphed_callables_trains_like_eager():
     vram, peer = _both("make_graphed_callables")
+    # Graphed and eager differ by rounding (PyTorch's allocator shows the same); over vram
+    # the graphed run must equal the graphed run over PyTorch's allocator exactly.
+    assert vram["graphed_losses"] == peer["graphed_losses"], (vram, peer)
     for row in (vram, peer):
-        assert row["max_loss_diff"] <= 1e-5, row
-        assert row["max_param_diff"] <= 1e-5, row
+        assert row["max_loss_diff"] <= 1e-3, row
+        assert row["max_param_diff"] <= 1e-3, row
         assert row["clobbered_sentinels"] == 0, row
         assert row["last_loss"] < row["first_loss"], row
 
