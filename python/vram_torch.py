@@ -133,6 +133,11 @@ def load_library(path=None):
         lib.vram_torch_set_oom_throws.argtypes = (ctypes.c_int,)
         lib.vram_torch_block_bytes.restype = ctypes.c_size_t
         lib.vram_torch_block_bytes.argtypes = (ctypes.c_int, ctypes.c_size_t)
+        lib.vram_torch_ipc_export.restype = ctypes.c_int
+        lib.vram_torch_ipc_export.argtypes = (ctypes.c_void_p, ctypes.c_char_p,
+                                              ctypes.POINTER(ctypes.c_size_t))
+        lib.vram_torch_ipc_open.restype = ctypes.c_void_p
+        lib.vram_torch_ipc_open.argtypes = (ctypes.c_char_p, ctypes.c_int)
         lib.vram_torch_install_graph_hooks.restype = ctypes.c_int
         lib.vram_torch_install_graph_hooks.argtypes = ()
         lib.vram_torch_last_error.restype = ctypes.c_size_t
@@ -199,8 +204,69 @@ def enable(path=None):
                       "CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path.")
     torch.cuda.memory.change_current_allocator(alloc)
     _guard_graphs(torch, load_library(path).vram_torch_install_graph_hooks() == 1)
+    _share_cuda_tensors(torch)
     _enabled = True
     return alloc
+
+
+_IPC_HANDLE_BYTES = 64
+
+
+class _Mapped:
+    """`nbytes` of device memory at `pointer` for torch.as_tensor (__cuda_array_interface__);
+    the mapping stays for the life of the process (vram_torch_ipc_open's cache)."""
+
+    def __init__(self, pointer, nbytes):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (pointer, False), "version": 3}
+
+
+def _rebuild_cuda_tensor(handle, offset, nbytes, dtype, size, stride, storage_offset, device,
+                         requires_grad):
+    """The receiving side of torch.multiprocessing: maps the sender's segment (once per
+    process) and makes a tensor over the same memory."""
+    import torch
+
+    base = load_library().vram_torch_ipc_open(handle, device)
+    if not base:
+        raise RuntimeError("vram_torch: cannot import a shared CUDA tensor: " + last_error())
+    with torch.cuda.device(device):
+        raw = torch.as_tensor(_Mapped(base + offset, nbytes), device=f"cuda:{device}")
+    tensor = raw.view(dtype).as_strided(size, stride, storage_offset)
+    tensor.requires_grad_(requires_grad)
+    return tensor
+
+
+def _share_cuda_tensors(torch):
+    """torch.multiprocessing shares CUDA tensors through the allocator's IPC calls, which
+    PyTorch's pluggable allocator lacks: vram's reducers export the block's cudaMalloc
+    segment instead (blocks over CUDA virtual memory are refused with the fix)."""
+    import torch.multiprocessing  # noqa: F401  (registers PyTorch's reducers first)
+    from multiprocessing.reduction import ForkingPickler
+    from torch.multiprocessing import reductions
+
+    original = reductions.reduce_tensor
+
+    def reduce_tensor(tensor):
+        if not tensor.is_cuda:
+            return original(tensor)
+        if tensor.requires_grad and not tensor.is_leaf:
+            raise RuntimeError("vram_torch: cannot share a CUDA tensor that requires grad and "
+                               "is not a leaf; detach() it first")
+        storage = tensor.untyped_storage()
+        handle = ctypes.create_string_buffer(_IPC_HANDLE_BYTES)
+        offset = ctypes.c_size_t(0)
+        if load_library().vram_torch_ipc_export(storage.data_ptr(), handle,
+                                                ctypes.byref(offset)) != 0:
+            raise RuntimeError("vram_torch: cannot share this CUDA tensor between processes: "
+                               + last_error())
+        return (_rebuild_cuda_tensor,
+                (handle.raw, offset.value, storage.nbytes(), tensor.dtype, tuple(tensor.size()),
+                 tuple(tensor.stride()), tensor.storage_offset(), tensor.device.index,
+                 tensor.requires_grad))
+
+    for cls in [torch.Tensor, torch.nn.parameter.Parameter] + list(torch._tensor_classes):
+        ForkingPickler.register(cls, reduce_tensor)
 
 
 _REDUCE_OVERHEAD_MESSAGE = (

@@ -199,8 +199,9 @@ struct DevicePoolStats {
 //                   within each segment. The memory can be shared by CUDA IPC
 //                   (cudaIpcGetMemHandle), which virtual memory cannot.
 //   virtual_memory  always (over a host upstream: the host emulation; on a device without
-//                   virtual memory management: segments). Only the pool's device can
-//                   access the large blocks.
+//                   virtual memory management: segments). The pool's device and every
+//                   device that can reach it by peer access (cudaDeviceCanAccessPeer) may
+//                   read and write the large blocks.
 // Over virtual memory free ranges merge across the whole reservation and a run of granules
 // goes back only when all of it is free; over segments a free range never crosses a
 // segment's end and a segment goes back only when all of it is free.

@@ -86,6 +86,15 @@ void vram_torch_record_stream(void* ptr, vram_torch_stream_t stream);
 void vram_torch_empty_cache_all(void);
 
 int vram_torch_install_graph_hooks(void);
+/* CUDA IPC (torch.multiprocessing sharing CUDA tensors; python/vram_torch.py registers the
+ * reducers). Export: the CUDA IPC handle of the cudaMalloc segment `ptr` lies in and the
+ * offset of `ptr` in it; 0: done; -1: refused (blocks over CUDA virtual memory: run with
+ * VRAM_TORCH_VIRTUAL_MEMORY=0) or failed, reason in vram_torch_last_error. Open: the
+ * segment's base mapped into this process on `device`, once per handle (kept mapped for the
+ * process's life); NULL on failure. The exporter keeps the tensor alive while others use it. */
+#define VRAM_TORCH_IPC_HANDLE_BYTES 64
+int vram_torch_ipc_export(const void* ptr, void* handle_out, size_t* offset_out);
+void* vram_torch_ipc_open(const void* handle, int device);
 /* sizeof(vram_torch_stats_t), for a caller's layout check. */
 size_t vram_torch_stats_size(void);
 /* Fills `out` (`out_size` bytes, at most sizeof) for `device`. 0: done; 1: no pool on that
