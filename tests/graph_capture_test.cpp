@@ -350,10 +350,10 @@ TEST(GraphPoolsDevicePool, AStreamForkedIntoAScopedCaptureUsesTheScopesPool) {
   EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
 }
 
-TEST(GraphPoolsDevicePool, WithDetectionOffACaptureFollowsTheOrdinaryRules) {
+TEST(GraphPoolsDevicePool, ByDefaultACaptureWithoutAScopeFollowsTheOrdinaryRules) {
   std::shared_ptr<TestUpstream> upstream;
   std::shared_ptr<ManualFence> fence;
-  DevicePool pool = fenced_pool(upstream, fence, false);
+  DevicePool pool = fenced_pool(upstream, fence, DevicePool::Options{}.detect_unscoped_capture);
   const cudaStream_t s = host_stream(0x10);
   fence->set_capture(s, 5);
   void* inside = pool.allocate_async(1_MiB, s);
@@ -505,7 +505,9 @@ TEST(GraphPoolsDevicePoolGpu, LaunchesNeverWriteBlocksAllocatedAfterTheCapture) 
 // Without a scope the pool sees the capture on the stream and keeps the block apart.
 TEST(GraphPoolsDevicePoolGpu, ACaptureWithoutAScopeKeepsItsBlocksApart) {
   VRAM_GPU_TEST_OR_SKIP();
-  DevicePool pool(0);
+  DevicePool::Options options;
+  options.detect_unscoped_capture = true;
+  DevicePool pool(std::make_shared<DeviceMemoryUpstream>(0), options);
   capture_then_check_post_capture_blocks(Form::unscoped, DevicePool::new_graph_pool(), pool, 10);
   EXPECT_EQ(pool.stats().unscoped_capture_calls, 1U);  // the request (its free was its own)
   EXPECT_GE(pool.stats().graph_pool_bytes, 4_MiB) << "kept for the pool's life";

@@ -275,10 +275,11 @@ struct DevicePoolOptions {
   // streams in host-only replay and tests.
   std::shared_ptr<StreamFence> fence;
   // allocate_async/deallocate_async ask whether their stream is being captured into a CUDA
-  // graph (one driver query; never for the legacy stream) so that a capture without a
-  // scope cannot hand the graph's blocks to other work ("CUDA graphs" below). Off: such a
-  // capture is undefined, as before.
-  bool detect_unscoped_capture = true;
+  // graph, so that a capture without a scope cannot hand the graph's blocks to other work
+  // ("CUDA graphs" below). It costs one driver query per stream-ordered call (never for the
+  // legacy stream), so it is off by default: warm calls make no driver call, and a capture
+  // without a scope is then undefined. The PyTorch plug-in turns it on.
+  bool detect_unscoped_capture = false;
 };
 
 class DevicePool {
@@ -369,13 +370,15 @@ class DevicePool {
   // itself; scope.allocate() and scope.deallocate() place blocks in the pool (for hosts
   // that pick the requests of a capture themselves, as PyTorch's allocator hooks do with a
   // stream filter).
-  // A capture without a scope (detect_unscoped_capture, on by default): a block that
+  // A capture without a scope, with Options::detect_unscoped_capture: a block that
   // allocate_async or deallocate_async sees on a stream being captured is kept in a graph
   // pool of that capture, reused only by later requests of the same capture, and never
   // given back before the pool is destroyed (the pool cannot know when the graph is);
   // unscoped_capture_calls counts such calls. Calls without a stream cannot be checked: a
   // block freed by allocate/deallocate while a capture uses it is undefined, as is any
   // block used by captured work that was neither allocated nor freed during the capture.
+  // Without detect_unscoped_capture (the default) such a capture is undefined: a block it
+  // frees is handed out again and every launch of the graph writes it.
   // Destroying the pool frees the graph pools' free blocks; live ones stay leased (see Bad
   // input).
   // Ids: any value without bit 62 alone set (unscoped captures' pools); new_graph_pool()

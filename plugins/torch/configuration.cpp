@@ -39,6 +39,9 @@ vram::DevicePool::Options pool_options(std::size_t configured_max_cached_bytes) 
   // A bound makes the pool give memory back during the run, and each cudaFree synchronizes
   // the device: unbounded unless asked for.
   options.max_cached_bytes = SIZE_MAX;
+  // A capture PyTorch's hooks do not name (a raw cudaStreamBeginCapture in an extension)
+  // still keeps its blocks apart: one driver query per call, small beside PyTorch's own.
+  options.detect_unscoped_capture = true;
   std::size_t max_cached = configured_max_cached_bytes;
   if (max_cached == 0) max_cached = parse_bytes(std::getenv("VRAM_TORCH_MAX_CACHED_BYTES"));
   if (max_cached != 0) options.max_cached_bytes = max_cached;
@@ -46,8 +49,9 @@ vram::DevicePool::Options pool_options(std::size_t configured_max_cached_bytes) 
   // granules where the device supports it (else cudaMalloc segments): free ranges merge
   // across what would be segment boundaries, so a new shape fits in memory already mapped
   // instead of a new segment, and nothing is given back during the run (no cudaFree, no
-  // device synchronize). PyTorch cannot share this memory through CUDA IPC, as with its
-  // own expandable segments. VRAM_TORCH_VIRTUAL_MEMORY=0 selects cudaMalloc segments.
+  // device synchronize). CUDA IPC cannot share this memory, as with PyTorch's own
+  // expandable segments. VRAM_TORCH_VIRTUAL_MEMORY=0 selects cudaMalloc segments (then
+  // torch.multiprocessing shares CUDA tensors: ipc.cpp).
   if (const char* text = std::getenv("VRAM_TORCH_VIRTUAL_MEMORY")) {
     const std::string value(text);
     if (value == "0" || value == "false" || value == "off" || value == "no") {

@@ -11,13 +11,19 @@ def result(**fields):
 
 
 def consumer(inbox, outbox):
+    import faulthandler
+
     import torch
+
+    faulthandler.dump_traceback_later(60, exit=True)  # a hang shows where, then ends
+    print("consumer: started", file=sys.stderr, flush=True)
 
     while True:
         item = inbox.get()
         if item is None:
             return
         name, tensor, expected_sum = item
+        print(f"consumer: got {name}", file=sys.stderr, flush=True)
         ok = float(tensor.double().sum().item()) == expected_sum
         tensor.mul_(2)
         torch.cuda.synchronize()
@@ -25,8 +31,12 @@ def consumer(inbox, outbox):
 
 
 def producer():
+    import faulthandler
+
     import torch
     import vram_torch
+
+    faulthandler.dump_traceback_later(90, exit=True)
 
     vram_torch.enable()
     ctx = torch.multiprocessing.get_context("spawn")
@@ -43,7 +53,7 @@ def producer():
     for name, tensor in cases.items():
         expected = tensor.double() * 2
         inbox.put((name, tensor, float(tensor.double().sum().item())))
-        got_name, read_ok = outbox.get(timeout=120)
+        got_name, read_ok = outbox.get(timeout=60)
         torch.cuda.synchronize()
         result(case=got_name, consumer_read_ok=read_ok,
                doubled_ok=bool(torch.equal(tensor.double(), expected)))

@@ -10,7 +10,7 @@ torch = util.torch_with_gpu()
 
 
 def _results(mode, virtual_memory):
-    proc = util.run_child("ipc_child.py", mode, timeout=300,
+    proc = util.run_child("ipc_child.py", mode, timeout=150,
                           env={"VRAM_TORCH_VIRTUAL_MEMORY": virtual_memory})
     rows = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
             if line.startswith("RESULT ")]
