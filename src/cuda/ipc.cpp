@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/memory.hpp"
 #include "cuda/status.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/driver_api.hpp"
@@ -13,6 +14,14 @@
 namespace vram::cuda {
 
 IpcExport export_ipc(const void* pointer) {
+  // Driver calls need the owning device's context current on this thread (a thread that
+  // made no runtime call yet has none).
+  const PointerInfo info = pointer_info(pointer);
+  if (info.kind != PointerKind::device) {
+    throw InvalidArgument("vram: CUDA IPC export: the pointer is not device memory. Fix: "
+                          "export a live block of a device pool.");
+  }
+  const DeviceGuard on_device(info.device);
   const auto& api = driver_api();
   CUdeviceptr base = 0;
   std::size_t bytes = 0;

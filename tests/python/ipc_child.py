@@ -41,7 +41,7 @@ def producer():
     vram_torch.enable()
     ctx = torch.multiprocessing.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
-    worker = ctx.Process(target=consumer, args=(inbox, outbox))
+    worker = ctx.Process(target=consumer, args=(inbox, outbox), daemon=True)
     worker.start()
     cases = {
         "4 KiB": torch.arange(1024, dtype=torch.float32, device="cuda"),
