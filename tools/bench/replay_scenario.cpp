@@ -128,7 +128,7 @@ void run_batched(const BenchConfig& config,
                  std::vector<std::unique_ptr<BenchAllocator>>& allocators, Progress& progress,
                  std::vector<Measurement>& results) {
   constexpr std::size_t kLive = 32;
-  const double seconds = config.quick ? 0.1 : 0.3;
+  const double seconds = config.quick ? 0.05 : 0.3;
   const std::size_t repetitions = config.quick ? 3 : 5;
   // Per thread and range a fixed plan: sizes log-uniform in [256 B, 2^max_exponent B],
   // free order shuffled.
@@ -176,8 +176,9 @@ void run_batched(const BenchConfig& config,
               a->finish(s);
               return pairs;
             });
-        Measurement m = make_measurement("batched", range + " x" + std::to_string(threads), threads,
-                                         a->name(), a->ours(), "M pairs/s", false, samples);
+        Measurement m =
+            make_measurement("batched", range + ", " + std::to_string(threads) + " threads",
+                             threads, a->name(), a->ours(), "M pairs/s", false, samples);
         m.extra["live_blocks_per_thread"] = kLive;
         if (threads == 1) one_thread[k] = m.value.median;
         if (one_thread[k] > 0) m.extra["x_1_thread"] = m.value.median / one_thread[k];
