@@ -210,6 +210,10 @@ struct DevicePoolOptions {
   std::size_t thread_cache_blocks = 8;  // 0 turns the per-thread tier off; at most 16
   std::size_t thread_cache_max_block_bytes = std::size_t{1} << 20;
   std::size_t thread_cache_max_bytes = std::size_t{8} << 20;  // per thread, all classes
+  // Per thread, large blocks (above small_block_max_bytes) kept for the same size again
+  // (at most 32 blocks); flushed to the large tier before any tier grows, before an
+  // out-of-memory retry, on trim() and at thread exit. 0 turns it off.
+  std::size_t thread_cache_large_bytes = std::size_t{256} << 20;
 #ifdef NDEBUG
   bool validate_releases = false;
 #else
