@@ -60,6 +60,7 @@ class LargeBlockCache {
 
   // Whether this cache keeps blocks (see above).
   bool active() const noexcept { return active_; }
+  void activate() noexcept { active_ = true; }
   // The large tier's count of contended locks, read by this thread around a call into the
   // tier: a change since its last call turns the cache on.
   void note_contentions(std::uint32_t count) noexcept {

@@ -1,8 +1,9 @@
 // src/pool_core.hpp: DevicePoolCore, the state of one DevicePool behind its handle, and
 // the warm paths of allocate and deallocate.
 //
-// Tiers: 1, per thread (thread_cache.hpp); 2, per class a bounded lock-free ring shared by
-// all threads (mpmc_ring.hpp); 3, the small and large segment tiers (segment_tier.hpp).
+// Tiers: 1, per thread (thread_cache.hpp; large blocks apart, large_block_cache.hpp); 2, per
+// class a bounded lock-free ring shared by all threads (mpmc_ring.hpp); 3, the small and
+// large segment tiers (segment_tier.hpp).
 // Where each part lives:
 //   pool_core.hpp   the core's layout and its warm paths, inline: a warm allocate or
 //                   deallocate is one call into the library, no driver call, no lock.
