@@ -7,7 +7,13 @@
 // that mutex moves its cache lines and the tier's between cores, so no lock lets one tier
 // serve more calls than one core can. Training and inference loops ask for the same large
 // sizes step after step, so a freed block is usually wanted again, at the same size, by
-// the thread that freed it: cached here it costs no lock and no shared cache line. What
+// the thread that freed it: cached here it costs no lock and no shared cache line (a
+// thread cache, as jemalloc's tcache and mimalloc's thread-local heaps keep small blocks,
+// but by exact size). Address-sharded arenas (RMM's arena_memory_resource) were the
+// other way: each arena places blocks only among its own free ranges, so one thread's
+// placement, and the memory the pool holds, would change with the arena it lands in; a
+// cache in front of the one tier leaves placement as it is (see "Only where threads
+// meet"). What
 // bounds the memory it holds back (the blocks stay carved out of the tier, in use from the
 // tier's view): a byte cap per thread (DevicePool::Options::thread_cache_large_bytes), a
 // block count (kMaxCached), and flushes: before any tier grows, before an out-of-memory
