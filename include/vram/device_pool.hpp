@@ -221,7 +221,7 @@ struct DevicePoolOptions {
   // By default a thread starts caching large blocks once it has met other threads on the
   // large tier (its mutex found held): a thread alone places blocks exactly as without the
   // cache. True: from its first call.
-  std::size_t thread_cache_large_bytes = std::size_t{512} << 20;
+  std::size_t thread_cache_large_bytes = std::size_t{256} << 20;
   bool thread_cache_large_from_start = false;
 #ifdef NDEBUG
   bool validate_releases = false;
