@@ -95,11 +95,13 @@ DevicePoolCore::~DevicePoolCore() {
 [[gnu::noinline, gnu::cold]] void* DevicePoolCore::flush_and_unlock(ThreadCache& cache,
                                                                     void* result) noexcept {
   cache.flush_requested.store(false, std::memory_order_relaxed);
+  const bool had_large = cache.large.cached_count() > 0;
   take_bins(cache);
   small.trim(0, false);
-  // Its blocks of the classes carved from the large tier went back there, maybe after the
-  // trimmer's own large.trim(): that tier is trimmed again to what the trim asked.
-  if (first_large_class < small_classes) {
+  // Its large blocks and those of the classes carved from the large tier went back there,
+  // maybe after the trimmer's own large.trim(): that tier is trimmed again to what the
+  // trim asked.
+  if (had_large || first_large_class < small_classes) {
     large.trim(flush_keep_bytes.load(std::memory_order_relaxed), false);
   }
   cache.state.store(ThreadCache::kFree, std::memory_order_release);
@@ -109,6 +111,11 @@ DevicePoolCore::~DevicePoolCore() {
 void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes,
                                 StreamKey key, ThreadCache* held) {
   SlowSection slow(held);
+  // Cached large blocks never make a tier grow: they go back first (large_block_cache.hpp),
+  // and the request tries the large tier again without growing.
+  if (flush_large_caches(held) && &tier == &large) {
+    if (void* block = tier.allocate(bytes, key, false)) return block;
+  }
   // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
   // free segments cannot cover the excess, the other tier's give back the rest (the tier
   // itself gives back its own as it grows).
@@ -157,6 +164,42 @@ void* DevicePoolCore::small_get(ThreadCache* cache, std::size_t index, StreamKey
   }
   return tier_allocate(tier_of(index), SizeClasses::bytes_of(index), small_block_bytes(index), key,
                        cache);
+}
+
+void* DevicePoolCore::large_get(ThreadCache* cache, std::size_t requested, std::size_t bytes,
+                                StreamKey key) {
+  const std::size_t cap = options.thread_cache_large_bytes;
+  if (cache == nullptr || bytes > cap) return tier_allocate(large, requested, bytes, key, cache);
+  if (cache->large.active()) {
+    if (void* block = cache->large.take(bytes, key)) return block;
+  }
+  void* block = tier_allocate(large, requested, bytes, key, cache);
+  cache->large.note_contentions(large.contentions());
+  if (cache->large.active()) cache->large.note_leased(block, bytes);
+  return block;
+}
+
+bool DevicePoolCore::large_put(ThreadCache& cache, void* block, std::size_t bytes,
+                               StreamKey key) noexcept {
+  const std::size_t need = large.round(bytes);
+  const std::size_t cap = options.thread_cache_large_bytes;
+  if (need <= cap && cache.large.active()) {
+    LargeBlockCache::Put put = cache.large.put(block, need, key, cap);
+    if (put == LargeBlockCache::Put::no_room) {
+      SlowSection slow(&cache);
+      LargeBlockCache::Cached oldest;
+      while (!cache.large.has_room(need, cap) && cache.large.pop_oldest(oldest)) {
+        (void)large.free(oldest.block, oldest.tag, oldest.bytes);
+      }
+      put = cache.large.put(block, need, key, cap);
+    }
+    if (put == LargeBlockCache::Put::cached) return true;
+    if (put == LargeBlockCache::Put::double_release) return false;
+  }
+  SlowSection slow(&cache);
+  const bool known = large.free(block, key, bytes);
+  cache.large.note_contentions(large.contentions());
+  return known;
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).
@@ -222,8 +265,7 @@ void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, St
   void* block = nullptr;
   if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
     try {
-      block = is_small ? small_get(cache, index, key)
-                       : tier_allocate(large, bytes, held_bytes, key, cache);
+      block = is_small ? small_get(cache, index, key) : large_get(cache, bytes, held_bytes, key);
     } catch (...) {
       unlock_own_cache(*cache);
       throw;
@@ -301,12 +343,7 @@ void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key)
   const bool track = options.track_peak_in_use;
   if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
     bool known = true;
-    if (is_small) {
-      known = small_put(cache, block, index, key);
-    } else {
-      SlowSection slow(cache);
-      known = large.free(block, key, bytes);
-    }
+    known = is_small ? small_put(cache, block, index, key) : large_put(*cache, block, bytes, key);
     if (known) [[likely]] {
       bump(cache->releases, 1);
       bump(cache->released_bytes, held_bytes);

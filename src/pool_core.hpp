@@ -1,8 +1,9 @@
 // src/pool_core.hpp: DevicePoolCore, the state of one DevicePool behind its handle, and
 // the warm paths of allocate and deallocate.
 //
-// Tiers: 1, per thread (thread_cache.hpp); 2, per class a bounded lock-free ring shared by
-// all threads (mpmc_ring.hpp); 3, the small and large segment tiers (segment_tier.hpp).
+// Tiers: 1, per thread (thread_cache.hpp; large blocks apart, large_block_cache.hpp); 2, per
+// class a bounded lock-free ring shared by all threads (mpmc_ring.hpp); 3, the small and
+// large segment tiers (segment_tier.hpp).
 // Where each part lives:
 //   pool_core.hpp   the core's layout and its warm paths, inline: a warm allocate or
 //                   deallocate is one call into the library, no driver call, no lock.
@@ -149,6 +150,18 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     bump(cache.cached_bytes, held);
   }
   void* small_get(ThreadCache* cache, std::size_t index, StreamKey key);
+  // A large block (`bytes`: the tier's rounding of `requested`) from the holder's cache of
+  // large blocks, else from the tier (recorded in the cache when it may come back there).
+  void* large_get(ThreadCache* cache, std::size_t requested, std::size_t bytes, StreamKey key);
+  // Releases a large block into the holder's cache, else to the tier; false when the block
+  // is not this pool's leased block of that size.
+  bool large_put(ThreadCache& cache, void* block, std::size_t bytes, StreamKey key) noexcept;
+  // Every cached large block of `cache` (its holder's, or stolen) back to the large tier.
+  void take_large(ThreadCache& cache) noexcept;
+  // Before a tier grows: the cached large blocks of every thread (`held`: the caller's own,
+  // claimed; the others stolen as trim() steals, skipping an owner inside a call that may
+  // block) back to the large tier; true when any went back.
+  bool flush_large_caches(ThreadCache* held) noexcept;
   bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
   void* tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
                       ThreadCache* held);

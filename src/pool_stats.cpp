@@ -20,6 +20,7 @@ DevicePoolStats DevicePoolCore::stats() const {
       acquired_bytes += cache->acquired_bytes.load(std::memory_order_relaxed);
       released_bytes += cache->released_bytes.load(std::memory_order_relaxed);
       thread_cached += cache->cached_bytes.load(std::memory_order_relaxed);
+      thread_cached += cache->large.cached_bytes();
     }
   }
   std::size_t ring_bytes = 0;

@@ -14,6 +14,53 @@ void DevicePoolCore::take_bins(ThreadCache& cache) noexcept {
   }
   cache.tag = kUntagged;
   cache.cached_bytes.store(0, std::memory_order_relaxed);
+  take_large(cache);
+}
+
+void DevicePoolCore::take_large(ThreadCache& cache) noexcept {
+  cache.large.drain(
+      [this](const LargeBlockCache::Cached& c) { (void)large.free(c.block, c.tag, c.bytes); });
+}
+
+bool DevicePoolCore::flush_large_caches(ThreadCache* held) noexcept {
+  if (options.thread_cache_large_bytes == 0) return false;
+  bool any = false;
+  if (held != nullptr && held->large.cached_count() > 0) {
+    take_large(*held);
+    any = true;
+  }
+  std::vector<ThreadCache*> snapshot;
+  try {
+    std::lock_guard lock(registry_mutex);
+    for (auto& cache : caches) {
+      if (cache.get() != held && cache->large.cached_bytes() > 0) snapshot.push_back(cache.get());
+    }
+  } catch (...) {  // no host memory for the list: only the caller's own went back
+    return any;
+  }
+  if (snapshot.empty()) return any;
+  // As trim() steals (see there), but an owner inside a call that may block keeps its
+  // blocks: asking it to flush would also trim the tiers on its way out.
+  std::lock_guard steal_lock(steal_mutex);
+  std::erase_if(snapshot, [](ThreadCache* cache) {
+    return cache->steal.load(std::memory_order_relaxed) == ThreadCache::kClosed;
+  });
+  for (ThreadCache* cache : snapshot) cache->steal.store(ThreadCache::kStealing, kDekkerStore);
+  if (!snapshot.empty()) dekker.heavy();
+  for (ThreadCache* cache : snapshot) {
+    Backoff backoff;
+    for (;;) {
+      if (cache->state.load(kDekkerLoad) == ThreadCache::kFree) {
+        any = any || cache->large.cached_count() > 0;
+        take_large(*cache);
+        break;
+      }
+      if (cache->in_slow_call.load(std::memory_order_seq_cst)) break;
+      backoff.pause();
+    }
+    cache->steal.store(ThreadCache::kNoSteal, std::memory_order_release);
+  }
+  return any;
 }
 
 void DevicePoolCore::drain_rings() noexcept {

@@ -146,6 +146,8 @@ class SegmentTier {
   // streams of stream-tagged ones): what a sibling tier calls before it grows.
   void release_empty_for(std::size_t bytes) noexcept;
   bool owns(void* block) const noexcept;
+  // Calls that found the tier's mutex held so far (wraps): whether threads meet here.
+  std::uint32_t contentions() const noexcept { return mutex_.contentions(); }
   Counters counters() const noexcept;
   void reset_peak() noexcept;
 

@@ -82,6 +82,7 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
         caches.push_back(std::make_unique<ThreadCache>(small_classes, thread_cache_classes,
                                                        options.thread_cache_blocks));
         cache = caches.back().get();
+        if (options.thread_cache_large_from_start) cache->large.activate();
       }
     }
     entries.push_back({uid, weak_from_this(), cache});

@@ -24,6 +24,9 @@
 // block (in_slow_call) to flush on its way out (that owner empties its own bins, so the
 // stealer skips the cache). close() waits for every call in progress.
 //
+// Large blocks (above small_block_max_bytes) are cached apart, by exact size, each with
+// its own stream (`large`, large_block_cache.hpp), under the same handshake.
+//
 // Stream tag: every block in the bins may be used by work on stream `tag` at once; with
 // kUntagged, by any stream (its work has completed). A stream-ordered free on another
 // stream first moves the bins to their tiers under their old tag.
@@ -39,6 +42,7 @@
 #include <thread>
 #include <vector>
 
+#include "large_block_cache.hpp"
 #include "segment_tier.hpp"
 #include "vram/detail/asymmetric_fence.hpp"
 #include "vram/detail/mpmc_ring.hpp"
@@ -115,6 +119,7 @@ struct ThreadCache {
   std::atomic<std::uint64_t> acquired_bytes{0};
   std::atomic<std::uint64_t> released_bytes{0};
   std::atomic<std::uint64_t> cached_bytes{0};
+  LargeBlockCache large;
 };
 
 // Marks the holder of `cache` as inside a call that may block (see ThreadCache).

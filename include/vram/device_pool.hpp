@@ -62,6 +62,11 @@
 //   the request rounded up to 2 MiB. Warm small acquire/release make no CUDA call, take no
 //   lock and allocate no host memory; large ones take the large tier's mutex and make no
 //   CUDA call when a free range fits (virtual memory: one whose granules are mapped).
+//   Where threads meet on the large tier (its mutex found held), each thread also keeps
+//   the large blocks it frees, by exact size and stream, for its next request of that size
+//   (at most thread_cache_large_bytes and 32 blocks; src/large_block_cache.hpp): no lock.
+//   They go back to the tier before any tier grows, before an out-of-memory retry, on
+//   trim() and at thread exit, so they never make the pool grow.
 //
 // Memory held (reserved) follows the peak of memory in use
 //   The tiers share one growth budget: reserved may exceed the sum of each tier's own peak
@@ -214,6 +219,14 @@ struct DevicePoolOptions {
   std::size_t thread_cache_blocks = 8;  // 0 turns the per-thread tier off; at most 16
   std::size_t thread_cache_max_block_bytes = std::size_t{1} << 20;
   std::size_t thread_cache_max_bytes = std::size_t{8} << 20;  // per thread, all classes
+  // Per thread, large blocks (above small_block_max_bytes) kept for the same size again
+  // (at most 32 blocks); flushed to the large tier before any tier grows, before an
+  // out-of-memory retry, on trim() and at thread exit. 0 turns it off.
+  // By default a thread starts caching large blocks once it has met other threads on the
+  // large tier (its mutex found held): a thread alone places blocks exactly as without the
+  // cache. True: from its first call.
+  std::size_t thread_cache_large_bytes = std::size_t{256} << 20;
+  bool thread_cache_large_from_start = false;
 #ifdef NDEBUG
   bool validate_releases = false;
 #else

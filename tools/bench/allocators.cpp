@@ -25,15 +25,31 @@ DevicePool::Options bench_pool_options() {
   return options;
 }
 
+// `stream_ordered`: allocate_async / deallocate_async on the caller's stream instead of
+// allocate / deallocate.
 class OurDevicePool final : public BenchAllocator {
  public:
-  explicit OurDevicePool(std::shared_ptr<Upstream> upstream, std::string label)
-      : pool_(std::move(upstream), bench_pool_options()), label_(std::move(label)) {}
+  explicit OurDevicePool(std::shared_ptr<Upstream> upstream, std::string label,
+                         bool stream_ordered = false)
+      : pool_(std::move(upstream), bench_pool_options()),
+        label_(std::move(label)),
+        stream_ordered_(stream_ordered) {}
   std::string name() const override { return label_; }
   bool ours() const override { return true; }
-  void* allocate(std::size_t bytes, cudaStream_t) override { return pool_.allocate(bytes); }
-  void deallocate(void* block, std::size_t bytes, cudaStream_t) override {
-    pool_.deallocate(block, bytes);
+  void* allocate(std::size_t bytes, cudaStream_t stream) override {
+    return stream_ordered_ ? pool_.allocate_async(bytes, stream) : pool_.allocate(bytes);
+  }
+  void deallocate(void* block, std::size_t bytes, cudaStream_t stream) override {
+    if (stream_ordered_) {
+      pool_.deallocate_async(block, bytes, stream);
+    } else {
+      pool_.deallocate(block, bytes);
+    }
+  }
+  void finish(cudaStream_t stream) override {
+    if (stream_ordered_ && stream != nullptr) {
+      cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    }
   }
   std::size_t peak_reserved_bytes() override { return pool_.stats().peak_bytes_reserved; }
   void reset_peak() override {
@@ -45,6 +61,7 @@ class OurDevicePool final : public BenchAllocator {
  private:
   DevicePool pool_;
   std::string label_;
+  bool stream_ordered_;
 };
 
 class OurStreamOrderedPool final : public BenchAllocator {
@@ -76,19 +93,37 @@ class OurStreamOrderedPool final : public BenchAllocator {
   StreamOrderedPool pool_;
 };
 
+// `private_pool`: a pool made for this peer (cudaMemPoolCreate) and cudaMallocFromPoolAsync,
+// so no other allocation in the process shares it; otherwise the device's default pool.
 class CudaMallocAsyncPeer final : public BenchAllocator {
  public:
-  explicit CudaMallocAsyncPeer(int device) {
-    cuda::check(cudaDeviceGetDefaultMemPool(&pool_, device), "cudaDeviceGetDefaultMemPool");
+  explicit CudaMallocAsyncPeer(int device, bool private_pool = false) : owned_(private_pool) {
+    if (private_pool) {
+      cudaMemPoolProps props{};
+      props.allocType = cudaMemAllocationTypePinned;
+      props.location.type = cudaMemLocationTypeDevice;
+      props.location.id = device;
+      cuda::check(cudaMemPoolCreate(&pool_, &props), "cudaMemPoolCreate");
+    } else {
+      cuda::check(cudaDeviceGetDefaultMemPool(&pool_, device), "cudaDeviceGetDefaultMemPool");
+    }
     std::uint64_t retain_all = UINT64_MAX;
     cuda::check(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &retain_all),
                 "cudaMemPoolSetAttribute");
   }
-  std::string name() const override { return "cudaMallocAsync"; }
+  ~CudaMallocAsyncPeer() override {
+    if (owned_) {
+      (void)cudaDeviceSynchronize();
+      (void)cudaMemPoolDestroy(pool_);
+    }
+  }
+  std::string name() const override {
+    return owned_ ? "cudaMallocAsync (private pool)" : "cudaMallocAsync";
+  }
   bool ours() const override { return false; }
   void* allocate(std::size_t bytes, cudaStream_t stream) override {
     void* block = nullptr;
-    cuda::check(cudaMallocAsync(&block, bytes, stream), "cudaMallocAsync");
+    cuda::check(cudaMallocFromPoolAsync(&block, bytes, pool_, stream), "cudaMallocFromPoolAsync");
     return block;
   }
   void deallocate(void* block, std::size_t, cudaStream_t stream) override {
@@ -116,6 +151,7 @@ class CudaMallocAsyncPeer final : public BenchAllocator {
 
  private:
   cudaMemPool_t pool_ = nullptr;
+  bool owned_;
 };
 
 // CUB configured so every benchmarked size is cached: bins of powers of two from 256 B to
@@ -204,6 +240,17 @@ std::vector<std::unique_ptr<BenchAllocator>> make_device_allocators(int device) 
   result.push_back(std::make_unique<CudaMallocAsyncPeer>(device));
   result.push_back(std::make_unique<CubCachingPeer>(device));
   result.push_back(std::make_unique<CudaMallocPeer>());
+  return result;
+}
+
+std::vector<std::unique_ptr<BenchAllocator>> make_batched_allocators(int device) {
+  std::vector<std::unique_ptr<BenchAllocator>> result;
+  result.push_back(std::make_unique<OurDevicePool>(std::make_shared<DeviceMemoryUpstream>(device),
+                                                   "vram DevicePool"));
+  result.push_back(std::make_unique<OurDevicePool>(std::make_shared<DeviceMemoryUpstream>(device),
+                                                   "vram DevicePool (stream-ordered)", true));
+  result.push_back(std::make_unique<CudaMallocAsyncPeer>(device, /*private_pool=*/true));
+  result.push_back(std::make_unique<CubCachingPeer>(device));
   return result;
 }
 

@@ -31,5 +31,8 @@ class BenchAllocator {
 
 std::vector<std::unique_ptr<BenchAllocator>> make_device_allocators(int device);
 std::vector<std::unique_ptr<BenchAllocator>> make_host_allocators();
+// The batched scenario's: DevicePool in its plain and stream-ordered forms (allocate_async,
+// deallocate_async), cudaMallocAsync on a private pool, CUB.
+std::vector<std::unique_ptr<BenchAllocator>> make_batched_allocators(int device);
 
 }  // namespace vram::bench

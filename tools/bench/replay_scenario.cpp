@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <thread>
@@ -108,57 +109,82 @@ void run_replay(const BenchConfig& config, Progress& progress, std::vector<Measu
   }
 }
 
-std::vector<unsigned> batched_thread_counts() { return {1, 4, 16}; }
+std::vector<unsigned> batched_thread_counts() { return {1, 2, 4, 8, 16}; }
+
+namespace {
+
+// The largest block of each range, as a power of two (the smallest is 2^8 = 256 B).
+constexpr int kBatchedMaxExponents[] = {20, 22, 24, 26};
+constexpr std::size_t kBatchedGpuAllocators = 4;  // make_batched_allocators
+
+}  // namespace
+
+std::size_t batched_steps(const BenchConfig& config, std::size_t host_allocators) {
+  return std::size(kBatchedMaxExponents) * batched_thread_counts().size() *
+         (config.gpu ? kBatchedGpuAllocators : host_allocators);
+}
 
 void run_batched(const BenchConfig& config,
                  std::vector<std::unique_ptr<BenchAllocator>>& allocators, Progress& progress,
                  std::vector<Measurement>& results) {
   constexpr std::size_t kLive = 32;
-  const double seconds = config.quick ? 0.1 : 0.3;
+  const double seconds = config.quick ? 0.05 : 0.3;
   const std::size_t repetitions = config.quick ? 3 : 5;
-  // Per thread a fixed plan: sizes log-uniform in [256 B, 1 MiB], free order shuffled.
+  // Per thread and range a fixed plan: sizes log-uniform in [256 B, 2^max_exponent B],
+  // free order shuffled.
   struct Plan {
     std::vector<std::size_t> sizes;
     std::vector<std::size_t> free_order;
   };
+  std::vector<std::unique_ptr<BenchAllocator>> own;
+  if (config.gpu) own = make_batched_allocators(config.device);
+  auto& measured = config.gpu ? own : allocators;
   const unsigned most = batched_thread_counts().back();
-  std::vector<Plan> plans(most);
-  for (unsigned t = 0; t < most; ++t) {
-    std::mt19937_64 random(1234 + t);
-    std::uniform_real_distribution<double> exponent(8.0, 20.0);
-    for (std::size_t i = 0; i < kLive; ++i) {
-      plans[t].sizes.push_back(static_cast<std::size_t>(std::exp2(exponent(random))));
-    }
-    plans[t].free_order.resize(kLive);
-    std::iota(plans[t].free_order.begin(), plans[t].free_order.end(), std::size_t{0});
-    std::shuffle(plans[t].free_order.begin(), plans[t].free_order.end(), random);
+  std::vector<std::unique_ptr<cuda::Stream>> streams;
+  for (unsigned t = 0; t < most && config.gpu; ++t) {
+    streams.push_back(std::make_unique<cuda::Stream>());
   }
-  for (unsigned threads : batched_thread_counts()) {
-    std::vector<std::unique_ptr<cuda::Stream>> streams;
-    for (unsigned t = 0; t < threads && config.gpu; ++t) {
-      streams.push_back(std::make_unique<cuda::Stream>());
+  for (const int max_exponent : kBatchedMaxExponents) {
+    std::vector<Plan> plans(most);
+    for (unsigned t = 0; t < most; ++t) {
+      std::mt19937_64 random(1234 + t);
+      std::uniform_real_distribution<double> exponent(8.0, max_exponent);
+      for (std::size_t i = 0; i < kLive; ++i) {
+        plans[t].sizes.push_back(static_cast<std::size_t>(std::exp2(exponent(random))));
+      }
+      plans[t].free_order.resize(kLive);
+      std::iota(plans[t].free_order.begin(), plans[t].free_order.end(), std::size_t{0});
+      std::shuffle(plans[t].free_order.begin(), plans[t].free_order.end(), random);
     }
-    for (auto& a : allocators) {
-      progress.step("batched " + std::to_string(threads) + " " + a->name());
-      const auto samples = threaded_pair_rates(
-          threads, repetitions, seconds, [&](unsigned t, const std::atomic<bool>& stop) {
-            cudaStream_t s = config.gpu ? streams[t]->get() : nullptr;
-            const Plan& plan = plans[t];
-            void* blocks[kLive];
-            std::uint64_t pairs = 0;
-            while (!stop.load(std::memory_order_relaxed)) {
-              for (std::size_t i = 0; i < kLive; ++i) blocks[i] = a->allocate(plan.sizes[i], s);
-              for (std::size_t i : plan.free_order) a->deallocate(blocks[i], plan.sizes[i], s);
-              pairs += kLive;
-            }
-            a->finish(s);
-            return pairs;
-          });
-      Measurement m = make_measurement("batched", std::to_string(threads) + " threads", threads,
-                                       a->name(), a->ours(), "M pairs/s", false, samples);
-      m.extra["live_blocks_per_thread"] = kLive;
-      results.push_back(m);
-      a->release_cache();
+    const std::string range = "to " + format_bytes(std::size_t{1} << max_exponent);
+    std::vector<double> one_thread(measured.size(), 0.0);
+    for (unsigned threads : batched_thread_counts()) {
+      for (std::size_t k = 0; k < measured.size(); ++k) {
+        auto& a = measured[k];
+        progress.step("batched " + range + " " + std::to_string(threads) + " " + a->name());
+        const auto samples = threaded_pair_rates(
+            threads, repetitions, seconds, [&](unsigned t, const std::atomic<bool>& stop) {
+              cudaStream_t s = config.gpu ? streams[t]->get() : nullptr;
+              const Plan& plan = plans[t];
+              void* blocks[kLive];
+              std::uint64_t pairs = 0;
+              while (!stop.load(std::memory_order_relaxed)) {
+                for (std::size_t i = 0; i < kLive; ++i) blocks[i] = a->allocate(plan.sizes[i], s);
+                for (std::size_t i : plan.free_order) a->deallocate(blocks[i], plan.sizes[i], s);
+                pairs += kLive;
+              }
+              a->finish(s);
+              return pairs;
+            });
+        Measurement m =
+            make_measurement("batched", range + ", " + std::to_string(threads) + " threads",
+                             threads, a->name(), a->ours(), "M pairs/s", false, samples);
+        m.extra["live_blocks_per_thread"] = kLive;
+        if (threads == 1) one_thread[k] = m.value.median;
+        if (one_thread[k] > 0) m.extra["x_1_thread"] = m.value.median / one_thread[k];
+        results.push_back(m);
+        a->release_cache();
+      }
     }
   }
 }

@@ -1,8 +1,11 @@
 // The `replay` and `batched` scenarios of `vram bench`.
 //   replay:  every trace under bench/traces/*.csv.gz (or $VRAM_TRACE_DIR) through vram
 //            DevicePool and the replay peers (host-only: DevicePool over host memory).
-//   batched: per thread, 32 live blocks of mixed sizes (256 B - 1 MiB, log-uniform, fixed
-//            seed) allocated, then freed in a fixed shuffled order; 1, 4 and 16 threads.
+//   batched: per thread, 32 live blocks of mixed sizes (log-uniform from 256 B to 1, 4, 16
+//            and 64 MiB, fixed seed) allocated, then freed in a fixed shuffled order; 1, 2,
+//            4, 8 and 16 threads, a stream each; on a GPU DevicePool in both forms (plain and
+//            stream-ordered), cudaMallocAsync on a private pool and CUB in the same run.
+//            Each row notes its rate over the same allocator's at 1 thread (x_1_thread).
 #pragma once
 
 #include <memory>
@@ -21,6 +24,8 @@ std::size_t replay_steps(const BenchConfig& config);
 void run_replay(const BenchConfig& config, Progress& progress, std::vector<Measurement>& results);
 
 std::vector<unsigned> batched_thread_counts();
+// Progress steps of run_batched (`host_allocators`: how many the host-only run measures).
+std::size_t batched_steps(const BenchConfig& config, std::size_t host_allocators);
 void run_batched(const BenchConfig& config,
                  std::vector<std::unique_ptr<BenchAllocator>>& allocators, Progress& progress,
                  std::vector<Measurement>& results);

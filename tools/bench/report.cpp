@@ -147,7 +147,7 @@ void print_tables(std::FILE* out, const std::vector<Measurement>& results,
   }
   for (const auto& scenario : scenarios) {
     std::fprintf(out, "\n== %s ==\n", scenario.c_str());
-    std::fprintf(out, "%-14s %-34s %14s %24s  %s\n", "parameter", "allocator", "median",
+    std::fprintf(out, "%-22s %-34s %14s %24s  %s\n", "parameter", "allocator", "median",
                  "p10 .. p90", "notes");
     for (const auto& m : results) {
       if (m.scenario != scenario) continue;
@@ -155,7 +155,7 @@ void print_tables(std::FILE* out, const std::vector<Measurement>& results,
       for (const auto& [key, value] : m.extra) notes += key + "=" + json_number(value) + " ";
       char spread[64];
       std::snprintf(spread, sizeof spread, "%.4g .. %.4g", m.value.p10, m.value.p90);
-      std::fprintf(out, "%-14s %-34s %10.4g %-9s %18s  %s\n", m.parameter.c_str(),
+      std::fprintf(out, "%-22s %-34s %10.4g %-9s %18s  %s\n", m.parameter.c_str(),
                    (m.allocator + (m.ours ? " *" : "")).c_str(), m.value.median, m.unit.c_str(),
                    spread, notes.c_str());
     }

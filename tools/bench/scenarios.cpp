@@ -392,7 +392,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("pairs")) steps += pair_sizes(config).size() * per_scenario;
   if (wanted("threads")) steps += thread_counts(config).size() * per_scenario;
   if (wanted("mixed")) steps += per_scenario;
-  if (wanted("batched")) steps += batched_thread_counts().size() * per_scenario;
+  if (wanted("batched")) steps += batched_steps(config, per_scenario);
   if (wanted("replay")) steps += replay_steps(config);
   if (wanted("overhead") && config.gpu) steps += 3;
   if (wanted("pagein") && config.gpu) steps += 5 * pagein_chunks(config).size();

@@ -1,0 +1,207 @@
+// src/large_block_cache.hpp: one thread's cache of large blocks (above small_block_max_bytes)
+// for one pool, by exact block size, and its record of the large blocks the tier handed to
+// this thread.
+//
+// Why a per-thread cache and not a faster shared lock: a large request that misses it takes
+// the large tier's mutex (best fit, split, merge); under many threads every hand-off of
+// that mutex moves its cache lines and the tier's between cores, so no lock lets one tier
+// serve more calls than one core can. Training and inference loops ask for the same large
+// sizes step after step, so a freed block is usually wanted again, at the same size, by
+// the thread that freed it: cached here it costs no lock and no shared cache line (a
+// thread cache, as jemalloc's tcache and mimalloc's thread-local heaps keep small blocks,
+// but by exact size). Address-sharded arenas (RMM's arena_memory_resource) were the
+// other way: each arena places blocks only among its own free ranges, so one thread's
+// placement, and the memory the pool holds, would change with the arena it lands in; a
+// cache in front of the one tier leaves placement as it is (see "Only where threads
+// meet"). What
+// bounds the memory it holds back (the blocks stay carved out of the tier, in use from the
+// tier's view): a byte cap per thread (DevicePool::Options::thread_cache_large_bytes), a
+// block count (kMaxCached), and flushes: before any tier grows, before an out-of-memory
+// retry, on trim() and at thread exit every thread's cached large blocks go back to the
+// tier (DevicePoolCore::flush_large_caches), so a cached block never makes the pool grow
+// where it would not have grown without the cache.
+//
+// Only where threads meet: a cache starts keeping blocks once its thread has seen the large
+// tier's mutex contended (its count of contended locks moved between two of the thread's
+// calls into the tier; see note_contentions()), and keeps them from then on. A thread alone
+// on the tier (one thread, or threads that take turns) caches nothing, so the pool places
+// its blocks, and holds memory, exactly as without the cache.
+//
+// Reuse rule: a block is cached with the stream it was freed on (kUntagged: completed
+// work, any stream) and handed out only for that stream's requests, or any request when
+// untagged; it goes back to the tier under that tag.
+//
+// Validation without the tier's mutex (release builds, no validate_releases): the record
+// (`leases_`) holds the blocks this thread got from the tier, with their rounded size and
+// whether they are cached now. A release on this thread is cached only when the record
+// says the block is leased at that size; a block recorded as cached is a double release
+// (rejected); a size that differs, or a block not recorded, goes to the tier, which
+// decides as before (a block freed on another thread leaves a stale record here: it only
+// ever matches a later release of a block at that address and size, which the tier holds
+// live at that size, so caching it is right). When the record is full the leased entries
+// are forgotten (their releases then go through the tier); cached ones stay.
+//
+// Not thread-safe: touched only under the owning ThreadCache's handshake
+// (thread_cache.hpp), by its owner or one stealer.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "stream_key.hpp"
+
+namespace vram::detail {
+
+class LargeBlockCache {
+ public:
+  static constexpr std::size_t kMaxCached = 32;
+  struct Cached {
+    void* block = nullptr;
+    std::size_t bytes = 0;  // the tier's rounded size
+    StreamKey tag = kUntagged;
+  };
+  enum class Put { cached, double_release, to_tier, no_room };
+
+  // Whether this cache keeps blocks (see above).
+  bool active() const noexcept { return active_; }
+  void activate() noexcept { active_ = true; }
+  // The large tier's count of contended locks, read by this thread around a call into the
+  // tier: a change since its last call turns the cache on.
+  void note_contentions(std::uint32_t count) noexcept {
+    if (seen_any_ && count != seen_) active_ = true;
+    seen_ = count;
+    seen_any_ = true;
+  }
+  // A cached block of exactly `bytes` usable on `key` (recorded as leased again), else null.
+  void* take(std::size_t bytes, StreamKey key) noexcept {
+    for (std::size_t i = count_; i-- > 0;) {
+      Cached& c = cached_[i];
+      if (c.bytes != bytes || (c.tag != kUntagged && c.tag != key)) continue;
+      void* block = c.block;
+      cached_bytes_.store(cached_bytes_.load(std::memory_order_relaxed) - c.bytes,
+                          std::memory_order_relaxed);
+      cached_[i] = cached_[--count_];
+      if (Lease* lease = find(block)) lease->cached = false;
+      return block;
+    }
+    return nullptr;
+  }
+  // Records a block of `bytes` the tier just handed to this thread.
+  void note_leased(void* block, std::size_t bytes) noexcept {
+    if (leases_used_ >= kMaxLeases) forget_leased();
+    if (Lease* lease = find(block)) {  // a stale record at this address
+      *lease = Lease{block, bytes, false};
+      return;
+    }
+    std::size_t i = home(block);
+    while (leases_[i].block != nullptr) i = (i + 1) & kMask;
+    leases_[i] = Lease{block, bytes, false};
+    ++leases_used_;
+  }
+  // A release on this thread of `block` (rounded size `bytes`, at most `cap`) on `key`:
+  // cached; a double release; for the tier (then no longer recorded here); or no room
+  // (nothing changed: make room with pop_oldest() and put it again).
+  Put put(void* block, std::size_t bytes, StreamKey key, std::size_t cap) noexcept {
+    Lease* lease = find(block);
+    if (lease == nullptr) return Put::to_tier;
+    if (lease->cached) return Put::double_release;
+    if (lease->bytes != bytes) {
+      erase(lease);
+      return Put::to_tier;
+    }
+    if (!has_room(bytes, cap)) return Put::no_room;
+    lease->cached = true;
+    cached_[count_++] = Cached{block, bytes, key};
+    cached_bytes_.store(cached_bytes_.load(std::memory_order_relaxed) + bytes,
+                        std::memory_order_relaxed);
+    return Put::cached;
+  }
+  bool has_room(std::size_t bytes, std::size_t cap) const noexcept {
+    return count_ < kMaxCached && cached_bytes_.load(std::memory_order_relaxed) + bytes <= cap;
+  }
+  // Takes out the oldest cached block (its record dropped: it goes back to the tier); false
+  // when none is cached.
+  bool pop_oldest(Cached& out) noexcept {
+    if (count_ == 0) return false;
+    out = cached_[0];
+    for (std::size_t i = 1; i < count_; ++i) cached_[i - 1] = cached_[i];
+    --count_;
+    cached_bytes_.store(cached_bytes_.load(std::memory_order_relaxed) - out.bytes,
+                        std::memory_order_relaxed);
+    if (Lease* lease = find(out.block)) erase(lease);
+    return true;
+  }
+  // Every cached block to `give(const Cached&)` (the tier's free), oldest first.
+  template <class Give>
+  void drain(Give give) noexcept {
+    for (Cached c; pop_oldest(c);) give(c);
+  }
+  std::size_t cached_count() const noexcept { return count_; }
+  // Read by stats() and by flushers deciding whether a cache is worth a steal (relaxed).
+  std::size_t cached_bytes() const noexcept {
+    return cached_bytes_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  struct Lease {
+    void* block = nullptr;  // null: empty slot
+    std::size_t bytes = 0;
+    bool cached = false;
+  };
+  static constexpr std::size_t kSlots = 128;  // a power of two
+  static constexpr std::size_t kMask = kSlots - 1;
+  static constexpr std::size_t kMaxLeases = kSlots * 3 / 4;  // linear probing stays short
+  static_assert(kMaxCached < kMaxLeases);
+
+  static std::size_t home(const void* block) noexcept {
+    const auto key = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(block) >> 8);
+    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> 57);  // 7 bits: kSlots
+  }
+  Lease* find(const void* block) noexcept {
+    for (std::size_t i = home(block);; i = (i + 1) & kMask) {
+      if (leases_[i].block == block) return &leases_[i];
+      if (leases_[i].block == nullptr) return nullptr;
+    }
+  }
+  // Backward-shift deletion: every record stays reachable from its home slot.
+  void erase(Lease* lease) noexcept {
+    std::size_t hole = static_cast<std::size_t>(lease - leases_.data());
+    for (std::size_t j = (hole + 1) & kMask; leases_[j].block != nullptr; j = (j + 1) & kMask) {
+      const std::size_t k = home(leases_[j].block);
+      // Slot j may move to the hole unless its home lies cyclically in (hole, j].
+      const bool stays = hole < j ? (k > hole && k <= j) : (k > hole || k <= j);
+      if (!stays) {
+        leases_[hole] = leases_[j];
+        hole = j;
+      }
+    }
+    leases_[hole] = Lease{};
+    --leases_used_;
+  }
+  // Drops every leased (not cached) record; their releases then go through the tier.
+  void forget_leased() noexcept {
+    std::array<Cached, kMaxCached> keep{};
+    for (std::size_t i = 0; i < count_; ++i) keep[i] = cached_[i];
+    leases_.fill(Lease{});
+    leases_used_ = 0;
+    for (std::size_t i = 0; i < count_; ++i) {
+      std::size_t slot = home(keep[i].block);
+      while (leases_[slot].block != nullptr) slot = (slot + 1) & kMask;
+      leases_[slot] = Lease{keep[i].block, keep[i].bytes, true};
+      ++leases_used_;
+    }
+  }
+
+  std::array<Cached, kMaxCached> cached_{};
+  std::size_t count_ = 0;
+  std::atomic<std::size_t> cached_bytes_{0};
+  std::array<Lease, kSlots> leases_{};
+  std::size_t leases_used_ = 0;
+  bool active_ = false;
+  bool seen_any_ = false;
+  std::uint32_t seen_ = 0;
+};
+
+}  // namespace vram::detail
