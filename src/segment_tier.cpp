@@ -65,9 +65,12 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   }
   // (Nothing maps or unmaps between fit() and here.)
   const bool needs_map = r != nullptr && map_.base() != nullptr && !mapped;
-  // Past the budget with free memory no marker can be recorded for now (streams not seen
-  // since they freed it, maybe destroyed): the caller quiesces instead of growing.
-  if (quiesce != nullptr && may_grow && (r == nullptr || needs_map) && past_budget(r, need) &&
+  // Growth past the budget, or to a new peak of reserved bytes, while free memory that no
+  // marker can be recorded for now (streams not seen since they freed it, maybe destroyed)
+  // could serve the request: the caller quiesces instead. (A new peak is reached a bounded
+  // number of times: at most once per growth step of the peak.)
+  if (quiesce != nullptr && may_grow && (r == nullptr || needs_map) &&
+      (past_budget(r, need) || budget_.raises_peak_reserved(growth_for(r, need))) &&
       tags_.stranded(stream, need, map_.base() == nullptr)) {
     *quiesce = true;
     return nullptr;
