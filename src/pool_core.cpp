@@ -145,7 +145,9 @@ void DevicePoolCore::quiesce_locked() noexcept {
   quiesces.fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t small_mark = small.mark_frees();
   const std::uint64_t large_mark = large.mark_frees();
-  fence->quiesce();
+  // A failed synchronize (another thread's capture in global mode refuses it, say) proves
+  // nothing: every range keeps its stream.
+  if (!fence->try_quiesce()) return;
   small.forget_streams(small_mark);
   large.forget_streams(large_mark);
   wants.clear();  // what they were for is free for all now (later frees want again)

@@ -67,7 +67,9 @@ void CudaEventFence::release(std::uint64_t marker) noexcept {
   events_->give_back(event_of(marker));
 }
 
-void CudaEventFence::quiesce() noexcept { cuda::synchronize_device(device_); }
+void CudaEventFence::quiesce() noexcept { (void)cuda::synchronize_device(device_); }
+
+bool CudaEventFence::try_quiesce() noexcept { return cuda::synchronize_device(device_); }
 
 std::size_t CudaEventFence::events_created() const { return events_->created(); }
 

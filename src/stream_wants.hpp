@@ -9,7 +9,8 @@
 // alive, takes the want and records one marker covering every free of the stream that
 // reached the tiers before the record (DevicePoolCore::serve_want, holding no tier mutex).
 // A stream never seen again keeps its ranges until a device-wide quiesce: growth past the
-// budget, the out-of-memory retry, trim().
+// budget or to a new peak of reserved bytes that they could serve, the out-of-memory
+// retry, trim().
 //
 // The warm path tests one word, `bits` (a bit per hash of the key, set while some wanted key
 // hashes to it), with a relaxed load: a stale clear bit delays a marker, never breaks

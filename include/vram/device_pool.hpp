@@ -34,9 +34,10 @@
 //   was recorded for (safe for it in stream order), wants markers on the other streams whose
 //   freed blocks could serve the request (on every other stream with freed blocks when
 //   mapping would pass the budget below) and, past the budget, waits for those recorded that
-//   could serve (never for a marker on the requesting stream). Past the budget, when freed
-//   blocks of streams with no marker recorded (no call on them since) could serve the
-//   request or go back, the pool quiesces the device once instead of growing (counted in
+//   could serve (never for a marker on the requesting stream). When growing would pass the
+//   budget, or raise the peak of reserved bytes, while freed blocks of streams with no
+//   marker recorded (no call on them since) could serve the request or go back, the pool
+//   quiesces the device once instead (concurrent requests share one; counted in
 //   stats().stream_quiesces) and then treats every block freed before it as free for all:
 //   streams that free beside each other cannot make it grow without bound. So never call the
 //   pool from a cudaLaunchHostFunc/stream callback: it could wait for the stream it runs on.
@@ -51,9 +52,10 @@
 //   the driver gives the handle of a destroyed S takes S's freed blocks as its own at once,
 //   which is safe because S's work has completed; so do not destroy S with work still queued
 //   that uses blocks freed on it. The cost of destroying: the blocks of a stream not seen
-//   again wait for the next quiesce (growth past the budget, the out-of-memory retry,
-//   trim()); a workload that destroys streams with freed blocks and grows past the budget
-//   pays a device synchronize for each such growth. Destroying the pool after S is safe.
+//   again wait for the next quiesce (growth past the budget or to a new peak, the
+//   out-of-memory retry, trim()); a workload whose streams free blocks that other streams
+//   then need pays a device synchronize for each such growth (bench/RESULTS.md has the
+//   counts on the recorded traces). Destroying the pool after S is safe.
 //   CUDA graphs: a stream being captured never gets a stream marker (its freed blocks stay
 //   its own until the capture ends and another request records one), and the pool's event calls
 //   run in relaxed capture mode (as PyTorch's allocator's do), so they do not invalidate a

@@ -53,6 +53,12 @@ class StreamFence {
   // any stream (used by trim, destruction, the out-of-memory retry and growth past the
   // budget: a stream that freed blocks may be gone).
   virtual void quiesce() noexcept = 0;
+  // quiesce(), saying whether it is known to have completed: false (e.g. the synchronize
+  // failed) and the pool treats no stream's frees as complete.
+  virtual bool try_quiesce() noexcept {
+    quiesce();
+    return true;
+  }
 };
 
 class ImmediateFence final : public StreamFence {
@@ -129,8 +135,10 @@ class CudaEventFence final : public StreamFence {
   bool completed(std::uint64_t marker) noexcept override;
   void wait(std::uint64_t marker) noexcept override;
   void release(std::uint64_t marker) noexcept override;
-  // A device synchronize on the fence's device (errors, e.g. at driver shutdown, ignored).
+  // A device synchronize on the fence's device (errors, e.g. at driver shutdown, ignored;
+  // try_quiesce() reports them).
   void quiesce() noexcept override;
+  bool try_quiesce() noexcept override;
   std::size_t events_created() const;
 
  private:
