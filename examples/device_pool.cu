@@ -36,6 +36,26 @@ int main() try {
   in_flight.drain();  // waits for the rest
   // [/readme:device_pool]
   vram::cuda::check(cudaGetLastError(), "fill<<<>>>");
+  cudaGraph_t graph = nullptr;
+  // [readme:cuda_graphs]
+  const auto graph_pool = vram::DevicePool::new_graph_pool();  // per graph, or shared
+  auto scope = pool.capture_into(graph_pool, stream.get());    // before the capture begins
+  vram::cuda::check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), "begin");
+  void* scratch = pool.allocate_async(4_MiB, stream.get());  // the graph's block from now on
+  fill<<<256, 256, 0, stream.get()>>>(static_cast<float*>(scratch), 1 << 20, 2.0f);
+  pool.deallocate_async(scratch, 4_MiB, stream.get());  // reused only inside graph_pool
+  vram::cuda::check(cudaStreamEndCapture(stream.get(), &graph), "end");
+  scope.end();  // launch `graph` any number of times; once it is destroyed, release the pool
+  // [/readme:cuda_graphs]
+  cudaGraphExec_t exec = nullptr;
+  vram::cuda::check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  for (int launch = 0; launch < 3; ++launch) {
+    vram::cuda::check(cudaGraphLaunch(exec, stream.get()), "cudaGraphLaunch");
+  }
+  stream.synchronize();
+  vram::cuda::check(cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");
+  vram::cuda::check(cudaGraphDestroy(graph), "cudaGraphDestroy");
+  pool.release_graph_pool(graph_pool);
   const auto stats = pool.stats();
   std::printf("device_pool example: %llu acquires, %llu from the cache, %llu cudaMalloc calls\n",
               static_cast<unsigned long long>(stats.acquires),

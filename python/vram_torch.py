@@ -39,7 +39,8 @@ _STAT_FIELDS = (
     "allocation_current", "allocation_peak", "allocation_allocated", "allocation_freed",
     "reserved_bytes_current", "reserved_bytes_peak", "cached_bytes", "num_device_alloc",
     "num_device_free", "num_alloc_retries", "num_ooms", "record_stream_calls",
-    "held_back_blocks", "held_back_bytes",
+    "held_back_blocks", "held_back_bytes", "graph_pool_bytes", "graph_pools",
+    "unscoped_capture_calls", "graph_invalid_releases",
 )
 
 
@@ -70,6 +71,10 @@ _KEYS = {
     "record_stream_calls": "vram.record_stream_calls",
     "held_back_blocks": "vram.held_back_blocks",
     "held_back_bytes": "vram.held_back_bytes",
+    "graph_pool_bytes": "vram.graph_pool_bytes",
+    "graph_pools": "vram.graph_pools",
+    "unscoped_capture_calls": "vram.unscoped_capture_calls",
+    "graph_invalid_releases": "vram.graph_invalid_releases",
 }
 
 _lock = threading.Lock()
@@ -128,6 +133,13 @@ def load_library(path=None):
         lib.vram_torch_set_oom_throws.argtypes = (ctypes.c_int,)
         lib.vram_torch_block_bytes.restype = ctypes.c_size_t
         lib.vram_torch_block_bytes.argtypes = (ctypes.c_int, ctypes.c_size_t)
+        lib.vram_torch_ipc_export.restype = ctypes.c_int
+        lib.vram_torch_ipc_export.argtypes = (ctypes.c_void_p, ctypes.c_char_p,
+                                              ctypes.POINTER(ctypes.c_size_t))
+        lib.vram_torch_ipc_open.restype = ctypes.c_void_p
+        lib.vram_torch_ipc_open.argtypes = (ctypes.c_char_p, ctypes.c_int)
+        lib.vram_torch_install_graph_hooks.restype = ctypes.c_int
+        lib.vram_torch_install_graph_hooks.argtypes = ()
         lib.vram_torch_last_error.restype = ctypes.c_size_t
         lib.vram_torch_last_error.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
         size = lib.vram_torch_stats_size()
@@ -191,8 +203,105 @@ def enable(path=None):
                       "gives a null tensor instead of torch.OutOfMemoryError. Rebuild with "
                       "CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path.")
     torch.cuda.memory.change_current_allocator(alloc)
+    _guard_graphs(torch, load_library(path).vram_torch_install_graph_hooks() == 1)
+    _share_cuda_tensors(torch)
     _enabled = True
     return alloc
+
+
+_IPC_HANDLE_BYTES = 64
+
+
+class _Mapped:
+    """`nbytes` of device memory at `pointer` for torch.as_tensor (__cuda_array_interface__);
+    the mapping stays for the life of the process (vram_torch_ipc_open's cache)."""
+
+    def __init__(self, pointer, nbytes):
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1",
+                                         "data": (pointer, False), "version": 3}
+
+
+def _rebuild_cuda_tensor(handle, offset, nbytes, dtype, size, stride, storage_offset, device,
+                         requires_grad):
+    """The receiving side of torch.multiprocessing: maps the sender's segment (once per
+    process) and makes a tensor over the same memory."""
+    import torch
+
+    base = load_library().vram_torch_ipc_open(handle, device)
+    if not base:
+        raise RuntimeError("vram_torch: cannot import a shared CUDA tensor: " + last_error())
+    with torch.cuda.device(device):
+        raw = torch.as_tensor(_Mapped(base + offset, nbytes), device=f"cuda:{device}")
+    tensor = raw.view(dtype).as_strided(size, stride, storage_offset)
+    tensor.requires_grad_(requires_grad)
+    return tensor
+
+
+def _share_cuda_tensors(torch):
+    """torch.multiprocessing shares CUDA tensors through the allocator's IPC calls, which
+    PyTorch's pluggable allocator lacks: vram's reducers export the block's cudaMalloc
+    segment instead (blocks over CUDA virtual memory are refused with the fix)."""
+    import torch.multiprocessing  # noqa: F401  (registers PyTorch's reducers first)
+    from multiprocessing.reduction import ForkingPickler
+    from torch.multiprocessing import reductions
+
+    original = reductions.reduce_tensor
+
+    def reduce_tensor(tensor):
+        if not tensor.is_cuda:
+            return original(tensor)
+        if tensor.requires_grad and not tensor.is_leaf:
+            raise RuntimeError("vram_torch: cannot share a CUDA tensor that requires grad and "
+                               "is not a leaf; detach() it first")
+        storage = tensor.untyped_storage()
+        handle = ctypes.create_string_buffer(_IPC_HANDLE_BYTES)
+        offset = ctypes.c_size_t(0)
+        if load_library().vram_torch_ipc_export(storage.data_ptr(), handle,
+                                                ctypes.byref(offset)) != 0:
+            raise RuntimeError("vram_torch: cannot share this CUDA tensor between processes: "
+                               + last_error())
+        return (_rebuild_cuda_tensor,
+                (handle.raw, offset.value, storage.nbytes(), tensor.dtype, tuple(tensor.size()),
+                 tuple(tensor.stride()), tensor.storage_offset(), tensor.device.index,
+                 tensor.requires_grad))
+
+    for cls in [torch.Tensor, torch.nn.parameter.Parameter] + list(torch._tensor_classes):
+        ForkingPickler.register(cls, reduce_tensor)
+
+
+_REDUCE_OVERHEAD_MESSAGE = (
+    "vram_torch: torch.compile(mode='reduce-overhead') records CUDA graph trees, which need "
+    "allocator checkpoints (checkPoolLiveAllocations, getCheckpointState) that PyTorch's "
+    "pluggable allocator interface cannot provide, so it cannot run over "
+    "vram_torch.enable(). Fix: compile with mode='max-autotune-no-cudagraphs' (or the "
+    "default mode) under vram_torch.enable(); or capture with torch.cuda.graph / "
+    "torch.cuda.make_graphed_callables, which vram serves; or leave vram_torch.enable() out "
+    "of that process (PyTorch's allocator runs reduce-overhead).")
+
+
+def _guard_graphs(torch, hooks_set):
+    """With vram as the allocator: CUDA graph trees (torch.compile reduce-overhead) fail at
+    their first allocator checkpoint with vram's message; without the capture hooks (a
+    build without Torch), torch.cuda.graph fails at capture_begin instead of letting a
+    graph's memory be handed to other tensors."""
+    def refuse(*args, **kwargs):
+        raise RuntimeError(_REDUCE_OVERHEAD_MESSAGE)
+
+    for name in ("_cuda_checkPoolLiveAllocations", "_cuda_getCheckpointState",
+                 "_cuda_setCheckpointPoolState"):
+        if hasattr(torch._C, name):
+            setattr(torch._C, name, refuse)
+    if hooks_set:
+        return
+    reason = last_error()
+
+    def capture_begin(self, *args, **kwargs):
+        raise RuntimeError(
+            "vram_torch: CUDA graph capture is refused: " + reason + ". Without the capture "
+            "hooks a graph's memory would be handed to other tensors.")
+
+    torch.cuda.graphs.CUDAGraph.capture_begin = capture_begin
+    warnings.warn("vram_torch: " + reason + "; CUDA graph capture is refused in this process.")
 
 
 def block_bytes(nbytes, device=0, path=None):

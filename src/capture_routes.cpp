@@ -4,23 +4,31 @@
 
 namespace vram::detail {
 
-bool CaptureRoutes::open(PoolId pool, StreamKey stream, std::thread::id thread) {
+bool CaptureRoutes::add(const Route& route) {
   std::lock_guard lock(mutex_);
   const bool taken = std::any_of(routes_.begin(), routes_.end(), [&](const Route& r) {
-    return r.stream == stream || r.thread == thread || r.pool == pool;
+    return r.pool == route.pool || (route.key != kNoStream && r.key == route.key) ||
+           (route.thread != std::thread::id{} && r.thread == route.thread);
   });
   if (taken) return false;
-  routes_.push_back({pool, stream, thread});
+  routes_.push_back(route);
   open_.store(routes_.size(), std::memory_order_relaxed);
   if (activity_ != nullptr) activity_->add(1);
   return true;
 }
 
-bool CaptureRoutes::close(StreamKey stream, std::thread::id thread) {
+bool CaptureRoutes::open(PoolId pool, StreamKey key, cudaStream_t stream, std::thread::id thread) {
+  return add({pool, key, stream, thread});
+}
+
+bool CaptureRoutes::open_unrouted(PoolId pool) {
+  return add({pool, kNoStream, nullptr, std::thread::id{}});
+}
+
+bool CaptureRoutes::close(PoolId pool) {
   std::lock_guard lock(mutex_);
-  const auto it = std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) {
-    return r.stream == stream && r.thread == thread;
-  });
+  const auto it =
+      std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) { return r.pool == pool; });
   if (it == routes_.end()) return false;
   routes_.erase(it);
   open_.store(routes_.size(), std::memory_order_relaxed);
@@ -28,11 +36,11 @@ bool CaptureRoutes::close(StreamKey stream, std::thread::id thread) {
   return true;
 }
 
-std::optional<CaptureRoutes::PoolId> CaptureRoutes::for_stream(StreamKey stream) const {
+std::optional<CaptureRoutes::PoolId> CaptureRoutes::for_stream(StreamKey key) const {
   if (!any()) return std::nullopt;
   std::lock_guard lock(mutex_);
   for (const Route& r : routes_) {
-    if (r.stream == stream) return r.pool;
+    if (r.key != kNoStream && r.key == key) return r.pool;
   }
   return std::nullopt;
 }
@@ -41,7 +49,7 @@ std::optional<CaptureRoutes::PoolId> CaptureRoutes::for_thread(std::thread::id t
   if (!any()) return std::nullopt;
   std::lock_guard lock(mutex_);
   for (const Route& r : routes_) {
-    if (r.thread == thread) return r.pool;
+    if (r.thread != std::thread::id{} && r.thread == thread) return r.pool;
   }
   return std::nullopt;
 }

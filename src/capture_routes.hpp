@@ -2,13 +2,18 @@
 //
 // Rule: while a capture scope into pool P is open on stream S by thread T, allocations on
 // S (allocate_async(..., S)) and T's allocations without a stream (allocate, acquire) come
-// from P. A stream is captured by one scope at a time, and a thread opens one scope at a
-// time (CUDA captures a stream once; a second scope is refused).
+// from P, and so do those on any other stream in the same capture as S (fork and join
+// through events): the capture's id is learned from S. A stream is captured by one scope at
+// a time, a thread opens one scope at a time, and a pool has one open scope at a time
+// (CUDA captures a stream once; captures into one pool follow each other).
+// An unrouted scope (no stream, no thread) routes nothing: its host picks the requests.
 // Thread safety: one mutex for open/close and lookups; any() is a relaxed load, so
 // allocations pay one load while no scope is open. A scope's own thread sees its scope at
 // once (program order); another thread allocating on S sees it from the first lookup after
 // the open that it is ordered after (a racing allocation is racing the capture's start).
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <cstddef>
@@ -28,22 +33,45 @@ class CaptureRoutes {
   explicit CaptureRoutes(GraphActivity* activity = nullptr) noexcept : activity_(activity) {}
   using PoolId = std::uint64_t;
   using StreamKey = std::uintptr_t;
+  static constexpr StreamKey kNoStream = 0;
 
-  // Opens a route; false when `stream`, `thread` or `pool` already has one (nothing
-  // changed): captures into one pool follow each other, so reuse inside it is ordered.
-  bool open(PoolId pool, StreamKey stream, std::thread::id thread);
-  // Closes the route of `stream` opened by `thread`; false when there was none.
-  bool close(StreamKey stream, std::thread::id thread);
-  std::optional<PoolId> for_stream(StreamKey stream) const;
+  // Opens a route for `stream` (its key and its handle) and `thread`; false when the
+  // stream, the thread or the pool already has one (nothing changed).
+  bool open(PoolId pool, StreamKey key, cudaStream_t stream, std::thread::id thread);
+  // Opens an unrouted route of `pool`; false when the pool already has a route.
+  bool open_unrouted(PoolId pool);
+  // Closes the route of `pool`; false when there was none.
+  bool close(PoolId pool);
+  std::optional<PoolId> for_stream(StreamKey key) const;
   std::optional<PoolId> for_thread(std::thread::id thread) const;
+  // The pool of the route whose stream is in capture `capture`; `capture_of(stream)` asks
+  // the capture of a route's stream the first time it is needed (once it is known).
+  template <class CaptureOf>
+  std::optional<PoolId> for_capture(std::uint64_t capture, CaptureOf capture_of) {
+    if (!any() || capture == 0) return std::nullopt;
+    std::lock_guard lock(mutex_);
+    for (Route& r : routes_) {
+      if (r.key == kNoStream) continue;
+      // cudaStreamPerThread names the calling thread's stream: asked only by its thread.
+      if (r.capture == 0 &&
+          (r.stream != cudaStreamPerThread || r.thread == std::this_thread::get_id())) {
+        r.capture = capture_of(r.stream);
+      }
+      if (r.capture == capture) return r.pool;
+    }
+    return std::nullopt;
+  }
   bool any() const noexcept { return open_.load(std::memory_order_relaxed) != 0; }
 
  private:
   struct Route {
     PoolId pool;
-    StreamKey stream;
-    std::thread::id thread;
+    StreamKey key;  // kNoStream: unrouted
+    cudaStream_t stream;
+    std::thread::id thread;     // default: none
+    std::uint64_t capture = 0;  // the capture `stream` is in, once learned
   };
+  bool add(const Route& route);
   mutable std::mutex mutex_;
   std::vector<Route> routes_;  // a handful at most: one per capturing stream
   std::atomic<std::size_t> open_{0};

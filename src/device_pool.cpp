@@ -29,7 +29,7 @@ DevicePool::Lease& DevicePool::Lease::operator=(Lease&& other) noexcept {
 void DevicePool::Lease::reset() noexcept {
   if (block_ != nullptr) {
     if (core_->graphs_active()) [[unlikely]] {
-      core_->deallocate_with_graphs(block_, bytes_, detail::kUntagged);
+      core_->deallocate_with_graphs(block_, bytes_, detail::kUntagged, nullptr);
     } else {
       core_->deallocate(block_, bytes_, detail::kUntagged);
     }
@@ -95,23 +95,23 @@ detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
   detail::DevicePoolCore& core = live_core("allocate");
   if (core.graphs_active()) [[unlikely]]
-    return core.allocate_with_graphs(bytes, alignment, detail::kUntagged);
+    return core.allocate_with_graphs(bytes, alignment, detail::kUntagged, nullptr);
   return core.allocate(bytes, alignment, detail::kUntagged);
 }
 
 void DevicePool::deallocate(void* block, std::size_t bytes, std::size_t /*alignment*/) noexcept {
   if (core_) [[likely]] {
     if (core_->graphs_active()) [[unlikely]]
-      return core_->deallocate_with_graphs(block, bytes, detail::kUntagged);
+      return core_->deallocate_with_graphs(block, bytes, detail::kUntagged, nullptr);
     core_->deallocate(block, bytes, detail::kUntagged);
   }
 }
 
 DevicePool::Lease DevicePool::acquire(std::size_t bytes) {
   detail::DevicePoolCore& core = live_core("acquire");
-  void* block = core.graphs_active()
-                    ? core.allocate_with_graphs(bytes, kDefaultAlignment, detail::kUntagged)
-                    : core.allocate(bytes, kDefaultAlignment, detail::kUntagged);
+  void* block = core.graphs_active() ? core.allocate_with_graphs(bytes, kDefaultAlignment,
+                                                                 detail::kUntagged, nullptr)
+                                     : core.allocate(bytes, kDefaultAlignment, detail::kUntagged);
   return Lease(core_.get(), block, bytes);
 }
 
@@ -120,7 +120,11 @@ void* DevicePool::allocate_async(std::size_t bytes, cudaStream_t stream) {
   const detail::StreamKey key = detail::stream_key(stream);
   core.serve_want_of(key);  // this call proves `stream` alive (stream_wants.hpp)
   if (core.graphs_active()) [[unlikely]]
-    return core.allocate_with_graphs(bytes, kDefaultAlignment, key);
+    return core.allocate_with_graphs(bytes, kDefaultAlignment, key, stream);
+  // One driver query (no GPU work): a block a capture without a scope touches must stay
+  // that graph's (device_pool.hpp, "CUDA graphs").
+  if (const std::uint64_t capture = core.capture_of(stream); capture != 0) [[unlikely]]
+    return core.allocate_captured(bytes, kDefaultAlignment, capture);
   return core.allocate(bytes, kDefaultAlignment, key);
 }
 
@@ -129,7 +133,9 @@ void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t s
     const detail::StreamKey key = detail::stream_key(stream);
     core_->serve_want_of(key);  // this call proves `stream` alive (stream_wants.hpp)
     if (core_->graphs_active()) [[unlikely]]
-      return core_->deallocate_with_graphs(block, bytes, key);
+      return core_->deallocate_with_graphs(block, bytes, key, stream);
+    if (const std::uint64_t capture = core_->capture_of(stream); capture != 0) [[unlikely]]
+      return core_->deallocate_captured(block, bytes, capture);
     core_->deallocate(block, bytes, key);
   }
 }

@@ -9,6 +9,14 @@ void GraphPools::retain(Id id) {
   if (made) note_pools();
 }
 
+void GraphPools::retain_once(Id id) {
+  std::lock_guard lock(mutex_);
+  if (closed_.load(std::memory_order_relaxed)) return;
+  auto [it, made] = by_id_.try_emplace(id);
+  if (it->second.uses == 0) ++it->second.uses;
+  if (made) note_pools();
+}
+
 bool GraphPools::release(Id id) {
   std::lock_guard lock(mutex_);
   auto it = by_id_.find(id);

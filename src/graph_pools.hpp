@@ -58,6 +58,8 @@ class GraphPools {
 
   // Opens a use of pool `id` (made at the first use).
   void retain(Id id);
+  // Opens a use of pool `id` when it has none (made then); never after close().
+  void retain_once(Id id);
   // Ends a use of pool `id`; false (counted as a double free, nothing changed) when the
   // pool has no open use.
   bool release(Id id);

@@ -83,6 +83,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
     held_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
   }
   plain_calls = !options.validate_releases && !options.track_peak_in_use;
+  watch_captures = options.detect_unscoped_capture;
 }
 
 DevicePoolCore::~DevicePoolCore() {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -168,12 +169,35 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // graph pool's block, or of any block freed under a scope, goes to that pool.
   bool graphs_active() const noexcept { return graphs_on.load(std::memory_order_relaxed); }
   [[gnu::noinline]] void* allocate_with_graphs(std::size_t bytes, std::size_t alignment,
-                                               StreamKey key);
-  [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes,
-                                                StreamKey key) noexcept;
-  // Null / false when no graph pool takes the call.
-  void* graph_allocate_routed(std::size_t bytes, std::size_t alignment, StreamKey key);
-  bool graph_deallocate_routed(void* block, std::size_t bytes, StreamKey key) noexcept;
+                                               StreamKey key, cudaStream_t stream);
+  [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
+                                                cudaStream_t stream) noexcept;
+  // The capture `stream` is in (0: none; the legacy stream is never captured, and with
+  // watch_captures off nothing is asked). One driver query (StreamFence::capture_of).
+  std::uint64_t capture_of(cudaStream_t stream) noexcept {
+    if (!watch_captures || stream == nullptr || stream == cudaStreamLegacy) return 0;
+    return fence->capture_of(stream);
+  }
+  // A request or release on a stream being captured that no scope routes: the block
+  // belongs to that capture's own graph pool for the life of the pool (device_pool.hpp).
+  [[gnu::noinline]] void* allocate_captured(std::size_t bytes, std::size_t alignment,
+                                            std::uint64_t capture);
+  [[gnu::noinline]] void deallocate_captured(void* block, std::size_t bytes,
+                                             std::uint64_t capture) noexcept;
+  // The pool a capture scope or an unscoped capture sends `stream`'s calls to.
+  std::optional<GraphPools::Id> graph_route(StreamKey key, cudaStream_t stream) noexcept;
+  // Into graph pool `id`: a free block of it, else a new one from the shared tiers (in
+  // relaxed capture mode); an ordinary block when the pool has no use open.
+  void* graph_allocate_into(GraphPools::Id id, std::size_t bytes, std::size_t alignment);
+  // A graph pool's block back to its pool, or any other block made `id`'s (freed during a
+  // capture); false when neither took it (the pool has no use open).
+  bool graph_deallocate_into(std::optional<GraphPools::Id> id, void* block,
+                             std::size_t bytes) noexcept;
+  // The graph pool of an unscoped capture: ids with bit 62 set and bit 63 clear, which
+  // new_graph_pool() never returns.
+  static GraphPools::Id unscoped_pool_of(std::uint64_t capture) noexcept {
+    return (GraphPools::Id{1} << 62) | (capture & ((GraphPools::Id{1} << 62) - 1));
+  }
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
   // nothing while a capture scope is open (pool_graphs.cpp's rules).
   void drain_graph_returns() noexcept;
@@ -221,6 +245,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // (stream_wants.hpp): the stream-ordered calls test it, in the same cache line, and the
   // call on such a stream records the marker (serve_want) before its own work.
   std::atomic<std::uint64_t> wanted_streams{0};
+  // Options::detect_unscoped_capture: stream-ordered calls ask whether their stream is
+  // being captured.
+  bool watch_captures = true;
   // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
   std::array<std::uint32_t, 64> held_bytes_of{};
   ReservedGauge gauge;
@@ -236,6 +263,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::mutex quiesce_mutex;  // after slow_mutex, before a tier's and the wants' mutex
   std::atomic<std::uint64_t> quiesce_generation{0};  // quiesces begun, written under it
   std::atomic<std::uint64_t> invalid_releases{0};
+  std::atomic<std::uint64_t> unscoped_capture_calls{0};  // blocks kept by unscoped captures
   // Only with options.track_peak_in_use (a shared counter on every call).
   alignas(kCacheLine) std::atomic<std::int64_t> in_use_now{0};
   std::atomic<std::int64_t> in_use_peak{0};

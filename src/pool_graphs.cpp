@@ -22,33 +22,70 @@
 #include "vram/cuda/error.hpp"
 
 namespace vram::detail {
-namespace {
 
-std::optional<GraphPools::Id> route_of(const CaptureRoutes& routes, StreamKey key) {
-  return key == kUntagged ? routes.for_thread(std::this_thread::get_id()) : routes.for_stream(key);
+std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
+                                                          cudaStream_t stream) noexcept {
+  try {
+    if (key == kUntagged) return capture_routes.for_thread(std::this_thread::get_id());
+    if (auto id = capture_routes.for_stream(key)) return id;
+    const std::uint64_t capture = capture_of(stream);
+    if (capture == 0) return std::nullopt;
+    // Another stream of a scope's capture (forked from it), else an unscoped capture.
+    if (auto id = capture_routes.for_capture(
+            capture, [this](cudaStream_t s) { return fence->capture_of(s); })) {
+      return id;
+    }
+    return unscoped_pool_of(capture);
+  } catch (...) {  // out of host memory in a lookup: the ordinary rules
+    return std::nullopt;
+  }
 }
 
-}  // namespace
-
-void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignment,
-                                           StreamKey key) {
-  if (void* block = graph_allocate_routed(bytes, alignment, key)) return block;
-  return allocate(bytes, alignment, key);
+void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignment, StreamKey key,
+                                           cudaStream_t stream) {
+  const auto id = graph_route(key, stream);
+  if (!id) return allocate(bytes, alignment, key);
+  if ((*id >> 62) == 1) return allocate_captured(bytes, alignment, *id);
+  return graph_allocate_into(*id, bytes, alignment);
 }
 
-void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes,
-                                            StreamKey key) noexcept {
-  if (!graph_deallocate_routed(block, bytes, key)) deallocate(block, bytes, key);
+void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
+                                            cudaStream_t stream) noexcept {
+  // A graph pool's block goes back to its pool whatever the stream.
+  if (graph_deallocate_into(std::nullopt, block, bytes)) return;
+  const auto id = graph_route(key, stream);
+  if (id && (*id >> 62) == 1) return deallocate_captured(block, bytes, *id);
+  if (!graph_deallocate_into(id, block, bytes)) deallocate(block, bytes, key);
 }
 
-void* DevicePoolCore::graph_allocate_routed(std::size_t bytes, std::size_t alignment,
-                                            StreamKey key) {
-  const auto id = route_of(capture_routes, key);
-  if (!id) return nullptr;
+void* DevicePoolCore::allocate_captured(std::size_t bytes, std::size_t alignment,
+                                        std::uint64_t capture) {
+  const GraphPools::Id id = (capture >> 62) == 1 ? capture : unscoped_pool_of(capture);
+  graph_pools.retain_once(id);  // the pool's own use, for the life of the pool
+  void* block = graph_allocate_into(id, bytes, alignment);
+  unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
+  return block;
+}
+
+void DevicePoolCore::deallocate_captured(void* block, std::size_t bytes,
+                                         std::uint64_t capture) noexcept {
+  if (block == nullptr) return;
+  const GraphPools::Id id = (capture >> 62) == 1 ? capture : unscoped_pool_of(capture);
+  try {
+    graph_pools.retain_once(id);
+  } catch (...) {
+    return;  // no host memory for the bookkeeping: the block stays out of every tier
+  }
+  unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
+  if (!graph_deallocate_into(id, block, bytes)) deallocate(block, bytes, kUntagged);
+}
+
+void* DevicePoolCore::graph_allocate_into(GraphPools::Id id, std::size_t bytes,
+                                          std::size_t alignment) {
   const bool valid =
       bytes != 0 && alignment - 1 < kMaxAlignment && (alignment & (alignment - 1)) == 0;
   if (valid) {
-    if (const GraphPools::Block reused = graph_pools.take(*id, bytes); reused.pointer != nullptr) {
+    if (const GraphPools::Block reused = graph_pools.take(id, bytes); reused.pointer != nullptr) {
       return reused.pointer;
     }
   }
@@ -57,7 +94,7 @@ void* DevicePoolCore::graph_allocate_routed(std::size_t bytes, std::size_t align
   void* block = allocate(bytes, alignment, kUntagged);  // throws for bad requests, as ever
   relaxed.reset();
   try {
-    if (graph_pools.adopt(*id, {block, bytes})) return block;
+    if (graph_pools.adopt(id, {block, block_bytes(bytes)})) return block;
   } catch (...) {
     deallocate(block, bytes, kUntagged);
     throw;
@@ -65,8 +102,8 @@ void* DevicePoolCore::graph_allocate_routed(std::size_t bytes, std::size_t align
   return block;  // the pool lost its last use meanwhile: an ordinary block
 }
 
-bool DevicePoolCore::graph_deallocate_routed(void* block, std::size_t bytes,
-                                             StreamKey key) noexcept {
+bool DevicePoolCore::graph_deallocate_into(std::optional<GraphPools::Id> id, void* block,
+                                           std::size_t bytes) noexcept {
   if (block == nullptr) return true;
   try {
     if (graph_pools.may_own(block)) {  // else no mutex: the filter says it is no graph block
@@ -82,11 +119,10 @@ bool DevicePoolCore::graph_deallocate_routed(void* block, std::size_t bytes,
           break;
       }
     }
-    const auto id = route_of(capture_routes, key);
     if (!id) return false;
-    // Freed under a scope: captured work may use it at every launch. It becomes a free
-    // block of the scope's pool (refused when the pool has no use: then the ordinary path).
-    if (!graph_pools.adopt(*id, {block, bytes})) return false;
+    // Freed during a capture: captured work may use it at every launch. It becomes a free
+    // block of the capture's pool (refused when the pool has no use: then the ordinary path).
+    if (!graph_pools.adopt(*id, {block, block_bytes(bytes)})) return false;
     return graph_pools.give_back(block) == GraphPools::Release::returned;
   } catch (...) {
     // Out of host memory for the bookkeeping: the block stays out of every tier (leaked),
@@ -113,33 +149,43 @@ void DevicePoolCore::drain_graph_returns() noexcept {
 namespace vram {
 
 DevicePool::CaptureScope::CaptureScope(std::shared_ptr<detail::DevicePoolCore> core,
-                                       GraphPoolId pool, std::uintptr_t stream,
-                                       std::thread::id thread) noexcept
-    : core_(std::move(core)), pool_(pool), stream_(stream), thread_(thread) {}
+                                       GraphPoolId pool) noexcept
+    : core_(std::move(core)), pool_(pool) {}
 
 DevicePool::CaptureScope::CaptureScope(CaptureScope&& other) noexcept
-    : core_(std::move(other.core_)),
-      pool_(other.pool_),
-      stream_(other.stream_),
-      thread_(other.thread_) {}
+    : core_(std::move(other.core_)), pool_(other.pool_) {}
 
 DevicePool::CaptureScope& DevicePool::CaptureScope::operator=(CaptureScope&& other) noexcept {
   if (this != &other) {
     end();
     core_ = std::move(other.core_);
     pool_ = other.pool_;
-    stream_ = other.stream_;
-    thread_ = other.thread_;
   }
   return *this;
 }
 
 void DevicePool::CaptureScope::end() noexcept {
   if (!core_) return;
-  if (core_->capture_routes.close(stream_, thread_)) {
+  if (core_->capture_routes.close(pool_)) {
     (void)core_->graph_pools.release(pool_);  // the scope's own use; the graph's stays
   }
   core_.reset();
+}
+
+void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
+  if (!core_) {
+    throw InvalidArgument(
+        "vram::DevicePool::CaptureScope::allocate: the scope has ended (or was moved from). "
+        "Fix: allocate while the scope is open.");
+  }
+  return core_->graph_allocate_into(pool_, bytes, kDefaultAlignment);
+}
+
+void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexcept {
+  if (!core_ || block == nullptr) return;
+  if (!core_->graph_deallocate_into(pool_, block, bytes)) {
+    core_->deallocate(block, bytes, detail::kUntagged);
+  }
 }
 
 DevicePool::GraphPoolId DevicePool::new_graph_pool() noexcept {
@@ -147,21 +193,27 @@ DevicePool::GraphPoolId DevicePool::new_graph_pool() noexcept {
   return (GraphPoolId{1} << 63) | (next.fetch_add(1, std::memory_order_relaxed) + 1);
 }
 
-DevicePool::CaptureScope DevicePool::capture_into(GraphPoolId graph_pool, cudaStream_t stream) {
+DevicePool::CaptureScope DevicePool::open_scope(GraphPoolId graph_pool, cudaStream_t stream,
+                                                bool routed) {
   detail::DevicePoolCore& core = live_core("capture_into");
-  if (stream == nullptr || stream == cudaStreamLegacy) {
+  if (routed && (stream == nullptr || stream == cudaStreamLegacy)) {
     throw InvalidArgument(
         "vram::DevicePool::capture_into: the legacy default stream cannot be captured. Fix: "
         "capture a stream you created (cudaStreamNonBlocking) or cudaStreamPerThread.");
   }
-  const detail::StreamKey key = detail::stream_key(stream);
-  const std::thread::id thread = std::this_thread::get_id();
+  if ((graph_pool >> 62) == 1) {
+    throw InvalidArgument(
+        "vram::DevicePool::capture_into: graph pool ids with bit 62 set and bit 63 clear name "
+        "the pools of unscoped captures. Fix: take ids from new_graph_pool().");
+  }
   // Two uses: the scope's (ended by end()) and the graph's (ended by release_graph_pool).
   core.graph_pools.retain(graph_pool);
   core.graph_pools.retain(graph_pool);
   bool opened = false;
   try {
-    opened = core.capture_routes.open(graph_pool, key, thread);
+    opened = routed ? core.capture_routes.open(graph_pool, detail::stream_key(stream), stream,
+                                               std::this_thread::get_id())
+                    : core.capture_routes.open_unrouted(graph_pool);
   } catch (...) {
   }
   if (!opened) {
@@ -173,7 +225,15 @@ DevicePool::CaptureScope DevicePool::capture_into(GraphPoolId graph_pool, cudaSt
         "stream once at a time; a thread opens one scope at a time; captures into one pool "
         "follow each other).");
   }
-  return CaptureScope(core_, graph_pool, key, thread);
+  return CaptureScope(core_, graph_pool);
+}
+
+DevicePool::CaptureScope DevicePool::capture_into(GraphPoolId graph_pool, cudaStream_t stream) {
+  return open_scope(graph_pool, stream, true);
+}
+
+DevicePool::CaptureScope DevicePool::capture_into(GraphPoolId graph_pool) {
+  return open_scope(graph_pool, nullptr, false);
 }
 
 void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {

@@ -51,6 +51,7 @@ DevicePoolStats DevicePoolCore::stats() const {
   const GraphPools::Stats graphs = graph_pools.stats();
   s.graph_pool_bytes = graphs.held_bytes;
   s.graph_pools = graphs.pools;
+  s.unscoped_capture_calls = unscoped_capture_calls.load(std::memory_order_relaxed);
   return s;
 }
 

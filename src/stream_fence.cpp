@@ -71,6 +71,11 @@ void CudaEventFence::quiesce() noexcept { (void)cuda::synchronize_device(device_
 
 bool CudaEventFence::try_quiesce() noexcept { return cuda::synchronize_device(device_); }
 
+std::uint64_t CudaEventFence::capture_of(cudaStream_t stream) noexcept {
+  const cuda::CaptureInfo info = cuda::capture_info(stream);
+  return info.state == cuda::CaptureState::active ? info.id : 0;
+}
+
 std::size_t CudaEventFence::events_created() const { return events_->created(); }
 
 }  // namespace vram

@@ -241,30 +241,214 @@ TEST(GraphPoolsDevicePoolThreads, ConcurrentScopesKeepTheirBlocksApart) {
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
+DevicePool fenced_pool(std::shared_ptr<TestUpstream>& upstream, std::shared_ptr<ManualFence>& fence,
+                       bool detect = true) {
+  upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  fence = std::make_shared<ManualFence>();
+  DevicePool::Options options;
+  options.fence = fence;
+  options.validate_releases = true;
+  options.detect_unscoped_capture = detect;
+  return DevicePool(upstream, options);
+}
+
+// Allocates `bytes` on `s` `rounds` times (and frees it): true when one of them was in
+// `captured`.
+bool hands_out_any_of(DevicePool& pool, const std::set<void*>& captured, std::size_t bytes,
+                      cudaStream_t s, int rounds = 3) {
+  bool handed = false;
+  for (int i = 0; i < rounds; ++i) {
+    void* on_s = pool.allocate_async(bytes, s);
+    void* plain = pool.allocate(bytes);
+    handed = handed || captured.count(on_s) != 0 || captured.count(plain) != 0;
+    pool.deallocate_async(on_s, bytes, s);
+    pool.deallocate(plain, bytes);
+  }
+  return handed;
+}
+
+TEST(GraphPoolsDevicePool, UnroutedScopePlacesOnlyWhatItsHostAsks) {
+  std::shared_ptr<TestUpstream> upstream;
+  DevicePool pool = host_pool(upstream);
+  const auto id = DevicePool::new_graph_pool();
+  const cudaStream_t s = host_stream(0x10);
+  void* before = pool.allocate_async(2_MiB, s);  // allocated before the capture
+  std::set<void*> captured{before};
+  {
+    auto scope = pool.capture_into(id);
+    void* placed = scope.allocate(2_MiB);
+    captured.insert(placed);
+    void* ordinary = pool.allocate_async(2_MiB, s);  // not routed: the host did not ask
+    EXPECT_EQ(captured.count(ordinary), 0U);
+    EXPECT_EQ(pool.stats().graph_pool_bytes, pool.block_bytes(2_MiB));
+    pool.deallocate_async(ordinary, 2_MiB, s);
+    scope.deallocate(placed, 2_MiB);
+    scope.deallocate(before, 2_MiB);  // freed during the capture: the pool's now
+    EXPECT_EQ(pool.stats().graph_pool_bytes, 2 * pool.block_bytes(2_MiB));
+    EXPECT_THROW(auto again = pool.capture_into(id), InvalidArgument);  // one scope per pool
+  }
+  EXPECT_FALSE(hands_out_any_of(pool, captured, 2_MiB, s));
+  DevicePool::CaptureScope ended;
+  EXPECT_THROW((void)ended.allocate(4096), InvalidArgument);
+  pool.release_graph_pool(id);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+TEST(GraphPoolsDevicePool, ACaptureWithoutAScopeKeepsItsBlocksForThatCapture) {
+  std::shared_ptr<TestUpstream> upstream;
+  std::shared_ptr<ManualFence> fence;
+  DevicePool pool = fenced_pool(upstream, fence);
+  const cudaStream_t s = host_stream(0x10);
+  for (std::size_t bytes : {std::size_t{4096}, std::size_t{4} << 20}) {
+    SCOPED_TRACE(bytes);
+    void* before = pool.allocate_async(bytes, s);
+    fence->set_capture(s, 5);
+    void* inside = pool.allocate_async(bytes, s);  // allocated by the capture
+    pool.deallocate_async(before, bytes, s);       // freed during it
+    pool.deallocate_async(inside, bytes, s);
+    void* again = pool.allocate_async(bytes, s);  // the same capture may reuse them
+    EXPECT_TRUE(again == before || again == inside);
+    pool.deallocate_async(again, bytes, s);
+    fence->set_capture(s, 6);  // another capture: never the first one's blocks
+    void* other = pool.allocate_async(bytes, s);
+    EXPECT_TRUE(other != before && other != inside);
+    pool.deallocate_async(other, bytes, s);
+    fence->set_capture(s, 0);
+    EXPECT_FALSE(hands_out_any_of(pool, {before, inside, other}, bytes, s));
+  }
+  EXPECT_EQ(pool.stats().unscoped_capture_calls, 8U);  // 3 requests, 1 block taken in, per size
+  EXPECT_GT(pool.stats().graph_pool_bytes, 0U);
+  pool.trim(0);
+  EXPECT_GT(pool.stats().graph_pool_bytes, 0U) << "kept for the pool's life";
+}
+
+TEST(GraphPoolsDevicePool, AStreamForkedIntoAScopedCaptureUsesTheScopesPool) {
+  std::shared_ptr<TestUpstream> upstream;
+  std::shared_ptr<ManualFence> fence;
+  DevicePool pool = fenced_pool(upstream, fence);
+  const auto id = DevicePool::new_graph_pool();
+  const cudaStream_t s = host_stream(0x10);
+  const cudaStream_t forked = host_stream(0x20);
+  std::set<void*> captured;
+  {
+    auto scope = pool.capture_into(id, s);
+    fence->set_capture(s, 9);
+    fence->set_capture(forked, 9);
+    void* block = pool.allocate_async(8_MiB, forked);
+    captured.insert(block);
+    pool.deallocate_async(block, 8_MiB, forked);
+    fence->set_capture(s, 0);
+    fence->set_capture(forked, 0);
+  }
+  EXPECT_EQ(pool.stats().unscoped_capture_calls, 0U);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, pool.block_bytes(8_MiB));
+  EXPECT_FALSE(hands_out_any_of(pool, captured, 8_MiB, forked));
+  pool.release_graph_pool(id);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+}
+
+TEST(GraphPoolsDevicePool, WithDetectionOffACaptureFollowsTheOrdinaryRules) {
+  std::shared_ptr<TestUpstream> upstream;
+  std::shared_ptr<ManualFence> fence;
+  DevicePool pool = fenced_pool(upstream, fence, false);
+  const cudaStream_t s = host_stream(0x10);
+  fence->set_capture(s, 5);
+  void* inside = pool.allocate_async(1_MiB, s);
+  pool.deallocate_async(inside, 1_MiB, s);
+  fence->set_capture(s, 0);
+  void* after = pool.allocate_async(1_MiB, s);
+  EXPECT_EQ(after, inside) << "documented: undefined for graphs, the stream's own block again";
+  pool.deallocate_async(after, 1_MiB, s);
+  EXPECT_EQ(pool.stats().unscoped_capture_calls, 0U);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+}
+
 #ifdef VRAM_HAVE_TEST_KERNELS
 
-// Captures `kernel writes a 4 MiB intermediate, frees it` (either allocate form), then
-// allocates the same size after the capture, fills it and launches the graph `launches`
-// times: the post-capture block must keep its contents.
-void capture_then_check_post_capture_blocks(bool async_form, DevicePool::GraphPoolId id,
-                                            DevicePool& pool, int launches) {
+// How the captured intermediate is allocated and freed.
+enum class Form {
+  allocate,        // a scope on the stream; allocate/deallocate (the scope's thread)
+  allocate_async,  // a scope on the stream; allocate_async/deallocate_async on it
+  forked_stream,   // a scope on the stream; the block is used on a stream forked into the capture
+  unrouted,        // an unrouted scope; scope.allocate/scope.deallocate
+  unscoped,        // no scope: allocate_async/deallocate_async on the capturing stream
+};
+const char* name_of(Form form) {
+  switch (form) {
+    case Form::allocate:
+      return "allocate";
+    case Form::allocate_async:
+      return "allocate_async";
+    case Form::forked_stream:
+      return "forked stream";
+    case Form::unrouted:
+      return "unrouted scope";
+    case Form::unscoped:
+      return "no scope";
+  }
+  return "?";
+}
+bool async_after(Form form) { return form != Form::allocate && form != Form::unrouted; }
+
+// Captures `kernel writes a 4 MiB intermediate, frees it` (in `form`), then allocates the
+// same size after the capture, fills it and launches the graph `launches` times: the
+// post-capture block must keep its contents.
+void capture_then_check_post_capture_blocks(Form form, DevicePool::GraphPoolId id, DevicePool& pool,
+                                            int launches) {
   constexpr std::size_t kBytes = 4_MiB;
   cuda::Stream capturing;
+  cuda::Stream forked;
+  cudaEvent_t fork = nullptr;
+  cudaEvent_t join = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&join, cudaEventDisableTiming), cudaSuccess);
   cudaGraph_t graph = nullptr;
   {
-    auto scope = pool.capture_into(id, capturing.get());
-    ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
-    void* scratch =
-        async_form ? pool.allocate_async(kBytes, capturing.get()) : pool.allocate(kBytes);
-    launch_fill(scratch, kBytes / 4, 0xDEADBEEFu, capturing.get());
-    if (async_form) {
-      pool.deallocate_async(scratch, kBytes, capturing.get());
-    } else {
-      pool.deallocate(scratch, kBytes);
+    DevicePool::CaptureScope scope;
+    if (form == Form::unrouted) {
+      scope = pool.capture_into(id);
+    } else if (form != Form::unscoped) {
+      scope = pool.capture_into(id, capturing.get());
     }
-    ASSERT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess)
+    const cudaStream_t s = capturing.get();
+    ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    void* scratch = nullptr;
+    switch (form) {
+      case Form::allocate:
+        scratch = pool.allocate(kBytes);
+        launch_fill(scratch, kBytes / 4, 0xDEADBEEFu, s);
+        pool.deallocate(scratch, kBytes);
+        break;
+      case Form::allocate_async:
+      case Form::unscoped:
+        scratch = pool.allocate_async(kBytes, s);
+        launch_fill(scratch, kBytes / 4, 0xDEADBEEFu, s);
+        pool.deallocate_async(scratch, kBytes, s);
+        break;
+      case Form::forked_stream:
+        ASSERT_EQ(cudaEventRecord(fork, s), cudaSuccess);
+        ASSERT_EQ(cudaStreamWaitEvent(forked.get(), fork, 0), cudaSuccess);
+        scratch = pool.allocate_async(kBytes, forked.get());
+        launch_fill(scratch, kBytes / 4, 0xDEADBEEFu, forked.get());
+        pool.deallocate_async(scratch, kBytes, forked.get());
+        ASSERT_EQ(cudaEventRecord(join, forked.get()), cudaSuccess);
+        ASSERT_EQ(cudaStreamWaitEvent(s, join, 0), cudaSuccess);
+        break;
+      case Form::unrouted:
+        scratch = scope.allocate(kBytes);
+        launch_fill(scratch, kBytes / 4, 0xDEADBEEFu, s);
+        scope.deallocate(scratch, kBytes);
+        break;
+    }
+    ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess)
         << "the pool's calls must not invalidate a global-mode capture";
   }
+  EXPECT_EQ(cudaEventDestroy(fork), cudaSuccess);
+  EXPECT_EQ(cudaEventDestroy(join), cudaSuccess);
+  const bool async_form = async_after(form);
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   cuda::Stream user;
@@ -304,12 +488,13 @@ void capture_then_check_post_capture_blocks(bool async_form, DevicePool::GraphPo
 
 TEST(GraphPoolsDevicePoolGpu, LaunchesNeverWriteBlocksAllocatedAfterTheCapture) {
   VRAM_GPU_TEST_OR_SKIP();
-  for (bool async_form : {false, true}) {
-    SCOPED_TRACE(async_form ? "allocate_async" : "allocate");
+  for (Form form : {Form::allocate, Form::allocate_async, Form::forked_stream, Form::unrouted}) {
+    SCOPED_TRACE(name_of(form));
     DevicePool pool(0);
     const auto id = DevicePool::new_graph_pool();
-    capture_then_check_post_capture_blocks(async_form, id, pool, 10);
+    capture_then_check_post_capture_blocks(form, id, pool, 10);
     EXPECT_GE(pool.stats().graph_pool_bytes, 4_MiB);
+    EXPECT_EQ(pool.stats().unscoped_capture_calls, 0U);
     pool.release_graph_pool(id);
     EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
     pool.trim(0);
@@ -317,12 +502,21 @@ TEST(GraphPoolsDevicePoolGpu, LaunchesNeverWriteBlocksAllocatedAfterTheCapture) 
   }
 }
 
+// Without a scope the pool sees the capture on the stream and keeps the block apart.
+TEST(GraphPoolsDevicePoolGpu, ACaptureWithoutAScopeKeepsItsBlocksApart) {
+  VRAM_GPU_TEST_OR_SKIP();
+  DevicePool pool(0);
+  capture_then_check_post_capture_blocks(Form::unscoped, DevicePool::new_graph_pool(), pool, 10);
+  EXPECT_EQ(pool.stats().unscoped_capture_calls, 1U);  // the request (its free was its own)
+  EXPECT_GE(pool.stats().graph_pool_bytes, 4_MiB) << "kept for the pool's life";
+}
+
 TEST(GraphPoolsDevicePoolGpu, TwoGraphsShareAPool) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool pool(0);
   const auto id = DevicePool::new_graph_pool();
-  capture_then_check_post_capture_blocks(true, id, pool, 5);
-  capture_then_check_post_capture_blocks(false, id, pool, 5);
+  capture_then_check_post_capture_blocks(Form::allocate_async, id, pool, 5);
+  capture_then_check_post_capture_blocks(Form::allocate, id, pool, 5);
   pool.release_graph_pool(id);
   EXPECT_GE(pool.stats().graph_pool_bytes, 4_MiB) << "the second graph still uses the pool";
   pool.release_graph_pool(id);

@@ -207,6 +207,9 @@ struct DevicePoolStats {
   // bytes_in_use: the shared tiers lent them out), and how many pools hold memory or a use.
   std::size_t graph_pool_bytes = 0;
   std::uint64_t graph_pools = 0;
+  // Captures without a scope ("CUDA graphs"): allocate_async calls served by a capture's
+  // own pool, and deallocate_async calls that gave it a block that was not yet its.
+  std::uint64_t unscoped_capture_calls = 0;
 };
 
 // What backs DevicePool's large tier (blocks above small_block_max_bytes).
@@ -221,8 +224,9 @@ struct DevicePoolStats {
 //                   within each segment. The memory can be shared by CUDA IPC
 //                   (cudaIpcGetMemHandle), which virtual memory cannot.
 //   virtual_memory  always (over a host upstream: the host emulation; on a device without
-//                   virtual memory management: segments). Only the pool's device can
-//                   access the large blocks.
+//                   virtual memory management: segments). The pool's device and every
+//                   device that can reach it by peer access (cudaDeviceCanAccessPeer) may
+//                   read and write the large blocks.
 // Over virtual memory free ranges merge across the whole reservation and a run of granules
 // goes back only when all of it is free; over segments a free range never crosses a
 // segment's end and a segment goes back only when all of it is free.
@@ -295,6 +299,11 @@ struct DevicePoolOptions {
   // complete" over any other (host memory has no queued work). ManualFence emulates
   // streams in host-only replay and tests.
   std::shared_ptr<StreamFence> fence;
+  // allocate_async/deallocate_async ask whether their stream is being captured into a CUDA
+  // graph (one driver query; never for the legacy stream) so that a capture without a
+  // scope cannot hand the graph's blocks to other work ("CUDA graphs" below). Off: such a
+  // capture is undefined, as before.
+  bool detect_unscoped_capture = true;
 };
 
 class DevicePool {
@@ -366,29 +375,40 @@ class DevicePool {
   //   }                                                // the scope ends; the graph keeps id
   //   ... launch the graph any number of times ...
   //   pool.release_graph_pool(id);                     // when the graph is destroyed
-  // While the scope is open, allocations on `stream` and the calling thread's allocations
-  // without a stream (allocate, acquire) come from graph pool `id`, and every block freed on
-  // `stream` or by the calling thread goes to that pool (a block of the pool is also its
-  // own whatever stream frees it, during or after the capture). Only later allocations into
-  // the same pool reuse them: captures into one pool follow each other (a second scope into
-  // a pool while one is open is refused) and replay in capture order, so several graphs may
-  // share one (PyTorch's pool=). capture_into() opens a use of the pool for the graph,
-  // ended by release_graph_pool(). Once no use is open and none of its blocks is live, the
-  // pool's memory rejoins the shared tiers at the next release_graph_pool(), trim() or
+  // While the scope is open, allocations on `stream` (and on any stream forked into the same
+  // capture) and the calling thread's allocations without a stream (allocate, acquire)
+  // come from graph pool `id`, and every block freed on those streams or by the calling
+  // thread goes to that pool (a block of the pool is also its own whatever stream frees
+  // it, during or after the capture). Only later allocations into the same pool reuse
+  // them: captures into one pool follow each other (a second scope into a pool while one
+  // is open is refused) and replay in capture order, so several graphs may share one
+  // (PyTorch's pool=). capture_into() opens a use of the pool for the graph, ended by
+  // release_graph_pool(). Once no use is open and none of its blocks is live, the pool's
+  // memory rejoins the shared tiers at the next release_graph_pool(), trim() or
   // destruction that finds no scope open, after a device synchronize (the graph's last
-  // launch may still run); until then graph_pool_bytes counts it. Growing during a capture
-  // runs in relaxed capture mode, so a global-mode capture stays valid; a request the
-  // upstream cannot serve during a capture throws vram::OutOfMemory without the trim and
-  // retry (they would synchronize the device). Not routed: other streams that join the
-  // capture (fork and join through events), and captures made without a scope (the check
-  // would cost a driver call on every stream-ordered free): they follow the ordinary rules
-  // above, which do not know the graph. Destroying the pool frees the graph pools' free
-  // blocks; live ones stay leased (see Bad input).
-  // Ids: any value; new_graph_pool() returns unique ones (top bit set, never 0).
-  // capture_into throws vram::InvalidArgument for the legacy default stream, when `stream`,
-  // the calling thread or the pool already has an open scope, and on a moved-from pool;
-  // release_graph_pool of a pool with no use open is counted in invalid_releases and
-  // changes nothing.
+  // launch may still run); until then graph_pool_bytes counts it (block bytes). Growing
+  // during a capture runs in relaxed capture mode, so a global-mode capture stays valid; a
+  // request the upstream cannot serve during a capture throws vram::OutOfMemory without
+  // the trim and retry (they would synchronize the device).
+  // capture_into(id) without a stream opens an unrouted scope: nothing is routed by
+  // itself; scope.allocate() and scope.deallocate() place blocks in the pool (for hosts
+  // that pick the requests of a capture themselves, as PyTorch's allocator hooks do with a
+  // stream filter).
+  // A capture without a scope (detect_unscoped_capture, on by default): a block that
+  // allocate_async or deallocate_async sees on a stream being captured is kept in a graph
+  // pool of that capture, reused only by later requests of the same capture, and never
+  // given back before the pool is destroyed (the pool cannot know when the graph is);
+  // unscoped_capture_calls counts such calls. Calls without a stream cannot be checked: a
+  // block freed by allocate/deallocate while a capture uses it is undefined, as is any
+  // block used by captured work that was neither allocated nor freed during the capture.
+  // Destroying the pool frees the graph pools' free blocks; live ones stay leased (see Bad
+  // input).
+  // Ids: any value without bit 62 alone set (unscoped captures' pools); new_graph_pool()
+  // returns unique ones (top bit set, never 0). capture_into throws vram::InvalidArgument
+  // for the legacy default stream, when `stream`, the calling thread or the pool already
+  // has an open scope, and on a moved-from pool; CaptureScope::allocate throws it on an
+  // ended scope. release_graph_pool of a pool with no use open is counted in
+  // invalid_releases and changes nothing.
   using GraphPoolId = std::uint64_t;
   class CaptureScope {
    public:
@@ -400,18 +420,21 @@ class DevicePool {
     ~CaptureScope() { end(); }
     // Stops routing (the pool's use stays open until release_graph_pool). Idempotent.
     void end() noexcept;
+    // A block of the scope's pool (reused, or new from the shared tiers).
+    [[nodiscard]] void* allocate(std::size_t bytes);
+    // `block` becomes a free block of the scope's pool (a graph pool's block goes back to
+    // its own pool); after end(), an ordinary release.
+    void deallocate(void* block, std::size_t bytes) noexcept;
 
    private:
     friend class DevicePool;
-    CaptureScope(std::shared_ptr<detail::DevicePoolCore> core, GraphPoolId pool,
-                 std::uintptr_t stream, std::thread::id thread) noexcept;
+    CaptureScope(std::shared_ptr<detail::DevicePoolCore> core, GraphPoolId pool) noexcept;
     std::shared_ptr<detail::DevicePoolCore> core_;
     GraphPoolId pool_ = 0;
-    std::uintptr_t stream_ = 0;
-    std::thread::id thread_;
   };
   static GraphPoolId new_graph_pool() noexcept;
   [[nodiscard]] CaptureScope capture_into(GraphPoolId graph_pool, cudaStream_t stream);
+  [[nodiscard]] CaptureScope capture_into(GraphPoolId graph_pool);
   void release_graph_pool(GraphPoolId graph_pool) noexcept;
 
   // Bytes a request of `bytes` occupies in the pool (its size class up to
@@ -436,6 +459,7 @@ class DevicePool {
 
  private:
   detail::DevicePoolCore& live_core(const char* call) const;  // throws when moved from
+  CaptureScope open_scope(GraphPoolId graph_pool, cudaStream_t stream, bool routed);
   std::shared_ptr<detail::DevicePoolCore> core_;
 };
 

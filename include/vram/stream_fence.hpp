@@ -25,9 +25,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace vram {
 namespace cuda {
@@ -59,6 +62,10 @@ class StreamFence {
     quiesce();
     return true;
   }
+  // The id of the CUDA graph capture `stream` is in, 0 when it is not being captured (or
+  // the fence cannot tell): DevicePool keeps blocks a capture without a scope touches out
+  // of the shared tiers (device_pool.hpp, "CUDA graphs"). Never called for the legacy stream.
+  virtual std::uint64_t capture_of(cudaStream_t /*stream*/) noexcept { return 0; }
 };
 
 class ImmediateFence final : public StreamFence {
@@ -106,6 +113,21 @@ class ManualFence final : public StreamFence {
     std::lock_guard lock(mutex_);
     return recorded_;
   }
+  // Emulated graph capture: `stream` is being captured with id `capture` (0: it ends).
+  void set_capture(cudaStream_t stream, std::uint64_t capture) {
+    std::lock_guard lock(mutex_);
+    std::erase_if(captures_, [&](const auto& c) { return c.first == stream; });
+    if (capture != 0) captures_.emplace_back(stream, capture);
+    any_capture_.store(!captures_.empty(), std::memory_order_relaxed);
+  }
+  std::uint64_t capture_of(cudaStream_t stream) noexcept override {
+    if (!any_capture_.load(std::memory_order_relaxed)) return 0;
+    std::lock_guard lock(mutex_);
+    for (const auto& [captured, id] : captures_) {
+      if (captured == stream) return id;
+    }
+    return 0;
+  }
   // Blocking waits the pool made (each completes its marker, as the device would).
   std::uint64_t waits() const {
     std::lock_guard lock(mutex_);
@@ -123,6 +145,8 @@ class ManualFence final : public StreamFence {
   std::uint64_t quiesces_ = 0;
   std::uint64_t recorded_ = 0;
   std::uint64_t completed_ = 0;
+  std::vector<std::pair<cudaStream_t, std::uint64_t>> captures_;
+  std::atomic<bool> any_capture_{false};
 };
 
 // CUDA events (timing disabled) on `device`, recycled through the library's event pool: a
@@ -139,6 +163,7 @@ class CudaEventFence final : public StreamFence {
   // try_quiesce() reports them).
   void quiesce() noexcept override;
   bool try_quiesce() noexcept override;
+  std::uint64_t capture_of(cudaStream_t stream) noexcept override;
   std::size_t events_created() const;
 
  private:

@@ -19,6 +19,7 @@
 #include "cuda/memory.hpp"
 #include "device_registry.hpp"
 #include "errors.hpp"
+#include "graph_hooks.hpp"
 #include "stats.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram_torch.h"
@@ -53,15 +54,20 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
     return nullptr;
   }
   if (state->streams.held_blocks() != 0) state->streams.release(false);
+  // While PyTorch captures a graph (graph_routes.hpp): one relaxed load otherwise.
+  const bool capturing = state->graphs.active();
   for (int attempt = 0;; ++attempt) {
     try {
-      void* ptr = state->pool.allocate_async(size, stream);
+      void* ptr = capturing ? state->graphs.allocate(size, stream) : nullptr;
+      if (ptr == nullptr) ptr = state->pool.allocate_async(size, stream);
       state->counters.count_allocation(state->pool.block_bytes(size), size);
       return ptr;
     } catch (const vram::OutOfMemory& e) {
       // Blocks held back for recorded streams may be the memory that is missing: wait for
       // them once and retry (the pool already trimmed its own cache and retried).
-      if (attempt == 0 && state->streams.held_blocks() != 0 && state->streams.release(true) != 0) {
+      // Not during a capture: waiting would synchronize the device and end it.
+      if (attempt == 0 && !capturing && state->streams.held_blocks() != 0 &&
+          state->streams.release(true) != 0) {
         state->counters.retries.fetch_add(1, std::memory_order_relaxed);
         state->pool.trim(0);
         continue;
@@ -94,6 +100,8 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
     return;
   }
   state->counters.count_free(state->pool.block_bytes(size), size);
+  // Freed during a capture on a stream it accepts: the graph's (graph_routes.hpp).
+  if (state->graphs.active() && state->graphs.deallocate(ptr, size, stream)) return;
   if (state->streams.hold_back(ptr, size, stream)) return;  // the pool gets it later
   state->pool.deallocate_async(ptr, size, stream);
 }
@@ -111,6 +119,10 @@ VRAM_TORCH_API void vram_torch_record_stream(void* ptr, vram_torch_stream_t stre
     note_error("record_stream: out of host memory; synchronizing the stream instead", false);
     (void)vram::cuda::try_synchronize_stream(stream);
   }
+}
+
+VRAM_TORCH_API int vram_torch_install_graph_hooks(void) {
+  return vram_torch::install_graph_hooks();
 }
 
 VRAM_TORCH_API size_t vram_torch_stats_size(void) { return sizeof(vram_torch_stats_t); }

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 
+#include "graph_routes.hpp"
 #include "stats.hpp"
 #include "stream_tracking.hpp"
 #include "vram/device_pool.hpp"
@@ -23,11 +24,12 @@ inline constexpr int kMaxDevices = 64;
 
 struct DeviceState {
   DeviceState(int device, const vram::DevicePool::Options& options)
-      : pool(device, options), streams(device, pool) {}
+      : pool(device, options), streams(device, pool), graphs(pool) {}
 
   vram::DevicePool pool;
   Counters counters;
   StreamTracking streams;  // refers to `pool`, so declared after it
+  GraphRoutes graphs;      // likewise
 };
 
 // The published states, indexed by device ordinal; null where none was made yet.

@@ -28,6 +28,10 @@ vram_torch_stats_t stats_of(DeviceState& state) {
   s.record_stream_calls = c.record_calls.load(std::memory_order_relaxed);
   s.held_back_blocks = state.streams.held_blocks();
   s.held_back_bytes = state.streams.held_bytes();
+  s.graph_pool_bytes = pool.graph_pool_bytes;
+  s.graph_pools = pool.graph_pools;
+  s.unscoped_capture_calls = pool.unscoped_capture_calls;
+  s.graph_invalid_releases = state.graphs.invalid_releases();
   return s;
 }
 

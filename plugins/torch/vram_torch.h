@@ -22,6 +22,15 @@
  *   Without the hook registered, record_stream is silently ignored by PyTorch and a block
  *   freed while another stream still uses it could be handed out too early.
  *
+ * CUDA graphs (torch.cuda.graph, make_graphed_callables, pool= sharing)
+ *   vram_torch_install_graph_hooks() sets PyTorch's beginAllocateToPool, endAllocateToPool
+ *   and releasePool hooks of the current pluggable allocator (vram_torch.enable() calls it):
+ *   during a capture, requests and frees on the streams PyTorch's filter accepts use a graph
+ *   pool that only that graph (and graphs sharing its pool) reuses, returned to the shared
+ *   pool when the last graph using it is released (plugins/torch/graph_routes.hpp). It
+ *   needs a build with Torch found: 1 when set, 0 when this build has no Torch, -1 when the
+ *   current allocator is not the pluggable one (reason: vram_torch_last_error).
+ *
  * Every function is thread-safe. Pools live until the process exits (never destroyed, so a
  * tensor freed during interpreter shutdown still finds its pool).
  */
@@ -62,6 +71,10 @@ typedef struct vram_torch_stats_t {
   uint64_t record_stream_calls;
   uint64_t held_back_blocks; /* freed, waiting for recorded streams */
   uint64_t held_back_bytes;  /* their size-class bytes */
+  uint64_t graph_pool_bytes; /* DevicePoolStats::graph_pool_bytes: held by CUDA graphs */
+  uint64_t graph_pools;      /* graph pools with a use open or memory held */
+  uint64_t unscoped_capture_calls; /* DevicePoolStats::unscoped_capture_calls */
+  uint64_t graph_invalid_releases; /* releasePool of an id with no use open */
 } vram_torch_stats_t;
 
 /* PyTorch's CUDAPluggableAllocator entry points. */
@@ -72,6 +85,16 @@ void vram_torch_record_stream(void* ptr, vram_torch_stream_t stream);
 /* set_reset_fn (torch.cuda.empty_cache()): vram_torch_empty_cache(-1). */
 void vram_torch_empty_cache_all(void);
 
+int vram_torch_install_graph_hooks(void);
+/* CUDA IPC (torch.multiprocessing sharing CUDA tensors; python/vram_torch.py registers the
+ * reducers). Export: the CUDA IPC handle of the cudaMalloc segment `ptr` lies in and the
+ * offset of `ptr` in it; 0: done; -1: refused (blocks over CUDA virtual memory: run with
+ * VRAM_TORCH_VIRTUAL_MEMORY=0) or failed, reason in vram_torch_last_error. Open: the
+ * segment's base mapped into this process on `device`, once per handle (kept mapped for the
+ * process's life); NULL on failure. The exporter keeps the tensor alive while others use it. */
+#define VRAM_TORCH_IPC_HANDLE_BYTES 64
+int vram_torch_ipc_export(const void* ptr, void* handle_out, size_t* offset_out);
+void* vram_torch_ipc_open(const void* handle, int device);
 /* sizeof(vram_torch_stats_t), for a caller's layout check. */
 size_t vram_torch_stats_size(void);
 /* Fills `out` (`out_size` bytes, at most sizeof) for `device`. 0: done; 1: no pool on that

@@ -48,6 +48,7 @@ DriverApi resolve_all() {
   resolve(api.mem_set_access, "cuMemSetAccess", 10020);
   resolve(api.mem_get_allocation_granularity, "cuMemGetAllocationGranularity", 10020);
   resolve(api.device_get_attribute, "cuDeviceGetAttribute", 2000);
+  resolve(api.mem_get_address_range, "cuMemGetAddressRange", 3020);
   return api;
 }
 

@@ -2,7 +2,12 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <string>
+#include <vector>
+
+#include "cuda/memory.hpp"
+#include "cuda/status.hpp"
 
 #include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
@@ -78,11 +83,20 @@ void map_for_device(char* address, std::size_t bytes, std::uint64_t handle, int 
   const auto pointer = reinterpret_cast<CUdeviceptr>(address);
   CUresult result = api.require(api.mem_map)(pointer, bytes, 0, handle, 0);
   if (result == CUDA_SUCCESS) {
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    result = api.require(api.mem_set_access)(pointer, bytes, &access, 1);
+    // Read and write for the device and for every device that can reach it by peer access
+    // (mapped memory is reachable only from the devices named here).
+    std::vector<CUmemAccessDesc> access;
+    int count = 0;
+    if (!succeeded(cudaGetDeviceCount(&count))) count = 0;
+    for (int d = 0; d < std::max(count, device + 1); ++d) {
+      if (d != device && !can_access_peer(d, device)) continue;
+      CUmemAccessDesc desc{};
+      desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      desc.location.id = d;
+      desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      access.push_back(desc);
+    }
+    result = api.require(api.mem_set_access)(pointer, bytes, access.data(), access.size());
     if (result != CUDA_SUCCESS) (void)api.mem_unmap.function(pointer, bytes);
   }
   if (result == CUDA_ERROR_OUT_OF_MEMORY) {  // the pool reclaims and retries, as for cuMemCreate

@@ -49,6 +49,8 @@ struct DriverApi {
   DriverEntry<PFN_cuMemSetAccess_v10020> mem_set_access;
   DriverEntry<PFN_cuMemGetAllocationGranularity_v10020> mem_get_allocation_granularity;
   DriverEntry<PFN_cuDeviceGetAttribute_v2000> device_get_attribute;
+  // CUDA IPC: the allocation a pointer lies in (src/cuda/ipc.cpp).
+  DriverEntry<PFN_cuMemGetAddressRange_v3020> mem_get_address_range;
 
   // The function, or throws vram::CudaError naming it and the driver version it needs.
   template <class Function>
