@@ -159,8 +159,10 @@ void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::s
   SlowSection slow(held);
   // Past the budget, free memory of wanted streams (stream_wants.hpp) could serve the
   // request or go back only after a device-wide quiesce: once per request, never while a
-  // capture scope is open (it would synchronize the device during the capture).
-  bool may_quiesce = !capture_routes.any();
+  // capture scope is open or this thread serves a captured request (it would synchronize
+  // the device during the capture).
+  const bool capturing = capture_routes.any() || tl_in_capture;
+  bool may_quiesce = !capturing;
   for (;;) {
     // Read before the tier looks: a quiesce that begins after it covers what it finds.
     const std::uint64_t seen = quiesce_generation.load(std::memory_order_relaxed);
@@ -190,10 +192,10 @@ void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::s
         return block;
       }
     } catch (const OutOfMemory&) {
-      // While a capture scope is open the trim below would synchronize the device, which
-      // invalidates the capture: the request fails instead (PyTorch's allocator does the
-      // same).
-      if (capture_routes.any()) throw;
+      // While a capture scope is open, or this thread serves a captured request, the trim
+      // below would synchronize the device, which invalidates the capture: the request fails
+      // instead (PyTorch's allocator does the same).
+      if (capturing) throw;
       oom_retries.fetch_add(1, std::memory_order_relaxed);
       break;
     }

@@ -216,6 +216,10 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // at the tiers, and skips its own when another began since (it covers the same frees).
   void quiesce_streams() noexcept;
   bool quiesce_streams_since(std::uint64_t seen) noexcept;
+  // Set while this thread serves a request of a stream being captured (graph_allocate_into):
+  // growth then neither quiesces nor trims (a device synchronize during the thread's own
+  // capture would invalidate it).
+  static inline thread_local bool tl_in_capture = false;
   void quiesce_locked() noexcept;
   void note_in_use(std::int64_t delta) noexcept;
   DevicePoolStats stats() const;

@@ -123,6 +123,38 @@ TEST(DevicePoolDestroyedStreams, AWantedMarkerIsRecordedByTheStreamsNextCall) {
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
+// A request on a stream being captured (no scope: the pool routes it to the capture's own
+// graph pool) that would grow past the budget while a destroyed stream's block waits: no
+// quiesce during the capture (a device synchronize would invalidate it); the next request
+// after the capture quiesces and takes the block.
+TEST(DevicePoolDestroyedStreams, AStreamBeingCapturedNeverMakesThePoolQuiesce) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<ManualFence>();
+  {
+    DevicePool pool(upstream, emulated(fence, true));
+    const auto s1 = reinterpret_cast<cudaStream_t>(0x1000);
+    const auto s2 = reinterpret_cast<cudaStream_t>(0x2000);
+    const auto s3 = reinterpret_cast<cudaStream_t>(0x3000);
+    void* b = pool.allocate_async(4_MiB, s2);
+    void* a = pool.allocate_async(4_MiB, s1);
+    pool.deallocate_async(a, 4_MiB, s1);  // s1 is then destroyed
+    fence->set_capture(s2, 7);
+    void* c = pool.allocate_async(4_MiB, s2);
+    EXPECT_EQ(fence->quiesces(), 0U) << "a device synchronize during the capture";
+    EXPECT_NE(c, a);
+    fence->set_capture(s2, 0);
+    void* d = pool.allocate_async(4_MiB, s3);
+    EXPECT_EQ(pool.stats().stream_quiesces, 1U);
+    EXPECT_EQ(d, a) << "s1's block after the quiesce";
+    EXPECT_EQ(fence->recorded(), 0U) << "a marker on s1 outside a call on s1";
+    pool.deallocate_async(b, 4_MiB, s2);
+    pool.deallocate_async(c, 4_MiB, s2);
+    pool.deallocate_async(d, 4_MiB, s3);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
 // A block in flight between threads: freed by the receiver on its own stream, once the
 // owner's stream has run the owner's work on it.
 struct Handoff {
