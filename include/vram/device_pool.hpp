@@ -37,7 +37,8 @@
 //   could serve (never for a marker on the requesting stream). When growing would pass the
 //   budget, or raise the peak of reserved bytes, while freed blocks of streams with no
 //   marker recorded (no call on them since) could serve the request or go back, the pool
-//   quiesces the device once instead (concurrent requests share one; counted in
+//   quiesces the device once instead (concurrent requests share one; none while a capture
+//   scope is open or for a request on a stream being captured; counted in
 //   stats().stream_quiesces) and then treats every block freed before it as free for all:
 //   streams that free beside each other cannot make it grow without bound. So never call the
 //   pool from a cudaLaunchHostFunc/stream callback: it could wait for the stream it runs on.
