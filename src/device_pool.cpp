@@ -118,6 +118,7 @@ DevicePool::Lease DevicePool::acquire(std::size_t bytes) {
 void* DevicePool::allocate_async(std::size_t bytes, cudaStream_t stream) {
   detail::DevicePoolCore& core = live_core("allocate_async");
   const detail::StreamKey key = detail::stream_key(stream);
+  core.serve_want_of(key);  // this call proves `stream` alive (stream_wants.hpp)
   if (core.graphs_active()) [[unlikely]]
     return core.allocate_with_graphs(bytes, kDefaultAlignment, key, stream);
   // One driver query (no GPU work): a block a capture without a scope touches must stay
@@ -130,6 +131,7 @@ void* DevicePool::allocate_async(std::size_t bytes, cudaStream_t stream) {
 void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept {
   if (core_) [[likely]] {
     const detail::StreamKey key = detail::stream_key(stream);
+    core_->serve_want_of(key);  // this call proves `stream` alive (stream_wants.hpp)
     if (core_->graphs_active()) [[unlikely]]
       return core_->deallocate_with_graphs(block, bytes, key, stream);
     if (const std::uint64_t capture = core_->capture_of(stream); capture != 0) [[unlikely]]

@@ -120,6 +120,11 @@ class GrowthBudget {
     return gauge_.excess_after_growth(grow, peak_growth(need), headroom_1024_);
   }
   std::size_t headroom_1024() const noexcept { return headroom_1024_; }
+  // Reserving `grow` more bytes would raise the pool's peak of reserved bytes.
+  bool raises_peak_reserved(std::size_t grow) const noexcept {
+    return gauge_.reserved.load(std::memory_order_relaxed) + grow >
+           gauge_.peak.load(std::memory_order_relaxed);
+  }
 
   // The peak of used bytes restarts from what is used now.
   void restart_peak() noexcept {

@@ -34,7 +34,8 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
                 .packed_segment = 2u << 20,
                 .packed_limit = 0,
                 .max_free_bytes = options.max_cached_bytes,
-                .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom)}),
+                .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom),
+                .wants = &wants}),
       large(*upstream, *fence, gauge,
             SegmentTier::Options{
                 .granularity = 512,
@@ -47,7 +48,8 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
                 .unmap_before_map = options.unmap_before_map,
                 .max_run_bytes = options.virtual_run_bytes,
                 .map_ahead_bytes = options.virtual_map_ahead_bytes,
-                .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom)}) {
+                .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom),
+                .wants = &wants}) {
   // Blocks are carved at 256-byte multiples of the upstream's allocations: they are
   // 256-byte aligned only if those are (and never more than that, whatever the upstream
   // promises: alignment above 256 is refused, not silently missed).
@@ -108,6 +110,52 @@ DevicePoolCore::~DevicePoolCore() {
   return result;
 }
 
+void DevicePoolCore::serve_want(StreamKey key) noexcept {
+  if (!wants.take(key)) return;  // another key's bit, or another call on it took the want
+  // One marker per tier that holds the stream's ranges, recorded with no tier mutex held.
+  // mark_frees() before the record: a free that reaches a tier after the mark (on another
+  // thread) may be used by work queued after the marker, so it keeps its tag.
+  for (SegmentTier* tier : {&small, &large}) {
+    if (!tier->holds_stream(key)) continue;
+    const std::uint64_t mark = tier->mark_frees();
+    std::uint64_t marker = 0;
+    try {
+      marker = fence->record(fence_stream_of(key));
+    } catch (...) {  // captured, or a driver error: the ranges keep their tag
+      continue;
+    }
+    if (!tier->adopt_marker(key, marker, mark)) fence->release(marker);
+  }
+}
+
+void DevicePoolCore::quiesce_streams() noexcept {
+  std::lock_guard lock(quiesce_mutex);
+  quiesce_locked();
+}
+
+bool DevicePoolCore::quiesce_streams_since(std::uint64_t seen) noexcept {
+  std::lock_guard lock(quiesce_mutex);
+  // One that began after `seen` has ended (its holder released the mutex): its marks came
+  // after the frees that made this thread ask, so they are free for all already.
+  if (quiesce_generation.load(std::memory_order_relaxed) != seen) return false;
+  quiesces_for_streams.fetch_add(1, std::memory_order_relaxed);
+  quiesce_locked();
+  return true;
+}
+
+void DevicePoolCore::quiesce_locked() noexcept {
+  quiesce_generation.fetch_add(1, std::memory_order_relaxed);
+  quiesces.fetch_add(1, std::memory_order_relaxed);
+  const std::uint64_t small_mark = small.mark_frees();
+  const std::uint64_t large_mark = large.mark_frees();
+  // A failed synchronize (another thread's capture in global mode refuses it, say) proves
+  // nothing: every range keeps its stream.
+  if (!fence->try_quiesce()) return;
+  small.forget_streams(small_mark);
+  large.forget_streams(large_mark);
+  wants.clear();  // what they were for is free for all now (later frees want again)
+}
+
 void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes,
                                 StreamKey key, ThreadCache* held) {
   SlowSection slow(held);
@@ -116,27 +164,51 @@ void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::s
   if (flush_large_caches(held) && &tier == &large) {
     if (void* block = tier.allocate(bytes, key, false)) return block;
   }
-  // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
-  // free segments cannot cover the excess, the other tier's give back the rest (the tier
-  // itself gives back its own as it grows).
-  // A virtual-memory large tier that does not unmap before mapping gives nothing back to
-  // stay within the budget (it only waits for other streams' frees past it), so its growth
-  // does not make the other tier give segments back either.
-  const std::size_t excess =
-      !tier.enforces_growth_budget()
-          ? 0
-          : gauge.excess_after_growth(tier.growth_bytes(bytes), tier.peak_growth_for(bytes),
-                                      tier.growth_headroom_1024());
-  if (const std::size_t own = excess > 0 ? tier.empty_bytes() : 0; own < excess) {
-    (&tier == &small ? large : small).release_empty_for(excess - own);
-  }
-  try {
-    return tier.allocate(bytes, key, true);
-  } catch (const OutOfMemory&) {
-    // While a capture scope is open the trim below would synchronize the device, which
-    // invalidates the capture: the request fails instead (PyTorch's allocator does the same).
-    if (capture_routes.any()) throw;
-    oom_retries.fetch_add(1, std::memory_order_relaxed);
+  // Past the budget, free memory of wanted streams (stream_wants.hpp) could serve the
+  // request or go back only after a device-wide quiesce: once per request, never while a
+  // capture scope is open or this thread serves a captured request (it would synchronize
+  // the device during the capture).
+  const bool capturing = capture_routes.any() || tl_in_capture;
+  bool may_quiesce = !capturing;
+  for (;;) {
+    // Read before the tier looks: a quiesce that begins after it covers what it finds.
+    const std::uint64_t seen = quiesce_generation.load(std::memory_order_relaxed);
+    // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
+    // free segments cannot cover the excess, the other tier's give back the rest (the tier
+    // itself gives back its own as it grows).
+    // A virtual-memory large tier that does not unmap before mapping gives nothing back to
+    // stay within the budget (it only waits for other streams' frees past it), so its
+    // growth does not make the other tier give segments back either.
+    const std::size_t excess =
+        !tier.enforces_growth_budget()
+            ? 0
+            : gauge.excess_after_growth(tier.growth_bytes(bytes), tier.peak_growth_for(bytes),
+                                        tier.growth_headroom_1024());
+    if (const std::size_t own = excess > 0 ? tier.empty_bytes() : 0; own < excess) {
+      SegmentTier& other = &tier == &small ? large : small;
+      if (may_quiesce && (tier.stranded_segments() || other.stranded_segments())) {
+        may_quiesce = false;
+        (void)quiesce_streams_since(seen);
+        continue;
+      }
+      other.release_empty_for(excess - own);
+    }
+    bool quiesce = false;
+    try {
+      if (void* block = tier.allocate(bytes, key, true, may_quiesce ? &quiesce : nullptr)) {
+        return block;
+      }
+    } catch (const OutOfMemory&) {
+      // While a capture scope is open, or this thread serves a captured request, the trim
+      // below would synchronize the device, which invalidates the capture: the request fails
+      // instead (PyTorch's allocator does the same).
+      if (capturing) throw;
+      oom_retries.fetch_add(1, std::memory_order_relaxed);
+      break;
+    }
+    // Null only with `quiesce` set.
+    may_quiesce = false;
+    (void)quiesce_streams_since(seen);
   }
   // Everything cached, in every thread, back to the upstream (waiting for the work of
   // stream-ordered frees), then once more.

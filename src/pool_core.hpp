@@ -214,6 +214,26 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
   // nothing while a capture scope is open (pool_graphs.cpp's rules).
   void drain_graph_returns() noexcept;
+  // A stream-ordered call on `key`'s stream, before its own work: when another stream's
+  // request wanted the stream's marker, records it (the call proves the stream alive).
+  void serve_want_of(StreamKey key) noexcept {
+    if ((wanted_streams.load(std::memory_order_relaxed) & StreamWants::bit_of(key)) != 0)
+        [[unlikely]] {
+      serve_want(key);
+    }
+  }
+  [[gnu::cold]] void serve_want(StreamKey key) noexcept;
+  // A device-wide quiesce (StreamFence::quiesce) after which every range freed on a stream
+  // before it is free for all streams, with no marker on any stream (counted in quiesces).
+  // One at a time (quiesce_mutex); growth asks with the generation it read before it looked
+  // at the tiers, and skips its own when another began since (it covers the same frees).
+  void quiesce_streams() noexcept;
+  bool quiesce_streams_since(std::uint64_t seen) noexcept;
+  // Set while this thread serves a request of a stream being captured (graph_allocate_into):
+  // growth then neither quiesces nor trims (a device synchronize during the thread's own
+  // capture would invalidate it).
+  static inline thread_local bool tl_in_capture = false;
+  void quiesce_locked() noexcept;
   void note_in_use(std::int64_t delta) noexcept;
   DevicePoolStats stats() const;
 
@@ -238,18 +258,27 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // True while a graph pool exists or a capture scope is open (graph_activity.hpp): every
   // public call tests it, in the cache line of plain_calls, before it asks the graph pools.
   std::atomic<bool> graphs_on{false};
+  // StreamWants::bit_of every caller stream whose marker another stream's request wants
+  // (stream_wants.hpp): the stream-ordered calls test it, in the same cache line, and the
+  // call on such a stream records the marker (serve_want) before its own work.
+  std::atomic<std::uint64_t> wanted_streams{0};
   // Options::detect_unscoped_capture: stream-ordered calls ask whether their stream is
   // being captured.
   bool watch_captures = true;
   // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
   std::array<std::uint32_t, 64> held_bytes_of{};
   ReservedGauge gauge;
+  StreamWants wants{wanted_streams};  // before the tiers: they refer to it
   SegmentTier small;
   SegmentTier large;
   // Small blocks shared between threads: one lazily created ring per class.
   std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
 
   std::atomic<std::uint64_t> oom_retries{0};
+  std::atomic<std::uint64_t> quiesces{0};
+  std::atomic<std::uint64_t> quiesces_for_streams{0};
+  std::mutex quiesce_mutex;  // after slow_mutex, before a tier's and the wants' mutex
+  std::atomic<std::uint64_t> quiesce_generation{0};  // quiesces begun, written under it
   std::atomic<std::uint64_t> invalid_releases{0};
   std::atomic<std::uint64_t> unscoped_capture_calls{0};  // blocks kept by unscoped captures
   // Only with options.track_peak_in_use (a shared counter on every call).

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "cuda/capture.hpp"
 #include "pool_core.hpp"
@@ -91,7 +92,15 @@ void* DevicePoolCore::graph_allocate_into(GraphPools::Id id, std::size_t bytes,
   }
   std::optional<cuda::RelaxedCaptureMode> relaxed;  // host upstreams have no capture
   if (upstream->kind() == MemoryKind::device) relaxed.emplace();
-  void* block = allocate(bytes, alignment, kUntagged);  // throws for bad requests, as ever
+  const bool was_in_capture = std::exchange(tl_in_capture, true);
+  void* block = nullptr;
+  try {
+    block = allocate(bytes, alignment, kUntagged);  // throws for bad requests, as ever
+  } catch (...) {
+    tl_in_capture = was_in_capture;
+    throw;
+  }
+  tl_in_capture = was_in_capture;
   relaxed.reset();
   try {
     if (graph_pools.adopt(id, {block, block_bytes(bytes)})) return block;

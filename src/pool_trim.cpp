@@ -124,11 +124,7 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) 
   // behaviour), and trim gives memory back with cudaFree, which synchronizes anyway. Only
   // frees made before the synchronize began are known complete after it: a free racing it
   // on another thread keeps its stream (mark_frees).
-  const std::uint64_t small_mark = small.mark_frees();
-  const std::uint64_t large_mark = large.mark_frees();
-  fence->quiesce();
-  small.forget_streams(small_mark);
-  large.forget_streams(large_mark);
+  quiesce_streams();
   small.trim(0, wait);
   large.trim(keep_bytes, wait);
 }

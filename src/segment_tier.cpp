@@ -16,7 +16,7 @@ SegmentTier::SegmentTier(Upstream& upstream, StreamFence& fence, ReservedGauge& 
                                options.map_ahead_bytes, options.max_free_bytes,
                                options.unmap_before_map},
            budget_),
-      tags_(fence, ranges_, map_) {}
+      tags_(fence, ranges_, map_, options.wants) {}
 
 SegmentTier::~SegmentTier() {
   tags_.release_markers();
@@ -33,7 +33,7 @@ SegmentTier::~SegmentTier() {
 // ---------------------------------------------------------------------------------------
 // The public calls: each holds the tier's mutex for its whole body.
 
-void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) {
+void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce) {
   const std::size_t need = round(bytes);
   const Lock held = lock();
   // Before any change: a new segment's range and a split-off rest cannot fail, nor can
@@ -65,6 +65,16 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow) 
   }
   // (Nothing maps or unmaps between fit() and here.)
   const bool needs_map = r != nullptr && map_.base() != nullptr && !mapped;
+  // Growth past the budget, or to a new peak of reserved bytes, while free memory that no
+  // marker can be recorded for now (streams not seen since they freed it, maybe destroyed)
+  // could serve the request: the caller quiesces instead. (A new peak is reached a bounded
+  // number of times: at most once per growth step of the peak.)
+  if (quiesce != nullptr && may_grow && (r == nullptr || needs_map) &&
+      (past_budget(r, need) || budget_.raises_peak_reserved(growth_for(r, need))) &&
+      tags_.stranded(stream, need, map_.base() == nullptr)) {
+    *quiesce = true;
+    return nullptr;
+  }
   if (needs_map && !may_grow) return nullptr;  // would need a new granule: that is growing
   if (r != nullptr) {
     ranges_.remove_free(r);
@@ -124,6 +134,29 @@ std::uint64_t SegmentTier::mark_frees() noexcept {
 void SegmentTier::forget_streams(std::uint64_t mark) noexcept {
   const Lock held = lock();
   tags_.forget(mark);
+}
+
+bool SegmentTier::holds_stream(StreamKey key) const noexcept {
+  const Lock held = lock();
+  return tags_.holds(key);
+}
+
+bool SegmentTier::adopt_marker(StreamKey key, std::uint64_t marker, std::uint64_t mark) noexcept {
+  const Lock held = lock();
+  return tags_.adopt(key, marker, mark);
+}
+
+bool SegmentTier::stranded_segments() const noexcept {
+  if (options_.virtual_memory != nullptr) return false;
+  const Lock held = lock();
+  for (const Segment* segment : segments_) {
+    const Range* only = segment->first;
+    if (only->next == nullptr && only->state == Range::State::free && only->tag != kUntagged &&
+        options_.wants != nullptr && !always_recordable(only->tag)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 std::size_t SegmentTier::peak_growth_for(std::size_t bytes) const noexcept {

@@ -28,12 +28,15 @@
 // trim() gives back every wholly free segment.
 //
 // Streams (stream_tags.hpp): a range freed with a stream serves that stream at once and
-// any stream once a marker recorded on it has completed. Before growing, a segment tier
-// waits for the markers of wholly free segments that could serve the request (past the
-// budget: of every wholly free segment, which may then go back); a virtual tier takes back
-// the requester's own fenced ranges and, only past the budget, waits for the other
-// streams' fenced ranges that could serve it; within the budget it maps at once. Plain
-// frees are untagged.
+// any stream once a marker recorded on it has completed (or after a quiesce). A marker on a
+// caller's stream is only wanted here (stream_wants.hpp): that stream's next call records
+// it (adopt_marker). Before growing, a segment tier waits for the recorded markers of wholly
+// free segments that could serve the request (past the budget: of every wholly free
+// segment, which may then go back); a virtual tier takes back the requester's own fenced
+// ranges and, only past the budget, waits for the other streams' fenced ranges that could
+// serve it; within the budget it maps at once. Past the budget with ranges of wanted
+// streams that could serve (stranded), allocate() asks its caller to quiesce instead.
+// Plain frees are untagged.
 //
 // Invariants (under the mutex): reserved == sum of segment sizes (virtual mode: of mapped
 // runs) == used + free bytes (free includes tagged and pending ranges); the free-range
@@ -91,6 +94,9 @@ class SegmentTier {
     // Reserved may reach the tiers' peaks of used bytes plus this many 1024ths before growing
     // gives wholly free segments back (64: 1/16).
     std::size_t growth_headroom_1024 = 64;
+    // Where a caller's stream is wanted instead of recorded on (stream_tags.hpp); null:
+    // every stream is recorded on at once (a tier used on its own).
+    StreamWants* wants = nullptr;
   };
   using Counters = TierCounters;
 
@@ -105,7 +111,20 @@ class SegmentTier {
   // A range of round(bytes) usable on `stream` (kUntagged: any stream, completed work only).
   // Without may_grow: null when no free range fits. With it, a new segment (after giving
   // back the wholly free ones); throws the upstream's OutOfMemory or CudaError.
-  void* allocate(std::size_t bytes, StreamKey stream, bool may_grow);
+  // `quiesce` (may_grow only): growing would pass the budget while free ranges of wanted
+  // streams (stream_tags.hpp: stranded()) could serve the request or go back: nothing is
+  // done, *quiesce is set and null returned, so that the caller quiesces the device
+  // (outside any tier mutex) and asks again without it.
+  void* allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce = nullptr);
+  // The marker protocol of a wanted stream (DevicePoolCore::serve_want): whether `key` has
+  // free ranges here; after mark_frees() returned `mark` and `marker` was recorded on the
+  // stream, its ranges freed before the mark wait for the marker (false: none, the caller
+  // releases the marker).
+  bool holds_stream(StreamKey key) const noexcept;
+  bool adopt_marker(StreamKey key, std::uint64_t marker, std::uint64_t mark) noexcept;
+  // Wholly free segments of wanted streams exist (past the budget only a quiesce could
+  // give them back).
+  bool stranded_segments() const noexcept;
   // Returns a block from allocate(); `tag` is the freeing stream or kUntagged. False (and
   // nothing changed) when the block is not live here, or when `bytes` (0: not checked) is
   // not what allocate() was asked for, rounded (round(bytes)).

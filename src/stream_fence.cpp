@@ -67,7 +67,14 @@ void CudaEventFence::release(std::uint64_t marker) noexcept {
   events_->give_back(event_of(marker));
 }
 
-void CudaEventFence::quiesce() noexcept { cuda::synchronize_device(device_); }
+void CudaEventFence::quiesce() noexcept { (void)try_quiesce(); }
+
+bool CudaEventFence::try_quiesce() noexcept {
+  // Relaxed, as the event calls: another thread's capture in global mode neither refuses
+  // the synchronize nor is invalidated by it (work being captured is not queued yet).
+  const cuda::RelaxedCaptureMode relaxed;
+  return cuda::synchronize_device(device_);
+}
 
 std::uint64_t CudaEventFence::capture_of(cudaStream_t stream) noexcept {
   const cuda::CaptureInfo info = cuda::capture_info(stream);

@@ -33,5 +33,13 @@ inline StreamKey stream_key(cudaStream_t stream) noexcept {
 inline cudaStream_t fence_stream_of(StreamKey key) noexcept {
   return (key & kPerThreadKey) != 0 ? cudaStreamLegacy : reinterpret_cast<cudaStream_t>(key);
 }
+// A marker for `key`'s frees may be recorded at any time: it goes on the legacy default
+// stream (the null stream, cudaStreamLegacy, any thread's cudaStreamPerThread), which exists
+// as long as the context. Any other stream is the caller's and may have been destroyed since
+// its frees: it is recorded on only inside a call that passes it (stream_wants.hpp).
+inline bool always_recordable(StreamKey key) noexcept {
+  const cudaStream_t stream = fence_stream_of(key);
+  return stream == nullptr || stream == cudaStreamLegacy;
+}
 
 }  // namespace vram::detail

@@ -64,6 +64,10 @@ void StreamTags::fence(StreamKey key) noexcept {
 bool StreamTags::fence_stream(std::size_t slot) noexcept {
   FreeRanges::StreamIndex& stream = ranges_.streams()[slot];
   FreeRanges::Index& index = *stream.index;
+  if (wants_ != nullptr && !always_recordable(stream.key)) {
+    wants_->want(stream.key);  // recorded by the stream's next call (adopt)
+    return false;
+  }
   try {
     Pending p{fence_.record(fence_stream_of(stream.key)), stream.key, {}};
     p.ranges.reserve(index.size());
@@ -81,6 +85,43 @@ bool StreamTags::fence_stream(std::size_t slot) noexcept {
   }
   index.clear();
   return true;
+}
+
+bool StreamTags::adopt(StreamKey key, std::uint64_t marker, std::uint64_t mark) noexcept {
+  const std::size_t slot = ranges_.stream_slot(key);
+  if (slot == ranges_.streams().size()) return false;
+  Pending p{marker, key, {}};
+  try {
+    // Ranges freed after the mark may be used by work queued after the marker: they stay.
+    ranges_.streams()[slot].index->for_each([&p, mark](Range* r) {
+      if (r->epoch < mark) p.ranges.push_back(r);
+    });
+    if (p.ranges.empty()) return false;
+    pending_.push_back(std::move(p));
+  } catch (...) {  // no host memory: the ranges stay with their stream
+    return false;
+  }
+  for (Range* r : pending_.back().ranges) {
+    ranges_.remove_free(r);  // may drop the emptied index (slot not used after this)
+    r->state = Range::State::pending;
+    r->bin_prev = r->bin_next = nullptr;
+    r->index = nullptr;
+  }
+  return true;
+}
+
+bool StreamTags::stranded(StreamKey except, std::size_t need, bool whole_segments) const noexcept {
+  if (wants_ == nullptr) return false;
+  for (const FreeRanges::StreamIndex& stream : ranges_.streams()) {
+    if (stream.key == except || always_recordable(stream.key)) continue;
+    bool found = false;
+    stream.index->for_each([&](const Range* r) {
+      found = found || could_serve(r, need) ||
+              (whole_segments && r->prev == nullptr && r->next == nullptr);
+    });
+    if (found) return true;
+  }
+  return false;
 }
 
 bool StreamTags::take_back(StreamKey stream) noexcept {

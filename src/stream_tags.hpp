@@ -3,12 +3,20 @@
 //
 // Reuse rule (DevicePool::deallocate_async): a range freed with stream S is tagged S and
 // serves later requests on S at once. It becomes untagged (usable by any stream) only after
-// a StreamFence marker recorded on S has completed. Markers are recorded lazily, when
-// another stream's request would otherwise grow the tier or on trim, so a free costs no
-// event record: fencing a stream moves all its free ranges to one Pending entry (state
-// pending, unfiled) under one marker; polling untags the ranges of every completed marker
-// and files them as free again. A stream may take back its own pending ranges at any time
-// (they are safe for it in stream order).
+// a StreamFence marker recorded on S has completed, or after a device-wide quiesce that
+// began after its free (forget()). Markers are recorded lazily, when another stream's
+// request would otherwise grow the tier or on trim, so a free costs no event record:
+// fencing a stream moves all its free ranges to one Pending entry (state pending, unfiled)
+// under one marker; polling untags the ranges of every completed marker and files them as
+// free again. A stream may take back its own pending ranges at any time (they are safe for
+// it in stream order).
+//
+// Which streams a fence records on: with a StreamWants (a DevicePool's tiers), only those
+// that always_recordable() says exist whatever the caller did (the legacy default stream,
+// for the null stream and every cudaStreamPerThread). A caller's stream is only wanted
+// there: its marker is recorded by the next call that passes that stream (which proves it
+// alive), and handed here by adopt(). Without one (a tier on its own, in tests) every
+// stream is recorded on at once.
 //
 // Invariants: a pending range is in exactly one Pending entry, whose stream is its tag;
 // pending ranges never merge (so each keeps its own epoch) until untagged; every marker in
@@ -27,6 +35,7 @@
 #include "free_ranges.hpp"
 #include "granule_map.hpp"
 #include "stream_key.hpp"
+#include "stream_wants.hpp"
 #include "vram/stream_fence.hpp"
 
 namespace vram::detail {
@@ -37,8 +46,11 @@ class StreamTags {
 
   // `map`: the tier's granules (a virtual-memory tier's never-mapped bytes serve any stream
   // without a fence, see could_serve()).
-  StreamTags(StreamFence& fence, FreeRanges& ranges, const GranuleMap& map) noexcept
-      : fence_(fence), ranges_(ranges), map_(map) {}
+  // `wants`: where a caller's stream is wanted instead of recorded on (null: every stream
+  // is recorded on at once).
+  StreamTags(StreamFence& fence, FreeRanges& ranges, const GranuleMap& map,
+             StreamWants* wants) noexcept
+      : fence_(fence), ranges_(ranges), map_(map), wants_(wants) {}
   StreamTags(const StreamTags&) = delete;
   StreamTags& operator=(const StreamTags&) = delete;
 
@@ -59,6 +71,19 @@ class StreamTags {
   bool fence_other_streams(StreamKey except, std::size_t need = 0) noexcept;
   // Fences `key`'s stream, when it has an index of free ranges.
   void fence(StreamKey key) noexcept;
+  // `marker` was recorded on `key`'s stream after mark() returned `mark`: the stream's free
+  // ranges freed before the mark become one Pending entry under it. False (the caller
+  // releases the marker) when there was none.
+  bool adopt(StreamKey key, std::uint64_t marker, std::uint64_t mark) noexcept;
+  // Some free range of a stream other than `except` that no marker can be recorded for
+  // now (a wanted one) could serve `need` bytes, or (whole_segments) fills a whole segment:
+  // only a quiesce would free it for other streams now.
+  bool stranded(StreamKey except, std::size_t need, bool whole_segments) const noexcept;
+  // The stream has free ranges here.
+  bool holds(StreamKey key) const noexcept {
+    const std::size_t slot = ranges_.stream_slot(key);
+    return slot != ranges_.streams().size() && !ranges_.streams()[slot].index->empty();
+  }
   // The pending ranges of `stream` become its free ranges again (their markers are released
   // unawaited); false when there were none.
   bool take_back(StreamKey stream) noexcept;
@@ -112,6 +137,7 @@ class StreamTags {
   StreamFence& fence_;
   FreeRanges& ranges_;
   const GranuleMap& map_;
+  StreamWants* const wants_;
   std::vector<Pending> pending_;
   std::uint64_t epoch_ = 0;
 };

@@ -16,29 +16,47 @@
 //   way (give its lease to a vram::PendingWork, or use deallocate_async).
 //   deallocate_async(block, bytes, S): at once to later allocate_async(..., S) calls (stream
 //   order on S makes that safe); to any other stream, or to allocate(), only after the work
-//   queued on S at the free has completed. The pool records a marker (a recycled CUDA
-//   event, see stream_fence.hpp) on S lazily, when another stream needs the memory, and
-//   checks it without blocking on the allocation path, with one exception: a tier that
-//   must grow (the slow path: an upstream call) first waits on the host for the marker of
-//   each stream whose freed blocks fill a whole segment that could serve the request (or
-//   go back, when growing passes the budget below), holding the tier's mutex (a device
-//   upstream's free synchronizes the device anyway). The large tier over virtual memory,
-//   before it maps more, takes back the requesting stream's own blocks that a marker was
-//   recorded for (safe for it in stream order), records markers on the other streams whose
+//   queued on S at the free has completed: a marker (a recycled CUDA event, see
+//   stream_fence.hpp) recorded on S after the free has completed, or a device-wide quiesce
+//   (a device synchronize) began after it. A free records nothing. When another stream
+//   needs the memory (its tier would otherwise grow), the pool wants a marker on S: on the
+//   legacy default stream (the null stream, cudaStreamLegacy, every thread's
+//   cudaStreamPerThread) it records one at once; on any other stream the next
+//   allocate_async or deallocate_async that passes S records one, covering every free on S
+//   that reached the tiers before it. Only a call on S proves that S still exists, so the
+//   pool records on a caller's stream inside no other call (and under no tier mutex).
+//   Markers are checked without blocking on the allocation path, with one exception: a
+//   tier that must grow (the slow path: an upstream call) first waits on the host for the
+//   recorded marker of each stream whose freed blocks fill a whole segment that could serve
+//   the request (or go back, when growing passes the budget below), holding the tier's mutex
+//   (a device upstream's free synchronizes the device anyway). The large tier over virtual
+//   memory, before it maps more, takes back the requesting stream's own blocks that a marker
+//   was recorded for (safe for it in stream order), wants markers on the other streams whose
 //   freed blocks could serve the request (on every other stream with freed blocks when
-//   mapping would pass the budget below) and, past the budget, waits for those that could
-//   serve (never for a marker on the requesting stream): streams that free beside each
-//   other cannot make it grow without bound. So never call the pool from a
-//   cudaLaunchHostFunc/stream callback: it could wait for the stream it runs on. trim(), the
-//   out-of-memory retry and destruction record nothing on any stream: they wait for the device (a
-//   device synchronize) and then treat every stream-freed block as free for all.
+//   mapping would pass the budget below) and, past the budget, waits for those recorded that
+//   could serve (never for a marker on the requesting stream). When growing would pass the
+//   budget, or raise the peak of reserved bytes, while freed blocks of streams with no
+//   marker recorded (no call on them since) could serve the request or go back, the pool
+//   quiesces the device once instead (concurrent requests share one; none while a capture
+//   scope is open or for a request on a stream being captured; counted in
+//   stats().stream_quiesces) and then treats every block freed before it as free for all:
+//   streams that free beside each other cannot make it grow without bound. So never call the
+//   pool from a cudaLaunchHostFunc/stream callback: it could wait for the stream it runs on.
+//   trim(), the out-of-memory retry and destruction record nothing on any stream: they
+//   quiesce the device and then treat every stream-freed block as free for all.
 //   allocate_async(bytes, S) hands out blocks that are free on S or completed.
-//   Stream lifetime: S must stay valid while blocks freed on it wait in the pool, because
-//   the lazy marker is recorded on S when another stream needs the memory. Destroy S only
-//   after its blocks were reused, or after a trim() that no deallocate_async(..., S) on
-//   another thread raced and that no thread inside a slow pool call (an upstream
-//   allocation) was still holding S's blocks for (PyTorch never destroys its streams, so
-//   its plug-in never meets this). Destroying the pool after S is safe.
+//   Stream lifetime: S may be destroyed once its work has completed (cudaStreamSynchronize,
+//   then cudaStreamDestroy, as a request handler does when done) with blocks freed on it
+//   still waiting in the pool: no extra call is needed, nothing is recorded on S after the
+//   last call that passed it, and its blocks reach other streams after a quiesce (or after a
+//   marker its last call recorded). The pool tells streams apart by handle: a new stream that
+//   the driver gives the handle of a destroyed S takes S's freed blocks as its own at once,
+//   which is safe because S's work has completed; so do not destroy S with work still queued
+//   that uses blocks freed on it. The cost of destroying: the blocks of a stream not seen
+//   again wait for the next quiesce (growth past the budget or to a new peak, the
+//   out-of-memory retry, trim()); a workload whose streams free blocks that other streams
+//   then need pays a device synchronize for each such growth (bench/RESULTS.md has the
+//   counts on the recorded traces). Destroying the pool after S is safe.
 //   CUDA graphs: a stream being captured never gets a stream marker (its freed blocks stay
 //   its own until the capture ends and another request records one), and the pool's event calls
 //   run in relaxed capture mode (as PyTorch's allocator's do), so they do not invalidate a
@@ -173,7 +191,15 @@ struct DevicePoolStats {
   // through the upstream).
   std::uint64_t upstream_allocations = 0;
   std::uint64_t upstream_frees = 0;
-  std::uint64_t oom_retries = 0;       // upstream OutOfMemory answered by trim + retry
+  std::uint64_t oom_retries = 0;  // upstream OutOfMemory answered by trim + retry
+  // Device-wide quiesces (a device synchronize, see "Stream lifetime"): every one the pool
+  // made (trim, the out-of-memory retry, destruction, and growth past the budget), and of
+  // those, the ones growth past the budget made for blocks of streams not seen since they
+  // freed them. stream_marker_wants: how often a request wanted a marker on a caller's stream
+  // (recorded by that stream's next stream-ordered call).
+  std::uint64_t quiesces = 0;
+  std::uint64_t stream_quiesces = 0;
+  std::uint64_t stream_marker_wants = 0;
   std::uint64_t invalid_releases = 0;  // rejected by validate_releases
   std::size_t bytes_in_use = 0;        // block bytes handed out (block_bytes()) and not released
   std::size_t bytes_cached = 0;        // reserved and not in use: caches, rings, free ranges

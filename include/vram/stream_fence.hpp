@@ -5,7 +5,15 @@
 // DevicePool's stream-ordered release (deallocate_async) hands a block to another stream
 // only after the work queued on the freeing stream has completed. It asks a StreamFence:
 // record(stream) marks "everything queued on `stream` up to now", completed(marker) checks
-// it without blocking, wait(marker) blocks, release(marker) recycles it.
+// it without blocking, wait(marker) blocks, release(marker) recycles it, quiesce() waits for
+// every stream.
+//
+// Which streams the pool passes to record(): the legacy default stream (null or
+// cudaStreamLegacy) at any time, and a caller's stream S only inside an allocate_async or
+// deallocate_async that passes S (the caller may destroy S after its last call: the pool
+// never records on it later). A marker, once recorded, may be checked, waited for and
+// released after its stream was destroyed (a CUDA event outlives its stream). A custom
+// fence may rely on this.
 //
 //   CudaEventFence   CUDA events, recycled (never created per free once warm); the default
 //                    of a pool over device memory.
@@ -45,8 +53,15 @@ class StreamFence {
   // The marker is no longer needed.
   virtual void release(std::uint64_t marker) noexcept = 0;
   // Blocks until all work queued so far on every stream has completed, without touching
-  // any stream (used by trim and destruction: a stream that freed blocks may be gone).
+  // any stream (used by trim, destruction, the out-of-memory retry and growth past the
+  // budget: a stream that freed blocks may be gone).
   virtual void quiesce() noexcept = 0;
+  // quiesce(), saying whether it is known to have completed: false (e.g. the synchronize
+  // failed) and the pool treats no stream's frees as complete.
+  virtual bool try_quiesce() noexcept {
+    quiesce();
+    return true;
+  }
   // The id of the CUDA graph capture `stream` is in, 0 when it is not being captured (or
   // the fence cannot tell): DevicePool keeps blocks a capture without a scope touches out
   // of the shared tiers (device_pool.hpp, "CUDA graphs"). Never called for the legacy stream.
@@ -83,6 +98,7 @@ class ManualFence final : public StreamFence {
   // The emulated device finishes everything queued (as a device synchronize would).
   void quiesce() noexcept override {
     std::lock_guard lock(mutex_);
+    ++quiesces_;
     completed_ = recorded_;
   }
   void complete(std::uint64_t marker) {
@@ -117,10 +133,16 @@ class ManualFence final : public StreamFence {
     std::lock_guard lock(mutex_);
     return waits_;
   }
+  // Quiesces the pool made (each completes everything, as a device synchronize would).
+  std::uint64_t quiesces() const {
+    std::lock_guard lock(mutex_);
+    return quiesces_;
+  }
 
  private:
   mutable std::mutex mutex_;
   std::uint64_t waits_ = 0;
+  std::uint64_t quiesces_ = 0;
   std::uint64_t recorded_ = 0;
   std::uint64_t completed_ = 0;
   std::vector<std::pair<cudaStream_t, std::uint64_t>> captures_;
@@ -137,8 +159,10 @@ class CudaEventFence final : public StreamFence {
   bool completed(std::uint64_t marker) noexcept override;
   void wait(std::uint64_t marker) noexcept override;
   void release(std::uint64_t marker) noexcept override;
-  // A device synchronize on the fence's device (errors, e.g. at driver shutdown, ignored).
+  // A device synchronize on the fence's device (errors, e.g. at driver shutdown, ignored;
+  // try_quiesce() reports them).
   void quiesce() noexcept override;
+  bool try_quiesce() noexcept override;
   std::uint64_t capture_of(cudaStream_t stream) noexcept override;
   std::size_t events_created() const;
 

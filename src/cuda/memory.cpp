@@ -123,12 +123,13 @@ bool try_synchronize_stream(cudaStream_t stream) noexcept {
   return succeeded(cudaStreamSynchronize(stream));
 }
 
-void synchronize_device(int device) noexcept {
+bool synchronize_device(int device) noexcept {
   int previous = -1;
   if (!succeeded(cudaGetDevice(&previous))) previous = -1;
-  if (previous != device && !succeeded(cudaSetDevice(device))) return;
-  (void)succeeded(cudaDeviceSynchronize());
+  if (previous != device && !succeeded(cudaSetDevice(device))) return false;
+  const bool done = succeeded(cudaDeviceSynchronize());
   if (previous >= 0 && previous != device) (void)succeeded(cudaSetDevice(previous));
+  return done;
 }
 
 void set_current_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }

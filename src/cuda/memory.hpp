@@ -66,8 +66,8 @@ void synchronize_stream(cudaStream_t stream);
 // As synchronize_stream(); false (the failure cleared) when it failed.
 bool try_synchronize_stream(cudaStream_t stream) noexcept;
 // cudaDeviceSynchronize on `device` (made current for the call, then restored); errors,
-// e.g. at driver shutdown, are cleared.
-void synchronize_device(int device) noexcept;
+// e.g. at driver shutdown, are cleared. False when it failed (nothing is known complete).
+bool synchronize_device(int device) noexcept;
 // cudaSetDevice for the calling thread; throws vram::CudaError.
 void set_current_device(int device);
 

@@ -47,10 +47,13 @@ class DevicePoolAdapter final : public ReplayAllocator {
   bool stream_ordered() const override { return device_; }
   // Host-only there are no CUDA streams: a stand-in handle per trace stream, so the pool
   // runs the same stream-ordered code as on a device (its host fence completes at once
-  // and the handle is only compared, never used).
+  // and the handle is only compared, never used). The handles avoid the special ones (the
+  // null stream, cudaStreamLegacy, cudaStreamPerThread), which the pool treats otherwise:
+  // each trace stream is a caller's stream, as on a device.
   cudaStream_t handle(ReplayStream stream) const noexcept {
     return device_ ? stream.handle
-                   : reinterpret_cast<cudaStream_t>(static_cast<std::uintptr_t>(stream.index) + 1);
+                   : reinterpret_cast<cudaStream_t>((static_cast<std::uintptr_t>(stream.index) + 1)
+                                                    << 8);
   }
   std::size_t peak_reserved_bytes() override { return pool_.stats().peak_bytes_reserved; }
   std::optional<std::uint64_t> upstream_allocations() override {

@@ -1,0 +1,427 @@
+// Streams the caller destroys: a stream synchronized and then destroyed (as a request
+// handler does when done) never has a marker recorded on it later, and its freed blocks
+// reach other streams only after its work completed (a marker recorded by one of its own
+// calls, or a device-wide quiesce). Host-only with an emulated device (StreamLifetimeFence:
+// work runs when its stream is synchronized, records on destroyed streams are counted);
+// on a GPU with kernels that write and check owner tags.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gpu_test_policy.hpp"
+#include "test_fences.hpp"
+#include "test_upstreams.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram/cuda/stream.hpp"
+#include "vram/device_pool.hpp"
+#include "vram/units.hpp"
+#include "vram/upstream.hpp"
+#ifdef VRAM_HAVE_TEST_KERNELS
+#include "test_kernels.hpp"
+#endif
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+
+DevicePool::Options emulated(std::shared_ptr<StreamFence> fence, bool virtual_memory) {
+  DevicePool::Options options;
+  options.fence = std::move(fence);
+  options.large_tier_memory =
+      virtual_memory ? LargeTierMemory::virtual_memory : LargeTierMemory::segments;
+  options.small_block_max_bytes = std::size_t{256} << 10;
+  options.virtual_reservation_bytes = 1_GiB;
+  options.virtual_map_ahead_bytes = 0;
+  options.validate_releases = false;
+  return options;
+}
+
+// s1 frees a block, synchronizes and is destroyed; s2 then needs the memory past the
+// growth budget: the pool quiesces (once) instead of recording on s1, and s2 gets the block.
+TEST(DevicePoolDestroyedStreams, AStreamDestroyedAfterSynchronizingIsNeverRecordedOn) {
+  for (const bool virtual_memory : {true, false}) {
+    SCOPED_TRACE(virtual_memory ? "virtual memory" : "segments");
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto fence = std::make_shared<StreamLifetimeFence>();
+    auto options = emulated(fence, virtual_memory);
+    options.large_segment_bytes = 4_MiB;  // a 4 MiB block fills its segment
+    {
+      DevicePool pool(upstream, options);
+      const cudaStream_t s2 = fence->create();
+      void* b = pool.allocate_async(4_MiB, s2);
+      const cudaStream_t s1 = fence->create();
+      void* a = pool.allocate_async(4_MiB, s1);
+      pool.deallocate_async(a, 4_MiB, s1);
+      fence->synchronize(s1);
+      fence->destroy(s1);
+      const std::size_t reserved = pool.stats().bytes_reserved;
+      void* c = pool.allocate_async(4_MiB, s2);
+      EXPECT_EQ(fence->records_on_destroyed(), 0U) << "a marker on the destroyed s1";
+      EXPECT_EQ(c, a) << "s1's block, after the quiesce";
+      EXPECT_EQ(pool.stats().stream_quiesces, 1U);
+      EXPECT_EQ(pool.stats().bytes_reserved, reserved) << "nothing new taken";
+      pool.deallocate_async(b, 4_MiB, s2);
+      pool.deallocate_async(c, 4_MiB, s2);
+      fence->synchronize(s2);
+      fence->destroy(s2);
+      pool.trim(0);
+      EXPECT_EQ(fence->records_on_destroyed(), 0U) << "trim recorded on a destroyed stream";
+      EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    }
+    EXPECT_EQ(fence->records_on_destroyed(), 0U) << "destruction recorded on a destroyed stream";
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+    EXPECT_EQ(upstream->bad_frees(), 0U);
+  }
+}
+
+// Within the budget and below the peak of reserved bytes, a request on s2 only wants s1's
+// marker; s1's next call records it (one marker for all of s1's earlier frees), and once
+// s1's work has run a third stream reuses s1's block with no quiesce.
+TEST(DevicePoolDestroyedStreams, AWantedMarkerIsRecordedByTheStreamsNextCall) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<StreamLifetimeFence>();
+  auto options = emulated(fence, true);
+  options.growth_headroom = 1.0;  // s2's growth stays within the budget
+  DevicePool pool(upstream, options);
+  const cudaStream_t s1 = fence->create();
+  const cudaStream_t s2 = fence->create();
+  const cudaStream_t s3 = fence->create();
+  pool.deallocate(pool.allocate(16_MiB), 16_MiB);
+  pool.trim(0);  // the peak of reserved bytes stays 16 MiB
+  ASSERT_EQ(pool.stats().bytes_reserved, 0U);
+  const std::uint64_t quiesces = pool.stats().quiesces;
+  void* keep = pool.allocate_async(4_MiB, s2);
+  void* a = pool.allocate_async(4_MiB, s1);
+  pool.deallocate_async(a, 4_MiB, s1);
+  void* b = pool.allocate_async(4_MiB, s2);
+  EXPECT_NE(b, a) << "s1's work may still use a";
+  EXPECT_EQ(fence->records(), 0U) << "nothing recorded on s1 inside a call on s2";
+  EXPECT_EQ(pool.stats().stream_marker_wants, 1U);
+  void* t = pool.allocate_async(256, s1);  // s1's next call records its marker
+  EXPECT_EQ(fence->records(), 1U);
+  pool.deallocate_async(t, 256, s1);
+  fence->synchronize(s1);  // s1's work has run: the marker completes
+  void* d = pool.allocate_async(4_MiB, s3);
+  EXPECT_EQ(d, a) << "s1's block once its marker completed";
+  EXPECT_EQ(pool.stats().quiesces, quiesces) << "no quiesce after the trim";
+  for (void* block : {keep, b, d}) pool.deallocate(block, 4_MiB);
+  pool.trim(0);
+  EXPECT_EQ(fence->records_on_destroyed(), 0U);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// A request on a stream being captured (no scope: the pool routes it to the capture's own
+// graph pool) that would grow past the budget while a destroyed stream's block waits: no
+// quiesce during the capture (a device synchronize would invalidate it); the next request
+// after the capture quiesces and takes the block.
+TEST(DevicePoolDestroyedStreams, AStreamBeingCapturedNeverMakesThePoolQuiesce) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<ManualFence>();
+  {
+    DevicePool pool(upstream, emulated(fence, true));
+    const auto s1 = reinterpret_cast<cudaStream_t>(0x1000);
+    const auto s2 = reinterpret_cast<cudaStream_t>(0x2000);
+    const auto s3 = reinterpret_cast<cudaStream_t>(0x3000);
+    void* b = pool.allocate_async(4_MiB, s2);
+    void* a = pool.allocate_async(4_MiB, s1);
+    pool.deallocate_async(a, 4_MiB, s1);  // s1 is then destroyed
+    fence->set_capture(s2, 7);
+    void* c = pool.allocate_async(4_MiB, s2);
+    EXPECT_EQ(fence->quiesces(), 0U) << "a device synchronize during the capture";
+    EXPECT_NE(c, a);
+    fence->set_capture(s2, 0);
+    void* d = pool.allocate_async(4_MiB, s3);
+    EXPECT_EQ(pool.stats().stream_quiesces, 1U);
+    EXPECT_EQ(d, a) << "s1's block after the quiesce";
+    EXPECT_EQ(fence->recorded(), 0U) << "a marker on s1 outside a call on s1";
+    pool.deallocate_async(b, 4_MiB, s2);
+    pool.deallocate_async(c, 4_MiB, s2);
+    pool.deallocate_async(d, 4_MiB, s3);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// A block in flight between threads: freed by the receiver on its own stream, once the
+// owner's stream has run the owner's work on it.
+struct Handoff {
+  void* block;
+  std::size_t bytes;
+  std::uint64_t tag;
+};
+
+class HandoffQueue {
+ public:
+  void push(Handoff h) {
+    std::lock_guard lock(mutex_);
+    queue_.push_back(h);
+  }
+  bool pop(Handoff& h) {
+    std::lock_guard lock(mutex_);
+    if (queue_.empty()) return false;
+    h = queue_.front();
+    queue_.pop_front();
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::deque<Handoff> queue_;
+};
+
+std::size_t random_bytes(std::mt19937_64& random) {
+  // Mostly small classes (thread caches, rings, the small tier), a quarter large blocks.
+  if (random() % 4 == 0) return 1_MiB + 512 * (random() % 6144);  // 1 .. 4 MiB
+  return 256 + 256 * (random() % 1024);                           // 256 B .. 256 KiB
+}
+
+// 16 threads, each creating a stream per batch, allocating on it, writing its tag into
+// every block and queueing a check of the tag on the stream (the emulated kernel), then
+// freeing 80% of the blocks on the stream before its work ran, synchronizing and destroying
+// it. The other 20% go to another thread, which checks the tag and frees them on its own
+// stream. Asserted: no record on a destroyed stream, no tag overwritten before its check,
+// every block back, and memory bounded although most frees are on streams never seen again.
+// recycle_handles: later streams may get a destroyed stream's handle, as from the driver
+// (they then take its freed blocks as their own at once); without it, none is seen again.
+void run_destroyed_streams(bool virtual_memory, bool recycle_handles) {
+  constexpr int kThreads = 16;
+  constexpr int kBatches = 100;
+  constexpr int kBlocks = 8;
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<StreamLifetimeFence>(recycle_handles);
+  auto options = emulated(fence, virtual_memory);
+  options.thread_cache_max_bytes = 1_MiB;
+  std::atomic<std::uint64_t> mismatches{0};
+  std::atomic<std::int64_t> live{0};
+  std::atomic<std::int64_t> peak_live{0};
+  std::atomic<std::uint64_t> frees_on_destroyed_streams{0};
+  HandoffQueue handoffs;
+  auto note_live = [&](std::int64_t delta) {
+    const std::int64_t now = live.fetch_add(delta) + delta;
+    std::int64_t peak = peak_live.load();
+    while (now > peak && !peak_live.compare_exchange_weak(peak, now)) {
+    }
+  };
+  auto check = [&mismatches](void* block, std::uint64_t tag) {
+    std::uint64_t seen = 0;
+    std::memcpy(&seen, block, sizeof seen);
+    if (seen != tag) mismatches.fetch_add(1);
+  };
+  DevicePoolStats stats;
+  {
+    DevicePool pool(upstream, options);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 random(0x5eed + static_cast<std::uint64_t>(t));
+        std::uint64_t tag = static_cast<std::uint64_t>(t + 1) << 40;
+        for (int batch = 0; batch < kBatches; ++batch) {
+          const cudaStream_t s = fence->create();
+          std::vector<Handoff> mine;
+          for (int i = 0; i < kBlocks; ++i) {
+            const std::size_t bytes = random_bytes(random);
+            void* block = pool.allocate_async(bytes, s);
+            note_live(static_cast<std::int64_t>(bytes));
+            ++tag;
+            std::memcpy(block, &tag, sizeof tag);  // the "kernel" writes the owner tag now
+            fence->enqueue(s, [&check, block, tag] { check(block, tag); });  // and checks later
+            mine.push_back({block, bytes, tag});
+          }
+          // Blocks another thread handed over: still this tag's (live), freed on s.
+          for (Handoff h; handoffs.pop(h);) {
+            fence->enqueue(s, [&check, h] { check(h.block, h.tag); });
+            pool.deallocate_async(h.block, h.bytes, s);
+            note_live(-static_cast<std::int64_t>(h.bytes));
+          }
+          std::vector<Handoff> handed;
+          for (const Handoff& h : mine) {
+            if (random() % 5 == 0) {
+              handed.push_back(h);
+            } else {
+              pool.deallocate_async(h.block, h.bytes, s);  // s's check has not run yet
+              note_live(-static_cast<std::int64_t>(h.bytes));
+              frees_on_destroyed_streams.fetch_add(1);
+            }
+          }
+          fence->synchronize(s);
+          fence->destroy(s);
+          for (const Handoff& h : handed) handoffs.push(h);
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    for (Handoff h; handoffs.pop(h);) {
+      check(h.block, h.tag);
+      pool.deallocate(h.block, h.bytes);
+      note_live(-static_cast<std::int64_t>(h.bytes));
+    }
+    stats = pool.stats();
+    EXPECT_EQ(stats.bytes_in_use, 0U);
+    EXPECT_EQ(stats.acquires, stats.releases);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  std::printf(
+      "[destroyed-streams] %s, %s: %llu streams, %llu frees on streams then destroyed, peak live "
+      "%.1f MiB, peak reserved %.1f MiB, %llu markers, %llu wanted, %llu quiesces (%llu for "
+      "growth)\n",
+      virtual_memory ? "virtual" : "segments", recycle_handles ? "handles recycled" : "new handles",
+      static_cast<unsigned long long>(fence->streams_created()),
+      static_cast<unsigned long long>(frees_on_destroyed_streams.load()),
+      static_cast<double>(peak_live.load()) / (1 << 20),
+      static_cast<double>(stats.peak_bytes_reserved) / (1 << 20),
+      static_cast<unsigned long long>(fence->records()),
+      static_cast<unsigned long long>(stats.stream_marker_wants),
+      static_cast<unsigned long long>(stats.quiesces),
+      static_cast<unsigned long long>(stats.stream_quiesces));
+  EXPECT_EQ(fence->records_on_destroyed(), 0U) << "a marker recorded on a destroyed stream";
+  EXPECT_EQ(mismatches.load(), 0U) << "a block reached another owner before its stream's work ran";
+  EXPECT_EQ(live.load(), 0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+  // Bounded: the frees on destroyed streams came to far more than this (each batch frees
+  // about 1 MiB on a stream never seen again), and only quiesces could give them back.
+  const std::size_t bound = 2 * static_cast<std::size_t>(peak_live.load()) + 128_MiB;
+  EXPECT_LE(stats.peak_bytes_reserved, bound);
+  EXPECT_LE(stats.stream_quiesces, stats.quiesces);
+  EXPECT_LE(stats.quiesces, fence->quiesces()) << "a quiesce counted that did not happen";
+  if (!recycle_handles) EXPECT_GT(stats.stream_quiesces, 0U) << "no stream is seen again";
+}
+
+TEST(DevicePoolDestroyedStreams, SixteenThreadsCreateAndDestroyStreamsPerBatchVirtual) {
+  run_destroyed_streams(true, true);
+  run_destroyed_streams(true, false);
+}
+TEST(DevicePoolDestroyedStreams, SixteenThreadsCreateAndDestroyStreamsPerBatchSegments) {
+  run_destroyed_streams(false, true);
+  run_destroyed_streams(false, false);
+}
+
+#ifdef VRAM_HAVE_TEST_KERNELS
+double gpu_seconds() {
+  const char* text = std::getenv("VRAM_STRESS_SECONDS");
+  return text ? std::atof(text) : 2.0;
+}
+
+struct GpuHandoff {
+  void* block;
+  std::size_t bytes;
+  std::uint32_t tag;
+};
+
+// The same pattern on a GPU: 16 threads, a CUDA stream created and destroyed per batch,
+// kernels fill every block with the owner's tag and, after a spin that keeps the work
+// queued past the free, count the words that differ. 20% of the blocks go to another thread
+// once the owner's stream is synchronized; it checks the tag on its own stream and frees them
+// there.
+TEST(DevicePoolDestroyedStreamsGpu, SixteenThreadsKernelsCheckOwnerTagsOnStreamsDestroyedPerBatch) {
+  VRAM_GPU_TEST_OR_SKIP();
+  constexpr int kThreads = 16;
+  constexpr int kBlocks = 8;
+  constexpr std::size_t kCheckedBytes = 1_MiB;  // of each block, from its start
+  DevicePool pool(0, DevicePool::Options{.max_cached_bytes = 256_MiB});
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> batches{0};
+  std::atomic<std::uint64_t> blocks{0};
+  std::mutex handoff_mutex;
+  std::deque<GpuHandoff> handoffs;
+  std::vector<unsigned long long> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 random(0xbeef + static_cast<std::uint64_t>(t));
+      unsigned long long* counter = nullptr;
+      cuda::check(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof *counter), "cudaMalloc");
+      cuda::check(cudaMemset(counter, 0, sizeof *counter), "cudaMemset");
+      std::uint32_t tag = static_cast<std::uint32_t>(t + 1) << 24;
+      while (!stop.load(std::memory_order_relaxed)) {
+        std::vector<GpuHandoff> handed;
+        {
+          cuda::Stream stream;
+          const cudaStream_t s = stream.get();
+          for (int i = 0; i < kBlocks; ++i) {
+            const std::size_t bytes = random() % 4 == 0 ? 1_MiB + 512 * (random() % 14336)
+                                                        : 256 + 256 * (random() % 4096);
+            void* block = pool.allocate_async(bytes, s);
+            const std::size_t words = std::min(bytes, kCheckedBytes) / 4;
+            ++tag;
+            launch_fill(block, words, tag, s);
+            launch_spin_then_fill(counter, 0, 0, 2'000, s);  // keeps the check queued
+            launch_count_mismatches(block, words, tag, counter, s);
+            if (random() % 5 == 0) {
+              handed.push_back({block, bytes, tag});
+            } else {
+              pool.deallocate_async(block, bytes, s);  // the check may still be queued
+            }
+            blocks.fetch_add(1, std::memory_order_relaxed);
+          }
+          // Blocks other threads handed over: their owners' streams are synchronized; the
+          // block is still theirs (live), so it still holds their tag.
+          for (;;) {
+            GpuHandoff h;
+            {
+              std::lock_guard lock(handoff_mutex);
+              if (handoffs.empty()) break;
+              h = handoffs.front();
+              handoffs.pop_front();
+            }
+            launch_count_mismatches(h.block, std::min(h.bytes, kCheckedBytes) / 4, h.tag, counter,
+                                    s);
+            pool.deallocate_async(h.block, h.bytes, s);
+          }
+          stream.synchronize();
+        }  // the stream is destroyed here, synchronized, as a request handler does
+        {
+          std::lock_guard lock(handoff_mutex);
+          for (const GpuHandoff& h : handed) handoffs.push_back(h);
+        }
+        batches.fetch_add(1, std::memory_order_relaxed);
+      }
+      cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      cuda::check(cudaMemcpy(&mismatches[t], counter, sizeof *counter, cudaMemcpyDeviceToHost),
+                  "cudaMemcpy");
+      cudaFree(counter);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(gpu_seconds()));
+  stop = true;
+  for (auto& thread : threads) thread.join();
+  // What is left in flight: the owners' streams ran their work; freed with no stream.
+  for (const GpuHandoff& h : handoffs) pool.deallocate(h.block, h.bytes);
+  handoffs.clear();
+  const DevicePoolStats stats = pool.stats();
+  std::printf(
+      "[destroyed-streams-gpu] %llu batches (a stream each), %llu blocks, peak reserved %.1f "
+      "MiB, %llu wanted markers, %llu quiesces (%llu for growth)\n",
+      static_cast<unsigned long long>(batches.load()),
+      static_cast<unsigned long long>(blocks.load()),
+      static_cast<double>(stats.peak_bytes_reserved) / (1 << 20),
+      static_cast<unsigned long long>(stats.stream_marker_wants),
+      static_cast<unsigned long long>(stats.quiesces),
+      static_cast<unsigned long long>(stats.stream_quiesces));
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(mismatches[t], 0U) << "thread " << t << " saw a block overwritten";
+  }
+  EXPECT_EQ(stats.bytes_in_use, 0U);
+  EXPECT_EQ(stats.acquires, stats.releases);
+  EXPECT_GT(batches.load(), static_cast<std::uint64_t>(kThreads));
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+#endif
+
+}  // namespace
+}  // namespace vram::testing
