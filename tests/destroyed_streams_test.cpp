@@ -131,7 +131,9 @@ TEST(DevicePoolDestroyedStreams, AStreamBeingCapturedNeverMakesThePoolQuiesce) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<ManualFence>();
   {
-    DevicePool pool(upstream, emulated(fence, true));
+    DevicePool::Options options = emulated(fence, true);
+    options.detect_unscoped_capture = true;  // the pool sees the capture (off by default)
+    DevicePool pool(upstream, options);
     const auto s1 = reinterpret_cast<cudaStream_t>(0x1000);
     const auto s2 = reinterpret_cast<cudaStream_t>(0x2000);
     const auto s3 = reinterpret_cast<cudaStream_t>(0x3000);
