@@ -157,12 +157,18 @@ def run_arch(arch, args, dev, rate, log):
 
     # All resident.
     gen(model, prompt, 2)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+        weights = torch.cuda.memory_allocated(dev)
     ms, ref_tokens = decode_ms(model, prompt, dev, n1, n2, reps=2)
     res["resident_ms_per_token"] = ms
     gen(model, long_prompt, 1)
     res["resident_prefill_ms"] = prefill_ms(model, long_prompt, dev, args.prefill_reps)
+    if dev.type == "cuda":
+        res["resident_activation_peak"] = torch.cuda.max_memory_allocated(dev) - weights
     log(f"[{arch}] resident: {ms:.2f} ms/token, prefill {args.long_prompt}: "
-        f"{res['resident_prefill_ms']:.1f} ms")
+        f"{res['resident_prefill_ms']:.1f} ms, activations peak "
+        f"{res.get('resident_activation_peak', 0) / GiB:.2f} GiB")
     if dev.type == "cuda":
         model.cpu()
         torch.cuda.empty_cache()
@@ -314,7 +320,9 @@ def table(results, rate):
                 notes.append(f"{st['effective_gbps']:.1f} GB/s copies, stalls "
                              f"{st['stalled']}/{st['stall_samples']}")
             if e.get("peak_device_bytes"):
-                notes.append(f"peak device {e['peak_device_bytes'] / GiB:.2f} GiB")
+                limit = r["budget_bytes"] + r.get("resident_activation_peak", 0)
+                notes.append(f"peak device {e['peak_device_bytes'] / GiB:.2f} GiB (budget + "
+                             f"resident activations {limit / GiB:.2f})")
             if key == "accelerate" and r.get("vram_leaf", {}).get("ms_per_token"):
                 notes.append(f"vram leaf is {e['ms_per_token'] / r['vram_leaf']['ms_per_token']:.1f}x faster")
             lines.append(f"| {name} | {key} | {e['ms_per_token']:.2f} | {pre_s} | {vs} | "

@@ -574,6 +574,13 @@ class Offload:
             self._candidate = None
             return
         self.order_changes += 1
+        if self.order_changes == 1 and self.forwards > 1 and self.verbose:
+            print(f"vram_torch.offload: forward {self.forwards} used the pieces in another "
+                  f"order than the schedule: what was not prefetched was paged in on demand "
+                  f"(stats()['out_of_order']); "
+                  + ("the schedule is relearned once two forwards in a row follow the same "
+                     "order." if self.relearn else "relearn=False keeps the schedule."),
+                  file=sys.stderr)
         if not self.relearn or any(self._holds):
             return
         first = self.forwards == 1 and not self._given_schedule
