@@ -174,14 +174,15 @@ def run_arch(arch, args, dev, rate, log):
         torch.cuda.empty_cache()
         gc.collect()
 
-    def offloaded(label, n_a, n_b, prefill, **kw):
-        entry = {}
+    def offloaded(label, n_a, n_b, prefill, budget_bytes=None, **kw):
+        entry = {"budget_bytes": budget_bytes or budget}
         try:
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
                 base = torch.cuda.memory_allocated(dev)
             t = time.perf_counter()
-            handle = vram_torch.offload(model, budget, device=0, host_double=dev.type == "cpu",
+            handle = vram_torch.offload(model, entry["budget_bytes"], device=0,
+                                        host_double=dev.type == "cpu",
                                         verbose=False, small_bytes=args.small_bytes, **kw)
             entry["offload_seconds"] = time.perf_counter() - t
             entry["report"] = {k: v for k, v in handle.report().items() if k != "piece_names"}
@@ -226,19 +227,22 @@ def run_arch(arch, args, dev, rate, log):
                                  prefetch_depth=args.depth)
     res["vram_param"] = offloaded("vram param", n1, n2, False, granularity="param",
                                   prefetch_depth=args.depth)
-    res["vram_leaf_depth4"] = offloaded("vram leaf depth 4", n1, short, False,
-                                        granularity="leaf", prefetch_depth=4)
+    res["vram_leaf_depth1"] = offloaded("vram leaf depth 1", n1, n2, True,
+                                        granularity="leaf", prefetch_depth=1)
+    third = model_bytes // 3
+    res["vram_leaf_depth1_third"] = offloaded("vram leaf depth 1, budget = model / 3", n1,
+                                              short, False, budget_bytes=third,
+                                              granularity="leaf", prefetch_depth=1)
     res["vram_unit"] = offloaded("vram unit", n1, short, False, granularity="unit",
                                  prefetch_depth=1)
     res["vram_pageable"] = offloaded("vram pageable", n1, short, False, granularity="leaf",
                                      host="pageable", prefetch_depth=args.depth)
     # Hooks and views only: a budget that holds everything (nothing streams).
-    saved = budget
-    budget = int(model_bytes * 1.05) + (64 << 20)
-    res["vram_everything_resident"] = offloaded("vram, budget holds all", n1, short, False,
-                                                granularity="leaf")
-    budget = saved
-    for key in ("vram_leaf", "vram_param", "vram_leaf_depth4", "vram_unit", "vram_pageable"):
+    res["vram_everything_resident"] = offloaded(
+        "vram, budget holds all", n1, short, False,
+        budget_bytes=int(model_bytes * 1.05) + (64 << 20), granularity="leaf")
+    for key in ("vram_leaf", "vram_leaf_depth1", "vram_param", "vram_leaf_depth1_third",
+                "vram_unit", "vram_pageable"):
         streamed = res[key].get("report", {}).get("streamed_bytes_per_forward")
         if streamed and rate:
             res[key]["link_bound_ms"] = streamed / (rate * 1e9) * 1e3
@@ -294,8 +298,8 @@ def table(results, rate):
         name = f"{r['arch']} {r['model_bytes'] / GiB:.2f} GiB, budget {r['budget_bytes'] / GiB:.2f} GiB"
         lines.append(f"| {name} | all resident | {r['resident_ms_per_token']:.2f} | "
                      f"{r['resident_prefill_ms']:.1f} | | ref | |")
-        for key in ("vram_leaf", "vram_param", "vram_leaf_depth4", "vram_unit", "vram_pageable",
-                    "vram_everything_resident", "accelerate"):
+        for key in ("vram_leaf", "vram_leaf_depth1", "vram_param", "vram_leaf_depth1_third",
+                    "vram_unit", "vram_pageable", "vram_everything_resident", "accelerate"):
             e = r.get(key)
             if not e:
                 continue
@@ -325,7 +329,10 @@ def table(results, rate):
                              f"resident activations {limit / GiB:.2f})")
             if key == "accelerate" and r.get("vram_leaf", {}).get("ms_per_token"):
                 notes.append(f"vram leaf is {e['ms_per_token'] / r['vram_leaf']['ms_per_token']:.1f}x faster")
-            lines.append(f"| {name} | {key} | {e['ms_per_token']:.2f} | {pre_s} | {vs} | "
+            label = key
+            if e.get("budget_bytes") and e["budget_bytes"] != r["budget_bytes"]:
+                label += f" (budget {e['budget_bytes'] / GiB:.2f} GiB)"
+            lines.append(f"| {name} | {label} | {e['ms_per_token']:.2f} | {pre_s} | {vs} | "
                          f"{'identical' if e.get('tokens_identical') else 'DIFFER'} | "
                          f"{'; '.join(notes)} |")
         if r.get("ideal_link_bound_ms"):

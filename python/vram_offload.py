@@ -399,7 +399,10 @@ class Offload:
                 seen.add(id(b))
                 self.direct_bytes += _round(b.numel() * b.element_size(), 512)
         self._check_budget()
-        self._host = torch.empty(max(offset, 1), dtype=torch.uint8)
+        # Page-aligned: a piece shares no page with another (pinning registers whole pages).
+        storage = torch.empty(max(offset, 1) + _PIECE_ALIGN, dtype=torch.uint8)
+        shift = (-storage.data_ptr()) % _PIECE_ALIGN
+        self._host = storage[shift:shift + max(offset, 1)]
         self.moved_from_device = 0
         for piece in kept:
             for i, (p, inner, n) in enumerate(piece.tensors):
