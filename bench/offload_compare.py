@@ -176,8 +176,6 @@ def run_arch(arch, args, dev, rate, log):
 
     def offloaded(label, n_a, n_b, prefill, budget_bytes=None, **kw):
         entry = {"budget_bytes": budget_bytes or budget}
-        if args.variants and label not in args.variants.split(";"):
-            return {}
         try:
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
@@ -329,7 +327,7 @@ def table(results, rate):
                 limit = r["budget_bytes"] + r.get("resident_activation_peak", 0)
                 notes.append(f"peak device {e['peak_device_bytes'] / GiB:.2f} GiB (budget + "
                              f"resident activations {limit / GiB:.2f})")
-            if key == "accelerate" and (r.get("vram_leaf") or {}).get("ms_per_token"):
+            if key == "accelerate" and r.get("vram_leaf", {}).get("ms_per_token"):
                 notes.append(f"vram leaf is {e['ms_per_token'] / r['vram_leaf']['ms_per_token']:.1f}x faster")
             label = key
             if e.get("budget_bytes") and e["budget_bytes"] != r["budget_bytes"]:
@@ -339,7 +337,7 @@ def table(results, rate):
                          f"{'; '.join(notes)} |")
         if r.get("ideal_link_bound_ms"):
             lines.append(f"| {name} | link bound | plan: "
-                         f"{(r['vram_leaf'] or {}).get('link_bound_ms', float('nan')):.2f}; ideal "
+                         f"{r['vram_leaf'].get('link_bound_ms', float('nan')):.2f}; ideal "
                          f"(model - budget): {r['ideal_link_bound_ms']:.2f} | | | | |")
     return "\n".join(lines)
 
@@ -358,7 +356,6 @@ def main():
     ap.add_argument("--prefill-reps", type=int, default=3)
     ap.add_argument("--depth", type=int, default=2)
     ap.add_argument("--small-bytes", type=int, default=1 << 20)
-    ap.add_argument("--variants", default="", help="labels of the vram rows to run, ; between (all)")
     ap.add_argument("--no-accelerate", action="store_true")
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--host-double", action="store_true")

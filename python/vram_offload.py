@@ -23,11 +23,10 @@ Pieces and units
   mean a smaller ring and more budget for resident weights.
 
 Ordering
-  A module's forward (wrapped) acquires its pieces first (the device pointer is ordered
-  before the work queued next on the current stream: no host synchronisation) and points
-  the module's parameters at views of it; when it returns (or raises) it releases them
-  (evictable once the work queued so far on that stream ran) and points the parameters
-  back at the host copy. Resident pieces stay device views for good.
+  A module's forward pre-hook acquires its pieces (the device pointer is ordered before
+  the work queued next on the current stream: no host synchronisation) and points the
+  module's parameters at views of it; the forward hook releases them (evictable once the
+  work queued so far on that stream ran) and points the parameters back at the host copy.
   Outside a forward, model.parameters() are the host copies (exact values, on the CPU);
   tensors given to the top-level forward are moved to the device first.
 
@@ -540,34 +539,18 @@ class Offload:
 
     # ---- hooks -------------------------------------------------------------------------
     def _install_hooks(self):
-        # The modules' own forward is wrapped (an instance attribute, removed by remove()):
-        # cheaper per call than forward hooks, which take torch's slow call path.
         torch = self._torch
         for m, pieces in self._hooked:
-            self._hooks.append(self._wrap(m, tuple(pieces)))
+            pieces = tuple(pieces)
+            self._hooks.append(m.register_forward_pre_hook(
+                lambda mod, args, _p=pieces: self._enter(_p, args)))
+            self._hooks.append(m.register_forward_hook(
+                lambda mod, args, out, _p=pieces: self._exit(_p), always_call=True))
         self._hooks.append(self.module.register_forward_pre_hook(self._root_enter,
                                                                  with_kwargs=True))
         self._hooks.append(self.module.register_forward_hook(
             lambda mod, args, out: self._root_exit(), always_call=True))
         self._grad_enabled = torch.is_grad_enabled
-
-    def _wrap(self, module, pieces):
-        import functools
-
-        original = module.forward
-        had = module.__dict__.get("forward")
-        enter, leave = self._enter, self._exit
-
-        @functools.wraps(original)
-        def forward(*args, **kwargs):
-            try:
-                enter(pieces, args)
-                return original(*args, **kwargs)
-            finally:
-                leave(pieces)
-
-        module.forward = forward
-        return _Unwrap(module, had)
 
     def _to_device(self, value):
         torch = self._torch
@@ -783,19 +766,6 @@ class Offload:
             self._destroy_pager()
         except Exception:
             pass
-
-
-class _Unwrap:
-    """Puts a wrapped module's forward back (remove())."""
-
-    def __init__(self, module, had):
-        self.module, self.had = module, had
-
-    def remove(self):
-        if self.had is None:
-            self.module.__dict__.pop("forward", None)
-        else:
-            self.module.forward = self.had
 
 
 class _CudaBytes:

@@ -280,7 +280,6 @@ def check_remove_restores_host_parameters():
         net(x)
     handle.remove()
     assert getattr(net, "_vram_offload", None) is None
-    assert all("forward" not in m.__dict__ for m in net.modules())  # the wrappers are gone
     for (name, p), (_, q) in zip(net.named_parameters(), ref.named_parameters()):
         assert p.device.type == "cpu", name
         assert torch.equal(p, q.cpu()), name
