@@ -30,7 +30,7 @@ import threading
 
 __all__ = [
     "enable", "is_enabled", "allocator", "mem_pool", "use_mem_pool", "stats", "empty_cache",
-    "reset_peak", "last_error", "library_path", "load_library", "configure",
+    "reset_peak", "last_error", "library_path", "load_library", "configure", "offload",
 ]
 
 _STAT_FIELDS = (
@@ -384,3 +384,11 @@ def last_error(path=None):
     buffer = ctypes.create_string_buffer(size + 1)
     lib.vram_torch_last_error(buffer, size + 1)
     return buffer.value.decode("utf-8", "replace")
+
+
+def offload(module, budget, device=0, **options):
+    """Runs `module` larger than the GPU: its weights stay in host memory and stream through
+    vram's WeightPager within `budget` bytes of `device` (python/vram_offload.py)."""
+    import vram_offload
+
+    return vram_offload.offload(module, budget, device, **options)

@@ -722,6 +722,44 @@ TEST(WeightPagerGpu, PinsOnlyTheStreamedLayersAndReportsIt) {
   EXPECT_GT(load.pin_seconds, 0.0);
 }
 
+// Layers packed in one host buffer at offsets that are not page-aligned: a resident layer
+// shares its first and last pages with streamed (pinned) ones, so its upload and their
+// page-ins each cross the edge of a registration.
+TEST(WeightPagerGpu, PackedLayersSharingPagesUploadAndStreamEveryByte) {
+  VRAM_GPU_TEST_OR_SKIP();
+  constexpr std::size_t kLayers = 8;
+  const std::size_t words = (1_MiB + 100) / 4;
+  std::vector<std::uint32_t> packed(kLayers * words + 64);
+  std::vector<WeightLayer> layers;
+  for (std::size_t i = 0; i < kLayers; ++i) {
+    std::uint32_t* at = packed.data() + 25 + i * words;  // 100 bytes in: never page-aligned
+    std::fill(at, at + words, GpuLayers::pattern(i));
+    layers.push_back({"layer." + std::to_string(i), at, words * sizeof(std::uint32_t)});
+  }
+  WeightPager pager(layers, {.budget_bytes = 5 * words * sizeof(std::uint32_t),
+                             .prefetch_depth = 1,
+                             .host = HostWeights::pinned,
+                             .print_plan_warnings = false});
+  ASSERT_GT(pager.plan().streamed_layers(), 0U);
+  ASSERT_LT(pager.plan().streamed_layers(), kLayers);
+  cuda::Stream stream;
+  unsigned long long* mismatches = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(mismatches, 0, sizeof *mismatches, stream.get()), cudaSuccess);
+  for (int step = 0; step < 2; ++step) {
+    for (std::size_t i = 0; i < kLayers; ++i) {
+      const void* device = pager.acquire(i, stream.get());
+      launch_count_mismatches(device, words, GpuLayers::pattern(i), mismatches, stream.get());
+      pager.release(i, stream.get());
+    }
+  }
+  stream.synchronize();
+  unsigned long long found = 1;
+  ASSERT_EQ(cudaMemcpy(&found, mismatches, sizeof found, cudaMemcpyDeviceToHost), cudaSuccess);
+  cudaFree(mismatches);
+  EXPECT_EQ(found, 0U);
+}
+
 #endif  // VRAM_HAVE_TEST_KERNELS
 
 }  // namespace

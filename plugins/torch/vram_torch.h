@@ -123,6 +123,91 @@ size_t vram_torch_block_bytes(int device, size_t size);
  * `size`); returns its full length, 0 when there was none. */
 size_t vram_torch_last_error(char* buffer, size_t size);
 
+/* ---- Offload: a WeightPager over a PyTorch module's host weights (plugins/torch/offload.cpp,
+ * python/vram_offload.py). A "piece" is one pager layer: a host range holding one or more
+ * tensors. The pager keeps what fits the budget resident and streams the rest through a
+ * ring of (prefetch_depth + 1) slots on its own copy stream (vram/weight_pager.hpp).
+ *
+ *   create    validates everything first; refuses (NULL, reason in `error`) a budget below
+ *             vram_torch_pager_min_budget (the pieces that must stay resident plus the ring
+ *             at the requested depth): nothing is allocated or pinned then.
+ *   acquire   the piece's device pointer, ordered before work queued on `stream` afterwards
+ *             (stream-ordered: never a host synchronisation with pinned weights); NULL on
+ *             error (vram_torch_pager_error). Valid until the matching release.
+ *   release   the piece may be overwritten once the work queued on `stream` so far completed.
+ *   destroy   waits for the copies and the recorded releases, frees the arena, unpins.
+ * A pager is used by one thread at a time per call (calls are serialised by the pager).
+ */
+typedef struct vram_torch_pager vram_torch_pager;
+
+typedef struct vram_torch_pager_options_t {
+  size_t budget_bytes;   /* device bytes for the arena (resident pieces + ring) */
+  size_t prefetch_depth; /* schedule positions prefetched ahead; the ring has depth + 1 */
+  int device;
+  int host;                     /* 0 automatic (pin, else stage), 1 pinned, 2 pageable (staged) */
+  int host_double;              /* 1: host memory stands in for the device (tests without a GPU) */
+  unsigned fill_threads;        /* pageable: 0 = hardware threads (at most 16) */
+  size_t staging_chunk_bytes;   /* pageable: 0 = default (32 MiB) */
+  size_t staging_buffers;       /* pageable: 0 = default (3) */
+  unsigned stall_sample_period; /* time every Nth page-in; 0 = never */
+} vram_torch_pager_options_t;
+
+typedef struct vram_torch_pager_plan_t {
+  uint64_t arena_bytes;
+  uint64_t resident_bytes;
+  uint64_t slot_bytes;
+  uint64_t slot_count;
+  uint64_t prefetch_depth;
+  uint64_t streamed_bytes_per_step; /* bytes copied per pass over the schedule */
+  uint64_t resident_pieces;
+  uint64_t pinned; /* 1: streamed pieces are read from page-locked memory */
+  uint64_t pinned_bytes;
+  uint64_t register_calls;
+  uint64_t already_pinned_bytes;
+  double pin_seconds;
+  double upload_seconds;
+} vram_torch_pager_plan_t;
+
+typedef struct vram_torch_pager_stats_t {
+  uint64_t acquires;
+  uint64_t hits;
+  uint64_t page_ins;
+  uint64_t prefetches;
+  uint64_t bytes_paged_in;
+  uint64_t timed_page_ins;
+  uint64_t timed_bytes;
+  uint64_t stall_samples;
+  uint64_t stalled;
+  uint64_t staging_pin_calls;
+  double timed_copy_ms;
+  double effective_gbps;
+  double stall_ms_sampled;
+  double host_wait_ms;
+} vram_torch_pager_stats_t;
+
+/* The least budget that holds the pieces forced resident plus a ring of depth + 1 slots
+ * (every piece resident when that is less). */
+size_t vram_torch_pager_min_budget(size_t count, const size_t* bytes, size_t prefetch_depth);
+vram_torch_pager* vram_torch_pager_create(size_t count, const void* const* hosts,
+                                          const size_t* bytes, const size_t* schedule,
+                                          size_t schedule_length,
+                                          const vram_torch_pager_options_t* options, char* error,
+                                          size_t error_size);
+void vram_torch_pager_destroy(vram_torch_pager* pager);
+void* vram_torch_pager_acquire(vram_torch_pager* pager, size_t piece, vram_torch_stream_t stream);
+int vram_torch_pager_release(vram_torch_pager* pager, size_t piece, vram_torch_stream_t stream);
+/* The pager's latest error (NUL-terminated, truncated to `size`); returns its full length. */
+size_t vram_torch_pager_error(vram_torch_pager* pager, char* buffer, size_t size);
+/* The plan; `resident` (may be NULL) gets one 0/1 per piece (at most `count`). 0: done. */
+int vram_torch_pager_plan(vram_torch_pager* pager, vram_torch_pager_plan_t* out, size_t out_size,
+                          uint8_t* resident, size_t count);
+/* Automatic mode: why the weights are staged instead of pinned ("" when pinned). */
+size_t vram_torch_pager_fallback_reason(vram_torch_pager* pager, char* buffer, size_t size);
+int vram_torch_pager_stats(vram_torch_pager* pager, vram_torch_pager_stats_t* out, size_t out_size);
+int vram_torch_pager_reset_counters(vram_torch_pager* pager);
+/* Blocks until every page-in queued so far completed. */
+int vram_torch_pager_synchronize(vram_torch_pager* pager);
+
 #ifdef __cplusplus
 }
 #endif

@@ -144,9 +144,13 @@ class CudaPagerDevice final : public PagerDevice {
     return DeviceMemoryUpstream(device_).allocate(bytes);  // OutOfMemory names the size
   }
 
+  // A resident layer may share its first or last page with a streamed (registered) one.
   void upload(void* device, const void* host, std::size_t bytes) override {
     DeviceGuard guard(device_);
-    copy_to_device(device, host, bytes, "cudaMemcpy(upload)");
+    for_each_registered_piece(
+        host, bytes, [&](std::size_t offset, const void* at, std::size_t piece) {
+          copy_to_device(static_cast<std::byte*>(device) + offset, at, piece, "cudaMemcpy(upload)");
+        });
   }
 
   void configure(std::size_t slot_count, bool staged, const WeightPagerOptions& options) override {
@@ -308,7 +312,18 @@ class CudaPagerDevice final : public PagerDevice {
   // inside one registration (or none). registered_ is sorted by address (it is filled from
   // sorted, merged ranges), so a layer inside one registration is a single copy.
   void copy_registered(std::byte* device, const void* host, std::size_t bytes, cudaStream_t copy) {
-    auto at = reinterpret_cast<std::uintptr_t>(host);
+    for_each_registered_piece(
+        host, bytes, [&](std::size_t offset, const void* at, std::size_t piece) {
+          copy_to_device_async(device + offset, at, piece, copy, "cudaMemcpyAsync(page-in)");
+        });
+  }
+
+  // Calls copy(offset, host + offset, piece) for consecutive pieces of [host, host + bytes),
+  // each inside one registration or outside all of them.
+  template <typename Copy>
+  void for_each_registered_piece(const void* host, std::size_t bytes, Copy&& copy) const {
+    const auto first = reinterpret_cast<std::uintptr_t>(host);
+    std::uintptr_t at = first;
     const std::uintptr_t end = at + bytes;
     while (at < end) {
       std::size_t piece = end - at;
@@ -326,9 +341,7 @@ class CudaPagerDevice final : public PagerDevice {
         const auto next = reinterpret_cast<std::uintptr_t>(after->pointer);
         if (next > at) piece = std::min<std::size_t>(piece, next - at);
       }
-      copy_to_device_async(device, reinterpret_cast<const void*>(at), piece, copy,
-                           "cudaMemcpyAsync(page-in)");
-      device += piece;
+      copy(static_cast<std::size_t>(at - first), reinterpret_cast<const void*>(at), piece);
       at += piece;
     }
   }
