@@ -29,13 +29,18 @@ std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
   try {
     if (key == kUntagged) return capture_routes.for_thread(std::this_thread::get_id());
     if (auto id = capture_routes.for_stream(key)) return id;
-    const std::uint64_t capture = capture_of(stream);
+    // While a scope is open, a stream forked into its capture is found by the capture's id,
+    // whatever watch_captures says: the query is paid only while scopes are open.
+    const bool legacy = stream == nullptr || stream == cudaStreamLegacy;
+    const std::uint64_t capture =
+        capture_routes.any() && !legacy ? fence->capture_of(stream) : capture_of(stream);
     if (capture == 0) return std::nullopt;
-    // Another stream of a scope's capture (forked from it), else an unscoped capture.
     if (auto id = capture_routes.for_capture(
             capture, [this](cudaStream_t s) { return fence->capture_of(s); })) {
       return id;
     }
+    // A capture no scope names: its own pool, with detection on (else the ordinary rules).
+    if (!watch_captures) return std::nullopt;
     return unscoped_pool_of(capture);
   } catch (...) {  // out of host memory in a lookup: the ordinary rules
     return std::nullopt;

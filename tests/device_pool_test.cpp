@@ -790,30 +790,38 @@ TEST(DevicePoolVirtualStreams, AStreamFreeDoesNotTakeTheWholeReservationFromOthe
 
 #ifdef VRAM_HAVE_TEST_KERNELS
 // A block freed on a stream that is being captured into a CUDA graph: the free happens
-// when the graph runs, not now. Another stream's growth fences the other streams; an event
-// recorded on the capturing stream is a graph node, and querying it fails
-// (cudaErrorCapturedEvent), which read as "completed" handed the block to the other stream
-// at once. The capturing stream is not fenced: the block stays its own.
+// when the graph runs, not now. Another stream's request that grows the pool must neither
+// take the block (an event recorded on the capturing stream is a graph node, and its query
+// fails with cudaErrorCapturedEvent, which must not read as "completed") nor synchronize the
+// device (a quiesce invalidates the capture): under a capture scope it does neither.
 TEST(DevicePoolStreamsGpu, ABlockFreedDuringAGraphCaptureIsNotHandedToAnotherStream) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool pool(0);
   cuda::Stream capturing;
   cuda::Stream other;
   void* keep = pool.allocate_async(2_MiB, capturing.get());  // keeps the range off the tail
-  ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeRelaxed), cudaSuccess);
-  void* block = pool.allocate_async(8_MiB, capturing.get());
-  launch_fill(block, (8_MiB) / 4, 0x11111111u, capturing.get());
-  pool.deallocate_async(block, 8_MiB, capturing.get());
-  void* taken = pool.allocate_async(8_MiB, other.get());  // would grow: fences the others
-  EXPECT_NE(taken, block) << "the captured work has not run: the block is not free";
-  cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess);
-  ASSERT_NE(graph, nullptr);
-  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  const auto id = DevicePool::new_graph_pool();
+  void* block = nullptr;
+  void* taken = nullptr;
+  {
+    auto scope = pool.capture_into(id, capturing.get());
+    ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeRelaxed), cudaSuccess);
+    block = pool.allocate_async(8_MiB, capturing.get());
+    launch_fill(block, (8_MiB) / 4, 0x11111111u, capturing.get());
+    pool.deallocate_async(block, 8_MiB, capturing.get());
+    taken = pool.allocate_async(8_MiB, other.get());  // would grow: fences the others
+    EXPECT_NE(taken, block) << "the captured work has not run: the block is not free";
+    cudaGraph_t graph = nullptr;
+    ASSERT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess);
+    ASSERT_NE(graph, nullptr);
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
+  EXPECT_EQ(pool.stats().stream_quiesces, 0U) << "a device synchronize during the capture";
   pool.deallocate_async(taken, 8_MiB, other.get());
   pool.deallocate_async(keep, 2_MiB, capturing.get());
   other.synchronize();
   capturing.synchronize();
+  pool.release_graph_pool(id);
   pool.trim(0);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
@@ -843,11 +851,11 @@ TEST(DevicePoolStreamsGpu, StreamDestroyedBeforeThePoolIsSafe) {
   EXPECT_EQ(reserved_after_trim, 0U);
 }
 
-// Allocating on a stream while this thread captures it in global mode (PyTorch's default):
-// the request finds only another stream's freed memory. No marker may be recorded on that
-// stream outside a call on it, and a quiesce (a device synchronize) would invalidate the
-// capture, so the pool grows, in relaxed capture mode: the capture stays valid and the
-// graph runs.
+// Allocating on a stream while this thread captures it in global mode (PyTorch's default),
+// under a capture scope: the request finds only another stream's freed memory. No marker may
+// be recorded on that stream outside a call on it, and a quiesce (a device synchronize)
+// would invalidate the capture, so the pool grows, in relaxed capture mode: the capture
+// stays valid and the graph runs.
 TEST(DevicePoolStreamsGpu, AllocatingDuringAGlobalModeCaptureKeepsTheCaptureValid) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool pool(0);
@@ -859,12 +867,17 @@ TEST(DevicePoolStreamsGpu, AllocatingDuringAGlobalModeCaptureKeepsTheCaptureVali
   launch_fill(a, (8_MiB) / 4, 0x22222222u, other.get());
   pool.deallocate_async(a, 8_MiB, other.get());
   other.synchronize();  // the work at a's free has completed
-  ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
-  void* b = pool.allocate_async(8_MiB, capturing.get());
-  launch_fill(b, (8_MiB) / 4, 0x33333333u, capturing.get());
+  const auto id = DevicePool::new_graph_pool();
   cudaGraph_t graph = nullptr;
-  EXPECT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess)
-      << "the pool's event calls did not invalidate the capture";
+  void* b = nullptr;
+  {
+    auto scope = pool.capture_into(id, capturing.get());
+    ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+    b = pool.allocate_async(8_MiB, capturing.get());
+    launch_fill(b, (8_MiB) / 4, 0x33333333u, capturing.get());
+    EXPECT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess)
+        << "the pool's calls did not invalidate the capture";
+  }
   EXPECT_NE(b, a) << "the other stream's free, with no marker and no quiesce";
   EXPECT_EQ(pool.stats().stream_quiesces, 0U) << "a device synchronize during the capture";
   if (graph != nullptr) {
@@ -879,6 +892,7 @@ TEST(DevicePoolStreamsGpu, AllocatingDuringAGlobalModeCaptureKeepsTheCaptureVali
   pool.deallocate_async(b, 8_MiB, capturing.get());
   pool.deallocate_async(keep, 2_MiB, other.get());
   pool.deallocate_async(keep2, 2_MiB, other.get());
+  pool.release_graph_pool(id);
   pool.trim(0);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }

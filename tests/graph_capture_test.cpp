@@ -328,7 +328,8 @@ TEST(GraphPoolsDevicePool, ACaptureWithoutAScopeKeepsItsBlocksForThatCapture) {
 TEST(GraphPoolsDevicePool, AStreamForkedIntoAScopedCaptureUsesTheScopesPool) {
   std::shared_ptr<TestUpstream> upstream;
   std::shared_ptr<ManualFence> fence;
-  DevicePool pool = fenced_pool(upstream, fence);
+  // With the default options: routing a forked stream needs no unscoped-capture detection.
+  DevicePool pool = fenced_pool(upstream, fence, DevicePool::Options{}.detect_unscoped_capture);
   const auto id = DevicePool::new_graph_pool();
   const cudaStream_t s = host_stream(0x10);
   const cudaStream_t forked = host_stream(0x20);

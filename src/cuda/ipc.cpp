@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/capture.hpp"
 #include "cuda/memory.hpp"
 #include "cuda/status.hpp"
 #include "vram/cuda/device.hpp"
@@ -18,20 +19,27 @@ IpcExport export_ipc(const void* pointer) {
   // made no runtime call yet has none).
   const PointerInfo info = pointer_info(pointer);
   if (info.kind != PointerKind::device) {
-    throw InvalidArgument("vram: CUDA IPC export: the pointer is not device memory. Fix: "
-                          "export a live block of a device pool.");
+    throw InvalidArgument(
+        "vram: CUDA IPC export: the pointer is not device memory. Fix: "
+        "export a live block of a device pool.");
   }
   const DeviceGuard on_device(info.device);
+  {
+    // The runtime binds the device's primary context to the thread at its first call that
+    // needs one (cudaGetDevice does not): the driver call below needs it current.
+    const RelaxedCaptureMode relaxed;
+    check(cudaFree(nullptr), "cudaFree(nullptr) (binds the device's context to this thread)");
+  }
   const auto& api = driver_api();
   CUdeviceptr base = 0;
   std::size_t bytes = 0;
-  const CUresult range = api.require(api.mem_get_address_range)(
-      &base, &bytes, reinterpret_cast<CUdeviceptr>(pointer));
+  const CUresult range =
+      api.require(api.mem_get_address_range)(&base, &bytes, reinterpret_cast<CUdeviceptr>(pointer));
   if (range != CUDA_SUCCESS) {
     throw InvalidArgument(
         "vram: CUDA IPC export of " + std::to_string(reinterpret_cast<std::uintptr_t>(pointer)) +
-        ": not device memory of this process (cuMemGetAddressRange: " +
-        driver_error_name(range) + "). Fix: export a live block of a device pool.");
+        ": not device memory of this process (cuMemGetAddressRange: " + driver_error_name(range) +
+        "). Fix: export a live block of a device pool.");
   }
   IpcExport out;
   out.offset = static_cast<std::size_t>(reinterpret_cast<CUdeviceptr>(pointer) - base);
