@@ -76,6 +76,19 @@ GraphPools::Release GraphPools::give_back(void* pointer) {
   return Release::returned;
 }
 
+void GraphPools::restore_pending(std::vector<Block> blocks) noexcept {
+  std::lock_guard lock(mutex_);
+  try {
+    pending_.reserve(pending_.size() + blocks.size());
+  } catch (...) {
+    return;  // leaked, which is safe: a launch of the graph may still use them
+  }
+  for (const Block& block : blocks) {
+    pending_.push_back(block);
+    pending_bytes_ += block.bytes;
+  }
+}
+
 std::vector<GraphPools::Block> GraphPools::take_pending() {
   std::lock_guard lock(mutex_);
   pending_bytes_ = 0;

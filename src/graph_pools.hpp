@@ -74,6 +74,9 @@ class GraphPools {
   Release give_back(void* pointer);
   // The blocks of pools that no longer hold them (see the rules), for the shared tiers.
   std::vector<Block> take_pending();
+  // Blocks take_pending() gave that cannot rejoin the shared tiers yet (the device could not
+  // be synchronized): pending again (without host memory for that: kept out of every tier).
+  void restore_pending(std::vector<Block> blocks) noexcept;
   // The owner closes: every use ends and every free block becomes pending; live blocks stay
   // their pool's until freed, and then become pending.
   void close();

@@ -154,7 +154,9 @@ void DevicePoolCore::drain_graph_returns() noexcept {
     return;
   }
   if (blocks.empty()) return;
-  fence->quiesce();
+  // Only after the graph's last launch has run: a synchronize that failed (another thread's
+  // capture refused it, the driver shut down) leaves them pending.
+  if (!fence->try_quiesce()) return graph_pools.restore_pending(std::move(blocks));
   for (const GraphPools::Block& block : blocks) deallocate(block.pointer, block.bytes, kUntagged);
 }
 

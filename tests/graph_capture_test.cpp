@@ -7,6 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -365,6 +366,43 @@ TEST(GraphPoolsDevicePool, ByDefaultACaptureWithoutAScopeFollowsTheOrdinaryRules
   pool.deallocate_async(after, 1_MiB, s);
   EXPECT_EQ(pool.stats().unscoped_capture_calls, 0U);
   EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+}
+
+// Markers complete at once; a device synchronize fails while `refuse` is set (as one does
+// during another thread's capture).
+class RefusingQuiesceFence final : public StreamFence {
+ public:
+  std::uint64_t record(cudaStream_t) override { return 1; }
+  bool completed(std::uint64_t) noexcept override { return true; }
+  void wait(std::uint64_t) noexcept override {}
+  void release(std::uint64_t) noexcept override {}
+  void quiesce() noexcept override {}
+  bool try_quiesce() noexcept override { return !refuse.load(); }
+  std::atomic<bool> refuse{false};
+};
+
+TEST(GraphPoolsDevicePool, AGraphPoolsMemoryWaitsWhileTheDeviceCannotBeSynchronized) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<RefusingQuiesceFence>();
+  DevicePool::Options options;
+  options.fence = fence;
+  DevicePool pool(upstream, options);
+  const auto id = DevicePool::new_graph_pool();
+  {
+    auto scope = pool.capture_into(id, host_stream(0x10));
+    void* block = pool.allocate_async(4_MiB, host_stream(0x10));
+    pool.deallocate_async(block, 4_MiB, host_stream(0x10));
+  }
+  fence->refuse = true;
+  pool.release_graph_pool(id);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, pool.block_bytes(4_MiB))
+      << "no synchronize: a launch may still use the block";
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, pool.block_bytes(4_MiB));
+  fence->refuse = false;
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+  EXPECT_EQ(pool.stats().bytes_reserved, 0U);
 }
 
 #ifdef VRAM_HAVE_TEST_KERNELS
