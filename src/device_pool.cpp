@@ -124,7 +124,7 @@ void* DevicePool::allocate_async(std::size_t bytes, cudaStream_t stream) {
   // One driver query (no GPU work): a block a capture without a scope touches must stay
   // that graph's (device_pool.hpp, "CUDA graphs").
   if (const std::uint64_t capture = core.capture_of(stream); capture != 0) [[unlikely]]
-    return core.allocate_captured(bytes, kDefaultAlignment, capture);
+    return core.allocate_captured(bytes, kDefaultAlignment, core.unscoped_pool_of(capture));
   return core.allocate(bytes, kDefaultAlignment, key);
 }
 
@@ -135,7 +135,7 @@ void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t s
     if (core_->graphs_active()) [[unlikely]]
       return core_->deallocate_with_graphs(block, bytes, key, stream);
     if (const std::uint64_t capture = core_->capture_of(stream); capture != 0) [[unlikely]]
-      return core_->deallocate_captured(block, bytes, capture);
+      return core_->deallocate_captured(block, bytes, core_->unscoped_pool_of(capture));
     core_->deallocate(block, bytes, key);
   }
 }

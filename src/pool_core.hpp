@@ -193,10 +193,11 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   }
   // A request or release on a stream being captured that no scope routes: the block
   // belongs to that capture's own graph pool for the life of the pool (device_pool.hpp).
+  // `id`: unscoped_pool_of(the capture).
   [[gnu::noinline]] void* allocate_captured(std::size_t bytes, std::size_t alignment,
-                                            std::uint64_t capture);
+                                            GraphPools::Id id);
   [[gnu::noinline]] void deallocate_captured(void* block, std::size_t bytes,
-                                             std::uint64_t capture) noexcept;
+                                             GraphPools::Id id) noexcept;
   // The pool a capture scope or an unscoped capture sends `stream`'s calls to.
   std::optional<GraphPools::Id> graph_route(StreamKey key, cudaStream_t stream) noexcept;
   // Into graph pool `id`: a free block of it, else a new one from the shared tiers (in
@@ -206,11 +207,16 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // capture); false when neither took it (the pool has no use open).
   bool graph_deallocate_into(std::optional<GraphPools::Id> id, void* block,
                              std::size_t bytes) noexcept;
+  // Its two halves: a graph pool's block back to its pool (false: no graph pool's), and a
+  // block that is no graph pool's made a free block of `id` (false: `id` has no use open).
+  bool graph_give_back(void* block) noexcept;
+  bool graph_adopt_freed(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
   // The graph pool of an unscoped capture: ids with bit 62 set and bit 63 clear, which
   // new_graph_pool() never returns.
   static GraphPools::Id unscoped_pool_of(std::uint64_t capture) noexcept {
     return (GraphPools::Id{1} << 62) | (capture & ((GraphPools::Id{1} << 62) - 1));
   }
+  static bool is_unscoped_pool(GraphPools::Id id) noexcept { return (id >> 62) == 1; }
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
   // nothing while a capture scope is open (pool_graphs.cpp's rules).
   void drain_graph_returns() noexcept;

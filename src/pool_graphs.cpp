@@ -51,22 +51,21 @@ void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignm
                                            cudaStream_t stream) {
   const auto id = graph_route(key, stream);
   if (!id) return allocate(bytes, alignment, key);
-  if ((*id >> 62) == 1) return allocate_captured(bytes, alignment, *id);
+  if (is_unscoped_pool(*id)) return allocate_captured(bytes, alignment, *id);
   return graph_allocate_into(*id, bytes, alignment);
 }
 
 void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
                                             cudaStream_t stream) noexcept {
   // A graph pool's block goes back to its pool whatever the stream.
-  if (graph_deallocate_into(std::nullopt, block, bytes)) return;
+  if (graph_give_back(block)) return;
   const auto id = graph_route(key, stream);
-  if (id && (*id >> 62) == 1) return deallocate_captured(block, bytes, *id);
-  if (!graph_deallocate_into(id, block, bytes)) deallocate(block, bytes, key);
+  if (id && is_unscoped_pool(*id)) return deallocate_captured(block, bytes, *id);
+  if (!id || !graph_adopt_freed(*id, block, bytes)) deallocate(block, bytes, key);
 }
 
 void* DevicePoolCore::allocate_captured(std::size_t bytes, std::size_t alignment,
-                                        std::uint64_t capture) {
-  const GraphPools::Id id = (capture >> 62) == 1 ? capture : unscoped_pool_of(capture);
+                                        GraphPools::Id id) {
   graph_pools.retain_once(id);  // the pool's own use, for the life of the pool
   void* block = graph_allocate_into(id, bytes, alignment);
   unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
@@ -74,9 +73,8 @@ void* DevicePoolCore::allocate_captured(std::size_t bytes, std::size_t alignment
 }
 
 void DevicePoolCore::deallocate_captured(void* block, std::size_t bytes,
-                                         std::uint64_t capture) noexcept {
+                                         GraphPools::Id id) noexcept {
   if (block == nullptr) return;
-  const GraphPools::Id id = (capture >> 62) == 1 ? capture : unscoped_pool_of(capture);
   try {
     graph_pools.retain_once(id);
   } catch (...) {
@@ -116,33 +114,44 @@ void* DevicePoolCore::graph_allocate_into(GraphPools::Id id, std::size_t bytes,
   return block;  // the pool lost its last use meanwhile: an ordinary block
 }
 
-bool DevicePoolCore::graph_deallocate_into(std::optional<GraphPools::Id> id, void* block,
-                                           std::size_t bytes) noexcept {
+bool DevicePoolCore::graph_give_back(void* block) noexcept {
   if (block == nullptr) return true;
+  if (!graph_pools.may_own(block)) return false;  // no mutex: the filter says no graph block
   try {
-    if (graph_pools.may_own(block)) {  // else no mutex: the filter says it is no graph block
-      switch (graph_pools.give_back(block)) {
-        case GraphPools::Release::returned:
-          // After the owner's destruction nothing else drains: a live block's return does.
-          if (graph_pools.closed()) drain_graph_returns();
-          return true;
-        case GraphPools::Release::double_free:
-          invalid_releases.fetch_add(1, std::memory_order_relaxed);
-          return true;
-        case GraphPools::Release::not_ours:
-          break;
-      }
+    switch (graph_pools.give_back(block)) {
+      case GraphPools::Release::returned:
+        // After the owner's destruction nothing else drains: a live block's return does.
+        if (graph_pools.closed()) drain_graph_returns();
+        return true;
+      case GraphPools::Release::double_free:
+        invalid_releases.fetch_add(1, std::memory_order_relaxed);
+        return true;
+      case GraphPools::Release::not_ours:
+        return false;
     }
-    if (!id) return false;
-    // Freed during a capture: captured work may use it at every launch. It becomes a free
-    // block of the capture's pool (refused when the pool has no use: then the ordinary path).
-    if (!graph_pools.adopt(*id, {block, block_bytes(bytes)})) return false;
-    return graph_pools.give_back(block) == GraphPools::Release::returned;
   } catch (...) {
     // Out of host memory for the bookkeeping: the block stays out of every tier (leaked),
     // which is safe; handing it out again would not be.
     return true;
   }
+  return false;
+}
+
+bool DevicePoolCore::graph_adopt_freed(GraphPools::Id id, void* block, std::size_t bytes) noexcept {
+  try {
+    // Freed during a capture: captured work may use it at every launch. It becomes a free
+    // block of the capture's pool (refused when the pool has no use: then the ordinary path).
+    if (!graph_pools.adopt(id, {block, block_bytes(bytes)})) return false;
+    return graph_pools.give_back(block) == GraphPools::Release::returned;
+  } catch (...) {
+    return true;  // as in graph_give_back: kept out of every tier
+  }
+}
+
+bool DevicePoolCore::graph_deallocate_into(std::optional<GraphPools::Id> id, void* block,
+                                           std::size_t bytes) noexcept {
+  if (graph_give_back(block)) return true;
+  return id && graph_adopt_freed(*id, block, bytes);
 }
 
 void DevicePoolCore::drain_graph_returns() noexcept {
@@ -217,7 +226,7 @@ DevicePool::CaptureScope DevicePool::open_scope(GraphPoolId graph_pool, cudaStre
         "vram::DevicePool::capture_into: the legacy default stream cannot be captured. Fix: "
         "capture a stream you created (cudaStreamNonBlocking) or cudaStreamPerThread.");
   }
-  if ((graph_pool >> 62) == 1) {
+  if (detail::DevicePoolCore::is_unscoped_pool(graph_pool)) {
     throw InvalidArgument(
         "vram::DevicePool::capture_into: graph pool ids with bit 62 set and bit 63 clear name "
         "the pools of unscoped captures. Fix: take ids from new_graph_pool().");
