@@ -102,9 +102,8 @@ std::size_t GranuleMap::map_ahead_end(const Range* range, std::size_t last,
   return extended;
 }
 
-void GranuleMap::map_run(std::size_t first, std::size_t end) {
+void GranuleMap::commit_run(std::size_t first, std::size_t end, std::uint64_t handle) noexcept {
   const std::size_t bytes = (end - first) * granule_;
-  const std::uint64_t handle = options_.virtual_memory->map(base_ + first * granule_, bytes);
   for (std::size_t k = first; k < end; ++k) run_of_[k] = first;
   set_mapped_bits(first, end, true);
   run_granules_[first] = end - first;
@@ -125,19 +124,20 @@ void GranuleMap::set_mapped_bits(std::size_t first, std::size_t end, bool mapped
   }
 }
 
-void GranuleMap::unmap_run(std::size_t first) noexcept {
+DetachedMemory GranuleMap::detach_run(std::size_t first) noexcept {
   const std::size_t granules = run_granules_[first];
   const std::size_t bytes = granules * granule_;
-  options_.virtual_memory->unmap(base_ + first * granule_, bytes, handles_[first]);
+  const DetachedMemory run{base_ + first * granule_, bytes, handles_[first]};
   for (std::size_t k = first; k < first + granules; ++k) run_of_[k] = kNoRun;
   set_mapped_bits(first, first + granules, false);
   run_granules_[first] = 0;
   budget_.sub_reserved(bytes);
   budget_.restart_ahead_peak();
+  return run;
 }
 
 void GranuleMap::unmap_free(const FreeRanges::Index& untagged, std::size_t keep_free,
-                            const Range* except) noexcept {
+                            const Range* except, std::vector<DetachedMemory>* detached) noexcept {
   // In ascending (size, address) order: the smallest free ranges go back first.
   untagged.for_each_ordered(scratch_, [&](const Range* r) noexcept {
     if (budget_.free_bytes() <= keep_free) return false;
@@ -152,7 +152,18 @@ void GranuleMap::unmap_free(const FreeRanges::Index& untagged, std::size_t keep_
       }
       const std::size_t run = run_of_[g];
       const std::size_t next = run + run_granules_[run];
-      if (run >= first && next <= end) unmap_run(run);
+      if (run >= first && next <= end) {
+        const DetachedMemory gone = detach_run(run);
+        bool later = false;
+        if (detached != nullptr) {
+          try {
+            detached->push_back(gone);
+            later = true;
+          } catch (...) {  // no host memory for the list: unmapped now, under the mutex
+          }
+        }
+        if (!later) unmap_detached(gone);
+      }
       g = next;
     }
     return true;

@@ -12,8 +12,14 @@
 // Reuse rule: a run is unmapped only when every one of its granules lies inside one free,
 // untagged range (unmap_free()).
 //
-// Not thread-safe: the owning tier calls it under its mutex (a map or unmap is a driver
-// call made under it).
+// Driver calls outside the tier's mutex: a map is made in two steps, map_now() (the driver
+// call, no state touched) and commit_run() (the books); a run leaves the books in
+// unmap_free() as a DetachedMemory entry, and unmap_detached() makes the driver call later.
+// Between the steps the granules are neither mapped nor free to map for anyone else: only
+// the holder of the tier's growth mutex maps, detaches or unmaps (segment_tier.hpp).
+//
+// Not thread-safe: the owning tier calls it under its mutex (map_now and unmap_detached
+// outside it, holding the growth mutex).
 #pragma once
 
 #include <bit>
@@ -26,6 +32,14 @@
 #include "vram/virtual_memory.hpp"
 
 namespace vram::detail {
+
+// Memory already off a tier's books, still to be given back by a driver call made with no
+// tier mutex held: a mapped run (virtual mode: its handle) or a segment (an upstream free).
+struct DetachedMemory {
+  char* addr;
+  std::size_t bytes;
+  std::uint64_t handle;  // the run's (virtual mode); 0 for a segment
+};
 
 class GranuleMap {
  public:
@@ -91,11 +105,23 @@ class GranuleMap {
                             std::size_t cap, std::size_t available) const noexcept;
   // Maps granules [first, end) (all unmapped) as one run; throws what VirtualMemory::map
   // throws (OutOfMemory when no physical memory is left), with nothing changed.
-  void map_run(std::size_t first, std::size_t end);
-  // Unmaps whole runs inside the free ranges of `untagged` other than `except`, smallest
-  // ranges first, until at most `keep_free` bytes of the tier are free.
-  void unmap_free(const FreeRanges::Index& untagged, std::size_t keep_free,
-                  const Range* except) noexcept;
+  void map_run(std::size_t first, std::size_t end) { commit_run(first, end, map_now(first, end)); }
+  // The driver call of map_run() alone (no state read or changed but the base): returns the
+  // run's handle for commit_run().
+  std::uint64_t map_now(std::size_t first, std::size_t end) const {
+    return options_.virtual_memory->map(base_ + first * granule_, (end - first) * granule_);
+  }
+  // The books of a run mapped by map_now(): mapped, reserved and free.
+  void commit_run(std::size_t first, std::size_t end, std::uint64_t handle) noexcept;
+  // Takes whole runs inside the free ranges of `untagged` other than `except` off the books,
+  // smallest ranges first, until at most `keep_free` bytes of the tier are free. Each goes
+  // to `detached` for unmap_detached() (without `detached`, or when it cannot grow, it is
+  // unmapped at once).
+  void unmap_free(const FreeRanges::Index& untagged, std::size_t keep_free, const Range* except,
+                  std::vector<DetachedMemory>* detached) noexcept;
+  void unmap_detached(const DetachedMemory& run) const noexcept {
+    options_.virtual_memory->unmap(run.addr, run.bytes, run.handle);
+  }
 
  private:
   static constexpr std::size_t kNoRun = SIZE_MAX;
@@ -109,7 +135,9 @@ class GranuleMap {
     return mask;
   }
   void set_mapped_bits(std::size_t first, std::size_t end, bool mapped) noexcept;
-  void unmap_run(std::size_t first) noexcept;
+  // Takes the run starting at `first` off the books (its granules unmapped, its bytes off
+  // reserved) and returns what unmap_detached() needs.
+  DetachedMemory detach_run(std::size_t first) noexcept;
 
   const Options options_;
   GrowthBudget& budget_;

@@ -31,13 +31,48 @@ SegmentTier::~SegmentTier() {
 }
 
 // ---------------------------------------------------------------------------------------
-// The public calls: each holds the tier's mutex for its whole body.
+// The public calls: each holds the tier's mutex for its body, but a growth mutex holder's
+// upstream calls (segment_tier.hpp).
 
 void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce) {
   const std::size_t need = round(bytes);
+  if (may_grow) {
+    const std::lock_guard growing(grow_mutex_);
+    // Whatever went off the books goes back to the upstream, also when growing throws
+    // (destroyed before `growing`, after allocate_growing released the tier's mutex).
+    struct HandBack {
+      SegmentTier& tier;
+      ~HandBack() {
+        if (!tier.detached_.empty()) tier.hand_back_detached();
+      }
+    } hand_back{*this};
+    return allocate_growing(need, bytes, stream, quiesce);
+  }
   const Lock held = lock();
+  // Before any change: a split-off rest cannot fail, nor can filing the block in live_.
+  ranges_.keep_spares(2);
+  live_.reserve_one();
+  if (options_.virtual_memory != nullptr && map_.base() == nullptr) return nullptr;  // growing
+  if (tags_.any_pending()) tags_.poll(false);
+  bool mapped = false;
+  Range* r = fit(stream, need, mapped);
+  // A fit over a granule not mapped yet (or one being mapped) would be growing.
+  if (r == nullptr || (map_.base() != nullptr && !mapped)) return nullptr;
+  ranges_.remove_free(r);
+  ranges_.split(r, need);
+  r->state = Range::State::used;
+  live_.insert(r->addr, r);  // reserved above
+  r->tag = kUntagged;
+  budget_.take(r->size);
+  return r->addr;
+}
+
+void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream,
+                                    bool* quiesce) {
+  Lock held = lock();
   // Before any change: a new segment's range and a split-off rest cannot fail, nor can
-  // filing the block in live_.
+  // filing the block in live_ (grow_segment and map_range reserve again after they
+  // released the mutex).
   ranges_.keep_spares(2);
   live_.reserve_one();
   if (options_.virtual_memory != nullptr && map_.base() == nullptr) reserve_range();
@@ -48,7 +83,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   // (see wait_for_empty_segments); one of them may serve the request. Only segments that
   // could then serve the request are worth the wait, unless growing passes the budget
   // (then any of them may have to go back).
-  if (r == nullptr && may_grow) {
+  if (r == nullptr) {
     if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need)) {
       r = fit(stream, need, mapped);
     }
@@ -59,51 +94,52 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   // order) whose ranges could serve the request; within it the tier grows without
   // blocking. Without this bound, streams that each capture free memory next to their own
   // frees would make the others grow again and again.
-  if (map_.base() != nullptr && may_grow && tags_.any_pending() && past_budget(r, need) &&
+  if (map_.base() != nullptr && tags_.any_pending() && past_budget(r, need) &&
       tags_.wait_for_pending(stream, need)) {
     r = fit(stream, need, mapped);
   }
-  // (Nothing maps or unmaps between fit() and here.)
+  // (Nothing maps or unmaps between fit() and here: only this thread, holding the growth
+  // mutex, does.)
   const bool needs_map = r != nullptr && map_.base() != nullptr && !mapped;
   // Growth past the budget, or to a new peak of reserved bytes, while free memory that no
   // marker can be recorded for now (streams not seen since they freed it, maybe destroyed)
   // could serve the request: the caller quiesces instead. (A new peak is reached a bounded
   // number of times: at most once per growth step of the peak.)
-  if (quiesce != nullptr && may_grow && (r == nullptr || needs_map) &&
+  if (quiesce != nullptr && (r == nullptr || needs_map) &&
       (past_budget(r, need) || budget_.raises_peak_reserved(growth_for(r, need))) &&
       tags_.stranded(stream, need, map_.base() == nullptr)) {
     *quiesce = true;
     return nullptr;
   }
-  if (needs_map && !may_grow) return nullptr;  // would need a new granule: that is growing
   if (r != nullptr) {
     ranges_.remove_free(r);
-  } else if (!may_grow) {
-    return nullptr;
   } else if (map_.base() != nullptr) {
     throw OutOfMemory(bytes, budget_.free_bytes(), budget_.used(),
                       "the pool's reserved address range is exhausted");
   } else {
-    r = grow_segment(need);
+    r = grow_segment(need, held);  // the upstream call with the mutex released
   }
   ranges_.split(r, need);
   r->state = Range::State::used;  // before mapping: nothing may merge it meanwhile
   if (needs_map) {                // computed for this r: after the split, r->size == need
     try {
-      map_range(r);
-    } catch (...) {  // give the range back as it was (it merges with its split-off rest)
+      map_range(r, held);  // the maps with the mutex released
+    } catch (...) {        // give the range back as it was (it merges with its split-off rest)
       ranges_.insert_free(r);
       throw;
     }
   }
-  live_.insert(r->addr, r);  // reserved above
+  live_.insert(r->addr, r);  // reserved (again, after the mutex was released)
   r->tag = kUntagged;
   budget_.take(r->size);
+  // Frees that found this growth under way gave nothing back: past max_free_bytes, the
+  // rest goes now (handed back by allocate() once the mutex is released).
+  if (budget_.free_bytes() > options_.max_free_bytes) give_back(options_.max_free_bytes);
   return r->addr;
 }
 
 bool SegmentTier::free(void* block, StreamKey tag, std::size_t bytes) noexcept {
-  const Lock held = lock();
+  Lock held = lock();
   // Null for a foreign block, for null itself, and for a block of another size than
   // `bytes` (a small class's released under a large size, say).
   const std::size_t need = bytes != 0 ? round(bytes) : 0;
@@ -115,15 +151,26 @@ bool SegmentTier::free(void* block, StreamKey tag, std::size_t bytes) noexcept {
   r->epoch = tags_.epoch();
   ranges_.insert_free(r);
   if (tag == kUntagged && budget_.free_bytes() > options_.max_free_bytes) {
-    give_back(options_.max_free_bytes);
+    // Only when no growth is under way (it gives back as it ends); the upstream calls after
+    // the tier's mutex is released. (try_lock: the lock order is not broken.)
+    std::unique_lock growing(grow_mutex_, std::try_to_lock);
+    if (growing.owns_lock()) {
+      give_back(options_.max_free_bytes);
+      held.unlock();
+      hand_back_detached();
+    }
   }
   return true;
 }
 
 void SegmentTier::trim(std::size_t keep_free, bool wait) noexcept {
-  const Lock held = lock();
-  tags_.fence_all(wait);
-  give_back(keep_free);
+  const std::lock_guard growing(grow_mutex_);
+  {
+    const Lock held = lock();
+    tags_.fence_all(wait);
+    give_back(keep_free);
+  }
+  hand_back_detached();
 }
 
 std::uint64_t SegmentTier::mark_frees() noexcept {
@@ -180,9 +227,13 @@ std::size_t SegmentTier::empty_bytes() const noexcept {
 }
 
 void SegmentTier::release_empty_for(std::size_t bytes) noexcept {
-  const Lock held = lock();
-  wait_for_empty_segments(0);
-  release_empty_segments_for(bytes);
+  const std::lock_guard growing(grow_mutex_);
+  {
+    const Lock held = lock();
+    wait_for_empty_segments(0);
+    release_empty_segments_for(bytes);
+  }
+  hand_back_detached();
 }
 
 bool SegmentTier::owns(void* block) const noexcept {

@@ -38,9 +38,26 @@
 // streams that could serve (stranded), allocate() asks its caller to quiesce instead.
 // Plain frees are untagged.
 //
+// Two mutexes. `mutex_` (a TierMutex) guards the books; it is held only for short critical
+// sections with no upstream call in them: no map, unmap, cudaMalloc or cudaFree (what takes
+// them, a whole-segment free, also synchronizes the device). `grow_mutex_` orders the calls
+// that change what the tier holds: growing (allocate with may_grow), trim(),
+// release_empty_for(), and a free() that gives memory back (only when the growth mutex is
+// free at once: otherwise the free gives nothing back and the grower in progress does it as
+// it finishes). Its holder decides under `mutex_`, releases it for the upstream calls (a
+// new segment; the runs under a block and its map-ahead; segments or runs given back, taken
+// off the books first, `detached_`), and takes it again to file the result. Meanwhile the
+// other threads allocate and free from the free ranges: the grower's range is used (nothing
+// merges with it) and granules being mapped read as unmapped, so a request that needs them
+// grows, that is, waits for the growth mutex and then fits again. Lock order: grow_mutex_,
+// then mutex_. Still under `mutex_`: the address reservation (once per tier), the host's
+// waits for stream markers before growing past the budget, recording markers on the legacy
+// stream, and the maps of the out-of-memory retry (reclaim, then map at once).
+//
 // Invariants (under the mutex): reserved == sum of segment sizes (virtual mode: of mapped
 // runs) == used + free bytes (free includes tagged and pending ranges); the free-range
-// invariants of free_ranges.hpp; every used range is in `live_`, and no other.
+// invariants of free_ranges.hpp; every used range is in `live_`, and no other, but the one
+// range of the growth in progress, which is in neither.
 #pragma once
 
 #include <cstddef>
@@ -173,12 +190,18 @@ class SegmentTier {
  private:
   using Range = FreeRanges::Range;
   using Segment = FreeRanges::Segment;
-  using Lock = std::lock_guard<TierMutex>;
+  using Lock = std::unique_lock<TierMutex>;
 
   // The one place the tier takes its mutex. Each public call above that reads or changes
-  // the tier holds it for its whole body (segment_tier.cpp); every private member function
-  // runs under it. A holder may block in the driver (a map) or on a marker (growing).
+  // the tier holds it for its body (segment_tier.cpp), but a growth mutex holder's upstream
+  // calls; every private member function runs under it unless it says otherwise. A holder
+  // may block on a marker (growing past the budget).
   [[nodiscard]] Lock lock() const noexcept { return Lock(mutex_); }
+  // Gives `detached_` back to the upstream (or unmaps it): the growth mutex held, the tier's
+  // mutex not.
+  void hand_back_detached() noexcept;
+  // allocate() with may_grow, the growth mutex held.
+  void* allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream, bool* quiesce);
 
   // --- the fit (segment_tier.cpp) ---
   // `mapped`: whether the result's granules under `bytes` are all mapped (virtual mode; true
@@ -200,17 +223,25 @@ class SegmentTier {
   // --- growing and giving back (segment_tier_growth.cpp) ---
   std::size_t segment_size_for(std::size_t bytes) const noexcept;
   // A new segment for `need` bytes, its one free range returned unfiled (after giving back
-  // wholly free segments past the budget); throws the upstream's exceptions.
-  Range* grow_segment(std::size_t need);
+  // wholly free segments past the budget); throws the upstream's exceptions. Releases
+  // `held` for the upstream calls (the growth mutex held); returns with it held.
+  Range* grow_segment(std::size_t need, Lock& held);
   // Virtual mode: the never-mapped end of the reservation split off as an untagged range
   // of at least `need` bytes, when the last range is a stream's; null otherwise.
   Range* fresh_tail(std::size_t need) noexcept;
   void reserve_range();
-  void map_range(Range* range);  // every granule under `range`; throws OutOfMemory
-  // Fences every stream, untags what completed, then unmaps free runs (but those under
-  // `except`) until at most keep_free bytes are free.
-  void reclaim(std::size_t keep_free, const Range* except) noexcept;
-  // Gives back free memory (segments or unmapped runs) until at most keep_free is free.
+  // Every granule under `range` (used, filed nowhere): the driver calls (the query of
+  // available memory, the maps) made with `held` released (the growth mutex held); returns
+  // with it held. Throws OutOfMemory.
+  void map_range(Range* range, Lock& held);
+  // The same with every driver call under the mutex: the retry after a map failed.
+  void map_range_now(Range* range);
+  // Fences every stream, untags what completed, then takes free runs (but those under
+  // `except`) off the books until at most keep_free bytes are free: to `detached_` when
+  // `later` (the caller hands them back before it maps), else unmapped at once.
+  void reclaim(std::size_t keep_free, const Range* except, bool later) noexcept;
+  // Takes free memory (segments or runs) off the books until at most keep_free is free,
+  // into `detached_` (the growth mutex held).
   void give_back(std::size_t keep_free) noexcept;
   // Waits for the streams of wholly free stream-tagged (or pending) segments, so that they
   // become untagged; false when there was none. need > 0: only segments that could then
@@ -220,11 +251,17 @@ class SegmentTier {
   // The smallest wholly free segment of at least `bytes`, else the largest ones until they
   // cover it; returns the bytes given back.
   std::size_t release_empty_segments_for(std::size_t bytes) noexcept;
+  // Takes a wholly free segment off the books, into `detached_` (or back to the upstream at
+  // once when the list cannot grow).
   void release_segment(Segment* segment) noexcept;
 
   Upstream& upstream_;
   const Options options_;
   mutable TierMutex mutex_;
+  std::mutex grow_mutex_;
+  // Memory off the books, waiting for its upstream call (only the growth mutex holder
+  // touches it).
+  std::vector<DetachedMemory> detached_;
   GrowthBudget budget_;
   FreeRanges ranges_;
   GranuleMap map_;

@@ -1,7 +1,12 @@
 // How a SegmentTier takes memory from its upstream (a segment, or granules of its reserved
-// range) and gives it back. Every function here runs under the tier's mutex.
+// range) and gives it back. Every function here runs under the tier's mutex, but the
+// upstream calls of a growth mutex holder (segment_tier.hpp): grow_segment() and
+// map_range() release it for them, and memory given back goes off the books here and to
+// the upstream in hand_back_detached().
 #include <algorithm>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "segment_tier.hpp"
 #include "vram/cuda/error.hpp"
@@ -15,32 +20,45 @@ std::size_t SegmentTier::segment_size_for(std::size_t bytes) const noexcept {
   return std::max(size, options_.min_segment);
 }
 
-SegmentTier::Range* SegmentTier::grow_segment(std::size_t need) {
+SegmentTier::Range* SegmentTier::grow_segment(std::size_t need, Lock& held) {
   // Nothing free fits: wholly free segments cannot serve this request. Reserved may
   // exceed the peak of used bytes by the headroom; past that, wholly free segments covering
   // the excess go back first (the smallest that covers it, else the largest ones). Giving
   // back all of them would make the next step take them again.
   std::size_t size = segment_size_for(need);
   if (const std::size_t excess = budget_.excess_after_growth(size, need)) {
-    release_empty_segments_for(excess);
+    release_empty_segments_for(excess);  // off the books, into detached_
   }
   auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
-  segments_.reserve(segments_.size() + 1);
+  segments_.reserve(segments_.size() + 1);  // only the growth mutex holder adds segments
+  held.unlock();
+  hand_back_detached();  // their memory may be what the new segment needs
   void* base = nullptr;
+  std::uint64_t failed = 0;
   try {
-    base = allocate_non_null(upstream_, size);
-  } catch (const OutOfMemory&) {
-    ++budget_.counters().failed_upstream_allocations;
-    if (size == need) throw;
-    size = need;  // a segment of just this block may still fit
     try {
       base = allocate_non_null(upstream_, size);
-    } catch (...) {
-      ++budget_.counters().failed_upstream_allocations;
-      throw;
+    } catch (const OutOfMemory&) {
+      if (size == need) throw;
+      ++failed;
+      size = need;  // a segment of just this block may still fit
+      base = allocate_non_null(upstream_, size);
     }
   } catch (...) {
-    ++budget_.counters().failed_upstream_allocations;
+    held.lock();
+    budget_.counters().failed_upstream_allocations += failed + 1;
+    throw;
+  }
+  held.lock();
+  budget_.counters().failed_upstream_allocations += failed;
+  // Other threads used the spares meanwhile: again before any change.
+  try {
+    ranges_.keep_spares(2);
+    live_.reserve_one();
+  } catch (...) {
+    held.unlock();
+    upstream_.deallocate(base, size);
+    held.lock();
     throw;
   }
   segment->size = size;
@@ -89,30 +107,103 @@ void SegmentTier::reserve_range() {
   ++budget_.counters().segments;
 }
 
-void SegmentTier::reclaim(std::size_t keep_free, const Range* except) noexcept {
+void SegmentTier::reclaim(std::size_t keep_free, const Range* except, bool later) noexcept {
   // Stream-tagged free ranges may still be used by queued work: fence every stream and
   // untag what has completed (without blocking), so that its granules can be unmapped.
   tags_.fence_all(false);
-  map_.unmap_free(ranges_.untagged(), keep_free, except);
+  map_.unmap_free(ranges_.untagged(), keep_free, except, later ? &detached_ : nullptr);
 }
 
-void SegmentTier::map_range(Range* range) {
+// The runs to map for `range`: each stretch of unmapped granules in [first, last], at most
+// `cap` granules long.
+static void plan_runs(const GranuleMap& map, std::size_t first, std::size_t last, std::size_t cap,
+                      std::vector<std::pair<std::size_t, std::size_t>>& runs) {
+  for (std::size_t g = first; g <= last;) {
+    if (map.mapped(g)) {
+      ++g;
+      continue;
+    }
+    std::size_t end = g;
+    while (end <= last && !map.mapped(end) && end - g < cap) ++end;
+    runs.emplace_back(g, end);
+    g = end;
+  }
+}
+
+void SegmentTier::map_range(Range* range, Lock& held) {
+  // The physical memory left, as the driver tells it (a query): asked with the mutex
+  // released; `range` is this thread's (used) and only this thread maps.
+  held.unlock();
+  const std::size_t available = options_.virtual_memory->available_bytes();
+  held.lock();
   const std::size_t first = map_.granule_of(range->addr);
   std::size_t last = map_.granule_of(range->addr + range->size - 1);
-  if (map_.all_mapped(first, last)) return;  // allocate() calls it only when one is missing
+  if (!map_.all_mapped(first, last)) {
+    const std::size_t new_granules = map_.unmapped_granules(first, last);
+    if (options_.unmap_before_map) {
+      // The growth budget the tiers share (ReservedGauge): past it, free runs go back
+      // before new ones are mapped. Below it, mapped free granules stay for reuse, so a
+      // loop that frees and reallocates makes no driver call.
+      if (const std::size_t excess =
+              budget_.excess_after_growth(new_granules * map_.granule(), range->size)) {
+        const std::size_t free_bytes = budget_.free_bytes();
+        reclaim(free_bytes > excess ? free_bytes - excess : 0, range, /*later=*/true);
+      }
+    }
+    // Each stretch of unmapped granules under the range is one run: one physical
+    // allocation and one map, however many granules it spans, up to run_granule_cap().
+    const std::size_t cap = map_.run_granule_cap(available);
+    last = map_.map_ahead_end(range, last, new_granules, cap, available);
+    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    std::vector<std::uint64_t> handles;
+    plan_runs(map_, first, last, cap, runs);  // may throw bad_alloc: nothing mapped yet
+    handles.reserve(runs.size());
+    // The driver calls with the mutex released. Meanwhile the planned granules read as
+    // unmapped: a request over them grows (waits for the growth mutex), nobody unmaps them.
+    held.unlock();
+    hand_back_detached();  // reclaimed runs first: their memory may be what the maps need
+    bool out_of_memory = false;
+    try {
+      for (const auto& [g, end] : runs) {
+        try {
+          handles.push_back(map_.map_now(g, end));
+        } catch (const OutOfMemory&) {
+          out_of_memory = true;
+          break;
+        }
+      }
+    } catch (...) {  // another driver error: what mapped is kept, the range goes back
+      held.lock();
+      for (std::size_t i = 0; i < handles.size(); ++i) {
+        map_.commit_run(runs[i].first, runs[i].second, handles[i]);
+      }
+      ++budget_.counters().failed_upstream_allocations;
+      throw;
+    }
+    held.lock();
+    for (std::size_t i = 0; i < handles.size(); ++i) {
+      map_.commit_run(runs[i].first, runs[i].second, handles[i]);
+    }
+    if (out_of_memory) {
+      ++budget_.counters().failed_upstream_allocations;
+      map_range_now(range);  // without map-ahead, reclaiming first: under the mutex
+    }
+  }
+  live_.reserve_one();  // other threads filed blocks meanwhile
+}
+
+void SegmentTier::map_range_now(Range* range) {
+  const std::size_t first = map_.granule_of(range->addr);
+  std::size_t last = map_.granule_of(range->addr + range->size - 1);
+  if (map_.all_mapped(first, last)) return;
   const std::size_t new_granules = map_.unmapped_granules(first, last);
   if (options_.unmap_before_map) {
-    // The growth budget the tiers share (ReservedGauge): past it, free runs are unmapped
-    // before new ones are mapped. Below it, mapped free granules stay for reuse, so a loop
-    // that frees and reallocates makes no driver call.
     if (const std::size_t excess =
             budget_.excess_after_growth(new_granules * map_.granule(), range->size)) {
       const std::size_t free_bytes = budget_.free_bytes();
-      reclaim(free_bytes > excess ? free_bytes - excess : 0, range);
+      reclaim(free_bytes > excess ? free_bytes - excess : 0, range, /*later=*/false);
     }
   }
-  // Each stretch of unmapped granules under the range is one run: one physical allocation
-  // and one map, however many granules it spans, up to run_granule_cap().
   const std::size_t available = options_.virtual_memory->available_bytes();
   const std::size_t cap = map_.run_granule_cap(available);
   const std::size_t block_last = last;
@@ -132,7 +223,7 @@ void SegmentTier::map_range(Range* range) {
         last = block_last;
         continue;  // this run again without them (or done, when it held only those)
       }
-      reclaim(0, range);
+      reclaim(0, range, /*later=*/false);
       try {
         map_.map_run(g, end);
       } catch (...) {
@@ -146,10 +237,22 @@ void SegmentTier::map_range(Range* range) {
 
 void SegmentTier::give_back(std::size_t keep_free) noexcept {
   if (map_.base() != nullptr) {
-    map_.unmap_free(ranges_.untagged(), keep_free, nullptr);
+    map_.unmap_free(ranges_.untagged(), keep_free, nullptr, &detached_);
   } else {
     release_empty_segments(keep_free);
   }
+}
+
+void SegmentTier::hand_back_detached() noexcept {
+  const bool runs = map_.base() != nullptr;  // set once, by a growth mutex holder
+  for (const DetachedMemory& gone : detached_) {
+    if (runs) {
+      map_.unmap_detached(gone);
+    } else {
+      upstream_.deallocate(gone.addr, gone.bytes);
+    }
+  }
+  detached_.clear();
 }
 
 bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
@@ -180,11 +283,16 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
 }
 
 void SegmentTier::release_segment(Segment* segment) noexcept {
-  upstream_.deallocate(segment->base, segment->size);
+  const DetachedMemory gone{segment->base, segment->size, 0};
   --budget_.counters().segments;
   budget_.sub_reserved(segment->size);
   ranges_.recycle(segment->first);
   delete segment;
+  try {
+    detached_.push_back(gone);
+  } catch (...) {  // no host memory for the list: back now, under the mutex
+    upstream_.deallocate(gone.addr, gone.bytes);
+  }
 }
 
 void SegmentTier::release_empty_segments(std::size_t keep_free) noexcept {

@@ -16,6 +16,8 @@
 #       tests, memcheck, replay with the Torch peer, the pairs, batched and overhead benchmarks
 #   tools/gpu/run_gpu_checks.sh tests-replay-python OUT
 #       tests, memcheck, replay with the Torch peer, the Python checks
+#   tools/gpu/run_gpu_checks.sh tests-batched-pager OUT
+#       tests, memcheck, the batched benchmark (--quick) and the pager benchmark
 #   tools/gpu/run_gpu_checks.sh bench OUT
 #       every benchmark scenario (the tables of bench/RESULTS.md)
 #   tools/gpu/run_gpu_checks.sh python OUT
@@ -108,6 +110,13 @@ case $mode in
     tests_and_memcheck
     torch_replay
     full_bench 400
+    ;;
+  tests-batched-pager)
+    tests_and_memcheck
+    step batched 200 ./build/vram bench --quick --scenario batched \
+      --json "$log/batched.json" --markdown "$log/batched.md"
+    step pager 200 ./build/vram bench --scenario pager --json "$log/pager.json" \
+      --markdown "$log/pager.md"
     ;;
   bench)
     full_bench 560

@@ -1,7 +1,8 @@
 // vram/detail/tier_mutex.hpp: the segment tiers' mutex: one compare-exchange to lock and
-// one exchange to unlock when uncontended, inline; a holder may block (the virtual-memory
-// tier maps under it, a driver call), so a contended lock spins, then sleeps in
-// std::atomic::wait (a futex on Linux) instead of spinning on.
+// one exchange to unlock when uncontended, inline; a holder may block (a tier growing past
+// its budget waits for stream markers under it; upstream calls are made outside it), so a
+// contended lock spins, then sleeps in std::atomic::wait (a futex on Linux) instead of
+// spinning on.
 //
 // State: 0 free; 1 held, no thread asleep on it; 2 held, a thread may be asleep. A thread
 // that goes to sleep first sets 2 (and then owns the lock once it finds the state was 0),
@@ -14,8 +15,8 @@
 // critical section is far shorter than a futex sleep and wake; handing the lock to a
 // sleeper on every unlock (which joining the sleepers at once amounts to) would make every
 // hand-off cost a wake-up and a reschedule while the running threads wait behind it. The
-// spin covers a queue of running threads each holding it briefly; a holder that blocks in
-// the driver outlasts it, and then its waiters sleep.
+// spin covers a queue of running threads each holding it briefly; a holder that blocks on a
+// marker outlasts it, and then its waiters sleep.
 #pragma once
 
 #include <atomic>

@@ -1,0 +1,211 @@
+// A segment tier's upstream calls run outside its mutex: while one thread grows the tier
+// (a map, or a new segment from the upstream, blocked here on a gate), other threads
+// allocate from and free to the memory the tier already holds; a request that needs more
+// waits for the growth in progress and is then served; nothing overlaps and every byte goes
+// back.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+
+#include "segment_tier.hpp"
+#include "test_upstreams.hpp"
+#include "vram/units.hpp"
+#include "vram/virtual_memory.hpp"
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+using detail::kUntagged;
+using detail::SegmentTier;
+using std::chrono::seconds;
+
+// Holds the next call that passes through it until open(); entered() waits for that call.
+class Gate {
+ public:
+  void arm() {
+    std::lock_guard lock(mutex_);
+    armed_ = true;
+    entered_ = false;
+  }
+  void pass() {
+    std::unique_lock lock(mutex_);
+    if (!armed_) return;
+    entered_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return !armed_; });
+  }
+  bool entered(seconds limit) {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, limit, [this] { return entered_; });
+  }
+  void open() {
+    std::lock_guard lock(mutex_);
+    armed_ = false;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool armed_ = false;
+  bool entered_ = false;
+};
+
+class GatedVirtualMemory final : public VirtualMemory {
+ public:
+  GatedVirtualMemory(std::shared_ptr<Upstream> physical, Gate& gate)
+      : inner_(std::move(physical)), gate_(gate) {}
+  std::size_t granularity() const noexcept override { return inner_.granularity(); }
+  char* reserve(std::size_t bytes) override { return inner_.reserve(bytes); }
+  void unreserve(char* base, std::size_t bytes) noexcept override { inner_.unreserve(base, bytes); }
+  std::uint64_t map(char* address, std::size_t bytes) override {
+    gate_.pass();
+    return inner_.map(address, bytes);
+  }
+  void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept override {
+    inner_.unmap(address, bytes, handle);
+  }
+
+ private:
+  HostVirtualMemory inner_;
+  Gate& gate_;
+};
+
+class GatedUpstream final : public Upstream {
+ public:
+  GatedUpstream(std::shared_ptr<Upstream> inner, Gate& gate)
+      : inner_(std::move(inner)), gate_(gate) {}
+  void* allocate(std::size_t bytes) override {
+    gate_.pass();
+    return inner_->allocate(bytes);
+  }
+  void deallocate(void* block, std::size_t bytes) noexcept override {
+    inner_->deallocate(block, bytes);
+  }
+  MemoryKind kind() const noexcept override { return inner_->kind(); }
+  std::string_view name() const noexcept override { return "gated"; }
+
+ private:
+  std::shared_ptr<Upstream> inner_;
+  Gate& gate_;
+};
+
+// While `grower` is held in its upstream call, the tier serves what it holds and takes
+// frees; a second growth waits for the first and is then served.
+void check_growth_outside_the_mutex(SegmentTier& tier, Gate& gate, std::size_t held_block,
+                                    std::size_t grown_block) {
+  // A free range the tier holds (mapped), kept apart from the rest by a live block.
+  void* kept_free = tier.allocate(held_block, kUntagged, true);
+  void* fence_post = tier.allocate(held_block, kUntagged, true);
+  ASSERT_NE(kept_free, nullptr);
+  ASSERT_NE(fence_post, nullptr);
+  ASSERT_TRUE(tier.free(kept_free, kUntagged));
+
+  gate.arm();
+  auto grower =
+      std::async(std::launch::async, [&] { return tier.allocate(grown_block, kUntagged, true); });
+  ASSERT_TRUE(gate.entered(seconds(10))) << "the growth never reached its upstream call";
+
+  // The growth is inside its upstream call: the tier's mutex must be free.
+  auto served = std::async(std::launch::async, [&] {
+    void* block = tier.allocate(held_block / 2, kUntagged, false);
+    if (block != nullptr) std::memset(block, 0x5a, held_block / 2);
+    const bool freed = block != nullptr && tier.free(block, kUntagged);
+    return freed && tier.owns(fence_post);
+  });
+  const bool in_time = served.wait_for(seconds(10)) == std::future_status::ready;
+  // A second growth waits for the first (it would need the granules or upstream too).
+  auto second =
+      std::async(std::launch::async, [&] { return tier.allocate(grown_block, kUntagged, true); });
+  gate.open();  // lets the first growth (and any later upstream call) through
+  EXPECT_TRUE(in_time) << "an allocation from held memory waited for the growth's upstream call";
+  if (!in_time) served.wait();
+  EXPECT_TRUE(served.get()) << "held memory did not serve, or a free failed, during growth";
+
+  void* grown = grower.get();
+  void* grown_again = second.get();
+  ASSERT_NE(grown, nullptr);
+  ASSERT_NE(grown_again, nullptr);
+  const auto a = reinterpret_cast<std::uintptr_t>(grown);
+  const auto b = reinterpret_cast<std::uintptr_t>(grown_again);
+  EXPECT_TRUE(a + grown_block <= b || b + grown_block <= a) << "two growths overlap";
+  std::memset(grown, 1, grown_block);  // mapped (host emulation: a fault otherwise)
+  std::memset(grown_again, 2, grown_block);
+  EXPECT_TRUE(tier.free(grown, kUntagged));
+  EXPECT_TRUE(tier.free(grown_again, kUntagged));
+  EXPECT_TRUE(tier.free(fence_post, kUntagged));
+  tier.trim(0, true);
+  EXPECT_EQ(tier.counters().reserved, 0U);
+}
+
+TEST(SegmentTierGrowthOutsideLock, VirtualTierServesHeldMemoryWhileAMapIsInProgress) {
+  Gate gate;
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  GatedVirtualMemory vm(physical, gate);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  {
+    SegmentTier tier(*physical, fence, gauge,
+                     {.granularity = 512, .virtual_memory = &vm, .reservation = 1_GiB});
+    check_growth_outside_the_mutex(tier, gate, 4_MiB, 32_MiB);
+  }
+  EXPECT_EQ(physical->live_bytes(), 0U);
+  EXPECT_EQ(physical->bad_frees(), 0U);
+}
+
+TEST(SegmentTierGrowthOutsideLock, SegmentTierServesHeldMemoryWhileANewSegmentIsAllocated) {
+  Gate gate;
+  auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  GatedUpstream upstream(counted, gate);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  {
+    SegmentTier tier(upstream, fence, gauge, {.granularity = 512});
+    check_growth_outside_the_mutex(tier, gate, 1_MiB, 32_MiB);
+  }
+  EXPECT_EQ(counted->live_bytes(), 0U);
+  EXPECT_EQ(counted->bad_frees(), 0U);
+}
+
+// Frees past max_free_bytes during a growth give nothing back at once (the growth mutex is
+// taken); the growth gives the excess back as it ends.
+TEST(SegmentTierGrowthOutsideLock, FreesDuringAGrowthGiveBackWhenItEnds) {
+  Gate gate;
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  GatedVirtualMemory vm(physical, gate);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  SegmentTier tier(
+      *physical, fence, gauge,
+      {.granularity = 512, .max_free_bytes = 8_MiB, .virtual_memory = &vm, .reservation = 1_GiB});
+  void* big = tier.allocate(24_MiB, kUntagged, true);
+  void* post = tier.allocate(2_MiB, kUntagged, true);
+  ASSERT_NE(big, nullptr);
+  ASSERT_NE(post, nullptr);
+  gate.arm();
+  auto grower =
+      std::async(std::launch::async, [&] { return tier.allocate(16_MiB, kUntagged, true); });
+  ASSERT_TRUE(gate.entered(seconds(10)));
+  auto freed = std::async(std::launch::async, [&] { return tier.free(big, kUntagged); });
+  const bool in_time = freed.wait_for(seconds(10)) == std::future_status::ready;
+  gate.open();
+  EXPECT_TRUE(in_time) << "a free waited for the growth's map";
+  EXPECT_TRUE(freed.get());
+  void* grown = grower.get();
+  ASSERT_NE(grown, nullptr);
+  EXPECT_LE(tier.counters().free_bytes, 8_MiB) << "the growth did not give back the excess";
+  EXPECT_TRUE(tier.free(grown, kUntagged));
+  EXPECT_TRUE(tier.free(post, kUntagged));
+  tier.trim(0, true);
+  EXPECT_EQ(tier.counters().reserved, 0U);
+  EXPECT_EQ(physical->live_bytes(), 0U);
+}
+
+}  // namespace
+}  // namespace vram::testing
