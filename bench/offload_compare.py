@@ -1,7 +1,12 @@
 """vram_torch.offload against all-resident and Hugging Face accelerate's offload, on models
 built from configs (no downloads): greedy decoding (batch 1) and the prefill of a long prompt.
 
-    python3 bench/offload_compare.py OUT_DIR [--arch llama,mixtral] [--budget-gib 2]
+    python3 bench/offload_compare.py OUT_DIR [--models llama,mixtral] [--budget-gib 2]
+        [--rows vram_leaf,vram_pageable,all_resident,accelerate]
+
+--models (or --arch) picks the models, --rows the rows (default: every row; all_resident
+always runs: its tokens are the reference). A short GPU run: --models mixtral --rows
+vram_leaf,vram_pageable,vram_everything_resident --no-accelerate.
 
 Per model, in one process and one run: the pinned host-to-device rate (the link bound's
 rate), all-resident, vram offload (leaf pieces, whole-unit pieces, pageable host weights),
@@ -28,6 +33,9 @@ import torch  # noqa: E402
 
 GiB = 1 << 30
 MiB = 1 << 20
+ROWS = ("all_resident", "vram_leaf", "vram_param", "vram_leaf_depth1", "vram_leaf_depth1_third",
+        "vram_unit", "vram_pageable", "vram_leaf_single", "vram_everything_resident",
+        "accelerate")
 
 
 def sync(dev):
@@ -223,27 +231,39 @@ def run_arch(arch, args, dev, rate, log):
         return entry
 
     short = max(n1 + 4, n2 // 2)
-    res["vram_leaf"] = offloaded("vram leaf", n1, n2, True, granularity="leaf",
-                                 prefetch_depth=args.depth)
-    res["vram_param"] = offloaded("vram param", n1, n2, False, granularity="param",
-                                  prefetch_depth=args.depth)
-    res["vram_leaf_depth1"] = offloaded("vram leaf depth 1", n1, n2, True,
-                                        granularity="leaf", prefetch_depth=1)
+    rows = args.row_set
+    if "vram_leaf" in rows:
+        res["vram_leaf"] = offloaded("vram leaf", n1, n2, True, granularity="leaf",
+                                     prefetch_depth=args.depth)
+    if "vram_param" in rows:
+        res["vram_param"] = offloaded("vram param", n1, n2, False, granularity="param",
+                                      prefetch_depth=args.depth)
+    if "vram_leaf_depth1" in rows:
+        res["vram_leaf_depth1"] = offloaded("vram leaf depth 1", n1, n2, True,
+                                            granularity="leaf", prefetch_depth=1)
     third = model_bytes // 3
-    res["vram_leaf_depth1_third"] = offloaded("vram leaf depth 1, budget = model / 3", n1,
-                                              short, False, budget_bytes=third,
-                                              granularity="leaf", prefetch_depth=1)
-    res["vram_unit"] = offloaded("vram unit", n1, short, False, granularity="unit",
-                                 prefetch_depth=1)
-    res["vram_pageable"] = offloaded("vram pageable", n1, short, False, granularity="leaf",
-                                     host="pageable", prefetch_depth=args.depth)
+    if "vram_leaf_depth1_third" in rows:
+        res["vram_leaf_depth1_third"] = offloaded("vram leaf depth 1, budget = model / 3", n1,
+                                                  short, False, budget_bytes=third,
+                                                  granularity="leaf", prefetch_depth=1)
+    if "vram_unit" in rows:
+        res["vram_unit"] = offloaded("vram unit", n1, short, False, granularity="unit",
+                                     prefetch_depth=1)
+    if "vram_pageable" in rows:
+        res["vram_pageable"] = offloaded("vram pageable", n1, short, False, granularity="leaf",
+                                         host="pageable", prefetch_depth=args.depth)
+    if "vram_leaf_single" in rows:  # leaf pieces not joined (the layout before coalescing)
+        res["vram_leaf_single"] = offloaded("vram leaf, pieces not joined", n1, n2, False,
+                                            granularity="leaf", prefetch_depth=args.depth,
+                                            coalesce=False)
     # Hooks and views only: a budget that holds everything (nothing streams).
-    res["vram_everything_resident"] = offloaded(
-        "vram, budget holds all", n1, short, False,
-        budget_bytes=int(model_bytes * 1.05) + (64 << 20), granularity="leaf")
+    if "vram_everything_resident" in rows:
+        res["vram_everything_resident"] = offloaded(
+            "vram, budget holds all", n1, short, False,
+            budget_bytes=int(model_bytes * 1.05) + (64 << 20), granularity="leaf")
     for key in ("vram_leaf", "vram_leaf_depth1", "vram_param", "vram_leaf_depth1_third",
-                "vram_unit", "vram_pageable"):
-        streamed = res[key].get("report", {}).get("streamed_bytes_per_forward")
+                "vram_unit", "vram_pageable", "vram_leaf_single"):
+        streamed = res.get(key, {}).get("report", {}).get("streamed_bytes_per_forward")
         if streamed and rate:
             res[key]["link_bound_ms"] = streamed / (rate * 1e9) * 1e3
 
@@ -251,7 +271,7 @@ def run_arch(arch, args, dev, rate, log):
         res["ideal_link_bound_ms"] = max(model_bytes - budget, 0) / (rate * 1e9) * 1e3
 
     # accelerate at the same budget.
-    if not args.no_accelerate and dev.type == "cuda":
+    if "accelerate" in rows and not args.no_accelerate and dev.type == "cuda":
         entry = {}
         try:
             from accelerate import dispatch_model, infer_auto_device_map
@@ -299,7 +319,8 @@ def table(results, rate):
         lines.append(f"| {name} | all resident | {r['resident_ms_per_token']:.2f} | "
                      f"{r['resident_prefill_ms']:.1f} | | ref | |")
         for key in ("vram_leaf", "vram_leaf_depth1", "vram_param", "vram_leaf_depth1_third",
-                    "vram_unit", "vram_pageable", "vram_everything_resident", "accelerate"):
+                    "vram_unit", "vram_pageable", "vram_leaf_single", "vram_everything_resident",
+                    "accelerate"):
             e = r.get(key)
             if not e:
                 continue
@@ -336,8 +357,8 @@ def table(results, rate):
                          f"{'identical' if e.get('tokens_identical') else 'DIFFER'} | "
                          f"{'; '.join(notes)} |")
         if r.get("ideal_link_bound_ms"):
-            lines.append(f"| {name} | link bound | plan: "
-                         f"{r['vram_leaf'].get('link_bound_ms', float('nan')):.2f}; ideal "
+            lines.append(f"| {name} | link bound | plan (leaf): "
+                         f"{r.get('vram_leaf', {}).get('link_bound_ms', float('nan')):.2f}; ideal "
                          f"(model - budget): {r['ideal_link_bound_ms']:.2f} | | | | |")
     return "\n".join(lines)
 
@@ -345,7 +366,11 @@ def table(results, rate):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--arch", default="llama,mixtral")
+    ap.add_argument("--arch", "--models", dest="arch", default="llama,mixtral",
+                    help="models, comma-separated: llama, mixtral")
+    ap.add_argument("--rows", default=",".join(ROWS),
+                    help="rows, comma-separated, of: " + ", ".join(ROWS)
+                    + " (all_resident always runs: the reference tokens)")
     ap.add_argument("--budget-gib", type=float, default=2.0)
     ap.add_argument("--moe-budget-gib", type=float, default=1.0)
     ap.add_argument("--prompt", type=int, default=128)
@@ -360,6 +385,10 @@ def main():
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--host-double", action="store_true")
     args = ap.parse_args()
+    args.row_set = {r.strip() for r in args.rows.split(",") if r.strip()}
+    unknown = args.row_set - set(ROWS)
+    if unknown:
+        ap.error(f"--rows: unknown {sorted(unknown)}; rows: {', '.join(ROWS)}")
     os.makedirs(args.out, exist_ok=True)
     dev = torch.device("cpu") if args.host_double else torch.device("cuda", 0)
     if args.tiny:
@@ -392,7 +421,9 @@ def main():
             traceback.print_exc()
     rate_end = pinned_rate(dev)
     log(f"pinned H2D at the end: {rate_end:.2f} GB/s")
-    out = {"env": env, "args": vars(args), "pinned_gbps": rate, "pinned_gbps_end": rate_end,
+    args.row_set = sorted(args.row_set)
+    out = {"env": env, "args": vars(args), "seconds": time.perf_counter() - start,
+           "pinned_gbps": rate, "pinned_gbps_end": rate_end,
            "results": results}
     with open(os.path.join(args.out, "offload_compare.json"), "w") as f:
         json.dump(out, f, indent=1, default=str)

@@ -96,6 +96,12 @@ def _bind(lib):
         "vram_torch_pager_destroy": (None, (vp,)),
         "vram_torch_pager_acquire": (vp, (vp, sz, vp)),
         "vram_torch_pager_release": (ctypes.c_int, (vp, sz, vp)),
+        "vram_torch_pager_acquire_many": (ctypes.c_int, (vp, sz, ctypes.POINTER(sz), vp,
+                                                         ctypes.POINTER(vp))),
+        "vram_torch_pager_release_many": (ctypes.c_int, (vp, sz, ctypes.POINTER(sz), vp)),
+        "vram_torch_pager_preview": (ctypes.c_int, (sz, ctypes.POINTER(sz), ctypes.POINTER(sz),
+                                                    sz, sz, sz, ctypes.POINTER(_Plan), sz,
+                                                    ctypes.POINTER(ctypes.c_uint8))),
         "vram_torch_pager_error": (sz, (vp, ctypes.c_char_p, sz)),
         "vram_torch_pager_plan": (ctypes.c_int, (vp, ctypes.POINTER(_Plan), sz,
                                                  ctypes.POINTER(ctypes.c_uint8), sz)),
@@ -170,11 +176,12 @@ def _default_units(torch, root):
 
 
 class _Piece:
-    __slots__ = ("index", "name", "unit", "hook_path", "tensors", "refs", "nbytes", "offset",
+    __slots__ = ("index", "name", "unit", "hook_paths", "tensors", "refs", "nbytes", "offset",
                  "host_params")
 
     def __init__(self, index, name, unit, hook_path):
-        self.index, self.name, self.unit, self.hook_path = index, name, unit, hook_path
+        self.index, self.name, self.unit = index, name, unit
+        self.hook_paths = [hook_path]  # the modules whose hooks acquire it (coalesced: several)
         self.tensors = []  # (tensor, offset in piece, nbytes)
         self.refs = []  # (dict, key, tensor index): every place a tensor is referenced
         self.nbytes = 0
@@ -188,7 +195,7 @@ class Offload:
 
     def __init__(self, torch, module, budget, device, units, granularity, host, prefetch_depth,
                  schedule, relearn, small_bytes, verbose, host_double, path, stall_sample_period,
-                 fill_threads):
+                 fill_threads, coalesce=True, staging_chunk_bytes=16 << 20, staging_buffers=16):
         self._torch = torch
         nn = torch.nn
         if not isinstance(module, nn.Module):
@@ -221,10 +228,16 @@ class Offload:
         self.granularity, self.host, self.prefetch_depth = granularity, host, int(prefetch_depth)
         self.relearn, self.verbose = bool(relearn), bool(verbose)
         self._stall_period, self._fill_threads = int(stall_sample_period), int(fill_threads)
+        self._staging_chunk, self._staging_buffers = int(staging_chunk_bytes), int(staging_buffers)
+        # A given schedule names the single pieces: they are not joined then.
+        self.coalesce = bool(coalesce) and schedule is None
         self._small_bytes = int(small_bytes)
         self._handle = None
         self._hooks = []
         self._views = {}
+        self._pending = {}  # piece -> stream: released by its modules, pager release deferred
+        self._arrays = {}  # tuple of pieces -> (ctypes index array, pointer array)
+        self._last = -1  # the piece acquired last (a joined piece's modules re-acquire it)
         self.forwards = 0
         self.out_of_order = 0
         self.order_changes = 0
@@ -339,6 +352,16 @@ class Offload:
                     self._direct.append(t[0])
             else:
                 kept.append(piece)
+        seen = set()
+        for p in self._direct:
+            if id(p) not in seen:
+                seen.add(id(p))
+                self.direct_bytes += _round(p.numel() * p.element_size(), 512)
+        for _, _, b in self._buffer_refs:
+            if id(b) not in seen:
+                seen.add(id(b))
+                self.direct_bytes += _round(b.numel() * b.element_size(), 512)
+        kept = self._coalesce(kept)
         for i, piece in enumerate(kept):
             piece.index = i
         self.pieces = kept
@@ -353,25 +376,26 @@ class Offload:
                 for key, p in m._parameters.items():
                     if p is not None and id(p) in piece_refs:
                         piece.refs.append((m._parameters, key, piece_refs[id(p)]))
-        hook_module = {piece.index: dict(root.named_modules())[piece.hook_path] if piece.hook_path
-                       else root for piece in kept}
+        named = dict(root.named_modules())
+        hook_modules = {piece.index: [named[hp] if hp else root for hp in piece.hook_paths]
+                        for piece in kept}
         for mpath, m in root.named_modules():
             for key, p in own_params(m):
                 piece = paged.get(id(p))
-                if piece is None:
+                if piece is None or any(h is m for h in hook_modules[piece.index]):
                     continue
-                hp = piece.hook_path
+                hp = piece.hook_paths[0]
                 covered = mpath == hp or (hp == "" or mpath.startswith(hp + "."))
-                if hook_module[piece.index] is m or covered and self.granularity == "unit":
+                if covered and self.granularity == "unit":
                     continue
                 entry = self._needs.setdefault(id(m), (m, []))
                 if piece.index not in entry[1]:
                     entry[1].append(piece.index)
         for piece in kept:
-            m = hook_module[piece.index]
-            entry = self._needs.setdefault(id(m), (m, []))
-            if piece.index not in entry[1]:
-                entry[1].insert(0, piece.index)
+            for m in hook_modules[piece.index]:
+                entry = self._needs.setdefault(id(m), (m, []))
+                if piece.index not in entry[1]:
+                    entry[1].insert(0, piece.index)
         # Registration order of the hooked modules: the schedule's first guess.
         order = [id(m) for m in root.modules()]
         self._hooked = sorted(self._needs.values(), key=lambda e: order.index(id(e[0])))
@@ -389,15 +413,6 @@ class Offload:
             piece.offset = offset
             offset = _round(offset + inner, _PIECE_ALIGN)
         self.host_bytes = offset
-        seen = set()
-        for p in self._direct:
-            if id(p) not in seen:
-                seen.add(id(p))
-                self.direct_bytes += _round(p.numel() * p.element_size(), 512)
-        for _, _, b in self._buffer_refs:
-            if id(b) not in seen:
-                seen.add(id(b))
-                self.direct_bytes += _round(b.numel() * b.element_size(), 512)
         self._check_budget()
         # Page-aligned: a piece shares no page with another (pinning registers whole pages).
         storage = torch.empty(max(offset, 1) + _PIECE_ALIGN, dtype=torch.uint8)
@@ -434,6 +449,43 @@ class Offload:
             m._buffers[key] = buffer_map[id(b)]
         self._buffer_refs = [(m, key) for m, key, _ in self._buffer_refs]
 
+    def _coalesce(self, kept):
+        """Consecutive streamed pieces of one unit joined while the join is no larger than the
+        ring's slot (the largest streamed piece of the plan over the single pieces): the ring
+        and the budget stay the same, and prefetch_depth pieces ahead then cover a slot's
+        bytes each (a small piece no longer takes a whole slot of the lookahead)."""
+        if not self.coalesce or self.granularity == "unit" or len(kept) < 2:
+            return kept
+        n = len(kept)
+        sizes = [sum(_round(t[2], _TENSOR_ALIGN) for t in p.tensors) for p in kept]
+        pager_budget = self.budget - self.direct_bytes
+        if pager_budget <= 0:
+            return kept  # refused by _check_budget
+        plan = _Plan()
+        resident = (ctypes.c_uint8 * n)()
+        order = (ctypes.c_size_t * n)(*range(n))
+        if self._lib.vram_torch_pager_preview(
+                n, (ctypes.c_size_t * n)(*sizes), order, n, pager_budget, self.prefetch_depth,
+                ctypes.byref(plan), ctypes.sizeof(plan), resident) != 0 or not plan.slot_bytes:
+            return kept  # refused (reported by _check_budget), or nothing streams
+        cap = plan.slot_bytes
+        out, group, group_bytes, names = [], None, 0, {}
+        for piece, size, res in zip(kept, sizes, resident):
+            if not res and group is not None and group.unit == piece.unit and (
+                    group_bytes + size <= cap):
+                group.tensors.extend(piece.tensors)
+                group.hook_paths.extend(h for h in piece.hook_paths if h not in group.hook_paths)
+                names[id(group)].append(piece.name)
+                group_bytes += size
+                continue
+            out.append(piece)
+            group, group_bytes = (None, 0) if res else (piece, size)
+            names[id(piece)] = [piece.name]
+        for piece in out:
+            if len(names[id(piece)]) > 1:
+                piece.name = "+".join(names[id(piece)])
+        return out
+
     def _check_budget(self):
         n = len(self.pieces)
         pager_budget = self.budget - self.direct_bytes
@@ -458,7 +510,12 @@ class Offload:
 
     def _initial_schedule(self, schedule):
         if schedule is None:
-            return [k for _, ks in self._hooked for k in ks]
+            out = []
+            for _, ks in self._hooked:
+                for k in ks:
+                    if not out or out[-1] != k:  # a joined piece's modules follow each other
+                        out.append(k)
+            return out
         names = {p.name: p.index for p in self.pieces}
         out = []
         for s in schedule:
@@ -494,8 +551,10 @@ class Offload:
         opts = _Options(budget_bytes=pager_budget, prefetch_depth=self.prefetch_depth,
                         device=max(self._device_index, 0), host=_HOST_MODES[self.host],
                         host_double=1 if self.host_double else 0,
-                        fill_threads=self._fill_threads, staging_chunk_bytes=0,
-                        staging_buffers=0, stall_sample_period=self._stall_period)
+                        fill_threads=self._fill_threads,
+                        staging_chunk_bytes=self._staging_chunk,
+                        staging_buffers=self._staging_buffers,
+                        stall_sample_period=self._stall_period)
         err = ctypes.create_string_buffer(4096)
         handle = lib.vram_torch_pager_create(n, hosts, sizes, sched, len(schedule),
                                              ctypes.byref(opts), err, len(err))
@@ -528,6 +587,11 @@ class Offload:
                     d[key] = views[i]
 
     def _destroy_pager(self):
+        if self._pending:
+            try:
+                self._flush()  # the releases recorded: destroy waits for them
+            except RuntimeError:
+                pass
         for k, piece in enumerate(self.pieces):
             if k < len(self._resident) and self._resident[k]:
                 for d, key, i in piece.refs:
@@ -562,6 +626,7 @@ class Offload:
         self._depth += 1
         if self._depth == 1:
             self._trace = []
+            self._last = -1
         if self.host_double:
             return None
         return (tuple(self._to_device(a) for a in args),
@@ -571,6 +636,9 @@ class Offload:
         self._depth -= 1
         if self._depth != 0:
             return
+        self._last = -1
+        if self._pending:
+            self._flush()
         self.forwards += 1
         trace, self._trace = self._trace, []
         if not trace or trace == self._schedule:
@@ -613,13 +681,11 @@ class Offload:
                         "for inference (the weights' device memory is reused as soon as the "
                         "module returns). Fix: run under torch.no_grad() or "
                         "torch.inference_mode().")
-        stream = self._stream()
-        lib, handle = self._lib, self._handle
-        schedule, resident = self._schedule, self._resident
+        schedule = self._schedule
         for k in pieces:
-            ptr = lib.vram_torch_pager_acquire(handle, k, stream)
-            if not ptr:
-                raise RuntimeError("vram_torch.offload: " + _error_text(lib, handle))
+            if k == self._last:
+                continue  # the same piece again (a joined piece's next module): one use
+            self._last = k
             if self._depth:
                 self._trace.append(k)
             pos = self._pos
@@ -634,29 +700,90 @@ class Offload:
                         self._pos = (schedule.index(k) + 1) % len(schedule)
                     except ValueError:
                         pass
-            held = self._holds[k]
-            self._holds[k] = held + 1
-            if held == 0 and not resident[k]:
-                views = self._views.get((k, ptr))
-                if views is None:
-                    views = self._make_views(k, ptr)
-                for d, key, i in self.pieces[k].refs:
-                    d[key] = views[i]
+        # Resident pieces are bound for good: no pager call. A piece whose release is still
+        # pending on this stream is taken back as it is (still bound, never released).
+        resident, holds, pending = self._resident, self._holds, self._pending
+        need = ()
+        stream = None
+        for k in pieces:
+            if resident[k]:
+                continue
+            held = holds[k]
+            if held:
+                holds[k] = held + 1
+                continue
+            if stream is None:
+                stream = self._stream()
+            if pending.get(k, self) == stream:
+                del pending[k]
+                holds[k] = 1
+            else:
+                need += (k,)
+        if pending:
+            self._flush()  # before the acquire: their slots can take its prefetches
+        if need:
+            self._acquire(need, stream)
+
+    def _acquire(self, need, stream):
+        lib, handle = self._lib, self._handle
+        arrays = self._arrays.get(need)
+        if arrays is None:
+            arrays = ((ctypes.c_size_t * len(need))(*need), (ctypes.c_void_p * len(need))())
+            self._arrays[need] = arrays
+        index, out = arrays
+        if lib.vram_torch_pager_acquire_many(handle, len(need), index, stream, out) != 0:
+            raise RuntimeError("vram_torch.offload: " + _error_text(lib, handle))
+        holds, views_of, pieces = self._holds, self._views, self.pieces
+        for j, k in enumerate(need):
+            ptr = out[j]
+            holds[k] = 1
+            views = views_of.get((k, ptr))
+            if views is None:
+                views = self._make_views(k, ptr)
+            for d, key, i in pieces[k].refs:
+                d[key] = views[i]
 
     def _exit(self, pieces):
-        stream = self._stream()
+        # The pager release (and the host copies bound back) waits for the next module's
+        # pre-hook or the end of the forward: a joined piece used by the next module too is
+        # then neither released nor rebound.
+        resident, holds = self._resident, self._holds
+        stream = None
+        for k in pieces:
+            if resident[k] or holds[k] == 0:
+                continue  # resident, or the pre-hook failed before acquiring it
+            holds[k] -= 1
+            if holds[k] == 0:
+                if stream is None:
+                    stream = self._stream()
+                self._pending[k] = stream
+        if self._depth == 0:
+            self._last = -1
+            if self._pending:
+                self._flush()  # a module called outside the top-level forward
+
+    def _flush(self):
+        """Releases the pieces whose release is pending and binds their host copies back."""
+        pending, self._pending = self._pending, {}
         lib, handle = self._lib, self._handle
         failed = None
-        for k in pieces:
-            if self._holds[k] == 0:
-                continue  # the pre-hook failed before acquiring it
-            if lib.vram_torch_pager_release(handle, k, stream) != 0 and failed is None:
-                failed = _error_text(lib, handle)
-            self._holds[k] -= 1
-            if self._holds[k] == 0 and not self._resident[k]:
-                piece = self.pieces[k]
-                for d, key, i in piece.refs:
-                    d[key] = piece.host_params[i]
+        if handle:
+            if len(pending) == 1:
+                (k, stream), = pending.items()
+                if lib.vram_torch_pager_release(handle, k, stream) != 0:
+                    failed = _error_text(lib, handle)
+            else:
+                by_stream = {}
+                for k, stream in pending.items():
+                    by_stream.setdefault(stream, []).append(k)
+                for stream, ks in by_stream.items():
+                    index = (ctypes.c_size_t * len(ks))(*ks)
+                    if lib.vram_torch_pager_release_many(handle, len(ks), index, stream) != 0:
+                        failed = failed or _error_text(lib, handle)
+        for k in pending:
+            piece = self.pieces[k]
+            for d, key, i in piece.refs:
+                d[key] = piece.host_params[i]
         if failed is not None:
             raise RuntimeError("vram_torch.offload: " + failed)
 
@@ -758,6 +885,8 @@ class Offload:
         self._hooks = []
         if any(self._holds):
             raise RuntimeError("vram_torch.offload: remove() inside a forward")
+        if self._pending:
+            self._flush()
         self._destroy_pager()
         self.module._vram_offload = None
 
@@ -776,7 +905,8 @@ class _CudaBytes:
 
 def offload(module, budget, device=0, *, units=None, granularity="leaf", host="automatic",
             prefetch_depth=2, schedule=None, relearn=True, small_bytes=1 << 20, verbose=True,
-            stall_sample_period=16, fill_threads=0, host_double=False, path=None):
+            stall_sample_period=16, fill_threads=0, coalesce=True, staging_chunk_bytes=16 << 20,
+            staging_buffers=16, host_double=False, path=None):
     """Keeps `module`'s parameters in host memory and streams what does not fit `budget`
     (bytes, or "2GiB") through vram's WeightPager on `device`. Returns an Offload handle
     (report(), stats(), remove()); see this module's docstring for the rules.
@@ -787,6 +917,11 @@ def offload(module, budget, device=0, *, units=None, granularity="leaf", host="a
     prefetch_depth: schedule positions prefetched ahead (ring of depth + 1 slots);
     schedule: the piece order of one forward (names or indices; default: learned);
     small_bytes: pieces smaller than this stay on the device as ordinary tensors;
+    coalesce: join consecutive streamed pieces of a unit up to the ring's slot size (the ring
+    and the budget stay the same; the prefetch then runs prefetch_depth slots of bytes ahead);
+    staging_chunk_bytes, staging_buffers, fill_threads: pageable host weights are staged
+    through staging_buffers pinned buffers of staging_chunk_bytes, filled by fill_threads
+    threads (0: the hardware threads, at most 16), which run that many buffers ahead;
     host_double: host memory stands in for the GPU (tests of the offload path on a CPU).
     Raises ValueError when the budget cannot hold the pieces that must stay resident plus
     the ring (the message gives the least budget that works)."""
@@ -794,4 +929,5 @@ def offload(module, budget, device=0, *, units=None, granularity="leaf", host="a
 
     return Offload(torch, module, budget, device, units, granularity, host, prefetch_depth,
                    schedule, relearn, small_bytes, verbose, host_double, path,
-                   stall_sample_period, fill_threads)
+                   stall_sample_period, fill_threads, coalesce, staging_chunk_bytes,
+                   staging_buffers)

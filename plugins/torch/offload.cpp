@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "vram/cuda/error.hpp"
+#include "vram/pager_plan.hpp"
 #include "vram_torch.h"
 
 #define VRAM_TORCH_API extern "C" __attribute__((visibility("default")))
@@ -121,6 +122,45 @@ VRAM_TORCH_API size_t vram_torch_pager_min_budget(size_t count, const size_t* by
   }
 }
 
+// The plan a pager over these pieces would make (plan_residency: no allocation, no pin, no
+// CUDA call): the plan's sizes in `out`, each piece's residency in `resident`. 0, or -1 when
+// the plan is refused (a budget below what it needs).
+VRAM_TORCH_API int vram_torch_pager_preview(size_t count, const size_t* bytes,
+                                            const size_t* schedule, size_t schedule_length,
+                                            size_t budget_bytes, size_t prefetch_depth,
+                                            vram_torch_pager_plan_t* out, size_t out_size,
+                                            uint8_t* resident) {
+  if (count == 0 || bytes == nullptr || out == nullptr ||
+      (schedule_length != 0 && schedule == nullptr)) {
+    return -1;
+  }
+  try {
+    const std::span<const std::size_t> sizes(bytes, count);
+    if (budget_bytes < vram_torch::min_offload_budget(sizes, prefetch_depth)) return -1;
+    const vram::PagerPlan plan = vram::plan_residency(
+        std::vector<std::size_t>(sizes.begin(), sizes.end()),
+        std::vector<std::size_t>(schedule, schedule + schedule_length),
+        vram::PagerPlanOptions{
+            .budget_bytes = budget_bytes, .prefetch_depth = prefetch_depth, .alignment = 256});
+    vram_torch_pager_plan_t p{};
+    p.arena_bytes = plan.arena_bytes;
+    p.resident_bytes = plan.resident_bytes;
+    p.slot_bytes = plan.slot_bytes;
+    p.slot_count = plan.slot_count;
+    p.prefetch_depth = plan.prefetch_depth;
+    p.streamed_bytes_per_step = plan.streamed_bytes_per_step;
+    p.resident_pieces =
+        static_cast<uint64_t>(std::count(plan.resident.begin(), plan.resident.end(), true));
+    std::memcpy(out, &p, std::min(out_size, sizeof p));
+    if (resident != nullptr) {
+      for (size_t i = 0; i < count; ++i) resident[i] = plan.resident[i] ? 1 : 0;
+    }
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
 VRAM_TORCH_API vram_torch_pager* vram_torch_pager_create(size_t count, const void* const* hosts,
                                                          const size_t* bytes,
                                                          const size_t* schedule,
@@ -191,6 +231,45 @@ VRAM_TORCH_API int vram_torch_pager_release(vram_torch_pager* pager, size_t piec
     pager->fail("release", e);
   }
   return -1;
+}
+
+// Several pieces in one call (a hooked module's pieces): out[i] is pieces[i]'s device memory.
+// On a failure the pieces acquired by this call are released again and -1 is returned.
+VRAM_TORCH_API int vram_torch_pager_acquire_many(vram_torch_pager* pager, size_t count,
+                                                 const size_t* pieces, vram_torch_stream_t stream,
+                                                 void** out) {
+  if (pager == nullptr || (count != 0 && (pieces == nullptr || out == nullptr))) return -1;
+  size_t done = 0;
+  try {
+    for (; done < count; ++done) out[done] = pager->pager->acquire(pieces[done], stream);
+    return 0;
+  } catch (const std::exception& e) {
+    pager->fail("acquire", e);
+  }
+  for (size_t i = 0; i < done; ++i) {
+    try {
+      pager->pager->release(pieces[i], stream);
+    } catch (...) {  // the first failure is the one kept
+    }
+  }
+  return -1;
+}
+
+// Releases every piece named (each exactly once); -1 when one failed (the first failure is
+// kept as the error), after trying the others.
+VRAM_TORCH_API int vram_torch_pager_release_many(vram_torch_pager* pager, size_t count,
+                                                 const size_t* pieces, vram_torch_stream_t stream) {
+  if (pager == nullptr || (count != 0 && pieces == nullptr)) return -1;
+  int result = 0;
+  for (size_t i = 0; i < count; ++i) {
+    try {
+      pager->pager->release(pieces[i], stream);
+    } catch (const std::exception& e) {
+      if (result == 0) pager->fail("release", e);
+      result = -1;
+    }
+  }
+  return result;
 }
 
 VRAM_TORCH_API size_t vram_torch_pager_error(vram_torch_pager* pager, char* buffer, size_t size) {

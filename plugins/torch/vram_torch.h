@@ -188,6 +188,12 @@ typedef struct vram_torch_pager_stats_t {
 /* The least budget that holds the pieces forced resident plus a ring of depth + 1 slots
  * (every piece resident when that is less). */
 size_t vram_torch_pager_min_budget(size_t count, const size_t* bytes, size_t prefetch_depth);
+/* The plan create would make for these pieces (no allocation, no pin, no CUDA call): the
+ * plan's sizes in `out` (the load fields 0), each piece's residency in `resident` (count
+ * entries, may be NULL). 0, or -1 when the budget is below vram_torch_pager_min_budget. */
+int vram_torch_pager_preview(size_t count, const size_t* bytes, const size_t* schedule,
+                             size_t schedule_length, size_t budget_bytes, size_t prefetch_depth,
+                             vram_torch_pager_plan_t* out, size_t out_size, uint8_t* resident);
 vram_torch_pager* vram_torch_pager_create(size_t count, const void* const* hosts,
                                           const size_t* bytes, const size_t* schedule,
                                           size_t schedule_length,
@@ -196,6 +202,13 @@ vram_torch_pager* vram_torch_pager_create(size_t count, const void* const* hosts
 void vram_torch_pager_destroy(vram_torch_pager* pager);
 void* vram_torch_pager_acquire(vram_torch_pager* pager, size_t piece, vram_torch_stream_t stream);
 int vram_torch_pager_release(vram_torch_pager* pager, size_t piece, vram_torch_stream_t stream);
+/* A module's pieces in one call: out[i] receives pieces[i]'s device memory; 0, or -1 after
+ * releasing what this call acquired (vram_torch_pager_error says why). release_many releases
+ * each piece named once; -1 when one failed (after trying the others). */
+int vram_torch_pager_acquire_many(vram_torch_pager* pager, size_t count, const size_t* pieces,
+                                  vram_torch_stream_t stream, void** out);
+int vram_torch_pager_release_many(vram_torch_pager* pager, size_t count, const size_t* pieces,
+                                  vram_torch_stream_t stream);
 /* The pager's latest error (NUL-terminated, truncated to `size`); returns its full length. */
 size_t vram_torch_pager_error(vram_torch_pager* pager, char* buffer, size_t size);
 /* The plan; `resident` (may be NULL) gets one 0/1 per piece (at most `count`). 0: done. */

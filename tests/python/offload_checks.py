@@ -134,6 +134,36 @@ def check_pinned_host():
         assert report["pinned"] and report["pinned_bytes"] > 0, report
 
 
+def check_joined_pieces():
+    """Consecutive streamed pieces of a layer are joined up to the ring's slot size: fewer
+    pieces, the same ring; tokens identical to the single pieces' and to all-resident, and a
+    joined piece is taken once per forward by its modules (no out-of-order acquire)."""
+    model = llama(False, seed=4)
+    ref = copy.deepcopy(model).to(DEV)
+    single = copy.deepcopy(model)
+    budget = int(model_bytes(model) * 0.4)
+    alone = offload(single, budget, coalesce=False)
+    joined = offload(model, budget)
+    a, j = alone.report(), joined.report()
+    assert j["pieces"] < a["pieces"], (a["pieces"], j["pieces"])
+    assert any("+" in n for n in j["piece_names"]), j["piece_names"]
+    assert not any("+" in n for n in a["piece_names"]), a["piece_names"]
+    assert j["ring_slots"] == a["ring_slots"] and j["slot_bytes"] <= a["slot_bytes"], (a, j)
+    assert j["arena_bytes"] <= budget - j["direct_bytes"], j
+    for i, (ids, mask, new) in enumerate(prompts()[:3]):
+        mode = torch.no_grad() if i % 2 == 0 else torch.inference_mode()
+        with mode:
+            want = generate(ref, ids, mask, new)
+            assert torch.equal(generate(model, ids, mask, new), want), i
+            assert torch.equal(generate(single, ids, mask, new), want), i
+    s = joined.stats()
+    assert s["page_ins"] > 0 and s["out_of_order"] == 0 and s["relearns"] == 0, s
+    # After a forward no piece is held and no release is left pending.
+    assert not joined._pending and not any(joined._holds), (joined._pending, joined._holds)
+    alone.remove()
+    joined.remove()
+
+
 def check_budget_too_small_refused():
     model = llama(False)
     before = {n: (id(p), p.device) for n, p in model.named_parameters()}
