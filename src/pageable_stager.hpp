@@ -1,25 +1,50 @@
 // src/pageable_stager.hpp (internal): the weight pager's pageable path, without CUDA.
 //
-// A driver thread takes page-in jobs in order, fills pinned staging buffers from pageable
-// host memory with a ParallelCopy (several host threads), in chunks, and hands each filled
-// buffer to a StagedCopyTarget, which queues its copy to the device. The buffers form a
-// ring of `staging_buffers`: a buffer is refilled only after retire() gave it back to the
-// PinnedStagingPool with the CopyCompleted witness of the copy that read it, i.e. after
-// the host observed that copy complete. acquire() on the compute thread waits only until
-// the copy of the layer it needs has been issued (wait_issued).
+// Page-in jobs are cut into chunks (at most chunk_bytes, each job from its own start) and
+// every chunk into pieces (at most fill_piece_bytes). The chunks flow through a ring of
+// `staging_buffers` pinned buffers as one pipeline that spans consecutive jobs:
+//
+//   dispatch (driver)  -> fill (fill threads, piece by piece) -> copy queued (driver)
+//                      -> copy observed complete, buffer retired (driver) -> dispatch ...
+//
+// Chunk number s (counted over all jobs) is staged in ring_[s % B], B = staging_buffers.
+// The driver dispatches chunk s as soon as its buffer's previous chunk (s - B) was retired,
+// whatever job s belongs to: the fills of page-in N+1 run while page-in N's copies are in
+// flight (or still being filled). The fill threads take pieces from the oldest dispatched
+// chunk first, several chunks at once; a thread that is descheduled holds up one piece,
+// not the whole pool. The driver queues chunk s's copy as soon as its last piece is filled
+// (in chunk order: the copy stream is FIFO, and a job's begin()/end() bracket its copies).
+// acquire() on the compute thread waits only until the copy of the layer it needs has been
+// issued (wait_issued).
 //
 // The seam: everything CUDA (the device thread binding, the copy stream, slot events,
 // timing) lives behind StagedCopyTarget; the pager's CUDA device implements it in
-// src/cuda/pager_device.cpp, the CPU tests with host threads and host-fenced copies. One virtual
-// call per chunk (a chunk is megabytes: milliseconds of DMA), none per byte.
+// src/cuda/pager_device.cpp, the CPU tests with host threads and host-fenced copies. One
+// virtual call per chunk (a chunk is megabytes: milliseconds of DMA), none per byte; the
+// fill threads never call the target.
 //
-// Invariants
-//   - Jobs are issued in enqueue order; issued[slot] is the latest ticket of that slot
+// Invariants (the sequence numbers are chunk numbers, all under mutex_)
+//   retired_seq_ <= issue_seq_ <= fill_seq_ <= dispatch_seq_ <= retired_seq_ + B
+//   - [retired_seq_, issue_seq_): filled, copy queued, buffer not yet given back.
+//   - [issue_seq_, dispatch_seq_): dispatched, being filled or filled and waiting its turn.
+//   - fill_seq_: the oldest chunk with pieces not yet claimed (dispatch_seq_: none).
+//   REUSE: a staging buffer is written (dispatch, then fill) only after retire() gave its
+//   previous lease back to the PinnedStagingPool with the CopyCompleted witness of the copy
+//   that read it, i.e. after the host observed that copy complete (dispatch_seq_ <
+//   retired_seq_ + B, and the pool itself hands out retired buffers only). retire() runs
+//   in chunk order on the driver thread; a chunk's buffer is never retired while a fill
+//   thread writes it (it is retired only after its copy, which is queued only once every
+//   piece was filled).
+//   - ring_[i]'s lease and copy (the optional members) are touched by the driver thread
+//     only (and by stop() after the driver and the fill threads were joined); the fill
+//     threads see a chunk's raw pointers and piece counters, under mutex_.
+//   - Jobs are issued in enqueue order; issued_[slot] is the latest ticket of that slot
 //     whose copies were all queued (or skipped after a failure, which is then rethrown).
-//   - ring_[i] holds at most one lease and the one copy that reads it; stage_chunk()
-//     retires it (waits for that copy, on the driver thread) before refilling it.
-//   - After the first failure no job is issued; every waiter gets the failure rethrown.
-//   - stop() issues what is queued, joins the driver, then waits for the last copies.
+//   - After the first failure no copy is queued and no chunk dispatched; unclaimed pieces
+//     are dropped, the driver waits for the pieces being filled, every waiter gets the
+//     failure rethrown.
+//   - stop() issues what is queued, joins the driver (which returns only with no piece
+//     being filled), joins the fill threads, then waits for the last copies.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +53,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -79,27 +105,44 @@ struct PageableStagerOptions {
   std::size_t chunk_bytes = std::size_t{32} << 20;
   std::size_t staging_buffers = 3;
   unsigned fill_threads = 0;                   // 0: default_fill_threads()
-  bool streaming_fill = false;                 // ParallelCopy's non-temporal stores
+  bool streaming_fill = false;                 // non-temporal stores (streaming_copy)
   std::shared_ptr<Upstream> staging_upstream;  // null: page-locked host memory
+  std::size_t fill_piece_bytes = 0;            // 0: 1 MiB; what one fill thread takes at once
 };
 
 class PageableStager {
  public:
   static constexpr std::size_t kMinChunk = 4096;
+  static constexpr std::size_t kDefaultPiece = std::size_t{1} << 20;
+  static constexpr std::size_t kMinPiece = 256;
 
   // Throws vram::InvalidArgument (no slots, null target), vram::PinningError (staging).
   PageableStager(StagedCopyTarget& target, const PageableStagerOptions& options)
       : target_(target),
         chunk_(checked_chunk(options)),
+        piece_(std::max(kMinPiece,
+                        options.fill_piece_bytes != 0 ? options.fill_piece_bytes : kDefaultPiece)),
+        streaming_(options.streaming_fill),
         pool_(make_pool(options)),
         ring_(std::max<std::size_t>(2, options.staging_buffers)),
-        queue_(2 * options.slot_count + 4),
-        issued_(options.slot_count, 0),
-        fill_(options.fill_threads != 0 ? options.fill_threads : default_fill_threads(),
-              options.streaming_fill) {
+        queue_(2 * options.slot_count + 8),
+        issued_(options.slot_count, 0) {
     pool_.reserve(ring_.size(), chunk_);  // pinned now, at load: none per page-in
     pins_at_load_ = pool_.stats().pin_calls;
-    driver_ = std::thread([this] { loop(); });
+    // Fill threads the system cannot start are done without; with none, the driver fills.
+    const unsigned fillers =
+        options.fill_threads != 0 ? options.fill_threads : default_fill_threads();
+    try {
+      fillers_.reserve(fillers);
+      for (unsigned i = 0; i < fillers; ++i) fillers_.emplace_back([this] { fill_loop(); });
+    } catch (const std::exception&) {  // std::system_error, std::bad_alloc: fewer threads
+    }
+    try {
+      driver_ = std::thread([this] { loop(); });
+    } catch (...) {
+      stop_fillers();
+      throw;
+    }
   }
   PageableStager(const PageableStager&) = delete;
   PageableStager& operator=(const PageableStager&) = delete;
@@ -115,13 +158,13 @@ class PageableStager {
     {
       std::unique_lock lock(mutex_);
       // A fixed ring (no allocation per page-in); full only if the compute thread queued
-      // more page-ins than it ever waited for: it waits for the stager to take one.
+      // more page-ins than it ever waited for: it waits for the stager to issue one.
       changed_.wait(lock, [&] { return queued_ < queue_.size() || failure_ || stopping_; });
       if (failure_) std::rethrow_exception(failure_);
       if (stopping_) throw InvalidArgument("vram::detail::PageableStager: enqueue after stop.");
-      queue_[(head_ + queued_++) % queue_.size()] = job;
+      queue_[(head_ + queued_++) % queue_.size()] = Queued{job};
     }
-    changed_.notify_all();
+    driver_wake_.notify_one();
   }
 
   // Blocks until the page-in `ticket` of `slot` has been issued. Returns the milliseconds
@@ -140,12 +183,19 @@ class PageableStager {
   // Blocks until every queued job has been issued.
   void drain() {
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return (queued_ == 0 && !issuing_) || failure_ != nullptr; });
+    changed_.wait(lock, [&] { return queued_ == 0 || failure_ != nullptr; });
     if (failure_) std::rethrow_exception(failure_);
   }
 
   std::uint64_t pins_after_load() const { return pool_.stats().pin_calls - pins_at_load_; }
   PinnedStagingStats pool_stats() const { return pool_.stats(); }
+  // The most chunks ever dispatched ahead of the oldest copy not yet queued (being filled
+  // or filled and waiting): > 1 means fills overlapped each other (across chunks and jobs).
+  std::size_t max_chunks_ahead() const {
+    std::lock_guard lock(mutex_);
+    return max_ahead_;
+  }
+  std::size_t fill_threads() const noexcept { return fillers_.size(); }
 
   void stop() noexcept {
     {
@@ -153,11 +203,16 @@ class PageableStager {
       if (stopping_) return;
       stopping_ = true;
     }
+    driver_wake_.notify_all();
     changed_.notify_all();
-    if (driver_.joinable()) driver_.join();
+    if (driver_.joinable()) driver_.join();  // returns with no piece being filled
+    stop_fillers();
     // The last copies still read their buffers: retire each with its witness (or, if the
-    // wait fails, the PendingCopy destructor waits and the buffer is freed, not reused).
-    for (auto& buffer : ring_) {
+    // wait fails, the PendingCopy destructor waits and the buffer is freed, not reused). A
+    // lease with no copy (dispatched, never issued after a failure) is freed: no fill
+    // thread writes it any more (joined).
+    for (std::size_t n = 0; n < ring_.size(); ++n) {
+      Buffer& buffer = ring_[(retired_seq_ + n) % ring_.size()];  // oldest copy first
       try {
         retire(buffer);
       } catch (const std::exception& error) {
@@ -172,6 +227,10 @@ class PageableStager {
  private:
   static constexpr std::size_t kMaxStagingBuffers = 64;
   static constexpr unsigned kMaxFillThreads = 256;
+  // The driver's poll period while it needs a buffer whose copy is in flight and fills are
+  // running (so it must also see their completions): a copy of a chunk takes far longer.
+  static constexpr auto kRetirePoll = std::chrono::microseconds(50);
+
   // The chunk size, after the options are checked (first, before anything is made).
   static std::size_t checked_chunk(const PageableStagerOptions& options) {
     const std::size_t chunk = std::max(kMinChunk, options.chunk_bytes);
@@ -199,96 +258,287 @@ class PageableStager {
     return PinnedStagingPool(bounds);
   }
 
-  void loop() {
-    try {
-      target_.bind_thread();
-    } catch (...) {
-      std::lock_guard lock(mutex_);
-      failure_ = std::current_exception();
-    }
-    for (;;) {
-      StagerJob job{};
-      bool failed = false;
-      {
-        std::unique_lock lock(mutex_);
-        changed_.wait(lock, [&] { return stopping_ || queued_ > 0; });
-        if (queued_ == 0) return;  // stopping, and nothing left to issue
-        job = queue_[head_];
-        head_ = (head_ + 1) % queue_.size();
-        --queued_;
-        issuing_ = true;
-        failed = failure_ != nullptr;
-      }
-      std::exception_ptr failure;
-      if (!failed) {
-        try {
-          issue(job);
-        } catch (...) {
-          failure = std::current_exception();
-        }
-      }
-      {
-        std::lock_guard lock(mutex_);
-        if (failure && !failure_) failure_ = failure;
-        issued_[job.slot] = std::max(issued_[job.slot], job.ticket);
-        issuing_ = false;
-      }
-      changed_.notify_all();
-    }
-  }
-
-  void issue(const StagerJob& job) {
-    target_.begin(job);
-    for (std::size_t offset = 0; offset < job.bytes; offset += chunk_) {
-      const std::size_t length = std::min(chunk_, job.bytes - offset);
-      stage_chunk(ring_[next_++ % ring_.size()], job.device + offset, job.host + offset, length);
-    }
-    target_.end(job);
-  }
+  struct Queued {
+    StagerJob job;
+    std::size_t planned = 0;  // bytes dispatched as chunks
+    std::size_t copied = 0;   // bytes whose copies were queued
+    bool begun = false;       // target_.begin() called
+  };
 
   // ---- THE ONE PLACE that uses the copy-witness API (copy.hpp, pinned_staging_pool.hpp):
-  // Buffer, retire() and stage_chunk(). The rest of the stager sees "a ring of buffers,
-  // each refilled after its previous copy completed".
+  // Buffer, retire() and the lease/copy lines of dispatch() and issue_chunk(). The rest of
+  // the stager sees "a ring of buffers, each refilled after its previous copy completed".
   struct Buffer {
+    // Driver thread only (stop() after the joins): the lease and the copy that reads it.
     std::optional<PooledStaging> staging;  // the pinned buffer, while a copy may read it
     std::optional<PendingCopy> copy;       // the copy that reads it, until its witness
+    // The chunk staged in it, under mutex_ (the fill threads read them).
+    std::uint64_t seq = 0;
+    std::byte* data = nullptr;  // staging->data(), for the fill threads
+    std::byte* device = nullptr;
+    const std::byte* host = nullptr;
+    std::size_t bytes = 0;
+    std::size_t pieces = 0;      // ceil(bytes / piece_)
+    std::size_t next_piece = 0;  // the next piece to claim
+    std::size_t unfilled = 0;    // pieces not yet filled (claimed or not)
   };
 
   // Back to the pool, proven after the copy that read it: wait() is a host wait on the
-  // driver thread (never the compute thread) for a copy issued staging_buffers chunks ago.
+  // driver thread (never the compute thread, never a fill thread).
   static void retire(Buffer& buffer) {
     if (buffer.copy) buffer.staging->retire(std::move(*buffer.copy).wait());
     buffer.copy.reset();
     buffer.staging.reset();
   }
+  // ---- end of the witness-API spot (plus the two marked lines below).
 
-  // Fills one chunk into a staging buffer (reused only after retire()) and queues its copy.
-  // With staging_buffers >= 2 the fill overlaps earlier chunks' copies.
-  void stage_chunk(Buffer& buffer, std::byte* device, const std::byte* host, std::size_t bytes) {
-    retire(buffer);
-    buffer.staging.emplace(pool_.acquire(bytes));  // best fit: a retired buffer, no pin
-    fill_.run(buffer.staging->data(), host, bytes);
-    buffer.copy.emplace(target_.copy(device, *buffer.staging));
+  Queued& queued_at(std::size_t index) { return queue_[(head_ + index) % queue_.size()]; }
+  Buffer& buffer_of(std::uint64_t seq) { return ring_[seq % ring_.size()]; }
+
+  // Under mutex_: dispatches chunks while a job has bytes not yet dispatched and the next
+  // buffer was retired (REUSE). Returns whether it dispatched any.
+  bool dispatch() {
+    bool any = false;
+    while (!failure_ && plan_index_ < queued_ && dispatch_seq_ < retired_seq_ + ring_.size()) {
+      Queued& q = queued_at(plan_index_);
+      if (q.planned == q.job.bytes) {  // fully dispatched (or zero bytes)
+        ++plan_index_;
+        continue;
+      }
+      Buffer& buffer = buffer_of(dispatch_seq_);
+      // REUSE: chunk dispatch_seq_ - B, the buffer's previous one, was retired (its copy
+      // observed complete); the pool hands out retired buffers only.
+      const std::size_t length = std::min(chunk_, q.job.bytes - q.planned);
+      buffer.staging.emplace(pool_.acquire(length));  // witness-API: best fit, no pin
+      buffer.seq = dispatch_seq_;
+      buffer.data = buffer.staging->data();
+      buffer.device = q.job.device + q.planned;
+      buffer.host = q.job.host + q.planned;
+      buffer.bytes = length;
+      buffer.pieces = (length + piece_ - 1) / piece_;
+      buffer.next_piece = 0;
+      buffer.unfilled = buffer.pieces;
+      q.planned += length;
+      if (q.planned == q.job.bytes) ++plan_index_;
+      ++dispatch_seq_;
+      max_ahead_ = std::max<std::size_t>(max_ahead_, dispatch_seq_ - issue_seq_);
+      any = true;
+    }
+    return any;
   }
-  // ---- end of the witness-API spot.
+
+  // Under mutex_: claims the next piece of the oldest chunk with pieces unclaimed.
+  bool claim(std::byte*& to, const std::byte*& from, std::size_t& bytes, std::uint64_t& seq) {
+    if (fill_seq_ == dispatch_seq_) return false;
+    Buffer& buffer = buffer_of(fill_seq_);
+    const std::size_t offset = buffer.next_piece * piece_;
+    to = buffer.data + offset;
+    from = buffer.host + offset;
+    bytes = std::min(piece_, buffer.bytes - offset);
+    seq = fill_seq_;
+    // Advance at once: fill_seq_ never names a chunk whose pieces are all claimed, so the
+    // buffer it names is never one reused for a later chunk.
+    if (++buffer.next_piece == buffer.pieces) ++fill_seq_;
+    ++filling_;
+    return true;
+  }
+
+  void fill_piece(std::byte* to, const std::byte* from, std::size_t bytes) const {
+    if (streaming_) {
+      streaming_copy(to, from, bytes);  // fenced: visible before the unlock that publishes it
+    } else {
+      std::memcpy(to, from, bytes);
+    }
+  }
+
+  // Under mutex_ (lock held by `lock`): one piece filled.
+  void filled(std::uint64_t seq) {
+    --filling_;
+    Buffer& buffer = buffer_of(seq);  // still chunk `seq`: not issued, so not retired
+    if (--buffer.unfilled == 0 || (filling_ == 0 && (failure_ || stopping_))) {
+      driver_wake_.notify_one();
+    }
+  }
+
+  void fill_loop() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      work_.wait(lock, [&] { return fillers_stop_ || fill_seq_ != dispatch_seq_; });
+      if (fillers_stop_) return;
+      std::byte* to = nullptr;
+      const std::byte* from = nullptr;
+      std::size_t bytes = 0;
+      std::uint64_t seq = 0;
+      while (claim(to, from, bytes, seq)) {
+        lock.unlock();
+        fill_piece(to, from, bytes);
+        lock.lock();
+        filled(seq);
+      }
+    }
+  }
+
+  void stop_fillers() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      fillers_stop_ = true;
+    }
+    work_.notify_all();
+    for (auto& filler : fillers_) {
+      if (filler.joinable()) filler.join();
+    }
+  }
+
+  // Under mutex_: after the first failure, nothing more is filled or issued. Drops the
+  // unclaimed pieces and marks every queued job issued (skipped: waiters rethrow).
+  void abandon_queue() {
+    fill_seq_ = dispatch_seq_;
+    for (std::size_t i = 0; i < queued_; ++i) {
+      const StagerJob& job = queued_at(i).job;
+      issued_[job.slot] = std::max(issued_[job.slot], job.ticket);
+    }
+    head_ = (head_ + queued_) % queue_.size();
+    queued_ = 0;
+    plan_index_ = 0;
+  }
+
+  void fail(std::exception_ptr failure) {
+    std::lock_guard lock(mutex_);
+    if (!failure_) failure_ = failure;
+    abandon_queue();
+    changed_.notify_all();
+  }
+
+  void loop() {
+    try {
+      target_.bind_thread();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+    try {
+      drive();
+    } catch (...) {
+      fail(std::current_exception());
+      std::unique_lock lock(mutex_);
+      // The exit rule of drive(): no piece being filled once the driver returns.
+      driver_wake_.wait(lock, [&] { return stopping_ && filling_ == 0; });
+    }
+  }
+
+  void drive() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      if (failure_) abandon_queue();
+      if (dispatch()) work_.notify_all();  // one wake per batch of chunks, not per job
+
+      // The oldest job: begin(), each chunk's copy as soon as it is filled, end().
+      if (queued_ > 0 && !failure_) {
+        Queued& front = queued_at(0);
+        if (!front.begun) {
+          front.begun = true;
+          const StagerJob job = front.job;
+          lock.unlock();
+          target_.begin(job);
+          lock.lock();
+          continue;
+        }
+        if (front.copied == front.job.bytes) {  // every copy queued (or zero bytes)
+          const StagerJob job = front.job;
+          lock.unlock();
+          target_.end(job);
+          lock.lock();
+          head_ = (head_ + 1) % queue_.size();
+          --queued_;
+          plan_index_ -= plan_index_ > 0 ? 1 : 0;
+          issued_[job.slot] = std::max(issued_[job.slot], job.ticket);
+          changed_.notify_all();
+          continue;
+        }
+        if (issue_seq_ < dispatch_seq_ && buffer_of(issue_seq_).unfilled == 0) {
+          Buffer& buffer = buffer_of(issue_seq_);
+          lock.unlock();
+          // Every piece was filled (the fill threads published them under mutex_): queue
+          // the copy through the lease, whose witness alone can retire the buffer.
+          buffer.copy.emplace(target_.copy(buffer.device, *buffer.staging));  // witness-API
+          lock.lock();
+          front.copied += buffer.bytes;
+          ++issue_seq_;
+          continue;
+        }
+      }
+
+      // Dispatch waits for a buffer: retire the oldest once its copy completed (in chunk
+      // order). Blocking only when no fill runs (nothing else for the driver to see).
+      const bool wants_buffer =
+          !failure_ && plan_index_ < queued_ && dispatch_seq_ == retired_seq_ + ring_.size();
+      if (wants_buffer && retired_seq_ < issue_seq_) {
+        Buffer& oldest = buffer_of(retired_seq_);
+        const bool idle_fills = fill_seq_ == dispatch_seq_ && filling_ == 0 &&
+                                (issue_seq_ == dispatch_seq_ || fillers_.empty());
+        lock.unlock();
+        const bool done = idle_fills || oldest.copy->ready();
+        if (done) retire(oldest);  // REUSE: the witness of the copy that read it
+        lock.lock();
+        if (done) {
+          ++retired_seq_;
+          continue;
+        }
+      }
+
+      // No fill threads: the driver fills the pieces itself.
+      if (fillers_.empty() && !failure_) {
+        std::byte* to = nullptr;
+        const std::byte* from = nullptr;
+        std::size_t bytes = 0;
+        std::uint64_t seq = 0;
+        if (claim(to, from, bytes, seq)) {
+          lock.unlock();
+          fill_piece(to, from, bytes);
+          lock.lock();
+          filled(seq);
+          continue;
+        }
+      }
+
+      // Stopping: everything queued was issued (or dropped after a failure) and no piece
+      // is being filled (stop() then frees or retires the buffers).
+      if (stopping_ && queued_ == 0 && filling_ == 0) return;
+
+      if (wants_buffer && retired_seq_ < issue_seq_) {
+        driver_wake_.wait_for(lock, kRetirePoll);  // fills complete or the copy does
+      } else {
+        driver_wake_.wait(lock);  // a fill completes, a job arrives, stop()
+      }
+    }
+  }
 
   StagedCopyTarget& target_;
-  std::size_t chunk_;
+  const std::size_t chunk_;
+  const std::size_t piece_;
+  const bool streaming_;
   PinnedStagingPool pool_;
   std::vector<Buffer> ring_;
-  std::size_t next_ = 0;
   std::uint64_t pins_at_load_ = 0;
 
-  std::mutex mutex_;
-  std::condition_variable changed_;
-  std::vector<StagerJob> queue_;  // ring: queued_ jobs from head_
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;      // the compute thread: issued, queue space, failure
+  std::condition_variable driver_wake_;  // the driver: jobs, filled chunks, stop
+  std::condition_variable work_;         // the fill threads: chunks dispatched, stop
+  std::vector<Queued> queue_;            // ring: queued_ jobs from head_, until issued
   std::size_t head_ = 0;
   std::size_t queued_ = 0;
+  std::size_t plan_index_ = 0;  // queue index of the first job not fully dispatched
   std::vector<std::uint64_t> issued_;
-  bool issuing_ = false;
+  std::uint64_t retired_seq_ = 0;
+  std::uint64_t issue_seq_ = 0;
+  std::uint64_t fill_seq_ = 0;
+  std::uint64_t dispatch_seq_ = 0;
+  std::size_t filling_ = 0;  // pieces being filled now
+  std::size_t max_ahead_ = 0;
   bool stopping_ = false;
+  bool fillers_stop_ = false;
   std::exception_ptr failure_;
-  ParallelCopy fill_;
+  std::vector<std::thread> fillers_;
   std::thread driver_;  // last: started after everything it uses exists
 };
 

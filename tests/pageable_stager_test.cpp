@@ -78,6 +78,7 @@ class HostCopyTarget final : public detail::StagedCopyTarget {
     std::size_t fail_at_copy = 0;  // 1-based: copy() throws on that call; 0: never
     bool fail_bind = false;
     bool in_order = false;  // FIFO (with one worker: a CUDA stream's order)
+    bool held = false;      // no copy starts (or completes) until open()
   };
 
   explicit HostCopyTarget(Options options) : options_(options) {
@@ -148,6 +149,15 @@ class HostCopyTarget final : public detail::StagedCopyTarget {
     for (auto& fence : fences) HostFence{fence}.wait();
   }
 
+  // Lets the copies of a `held` target run.
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      options_.held = false;
+    }
+    wake_.notify_all();
+  }
+
   // Blocks until no copy is in flight (workers idle, queue empty).
   void quiesce() {
     std::unique_lock lock(mutex_);
@@ -204,7 +214,7 @@ class HostCopyTarget final : public detail::StagedCopyTarget {
       Task task;
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || !tasks_.empty(); });
+        wake_.wait(lock, [&] { return stop_ || (!tasks_.empty() && !options_.held); });
         if (tasks_.empty()) return;
         // Out of order: take any queued copy, not the oldest.
         const std::size_t pick = options_.in_order ? 0 : random() % tasks_.size();
@@ -254,8 +264,14 @@ class HostCopyTarget final : public detail::StagedCopyTarget {
 struct Layers {
   std::vector<std::vector<std::byte>> data;
   Layers(std::size_t count, std::size_t base, std::size_t step) {
-    for (std::size_t layer = 0; layer < count; ++layer) {
-      data.emplace_back(base + layer * step);
+    std::vector<std::size_t> sizes;
+    for (std::size_t layer = 0; layer < count; ++layer) sizes.push_back(base + layer * step);
+    fill(sizes);
+  }
+  explicit Layers(const std::vector<std::size_t>& sizes) { fill(sizes); }
+  void fill(const std::vector<std::size_t>& sizes) {
+    for (std::size_t layer = 0; layer < sizes.size(); ++layer) {
+      data.emplace_back(sizes[layer]);
       for (std::size_t i = 0; i < data.back().size(); ++i) data.back()[i] = pattern(layer, i);
     }
   }
@@ -276,13 +292,17 @@ struct StressCase {
   std::size_t slots;
   std::size_t depth;  // jobs queued ahead of the one verified (< slots)
   int rounds;
+  std::vector<std::size_t> sizes{};  // non-empty: the layers' sizes (layers, base, step unused)
+  std::size_t piece_bytes = 0;       // the fill threads' piece; 0: the stager's default
 };
 
 // The pager's use: layer i of each round into slot i % slots, up to `depth` page-ins ahead
 // of the layer being "acquired" (verified); a slot is refilled only after its previous layer
 // was verified (its "release").
 void run_stress(const StressCase& c, HostCopyTarget::Options copy_options) {
-  const Layers layers(c.layers, c.base_bytes, c.step_bytes);
+  const Layers layers =
+      c.sizes.empty() ? Layers(c.layers, c.base_bytes, c.step_bytes) : Layers(c.sizes);
+  const std::size_t layer_count = layers.data.size();
   const std::size_t slot_bytes = layers.largest();
   std::vector<std::byte> device(c.slots * slot_bytes, std::byte{0xEE});
   HostCopyTarget target(copy_options);
@@ -293,13 +313,14 @@ void run_stress(const StressCase& c, HostCopyTarget::Options copy_options) {
                                       .chunk_bytes = c.chunk_bytes,
                                       .staging_buffers = c.staging_buffers,
                                       .fill_threads = c.fill_threads,
-                                      .staging_upstream = std::make_shared<HostMemoryUpstream>()});
-    const std::size_t total = c.layers * static_cast<std::size_t>(c.rounds);
+                                      .staging_upstream = std::make_shared<HostMemoryUpstream>(),
+                                      .fill_piece_bytes = c.piece_bytes});
+    const std::size_t total = layer_count * static_cast<std::size_t>(c.rounds);
     std::vector<std::uint64_t> tickets(total, 0);
     std::uint64_t next_ticket = 0;
     std::size_t queued = 0;
     auto enqueue = [&](std::size_t n) {
-      const std::size_t layer = n % c.layers;
+      const std::size_t layer = n % layer_count;
       const std::size_t slot = n % c.slots;
       std::byte* at = device.data() + slot * slot_bytes;
       std::fill(at, at + slot_bytes, std::byte{0xEE});  // its previous layer was verified
@@ -310,7 +331,7 @@ void run_stress(const StressCase& c, HostCopyTarget::Options copy_options) {
     };
     for (std::size_t n = 0; n < total; ++n) {
       while (queued < total && queued <= n + c.depth) enqueue(queued++);
-      const std::size_t layer = n % c.layers;
+      const std::size_t layer = n % layer_count;
       const std::size_t slot = n % c.slots;
       stager.wait_issued(slot, tickets[n]);
       target.wait_ready(slot, tickets[n]);
@@ -325,6 +346,9 @@ void run_stress(const StressCase& c, HostCopyTarget::Options copy_options) {
     stager.drain();
     EXPECT_EQ(stager.pins_after_load(), 0U) << "every chunk reused a staging buffer";
     EXPECT_EQ(stager.pool_stats().witness_mismatches, 0U);
+    if (expected_copies > 1) {
+      EXPECT_GE(stager.max_chunks_ahead(), 2U) << "fills never ran ahead of the copy queue";
+    }
   }  // stop(): waits for the last copies and retires their buffers
   EXPECT_EQ(target.in_flight(), 0U) << "the stager stopped with copies still reading staging";
   EXPECT_EQ(target.copies(), expected_copies);
@@ -352,7 +376,7 @@ TEST(PageableStager, StressManySmallChunksEveryByteAndNoRefillBeforeTheCopyCompl
 }
 
 TEST(PageableStager, StressLargeChunksSplitOverTheFillThreads) {
-  // Chunks of 2 MiB: ParallelCopy splits each fill over its threads (parts >= 1 MiB).
+  // Chunks of 2 MiB: each is filled in two pieces of 1 MiB by the fill threads.
   run_stress(StressCase{.layers = 6,
                         .base_bytes = 3_MiB + 5,
                         .step_bytes = 300_KiB + 7,
@@ -363,6 +387,88 @@ TEST(PageableStager, StressLargeChunksSplitOverTheFillThreads) {
                         .depth = 2,
                         .rounds = 2},
              HostCopyTarget::Options{.workers = 2, .max_delay_us = 300});
+}
+
+TEST(PageableStager, StressMixedSmallAndLargePageInsPipelineAcrossJobs) {
+  // A Mixtral-style layer scaled down: four attention pieces (2-8 "MiB" -> 2-8 KiB plus odd
+  // bytes) and one joined expert piece (168 -> 168 KiB), chunks of 16 KiB in 16 buffers,
+  // pieces of 1 KiB (a chunk is filled by several threads at once, several chunks at
+  // once), page-ins queued up to 9 ahead through 10 slots: the fills of the next page-ins
+  // run while earlier copies are in flight, out of order and late.
+  std::vector<std::size_t> sizes;
+  for (std::size_t layer = 0; layer < 4; ++layer) {
+    for (std::size_t piece : {2_KiB + 3, 8_KiB + 1, 4_KiB, 6_KiB + 7}) sizes.push_back(piece);
+    sizes.push_back(168_KiB + 5 + layer);
+  }
+  for (unsigned threads : {1U, 4U}) {
+    SCOPED_TRACE("fill_threads " + std::to_string(threads));
+    run_stress(StressCase{.layers = 0,
+                          .base_bytes = 0,
+                          .step_bytes = 0,
+                          .chunk_bytes = 16_KiB,
+                          .staging_buffers = 16,
+                          .fill_threads = threads,
+                          .slots = 10,
+                          .depth = 9,
+                          .rounds = 3,
+                          .sizes = sizes,
+                          .piece_bytes = 1_KiB},
+               HostCopyTarget::Options{.workers = 3, .max_delay_us = 100});
+  }
+  // Many tiny page-ins (each below one piece and one chunk), a CUDA stream's FIFO order.
+  run_stress(StressCase{.layers = 40,
+                        .base_bytes = 300,
+                        .step_bytes = 61,
+                        .chunk_bytes = 4_KiB,
+                        .staging_buffers = 5,
+                        .fill_threads = 3,
+                        .slots = 6,
+                        .depth = 5,
+                        .rounds = 4,
+                        .piece_bytes = 512},
+             HostCopyTarget::Options{.workers = 1, .max_delay_us = 50, .in_order = true});
+}
+
+TEST(PageableStager, FillsRunAheadOfCopiesButNoBufferIsReusedBeforeItsCopyCompleted) {
+  // The copies are held (none completes): the stager fills and queues page-in 1, 2, 3, 4
+  // (one chunk each) into the 4 buffers without waiting for any copy, page-in 1's copy
+  // still in flight, and then dispatches nothing more: chunk 5 needs a buffer, which only
+  // a completed copy gives back. Opened, everything arrives intact.
+  constexpr std::size_t kJobs = 12;
+  const Layers layers(kJobs, 3_KiB + 1, 257);
+  std::vector<std::vector<std::byte>> device(kJobs);
+  for (std::size_t i = 0; i < kJobs; ++i) device[i].assign(layers.data[i].size(), {});
+  HostCopyTarget target(HostCopyTarget::Options{.workers = 2, .max_delay_us = 50, .held = true});
+  {
+    PageableStager stager(
+        target, PageableStagerOptions{.slot_count = kJobs,
+                                      .chunk_bytes = 8_KiB,
+                                      .staging_buffers = 4,
+                                      .fill_threads = 3,
+                                      .staging_upstream = std::make_shared<HostMemoryUpstream>(),
+                                      .fill_piece_bytes = 1_KiB});
+    for (std::size_t i = 0; i < kJobs; ++i) {
+      stager.enqueue(StagerJob{i, device[i].data(), layers.data[i].data(), layers.data[i].size(),
+                               i + 1, 0, nullptr});
+    }
+    for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(stager.wait_issued(i, i + 1) >= 0, true);
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    EXPECT_EQ(target.copies(), 4U) << "a buffer was refilled before its copy completed";
+    EXPECT_EQ(target.in_flight(), 4U);
+    target.open();
+    for (std::size_t i = 0; i < kJobs; ++i) {
+      (void)stager.wait_issued(i, i + 1);
+      target.wait_ready(i, i + 1);
+      ASSERT_EQ(device[i], layers.data[i]) << "job " << i;
+    }
+    EXPECT_EQ(stager.pins_after_load(), 0U);
+  }
+  EXPECT_EQ(target.copies(), kJobs);
+  EXPECT_EQ(target.in_flight(), 0U);
+  EXPECT_EQ(target.reused_in_flight(), 0U);
+  EXPECT_EQ(target.refilled_during_copy(), 0U);
+  EXPECT_EQ(target.out_of_order_jobs(), 0U);
+  EXPECT_EQ(target.off_driver_calls(), 0U);
 }
 
 TEST(PageableStager, CheckerCatchesABufferReusedBeforeItsCopyCompleted) {

@@ -32,8 +32,10 @@
 //              layers' pages: no rounding up to powers of two); a failure throws
 //              vram::PinningError. The cost is reported in load().
 //   pageable   never pinned: copied through a PinnedStagingPool (staging_buffers buffers
-//              of staging_chunk_bytes, pinned once at load), filled by fill_threads threads,
-//              a buffer reused only with the witness that its previous copy completed.
+//              of staging_chunk_bytes, pinned once at load), filled by fill_threads threads
+//              in 1 MiB pieces, several chunks at once and across consecutive page-ins;
+//              each chunk's copy is queued as soon as it is filled, and a buffer is
+//              reused only with the witness that its previous copy completed.
 //   automatic  pinned; if pinning fails, pageable with ONE warning on stderr naming why.
 //   Weights already page-locked (cudaHostAlloc) are used as they are and never unpinned.
 //
