@@ -80,13 +80,19 @@ DevicePool::~DevicePool() {
   core_.reset();
 }
 
+namespace {
+[[noreturn, gnu::cold, gnu::noinline]] void throw_moved_from(const char* call) {
+  throw InvalidArgument(std::string("vram::DevicePool::") + call +
+                        ": the pool was moved from. Fix: use the DevicePool it was moved to.");
+}
+}  // namespace
+
 // A moved-from pool has no core: calls that hand out memory throw, the others do nothing
-// (see the header's "Bad input"). The check is one test of a pointer the call loads anyway.
+// (see the header's "Bad input"). The check is one test of a pointer the call loads anyway;
+// the throw is out of line, so that the check stays inline in the warm paths.
 detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
-  if (!core_) [[unlikely]] {
-    throw InvalidArgument(std::string("vram::DevicePool::") + call +
-                          ": the pool was moved from. Fix: use the DevicePool it was moved to.");
-  }
+  if (!core_) [[unlikely]]
+    throw_moved_from(call);
   return *core_;
 }
 
@@ -115,27 +121,47 @@ DevicePool::Lease DevicePool::acquire(std::size_t bytes) {
   return Lease(core_.get(), block, bytes);
 }
 
+namespace {
+// The stream-ordered calls when stream_checks_needed(), in this order: the marker another
+// stream's request wants on `stream` (this call proves it alive, stream_wants.hpp), the
+// graph pools, then one driver query (no GPU work): a block a capture without a scope
+// touches must stay that graph's (device_pool.hpp, "CUDA graphs"). Out of line, so that the
+// warm path keeps no registers for them.
+[[gnu::noinline]] void* allocate_async_checked(detail::DevicePoolCore& core, std::size_t bytes,
+                                               detail::StreamKey key, cudaStream_t stream) {
+  core.serve_want_of(key);
+  if (core.graphs_active())
+    return core.allocate_with_graphs(bytes, DevicePool::kDefaultAlignment, key, stream);
+  if (const std::uint64_t capture = core.capture_of(stream); capture != 0) [[unlikely]]
+    return core.allocate_captured(bytes, DevicePool::kDefaultAlignment,
+                                  core.unscoped_pool_of(capture));
+  return core.allocate(bytes, DevicePool::kDefaultAlignment, key);
+}
+
+[[gnu::noinline]] void deallocate_async_checked(detail::DevicePoolCore& core, void* block,
+                                                std::size_t bytes, detail::StreamKey key,
+                                                cudaStream_t stream) noexcept {
+  core.serve_want_of(key);
+  if (core.graphs_active()) return core.deallocate_with_graphs(block, bytes, key, stream);
+  if (const std::uint64_t capture = core.capture_of(stream); capture != 0) [[unlikely]]
+    return core.deallocate_captured(block, bytes, core.unscoped_pool_of(capture));
+  core.deallocate(block, bytes, key);
+}
+}  // namespace
+
 void* DevicePool::allocate_async(std::size_t bytes, cudaStream_t stream) {
   detail::DevicePoolCore& core = live_core("allocate_async");
   const detail::StreamKey key = detail::stream_key(stream);
-  core.serve_want_of(key);  // this call proves `stream` alive (stream_wants.hpp)
-  if (core.graphs_active()) [[unlikely]]
-    return core.allocate_with_graphs(bytes, kDefaultAlignment, key, stream);
-  // One driver query (no GPU work): a block a capture without a scope touches must stay
-  // that graph's (device_pool.hpp, "CUDA graphs").
-  if (const std::uint64_t capture = core.capture_of(stream); capture != 0) [[unlikely]]
-    return core.allocate_captured(bytes, kDefaultAlignment, core.unscoped_pool_of(capture));
+  if (core.stream_checks_needed()) [[unlikely]]
+    return allocate_async_checked(core, bytes, key, stream);
   return core.allocate(bytes, kDefaultAlignment, key);
 }
 
 void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t stream) noexcept {
   if (core_) [[likely]] {
     const detail::StreamKey key = detail::stream_key(stream);
-    core_->serve_want_of(key);  // this call proves `stream` alive (stream_wants.hpp)
-    if (core_->graphs_active()) [[unlikely]]
-      return core_->deallocate_with_graphs(block, bytes, key, stream);
-    if (const std::uint64_t capture = core_->capture_of(stream); capture != 0) [[unlikely]]
-      return core_->deallocate_captured(block, bytes, core_->unscoped_pool_of(capture));
+    if (core_->stream_checks_needed()) [[unlikely]]
+      return deallocate_async_checked(*core_, block, bytes, key, stream);
     core_->deallocate(block, bytes, key);
   }
 }

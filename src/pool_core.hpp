@@ -228,6 +228,14 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
       serve_want(key);
     }
   }
+  // A stream-ordered call has more to do than the plain warm path: some stream is wanted
+  // (serve_want_of), graph pools or capture scopes exist (graphs_active), or captures are
+  // watched (capture_of). The warm path tests only this (three loads from the cache line
+  // of plain_calls) and does the checks out of line when it holds: a stale clear
+  // wanted_streams delays a marker, as in serve_want_of.
+  bool stream_checks_needed() const noexcept {
+    return graphs_active() || watch_captures || wanted_streams.load(std::memory_order_relaxed) != 0;
+  }
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
   // A device-wide quiesce (StreamFence::quiesce) after which every range freed on a stream
   // before it is free for all streams, with no marker on any stream (counted in quiesces).
