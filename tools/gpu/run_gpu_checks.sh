@@ -18,6 +18,13 @@
 #       tests, memcheck, replay with the Torch peer, the Python checks
 #   tools/gpu/run_gpu_checks.sh tests-batched-pager OUT
 #       tests, memcheck, the batched benchmark (--quick) and the pager benchmark
+#   tools/gpu/run_gpu_checks.sh tests-replay-batched-builds-pager OUT BASE_VRAM
+#       tests, memcheck, replay of the recorded traces (no Torch peer), the batched
+#       benchmark (--quick) of BASE_VRAM (a build of an earlier commit) and of build/vram
+#       alternating, two rounds each, and the pager benchmark
+#   tools/gpu/run_gpu_checks.sh python-offload OUT
+#       the Python checks (no torch_compare rounds), then bench/offload_compare.py over both
+#       models with the rows of the offload goals and accelerate
 #   tools/gpu/run_gpu_checks.sh bench OUT
 #       every benchmark scenario (the tables of bench/RESULTS.md)
 #   tools/gpu/run_gpu_checks.sh python OUT
@@ -117,6 +124,29 @@ case $mode in
       --json "$log/batched.json" --markdown "$log/batched.md"
     step pager 200 ./build/vram bench --scenario pager --json "$log/pager.json" \
       --markdown "$log/pager.md"
+    ;;
+  tests-replay-batched-builds-pager)
+    base=${3:?tests-replay-batched-builds-pager needs BASE_VRAM}
+    tests_and_memcheck
+    step replay 240 ./build/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz \
+      --json "$log/replay.json"
+    for round in 1 2; do
+      step "base_batched_$round" 100 "$base" bench --quick --scenario batched \
+        --json "$log/base_batched_$round.json"
+      step "new_batched_$round" 100 ./build/vram bench --quick --scenario batched \
+        --json "$log/new_batched_$round.json" --markdown "$log/new_batched_$round.md"
+    done
+    step pager 200 ./build/vram bench --scenario pager --json "$log/pager.json" \
+      --markdown "$log/pager.md"
+    ;;
+  python-offload)
+    py=${PYTHON:-/opt/torch/.venv/bin/python3}
+    step torch_checks 300 env VRAM_TORCH_COMPARE=0 VRAM_TORCH_BUILD_DIR="$PWD/build-torch" \
+      tests/python/run_all_on_gpu.sh "$log/torch"
+    step offload_compare 330 env PYTHONPATH="$PWD/python:$PWD/tests/python" \
+      VRAM_TORCH_LIB="$PWD/build-torch/plugins/torch/libvram_torch.so" \
+      CUBLAS_WORKSPACE_CONFIG=:4096:8 "$py" bench/offload_compare.py "$log/offload" \
+      --rows all_resident,vram_leaf,vram_leaf_depth1_third,vram_unit,vram_pageable,vram_everything_resident,accelerate
     ;;
   bench)
     full_bench 560
