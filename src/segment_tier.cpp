@@ -84,7 +84,7 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   // could then serve the request are worth the wait, unless growing passes the budget
   // (then any of them may have to go back).
   if (r == nullptr) {
-    if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need)) {
+    if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need, held)) {
       r = fit(stream, need, mapped);
     }
   }
@@ -95,8 +95,9 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   // blocking. Without this bound, streams that each capture free memory next to their own
   // frees would make the others grow again and again.
   if (map_.base() != nullptr && tags_.any_pending() && past_budget(r, need) &&
-      tags_.wait_for_pending(stream, need)) {
-    r = fit(stream, need, mapped);
+      wait_unlocked(held, stream,
+                    [this, need](const Range* p) { return tags_.could_serve(p, need); })) {
+    r = fit(stream, need, mapped);  // (the mutex was released: r may be gone)
   }
   // (Nothing maps or unmaps between fit() and here: only this thread, holding the growth
   // mutex, does.)
@@ -166,8 +167,9 @@ bool SegmentTier::free(void* block, StreamKey tag, std::size_t bytes) noexcept {
 void SegmentTier::trim(std::size_t keep_free, bool wait) noexcept {
   const std::lock_guard growing(grow_mutex_);
   {
-    const Lock held = lock();
-    tags_.fence_all(wait);
+    Lock held = lock();
+    tags_.fence_all(false);
+    if (wait) (void)wait_unlocked(held, kUntagged, [](const Range*) { return true; });
     give_back(keep_free);
   }
   hand_back_detached();
@@ -229,8 +231,8 @@ std::size_t SegmentTier::empty_bytes() const noexcept {
 void SegmentTier::release_empty_for(std::size_t bytes) noexcept {
   const std::lock_guard growing(grow_mutex_);
   {
-    const Lock held = lock();
-    wait_for_empty_segments(0);
+    Lock held = lock();
+    wait_for_empty_segments(0, held);
     release_empty_segments_for(bytes);
   }
   hand_back_detached();

@@ -49,10 +49,12 @@
 // off the books first, `detached_`), and takes it again to file the result. Meanwhile the
 // other threads allocate and free from the free ranges: the grower's range is used (nothing
 // merges with it) and granules being mapped read as unmapped, so a request that needs them
-// grows, that is, waits for the growth mutex and then fits again. Lock order: grow_mutex_,
-// then mutex_. Still under `mutex_`: the address reservation (once per tier), the host's
-// waits for stream markers before growing past the budget, recording markers on the legacy
-// stream, and the maps of the out-of-memory retry (reclaim, then map at once).
+// grows, that is, waits for the growth mutex and then fits again. The host's waits for
+// stream markers (growing past the budget, trim with wait) are made the same way, with the
+// markers kept alive meanwhile (StreamTags::begin_wait). Lock order: grow_mutex_, then
+// mutex_. Still under `mutex_`: the address reservation (once per tier), recording a marker
+// on the legacy stream and querying recorded markers (an event record or query, no wait),
+// and the maps of the out-of-memory retry (reclaim, then map at once).
 //
 // Invariants (under the mutex): reserved == sum of segment sizes (virtual mode: of mapped
 // runs) == used + free bytes (free includes tagged and pending ranges); the free-range
@@ -200,6 +202,18 @@ class SegmentTier {
   // Gives `detached_` back to the upstream (or unmaps it): the growth mutex held, the tier's
   // mutex not.
   void hand_back_detached() noexcept;
+  // Waits for the markers of other streams than `skip` whose pending ranges `serves`, with
+  // `held` released (the growth mutex held), then untags what completed; false (and the
+  // mutex never released) when there was none.
+  template <class Serves>
+  bool wait_unlocked(Lock& held, StreamKey skip, Serves serves) noexcept {
+    if (!tags_.begin_wait(skip, serves)) return false;
+    held.unlock();
+    tags_.wait_outside();
+    held.lock();
+    tags_.end_wait();
+    return true;
+  }
   // allocate() with may_grow, the growth mutex held.
   void* allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream, bool* quiesce);
 
@@ -244,9 +258,10 @@ class SegmentTier {
   // into `detached_` (the growth mutex held).
   void give_back(std::size_t keep_free) noexcept;
   // Waits for the streams of wholly free stream-tagged (or pending) segments, so that they
-  // become untagged; false when there was none. need > 0: only segments that could then
-  // serve a request of `need` bytes (0: all, e.g. to give them back).
-  bool wait_for_empty_segments(std::size_t need) noexcept;
+  // become untagged, with `held` released for the wait (the growth mutex held); false when
+  // there was none. need > 0: only segments that could then serve a request of `need`
+  // bytes (0: all, e.g. to give them back).
+  bool wait_for_empty_segments(std::size_t need, Lock& held) noexcept;
   void release_empty_segments(std::size_t keep_free) noexcept;
   // The smallest wholly free segment of at least `bytes`, else the largest ones until they
   // cover it; returns the bytes given back.

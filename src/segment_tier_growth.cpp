@@ -255,7 +255,7 @@ void SegmentTier::hand_back_detached() noexcept {
   detached_.clear();
 }
 
-bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
+bool SegmentTier::wait_for_empty_segments(std::size_t need, Lock& held) noexcept {
   if (map_.base() != nullptr) return false;
   // A wholly free segment whose range is still stream-tagged (or pending) may be read by
   // work queued on that stream: fence that stream and wait for its marker, after which
@@ -277,7 +277,7 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need) noexcept {
   }
   // Only the markers of wholly free segments are waited for (a pending range never merges,
   // so "wholly free" cannot change while it waits); other pending markers are polled.
-  return tags_.wait_for(kUntagged, [&could_serve](const Range* r) {
+  return wait_unlocked(held, kUntagged, [&could_serve](const Range* r) {
     return r->prev == nullptr && r->next == nullptr && could_serve(r);
   });
 }

@@ -1,5 +1,6 @@
 #include "stream_tags.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
@@ -11,9 +12,24 @@ StreamKey per_thread_stream_key() noexcept {
   return key;
 }
 
+void StreamTags::release(std::uint64_t marker) noexcept {
+  if (std::find(waiting_.begin(), waiting_.end(), marker) != waiting_.end()) {
+    deferred_.push_back(marker);  // capacity reserved by begin_wait(): no throw
+    return;
+  }
+  fence_.release(marker);
+}
+
+void StreamTags::end_wait() noexcept {
+  for (const std::uint64_t marker : deferred_) fence_.release(marker);
+  deferred_.clear();
+  waiting_.clear();
+  poll(false);
+}
+
 void StreamTags::untag(std::size_t i) noexcept {
   Pending& p = pending_[i];
-  fence_.release(p.marker);
+  release(p.marker);
   for (Range* r : p.ranges) {
     r->tag = kUntagged;
     ranges_.insert_free(r);
@@ -132,7 +148,7 @@ bool StreamTags::take_back(StreamKey stream) noexcept {
       ++i;
       continue;
     }
-    fence_.release(p.marker);
+    release(p.marker);
     for (Range* r : p.ranges) ranges_.insert_free(r);  // tag still `stream`: filed as its own
     drop(i);
     taken = true;
@@ -169,7 +185,7 @@ void StreamTags::forget(std::uint64_t mark) noexcept {
       ++i;
       continue;
     }
-    fence_.release(p.marker);
+    release(p.marker);
     drop(i);
   }
   // Untagging merges a range only with untagged neighbours, so every range collected here

@@ -21,9 +21,11 @@
 // Invariants: a pending range is in exactly one Pending entry, whose stream is its tag;
 // pending ranges never merge (so each keeps its own epoch) until untagged; every marker in
 // pending_ is released exactly once (when its ranges are untagged or taken back, or at
-// release_markers()).
+// release_markers()); a marker in waiting_ is not released before end_wait() (a release
+// meanwhile is deferred to it), so the host may wait for it with no mutex held.
 //
-// Not thread-safe: the owning tier calls it under its mutex.
+// Not thread-safe: the owning tier calls it under its mutex (wait_outside() without it, by
+// the holder of the tier's growth mutex, the only caller of begin_wait() and end_wait()).
 #pragma once
 
 #include <algorithm>
@@ -87,11 +89,9 @@ class StreamTags {
   // The pending ranges of `stream` become its free ranges again (their markers are released
   // unawaited); false when there were none.
   bool take_back(StreamKey stream) noexcept;
-  // Waits for the markers of other streams than `stream` whose pending ranges could serve
-  // `need`, then untags what completed; false when there was none.
-  bool wait_for_pending(StreamKey stream, std::size_t need) noexcept {
-    return wait_for(stream, [this, need](const Range* r) { return could_serve(r, need); });
-  }
+  // `r` (free or pending) with the free or pending ranges beside it, which it merges with
+  // once all are untagged, spans `need` bytes (virtual mode: of memory mapped before).
+  bool could_serve(const Range* r, std::size_t need) const noexcept;
   // Waits for the marker of every Pending entry (but `skip`'s stream's; kUntagged: none
   // skipped) with a range for which `serves(range)` holds, then polls; false when there was
   // none.
@@ -108,6 +108,32 @@ class StreamTags {
     if (waited) poll(false);
     return waited;
   }
+  // Waiting for markers with the tier's mutex released: begin_wait() (under it) lists the
+  // markers wait_for(skip, serves) would wait for in waiting_ and keeps them alive; the
+  // caller releases the mutex, calls wait_outside(), takes the mutex again and calls
+  // end_wait(), which releases the markers whose release was deferred and polls. False from
+  // begin_wait(): nothing to wait for (or no host memory for the list: then it waited
+  // under the mutex, as wait_for(), and the caller goes on without waiting).
+  template <class Serves>
+  bool begin_wait(StreamKey skip, Serves serves) noexcept {
+    try {
+      for (const Pending& p : pending_) {
+        if (p.stream != skip && std::any_of(p.ranges.begin(), p.ranges.end(), serves)) {
+          waiting_.push_back(p.marker);
+        }
+      }
+      deferred_.reserve(waiting_.size());  // each of them is released at most once
+    } catch (...) {
+      waiting_.clear();
+      (void)wait_for(skip, serves);
+      return false;
+    }
+    return !waiting_.empty();
+  }
+  void wait_outside() noexcept {
+    for (const std::uint64_t marker : waiting_) fence_.wait(marker);
+  }
+  void end_wait() noexcept;
   // After the fence's quiesce() that followed mark() returned `mark`: every range freed on
   // a stream before the mark becomes untagged, with no marker recorded.
   void forget(std::uint64_t mark) noexcept;
@@ -123,12 +149,11 @@ class StreamTags {
   // Records a marker on streams()[slot]'s stream and moves its ranges to pending_; false
   // (nothing changed) when no marker could be recorded. The caller erases the slot.
   bool fence_stream(std::size_t slot) noexcept;
-  // `r` (free or pending) with the free or pending ranges beside it, which it merges with
-  // once all are untagged, spans `need` bytes (virtual mode: of memory mapped before).
-  bool could_serve(const Range* r, std::size_t need) const noexcept;
   // Untags and refiles every range of pending_[i], releases its marker and drops the entry
   // (the last entry moves to i).
   void untag(std::size_t i) noexcept;
+  // Releases `marker`, or defers that to end_wait() while the host may wait for it.
+  void release(std::uint64_t marker) noexcept;
   void drop(std::size_t i) noexcept {  // the last entry moves to i
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();
@@ -139,6 +164,8 @@ class StreamTags {
   const GranuleMap& map_;
   StreamWants* const wants_;
   std::vector<Pending> pending_;
+  std::vector<std::uint64_t> waiting_;   // begin_wait() .. end_wait()
+  std::vector<std::uint64_t> deferred_;  // released meanwhile (capacity: waiting_'s)
   std::uint64_t epoch_ = 0;
 };
 

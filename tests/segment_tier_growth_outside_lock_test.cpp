@@ -11,6 +11,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "segment_tier.hpp"
 #include "test_upstreams.hpp"
@@ -94,6 +95,42 @@ class GatedUpstream final : public Upstream {
  private:
   std::shared_ptr<Upstream> inner_;
   Gate& gate_;
+};
+
+// A ManualFence whose wait() is held by a Gate, and which counts waits for a marker already
+// released (the marker could then be another stream's: never allowed).
+class GatedFence final : public StreamFence {
+ public:
+  explicit GatedFence(Gate& gate) : gate_(gate) {}
+  std::uint64_t record(cudaStream_t stream) override { return inner_.record(stream); }
+  bool completed(std::uint64_t marker) noexcept override { return inner_.completed(marker); }
+  void wait(std::uint64_t marker) noexcept override {
+    {
+      std::lock_guard lock(mutex_);
+      if (released_.count(marker) != 0) ++waits_for_released_;
+    }
+    gate_.pass();
+    inner_.wait(marker);
+    std::lock_guard lock(mutex_);
+    if (released_.count(marker) != 0) ++waits_for_released_;  // released during the wait
+  }
+  void release(std::uint64_t marker) noexcept override {
+    std::lock_guard lock(mutex_);
+    released_.insert(marker);
+  }
+  void quiesce() noexcept override { inner_.quiesce(); }
+  void complete_all() { inner_.complete_all(); }
+  std::uint64_t waits_for_released() {
+    std::lock_guard lock(mutex_);
+    return waits_for_released_;
+  }
+
+ private:
+  ManualFence inner_;
+  Gate& gate_;
+  std::mutex mutex_;
+  std::set<std::uint64_t> released_;
+  std::uint64_t waits_for_released_ = 0;
 };
 
 // While `grower` is held in its upstream call, the tier serves what it holds and takes
@@ -205,6 +242,56 @@ TEST(SegmentTierGrowthOutsideLock, FreesDuringAGrowthGiveBackWhenItEnds) {
   tier.trim(0, true);
   EXPECT_EQ(tier.counters().reserved, 0U);
   EXPECT_EQ(physical->live_bytes(), 0U);
+}
+
+// Before growing, a segment tier waits for the marker of a wholly free segment another
+// stream freed: with the tier's mutex released. Meanwhile the held memory serves, and the
+// marker completes and another call's poll untags the segment: the marker is released only
+// after the wait, which ends in the segment serving the request (no new segment).
+TEST(SegmentTierGrowthOutsideLock, MarkerWaitsBeforeGrowingReleaseTheMutex) {
+  Gate gate;
+  GatedFence fence(gate);
+  auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  detail::ReservedGauge gauge;
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  {
+    SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
+    void* kept_free = tier.allocate(1_MiB, kUntagged, true);
+    void* post = tier.allocate(1_MiB, kUntagged, true);
+    void* streamed = tier.allocate(32_MiB, s, true);
+    ASSERT_NE(kept_free, nullptr);
+    ASSERT_NE(post, nullptr);
+    ASSERT_NE(streamed, nullptr);
+    ASSERT_TRUE(tier.free(kept_free, kUntagged));
+    ASSERT_TRUE(tier.free(streamed, s));  // a wholly free segment of stream s
+    const std::uint64_t segments_before = counted->allocations();
+
+    gate.arm();
+    auto grower = std::async(std::launch::async, [&] { return tier.allocate(32_MiB, t, true); });
+    ASSERT_TRUE(gate.entered(seconds(10))) << "growing did not wait for stream s's marker";
+    // The marker completes during the wait: the next call's poll untags s's segment, and
+    // the release of the marker waits for the end of the wait.
+    fence.complete_all();
+    auto served = std::async(std::launch::async, [&] {
+      void* block = tier.allocate(512_KiB, kUntagged, false);
+      return block != nullptr && tier.free(block, kUntagged);
+    });
+    const bool in_time = served.wait_for(seconds(10)) == std::future_status::ready;
+    gate.open();
+    EXPECT_TRUE(in_time) << "an allocation from held memory waited for a marker wait";
+    EXPECT_TRUE(served.get());
+    void* grown = grower.get();
+    EXPECT_EQ(grown, streamed) << "the waited-for segment did not serve the request";
+    EXPECT_EQ(counted->allocations(), segments_before) << "the tier grew after the wait";
+    EXPECT_EQ(fence.waits_for_released(), 0U);
+    ASSERT_TRUE(tier.free(grown, t));
+    ASSERT_TRUE(tier.free(post, kUntagged));
+    tier.trim(0, true);  // waits for t's marker the same way (the gate is open)
+    EXPECT_EQ(tier.counters().reserved, 0U);
+  }
+  EXPECT_EQ(counted->live_bytes(), 0U);
+  EXPECT_EQ(fence.waits_for_released(), 0U);
 }
 
 }  // namespace
