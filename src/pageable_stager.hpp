@@ -360,20 +360,27 @@ class PageableStager {
     }
   }
 
+  // Claims the next piece and fills it with `lock` (mutex_) released; false when no piece
+  // was left to claim.
+  bool fill_one(std::unique_lock<std::mutex>& lock) {
+    std::byte* to = nullptr;
+    const std::byte* from = nullptr;
+    std::size_t bytes = 0;
+    std::uint64_t seq = 0;
+    if (!claim(to, from, bytes, seq)) return false;
+    lock.unlock();
+    fill_piece(to, from, bytes);
+    lock.lock();
+    filled(seq);
+    return true;
+  }
+
   void fill_loop() {
     std::unique_lock lock(mutex_);
     for (;;) {
       work_.wait(lock, [&] { return fillers_stop_ || fill_seq_ != dispatch_seq_; });
       if (fillers_stop_) return;
-      std::byte* to = nullptr;
-      const std::byte* from = nullptr;
-      std::size_t bytes = 0;
-      std::uint64_t seq = 0;
-      while (claim(to, from, bytes, seq)) {
-        lock.unlock();
-        fill_piece(to, from, bytes);
-        lock.lock();
-        filled(seq);
+      while (fill_one(lock)) {
       }
     }
   }
@@ -487,17 +494,7 @@ class PageableStager {
 
       // No fill threads: the driver fills the pieces itself.
       if (fillers_.empty() && !failure_) {
-        std::byte* to = nullptr;
-        const std::byte* from = nullptr;
-        std::size_t bytes = 0;
-        std::uint64_t seq = 0;
-        if (claim(to, from, bytes, seq)) {
-          lock.unlock();
-          fill_piece(to, from, bytes);
-          lock.lock();
-          filled(seq);
-          continue;
-        }
+        if (fill_one(lock)) continue;
       }
 
       // Stopping: everything queued was issued (or dropped after a failure) and no piece

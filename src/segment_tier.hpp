@@ -250,6 +250,9 @@ class SegmentTier {
   void map_range(Range* range, Lock& held);
   // The same with every driver call under the mutex: the retry after a map failed.
   void map_range_now(Range* range);
+  // With unmap_before_map, free runs past the growth budget go (reclaim) before a map of
+  // `new_granules` for `range`.
+  void unmap_before_mapping(const Range* range, std::size_t new_granules, bool later) noexcept;
   // Fences every stream, untags what completed, then takes free runs (but those under
   // `except`) off the books until at most keep_free bytes are free: to `detached_` when
   // `later` (the caller hands them back before it maps), else unmapped at once.

@@ -130,6 +130,19 @@ static void plan_runs(const GranuleMap& map, std::size_t first, std::size_t last
   }
 }
 
+// The growth budget the tiers share (ReservedGauge), with unmap_before_map: past it, free
+// runs go back before new ones are mapped. Below it, mapped free granules stay for reuse,
+// so a loop that frees and reallocates makes no driver call.
+void SegmentTier::unmap_before_mapping(const Range* range, std::size_t new_granules,
+                                       bool later) noexcept {
+  if (!options_.unmap_before_map) return;
+  if (const std::size_t excess =
+          budget_.excess_after_growth(new_granules * map_.granule(), range->size)) {
+    const std::size_t free_bytes = budget_.free_bytes();
+    reclaim(free_bytes > excess ? free_bytes - excess : 0, range, later);
+  }
+}
+
 void SegmentTier::map_range(Range* range, Lock& held) {
   // The physical memory left, as the driver tells it (a query): asked with the mutex
   // released; `range` is this thread's (used) and only this thread maps.
@@ -140,16 +153,7 @@ void SegmentTier::map_range(Range* range, Lock& held) {
   std::size_t last = map_.granule_of(range->addr + range->size - 1);
   if (!map_.all_mapped(first, last)) {
     const std::size_t new_granules = map_.unmapped_granules(first, last);
-    if (options_.unmap_before_map) {
-      // The growth budget the tiers share (ReservedGauge): past it, free runs go back
-      // before new ones are mapped. Below it, mapped free granules stay for reuse, so a
-      // loop that frees and reallocates makes no driver call.
-      if (const std::size_t excess =
-              budget_.excess_after_growth(new_granules * map_.granule(), range->size)) {
-        const std::size_t free_bytes = budget_.free_bytes();
-        reclaim(free_bytes > excess ? free_bytes - excess : 0, range, /*later=*/true);
-      }
-    }
+    unmap_before_mapping(range, new_granules, /*later=*/true);
     // Each stretch of unmapped granules under the range is one run: one physical
     // allocation and one map, however many granules it spans, up to run_granule_cap().
     const std::size_t cap = map_.run_granule_cap(available);
@@ -162,28 +166,29 @@ void SegmentTier::map_range(Range* range, Lock& held) {
     // unmapped: a request over them grows (waits for the growth mutex), nobody unmaps them.
     held.unlock();
     hand_back_detached();  // reclaimed runs first: their memory may be what the maps need
+    // What mapped goes on the books, whatever failed after it.
+    auto relock_and_commit = [&]() noexcept {
+      held.lock();
+      for (std::size_t i = 0; i < handles.size(); ++i) {
+        map_.commit_run(runs[i].first, runs[i].second, handles[i]);
+      }
+    };
     bool out_of_memory = false;
     try {
       for (const auto& [g, end] : runs) {
         try {
-          handles.push_back(map_.map_now(g, end));
+          handles.push_back(map_.map_now(g, end));  // reserved: no throw of its own
         } catch (const OutOfMemory&) {
           out_of_memory = true;
           break;
         }
       }
-    } catch (...) {  // another driver error: what mapped is kept, the range goes back
-      held.lock();
-      for (std::size_t i = 0; i < handles.size(); ++i) {
-        map_.commit_run(runs[i].first, runs[i].second, handles[i]);
-      }
+    } catch (...) {  // another driver error: the range goes back (allocate_growing)
+      relock_and_commit();
       ++budget_.counters().failed_upstream_allocations;
       throw;
     }
-    held.lock();
-    for (std::size_t i = 0; i < handles.size(); ++i) {
-      map_.commit_run(runs[i].first, runs[i].second, handles[i]);
-    }
+    relock_and_commit();
     if (out_of_memory) {
       ++budget_.counters().failed_upstream_allocations;
       map_range_now(range);  // without map-ahead, reclaiming first: under the mutex
@@ -197,13 +202,7 @@ void SegmentTier::map_range_now(Range* range) {
   std::size_t last = map_.granule_of(range->addr + range->size - 1);
   if (map_.all_mapped(first, last)) return;
   const std::size_t new_granules = map_.unmapped_granules(first, last);
-  if (options_.unmap_before_map) {
-    if (const std::size_t excess =
-            budget_.excess_after_growth(new_granules * map_.granule(), range->size)) {
-      const std::size_t free_bytes = budget_.free_bytes();
-      reclaim(free_bytes > excess ? free_bytes - excess : 0, range, /*later=*/false);
-    }
-  }
+  unmap_before_mapping(range, new_granules, /*later=*/false);
   const std::size_t available = options_.virtual_memory->available_bytes();
   const std::size_t cap = map_.run_granule_cap(available);
   const std::size_t block_last = last;

@@ -122,6 +122,22 @@ VRAM_TORCH_API size_t vram_torch_pager_min_budget(size_t count, const size_t* by
   }
 }
 
+namespace {
+// The figures of `plan` that vram_torch_pager_plan_t carries (the load's are the caller's).
+vram_torch_pager_plan_t plan_figures(const vram::PagerPlan& plan) {
+  vram_torch_pager_plan_t p{};
+  p.arena_bytes = plan.arena_bytes;
+  p.resident_bytes = plan.resident_bytes;
+  p.slot_bytes = plan.slot_bytes;
+  p.slot_count = plan.slot_count;
+  p.prefetch_depth = plan.prefetch_depth;
+  p.streamed_bytes_per_step = plan.streamed_bytes_per_step;
+  p.resident_pieces =
+      static_cast<uint64_t>(std::count(plan.resident.begin(), plan.resident.end(), true));
+  return p;
+}
+}  // namespace
+
 // The plan a pager over these pieces would make (plan_residency: no allocation, no pin, no
 // CUDA call): the plan's sizes in `out`, each piece's residency in `resident`. 0, or -1 when
 // the plan is refused (a budget below what it needs).
@@ -142,15 +158,7 @@ VRAM_TORCH_API int vram_torch_pager_preview(size_t count, const size_t* bytes,
         std::vector<std::size_t>(schedule, schedule + schedule_length),
         vram::PagerPlanOptions{
             .budget_bytes = budget_bytes, .prefetch_depth = prefetch_depth, .alignment = 256});
-    vram_torch_pager_plan_t p{};
-    p.arena_bytes = plan.arena_bytes;
-    p.resident_bytes = plan.resident_bytes;
-    p.slot_bytes = plan.slot_bytes;
-    p.slot_count = plan.slot_count;
-    p.prefetch_depth = plan.prefetch_depth;
-    p.streamed_bytes_per_step = plan.streamed_bytes_per_step;
-    p.resident_pieces =
-        static_cast<uint64_t>(std::count(plan.resident.begin(), plan.resident.end(), true));
+    const vram_torch_pager_plan_t p = plan_figures(plan);
     std::memcpy(out, &p, std::min(out_size, sizeof p));
     if (resident != nullptr) {
       for (size_t i = 0; i < count; ++i) resident[i] = plan.resident[i] ? 1 : 0;
@@ -283,15 +291,7 @@ VRAM_TORCH_API int vram_torch_pager_plan(vram_torch_pager* pager, vram_torch_pag
   if (pager == nullptr || out == nullptr) return -1;
   const vram::PagerPlan& plan = pager->pager->plan();
   const vram::WeightPagerLoad& load = pager->pager->load();
-  vram_torch_pager_plan_t p{};
-  p.arena_bytes = plan.arena_bytes;
-  p.resident_bytes = plan.resident_bytes;
-  p.slot_bytes = plan.slot_bytes;
-  p.slot_count = plan.slot_count;
-  p.prefetch_depth = plan.prefetch_depth;
-  p.streamed_bytes_per_step = plan.streamed_bytes_per_step;
-  p.resident_pieces =
-      static_cast<uint64_t>(std::count(plan.resident.begin(), plan.resident.end(), true));
+  vram_torch_pager_plan_t p = plan_figures(plan);
   p.pinned = load.pinned ? 1 : 0;
   p.pinned_bytes = load.pinned_bytes;
   p.register_calls = load.register_calls;
