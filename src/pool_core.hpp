@@ -299,7 +299,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   alignas(kCacheLine) std::atomic<std::int64_t> in_use_now{0};
   std::atomic<std::int64_t> in_use_peak{0};
 
-  // Lock order: slow_mutex, then steal_mutex, then registry_mutex / a tier's mutex. Only
+  // Lock order: slow_mutex, then steal_mutex, then registry_mutex / a tier's growth mutex,
+  // then that tier's mutex (segment_tier.hpp; a grower takes none of the others). Only
   // a holder of steal_mutex waits for a cache's state word (trim(), which never waits for
   // an owner inside a call that may block), and close() (holding none of them).
   std::mutex steal_mutex;             // one stealer at a time: writes every ThreadCache::steal

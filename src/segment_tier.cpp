@@ -37,15 +37,7 @@ SegmentTier::~SegmentTier() {
 void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce) {
   const std::size_t need = round(bytes);
   if (may_grow) {
-    const std::lock_guard growing(grow_mutex_);
-    // Whatever went off the books goes back to the upstream, also when growing throws
-    // (destroyed before `growing`, after allocate_growing released the tier's mutex).
-    struct HandBack {
-      SegmentTier& tier;
-      ~HandBack() {
-        if (!tier.detached_.empty()) tier.hand_back_detached();
-      }
-    } hand_back{*this};
+    const Growth growing(*this);  // also when growing throws or asks for a quiesce
     return allocate_growing(need, bytes, stream, quiesce);
   }
   const Lock held = lock();
@@ -152,27 +144,29 @@ bool SegmentTier::free(void* block, StreamKey tag, std::size_t bytes) noexcept {
   r->epoch = tags_.epoch();
   ranges_.insert_free(r);
   if (tag == kUntagged && budget_.free_bytes() > options_.max_free_bytes) {
-    // Only when no growth is under way (it gives back as it ends); the upstream calls after
-    // the tier's mutex is released. (try_lock: the lock order is not broken.)
-    std::unique_lock growing(grow_mutex_, std::try_to_lock);
-    if (growing.owns_lock()) {
+    // Only when no growth is under way, else it is owed to the growth mutex's holder, which
+    // gives back before it lets go (end_growth); the upstream calls after the tier's mutex
+    // is released. (try_lock: the lock order is not broken.)
+    if (grow_mutex_.try_lock()) {
       give_back(options_.max_free_bytes);
       held.unlock();
       hand_back_detached();
+      end_growth();
+    } else {
+      give_back_owed_ = true;
     }
   }
   return true;
 }
 
 void SegmentTier::trim(std::size_t keep_free, bool wait) noexcept {
-  const std::lock_guard growing(grow_mutex_);
+  const Growth growing(*this);
   {
     Lock held = lock();
     tags_.fence_all(false);
     if (wait) (void)wait_unlocked(held, kUntagged, [](const Range*) { return true; });
     give_back(keep_free);
   }
-  hand_back_detached();
 }
 
 std::uint64_t SegmentTier::mark_frees() noexcept {
@@ -229,13 +223,10 @@ std::size_t SegmentTier::empty_bytes() const noexcept {
 }
 
 void SegmentTier::release_empty_for(std::size_t bytes) noexcept {
-  const std::lock_guard growing(grow_mutex_);
-  {
-    Lock held = lock();
-    wait_for_empty_segments(0, held);
-    release_empty_segments_for(bytes);
-  }
-  hand_back_detached();
+  const Growth growing(*this);
+  Lock held = lock();
+  wait_for_empty_segments(0, held);
+  release_empty_segments_for(bytes);
 }
 
 bool SegmentTier::owns(void* block) const noexcept {

@@ -43,11 +43,11 @@
 // them, a whole-segment free, also synchronizes the device). `grow_mutex_` orders the calls
 // that change what the tier holds: growing (allocate with may_grow), trim(),
 // release_empty_for(), and a free() that gives memory back (only when the growth mutex is
-// free at once: otherwise the free gives nothing back and the grower in progress does it as
-// it finishes). Its holder decides under `mutex_`, releases it for the upstream calls (a
-// new segment; the runs under a block and its map-ahead; segments or runs given back, taken
-// off the books first, `detached_`), and takes it again to file the result. Meanwhile the
-// other threads allocate and free from the free ranges: the grower's range is used (nothing
+// free at once: otherwise the free gives nothing back and the holder of the growth mutex
+// does it before it lets go, end_growth()). Its holder decides under `mutex_`, releases it for the
+// upstream calls (a new segment; the runs under a block and its map-ahead; segments or runs given
+// back, taken off the books first, `detached_`), and takes it again to file the result. Meanwhile
+// the other threads allocate and free from the free ranges: the grower's range is used (nothing
 // merges with it) and granules being mapped read as unmapped, so a request that needs them
 // grows, that is, waits for the growth mutex and then fits again. The host's waits for
 // stream markers (growing past the budget, trim with wait) are made the same way, with the
@@ -55,6 +55,10 @@
 // mutex_. Still under `mutex_`: the address reservation (once per tier), recording a marker
 // on the legacy stream and querying recorded markers (an event record or query, no wait),
 // and the maps of the out-of-memory retry (reclaim, then map at once).
+//
+// The figures during a growth: memory given back leaves the books (reserved, the shared
+// gauge) before its upstream call, a map or segment enters them after its call, so they
+// may read low by what is in flight; the grower's range is neither used nor free.
 //
 // Invariants (under the mutex): reserved == sum of segment sizes (virtual mode: of mapped
 // runs) == used + free bytes (free includes tagged and pending ranges); the free-range
@@ -202,6 +206,22 @@ class SegmentTier {
   // Gives `detached_` back to the upstream (or unmaps it): the growth mutex held, the tier's
   // mutex not.
   void hand_back_detached() noexcept;
+  // Holds the growth mutex for its life; at its end hands back what is detached and lets go
+  // through end_growth().
+  class Growth {
+   public:
+    explicit Growth(SegmentTier& tier) : tier_(tier) { tier_.grow_mutex_.lock(); }
+    ~Growth();
+    Growth(const Growth&) = delete;
+    Growth& operator=(const Growth&) = delete;
+
+   private:
+    SegmentTier& tier_;
+  };
+  // Unlocks the growth mutex (held, the tier's mutex not), first giving back what frees
+  // owed meanwhile (give_back_owed_), with the final check and the unlock under the tier's
+  // mutex.
+  void end_growth() noexcept;
   // Waits for the markers of other streams than `skip` whose pending ranges `serves`, with
   // `held` released (the growth mutex held), then untags what completed; false (and the
   // mutex never released) when there was none.
@@ -277,6 +297,9 @@ class SegmentTier {
   const Options options_;
   mutable TierMutex mutex_;
   std::mutex grow_mutex_;
+  // A free() past max_free_bytes found the growth mutex held: the holder gives back before
+  // it lets go (under mutex_).
+  bool give_back_owed_ = false;
   // Memory off the books, waiting for its upstream call (only the growth mutex holder
   // touches it).
   std::vector<DetachedMemory> detached_;

@@ -242,6 +242,27 @@ void SegmentTier::give_back(std::size_t keep_free) noexcept {
   }
 }
 
+SegmentTier::Growth::~Growth() {
+  if (!tier_.detached_.empty()) tier_.hand_back_detached();
+  tier_.end_growth();
+}
+
+void SegmentTier::end_growth() noexcept {
+  for (;;) {
+    Lock held = lock();
+    if (!give_back_owed_) {
+      // Under the tier's mutex: a free that finds the growth mutex held after this check
+      // cannot happen, so no give-back is owed to nobody.
+      grow_mutex_.unlock();
+      return;
+    }
+    give_back_owed_ = false;
+    give_back(options_.max_free_bytes);
+    held.unlock();
+    hand_back_detached();
+  }
+}
+
 void SegmentTier::hand_back_detached() noexcept {
   const bool runs = map_.base() != nullptr;  // set once, by a growth mutex holder
   for (const DetachedMemory& gone : detached_) {

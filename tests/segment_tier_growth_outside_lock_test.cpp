@@ -78,15 +78,17 @@ class GatedVirtualMemory final : public VirtualMemory {
   Gate& gate_;
 };
 
+// Holds allocations (or, with gate_frees, frees) at the gate.
 class GatedUpstream final : public Upstream {
  public:
-  GatedUpstream(std::shared_ptr<Upstream> inner, Gate& gate)
-      : inner_(std::move(inner)), gate_(gate) {}
+  GatedUpstream(std::shared_ptr<Upstream> inner, Gate& gate, bool gate_frees = false)
+      : inner_(std::move(inner)), gate_(gate), gate_frees_(gate_frees) {}
   void* allocate(std::size_t bytes) override {
-    gate_.pass();
+    if (!gate_frees_) gate_.pass();
     return inner_->allocate(bytes);
   }
   void deallocate(void* block, std::size_t bytes) noexcept override {
+    if (gate_frees_) gate_.pass();
     inner_->deallocate(block, bytes);
   }
   MemoryKind kind() const noexcept override { return inner_->kind(); }
@@ -95,7 +97,37 @@ class GatedUpstream final : public Upstream {
  private:
   std::shared_ptr<Upstream> inner_;
   Gate& gate_;
+  bool gate_frees_;
 };
+
+// A free past max_free_bytes while another free gives a segment back (its upstream free held
+// at the gate) gives nothing back itself; the other gives its memory back before it lets go.
+TEST(SegmentTierGrowthOutsideLock, AGiveBackSkippedDuringAnotherIsMadeBeforeItEnds) {
+  Gate gate;
+  auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  GatedUpstream upstream(counted, gate, /*gate_frees=*/true);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  {
+    SegmentTier tier(upstream, fence, gauge, {.granularity = 512, .max_free_bytes = 0});
+    void* a = tier.allocate(16_MiB, kUntagged, true);  // a segment each
+    void* b = tier.allocate(16_MiB, kUntagged, true);
+    ASSERT_NE(a, nullptr);
+    ASSERT_NE(b, nullptr);
+    gate.arm();
+    auto first = std::async(std::launch::async, [&] { return tier.free(a, kUntagged); });
+    ASSERT_TRUE(gate.entered(seconds(10))) << "the free did not give its segment back";
+    auto second = std::async(std::launch::async, [&] { return tier.free(b, kUntagged); });
+    const bool in_time = second.wait_for(seconds(10)) == std::future_status::ready;
+    gate.open();
+    EXPECT_TRUE(in_time) << "a free waited for another free's upstream call";
+    EXPECT_TRUE(first.get());
+    EXPECT_TRUE(second.get());
+    EXPECT_EQ(tier.counters().free_bytes, 0U) << "the second free's give-back was lost";
+    EXPECT_EQ(tier.counters().reserved, 0U);
+  }
+  EXPECT_EQ(counted->live_bytes(), 0U);
+}
 
 // A ManualFence whose wait() is held by a Gate, and which counts waits for a marker already
 // released (the marker could then be another stream's: never allowed).

@@ -28,8 +28,9 @@
 //   Markers are checked without blocking on the allocation path, with one exception: a
 //   tier that must grow (the slow path: an upstream call) first waits on the host for the
 //   recorded marker of each stream whose freed blocks fill a whole segment that could serve
-//   the request (or go back, when growing passes the budget below), holding the tier's mutex
-//   (a device upstream's free synchronizes the device anyway). The large tier over virtual
+//   the request (or go back, when growing passes the budget below), holding the tier's
+//   growth mutex but not its mutex (other threads allocate and free meanwhile; upstream
+//   calls, maps and unmaps are made the same way, segment_tier.hpp). The large tier over virtual
 //   memory, before it maps more, takes back the requesting stream's own blocks that a marker
 //   was recorded for (safe for it in stream order), wants markers on the other streams whose
 //   freed blocks could serve the request (on every other stream with freed blocks when
