@@ -40,12 +40,12 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
     const Growth growing(*this);  // also when growing throws or asks for a quiesce
     return allocate_growing(need, bytes, stream, quiesce);
   }
-  const Lock held = lock();
+  Lock held = lock();
+  poll_unlocked(held);
   // Before any change: a split-off rest cannot fail, nor can filing the block in live_.
   ranges_.keep_spares(2);
   live_.reserve_one();
   if (options_.virtual_memory != nullptr && map_.base() == nullptr) return nullptr;  // growing
-  if (tags_.any_pending()) tags_.poll(false);
   bool mapped = false;
   Range* r = fit(stream, need, mapped);
   // A fit over a granule not mapped yet (or one being mapped) would be growing.
@@ -62,13 +62,13 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
 void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream,
                                     bool* quiesce) {
   Lock held = lock();
+  poll_unlocked(held);
   // Before any change: a new segment's range and a split-off rest cannot fail, nor can
   // filing the block in live_ (grow_segment and map_range reserve again after they
   // released the mutex).
   ranges_.keep_spares(2);
   live_.reserve_one();
   if (options_.virtual_memory != nullptr && map_.base() == nullptr) reserve_range();
-  if (tags_.any_pending()) tags_.poll(false);
   bool mapped = false;  // r's granules under `need` (virtual mode), as fit() found them
   Range* r = fit(stream, need, mapped);
   // Before growing: wholly free segments that wait for their streams' work are waited for

@@ -52,9 +52,12 @@
 // grows, that is, waits for the growth mutex and then fits again. The host's waits for
 // stream markers (growing past the budget, trim with wait) are made the same way, with the
 // markers kept alive meanwhile (StreamTags::begin_wait). Lock order: grow_mutex_, then
-// mutex_. Still under `mutex_`: the address reservation (once per tier), recording a marker
-// on the legacy stream and querying recorded markers (an event record or query, no wait),
-// and the maps of the out-of-memory retry (reclaim, then map at once).
+// mutex_. Pending markers are queried the same way at the start of every allocate (a few
+// at a time, kept alive meanwhile: StreamTags::begin_query). Still under `mutex_`: the
+// address reservation (once per tier); recording a marker on the legacy stream (the only
+// stream the tier records on itself, when another stream's request would grow it) and
+// querying it at once; trim's and a reclaim's fence of every stream (records on the legacy
+// stream, queries); the maps of the out-of-memory retry.
 //
 // The figures during a growth: memory given back leaves the books (reserved, the shared
 // gauge) before its upstream call, a map or segment enters them after its call, so they
@@ -233,6 +236,20 @@ class SegmentTier {
     held.lock();
     tags_.end_wait();
     return true;
+  }
+  // Untags what completed among a few pending markers (StreamTags::begin_query), asking
+  // the fence with `held` released; returns with it held.
+  void poll_unlocked(Lock& held) noexcept {
+    if (!tags_.any_pending()) return;
+    constexpr std::size_t kMost = 32;
+    std::uint64_t markers[kMost];
+    bool done[kMost];
+    const std::size_t count = tags_.begin_query(markers, kMost);
+    if (count == 0) return;
+    held.unlock();
+    tags_.query_outside(markers, done, count);
+    held.lock();
+    tags_.end_query(markers, done, count);
   }
   // allocate() with may_grow, the growth mutex held.
   void* allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream, bool* quiesce);

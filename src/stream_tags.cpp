@@ -13,18 +13,81 @@ StreamKey per_thread_stream_key() noexcept {
 }
 
 void StreamTags::release(std::uint64_t marker) noexcept {
-  if (std::find(waiting_.begin(), waiting_.end(), marker) != waiting_.end()) {
-    deferred_.push_back(marker);  // capacity reserved by begin_wait(): no throw
-    return;
+  for (Kept& kept : kept_) {
+    if (kept.marker == marker) {
+      kept.released = true;  // the last holder releases it
+      return;
+    }
   }
   fence_.release(marker);
 }
 
+bool StreamTags::keep(std::uint64_t marker) noexcept {
+  for (Kept& kept : kept_) {
+    if (kept.marker == marker) {
+      ++kept.holders;
+      return true;
+    }
+  }
+  try {
+    kept_.push_back(Kept{marker, 1, false});
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+void StreamTags::unkeep(std::uint64_t marker) noexcept {
+  for (std::size_t i = 0; i < kept_.size(); ++i) {
+    if (kept_[i].marker != marker) continue;
+    if (--kept_[i].holders == 0) {
+      if (kept_[i].released) fence_.release(marker);
+      kept_[i] = kept_.back();
+      kept_.pop_back();
+    }
+    return;
+  }
+}
+
+void StreamTags::untag_marker(std::uint64_t marker) noexcept {
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    if (pending_[i].marker == marker) {
+      untag(i);  // its release is deferred: the marker is still kept
+      return;
+    }
+  }
+}
+
 void StreamTags::end_wait() noexcept {
-  for (const std::uint64_t marker : deferred_) fence_.release(marker);
-  deferred_.clear();
+  for (std::size_t i = 0; i < waiting_.size(); ++i) {
+    if (waited_done_[i] != 0) untag_marker(waiting_[i]);
+    unkeep(waiting_[i]);
+  }
   waiting_.clear();
-  poll(false);
+  waited_done_.clear();
+}
+
+std::size_t StreamTags::begin_query(std::uint64_t* markers, std::size_t most) noexcept {
+  const std::size_t total = pending_.size();
+  if (total == 0) return 0;
+  const std::size_t count = std::min(total, most);
+  const std::size_t first = query_cursor_ % total;
+  std::size_t listed = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    const std::uint64_t marker = pending_[(first + k) % total].marker;
+    if (!keep(marker)) break;  // no host memory: fewer this time
+    markers[listed++] = marker;
+  }
+  query_cursor_ = first + listed;
+  return listed;
+}
+
+void StreamTags::end_query(const std::uint64_t* markers, const bool* done,
+                           std::size_t count) noexcept {
+  for (std::size_t i = 0; i < count; ++i) {
+    if (done[i]) untag_marker(markers[i]);
+    unkeep(markers[i]);
+  }
 }
 
 void StreamTags::untag(std::size_t i) noexcept {

@@ -21,11 +21,12 @@
 // Invariants: a pending range is in exactly one Pending entry, whose stream is its tag;
 // pending ranges never merge (so each keeps its own epoch) until untagged; every marker in
 // pending_ is released exactly once (when its ranges are untagged or taken back, or at
-// release_markers()); a marker in waiting_ is not released before end_wait() (a release
-// meanwhile is deferred to it), so the host may wait for it with no mutex held.
+// release_markers()); a kept marker (kept_: queried or waited for with no mutex held) is
+// not released before its last holder is done (a release meanwhile is deferred to then).
 //
-// Not thread-safe: the owning tier calls it under its mutex (wait_outside() without it, by
-// the holder of the tier's growth mutex, the only caller of begin_wait() and end_wait()).
+// Not thread-safe: the owning tier calls it under its mutex (wait_outside() and
+// query_outside() without it; begin_wait() .. end_wait() only by the holder of the tier's
+// growth mutex).
 #pragma once
 
 #include <algorithm>
@@ -108,12 +109,18 @@ class StreamTags {
     if (waited) poll(false);
     return waited;
   }
-  // Waiting for markers with the tier's mutex released: begin_wait() (under it) lists the
-  // markers wait_for(skip, serves) would wait for in waiting_ and keeps them alive; the
-  // caller releases the mutex, calls wait_outside(), takes the mutex again and calls
-  // end_wait(), which releases the markers whose release was deferred and polls. False from
-  // begin_wait(): nothing to wait for (or no host memory for the list: then it waited
-  // under the mutex, as wait_for(), and the caller goes on without waiting).
+  // Markers are queried and waited for with the tier's mutex released: a marker listed for
+  // that is kept (kept_) until the caller is done with it, and a release meanwhile (its
+  // entry untagged or taken back by another thread) is deferred to then, so the number never
+  // names a recycled event while it is queried or waited for. Each call below but
+  // wait_outside() and query_outside() runs under the mutex.
+  //
+  // Waiting (the growth mutex holder only): begin_wait() lists the markers wait_for(skip,
+  // serves) would wait for in waiting_; the caller releases the mutex, calls
+  // wait_outside() (waits, then asks each whether it completed), takes the mutex again and
+  // calls end_wait(), which untags the entries of those that completed. False from
+  // begin_wait(): nothing to wait for (or no host memory for the lists: then it waited under
+  // the mutex, as wait_for(), and the caller goes on without waiting).
   template <class Serves>
   bool begin_wait(StreamKey skip, Serves serves) noexcept {
     try {
@@ -122,18 +129,32 @@ class StreamTags {
           waiting_.push_back(p.marker);
         }
       }
-      deferred_.reserve(waiting_.size());  // each of them is released at most once
+      waited_done_.assign(waiting_.size(), 0);
+      kept_.reserve(kept_.size() + waiting_.size());
     } catch (...) {
       waiting_.clear();
       (void)wait_for(skip, serves);
       return false;
     }
+    for (const std::uint64_t marker : waiting_) keep(marker);  // reserved: no throw
     return !waiting_.empty();
   }
   void wait_outside() noexcept {
-    for (const std::uint64_t marker : waiting_) fence_.wait(marker);
+    for (std::size_t i = 0; i < waiting_.size(); ++i) {
+      fence_.wait(waiting_[i]);
+      waited_done_[i] = fence_.completed(waiting_[i]) ? 1 : 0;
+    }
   }
   void end_wait() noexcept;
+  // Polling (any thread): begin_query() lists up to `most` markers in `markers` (a few at a
+  // time, in turn: each call starts where the last one stopped) and returns how many; the
+  // caller releases the mutex, calls query_outside(), takes the mutex again and calls
+  // end_query(), which untags the entries of those that completed.
+  std::size_t begin_query(std::uint64_t* markers, std::size_t most) noexcept;
+  void query_outside(const std::uint64_t* markers, bool* done, std::size_t count) noexcept {
+    for (std::size_t i = 0; i < count; ++i) done[i] = fence_.completed(markers[i]);
+  }
+  void end_query(const std::uint64_t* markers, const bool* done, std::size_t count) noexcept;
   // After the fence's quiesce() that followed mark() returned `mark`: every range freed on
   // a stream before the mark becomes untagged, with no marker recorded.
   void forget(std::uint64_t mark) noexcept;
@@ -152,8 +173,14 @@ class StreamTags {
   // Untags and refiles every range of pending_[i], releases its marker and drops the entry
   // (the last entry moves to i).
   void untag(std::size_t i) noexcept;
-  // Releases `marker`, or defers that to end_wait() while the host may wait for it.
+  // Releases `marker`, or defers that while it is kept.
   void release(std::uint64_t marker) noexcept;
+  // One more holder of `marker` (false, nothing kept, when no host memory for the entry).
+  bool keep(std::uint64_t marker) noexcept;
+  // One holder less; the last releases it when a release was deferred.
+  void unkeep(std::uint64_t marker) noexcept;
+  // The entry of `marker` completed: untagged (no-op when it is no longer pending).
+  void untag_marker(std::uint64_t marker) noexcept;
   void drop(std::size_t i) noexcept {  // the last entry moves to i
     pending_[i] = std::move(pending_.back());
     pending_.pop_back();
@@ -164,8 +191,15 @@ class StreamTags {
   const GranuleMap& map_;
   StreamWants* const wants_;
   std::vector<Pending> pending_;
-  std::vector<std::uint64_t> waiting_;   // begin_wait() .. end_wait()
-  std::vector<std::uint64_t> deferred_;  // released meanwhile (capacity: waiting_'s)
+  struct Kept {
+    std::uint64_t marker;
+    std::uint32_t holders;
+    bool released;  // released while kept: the last holder releases it
+  };
+  std::vector<Kept> kept_;
+  std::vector<std::uint64_t> waiting_;  // begin_wait() .. end_wait()
+  std::vector<char> waited_done_;       // waiting_[i] completed (wait_outside())
+  std::size_t query_cursor_ = 0;        // where the next begin_query() starts
   std::uint64_t epoch_ = 0;
 };
 

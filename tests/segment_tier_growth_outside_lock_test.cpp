@@ -29,14 +29,16 @@ using std::chrono::seconds;
 // Holds the next call that passes through it until open(); entered() waits for that call.
 class Gate {
  public:
-  void arm() {
+  // once: only the first call that passes is held; later ones go through.
+  void arm(bool once = false) {
     std::lock_guard lock(mutex_);
     armed_ = true;
+    once_ = once;
     entered_ = false;
   }
   void pass() {
     std::unique_lock lock(mutex_);
-    if (!armed_) return;
+    if (!armed_ || (once_ && entered_)) return;
     entered_ = true;
     changed_.notify_all();
     changed_.wait(lock, [this] { return !armed_; });
@@ -55,6 +57,7 @@ class Gate {
   std::mutex mutex_;
   std::condition_variable changed_;
   bool armed_ = false;
+  bool once_ = false;
   bool entered_ = false;
 };
 
@@ -133,18 +136,22 @@ TEST(SegmentTierGrowthOutsideLock, AGiveBackSkippedDuringAnotherIsMadeBeforeItEn
 // released (the marker could then be another stream's: never allowed).
 class GatedFence final : public StreamFence {
  public:
-  explicit GatedFence(Gate& gate) : gate_(gate) {}
+  // gate_queries: completed() passes the gate too (else only wait()).
+  explicit GatedFence(Gate& gate, bool gate_queries = false)
+      : gate_(gate), gate_queries_(gate_queries) {}
   std::uint64_t record(cudaStream_t stream) override { return inner_.record(stream); }
-  bool completed(std::uint64_t marker) noexcept override { return inner_.completed(marker); }
+  bool completed(std::uint64_t marker) noexcept override {
+    check_not_released(marker);
+    if (gate_queries_) gate_.pass();
+    const bool done = inner_.completed(marker);
+    check_not_released(marker);  // released during the query
+    return done;
+  }
   void wait(std::uint64_t marker) noexcept override {
-    {
-      std::lock_guard lock(mutex_);
-      if (released_.count(marker) != 0) ++waits_for_released_;
-    }
-    gate_.pass();
+    check_not_released(marker);
+    if (!gate_queries_) gate_.pass();
     inner_.wait(marker);
-    std::lock_guard lock(mutex_);
-    if (released_.count(marker) != 0) ++waits_for_released_;  // released during the wait
+    check_not_released(marker);  // released during the wait
   }
   void release(std::uint64_t marker) noexcept override {
     std::lock_guard lock(mutex_);
@@ -152,14 +159,25 @@ class GatedFence final : public StreamFence {
   }
   void quiesce() noexcept override { inner_.quiesce(); }
   void complete_all() { inner_.complete_all(); }
+  std::uint64_t recorded() const { return inner_.recorded(); }
+  // Queries and waits that met a released marker.
   std::uint64_t waits_for_released() {
     std::lock_guard lock(mutex_);
     return waits_for_released_;
   }
+  bool released(std::uint64_t marker) {
+    std::lock_guard lock(mutex_);
+    return released_.count(marker) != 0;
+  }
 
  private:
+  void check_not_released(std::uint64_t marker) {
+    std::lock_guard lock(mutex_);
+    if (released_.count(marker) != 0) ++waits_for_released_;
+  }
   ManualFence inner_;
   Gate& gate_;
+  bool gate_queries_;
   std::mutex mutex_;
   std::set<std::uint64_t> released_;
   std::uint64_t waits_for_released_ = 0;
@@ -320,6 +338,56 @@ TEST(SegmentTierGrowthOutsideLock, MarkerWaitsBeforeGrowingReleaseTheMutex) {
     ASSERT_TRUE(tier.free(grown, t));
     ASSERT_TRUE(tier.free(post, kUntagged));
     tier.trim(0, true);  // waits for t's marker the same way (the gate is open)
+    EXPECT_EQ(tier.counters().reserved, 0U);
+  }
+  EXPECT_EQ(counted->live_bytes(), 0U);
+  EXPECT_EQ(fence.waits_for_released(), 0U);
+}
+
+// Pending markers are queried with the tier's mutex released: while one call's query is
+// held, another call allocates from held memory, finds the marker completed and untags its
+// ranges; the marker is released only after the held query is done with it.
+TEST(SegmentTierGrowthOutsideLock, MarkerQueriesReleaseTheMutexAndKeepTheMarker) {
+  Gate gate;
+  GatedFence fence(gate, /*gate_queries=*/true);
+  auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  detail::ReservedGauge gauge;
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  {
+    SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
+    void* post = tier.allocate(1_MiB, kUntagged, true);
+    void* streamed = tier.allocate(32_MiB, s, true);
+    ASSERT_NE(post, nullptr);
+    ASSERT_NE(streamed, nullptr);
+    ASSERT_TRUE(tier.free(streamed, s));
+    // Stream t's request fits nowhere else: s's segment is fenced (marker 1), not served.
+    EXPECT_EQ(tier.allocate(32_MiB, t, false), nullptr);
+    ASSERT_EQ(fence.recorded(), 1U);
+
+    gate.arm(/*once=*/true);
+    auto held_query =
+        std::async(std::launch::async, [&] { return tier.allocate(512_KiB, kUntagged, false); });
+    ASSERT_TRUE(gate.entered(seconds(10))) << "the pending marker was not queried";
+    fence.complete_all();
+    auto other = std::async(std::launch::async, [&] {
+      void* big = tier.allocate(32_MiB, t, false);  // its query untags s's segment
+      return big;
+    });
+    const bool in_time = other.wait_for(seconds(10)) == std::future_status::ready;
+    EXPECT_FALSE(fence.released(1)) << "a marker was released while a query held it";
+    gate.open();
+    EXPECT_TRUE(in_time) << "a call waited for another call's marker query";
+    void* big = other.get();
+    void* small = held_query.get();
+    EXPECT_EQ(big, streamed) << "the completed marker did not untag s's segment";
+    EXPECT_NE(small, nullptr);
+    EXPECT_TRUE(fence.released(1)) << "the marker was never released";
+    EXPECT_EQ(fence.waits_for_released(), 0U);
+    EXPECT_TRUE(tier.free(big, t));
+    if (small != nullptr) EXPECT_TRUE(tier.free(small, kUntagged));
+    EXPECT_TRUE(tier.free(post, kUntagged));
+    tier.trim(0, true);
     EXPECT_EQ(tier.counters().reserved, 0U);
   }
   EXPECT_EQ(counted->live_bytes(), 0U);
