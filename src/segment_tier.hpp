@@ -54,10 +54,11 @@
 // markers kept alive meanwhile (StreamTags::begin_wait). Lock order: grow_mutex_, then
 // mutex_. Pending markers are queried the same way at the start of every allocate (a few
 // at a time, kept alive meanwhile: StreamTags::begin_query). Still under `mutex_`: the
-// address reservation (once per tier); recording a marker on the legacy stream (the only
-// stream the tier records on itself, when another stream's request would grow it) and
-// querying it at once; trim's and a reclaim's fence of every stream (records on the legacy
-// stream, queries); the maps of the out-of-memory retry.
+// address reservation (once per tier); when another stream's request would grow the tier,
+// recording a marker on the legacy stream (the only stream the tier records on itself) and
+// then querying every pending marker (StreamTags::poll); trim's and a reclaim's fence of
+// every stream (records on the legacy stream, queries); the maps of the out-of-memory
+// retry. The waits end by untagging only the entries of the markers waited for.
 //
 // The figures during a growth: memory given back leaves the books (reserved, the shared
 // gauge) before its upstream call, a map or segment enters them after its call, so they

@@ -296,7 +296,8 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need, Lock& held) noexcept
     tags_.fence(only->tag);
   }
   // Only the markers of wholly free segments are waited for (a pending range never merges,
-  // so "wholly free" cannot change while it waits); other pending markers are polled.
+  // so "wholly free" cannot change while it waits); other pending markers wait for the
+  // next poll.
   return wait_unlocked(held, kUntagged, [&could_serve](const Range* r) {
     return r->prev == nullptr && r->next == nullptr && could_serve(r);
   });

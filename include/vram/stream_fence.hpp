@@ -44,7 +44,9 @@ class StreamFence {
   StreamFence& operator=(const StreamFence&) = delete;
   virtual ~StreamFence() = default;
   // A marker after all work queued on `stream` so far. Throws on failure (the pool then
-  // waits for nothing and keeps the blocks tagged with the stream).
+  // waits for nothing and keeps the blocks tagged with the stream). A number names one
+  // record until it is released (it may come back after that), unless every marker is
+  // complete at once (ImmediateFence): the pool finds a record's blocks by its number.
   virtual std::uint64_t record(cudaStream_t stream) = 0;
   // Non-blocking: has the work before `marker` completed?
   virtual bool completed(std::uint64_t marker) noexcept = 0;
