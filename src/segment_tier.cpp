@@ -53,7 +53,11 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   ranges_.remove_free(r);
   ranges_.split(r, need);
   r->state = Range::State::used;
-  live_.insert(r->addr, r);  // reserved above
+  return file_used(r);  // reserved above
+}
+
+void* SegmentTier::file_used(Range* r) noexcept {
+  live_.insert(r->addr, r);
   r->tag = kUntagged;
   budget_.take(r->size);
   return r->addr;
@@ -122,13 +126,7 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
       throw;
     }
   }
-  live_.insert(r->addr, r);  // reserved (again, after the mutex was released)
-  r->tag = kUntagged;
-  budget_.take(r->size);
-  // Frees that found this growth under way gave nothing back: past max_free_bytes, the
-  // rest goes now (handed back by allocate() once the mutex is released).
-  if (budget_.free_bytes() > options_.max_free_bytes) give_back(options_.max_free_bytes);
-  return r->addr;
+  return file_used(r);  // reserved (again, after the mutex was released)
 }
 
 bool SegmentTier::free(void* block, StreamKey tag, std::size_t bytes) noexcept {
@@ -163,7 +161,7 @@ void SegmentTier::trim(std::size_t keep_free, bool wait) noexcept {
   const Growth growing(*this);
   {
     Lock held = lock();
-    tags_.fence_all(false);
+    tags_.fence_all();
     if (wait) (void)wait_unlocked(held, kUntagged, [](const Range*) { return true; });
     give_back(keep_free);
   }
@@ -310,7 +308,7 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& m
     bool changed = map_.base() != nullptr && stream != kUntagged && tags_.take_back(stream);
     const bool every_stream = map_.base() == nullptr || past_budget(changed ? nullptr : r, need);
     if (tags_.fence_other_streams(stream, every_stream ? 0 : need)) {
-      tags_.poll(false);
+      tags_.poll();
       changed = true;
     }
     if (changed) r = smaller_fit();  // ranges may have merged (r among them): look again

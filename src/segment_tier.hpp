@@ -252,6 +252,8 @@ class SegmentTier {
     held.lock();
     tags_.end_query(markers, done, count);
   }
+  // A used range `r` (split to its block) filed as a live block: its address. live_ reserved.
+  void* file_used(Range* r) noexcept;
   // allocate() with may_grow, the growth mutex held.
   void* allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream, bool* quiesce);
 

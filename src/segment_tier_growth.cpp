@@ -110,7 +110,7 @@ void SegmentTier::reserve_range() {
 void SegmentTier::reclaim(std::size_t keep_free, const Range* except, bool later) noexcept {
   // Stream-tagged free ranges may still be used by queued work: fence every stream and
   // untag what has completed (without blocking), so that its granules can be unmapped.
-  tags_.fence_all(false);
+  tags_.fence_all();
   map_.unmap_free(ranges_.untagged(), keep_free, except, later ? &detached_ : nullptr);
 }
 

@@ -100,11 +100,9 @@ void StreamTags::untag(std::size_t i) noexcept {
   drop(i);
 }
 
-void StreamTags::poll(bool wait) noexcept {
+void StreamTags::poll() noexcept {
   for (std::size_t i = 0; i < pending_.size();) {
-    const Pending& p = pending_[i];
-    if (wait) fence_.wait(p.marker);
-    if (fence_.completed(p.marker)) {
+    if (fence_.completed(pending_[i].marker)) {
       untag(i);
     } else {
       ++i;

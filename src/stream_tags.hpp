@@ -62,12 +62,13 @@ class StreamTags {
   std::uint64_t epoch() const noexcept { return epoch_; }
   std::uint64_t mark() noexcept { return ++epoch_; }
 
-  // Untags the ranges whose markers completed (with `wait`, waiting for each first).
-  void poll(bool wait) noexcept;
-  // Fences every stream with free ranges, then polls: what trim() and a reclaim start with.
-  void fence_all(bool wait) noexcept {
+  // Untags the ranges whose markers completed (querying each, no wait).
+  void poll() noexcept;
+  // Fences every stream with free ranges, then polls: what trim() and a reclaim start with
+  // (trim waits with the mutex released: begin_wait()).
+  void fence_all() noexcept {
     fence_other_streams(kUntagged);
-    poll(wait);
+    poll();
   }
   // Fences every stream but `except` with free ranges (need > 0: only those with a range
   // that could_serve(need)); true when some were fenced.
@@ -106,7 +107,7 @@ class StreamTags {
         waited = true;
       }
     }
-    if (waited) poll(false);
+    if (waited) poll();
     return waited;
   }
   // Markers are queried and waited for with the tier's mutex released: a marker listed for
