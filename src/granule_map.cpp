@@ -29,11 +29,6 @@ std::size_t GranuleMap::prepare() {
   return bytes;
 }
 
-char* GranuleMap::reserve(std::size_t bytes) {
-  base_ = options_.virtual_memory->reserve(bytes);
-  return base_;
-}
-
 void GranuleMap::release() noexcept {
   if (base_ == nullptr) return;
   for (std::size_t g = 0; g < run_of_.size(); ++g) {

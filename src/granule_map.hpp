@@ -12,14 +12,15 @@
 // Reuse rule: a run is unmapped only when every one of its granules lies inside one free,
 // untagged range (unmap_free()).
 //
-// Driver calls outside the tier's mutex: a map is made in two steps, map_now() (the driver
+// Driver calls outside the tier's mutex: the reservation is taken by reserve_now() and
+// filed by set_base(); a map is made in two steps, map_now() (the driver
 // call, no state touched) and commit_run() (the books); a run leaves the books in
 // unmap_free() as a DetachedMemory entry, and unmap_detached() makes the driver call later.
 // Between the steps the granules are neither mapped nor free to map for anyone else: only
 // the holder of the tier's growth mutex maps, detaches or unmaps (segment_tier.hpp).
 //
-// Not thread-safe: the owning tier calls it under its mutex (map_now and unmap_detached
-// outside it, holding the growth mutex).
+// Not thread-safe: the owning tier calls it under its mutex (reserve_now, map_now and
+// unmap_detached outside it, holding the growth mutex).
 #pragma once
 
 #include <bit>
@@ -59,9 +60,11 @@ class GranuleMap {
   GranuleMap& operator=(const GranuleMap&) = delete;
 
   // Sizes the run tables for the reservation; returns its bytes (whole granules). Then
-  // reserve(those bytes) takes the range; it throws what VirtualMemory::reserve throws.
+  // reserve_now(those bytes) takes the range (the driver call alone: it throws what
+  // VirtualMemory::reserve throws) and set_base() puts it on the books.
   std::size_t prepare();
-  char* reserve(std::size_t bytes);
+  char* reserve_now(std::size_t bytes) const { return options_.virtual_memory->reserve(bytes); }
+  void set_base(char* base) noexcept { base_ = base; }
   // Unmaps every run and gives the range back (the tier's destruction).
   void release() noexcept;
 
@@ -103,11 +106,9 @@ class GranuleMap {
   // unmapped ones), extended by map-ahead where its rules allow.
   std::size_t map_ahead_end(const Range* range, std::size_t last, std::size_t new_granules,
                             std::size_t cap, std::size_t available) const noexcept;
-  // Maps granules [first, end) (all unmapped) as one run; throws what VirtualMemory::map
-  // throws (OutOfMemory when no physical memory is left), with nothing changed.
-  void map_run(std::size_t first, std::size_t end) { commit_run(first, end, map_now(first, end)); }
-  // The driver call of map_run() alone (no state read or changed but the base): returns the
-  // run's handle for commit_run().
+  // Maps granules [first, end) (all unmapped) as one run, the driver call alone (no state
+  // read or changed but the base): returns the run's handle for commit_run(); throws what
+  // VirtualMemory::map throws (OutOfMemory when no physical memory is left).
   std::uint64_t map_now(std::size_t first, std::size_t end) const {
     return options_.virtual_memory->map(base_ + first * granule_, (end - first) * granule_);
   }

@@ -47,7 +47,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   live_.reserve_one();
   if (options_.virtual_memory != nullptr && map_.base() == nullptr) return nullptr;  // growing
   bool mapped = false;
-  Range* r = fit(stream, need, mapped);
+  Range* r = fit_fenced(stream, need, mapped, held);
   // A fit over a granule not mapped yet (or one being mapped) would be growing.
   if (r == nullptr || (map_.base() != nullptr && !mapped)) return nullptr;
   ranges_.remove_free(r);
@@ -72,16 +72,16 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   // released the mutex).
   ranges_.keep_spares(2);
   live_.reserve_one();
-  if (options_.virtual_memory != nullptr && map_.base() == nullptr) reserve_range();
+  if (options_.virtual_memory != nullptr && map_.base() == nullptr) reserve_range(held);
   bool mapped = false;  // r's granules under `need` (virtual mode), as fit() found them
-  Range* r = fit(stream, need, mapped);
+  Range* r = fit_fenced(stream, need, mapped, held);
   // Before growing: wholly free segments that wait for their streams' work are waited for
   // (see wait_for_empty_segments); one of them may serve the request. Only segments that
   // could then serve the request are worth the wait, unless growing passes the budget
   // (then any of them may have to go back).
   if (r == nullptr) {
     if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need, held)) {
-      r = fit(stream, need, mapped);
+      r = fit(stream, need, mapped, /*fence=*/false);
     }
   }
   // Virtual mode, the same rule for other streams' free memory: fit() fenced those streams
@@ -93,7 +93,7 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   if (map_.base() != nullptr && tags_.any_pending() && past_budget(r, need) &&
       wait_unlocked(held, stream,
                     [this, need](const Range* p) { return tags_.could_serve(p, need); })) {
-    r = fit(stream, need, mapped);  // (the mutex was released: r may be gone)
+    r = fit(stream, need, mapped, /*fence=*/false);  // (the mutex was released: r may be gone)
   }
   // (Nothing maps or unmaps between fit() and here: only this thread, holding the growth
   // mutex, does.)
@@ -159,12 +159,10 @@ bool SegmentTier::free(void* block, StreamKey tag, std::size_t bytes) noexcept {
 
 void SegmentTier::trim(std::size_t keep_free, bool wait) noexcept {
   const Growth growing(*this);
-  {
-    Lock held = lock();
-    tags_.fence_all();
-    if (wait) (void)wait_unlocked(held, kUntagged, [](const Range*) { return true; });
-    give_back(keep_free);
-  }
+  Lock held = lock();
+  fence_all_unlocked(held);
+  if (wait) (void)wait_unlocked(held, kUntagged, [](const Range*) { return true; });
+  give_back(keep_free);
 }
 
 std::uint64_t SegmentTier::mark_frees() noexcept {
@@ -276,7 +274,40 @@ SegmentTier::Range* SegmentTier::mapped_fit(FreeRanges::Index* index, Range* bes
   return best;
 }
 
-SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& mapped) noexcept {
+SegmentTier::Range* SegmentTier::fit_fenced(StreamKey stream, std::size_t need, bool& mapped,
+                                            Lock& held) {
+  Range* r = fit(stream, need, mapped, /*fence=*/true);
+  if (!record_listed(held)) return r;
+  // The mutex was released: r may be gone, and other threads used the spares.
+  ranges_.keep_spares(2);
+  live_.reserve_one();
+  return fit(stream, need, mapped, /*fence=*/false);
+}
+
+bool SegmentTier::record_listed(Lock& held) noexcept {
+  if (!tags_.any_listed()) return false;
+  std::vector<StreamTags::Record> records;
+  if (!tags_.take_listed(records)) return false;
+  const std::uint64_t mark = tags_.mark();
+  held.unlock();
+  tags_.record_outside(records);
+  held.lock();
+  tags_.end_record(records, mark);
+  return true;
+}
+
+void SegmentTier::fence_all_unlocked(Lock& held) noexcept {
+  tags_.fence_all();
+  (void)record_listed(held);
+  // Every pending marker is asked, a few at a time (each round may untag some).
+  for (std::size_t rounds = (tags_.pending_count() + kPollBatch - 1) / kPollBatch; rounds > 0;
+       --rounds) {
+    poll_unlocked(held);
+  }
+}
+
+SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& mapped,
+                                     bool fence) noexcept {
   // The smaller fit of the stream's own ranges and the untagged ones.
   auto smaller_fit = [this, stream, need, &mapped] {
     Range* r = best_fit(kUntagged, need, mapped);
@@ -302,15 +333,13 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& m
   // stream's own frees from it), past the budget every one.
   const bool grows = r == nullptr || (map_.base() != nullptr && !mapped &&
                                       (tags_.any_pending() || ranges_.others_hold_free(stream)));
-  if (grows) {
+  if (fence && grows) {
     // The requester's own ranges that a fence made pending (another stream's growth, a
     // trim) are safe for it in stream order: they become its free ranges again.
-    bool changed = map_.base() != nullptr && stream != kUntagged && tags_.take_back(stream);
+    const bool changed = map_.base() != nullptr && stream != kUntagged && tags_.take_back(stream);
     const bool every_stream = map_.base() == nullptr || past_budget(changed ? nullptr : r, need);
-    if (tags_.fence_other_streams(stream, every_stream ? 0 : need)) {
-      tags_.poll();
-      changed = true;
-    }
+    // Listed for a record (fit_fenced() records them with the mutex released).
+    (void)tags_.fence_other_streams(stream, every_stream ? 0 : need);
     if (changed) r = smaller_fit();  // ranges may have merged (r among them): look again
   }
   if (r == nullptr) {

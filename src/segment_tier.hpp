@@ -39,27 +39,28 @@
 // Plain frees are untagged.
 //
 // Two mutexes. `mutex_` (a TierMutex) guards the books; it is held only for short critical
-// sections with no upstream call in them: no map, unmap, cudaMalloc or cudaFree (what takes
-// them, a whole-segment free, also synchronizes the device). `grow_mutex_` orders the calls
-// that change what the tier holds: growing (allocate with may_grow), trim(),
-// release_empty_for(), and a free() that gives memory back (only when the growth mutex is
-// free at once: otherwise the free gives nothing back and the holder of the growth mutex
-// does it before it lets go, end_growth()). Its holder decides under `mutex_`, releases it for the
-// upstream calls (a new segment; the runs under a block and its map-ahead; segments or runs given
-// back, taken off the books first, `detached_`), and takes it again to file the result. Meanwhile
-// the other threads allocate and free from the free ranges: the grower's range is used (nothing
-// merges with it) and granules being mapped read as unmapped, so a request that needs them
-// grows, that is, waits for the growth mutex and then fits again. The host's waits for
-// stream markers (growing past the budget, trim with wait) are made the same way, with the
-// markers kept alive meanwhile (StreamTags::begin_wait). Lock order: grow_mutex_, then
-// mutex_. Pending markers are queried the same way at the start of every allocate (a few
-// at a time, kept alive meanwhile: StreamTags::begin_query). Still under `mutex_`: the
-// address reservation (once per tier); when another stream's request would grow the tier,
-// recording a marker on the legacy stream (the only stream the tier records on itself) and
-// then querying every pending marker (StreamTags::poll); trim's and a reclaim's fence of
-// every stream (records on the legacy stream, queries); the maps of the out-of-memory
-// retry. The waits end by untagging only the entries of the markers waited for.
+// sections with no driver or upstream call in them: no map, unmap, reservation, cudaMalloc,
+// cudaFree, event record, query or wait. `grow_mutex_` orders the calls that change what
+// the tier holds: growing (allocate with may_grow), trim(), release_empty_for(), and a free()
+// that gives memory back (only when the growth mutex is free at once: otherwise the free
+// gives nothing back and the holder of the growth mutex does it before it lets go,
+// end_growth()). Its holder decides under `mutex_`, releases it for the upstream calls (a
+// new segment; the address reservation; the runs under a block and its map-ahead, and their
+// out-of-memory retry; segments or runs given back, taken off the books first, `detached_`),
+// and takes it again to file the result. Meanwhile the other threads allocate and free from
+// the free ranges: the grower's range is used (nothing merges with it) and granules being
+// mapped read as unmapped, so a request that needs them grows, that is, waits for the
+// growth mutex and then fits again. Lock order: grow_mutex_, then mutex_.
 //
+// Stream markers the same way, on any thread: a fence lists the streams to record on
+// (StreamTags::take_listed); the caller records with the mutex released, then files under
+// each marker the ranges freed before it (as DevicePoolCore::serve_want does for a wanted
+// stream), so a range freed during the record keeps its stream. Pending markers are queried
+// a few at a time at the start of every allocate (StreamTags::begin_query), and the host's
+// waits (growing past the budget, trim with wait) are made by the growth mutex holder, each
+// with the markers kept alive meanwhile. A wait untags only the entries it waited for.
+// Only fallbacks make a driver call under `mutex_`: when no host memory is left for a list
+// (a segment or run given back at once, a wait under the mutex).
 // The figures during a growth: memory given back leaves the books (reserved, the shared
 // gauge) before its upstream call, a map or segment enters them after its call, so they
 // may read low by what is in flight; the grower's range is neither used nor free.
@@ -240,18 +241,25 @@ class SegmentTier {
   }
   // Untags what completed among a few pending markers (StreamTags::begin_query), asking
   // the fence with `held` released; returns with it held.
+  static constexpr std::size_t kPollBatch = 32;
   void poll_unlocked(Lock& held) noexcept {
     if (!tags_.any_pending()) return;
-    constexpr std::size_t kMost = 32;
-    std::uint64_t markers[kMost];
-    bool done[kMost];
-    const std::size_t count = tags_.begin_query(markers, kMost);
+    std::uint64_t markers[kPollBatch];
+    bool done[kPollBatch];
+    const std::size_t count = tags_.begin_query(markers, kPollBatch);
     if (count == 0) return;
     held.unlock();
     tags_.query_outside(markers, done, count);
     held.lock();
     tags_.end_query(markers, done, count);
   }
+  // Records a marker on each stream the fences listed (StreamTags::take_listed) with `held`
+  // released, then files the ranges freed before the records under them; false (the mutex
+  // never released) when none was listed.
+  bool record_listed(Lock& held) noexcept;
+  // Fences every stream with free ranges (trim, a reclaim) and asks every pending marker,
+  // the driver calls with `held` released.
+  void fence_all_unlocked(Lock& held) noexcept;
   // A used range `r` (split to its block) filed as a live block: its address. live_ reserved.
   void* file_used(Range* r) noexcept;
   // allocate() with may_grow, the growth mutex held.
@@ -263,12 +271,16 @@ class SegmentTier {
   Range* best_fit(StreamKey key, std::size_t bytes, bool& mapped) noexcept;
   Range* mapped_fit(FreeRanges::Index* index, Range* best, std::size_t bytes,
                     bool& mapped) noexcept;
-  // Best fit for `need` bytes on `stream` (its own ranges or untagged ones, fencing other
-  // streams before growing); null when nothing fits or the fit is a wholly free segment
-  // that would leave more than max_segment_waste idle.
+  // Best fit for `need` bytes on `stream` (its own ranges or untagged ones); null when
+  // nothing fits or the fit is a wholly free segment that would leave more than
+  // max_segment_waste idle. With `fence`, when the tier would otherwise grow, other streams
+  // are fenced first (listed for a record: fit_fenced()).
   // `mapped`: as best_fit's, for the result (no map or unmap happens between fit() and the
   // caller's use of it).
-  Range* fit(StreamKey stream, std::size_t need, bool& mapped) noexcept;
+  Range* fit(StreamKey stream, std::size_t need, bool& mapped, bool fence) noexcept;
+  // fit() with fence; when it listed streams, records their markers with `held` released
+  // (record_listed()) and fits again. Throws bad_alloc (nothing changed but the markers).
+  Range* fit_fenced(StreamKey stream, std::size_t need, bool& mapped, Lock& held);
   // Bytes the tier grows by when `r` (null: no fit) serves `need` bytes (virtual mode: the
   // granules under it not mapped yet), and whether that passes the growth budget.
   std::size_t growth_for(const Range* r, std::size_t need) const noexcept;
@@ -283,20 +295,26 @@ class SegmentTier {
   // Virtual mode: the never-mapped end of the reservation split off as an untagged range
   // of at least `need` bytes, when the last range is a stream's; null otherwise.
   Range* fresh_tail(std::size_t need) noexcept;
-  void reserve_range();
+  // Virtual mode: the reserved range, taken with `held` released (the growth mutex held).
+  void reserve_range(Lock& held);
   // Every granule under `range` (used, filed nowhere): the driver calls (the query of
-  // available memory, the maps) made with `held` released (the growth mutex held); returns
-  // with it held. Throws OutOfMemory.
+  // available memory, the maps, the fences of a reclaim) made with `held` released (the
+  // growth mutex held); returns with it held. On out of memory: again without map-ahead,
+  // then after a reclaim of every free run; throws OutOfMemory when that fails too.
   void map_range(Range* range, Lock& held);
-  // The same with every driver call under the mutex: the retry after a map failed.
-  void map_range_now(Range* range);
-  // With unmap_before_map, free runs past the growth budget go (reclaim) before a map of
-  // `new_granules` for `range`.
-  void unmap_before_mapping(const Range* range, std::size_t new_granules, bool later) noexcept;
+  // The physical memory left, as the driver tells it, asked with `held` released.
+  std::size_t available_unlocked(Lock& held) noexcept;
+  // Maps the unmapped granules in [first, last] in runs of at most `cap` granules, the
+  // driver calls with `held` released, after handing back `detached_`; what mapped is filed
+  // whatever failed after it. False on out of memory (with `last_try`: throws it).
+  bool map_runs(std::size_t first, std::size_t last, std::size_t cap, Lock& held, bool last_try);
+  // With unmap_before_map, free runs past the growth budget go (into `detached_`) before a
+  // map of `new_granules` for `range`.
+  void unmap_before_mapping(const Range* range, std::size_t new_granules, Lock& held) noexcept;
   // Fences every stream, untags what completed, then takes free runs (but those under
-  // `except`) off the books until at most keep_free bytes are free: to `detached_` when
-  // `later` (the caller hands them back before it maps), else unmapped at once.
-  void reclaim(std::size_t keep_free, const Range* except, bool later) noexcept;
+  // `except`) off the books until at most keep_free bytes are free, into `detached_` (the
+  // caller hands them back before it maps).
+  void reclaim(std::size_t keep_free, const Range* except, Lock& held) noexcept;
   // Takes free memory (segments or runs) off the books until at most keep_free is free,
   // into `detached_` (the growth mutex held).
   void give_back(std::size_t keep_free) noexcept;

@@ -1,8 +1,8 @@
 // How a SegmentTier takes memory from its upstream (a segment, or granules of its reserved
 // range) and gives it back. Every function here runs under the tier's mutex, but the
-// upstream calls of a growth mutex holder (segment_tier.hpp): grow_segment() and
-// map_range() release it for them, and memory given back goes off the books here and to
-// the upstream in hand_back_detached().
+// driver and upstream calls of a growth mutex holder (segment_tier.hpp): grow_segment(),
+// reserve_range() and map_runs() release it for them, and memory given back goes off the
+// books here and to the upstream in hand_back_detached().
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -92,12 +92,23 @@ SegmentTier::Range* SegmentTier::fresh_tail(std::size_t need) noexcept {
   return ranges_.split_off_untagged(last, fresh);
 }
 
-void SegmentTier::reserve_range() {
-  const std::size_t bytes = map_.prepare();
+void SegmentTier::reserve_range(Lock& held) {
+  const std::size_t bytes = map_.prepare();  // the run tables: nobody reads them before base()
   auto segment = std::make_unique<Segment>(Segment{nullptr, bytes, nullptr});
   auto whole = std::make_unique<Range>(Range{nullptr, bytes, nullptr});
   segments_.reserve(segments_.size() + 1);
-  char* base = map_.reserve(bytes);
+  // The driver call with the mutex released: until base() is set, every request grows,
+  // that is, waits for the growth mutex this thread holds.
+  held.unlock();
+  char* base = nullptr;
+  try {
+    base = map_.reserve_now(bytes);
+  } catch (...) {
+    held.lock();
+    throw;
+  }
+  held.lock();
+  map_.set_base(base);
   segment->base = base;
   whole->addr = base;
   whole->segment = segment.get();
@@ -107,11 +118,11 @@ void SegmentTier::reserve_range() {
   ++budget_.counters().segments;
 }
 
-void SegmentTier::reclaim(std::size_t keep_free, const Range* except, bool later) noexcept {
+void SegmentTier::reclaim(std::size_t keep_free, const Range* except, Lock& held) noexcept {
   // Stream-tagged free ranges may still be used by queued work: fence every stream and
   // untag what has completed (without blocking), so that its granules can be unmapped.
-  tags_.fence_all();
-  map_.unmap_free(ranges_.untagged(), keep_free, except, later ? &detached_ : nullptr);
+  fence_all_unlocked(held);
+  map_.unmap_free(ranges_.untagged(), keep_free, except, &detached_);
 }
 
 // The runs to map for `range`: each stretch of unmapped granules in [first, last], at most
@@ -134,104 +145,86 @@ static void plan_runs(const GranuleMap& map, std::size_t first, std::size_t last
 // runs go back before new ones are mapped. Below it, mapped free granules stay for reuse,
 // so a loop that frees and reallocates makes no driver call.
 void SegmentTier::unmap_before_mapping(const Range* range, std::size_t new_granules,
-                                       bool later) noexcept {
+                                       Lock& held) noexcept {
   if (!options_.unmap_before_map) return;
-  if (const std::size_t excess =
-          budget_.excess_after_growth(new_granules * map_.granule(), range->size)) {
+  const std::size_t grow = new_granules * map_.granule();
+  if (budget_.excess_after_growth(grow, range->size) == 0) return;
+  fence_all_unlocked(held);  // releases the mutex: the figures again after it
+  if (const std::size_t excess = budget_.excess_after_growth(grow, range->size)) {
     const std::size_t free_bytes = budget_.free_bytes();
-    reclaim(free_bytes > excess ? free_bytes - excess : 0, range, later);
+    map_.unmap_free(ranges_.untagged(), free_bytes > excess ? free_bytes - excess : 0, range,
+                    &detached_);
   }
 }
 
 void SegmentTier::map_range(Range* range, Lock& held) {
-  // The physical memory left, as the driver tells it (a query): asked with the mutex
-  // released; `range` is this thread's (used) and only this thread maps.
-  held.unlock();
-  const std::size_t available = options_.virtual_memory->available_bytes();
-  held.lock();
+  // `range` is this thread's (used) and only this thread maps or unmaps: the granules
+  // planned below stay unmapped, and nobody else maps them, while the mutex is released.
   const std::size_t first = map_.granule_of(range->addr);
-  std::size_t last = map_.granule_of(range->addr + range->size - 1);
-  if (!map_.all_mapped(first, last)) {
-    const std::size_t new_granules = map_.unmapped_granules(first, last);
-    unmap_before_mapping(range, new_granules, /*later=*/true);
-    // Each stretch of unmapped granules under the range is one run: one physical
-    // allocation and one map, however many granules it spans, up to run_granule_cap().
+  const std::size_t block_last = map_.granule_of(range->addr + range->size - 1);
+  if (!map_.all_mapped(first, block_last)) {
+    const std::size_t available = available_unlocked(held);
+    const std::size_t new_granules = map_.unmapped_granules(first, block_last);
+    unmap_before_mapping(range, new_granules, held);  // into detached_
     const std::size_t cap = map_.run_granule_cap(available);
-    last = map_.map_ahead_end(range, last, new_granules, cap, available);
-    std::vector<std::pair<std::size_t, std::size_t>> runs;
-    std::vector<std::uint64_t> handles;
-    plan_runs(map_, first, last, cap, runs);  // may throw bad_alloc: nothing mapped yet
-    handles.reserve(runs.size());
-    // The driver calls with the mutex released. Meanwhile the planned granules read as
-    // unmapped: a request over them grows (waits for the growth mutex), nobody unmaps them.
-    held.unlock();
-    hand_back_detached();  // reclaimed runs first: their memory may be what the maps need
-    // What mapped goes on the books, whatever failed after it.
-    auto relock_and_commit = [&]() noexcept {
-      held.lock();
-      for (std::size_t i = 0; i < handles.size(); ++i) {
-        map_.commit_run(runs[i].first, runs[i].second, handles[i]);
-      }
-    };
-    bool out_of_memory = false;
-    try {
-      for (const auto& [g, end] : runs) {
-        try {
-          handles.push_back(map_.map_now(g, end));  // reserved: no throw of its own
-        } catch (const OutOfMemory&) {
-          out_of_memory = true;
-          break;
-        }
-      }
-    } catch (...) {  // another driver error: the range goes back (allocate_growing)
-      relock_and_commit();
+    const std::size_t last = map_.map_ahead_end(range, block_last, new_granules, cap, available);
+    if (!map_runs(first, last, cap, held, /*last_try=*/false)) {
+      // Out of memory: without map-ahead first (only the block's granules are needed), then
+      // after every free run (but this range's) went back: the one try that throws.
       ++budget_.counters().failed_upstream_allocations;
-      throw;
-    }
-    relock_and_commit();
-    if (out_of_memory) {
-      ++budget_.counters().failed_upstream_allocations;
-      map_range_now(range);  // without map-ahead, reclaiming first: under the mutex
+      if (last == block_last || !map_runs(first, block_last, cap, held, /*last_try=*/false)) {
+        if (last != block_last) ++budget_.counters().failed_upstream_allocations;
+        reclaim(0, range, held);
+        const std::size_t retry_cap = map_.run_granule_cap(available_unlocked(held));
+        (void)map_runs(first, block_last, retry_cap, held, /*last_try=*/true);
+      }
     }
   }
   live_.reserve_one();  // other threads filed blocks meanwhile
 }
 
-void SegmentTier::map_range_now(Range* range) {
-  const std::size_t first = map_.granule_of(range->addr);
-  std::size_t last = map_.granule_of(range->addr + range->size - 1);
-  if (map_.all_mapped(first, last)) return;
-  const std::size_t new_granules = map_.unmapped_granules(first, last);
-  unmap_before_mapping(range, new_granules, /*later=*/false);
+std::size_t SegmentTier::available_unlocked(Lock& held) noexcept {
+  held.unlock();
   const std::size_t available = options_.virtual_memory->available_bytes();
-  const std::size_t cap = map_.run_granule_cap(available);
-  const std::size_t block_last = last;
-  last = map_.map_ahead_end(range, last, new_granules, cap, available);
-  for (std::size_t g = first; g <= last;) {
-    if (map_.mapped(g)) {
-      ++g;
-      continue;
+  held.lock();
+  return available;
+}
+
+bool SegmentTier::map_runs(std::size_t first, std::size_t last, std::size_t cap, Lock& held,
+                           bool last_try) {
+  // Each stretch of unmapped granules in [first, last] is one run: one physical allocation
+  // and one map, however many granules it spans, up to `cap`.
+  std::vector<std::pair<std::size_t, std::size_t>> runs;
+  std::vector<std::uint64_t> handles;
+  plan_runs(map_, first, last, cap, runs);  // may throw bad_alloc: nothing mapped yet
+  handles.reserve(runs.size());
+  // The driver calls with the mutex released. Meanwhile the planned granules read as
+  // unmapped: a request over them grows (waits for the growth mutex), nobody unmaps them.
+  held.unlock();
+  hand_back_detached();  // reclaimed runs first: their memory may be what the maps need
+  // What mapped goes on the books, whatever failed after it.
+  auto relock_and_commit = [&]() noexcept {
+    held.lock();
+    for (std::size_t i = 0; i < handles.size(); ++i) {
+      map_.commit_run(runs[i].first, runs[i].second, handles[i]);
     }
-    std::size_t end = g;
-    while (end <= last && !map_.mapped(end) && end - g < cap) ++end;
-    try {
-      map_.map_run(g, end);
-    } catch (const OutOfMemory&) {
-      ++budget_.counters().failed_upstream_allocations;
-      if (last > block_last) {  // map-ahead goes first: only the block's granules are needed
-        last = block_last;
-        continue;  // this run again without them (or done, when it held only those)
-      }
-      reclaim(0, range, /*later=*/false);
-      try {
-        map_.map_run(g, end);
-      } catch (...) {
-        ++budget_.counters().failed_upstream_allocations;
-        throw;
-      }
+  };
+  try {
+    for (const auto& [g, end] : runs) {
+      handles.push_back(map_.map_now(g, end));  // reserved: no throw of its own
     }
-    g = end;
+  } catch (const OutOfMemory&) {
+    relock_and_commit();
+    if (!last_try) return false;
+    ++budget_.counters().failed_upstream_allocations;
+    throw;
+  } catch (...) {  // another driver error: the range goes back (allocate_growing)
+    relock_and_commit();
+    ++budget_.counters().failed_upstream_allocations;
+    throw;
   }
+  relock_and_commit();
+  return true;
 }
 
 void SegmentTier::give_back(std::size_t keep_free) noexcept {
@@ -295,6 +288,7 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need, Lock& held) noexcept
     }
     tags_.fence(only->tag);
   }
+  (void)record_listed(held);  // with the mutex released
   // Only the markers of wholly free segments are waited for (a pending range never merges,
   // so "wholly free" cannot change while it waits); other pending markers wait for the
   // next poll.

@@ -111,57 +111,72 @@ void StreamTags::poll() noexcept {
 }
 
 bool StreamTags::fence_other_streams(StreamKey except, std::size_t need) noexcept {
-  std::vector<FreeRanges::StreamIndex>& streams = ranges_.streams();
-  bool fenced = false;
-  for (std::size_t slot = 0; slot < streams.size();) {
+  const std::vector<FreeRanges::StreamIndex>& streams = ranges_.streams();
+  bool listed = false;
+  for (std::size_t slot = 0; slot < streams.size(); ++slot) {
     const FreeRanges::Index& index = *streams[slot].index;
+    if (streams[slot].key == except || index.empty()) continue;
     bool serves = need == 0;
-    if (!serves && streams[slot].key != except) {
-      index.for_each([&](const Range* r) { serves = serves || could_serve(r, need); });
-    }
-    if (streams[slot].key == except || index.empty() || !serves) {
-      ++slot;
-      continue;
-    }
-    if (fence_stream(slot)) {
-      ranges_.erase_index(slot);  // the last slot moved here: look at this one again
-      fenced = true;
-    } else {
-      ++slot;
-    }
+    if (!serves) index.for_each([&](const Range* r) { serves = serves || could_serve(r, need); });
+    if (serves && fence_stream(slot)) listed = true;
   }
-  return fenced;
+  return listed;
 }
 
 void StreamTags::fence(StreamKey key) noexcept {
   const std::size_t slot = ranges_.stream_slot(key);
-  if (slot != ranges_.streams().size() && fence_stream(slot)) ranges_.erase_index(slot);
+  if (slot != ranges_.streams().size()) (void)fence_stream(slot);
 }
 
 bool StreamTags::fence_stream(std::size_t slot) noexcept {
-  FreeRanges::StreamIndex& stream = ranges_.streams()[slot];
-  FreeRanges::Index& index = *stream.index;
-  if (wants_ != nullptr && !always_recordable(stream.key)) {
-    wants_->want(stream.key);  // recorded by the stream's next call (adopt)
+  const StreamKey key = ranges_.streams()[slot].key;
+  if (wants_ != nullptr && !always_recordable(key)) {
+    wants_->want(key);  // recorded by the stream's next call (adopt)
     return false;
   }
+  if (std::find(to_record_.begin(), to_record_.end(), key) != to_record_.end()) return true;
   try {
-    Pending p{fence_.record(fence_stream_of(stream.key)), stream.key, {}};
-    p.ranges.reserve(index.size());
-    index.for_each([&p](Range* r) { p.ranges.push_back(r); });  // reserved: no throw
-    pending_.push_back(std::move(p));
-  } catch (...) {  // no marker (or no host memory): these ranges stay with their stream
+    to_record_.push_back(key);
+  } catch (...) {  // no host memory: these ranges stay with their stream
     return false;
   }
-  // Order within p.ranges does not matter: pending ranges never merge with each other
-  // until untagged, and untagging merges to the same ranges in any order.
-  for (Range* r : pending_.back().ranges) {
-    r->state = Range::State::pending;
-    r->bin_prev = r->bin_next = nullptr;
-    r->index = nullptr;
-  }
-  index.clear();
   return true;
+}
+
+bool StreamTags::take_listed(std::vector<Record>& out) noexcept {
+  out.clear();
+  try {
+    out.reserve(to_record_.size());
+  } catch (...) {  // no host memory: nothing recorded, the ranges keep their streams
+    to_record_.clear();
+    return false;
+  }
+  for (const StreamKey key : to_record_) out.push_back(Record{key});  // reserved: no throw
+  to_record_.clear();
+  return !out.empty();
+}
+
+void StreamTags::record_outside(std::vector<Record>& records) noexcept {
+  for (Record& r : records) {
+    try {
+      r.marker = fence_.record(fence_stream_of(r.key));
+    } catch (...) {  // captured, or a driver error: the ranges keep their tag
+      continue;
+    }
+    r.recorded = true;
+    r.done = fence_.completed(r.marker);
+  }
+}
+
+void StreamTags::end_record(const std::vector<Record>& records, std::uint64_t mark) noexcept {
+  for (const Record& r : records) {
+    if (!r.recorded) continue;
+    if (!adopt(r.key, r.marker, mark)) {
+      fence_.release(r.marker);  // nothing freed before the mark is left (taken meanwhile)
+    } else if (r.done) {
+      untag(pending_.size() - 1);  // adopt() appended its entry
+    }
+  }
 }
 
 bool StreamTags::adopt(StreamKey key, std::uint64_t marker, std::uint64_t mark) noexcept {

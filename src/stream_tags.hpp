@@ -6,12 +6,13 @@
 // a StreamFence marker recorded on S has completed, or after a device-wide quiesce that
 // began after its free (forget()). Markers are recorded lazily, when another stream's
 // request would otherwise grow the tier or on trim, so a free costs no event record:
-// fencing a stream moves all its free ranges to one Pending entry (state pending, unfiled)
-// under one marker; polling untags the ranges of every completed marker and files them as
-// free again. A stream may take back its own pending ranges at any time (they are safe for
-// it in stream order).
+// fencing a stream moves its free ranges (those freed before the record) to one Pending
+// entry (state pending, unfiled) under one marker; polling untags the ranges of every completed
+// marker and files them as free again. A stream may take back its own pending ranges at any time
+// (they are safe for it in stream order).
 //
-// Which streams a fence records on: with a StreamWants (a DevicePool's tiers), only those
+// Which streams a fence records on (always with the tier's mutex released, see
+// take_listed()): with a StreamWants (a DevicePool's tiers), only those
 // that always_recordable() says exist whatever the caller did (the legacy default stream,
 // for the null stream and every cudaStreamPerThread). A caller's stream is only wanted
 // there: its marker is recorded by the next call that passes that stream (which proves it
@@ -58,23 +59,38 @@ class StreamTags {
   StreamTags& operator=(const StreamTags&) = delete;
 
   bool any_pending() const noexcept { return !pending_.empty(); }
+  std::size_t pending_count() const noexcept { return pending_.size(); }
   // The epoch a free is stamped with; mark() advances it (DevicePool's synchronize).
   std::uint64_t epoch() const noexcept { return epoch_; }
   std::uint64_t mark() noexcept { return ++epoch_; }
 
   // Untags the ranges whose markers completed (querying each, no wait).
   void poll() noexcept;
-  // Fences every stream with free ranges, then polls: what trim() and a reclaim start with
-  // (trim waits with the mutex released: begin_wait()).
-  void fence_all() noexcept {
-    fence_other_streams(kUntagged);
-    poll();
-  }
-  // Fences every stream but `except` with free ranges (need > 0: only those with a range
-  // that could_serve(need)); true when some were fenced.
+  // Fencing a stream lists it for a record (fence_stream()); the markers are recorded with
+  // the tier's mutex released: see take_listed().
+  // Lists every stream with free ranges: what trim() and a reclaim start with.
+  void fence_all() noexcept { fence_other_streams(kUntagged); }
+  // Lists every stream but `except` with free ranges (need > 0: only those with a range
+  // that could_serve(need)); true when some were listed.
   bool fence_other_streams(StreamKey except, std::size_t need = 0) noexcept;
-  // Fences `key`'s stream, when it has an index of free ranges.
+  // Lists `key`'s stream, when it has an index of free ranges.
   void fence(StreamKey key) noexcept;
+  // Recording (any thread): the caller takes the listed streams (take_listed(), false when
+  // none), takes a mark(), releases the mutex, calls record_outside() (records a marker on
+  // each stream and asks at once whether it completed), takes the mutex again and calls
+  // end_record(), which moves each stream's ranges freed before the mark to one Pending
+  // entry under its marker (adopt()) and untags at once those whose marker had completed.
+  // A range freed after the mark keeps its stream: work queued after the marker may use it.
+  struct Record {
+    StreamKey key;
+    std::uint64_t marker = 0;
+    bool recorded = false;  // false: captured, or a driver error: the ranges keep their tag
+    bool done = false;
+  };
+  bool any_listed() const noexcept { return !to_record_.empty(); }
+  bool take_listed(std::vector<Record>& out) noexcept;
+  void record_outside(std::vector<Record>& records) noexcept;
+  void end_record(const std::vector<Record>& records, std::uint64_t mark) noexcept;
   // `marker` was recorded on `key`'s stream after mark() returned `mark`: the stream's free
   // ranges freed before the mark become one Pending entry under it. False (the caller
   // releases the marker) when there was none.
@@ -168,8 +184,8 @@ class StreamTags {
     StreamKey stream;  // the stream the marker was recorded on (the ranges' tag)
     std::vector<Range*> ranges;
   };
-  // Records a marker on streams()[slot]'s stream and moves its ranges to pending_; false
-  // (nothing changed) when no marker could be recorded. The caller erases the slot.
+  // Lists streams()[slot]'s stream in to_record_ (a wanted one: asks for its marker
+  // instead, StreamWants); false when it was not listed.
   bool fence_stream(std::size_t slot) noexcept;
   // Untags and refiles every range of pending_[i], releases its marker and drops the entry
   // (the last entry moves to i).
@@ -198,6 +214,7 @@ class StreamTags {
     bool released;  // released while kept: the last holder releases it
   };
   std::vector<Kept> kept_;
+  std::vector<StreamKey> to_record_;    // listed for a record (take_listed())
   std::vector<std::uint64_t> waiting_;  // begin_wait() .. end_wait()
   std::vector<char> waited_done_;       // waiting_[i] completed (wait_outside())
   std::size_t query_cursor_ = 0;        // where the next begin_query() starts

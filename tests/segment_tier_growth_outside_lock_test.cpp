@@ -1,8 +1,9 @@
-// A segment tier's upstream calls run outside its mutex: while one thread grows the tier
-// (a map, or a new segment from the upstream, blocked here on a gate), other threads
-// allocate from and free to the memory the tier already holds; a request that needs more
-// waits for the growth in progress and is then served; nothing overlaps and every byte goes
-// back.
+// A segment tier's upstream and driver calls run outside its mutex: while one thread grows
+// the tier (a map, its out-of-memory retry, the address reservation, or a new segment from
+// the upstream, blocked here on a gate), records or waits for or queries stream markers,
+// other threads allocate from and free to the memory the tier already holds; a request that
+// needs more waits for the growth in progress and is then served; nothing overlaps and
+// every byte goes back.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -61,24 +62,40 @@ class Gate {
   bool entered_ = false;
 };
 
+// Holds maps (or, with gate_reserve, the reservation) at the gate; the next fail_maps maps
+// throw OutOfMemory instead.
 class GatedVirtualMemory final : public VirtualMemory {
  public:
-  GatedVirtualMemory(std::shared_ptr<Upstream> physical, Gate& gate)
-      : inner_(std::move(physical)), gate_(gate) {}
+  GatedVirtualMemory(std::shared_ptr<Upstream> physical, Gate& gate, bool gate_reserve = false,
+                     int fail_maps = 0)
+      : inner_(std::move(physical)),
+        gate_(gate),
+        gate_reserve_(gate_reserve),
+        fail_maps_(fail_maps) {}
   std::size_t granularity() const noexcept override { return inner_.granularity(); }
-  char* reserve(std::size_t bytes) override { return inner_.reserve(bytes); }
+  char* reserve(std::size_t bytes) override {
+    if (gate_reserve_) gate_.pass();
+    return inner_.reserve(bytes);
+  }
   void unreserve(char* base, std::size_t bytes) noexcept override { inner_.unreserve(base, bytes); }
   std::uint64_t map(char* address, std::size_t bytes) override {
-    gate_.pass();
+    if (fail_maps_ > 0) {
+      --fail_maps_;
+      throw OutOfMemory(bytes, 0, 0, "no physical memory left (test)");
+    }
+    if (!gate_reserve_) gate_.pass();
     return inner_.map(address, bytes);
   }
   void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept override {
     inner_.unmap(address, bytes, handle);
   }
+  void fail_next_maps(int count) { fail_maps_ = count; }  // with no growth in progress
 
  private:
   HostVirtualMemory inner_;
   Gate& gate_;
+  bool gate_reserve_;
+  int fail_maps_;  // only the growth mutex holder maps
 };
 
 // Holds allocations (or, with gate_frees, frees) at the gate.
@@ -136,10 +153,14 @@ TEST(SegmentTierGrowthOutsideLock, AGiveBackSkippedDuringAnotherIsMadeBeforeItEn
 // released (the marker could then be another stream's: never allowed).
 class GatedFence final : public StreamFence {
  public:
-  // gate_queries: completed() passes the gate too (else only wait()).
-  explicit GatedFence(Gate& gate, bool gate_queries = false)
-      : gate_(gate), gate_queries_(gate_queries) {}
-  std::uint64_t record(cudaStream_t stream) override { return inner_.record(stream); }
+  // gate_queries: completed() passes the gate too (else only wait()); gate_records:
+  // record() passes it (and neither of the others does).
+  explicit GatedFence(Gate& gate, bool gate_queries = false, bool gate_records = false)
+      : gate_(gate), gate_queries_(gate_queries && !gate_records), gate_records_(gate_records) {}
+  std::uint64_t record(cudaStream_t stream) override {
+    if (gate_records_) gate_.pass();
+    return inner_.record(stream);
+  }
   bool completed(std::uint64_t marker) noexcept override {
     check_not_released(marker);
     if (gate_queries_) gate_.pass();
@@ -149,7 +170,7 @@ class GatedFence final : public StreamFence {
   }
   void wait(std::uint64_t marker) noexcept override {
     check_not_released(marker);
-    if (!gate_queries_) gate_.pass();
+    if (!gate_queries_ && !gate_records_) gate_.pass();
     inner_.wait(marker);
     check_not_released(marker);  // released during the wait
   }
@@ -178,6 +199,7 @@ class GatedFence final : public StreamFence {
   ManualFence inner_;
   Gate& gate_;
   bool gate_queries_;
+  bool gate_records_;
   std::mutex mutex_;
   std::set<std::uint64_t> released_;
   std::uint64_t waits_for_released_ = 0;
@@ -392,6 +414,182 @@ TEST(SegmentTierGrowthOutsideLock, MarkerQueriesReleaseTheMutexAndKeepTheMarker)
   }
   EXPECT_EQ(counted->live_bytes(), 0U);
   EXPECT_EQ(fence.waits_for_released(), 0U);
+}
+
+// True when a call of `probe` returns within 10 s while `call` (run first, on another
+// thread) is held at `gate`; then opens the gate and returns `call`'s result in *result.
+template <class Call, class Probe, class Result>
+bool runs_while_held(Gate& gate, Call call, Probe probe, Result* result) {
+  gate.arm(/*once=*/true);
+  auto held = std::async(std::launch::async, call);
+  if (!gate.entered(seconds(10))) {
+    gate.open();
+    *result = held.get();
+    ADD_FAILURE() << "the call never reached the gate";
+    return false;
+  }
+  auto probed = std::async(std::launch::async, probe);
+  const bool in_time = probed.wait_for(seconds(10)) == std::future_status::ready;
+  gate.open();
+  EXPECT_TRUE(probed.get()) << "the probe failed";
+  *result = held.get();
+  return in_time;
+}
+
+// A request that would grow while another stream holds free memory fences that stream:
+// its marker is recorded with the tier's mutex released. Meanwhile held memory serves and
+// frees go through; the marker then covers the other stream's segment.
+TEST(SegmentTierGrowthOutsideLock, MarkerRecordsReleaseTheMutex) {
+  Gate gate;
+  GatedFence fence(gate, /*gate_queries=*/false, /*gate_records=*/true);
+  auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  detail::ReservedGauge gauge;
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  {
+    SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
+    void* kept_free = tier.allocate(1_MiB, kUntagged, true);
+    void* post = tier.allocate(1_MiB, kUntagged, true);
+    void* streamed = tier.allocate(32_MiB, s, true);
+    ASSERT_NE(kept_free, nullptr);
+    ASSERT_NE(post, nullptr);
+    ASSERT_NE(streamed, nullptr);
+    ASSERT_TRUE(tier.free(kept_free, kUntagged));
+    ASSERT_TRUE(tier.free(streamed, s));
+    void* refused = nullptr;
+    const bool in_time = runs_while_held(
+        gate, [&] { return tier.allocate(32_MiB, t, false); },
+        [&] {
+          void* block = tier.allocate(512_KiB, kUntagged, false);
+          return block != nullptr && tier.free(block, kUntagged);
+        },
+        &refused);
+    EXPECT_TRUE(in_time) << "an allocation from held memory waited for a marker record";
+    EXPECT_EQ(refused, nullptr) << "s's segment served t before its marker completed";
+    ASSERT_EQ(fence.recorded(), 1U);
+    fence.complete_all();
+    void* big = tier.allocate(32_MiB, t, false);
+    EXPECT_EQ(big, streamed) << "the marker did not cover s's segment";
+    if (big != nullptr) EXPECT_TRUE(tier.free(big, t));
+    if (refused != nullptr) EXPECT_TRUE(tier.free(refused, t));
+    EXPECT_TRUE(tier.free(post, kUntagged));
+    tier.trim(0, true);
+    EXPECT_EQ(tier.counters().reserved, 0U);
+  }
+  EXPECT_EQ(counted->live_bytes(), 0U);
+  EXPECT_EQ(fence.waits_for_released(), 0U);
+}
+
+// trim() fences every stream with the tier's mutex released.
+TEST(SegmentTierGrowthOutsideLock, TrimRecordsItsMarkersWithTheMutexReleased) {
+  Gate gate;
+  GatedFence fence(gate, /*gate_queries=*/false, /*gate_records=*/true);
+  auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  detail::ReservedGauge gauge;
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  {
+    SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
+    void* kept_free = tier.allocate(1_MiB, kUntagged, true);
+    void* post = tier.allocate(1_MiB, kUntagged, true);
+    void* streamed = tier.allocate(32_MiB, s, true);
+    ASSERT_TRUE(tier.free(kept_free, kUntagged));
+    ASSERT_TRUE(tier.free(streamed, s));
+    bool trimmed = false;
+    const bool in_time = runs_while_held(
+        gate,
+        [&] {
+          tier.trim(0, false);
+          return true;
+        },
+        [&] {
+          void* block = tier.allocate(512_KiB, kUntagged, false);
+          return block != nullptr && tier.free(block, kUntagged);
+        },
+        &trimmed);
+    EXPECT_TRUE(in_time) << "an allocation waited for trim's marker record";
+    EXPECT_EQ(fence.recorded(), 1U);
+    EXPECT_EQ(tier.counters().reserved, 32_MiB + 20_MiB) << "s's segment went back unfenced";
+    fence.complete_all();
+    EXPECT_TRUE(tier.free(post, kUntagged));
+    tier.trim(0, false);
+    EXPECT_EQ(tier.counters().reserved, 0U);
+  }
+  EXPECT_EQ(counted->live_bytes(), 0U);
+}
+
+// A map that finds no physical memory is tried again (after a reclaim) with the tier's
+// mutex released too.
+TEST(SegmentTierGrowthOutsideLock, TheOutOfMemoryRetryMapsWithTheMutexReleased) {
+  Gate gate;
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  GatedVirtualMemory vm(physical, gate);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  {
+    SegmentTier tier(*physical, fence, gauge,
+                     {.granularity = 512, .virtual_memory = &vm, .reservation = 1_GiB});
+    // One run of 8 MiB, 2 MiB of it used: its free 6 MiB stay mapped through a reclaim (a
+    // live block after it keeps the growth away from them).
+    void* run = tier.allocate(8_MiB, kUntagged, true);
+    void* after = tier.allocate(2_MiB, kUntagged, true);
+    ASSERT_NE(run, nullptr);
+    ASSERT_NE(after, nullptr);
+    ASSERT_TRUE(tier.free(run, kUntagged));
+    void* post = tier.allocate(2_MiB, kUntagged, false);
+    ASSERT_EQ(post, run);
+    const std::uint64_t failed_before = tier.counters().failed_upstream_allocations;
+    vm.fail_next_maps(1);
+    void* grown = nullptr;
+    const bool in_time = runs_while_held(
+        gate, [&] { return tier.allocate(32_MiB, kUntagged, true); },
+        [&] {
+          void* block = tier.allocate(1_MiB, kUntagged, false);
+          if (block != nullptr) std::memset(block, 0x5a, 1_MiB);
+          return block != nullptr && tier.free(block, kUntagged);
+        },
+        &grown);
+    EXPECT_TRUE(in_time) << "an allocation from held memory waited for the retried map";
+    ASSERT_NE(grown, nullptr) << "the retry did not map the block";
+    std::memset(grown, 1, 32_MiB);
+    EXPECT_EQ(tier.counters().failed_upstream_allocations, failed_before + 1);
+    EXPECT_TRUE(tier.free(grown, kUntagged));
+    EXPECT_TRUE(tier.free(post, kUntagged));
+    EXPECT_TRUE(tier.free(after, kUntagged));
+    tier.trim(0, true);
+    EXPECT_EQ(tier.counters().reserved, 0U);
+  }
+  EXPECT_EQ(physical->live_bytes(), 0U);
+  EXPECT_EQ(physical->bad_frees(), 0U);
+}
+
+// A virtual tier takes its address range (once) with the mutex released: calls that need
+// no growth go on meanwhile.
+TEST(SegmentTierGrowthOutsideLock, TheAddressReservationIsTakenWithTheMutexReleased) {
+  Gate gate;
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  GatedVirtualMemory vm(physical, gate, /*gate_reserve=*/true);
+  ManualFence fence;
+  detail::ReservedGauge gauge;
+  int foreign = 0;
+  {
+    SegmentTier tier(*physical, fence, gauge,
+                     {.granularity = 512, .virtual_memory = &vm, .reservation = 1_GiB});
+    void* first = nullptr;
+    const bool in_time = runs_while_held(
+        gate, [&] { return tier.allocate(4_MiB, kUntagged, true); },
+        [&] {
+          return tier.allocate(4_MiB, kUntagged, false) == nullptr && !tier.owns(&foreign) &&
+                 !tier.free(&foreign, kUntagged) && tier.counters().reserved == 0;
+        },
+        &first);
+    EXPECT_TRUE(in_time) << "a call waited for the address reservation";
+    ASSERT_NE(first, nullptr);
+    std::memset(first, 1, 4_MiB);
+    EXPECT_TRUE(tier.free(first, kUntagged));
+    tier.trim(0, true);
+    EXPECT_EQ(tier.counters().reserved, 0U);
+  }
+  EXPECT_EQ(physical->live_bytes(), 0U);
 }
 
 }  // namespace
