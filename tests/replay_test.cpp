@@ -421,6 +421,9 @@ TEST(ReplayHostOnly, SampleTraceFigures) {
   EXPECT_LE(*result.upstream_allocations, 5U);
   EXPECT_GT(result.ns_per_op, 0.0);
   EXPECT_EQ(result.held_back_frees, 0U);  // one stream: frees go through at once
+  // One stream, nothing past the budget: the pool never synchronized the device.
+  ASSERT_TRUE(result.device_synchronizes.has_value());
+  EXPECT_EQ(*result.device_synchronizes, 0U);
 }
 
 TEST(ReplayHostOnly, FailingAllocationReportsItsRow) {
@@ -742,6 +745,9 @@ TEST(ReplayPasses, ManyStreamsKeepDevicePoolReservedNearLiveAndSteady) {
       << "peak live " << result.peak_live_bytes;
   EXPECT_EQ(result.warm_upstream_allocations, std::optional<std::uint64_t>(0))
       << "a repeated pass maps nothing new";
+  // Streams not seen since their frees: growth past the budget synchronizes the device.
+  ASSERT_TRUE(result.device_synchronizes.has_value());
+  EXPECT_GT(*result.device_synchronizes, 0U);
 }
 
 TEST(ReplayPasses, OnePassKeepsTheReplayAsItWas) {
@@ -905,6 +911,7 @@ TEST(ReplayPasses, CliOnePassPrintsNoWarmColumnsAndNullWarmFields) {
           "held_back_frees", "min_capacity_bytes", "min_capacity_method"}) {
       EXPECT_NE(json_value(text, key, at), "<missing>") << key;
     }
+    EXPECT_EQ(json_value(text, "device_synchronizes", at), "0");
   }
   std::remove(json.c_str());
 }

@@ -22,6 +22,9 @@
 #       tests, memcheck, replay of the recorded traces (no Torch peer), the batched
 #       benchmark (--quick) of BASE_VRAM (a build of an earlier commit) and of build/vram
 #       alternating, two rounds each, and the pager benchmark
+#   tools/gpu/run_gpu_checks.sh tests-replay-streams OUT
+#       tests, memcheck, replay of the recorded and of the synthetic multi-stream traces
+#       (build/vram: the CUDA peers, no Torch peer)
 #   tools/gpu/run_gpu_checks.sh python-offload OUT
 #       the Python checks (no torch_compare rounds), then bench/offload_compare.py over both
 #       models with the rows of the offload goals and accelerate
@@ -79,10 +82,12 @@ torch_replay() {
   step replay_torch 300 ./build-torch-replay/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz \
     --json "$log/replay_torch.json"
 }
-# Synthetic multi-stream traces (tools/traces/stream_traces.py), every peer in the run.
+# Synthetic multi-stream traces (tools/traces/stream_traces.py), every peer of the binary
+# $1 (default: the one built with the Torch peer) in the run.
 streams_replay() {
+  local vram=${1:-./build-torch-replay/vram}
   step replay_streams 300 bash -c "python3 tools/traces/stream_traces.py $log/stream_traces && \
-    ./build-torch-replay/vram replay --runs 3 --passes 3 $log/stream_traces/streams1.csv \
+    $vram replay --runs 3 --passes 3 $log/stream_traces/streams1.csv \
     $log/stream_traces/streams4.csv $log/stream_traces/streams8.csv $log/stream_traces/streams16.csv \
     --json $log/replay_streams.json && \
     rm -r $log/stream_traces"
@@ -117,6 +122,12 @@ case $mode in
     tests_and_memcheck
     torch_replay
     full_bench 400
+    ;;
+  tests-replay-streams)
+    tests_and_memcheck
+    step replay 240 ./build/vram replay --runs 3 --passes 3 bench/traces/*.csv.gz \
+      --json "$log/replay.json"
+    streams_replay ./build/vram
     ;;
   tests-batched-pager)
     tests_and_memcheck

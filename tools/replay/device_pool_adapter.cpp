@@ -59,6 +59,7 @@ class DevicePoolAdapter final : public ReplayAllocator {
   std::optional<std::uint64_t> upstream_allocations() override {
     return pool_.stats().upstream_allocations;
   }
+  std::optional<std::uint64_t> device_synchronizes() override { return pool_.stats().quiesces; }
 
  private:
   DevicePool pool_;

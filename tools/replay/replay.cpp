@@ -102,6 +102,7 @@ class Driver {
     }
     result.peak_reserved_bytes = allocator_.peak_reserved_bytes();
     result.upstream_allocations = allocator_.upstream_allocations();
+    result.device_synchronizes = allocator_.device_synchronizes();
     result.held_back_frees = held_total_;
     result.held_back_peak = held_peak_;
     return result;

@@ -54,6 +54,7 @@ struct ReplayResult {
   std::size_t peak_live_bytes = 0;      // from the trace
   std::size_t peak_reserved_bytes = 0;  // over all passes
   std::optional<std::uint64_t> upstream_allocations;  // over all passes
+  std::optional<std::uint64_t> device_synchronizes;   // over all passes
   // One entry per pass run (the failing pass included, with what it ran before failing).
   std::vector<double> pass_ns_per_op;
   std::vector<std::size_t> pass_operations;  // events replayed + leftovers freed (passes >= 2)

@@ -52,6 +52,8 @@ class ReplayAllocator {
   virtual std::size_t peak_reserved_bytes() = 0;
   // Allocations it made from the driver; empty when the allocator cannot say.
   virtual std::optional<std::uint64_t> upstream_allocations() = 0;
+  // Device-wide synchronizes it made (a DevicePool's quiesces); empty when it cannot say.
+  virtual std::optional<std::uint64_t> device_synchronizes() { return std::nullopt; }
 };
 
 struct AllocatorSpec {

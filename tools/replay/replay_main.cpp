@@ -138,6 +138,7 @@ std::string to_json(const ReplayReport& report) {
            ", \"failed_line\": " + (r.failed_at ? std::to_string(r.failed_line) : "null") +
            ", \"failure\": " + (r.failed_at ? json_string(r.failure) : "null") +
            ", \"held_back_frees\": " + std::to_string(r.held_back_frees) +
+           ", \"device_synchronizes\": " + json_optional(r.device_synchronizes) +
            ", \"min_capacity_bytes\": " + json_optional(run.min_capacity_bytes) +
            ", \"min_capacity_method\": " +
            (run.capacity_method.empty() ? "null" : json_string(run.capacity_method));
@@ -340,6 +341,10 @@ void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
       std::fprintf(out, "    failed at row %zu (line %zu): %s\n", *r.failed_at, r.failed_line,
                    r.failure.c_str());
     }
+  }
+  if (r.device_synchronizes.value_or(0) > 0) {
+    std::fprintf(out, "    %llu device synchronizes (the pool's quiesces)\n",
+                 static_cast<unsigned long long>(*r.device_synchronizes));
   }
   if (r.held_back_frees > 0) {
     std::fprintf(out, "    %zu frees held back for stream order (stream-unaware allocator)\n",
