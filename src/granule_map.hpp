@@ -1,8 +1,8 @@
 // granule_map.hpp: a virtual-memory tier's granules: which are mapped, in which runs, and
 // how far a map reaches ahead of the block that needs it.
 //
-// The tier reserves one address range (reserve()) and maps granules in runs: one physical
-// allocation and one map per run, taken back only whole. run_of_[g] is the first granule
+// The tier reserves one address range (reserve_now(), set_base()) and maps granules in runs: one
+// physical allocation and one map per run, taken back only whole. run_of_[g] is the first granule
 // of g's run, kNoRun when g is unmapped; at a run's first granule, run_granules_ holds its
 // length and handles_ its handle; bit g of mapped_bits_ is set exactly when g is mapped.
 // Granules at or above mapped_high() were never mapped, so no work can use them whatever

@@ -1,6 +1,8 @@
 #include "segment_tier.hpp"
 
 #include <algorithm>
+#include <memory>
+#include <vector>
 
 #include "vram/cuda/error.hpp"
 
@@ -81,6 +83,7 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   // (then any of them may have to go back).
   if (r == nullptr) {
     if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need, held)) {
+      keep_spares_again();  // the mutex was released
       r = fit(stream, need, mapped, /*fence=*/false);
     }
   }
@@ -93,7 +96,8 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   if (map_.base() != nullptr && tags_.any_pending() && past_budget(r, need) &&
       wait_unlocked(held, stream,
                     [this, need](const Range* p) { return tags_.could_serve(p, need); })) {
-    r = fit(stream, need, mapped, /*fence=*/false);  // (the mutex was released: r may be gone)
+    keep_spares_again();  // the mutex was released: r may be gone, the spares used
+    r = fit(stream, need, mapped, /*fence=*/false);
   }
   // (Nothing maps or unmaps between fit() and here: only this thread, holding the growth
   // mutex, does.)
@@ -278,10 +282,30 @@ SegmentTier::Range* SegmentTier::fit_fenced(StreamKey stream, std::size_t need, 
                                             Lock& held) {
   Range* r = fit(stream, need, mapped, /*fence=*/true);
   if (!record_listed(held)) return r;
-  // The mutex was released: r may be gone, and other threads used the spares.
-  ranges_.keep_spares(2);
-  live_.reserve_one();
+  // As before the change: every pending marker asked once the fenced streams have theirs.
+  poll_all_unlocked(held);
+  keep_spares_again();  // the mutex was released: r may be gone, the spares used
   return fit(stream, need, mapped, /*fence=*/false);
+}
+
+void SegmentTier::poll_all_unlocked(Lock& held) noexcept {
+  const std::size_t count = tags_.pending_count();
+  if (count == 0) return;
+  std::vector<std::uint64_t> markers;
+  std::unique_ptr<bool[]> done;
+  try {
+    markers.resize(count);
+    done = std::make_unique<bool[]>(count);
+  } catch (...) {  // no host memory for the lists: a batch
+    poll_unlocked(held);
+    return;
+  }
+  const std::size_t listed = tags_.begin_query(markers.data(), count);  // every one, in turn
+  if (listed == 0) return;
+  held.unlock();
+  tags_.query_outside(markers.data(), done.get(), listed);
+  held.lock();
+  tags_.end_query(markers.data(), done.get(), listed);
 }
 
 bool SegmentTier::record_listed(Lock& held) noexcept {
@@ -299,11 +323,7 @@ bool SegmentTier::record_listed(Lock& held) noexcept {
 void SegmentTier::fence_all_unlocked(Lock& held) noexcept {
   tags_.fence_all();
   (void)record_listed(held);
-  // Every pending marker is asked, a few at a time (each round may untag some).
-  for (std::size_t rounds = (tags_.pending_count() + kPollBatch - 1) / kPollBatch; rounds > 0;
-       --rounds) {
-    poll_unlocked(held);
-  }
+  poll_all_unlocked(held);
 }
 
 SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& mapped,

@@ -205,8 +205,8 @@ class SegmentTier {
 
   // The one place the tier takes its mutex. Each public call above that reads or changes
   // the tier holds it for its body (segment_tier.cpp), but a growth mutex holder's upstream
-  // calls; every private member function runs under it unless it says otherwise. A holder
-  // may block on a marker (growing past the budget).
+  // calls; every private member function runs under it unless it says otherwise. No holder
+  // blocks on a marker but in a fallback (no host memory for a list).
   [[nodiscard]] Lock lock() const noexcept { return Lock(mutex_); }
   // Gives `detached_` back to the upstream (or unmaps it): the growth mutex held, the tier's
   // mutex not.
@@ -260,6 +260,15 @@ class SegmentTier {
   // Fences every stream with free ranges (trim, a reclaim) and asks every pending marker,
   // the driver calls with `held` released.
   void fence_all_unlocked(Lock& held) noexcept;
+  // Asks every pending marker (listed at once, kept meanwhile) with `held` released, then
+  // untags what completed.
+  void poll_all_unlocked(Lock& held) noexcept;
+  // After `mutex_` was released: a split-off rest and the filing of a block cannot fail
+  // (other threads may have used the spares). Throws bad_alloc.
+  void keep_spares_again() {
+    ranges_.keep_spares(2);
+    live_.reserve_one();
+  }
   // A used range `r` (split to its block) filed as a live block: its address. live_ reserved.
   void* file_used(Range* r) noexcept;
   // allocate() with may_grow, the growth mutex held.
@@ -279,7 +288,8 @@ class SegmentTier {
   // caller's use of it).
   Range* fit(StreamKey stream, std::size_t need, bool& mapped, bool fence) noexcept;
   // fit() with fence; when it listed streams, records their markers with `held` released
-  // (record_listed()) and fits again. Throws bad_alloc (nothing changed but the markers).
+  // (record_listed()), asks every pending marker and fits again. Throws bad_alloc (the books
+  // consistent: markers filed, ranges taken back or untagged).
   Range* fit_fenced(StreamKey stream, std::size_t need, bool& mapped, Lock& held);
   // Bytes the tier grows by when `r` (null: no fit) serves `need` bytes (virtual mode: the
   // granules under it not mapped yet), and whether that passes the growth budget.

@@ -1,8 +1,9 @@
 // How a SegmentTier takes memory from its upstream (a segment, or granules of its reserved
 // range) and gives it back. Every function here runs under the tier's mutex, but the
 // driver and upstream calls of a growth mutex holder (segment_tier.hpp): grow_segment(),
-// reserve_range() and map_runs() release it for them, and memory given back goes off the
-// books here and to the upstream in hand_back_detached().
+// reserve_range(), map_runs() and available_unlocked() release it for them, and so do the
+// fences and waits of reclaim(), unmap_before_mapping() and wait_for_empty_segments();
+// memory given back goes off the books here and to the upstream in hand_back_detached().
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -288,13 +289,16 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need, Lock& held) noexcept
     }
     tags_.fence(only->tag);
   }
-  (void)record_listed(held);  // with the mutex released
+  // With the mutex released; a marker complete at once untags its segment already: the
+  // caller fits again then too.
+  const bool recorded = record_listed(held);
   // Only the markers of wholly free segments are waited for (a pending range never merges,
   // so "wholly free" cannot change while it waits); other pending markers wait for the
   // next poll.
-  return wait_unlocked(held, kUntagged, [&could_serve](const Range* r) {
+  const bool waited = wait_unlocked(held, kUntagged, [&could_serve](const Range* r) {
     return r->prev == nullptr && r->next == nullptr && could_serve(r);
   });
+  return recorded || waited;
 }
 
 void SegmentTier::release_segment(Segment* segment) noexcept {

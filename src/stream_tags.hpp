@@ -25,9 +25,9 @@
 // release_markers()); a kept marker (kept_: queried or waited for with no mutex held) is
 // not released before its last holder is done (a release meanwhile is deferred to then).
 //
-// Not thread-safe: the owning tier calls it under its mutex (wait_outside() and
-// query_outside() without it; begin_wait() .. end_wait() only by the holder of the tier's
-// growth mutex).
+// Not thread-safe: the owning tier calls it under its mutex (wait_outside(),
+// query_outside() and record_outside() without it; begin_wait() .. end_wait() only by the
+// holder of the tier's growth mutex).
 #pragma once
 
 #include <algorithm>
@@ -60,7 +60,8 @@ class StreamTags {
 
   bool any_pending() const noexcept { return !pending_.empty(); }
   std::size_t pending_count() const noexcept { return pending_.size(); }
-  // The epoch a free is stamped with; mark() advances it (DevicePool's synchronize).
+  // The epoch a free is stamped with; mark() advances it (DevicePool's synchronize, a
+  // record: a range freed after the mark is not filed under the marker).
   std::uint64_t epoch() const noexcept { return epoch_; }
   std::uint64_t mark() noexcept { return ++epoch_; }
 

@@ -154,9 +154,13 @@ TEST(SegmentTierGrowthOutsideLock, AGiveBackSkippedDuringAnotherIsMadeBeforeItEn
 class GatedFence final : public StreamFence {
  public:
   // gate_queries: completed() passes the gate too (else only wait()); gate_records:
-  // record() passes it (and neither of the others does).
-  explicit GatedFence(Gate& gate, bool gate_queries = false, bool gate_records = false)
-      : gate_(gate), gate_queries_(gate_queries && !gate_records), gate_records_(gate_records) {}
+  // record() passes it (and neither of the others does); instant: every marker is complete.
+  explicit GatedFence(Gate& gate, bool gate_queries = false, bool gate_records = false,
+                      bool instant = false)
+      : gate_(gate),
+        gate_queries_(gate_queries && !gate_records),
+        gate_records_(gate_records),
+        instant_(instant) {}
   std::uint64_t record(cudaStream_t stream) override {
     if (gate_records_) gate_.pass();
     return inner_.record(stream);
@@ -164,7 +168,7 @@ class GatedFence final : public StreamFence {
   bool completed(std::uint64_t marker) noexcept override {
     check_not_released(marker);
     if (gate_queries_) gate_.pass();
-    const bool done = inner_.completed(marker);
+    const bool done = instant_ || inner_.completed(marker);
     check_not_released(marker);  // released during the query
     return done;
   }
@@ -200,6 +204,7 @@ class GatedFence final : public StreamFence {
   Gate& gate_;
   bool gate_queries_;
   bool gate_records_;
+  bool instant_;
   std::mutex mutex_;
   std::set<std::uint64_t> released_;
   std::uint64_t waits_for_released_ = 0;
@@ -478,6 +483,82 @@ TEST(SegmentTierGrowthOutsideLock, MarkerRecordsReleaseTheMutex) {
   }
   EXPECT_EQ(counted->live_bytes(), 0U);
   EXPECT_EQ(fence.waits_for_released(), 0U);
+}
+
+// A range freed on s while s's marker is being recorded was freed after the record's mark:
+// it keeps its stream (s may use it, t may not), the ranges freed before go under the marker.
+TEST(SegmentTierGrowthOutsideLock, AFreeDuringTheRecordKeepsItsStream) {
+  Gate gate;
+  GatedFence fence(gate, /*gate_queries=*/false, /*gate_records=*/true);
+  auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  detail::ReservedGauge gauge;
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  {
+    SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
+    void* post = tier.allocate(1_MiB, kUntagged, true);  // a 20 MiB segment, filled below
+    void* late = tier.allocate(8_MiB, kUntagged, true);
+    void* filler = tier.allocate(11_MiB, kUntagged, true);
+    void* streamed = tier.allocate(32_MiB, s, true);  // a segment of its own
+    ASSERT_EQ(static_cast<char*>(late), static_cast<char*>(post) + 1_MiB);
+    ASSERT_TRUE(tier.free(streamed, s));
+    void* refused = nullptr;
+    const bool in_time = runs_while_held(
+        gate, [&] { return tier.allocate(32_MiB, t, false); },
+        [&] { return tier.free(late, s); },  // during the record
+        &refused);
+    EXPECT_TRUE(in_time);
+    EXPECT_EQ(refused, nullptr);
+    fence.complete_all();
+    void* got = tier.allocate(8_MiB, t, false);
+    EXPECT_EQ(got, streamed) << "t was not served from the range freed before the record";
+    EXPECT_NE(got, late) << "a range freed on s after the record's mark served t";
+    void* own = tier.allocate(8_MiB, s, false);
+    EXPECT_EQ(own, late) << "s lost its own range freed during the record";
+    for (void* block : {own, got}) {
+      if (block != nullptr) EXPECT_TRUE(tier.free(block, kUntagged));
+    }
+    EXPECT_TRUE(tier.free(post, kUntagged));
+    EXPECT_TRUE(tier.free(filler, kUntagged));
+    tier.trim(0, true);
+    EXPECT_EQ(tier.counters().reserved, 0U);
+  }
+  EXPECT_EQ(counted->live_bytes(), 0U);
+}
+
+// Before growing, a segment tier fences the streams of wholly free segments: a marker that
+// completes at once untags its segment during the record, and that segment serves the
+// request (no new segment), although no wait followed.
+TEST(SegmentTierGrowthOutsideLock, ASegmentUntaggedByTheRecordBeforeGrowingServes) {
+  Gate gate;
+  GatedFence fence(gate, /*gate_queries=*/false, /*gate_records=*/true, /*instant=*/true);
+  auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  detail::ReservedGauge gauge;
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  const auto u = detail::stream_key(reinterpret_cast<cudaStream_t>(0x30));
+  {
+    SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
+    void* post = tier.allocate(1_MiB, kUntagged, true);
+    void* u_block = tier.allocate(32_MiB, u, true);  // a segment of its own
+    void* s_block = tier.allocate(16_MiB, s, true);  // a 20 MiB segment
+    ASSERT_TRUE(tier.free(s_block, s));
+    const std::uint64_t segments_before = counted->allocations();
+    void* grown = nullptr;
+    // t's request fences s (the held record); meanwhile u's segment becomes wholly free,
+    // so the wait before growing fences u: its marker completes at once.
+    const bool in_time = runs_while_held(
+        gate, [&] { return tier.allocate(32_MiB, t, true); }, [&] { return tier.free(u_block, u); },
+        &grown);
+    EXPECT_TRUE(in_time);
+    EXPECT_EQ(grown, u_block) << "u's segment, untagged by its record, did not serve";
+    EXPECT_EQ(counted->allocations(), segments_before) << "the tier grew instead";
+    if (grown != nullptr) EXPECT_TRUE(tier.free(grown, t));
+    EXPECT_TRUE(tier.free(post, kUntagged));
+    tier.trim(0, true);
+    EXPECT_EQ(tier.counters().reserved, 0U);
+  }
+  EXPECT_EQ(counted->live_bytes(), 0U);
 }
 
 // trim() fences every stream with the tier's mutex released.
