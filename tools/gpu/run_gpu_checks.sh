@@ -25,6 +25,9 @@
 #   tools/gpu/run_gpu_checks.sh tests-replay-streams OUT
 #       tests, memcheck, replay of the recorded and of the synthetic multi-stream traces
 #       (build/vram: the CUDA peers, no Torch peer)
+#   tools/gpu/run_gpu_checks.sh python-batched-builds OUT BASE_VRAM
+#       the Python checks (no torch_compare rounds), then the batched benchmark (full
+#       length) of build/vram and of BASE_VRAM (a build of an earlier commit), alternating
 #   tools/gpu/run_gpu_checks.sh python-offload OUT
 #       the Python checks (no torch_compare rounds), then bench/offload_compare.py over both
 #       models with the rows of the offload goals and accelerate
@@ -149,6 +152,13 @@ case $mode in
     done
     step pager 200 ./build/vram bench --scenario pager --json "$log/pager.json" \
       --markdown "$log/pager.md"
+    ;;
+  python-batched-builds)
+    base=${3:?python-batched-builds needs BASE_VRAM}
+    step torch_checks 300 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
+    step new_batched 150 ./build/vram bench --scenario batched --json "$log/new_batched.json" \
+      --markdown "$log/new_batched.md"
+    step base_batched 150 "$base" bench --scenario batched --json "$log/base_batched.json"
     ;;
   python-offload)
     py=${PYTHON:-/opt/torch/.venv/bin/python3}
