@@ -28,6 +28,8 @@
 #   tools/gpu/run_gpu_checks.sh python-batched-builds OUT BASE_VRAM
 #       the Python checks (no torch_compare rounds), then the batched benchmark (full
 #       length) of build/vram and of BASE_VRAM (a build of an earlier commit), alternating
+#   tools/gpu/run_gpu_checks.sh streams-torch OUT
+#       builds the Torch replay peer there, then the synthetic multi-stream traces with it
 #   tools/gpu/run_gpu_checks.sh python-offload OUT
 #       the Python checks (no torch_compare rounds), then bench/offload_compare.py over both
 #       models with the rows of the offload goals and accelerate
@@ -152,6 +154,10 @@ case $mode in
     done
     step pager 200 ./build/vram bench --scenario pager --json "$log/pager.json" \
       --markdown "$log/pager.md"
+    ;;
+  streams-torch)
+    torch_build
+    streams_replay
     ;;
   python-batched-builds)
     base=${3:?python-batched-builds needs BASE_VRAM}
