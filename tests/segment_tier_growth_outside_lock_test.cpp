@@ -210,6 +210,20 @@ class GatedFence final : public StreamFence {
   std::uint64_t waits_for_released_ = 0;
 };
 
+// A free 1 MiB range the tier holds (kept apart from the rest by the live block `post`) and
+// a wholly free 32 MiB segment freed on stream `s` (`streamed`); null on a failure.
+struct HeldAndStreamed {
+  void* post = nullptr;
+  void* streamed = nullptr;
+};
+HeldAndStreamed held_and_streamed(SegmentTier& tier, detail::StreamKey s) {
+  void* kept_free = tier.allocate(1_MiB, kUntagged, true);
+  HeldAndStreamed made{tier.allocate(1_MiB, kUntagged, true), tier.allocate(32_MiB, s, true)};
+  if (kept_free == nullptr || !tier.free(kept_free, kUntagged)) made.post = nullptr;
+  if (made.streamed != nullptr && !tier.free(made.streamed, s)) made.streamed = nullptr;
+  return made;
+}
+
 // While `grower` is held in its upstream call, the tier serves what it holds and takes
 // frees; a second growth waits for the first and is then served.
 void check_growth_outside_the_mutex(SegmentTier& tier, Gate& gate, std::size_t held_block,
@@ -334,14 +348,9 @@ TEST(SegmentTierGrowthOutsideLock, MarkerWaitsBeforeGrowingReleaseTheMutex) {
   const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   {
     SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
-    void* kept_free = tier.allocate(1_MiB, kUntagged, true);
-    void* post = tier.allocate(1_MiB, kUntagged, true);
-    void* streamed = tier.allocate(32_MiB, s, true);
-    ASSERT_NE(kept_free, nullptr);
+    const auto [post, streamed] = held_and_streamed(tier, s);
     ASSERT_NE(post, nullptr);
     ASSERT_NE(streamed, nullptr);
-    ASSERT_TRUE(tier.free(kept_free, kUntagged));
-    ASSERT_TRUE(tier.free(streamed, s));  // a wholly free segment of stream s
     const std::uint64_t segments_before = counted->allocations();
 
     gate.arm();
@@ -453,14 +462,9 @@ TEST(SegmentTierGrowthOutsideLock, MarkerRecordsReleaseTheMutex) {
   const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   {
     SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
-    void* kept_free = tier.allocate(1_MiB, kUntagged, true);
-    void* post = tier.allocate(1_MiB, kUntagged, true);
-    void* streamed = tier.allocate(32_MiB, s, true);
-    ASSERT_NE(kept_free, nullptr);
+    const auto [post, streamed] = held_and_streamed(tier, s);
     ASSERT_NE(post, nullptr);
     ASSERT_NE(streamed, nullptr);
-    ASSERT_TRUE(tier.free(kept_free, kUntagged));
-    ASSERT_TRUE(tier.free(streamed, s));
     void* refused = nullptr;
     const bool in_time = runs_while_held(
         gate, [&] { return tier.allocate(32_MiB, t, false); },
@@ -570,11 +574,9 @@ TEST(SegmentTierGrowthOutsideLock, TrimRecordsItsMarkersWithTheMutexReleased) {
   const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   {
     SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
-    void* kept_free = tier.allocate(1_MiB, kUntagged, true);
-    void* post = tier.allocate(1_MiB, kUntagged, true);
-    void* streamed = tier.allocate(32_MiB, s, true);
-    ASSERT_TRUE(tier.free(kept_free, kUntagged));
-    ASSERT_TRUE(tier.free(streamed, s));
+    const auto [post, streamed] = held_and_streamed(tier, s);
+    ASSERT_NE(post, nullptr);
+    ASSERT_NE(streamed, nullptr);
     bool trimmed = false;
     const bool in_time = runs_while_held(
         gate,
