@@ -30,6 +30,9 @@
 #       length) of build/vram and of BASE_VRAM (a build of an earlier commit), alternating
 #   tools/gpu/run_gpu_checks.sh streams-torch OUT
 #       builds the Torch replay peer there, then the synthetic multi-stream traces with it
+#   tools/gpu/run_gpu_checks.sh batched-rounds OUT BASE_VRAM [ROUNDS]
+#       the batched benchmark (--quick) of BASE_VRAM and of build/vram, alternating, ROUNDS
+#       (default 5) rounds each: the spread of the one-thread rows over runs
 #   tools/gpu/run_gpu_checks.sh python-offload OUT
 #       the Python checks (no torch_compare rounds), then bench/offload_compare.py over both
 #       models with the rows of the offload goals and accelerate
@@ -154,6 +157,15 @@ case $mode in
     done
     step pager 200 ./build/vram bench --scenario pager --json "$log/pager.json" \
       --markdown "$log/pager.md"
+    ;;
+  batched-rounds)
+    base=${3:?batched-rounds needs BASE_VRAM}
+    for round in $(seq 1 "${4:-5}"); do
+      step "base_batched_$round" 60 "$base" bench --quick --scenario batched \
+        --json "$log/base_batched_$round.json"
+      step "new_batched_$round" 60 ./build/vram bench --quick --scenario batched \
+        --json "$log/new_batched_$round.json"
+    done
     ;;
   streams-torch)
     torch_build
