@@ -296,8 +296,10 @@ void SegmentTier::poll_all_unlocked(Lock& held) noexcept {
   try {
     markers.resize(count);
     done = std::make_unique<bool[]>(count);
-  } catch (...) {  // no host memory for the lists: a batch
-    poll_unlocked(held);
+  } catch (...) {  // no host memory for the lists: a batch at a time
+    for (std::size_t rounds = (count + kPollBatch - 1) / kPollBatch; rounds > 0; --rounds) {
+      poll_unlocked(held);
+    }
     return;
   }
   const std::size_t listed = tags_.begin_query(markers.data(), count);  // every one, in turn

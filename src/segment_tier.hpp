@@ -229,7 +229,8 @@ class SegmentTier {
   void end_growth() noexcept;
   // Waits for the markers of other streams than `skip` whose pending ranges `serves`, with
   // `held` released (the growth mutex held), then untags what completed; false (and the
-  // mutex never released) when there was none.
+  // mutex never released) when there was none, true when the ranges may have changed (the
+  // caller fits again).
   template <class Serves>
   bool wait_unlocked(Lock& held, StreamKey skip, Serves serves) noexcept {
     if (!tags_.begin_wait(skip, serves)) return false;

@@ -137,8 +137,9 @@ class StreamTags {
   // serves) would wait for in waiting_; the caller releases the mutex, calls
   // wait_outside() (waits, then asks each whether it completed), takes the mutex again and
   // calls end_wait(), which untags the entries of those that completed. False from
-  // begin_wait(): nothing to wait for (or no host memory for the lists: then it waited under
-  // the mutex, as wait_for(), and the caller goes on without waiting).
+  // begin_wait(): nothing to wait for. With no host memory for the lists it waits under the
+  // mutex (as wait_for()) and returns whether it did, with nothing listed: the caller's
+  // wait_outside() and end_wait() then do nothing, and the ranges may have changed.
   template <class Serves>
   bool begin_wait(StreamKey skip, Serves serves) noexcept {
     try {
@@ -149,10 +150,10 @@ class StreamTags {
       }
       waited_done_.assign(waiting_.size(), 0);
       kept_.reserve(kept_.size() + waiting_.size());
-    } catch (...) {
+    } catch (...) {  // nothing listed: waits under the mutex instead
       waiting_.clear();
-      (void)wait_for(skip, serves);
-      return false;
+      waited_done_.clear();
+      return wait_for(skip, serves);
     }
     for (const std::uint64_t marker : waiting_) keep(marker);  // reserved: no throw
     return !waiting_.empty();
