@@ -44,9 +44,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   }
   Lock held = lock();
   poll_unlocked(held);
-  // Before any change: a split-off rest cannot fail, nor can filing the block in live_.
-  ranges_.keep_spares(2);
-  live_.reserve_one();
+  reserve_spares();  // before any change
   if (options_.virtual_memory != nullptr && map_.base() == nullptr) return nullptr;  // growing
   bool mapped = false;
   Range* r = fit_fenced(stream, need, mapped, held);
@@ -69,11 +67,7 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
                                     bool* quiesce) {
   Lock held = lock();
   poll_unlocked(held);
-  // Before any change: a new segment's range and a split-off rest cannot fail, nor can
-  // filing the block in live_ (grow_segment and map_range reserve again after they
-  // released the mutex).
-  ranges_.keep_spares(2);
-  live_.reserve_one();
+  reserve_spares();  // before any change (again after each release of the mutex)
   if (options_.virtual_memory != nullptr && map_.base() == nullptr) reserve_range(held);
   bool mapped = false;  // r's granules under `need` (virtual mode), as fit() found them
   Range* r = fit_fenced(stream, need, mapped, held);
@@ -83,7 +77,7 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   // (then any of them may have to go back).
   if (r == nullptr) {
     if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need, held)) {
-      keep_spares_again();  // the mutex was released
+      reserve_spares();  // the mutex was released
       r = fit(stream, need, mapped, /*fence=*/false);
     }
   }
@@ -96,7 +90,7 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   if (map_.base() != nullptr && tags_.any_pending() && past_budget(r, need) &&
       wait_unlocked(held, stream,
                     [this, need](const Range* p) { return tags_.could_serve(p, need); })) {
-    keep_spares_again();  // the mutex was released: r may be gone, the spares used
+    reserve_spares();  // the mutex was released: r may be gone, the spares used
     r = fit(stream, need, mapped, /*fence=*/false);
   }
   // (Nothing maps or unmaps between fit() and here: only this thread, holding the growth
@@ -284,7 +278,7 @@ SegmentTier::Range* SegmentTier::fit_fenced(StreamKey stream, std::size_t need, 
   if (!record_listed(held)) return r;
   // As before the change: every pending marker asked once the fenced streams have theirs.
   poll_all_unlocked(held);
-  keep_spares_again();  // the mutex was released: r may be gone, the spares used
+  reserve_spares();  // the mutex was released: r may be gone, the spares used
   return fit(stream, need, mapped, /*fence=*/false);
 }
 
@@ -302,12 +296,7 @@ void SegmentTier::poll_all_unlocked(Lock& held) noexcept {
     }
     return;
   }
-  const std::size_t listed = tags_.begin_query(markers.data(), count);  // every one, in turn
-  if (listed == 0) return;
-  held.unlock();
-  tags_.query_outside(markers.data(), done.get(), listed);
-  held.lock();
-  tags_.end_query(markers.data(), done.get(), listed);
+  query_unlocked(held, markers.data(), done.get(), count);  // every one
 }
 
 bool SegmentTier::record_listed(Lock& held) noexcept {

@@ -247,7 +247,12 @@ class SegmentTier {
     if (!tags_.any_pending()) return;
     std::uint64_t markers[kPollBatch];
     bool done[kPollBatch];
-    const std::size_t count = tags_.begin_query(markers, kPollBatch);
+    query_unlocked(held, markers, done, kPollBatch);
+  }
+  // Up to `most` pending markers, in turn (StreamTags::begin_query), asked with `held`
+  // released (`markers`, `done`: room for `most`); untags what completed.
+  void query_unlocked(Lock& held, std::uint64_t* markers, bool* done, std::size_t most) noexcept {
+    const std::size_t count = tags_.begin_query(markers, most);
     if (count == 0) return;
     held.unlock();
     tags_.query_outside(markers, done, count);
@@ -264,9 +269,10 @@ class SegmentTier {
   // Asks every pending marker (listed at once, kept meanwhile) with `held` released, then
   // untags what completed.
   void poll_all_unlocked(Lock& held) noexcept;
-  // After `mutex_` was released: a split-off rest and the filing of a block cannot fail
-  // (other threads may have used the spares). Throws bad_alloc.
-  void keep_spares_again() {
+  // Before any change, and again after `mutex_` was released (other threads may have used
+  // the spares): a new range, a split-off rest and the filing of a block cannot fail.
+  // Throws bad_alloc.
+  void reserve_spares() {
     ranges_.keep_spares(2);
     live_.reserve_one();
   }

@@ -54,8 +54,7 @@ SegmentTier::Range* SegmentTier::grow_segment(std::size_t need, Lock& held) {
   budget_.counters().failed_upstream_allocations += failed;
   // Other threads used the spares meanwhile: again before any change.
   try {
-    ranges_.keep_spares(2);
-    live_.reserve_one();
+    reserve_spares();
   } catch (...) {
     held.unlock();
     upstream_.deallocate(base, size);

@@ -27,6 +27,11 @@ using detail::kUntagged;
 using detail::SegmentTier;
 using std::chrono::seconds;
 
+// Caller streams (stand-in handles: only compared, never used).
+const detail::StreamKey s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+const detail::StreamKey t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+const detail::StreamKey u = detail::stream_key(reinterpret_cast<cudaStream_t>(0x30));
+
 // Holds the next call that passes through it until open(); entered() waits for that call.
 class Gate {
  public:
@@ -211,16 +216,16 @@ class GatedFence final : public StreamFence {
 };
 
 // A free 1 MiB range the tier holds (kept apart from the rest by the live block `post`) and
-// a wholly free 32 MiB segment freed on stream `s` (`streamed`); null on a failure.
+// a wholly free 32 MiB segment freed on `stream` (`streamed`); null on a failure.
 struct HeldAndStreamed {
   void* post = nullptr;
   void* streamed = nullptr;
 };
-HeldAndStreamed held_and_streamed(SegmentTier& tier, detail::StreamKey s) {
+HeldAndStreamed held_and_streamed(SegmentTier& tier, detail::StreamKey stream) {
   void* kept_free = tier.allocate(1_MiB, kUntagged, true);
-  HeldAndStreamed made{tier.allocate(1_MiB, kUntagged, true), tier.allocate(32_MiB, s, true)};
+  HeldAndStreamed made{tier.allocate(1_MiB, kUntagged, true), tier.allocate(32_MiB, stream, true)};
   if (kept_free == nullptr || !tier.free(kept_free, kUntagged)) made.post = nullptr;
-  if (made.streamed != nullptr && !tier.free(made.streamed, s)) made.streamed = nullptr;
+  if (made.streamed != nullptr && !tier.free(made.streamed, stream)) made.streamed = nullptr;
   return made;
 }
 
@@ -344,8 +349,6 @@ TEST(SegmentTierGrowthOutsideLock, MarkerWaitsBeforeGrowingReleaseTheMutex) {
   GatedFence fence(gate);
   auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   detail::ReservedGauge gauge;
-  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
-  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   {
     SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
     const auto [post, streamed] = held_and_streamed(tier, s);
@@ -388,8 +391,6 @@ TEST(SegmentTierGrowthOutsideLock, MarkerQueriesReleaseTheMutexAndKeepTheMarker)
   GatedFence fence(gate, /*gate_queries=*/true);
   auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   detail::ReservedGauge gauge;
-  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
-  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   {
     SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
     void* post = tier.allocate(1_MiB, kUntagged, true);
@@ -458,8 +459,6 @@ TEST(SegmentTierGrowthOutsideLock, MarkerRecordsReleaseTheMutex) {
   GatedFence fence(gate, /*gate_queries=*/false, /*gate_records=*/true);
   auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   detail::ReservedGauge gauge;
-  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
-  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   {
     SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
     const auto [post, streamed] = held_and_streamed(tier, s);
@@ -496,8 +495,6 @@ TEST(SegmentTierGrowthOutsideLock, AFreeDuringTheRecordKeepsItsStream) {
   GatedFence fence(gate, /*gate_queries=*/false, /*gate_records=*/true);
   auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   detail::ReservedGauge gauge;
-  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
-  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   {
     SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
     void* post = tier.allocate(1_MiB, kUntagged, true);  // a 20 MiB segment, filled below
@@ -538,9 +535,6 @@ TEST(SegmentTierGrowthOutsideLock, ASegmentUntaggedByTheRecordBeforeGrowingServe
   GatedFence fence(gate, /*gate_queries=*/false, /*gate_records=*/true, /*instant=*/true);
   auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   detail::ReservedGauge gauge;
-  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
-  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
-  const auto u = detail::stream_key(reinterpret_cast<cudaStream_t>(0x30));
   {
     SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
     void* post = tier.allocate(1_MiB, kUntagged, true);
@@ -571,7 +565,6 @@ TEST(SegmentTierGrowthOutsideLock, TrimRecordsItsMarkersWithTheMutexReleased) {
   GatedFence fence(gate, /*gate_queries=*/false, /*gate_records=*/true);
   auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   detail::ReservedGauge gauge;
-  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   {
     SegmentTier tier(*counted, fence, gauge, {.granularity = 512});
     const auto [post, streamed] = held_and_streamed(tier, s);
