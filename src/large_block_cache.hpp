@@ -66,7 +66,12 @@ class LargeBlockCache {
 
   // Whether this cache keeps blocks (see above).
   bool active() const noexcept { return active_; }
-  void activate() noexcept { active_ = true; }
+  // For a thread that adopts the cache (empty) of an exited one: it starts as a new
+  // thread's, `active` or not, having seen no contention of its own.
+  void restart(bool active) noexcept {
+    active_ = active;
+    seen_any_ = false;
+  }
   // The large tier's count of contended locks, read by this thread around a call into the
   // tier: a change since its last call turns the cache on.
   void note_contentions(std::uint32_t count) noexcept {

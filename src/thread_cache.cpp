@@ -82,8 +82,10 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
         caches.push_back(std::make_unique<ThreadCache>(small_classes, thread_cache_classes,
                                                        options.thread_cache_blocks));
         cache = caches.back().get();
-        if (options.thread_cache_large_from_start) cache->large.activate();
       }
+      // Whether it caches large blocks is this thread's own (large_block_cache.hpp), not
+      // the exited thread's.
+      cache->large.restart(options.thread_cache_large_from_start);
     }
     entries.push_back({uid, weak_from_this(), cache});
     tl_last = LastPool{uid, cache};

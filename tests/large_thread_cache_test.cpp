@@ -338,7 +338,7 @@ TEST(DevicePoolLargeThreadCache, ABlockReleasedOnAnotherThreadGoesBackToTheTier)
 }
 
 // Threads that meet on the large tier start caching (the default); all memory comes back.
-TEST(DevicePoolLargeThreadCache, ThreadsThatMeetOnTheLargeTierStartCaching) {
+TEST(DevicePoolLargeThreadCache, ThreadsThatMeetOnTheLargeTierStartCachingTheirSuccessorsDoNot) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = cached_options();
   options.thread_cache_large_from_start = false;
@@ -366,6 +366,15 @@ TEST(DevicePoolLargeThreadCache, ThreadsThatMeetOnTheLargeTierStartCaching) {
   pool.trim(0);
   EXPECT_EQ(pool.stats().bytes_cached_in_threads, 0U);
   EXPECT_EQ(upstream->live_bytes(), 0U);
+  // A thread started after them takes over an exited thread's cache, not its meetings:
+  // alone on the tier, it caches nothing.
+  std::thread([&] {
+    for (int i = 0; i < 100; ++i) {
+      void* block = pool.allocate(4_MiB);
+      pool.deallocate(block, 4_MiB);
+      ASSERT_EQ(pool.stats().bytes_cached_in_threads, 0U) << "at pair " << i;
+    }
+  }).join();
 }
 
 // Many threads: mixed sizes, blocks handed between threads, trims and growth on the way

@@ -38,6 +38,10 @@
 #       models with the rows of the offload goals and accelerate
 #   tools/gpu/run_gpu_checks.sh bench OUT
 #       every benchmark scenario (the tables of bench/RESULTS.md)
+#   tools/gpu/run_gpu_checks.sh tests-builds-pairs OUT BASE_DIR [ROUNDS]
+#       tests, memcheck, then bench/builds/batched_pairs built against an earlier commit's
+#       library (BASE_DIR/batched_pairs) and against this one (build/batched_pairs),
+#       alternating, ROUNDS (default 3) rounds each, then the batched benchmark (--quick)
 #   tools/gpu/run_gpu_checks.sh python OUT
 #       the Python checks (plug-in build, PyTorch, CuPy), no torch_compare rounds
 #   tools/gpu/run_gpu_checks.sh replay-torch-python OUT
@@ -218,6 +222,16 @@ case $mode in
     tests_and_memcheck
     torch_build
     streams_replay
+    ;;
+  tests-builds-pairs)
+    base=${3:?tests-builds-pairs needs BASE_DIR}
+    tests_and_memcheck
+    for round in $(seq 1 "${4:-3}"); do
+      step "base_pairs_$round" 60 "$base/batched_pairs" base
+      step "new_pairs_$round" 60 ./build/batched_pairs new
+    done
+    step batched 100 ./build/vram bench --quick --scenario batched \
+      --json "$log/batched.json" --markdown "$log/batched.md"
     ;;
   python)
     step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
