@@ -253,9 +253,8 @@ void* DevicePoolCore::large_get(ThreadCache* cache, std::size_t requested, std::
 
 bool DevicePoolCore::large_put(ThreadCache& cache, void* block, std::size_t bytes,
                                StreamKey key) noexcept {
-  const std::size_t need = large.round(bytes);
   const std::size_t cap = options.thread_cache_large_bytes;
-  if (need <= cap && cache.large.active()) {
+  if (const std::size_t need = cache.large.active() ? large.round(bytes) : cap + 1; need <= cap) {
     LargeBlockCache::Put put = cache.large.put(block, need, key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);
@@ -268,10 +267,19 @@ bool DevicePoolCore::large_put(ThreadCache& cache, void* block, std::size_t byte
     if (put == LargeBlockCache::Put::cached) return true;
     if (put == LargeBlockCache::Put::double_release) return false;
   }
-  SlowSection slow(&cache);
-  const bool known = large.free(block, key, bytes);
+  const bool known = free_to_tier(large, block, key, bytes, &cache);
   cache.large.note_contentions(large.contentions());
   return known;
+}
+
+bool DevicePoolCore::free_to_tier(SegmentTier& tier, void* block, StreamKey key, std::size_t bytes,
+                                  ThreadCache* held) noexcept {
+  const SegmentTier::Freed freed = tier.free_keeping(block, key, bytes);
+  if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
+    SlowSection slow(held);
+    tier.give_back_over_cap();
+  }
+  return freed != SegmentTier::Freed::foreign;
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).
@@ -298,8 +306,7 @@ bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t inde
       return true;
     }
   }
-  SlowSection slow(cache);
-  return tier_of(index).free(block, key, held);
+  return free_to_tier(tier_of(index), block, key, held, cache);
 }
 
 void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {

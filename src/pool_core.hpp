@@ -152,10 +152,14 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void* small_get(ThreadCache* cache, std::size_t index, StreamKey key);
   // A large block (`bytes`: the tier's rounding of `requested`) from the holder's cache of
   // large blocks, else from the tier (recorded in the cache when it may come back there).
-  void* large_get(ThreadCache* cache, std::size_t requested, std::size_t bytes, StreamKey key);
+  // (large_get and large_put: inline into their one caller, pool_core.cpp, the warm large
+  // path: no call level of their own.)
+  [[gnu::always_inline]] inline void* large_get(ThreadCache* cache, std::size_t requested,
+                                                std::size_t bytes, StreamKey key);
   // Releases a large block into the holder's cache, else to the tier; false when the block
   // is not this pool's leased block of that size.
-  bool large_put(ThreadCache& cache, void* block, std::size_t bytes, StreamKey key) noexcept;
+  [[gnu::always_inline]] inline bool large_put(ThreadCache& cache, void* block, std::size_t bytes,
+                                               StreamKey key) noexcept;
   // Every cached large block of `cache` (its holder's, or stolen) back to the large tier.
   void take_large(ThreadCache& cache) noexcept;
   // Before a tier grows: the cached large blocks of every thread (`held`: the caller's own,
@@ -163,6 +167,11 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // block) back to the large tier; true when any went back.
   bool flush_large_caches(ThreadCache* held) noexcept;
   bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
+  // SegmentTier::free() for a thread holding `held` (or null): only its give-back, which
+  // makes upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
+  // segment_tier.hpp).
+  bool free_to_tier(SegmentTier& tier, void* block, StreamKey key, std::size_t bytes,
+                    ThreadCache* held) noexcept;
   void* tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
                       ThreadCache* held);
   // tier_allocate() when no free range fits: grows the tier (trimming and retrying on OOM).

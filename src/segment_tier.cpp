@@ -56,13 +56,6 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   return file_used(r);  // reserved above
 }
 
-void* SegmentTier::file_used(Range* r) noexcept {
-  live_.insert(r->addr, r);
-  r->tag = kUntagged;
-  budget_.take(r->size);
-  return r->addr;
-}
-
 void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream,
                                     bool* quiesce) {
   Lock held = lock();
@@ -127,32 +120,37 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   return file_used(r);  // reserved (again, after the mutex was released)
 }
 
-bool SegmentTier::free(void* block, StreamKey tag, std::size_t bytes) noexcept {
-  Lock held = lock();
+SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag,
+                                             std::size_t bytes) noexcept {
+  const Lock held = lock();
   // Null for a foreign block, for null itself, and for a block of another size than
   // `bytes` (a small class's released under a large size, say).
   const std::size_t need = bytes != 0 ? round(bytes) : 0;
   Range* r =
       live_.erase_if(block, [need](const Range* live) { return need == 0 || live->size == need; });
-  if (r == nullptr) return false;
+  if (r == nullptr) return Freed::foreign;
   budget_.give(r->size);
   r->tag = tag;
   r->epoch = tags_.epoch();
   ranges_.insert_free(r);
-  if (tag == kUntagged && budget_.free_bytes() > options_.max_free_bytes) {
-    // Only when no growth is under way, else it is owed to the growth mutex's holder, which
-    // gives back before it lets go (end_growth); the upstream calls after the tier's mutex
-    // is released. (try_lock: the lock order is not broken.)
-    if (grow_mutex_.try_lock()) {
-      give_back(options_.max_free_bytes);
-      held.unlock();
-      hand_back_detached();
-      end_growth();
-    } else {
-      give_back_owed_ = true;
-    }
+  return tag == kUntagged && budget_.free_bytes() > options_.max_free_bytes ? Freed::over_cap
+                                                                            : Freed::kept;
+}
+
+void SegmentTier::give_back_over_cap() noexcept {
+  Lock held = lock();
+  if (budget_.free_bytes() <= options_.max_free_bytes) return;  // another call gave back
+  // Only when no growth is under way, else it is owed to the growth mutex's holder, which
+  // gives back before it lets go (end_growth); the upstream calls after the tier's mutex
+  // is released. (try_lock: the lock order is not broken.)
+  if (grow_mutex_.try_lock()) {
+    give_back(options_.max_free_bytes);
+    held.unlock();
+    hand_back_detached();
+    end_growth();
+  } else {
+    give_back_owed_ = true;
   }
-  return true;
 }
 
 void SegmentTier::trim(std::size_t keep_free, bool wait) noexcept {
@@ -272,9 +270,8 @@ SegmentTier::Range* SegmentTier::mapped_fit(FreeRanges::Index* index, Range* bes
   return best;
 }
 
-SegmentTier::Range* SegmentTier::fit_fenced(StreamKey stream, std::size_t need, bool& mapped,
-                                            Lock& held) {
-  Range* r = fit(stream, need, mapped, /*fence=*/true);
+SegmentTier::Range* SegmentTier::refit_after_records(StreamKey stream, std::size_t need,
+                                                     bool& mapped, Lock& held, Range* r) {
   if (!record_listed(held)) return r;
   // As before the change: every pending marker asked once the fenced streams have theirs.
   poll_all_unlocked(held);

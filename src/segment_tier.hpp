@@ -41,10 +41,10 @@
 // Two mutexes. `mutex_` (a TierMutex) guards the books; it is held only for short critical
 // sections with no driver or upstream call in them: no map, unmap, reservation, cudaMalloc,
 // cudaFree, event record, query or wait. `grow_mutex_` orders the calls that change what
-// the tier holds: growing (allocate with may_grow), trim(), release_empty_for(), and a free()
-// that gives memory back (only when the growth mutex is free at once: otherwise the free
-// gives nothing back and the holder of the growth mutex does it before it lets go,
-// end_growth()). Its holder decides under `mutex_`, releases it for the upstream calls (a
+// the tier holds: growing (allocate with may_grow), trim(), release_empty_for(), and the
+// give-back after a free() (give_back_over_cap(); only when the growth mutex is free at once:
+// otherwise it gives nothing back and the holder of the growth mutex does it before it lets
+// go, end_growth()). Its holder decides under `mutex_`, releases it for the upstream calls (a
 // new segment; the address reservation; the runs under a block and its map-ahead, and their
 // out-of-memory retry; segments or runs given back, taken off the books first, `detached_`),
 // and takes it again to file the result. Meanwhile the other threads allocate and free from
@@ -156,7 +156,19 @@ class SegmentTier {
   // Returns a block from allocate(); `tag` is the freeing stream or kUntagged. False (and
   // nothing changed) when the block is not live here, or when `bytes` (0: not checked) is
   // not what allocate() was asked for, rounded (round(bytes)).
-  bool free(void* block, StreamKey tag, std::size_t bytes = 0) noexcept;
+  bool free(void* block, StreamKey tag, std::size_t bytes = 0) noexcept {
+    const Freed freed = free_keeping(block, tag, bytes);
+    if (freed == Freed::over_cap) give_back_over_cap();
+    return freed != Freed::foreign;
+  }
+  // free() without its give-back, for a caller that must mark the upstream calls of that
+  // one (a SlowSection): over_cap when an untagged free left more than max_free_bytes free;
+  // the caller then calls give_back_over_cap(). foreign: as free()'s false.
+  enum class Freed { foreign, kept, over_cap };
+  Freed free_keeping(void* block, StreamKey tag, std::size_t bytes = 0) noexcept;
+  // Gives free memory back down to max_free_bytes (the upstream calls with the mutex
+  // released); when a growth is under way, its holder does it before it lets go.
+  void give_back_over_cap() noexcept;
   // Untags ranges whose markers completed (recording markers for every tagged stream;
   // with `wait`, blocking until they complete), then gives back wholly free segments
   // while more than keep_free bytes are free.
@@ -244,7 +256,10 @@ class SegmentTier {
   // the fence with `held` released; returns with it held.
   static constexpr std::size_t kPollBatch = 32;
   void poll_unlocked(Lock& held) noexcept {
-    if (!tags_.any_pending()) return;
+    if (tags_.any_pending()) [[unlikely]]
+      poll_batch_unlocked(held);
+  }
+  [[gnu::noinline]] void poll_batch_unlocked(Lock& held) noexcept {
     std::uint64_t markers[kPollBatch];
     bool done[kPollBatch];
     query_unlocked(held, markers, done, kPollBatch);
@@ -277,7 +292,12 @@ class SegmentTier {
     live_.reserve_one();
   }
   // A used range `r` (split to its block) filed as a live block: its address. live_ reserved.
-  void* file_used(Range* r) noexcept;
+  void* file_used(Range* r) noexcept {
+    live_.insert(r->addr, r);
+    r->tag = kUntagged;
+    budget_.take(r->size);
+    return r->addr;
+  }
   // allocate() with may_grow, the growth mutex held.
   void* allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream, bool* quiesce);
 
@@ -297,7 +317,15 @@ class SegmentTier {
   // fit() with fence; when it listed streams, records their markers with `held` released
   // (record_listed()), asks every pending marker and fits again. Throws bad_alloc (the books
   // consistent: markers filed, ranges taken back or untagged).
-  Range* fit_fenced(StreamKey stream, std::size_t need, bool& mapped, Lock& held);
+  Range* fit_fenced(StreamKey stream, std::size_t need, bool& mapped, Lock& held) {
+    Range* r = fit(stream, need, mapped, /*fence=*/true);
+    if (!tags_.any_listed()) [[likely]]
+      return r;
+    return refit_after_records(stream, need, mapped, held, r);
+  }
+  // fit_fenced() once fit() listed streams: `r` when record_listed() records nothing.
+  Range* refit_after_records(StreamKey stream, std::size_t need, bool& mapped, Lock& held,
+                             Range* r);
   // Bytes the tier grows by when `r` (null: no fit) serves `need` bytes (virtual mode: the
   // granules under it not mapped yet), and whether that passes the growth budget.
   std::size_t growth_for(const Range* r, std::size_t need) const noexcept;
