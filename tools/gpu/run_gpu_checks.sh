@@ -42,6 +42,7 @@
 #       tests, memcheck, then bench/builds/batched_pairs built against an earlier commit's
 #       library (BASE_DIR/batched_pairs) and against this one (build/batched_pairs),
 #       alternating, ROUNDS (default 3) rounds each, then the batched benchmark (--quick)
+#       and one run of the recorded traces' replay (three passes)
 #   tools/gpu/run_gpu_checks.sh python OUT
 #       the Python checks (plug-in build, PyTorch, CuPy), no torch_compare rounds
 #   tools/gpu/run_gpu_checks.sh replay-torch-python OUT
@@ -232,6 +233,8 @@ case $mode in
     done
     step batched 100 ./build/vram bench --quick --scenario batched \
       --json "$log/batched.json" --markdown "$log/batched.md"
+    step replay 240 ./build/vram replay --runs 1 --passes 3 bench/traces/*.csv.gz \
+      --json "$log/replay.json"
     ;;
   python)
     step torch_checks 420 env VRAM_TORCH_COMPARE=0 tests/python/run_all_on_gpu.sh "$log/torch"
