@@ -6,16 +6,17 @@
 // a fresh DevicePool, so no cell starts with the threads' caches or rings of another.
 //
 // Build (per library build, here; the binary runs on the GPU machine):
-//   g++ -O2 -std=c++20 -I <src>/include -I <build>/include -I /usr/local/cuda/include \
+//   g++ -O2 -std=c++20 -I <src>/include -I <build>/include -I tools -I /usr/local/cuda/include \
 //     -isystem /usr/local/cuda/include/cccl bench/builds/batched_pairs.cpp \
-//     <build>/libvram.a -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lpthread -o OUT
+//     tools/bench/harness.cpp <build>/libvram.a -L/usr/local/cuda/lib64 -lcudart_static \
+//     -ldl -lrt -lpthread -o OUT
+// (harness.cpp from this tree: the timing loop of `vram bench`, threaded_pair_rates.)
 // Run: OUT LABEL [THREADS...]   (default threads: 1 16). One line per cell:
 //   LABEL form range threads median min max   (M pairs/s; reps of 0.1 s after a warm-up)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/harness.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/upstream.hpp"
 
@@ -52,10 +54,6 @@ Plan plan_for(unsigned t, int max_exponent) {
   return plan;
 }
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -80,21 +78,12 @@ int main(int argc, char** argv) {
         options.max_cached_bytes = std::size_t{16} << 30;
         options.validate_releases = false;
         vram::DevicePool pool(std::make_shared<vram::DeviceMemoryUpstream>(0), options);
-        std::vector<double> rates;
-        for (int r = 0; r <= kReps; ++r) {  // r == 0: warm-up
-          std::atomic<bool> stop{false};
-          std::atomic<unsigned> ready{0};
-          std::atomic<std::uint64_t> total{0};
-          std::vector<std::thread> workers;
-          for (unsigned t = 0; t < threads; ++t) {
-            workers.emplace_back([&, t] {
+        std::vector<double> rates = vram::bench::threaded_pair_rates(
+            threads, kReps, kSeconds, [&](unsigned t, const std::atomic<bool>& stop) {
               const Plan& plan = plans[t];
               cudaStream_t s = streams[t];
               void* blocks[kLive];
               std::uint64_t pairs = 0;
-              ready.fetch_add(1);
-              while (ready.load() < threads) {
-              }
               while (!stop.load(std::memory_order_relaxed)) {
                 for (std::size_t i = 0; i < kLive; ++i) {
                   blocks[i] = ordered ? pool.allocate_async(plan.sizes[i], s)
@@ -110,18 +99,8 @@ int main(int argc, char** argv) {
                 pairs += kLive;
               }
               if (ordered) cudaStreamSynchronize(s);
-              total.fetch_add(pairs);
+              return pairs;
             });
-          }
-          while (ready.load() < threads) {
-          }
-          const double start = now();
-          std::this_thread::sleep_for(std::chrono::duration<double>(kSeconds));
-          stop.store(true);
-          for (auto& w : workers) w.join();
-          const double elapsed = now() - start;
-          if (r > 0) rates.push_back(static_cast<double>(total.load()) / elapsed / 1e6);
-        }
         std::sort(rates.begin(), rates.end());
         std::printf("%s %s 2^%d %u %.1f %.1f %.1f\n", label, ordered ? "stream-ordered" : "plain",
                     max_exponent, threads, rates[rates.size() / 2], rates.front(), rates.back());
