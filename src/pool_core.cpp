@@ -254,8 +254,7 @@ void* DevicePoolCore::large_get(ThreadCache* cache, std::size_t requested, std::
 bool DevicePoolCore::large_put(ThreadCache& cache, void* block, std::size_t bytes,
                                StreamKey key) noexcept {
   const std::size_t cap = options.thread_cache_large_bytes;
-  const std::size_t need = cache.large.active() ? large.round(bytes) : 0;  // 0: not cached
-  if (need != 0 && need <= cap) {
+  if (const std::size_t need = large.round(bytes); cache.large.active() && need <= cap) {
     LargeBlockCache::Put put = cache.large.put(block, need, key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);

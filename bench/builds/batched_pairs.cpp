@@ -10,19 +10,17 @@
 //     -isystem /usr/local/cuda/include/cccl bench/builds/batched_pairs.cpp \
 //     tools/bench/harness.cpp <build>/libvram.a -L/usr/local/cuda/lib64 -lcudart_static \
 //     -ldl -lrt -lpthread -o OUT
-// (harness.cpp from this tree: the timing loop of `vram bench`, threaded_pair_rates.)
+// (harness.cpp from this tree: `vram bench`'s plans, batched_plan, and timing loop,
+// threaded_pair_rates.)
 // Run: OUT LABEL [THREADS...]   (default threads: 1 16). One line per cell:
 //   LABEL form range threads median min max   (M pairs/s; reps of 0.1 s after a warm-up)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <numeric>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -35,24 +33,6 @@ namespace {
 constexpr std::size_t kLive = 32;
 constexpr int kReps = 7;
 constexpr double kSeconds = 0.1;
-
-struct Plan {
-  std::vector<std::size_t> sizes;
-  std::vector<std::size_t> free_order;
-};
-
-Plan plan_for(unsigned t, int max_exponent) {
-  Plan plan;
-  std::mt19937_64 random(1234 + t);
-  std::uniform_real_distribution<double> exponent(8.0, max_exponent);
-  for (std::size_t i = 0; i < kLive; ++i) {
-    plan.sizes.push_back(static_cast<std::size_t>(std::exp2(exponent(random))));
-  }
-  plan.free_order.resize(kLive);
-  std::iota(plan.free_order.begin(), plan.free_order.end(), std::size_t{0});
-  std::shuffle(plan.free_order.begin(), plan.free_order.end(), random);
-  return plan;
-}
 
 }  // namespace
 
@@ -70,8 +50,9 @@ int main(int argc, char** argv) {
     }
   }
   for (const int max_exponent : {20, 22, 24, 26}) {
-    std::vector<Plan> plans;
-    for (unsigned t = 0; t < most; ++t) plans.push_back(plan_for(t, max_exponent));
+    std::vector<vram::bench::BatchedPlan> plans;
+    for (unsigned t = 0; t < most; ++t)
+      plans.push_back(vram::bench::batched_plan(t, max_exponent, kLive));
     for (const bool ordered : {false, true}) {
       for (const unsigned threads : thread_counts) {
         vram::DevicePool::Options options;
@@ -80,7 +61,7 @@ int main(int argc, char** argv) {
         vram::DevicePool pool(std::make_shared<vram::DeviceMemoryUpstream>(0), options);
         std::vector<double> rates = vram::bench::threaded_pair_rates(
             threads, kReps, kSeconds, [&](unsigned t, const std::atomic<bool>& stop) {
-              const Plan& plan = plans[t];
+              const vram::bench::BatchedPlan& plan = plans[t];
               cudaStream_t s = streams[t];
               void* blocks[kLive];
               std::uint64_t pairs = 0;

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <numeric>
+#include <random>
 #include <thread>
 
 namespace vram::bench {
@@ -67,6 +69,19 @@ void Progress::step(const std::string& label) {
 
 void Progress::finish() {
   if (terminal_) std::fprintf(stderr, "\r\033[K");
+}
+
+BatchedPlan batched_plan(unsigned t, int max_exponent, std::size_t live) {
+  BatchedPlan plan;
+  std::mt19937_64 random(1234 + t);
+  std::uniform_real_distribution<double> exponent(8.0, max_exponent);
+  for (std::size_t i = 0; i < live; ++i) {
+    plan.sizes.push_back(static_cast<std::size_t>(std::exp2(exponent(random))));
+  }
+  plan.free_order.resize(live);
+  std::iota(plan.free_order.begin(), plan.free_order.end(), std::size_t{0});
+  std::shuffle(plan.free_order.begin(), plan.free_order.end(), random);
+  return plan;
 }
 
 std::vector<double> threaded_pair_rates(

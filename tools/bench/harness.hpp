@@ -37,6 +37,14 @@ std::vector<double> threaded_pair_rates(
     unsigned threads, std::size_t repetitions, double seconds,
     const std::function<std::uint64_t(unsigned t, const std::atomic<bool>& stop)>& worker);
 
+// The batched scenario's plan for thread `t`: `live` block sizes log-uniform in
+// [256 B, 2^max_exponent B] (seed 1234 + t), and the order they are freed in (shuffled).
+struct BatchedPlan {
+  std::vector<std::size_t> sizes;
+  std::vector<std::size_t> free_order;
+};
+BatchedPlan batched_plan(unsigned t, int max_exponent, std::size_t live);
+
 // One progress line on a terminal (stderr), rewritten in place; silent otherwise.
 class Progress {
  public:

@@ -2,13 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iterator>
-#include <numeric>
-#include <random>
 #include <thread>
 
 #include "replay/replay.hpp"
@@ -130,12 +127,6 @@ void run_batched(const BenchConfig& config,
   constexpr std::size_t kLive = 32;
   const double seconds = config.quick ? 0.05 : 0.3;
   const std::size_t repetitions = config.quick ? 3 : 5;
-  // Per thread and range a fixed plan: sizes log-uniform in [256 B, 2^max_exponent B],
-  // free order shuffled.
-  struct Plan {
-    std::vector<std::size_t> sizes;
-    std::vector<std::size_t> free_order;
-  };
   std::vector<std::unique_ptr<BenchAllocator>> own;
   if (config.gpu) own = make_batched_allocators(config.device);
   auto& measured = config.gpu ? own : allocators;
@@ -145,17 +136,8 @@ void run_batched(const BenchConfig& config,
     streams.push_back(std::make_unique<cuda::Stream>());
   }
   for (const int max_exponent : kBatchedMaxExponents) {
-    std::vector<Plan> plans(most);
-    for (unsigned t = 0; t < most; ++t) {
-      std::mt19937_64 random(1234 + t);
-      std::uniform_real_distribution<double> exponent(8.0, max_exponent);
-      for (std::size_t i = 0; i < kLive; ++i) {
-        plans[t].sizes.push_back(static_cast<std::size_t>(std::exp2(exponent(random))));
-      }
-      plans[t].free_order.resize(kLive);
-      std::iota(plans[t].free_order.begin(), plans[t].free_order.end(), std::size_t{0});
-      std::shuffle(plans[t].free_order.begin(), plans[t].free_order.end(), random);
-    }
+    std::vector<BatchedPlan> plans;
+    for (unsigned t = 0; t < most; ++t) plans.push_back(batched_plan(t, max_exponent, kLive));
     const std::string range = "to " + format_bytes(std::size_t{1} << max_exponent);
     std::vector<double> one_thread(measured.size(), 0.0);
     for (unsigned threads : batched_thread_counts()) {
@@ -165,7 +147,7 @@ void run_batched(const BenchConfig& config,
         const auto samples = threaded_pair_rates(
             threads, repetitions, seconds, [&](unsigned t, const std::atomic<bool>& stop) {
               cudaStream_t s = config.gpu ? streams[t]->get() : nullptr;
-              const Plan& plan = plans[t];
+              const BatchedPlan& plan = plans[t];
               void* blocks[kLive];
               std::uint64_t pairs = 0;
               while (!stop.load(std::memory_order_relaxed)) {
