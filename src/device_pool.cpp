@@ -70,12 +70,14 @@ DevicePool::~DevicePool() {
   core_->drain_graph_returns();
   std::uint64_t blocks = 0;
   std::uint64_t bytes = 0;
+  const bool scope_open = core_->capture_routes.any();
   if (core_->close(blocks, bytes)) {
     std::fprintf(stderr,
-                 "vram::DevicePool destroyed with %llu block(s), %llu bytes, still leased; the "
+                 "vram::DevicePool destroyed with %llu block(s), %llu bytes, still leased%s; the "
                  "pool's bookkeeping stays alive until they are released, and each then goes "
                  "straight back to the upstream.\n",
-                 static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(bytes));
+                 static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(bytes),
+                 scope_open ? " or held by graph pools until the open capture scope ends" : "");
   }
   core_.reset();
 }

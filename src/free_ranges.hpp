@@ -35,6 +35,8 @@
 
 namespace vram::detail {
 
+class LeaseOwner;  // lease_owner.hpp
+
 class FreeRanges {
  public:
   struct Segment;
@@ -47,6 +49,8 @@ class FreeRanges {
     enum class State : std::uint8_t { used, free, pending } state = State::free;
     StreamKey tag = kUntagged;
     std::uint64_t epoch = 0;  // the tier's epoch at its (latest merged) stream-tagged free
+    // A used range: the thread cache it was handed to (lease_owner.hpp), or null.
+    LeaseOwner* owner = nullptr;
     // Filing in a FreeIndex (the one of `tag`) while free; index is null when unfiled.
     Range* bin_prev = nullptr;
     Range* bin_next = nullptr;

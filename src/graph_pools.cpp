@@ -2,10 +2,11 @@
 
 namespace vram::detail {
 
-void GraphPools::retain(Id id) {
+void GraphPools::retain(Id id, Use use) {
   std::lock_guard lock(mutex_);
   auto [it, made] = by_id_.try_emplace(id);
   ++it->second.uses;
+  if (use == Use::scope) ++it->second.scope_uses;
   if (made) note_pools();
 }
 
@@ -17,14 +18,17 @@ void GraphPools::retain_once(Id id) {
   if (made) note_pools();
 }
 
-bool GraphPools::release(Id id) {
+bool GraphPools::release(Id id, Use use) {
   std::lock_guard lock(mutex_);
   auto it = by_id_.find(id);
-  if (it == by_id_.end() || it->second.uses == 0) {
+  const bool scope = use == Use::scope;
+  if (it == by_id_.end() ||
+      (scope ? it->second.scope_uses == 0 : it->second.uses == it->second.scope_uses)) {
     ++double_frees_;
     return false;
   }
   --it->second.uses;
+  if (scope) --it->second.scope_uses;
   retire_if_unused(id);
   return true;
 }
@@ -102,6 +106,7 @@ void GraphPools::close() {
   ids.reserve(by_id_.size());
   for (auto& [id, pool] : by_id_) {
     pool.uses = 0;
+    pool.scope_uses = 0;
     ids.push_back(id);
   }
   for (const Id id : ids) {

@@ -56,13 +56,16 @@ class GraphPools {
     std::uint64_t double_frees = 0;
   };
 
+  // Uses of a pool: a graph's (released by release_graph_pool) or an open capture scope's
+  // (released when it ends). A graph's release never ends a scope's use.
+  enum class Use { graph, scope };
   // Opens a use of pool `id` (made at the first use).
-  void retain(Id id);
+  void retain(Id id, Use use = Use::graph);
   // Opens a use of pool `id` when it has none (made then); never after close().
   void retain_once(Id id);
   // Ends a use of pool `id`; false (counted as a double free, nothing changed) when the
-  // pool has no open use.
-  bool release(Id id);
+  // pool has no open use of that kind.
+  bool release(Id id, Use use = Use::graph);
   // A free block of pool `id` that serves `bytes` (best fit, at most a quarter larger),
   // now live; a null block when there is none or the pool has no open use.
   Block take(Id id, std::size_t bytes);
@@ -97,6 +100,7 @@ class GraphPools {
  private:
   struct Pool {
     std::size_t uses = 0;
+    std::size_t scope_uses = 0;  // of `uses`
     std::size_t live_blocks = 0;
     std::size_t held_bytes = 0;
     std::size_t live_bytes = 0;

@@ -36,13 +36,16 @@
 // whether they are cached now. A release on this thread is cached only when the record
 // says the block is leased at that size; a block recorded as cached is a double release
 // (rejected); a size that differs, or a block not recorded, goes to the tier, which
-// decides as before (a block freed on another thread leaves a stale record here: it only
-// ever matches a later release of a block at that address and size, which the tier holds
-// live at that size, so caching it is right). When the record is full the leased entries
-// are forgotten (their releases then go through the tier); cached ones stay.
+// decides as before. The tier files this cache as the owner of each block it hands out
+// here (lease_owner.hpp): a release of such a block on any other path is checked against
+// the cached blocks (a double release there is rejected too) and revokes the records, so
+// a record is never trusted after its block left by another path. When the record is
+// full the leased entries are forgotten (their releases then go through the tier); cached
+// ones stay.
 //
 // Not thread-safe: touched only under the owning ThreadCache's handshake
-// (thread_cache.hpp), by its owner or one stealer.
+// (thread_cache.hpp), by its owner or one stealer; the tier reads the slots and revokes
+// (LeaseOwner) from any thread.
 #pragma once
 
 #include <array>
@@ -50,13 +53,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "lease_owner.hpp"
 #include "stream_key.hpp"
 
 namespace vram::detail {
 
-class LargeBlockCache {
+class LargeBlockCache : public LeaseOwner {
  public:
-  static constexpr std::size_t kMaxCached = 32;
+  static constexpr std::size_t kMaxCached = kSlots;
   struct Cached {
     void* block = nullptr;
     std::size_t bytes = 0;  // the tier's rounded size
@@ -68,9 +72,11 @@ class LargeBlockCache {
   bool active() const noexcept { return active_; }
   // For a thread that adopts the cache (empty) of an exited one: it starts as a new
   // thread's, `active` or not, having seen no contention of its own.
+  // Its records are the exited thread's: forgotten.
   void restart(bool active) noexcept {
     active_ = active;
     seen_any_ = false;
+    forget_leased();
   }
   // The large tier's count of contended locks, read by this thread around a call into the
   // tier: a change since its last call turns the cache on.
@@ -82,12 +88,14 @@ class LargeBlockCache {
   // A cached block of exactly `bytes` usable on `key` (recorded as leased again), else null.
   void* take(std::size_t bytes, StreamKey key) noexcept {
     for (std::size_t i = count_; i-- > 0;) {
-      Cached& c = cached_[i];
-      if (c.bytes != bytes || (c.tag != kUntagged && c.tag != key)) continue;
-      void* block = c.block;
-      cached_bytes_.store(cached_bytes_.load(std::memory_order_relaxed) - c.bytes,
+      const Meta& m = meta_[i];
+      if (m.bytes != bytes || (m.tag != kUntagged && m.tag != key)) continue;
+      void* block = slots_[i].load(std::memory_order_relaxed);
+      cached_bytes_.store(cached_bytes_.load(std::memory_order_relaxed) - m.bytes,
                           std::memory_order_relaxed);
-      cached_[i] = cached_[--count_];
+      --count_;
+      if (i != count_) set(i, entry(count_));  // the last moves down, then its slot clears
+      slots_[count_].store(nullptr, std::memory_order_release);
       if (Lease* lease = find(block)) lease->cached = false;
       return block;
     }
@@ -109,6 +117,11 @@ class LargeBlockCache {
   // cached; a double release; for the tier (then no longer recorded here); or no room
   // (nothing changed: make room with pop_oldest() and put it again).
   Put put(void* block, std::size_t bytes, StreamKey key, std::size_t cap) noexcept {
+    const std::uint32_t revoked = revocations_.load(std::memory_order_acquire);
+    if (revoked != seen_revocations_) [[unlikely]] {
+      seen_revocations_ = revoked;  // a leased record may be stale: the tier decides
+      forget_leased();
+    }
     Lease* lease = find(block);
     if (lease == nullptr) return Put::to_tier;
     if (lease->cached) return Put::double_release;
@@ -118,7 +131,7 @@ class LargeBlockCache {
     }
     if (!has_room(bytes, cap)) return Put::no_room;
     lease->cached = true;
-    cached_[count_++] = Cached{block, bytes, key};
+    set(count_++, Cached{block, bytes, key});
     cached_bytes_.store(cached_bytes_.load(std::memory_order_relaxed) + bytes,
                         std::memory_order_relaxed);
     return Put::cached;
@@ -130,9 +143,10 @@ class LargeBlockCache {
   // when none is cached.
   bool pop_oldest(Cached& out) noexcept {
     if (count_ == 0) return false;
-    out = cached_[0];
-    for (std::size_t i = 1; i < count_; ++i) cached_[i - 1] = cached_[i];
+    out = entry(0);
+    for (std::size_t i = 1; i < count_; ++i) set(i - 1, entry(i));  // downwards (LeaseOwner)
     --count_;
+    slots_[count_].store(nullptr, std::memory_order_release);
     cached_bytes_.store(cached_bytes_.load(std::memory_order_relaxed) - out.bytes,
                         std::memory_order_relaxed);
     if (Lease* lease = find(out.block)) erase(lease);
@@ -188,7 +202,7 @@ class LargeBlockCache {
   // Drops every leased (not cached) record; their releases then go through the tier.
   void forget_leased() noexcept {
     std::array<Cached, kMaxCached> keep{};
-    for (std::size_t i = 0; i < count_; ++i) keep[i] = cached_[i];
+    for (std::size_t i = 0; i < count_; ++i) keep[i] = entry(i);
     leases_.fill(Lease{});
     leases_used_ = 0;
     for (std::size_t i = 0; i < count_; ++i) {
@@ -199,8 +213,22 @@ class LargeBlockCache {
     }
   }
 
-  std::array<Cached, kMaxCached> cached_{};
+  // Cached block i: slots_[i] (LeaseOwner) and meta_[i], for i < count_.
+  struct Meta {
+    std::size_t bytes = 0;
+    StreamKey tag = kUntagged;
+  };
+  Cached entry(std::size_t i) const noexcept {
+    return Cached{slots_[i].load(std::memory_order_relaxed), meta_[i].bytes, meta_[i].tag};
+  }
+  void set(std::size_t i, const Cached& c) noexcept {
+    meta_[i] = Meta{c.bytes, c.tag};
+    slots_[i].store(c.block, std::memory_order_release);
+  }
+
+  std::array<Meta, kMaxCached> meta_{};
   std::size_t count_ = 0;
+  std::uint32_t seen_revocations_ = 0;
   std::atomic<std::size_t> cached_bytes_{0};
   std::array<Lease, kSlots> leases_{};
   std::size_t leases_used_ = 0;

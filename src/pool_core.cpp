@@ -15,6 +15,9 @@ namespace vram::detail {
 namespace {
 
 std::atomic<std::uint64_t> next_pool_uid{1};
+constexpr const char* kNotLive =
+    "no live block of this pool has that address and size (released already, on this or "
+    "another thread; a foreign pointer; or another size)";
 
 }  // namespace
 
@@ -157,12 +160,12 @@ void DevicePoolCore::quiesce_locked() noexcept {
 }
 
 void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes,
-                                StreamKey key, ThreadCache* held) {
+                                StreamKey key, ThreadCache* held, LeaseOwner* owner) {
   SlowSection slow(held);
   // Cached large blocks never make a tier grow: they go back first (large_block_cache.hpp),
   // and the request tries the large tier again without growing.
   if (flush_large_caches(held) && &tier == &large) {
-    if (void* block = tier.allocate(bytes, key, false)) return block;
+    if (void* block = tier.allocate(bytes, key, false, nullptr, owner)) return block;
   }
   // Past the budget, free memory of wanted streams (stream_wants.hpp) could serve the
   // request or go back only after a device-wide quiesce: once per request, never while a
@@ -195,7 +198,7 @@ void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::s
     }
     bool quiesce = false;
     try {
-      if (void* block = tier.allocate(bytes, key, true, may_quiesce ? &quiesce : nullptr)) {
+      if (void* block = tier.allocate(bytes, key, true, may_quiesce ? &quiesce : nullptr, owner)) {
         return block;
       }
     } catch (const OutOfMemory&) {
@@ -210,11 +213,12 @@ void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::s
     may_quiesce = false;
     (void)quiesce_streams_since(seen);
   }
-  // Everything cached, in every thread, back to the upstream (waiting for the work of
-  // stream-ordered frees), then once more.
+  // Everything cached, in every thread, and what graph pools gave up back to the upstream
+  // (waiting for the work of stream-ordered frees), then once more.
+  if (!capturing) reclaim_graph_returns(held);
   trim(0, held, /*wait=*/true);
   try {
-    return tier.allocate(bytes, key, true);
+    return tier.allocate(bytes, key, true, nullptr, owner);
   } catch (const OutOfMemory& second) {
     const DevicePoolStats now = stats();
     const std::string source = &tier == &large && virtual_memory != nullptr
@@ -245,7 +249,8 @@ void* DevicePoolCore::large_get(ThreadCache* cache, std::size_t requested, std::
   if (cache->large.active()) {
     if (void* block = cache->large.take(bytes, key)) return block;
   }
-  void* block = tier_allocate(large, requested, bytes, key, cache);
+  // Filed with its owner even while the cache is inactive: the call may turn it on.
+  void* block = tier_allocate(large, requested, bytes, key, cache, &cache->large);
   cache->large.note_contentions(large.contentions());
   if (cache->large.active()) cache->large.note_leased(block, bytes);
   return block;
@@ -260,7 +265,7 @@ bool DevicePoolCore::large_put(ThreadCache& cache, void* block, std::size_t byte
       SlowSection slow(&cache);
       LargeBlockCache::Cached oldest;
       while (!cache.large.has_room(need, cap) && cache.large.pop_oldest(oldest)) {
-        (void)large.free(oldest.block, oldest.tag, oldest.bytes);
+        (void)large.free(oldest.block, oldest.tag, oldest.bytes, &cache.large);
       }
       put = cache.large.put(block, need, key, cap);
     }
@@ -274,7 +279,8 @@ bool DevicePoolCore::large_put(ThreadCache& cache, void* block, std::size_t byte
 
 bool DevicePoolCore::free_to_tier(SegmentTier& tier, void* block, StreamKey key, std::size_t bytes,
                                   ThreadCache* held) noexcept {
-  const SegmentTier::Freed freed = tier.free_keeping(block, key, bytes);
+  const SegmentTier::Freed freed =
+      tier.free_keeping(block, key, bytes, held != nullptr ? &held->large : nullptr);
   if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
     SlowSection slow(held);
     tier.give_back_over_cap();
@@ -397,12 +403,22 @@ bool DevicePoolCore::validate_release(void* block, std::size_t bytes) noexcept {
   return false;
 }
 
+void DevicePoolCore::reject_release(const void* block, std::size_t bytes,
+                                    const char* why) noexcept {
+  invalid_releases.fetch_add(1, std::memory_order_relaxed);
+  std::fprintf(stderr,
+               "vram::DevicePool: release of %p (%zu bytes) rejected: %s. Nothing was released. "
+               "Fix: release each block once, with the size it was allocated with, to the pool "
+               "it came from.\n",
+               block, bytes, why);
+}
+
 [[gnu::noinline]] void DevicePoolCore::deallocate_checked(void* block, std::size_t bytes,
                                                           StreamKey key) noexcept {
   if (block == nullptr) return;
-  if (bytes == 0 || bytes > SizeClasses::kMaxBytes) {
-    invalid_releases.fetch_add(1, std::memory_order_relaxed);
-    return;
+  if (bytes == 0) return reject_release(block, bytes, "zero bytes (no block has zero bytes)");
+  if (bytes > SizeClasses::kMaxBytes) {
+    return reject_release(block, bytes, "more bytes than the largest block (1 TiB)");
   }
   if (options.validate_releases && !validate_release(block, block_bytes(bytes))) return;
   release(block, bytes, key);
@@ -429,7 +445,7 @@ void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key)
     }
     unlock_own_cache(*cache);
     if (!known) {
-      invalid_releases.fetch_add(1, std::memory_order_relaxed);
+      reject_release(block, bytes, kNotLive);
     } else if (track) {
       note_in_use(-static_cast<std::int64_t>(held_bytes));
     }
@@ -447,10 +463,7 @@ void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key)
     small.trim(0, false);  // give wholly free segments straight back
     large.trim(0, false);
   }
-  if (!known) {
-    invalid_releases.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
+  if (!known) return reject_release(block, bytes, kNotLive);
   bump(slow_releases, 1);
   bump(slow_released_bytes, held_bytes);
   if (track) note_in_use(-static_cast<std::int64_t>(held_bytes));

@@ -124,6 +124,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
+  // Counts a rejected release in invalid_releases and says why on stderr; nothing changes.
+  [[gnu::cold]] void reject_release(const void* block, std::size_t bytes, const char* why) noexcept;
   // deallocate() after validation.
   void release(void* block, std::size_t bytes, StreamKey key) noexcept;
   bool release_to_own_cache(void* block, std::size_t bytes, StreamKey key) noexcept;
@@ -167,16 +169,17 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // block) back to the large tier; true when any went back.
   bool flush_large_caches(ThreadCache* held) noexcept;
   bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
-  // SegmentTier::free() for a thread holding `held` (or null): only its give-back, which
-  // makes upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
-  // segment_tier.hpp).
+  // SegmentTier::free() for a thread holding `held` (or null; released through its large
+  // cache, lease_owner.hpp): only its give-back, which makes upstream calls, runs in a
+  // SlowSection (a tier's mutex guards book-keeping only: segment_tier.hpp).
   bool free_to_tier(SegmentTier& tier, void* block, StreamKey key, std::size_t bytes,
                     ThreadCache* held) noexcept;
+  // `owner`: the large cache the block is handed to (lease_owner.hpp), or null.
   void* tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
-                      ThreadCache* held);
+                      ThreadCache* held, LeaseOwner* owner = nullptr);
   // tier_allocate() when no free range fits: grows the tier (trimming and retrying on OOM).
   void* tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
-                  ThreadCache* held);
+                  ThreadCache* held, LeaseOwner* owner);
   // Moves a cache's blocks (its holder calls this) to their tiers under the cache's tag.
   void take_bins(ThreadCache& cache) noexcept;
   void drain_rings() noexcept;
@@ -229,6 +232,10 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
   // nothing while a capture scope is open (pool_graphs.cpp's rules).
   void drain_graph_returns() noexcept;
+  // drain_graph_returns() from inside a request that holds `held` (its cache claimed; null:
+  // the caller holds slow_mutex): the blocks go straight to their tiers, counted as
+  // releases of `held` (or of the slow path). The out-of-memory retry's, before its trim.
+  void reclaim_graph_returns(ThreadCache* held) noexcept;
   // A stream-ordered call on `key`'s stream, before its own work: when another stream's
   // request wanted the stream's marker, records it (the call proves the stream alive).
   void serve_want_of(StreamKey key) noexcept {
@@ -357,11 +364,12 @@ inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
 
 // Inline: every large request takes this path (the growing part is out of line).
 inline void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested,
-                                           std::size_t bytes, StreamKey key, ThreadCache* held) {
-  if (void* block = tier.allocate(bytes, key, /*may_grow=*/false)) [[likely]] {
+                                           std::size_t bytes, StreamKey key, ThreadCache* held,
+                                           LeaseOwner* owner) {
+  if (void* block = tier.allocate(bytes, key, /*may_grow=*/false, nullptr, owner)) [[likely]] {
     return block;
   }
-  return tier_grow(tier, requested, bytes, key, held);
+  return tier_grow(tier, requested, bytes, key, held, owner);
 }
 
 inline void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {

@@ -14,6 +14,7 @@
 //   release_graph_pool, trim and destruction, never inside a release.
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -117,6 +118,10 @@ void* DevicePoolCore::graph_allocate_into(GraphPools::Id id, std::size_t bytes,
 bool DevicePoolCore::graph_give_back(void* block) noexcept {
   if (block == nullptr) return true;
   if (!graph_pools.may_own(block)) return false;  // no mutex: the filter says no graph block
+  // The block is leased until give_back() files it pending, so the core is alive here; once
+  // it is pending another thread's drain may release it, and with it the pool's last lease
+  // (pool_core.hpp, Lifetime): this call keeps the core alive until it returns.
+  const std::shared_ptr<DevicePoolCore> pin = weak_from_this().lock();
   try {
     switch (graph_pools.give_back(block)) {
       case GraphPools::Release::returned:
@@ -124,7 +129,7 @@ bool DevicePoolCore::graph_give_back(void* block) noexcept {
         if (graph_pools.closed()) drain_graph_returns();
         return true;
       case GraphPools::Release::double_free:
-        invalid_releases.fetch_add(1, std::memory_order_relaxed);
+        reject_release(block, 0, "a free block of a graph pool (released already)");
         return true;
       case GraphPools::Release::not_ours:
         return false;
@@ -138,6 +143,7 @@ bool DevicePoolCore::graph_give_back(void* block) noexcept {
 }
 
 bool DevicePoolCore::graph_adopt_freed(GraphPools::Id id, void* block, std::size_t bytes) noexcept {
+  const std::shared_ptr<DevicePoolCore> pin = weak_from_this().lock();  // as graph_give_back
   try {
     // Freed during a capture: captured work may use it at every launch. It becomes a free
     // block of the capture's pool (refused when the pool has no use: then the ordinary path).
@@ -169,48 +175,102 @@ void DevicePoolCore::drain_graph_returns() noexcept {
   for (const GraphPools::Block& block : blocks) deallocate(block.pointer, block.bytes, kUntagged);
 }
 
+void DevicePoolCore::reclaim_graph_returns(ThreadCache* held) noexcept {
+  if (capture_routes.any() || tl_in_capture) return;  // as drain_graph_returns
+  std::vector<GraphPools::Block> blocks;
+  try {
+    blocks = graph_pools.take_pending();
+  } catch (...) {
+    return;
+  }
+  if (blocks.empty()) return;
+  if (!fence->try_quiesce()) return graph_pools.restore_pending(std::move(blocks));
+  for (const GraphPools::Block& block : blocks) {
+    // block.bytes: block_bytes() of the request, what its acquire counted.
+    const bool is_small = block.bytes <= small_max;
+    const std::size_t index = is_small ? SizeClasses::index_for(block.bytes) : 0;
+    const bool known = is_small ? tier_of(index).free(block.pointer, kUntagged, block.bytes)
+                                : large.free(block.pointer, kUntagged, block.bytes);
+    if (!known) {
+      reject_release(block.pointer, block.bytes, "a graph pool's block the tiers do not know");
+      continue;
+    }
+    if (held != nullptr) {
+      bump(held->releases, 1);
+      bump(held->released_bytes, block.bytes);
+    } else {
+      bump(slow_releases, 1);
+      bump(slow_released_bytes, block.bytes);
+    }
+    if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(block.bytes));
+  }
+}
+
 }  // namespace vram::detail
 
 namespace vram {
 
 DevicePool::CaptureScope::CaptureScope(std::shared_ptr<detail::DevicePoolCore> core,
                                        GraphPoolId pool) noexcept
-    : core_(std::move(core)), pool_(pool) {}
+    : core_(std::move(core)), pool_(pool), open_(true) {}
 
 DevicePool::CaptureScope::CaptureScope(CaptureScope&& other) noexcept
-    : core_(std::move(other.core_)), pool_(other.pool_) {}
+    : core_(std::move(other.core_)), pool_(other.pool_), open_(std::exchange(other.open_, false)) {}
 
 DevicePool::CaptureScope& DevicePool::CaptureScope::operator=(CaptureScope&& other) noexcept {
   if (this != &other) {
     end();
     core_ = std::move(other.core_);
     pool_ = other.pool_;
+    open_ = std::exchange(other.open_, false);
   }
   return *this;
 }
 
 void DevicePool::CaptureScope::end() noexcept {
-  if (!core_) return;
-  if (core_->capture_routes.close(pool_)) {
-    (void)core_->graph_pools.release(pool_);  // the scope's own use; the graph's stays
+  if (!open_) return;
+  open_ = false;
+  detail::DevicePoolCore& core = *core_;
+  // The scope's own use; the graph's stays (after the pool's destruction: none is left).
+  if (core.capture_routes.close(pool_) && !core.graph_pools.closed()) {
+    (void)core.graph_pools.release(pool_, detail::GraphPools::Use::scope);
   }
-  core_.reset();
+  // Memory graph pools gave up waits for a moment with no scope open (pool_graphs.cpp):
+  // this may be one. After the pool's destruction it is the last: the drain releases the
+  // pool's leases, and this scope keeps the core alive meanwhile.
+  core.drain_graph_returns();
 }
 
 void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
-  if (!core_) {
+  if (!open_) {
     throw InvalidArgument(
         "vram::DevicePool::CaptureScope::allocate: the scope has ended (or was moved from). "
         "Fix: allocate while the scope is open.");
+  }
+  if (core_->graph_pools.closed()) {
+    throw InvalidArgument(
+        "vram::DevicePool::CaptureScope::allocate: the pool was destroyed while the scope was "
+        "open. Fix: end the scope (and the capture) before the DevicePool is destroyed.");
   }
   return core_->graph_allocate_into(pool_, bytes, kDefaultAlignment);
 }
 
 void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexcept {
-  if (!core_ || block == nullptr) return;
-  if (!core_->graph_deallocate_into(pool_, block, bytes)) {
-    core_->deallocate(block, bytes, detail::kUntagged);
+  if (block == nullptr) return;
+  if (!core_) {
+    std::fprintf(stderr,
+                 "vram::DevicePool::CaptureScope::deallocate: %p was not released: the scope was "
+                 "moved from or never opened, so it names no pool. Fix: release it through the "
+                 "DevicePool or the scope it was moved to.\n",
+                 block);
+    return;
   }
+  detail::DevicePoolCore& core = *core_;
+  if (open_ && core.graph_deallocate_into(pool_, block, bytes)) return;
+  // Ended: an ordinary release, as DevicePool::deallocate makes it.
+  if (core.graphs_active())
+    return core.deallocate_with_graphs(block, bytes, detail::kUntagged, nullptr);
+  core.deallocate(block, bytes, detail::kUntagged);
 }
 
 DevicePool::GraphPoolId DevicePool::new_graph_pool() noexcept {
@@ -232,7 +292,7 @@ DevicePool::CaptureScope DevicePool::open_scope(GraphPoolId graph_pool, cudaStre
         "the pools of unscoped captures. Fix: take ids from new_graph_pool().");
   }
   // Two uses: the scope's (ended by end()) and the graph's (ended by release_graph_pool).
-  core.graph_pools.retain(graph_pool);
+  core.graph_pools.retain(graph_pool, detail::GraphPools::Use::scope);
   core.graph_pools.retain(graph_pool);
   bool opened = false;
   try {
@@ -242,7 +302,7 @@ DevicePool::CaptureScope DevicePool::open_scope(GraphPoolId graph_pool, cudaStre
   } catch (...) {
   }
   if (!opened) {
-    (void)core.graph_pools.release(graph_pool);
+    (void)core.graph_pools.release(graph_pool, detail::GraphPools::Use::scope);
     (void)core.graph_pools.release(graph_pool);
     throw InvalidArgument(
         "vram::DevicePool::capture_into: the stream, the calling thread or the graph pool "
@@ -264,8 +324,13 @@ DevicePool::CaptureScope DevicePool::capture_into(GraphPoolId graph_pool) {
 void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {
   if (!core_) return;
   try {
-    if (!core_->graph_pools.release(graph_pool)) {
+    if (!core_->graph_pools.release(graph_pool)) {  // the graph's use only, never a scope's
       core_->invalid_releases.fetch_add(1, std::memory_order_relaxed);
+      std::fprintf(stderr,
+                   "vram::DevicePool::release_graph_pool(%llu): refused, the pool has no graph "
+                   "use open (released already, or never captured into). Fix: release each "
+                   "graph pool once per capture_into, after its graphs are destroyed.\n",
+                   static_cast<unsigned long long>(graph_pool));
     }
   } catch (...) {  // out of host memory: the pool keeps its memory
   }

@@ -18,8 +18,9 @@ void DevicePoolCore::take_bins(ThreadCache& cache) noexcept {
 }
 
 void DevicePoolCore::take_large(ThreadCache& cache) noexcept {
-  cache.large.drain(
-      [this](const LargeBlockCache::Cached& c) { (void)large.free(c.block, c.tag, c.bytes); });
+  cache.large.drain([this, &cache](const LargeBlockCache::Cached& c) {
+    (void)large.free(c.block, c.tag, c.bytes, &cache.large);
+  });
 }
 
 bool DevicePoolCore::flush_large_caches(ThreadCache* held) noexcept {

@@ -36,11 +36,12 @@ SegmentTier::~SegmentTier() {
 // The public calls: each holds the tier's mutex for its body, but a growth mutex holder's
 // upstream calls (segment_tier.hpp).
 
-void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce) {
+void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce,
+                            LeaseOwner* owner) {
   const std::size_t need = round(bytes);
   if (may_grow) {
     const Growth growing(*this);  // also when growing throws or asks for a quiesce
-    return allocate_growing(need, bytes, stream, quiesce);
+    return allocate_growing(need, bytes, stream, quiesce, owner);
   }
   Lock held = lock();
   poll_unlocked(held);
@@ -53,11 +54,11 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   ranges_.remove_free(r);
   ranges_.split(r, need);
   r->state = Range::State::used;
-  return file_used(r);  // reserved above
+  return file_used(r, owner);  // reserved above
 }
 
 void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream,
-                                    bool* quiesce) {
+                                    bool* quiesce, LeaseOwner* owner) {
   Lock held = lock();
   poll_unlocked(held);
   reserve_spares();  // before any change (again after each release of the mutex)
@@ -117,18 +118,23 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
       throw;
     }
   }
-  return file_used(r);  // reserved (again, after the mutex was released)
+  return file_used(r, owner);  // reserved (again, after the mutex was released)
 }
 
-SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag,
-                                             std::size_t bytes) noexcept {
+SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::size_t bytes,
+                                             const LeaseOwner* by) noexcept {
   const Lock held = lock();
-  // Null for a foreign block, for null itself, and for a block of another size than
-  // `bytes` (a small class's released under a large size, say).
+  // Null for a foreign block, for null itself, for a block of another size than `bytes` (a
+  // small class's released under a large size, say) and for a block its owner holds cached
+  // (released to it already) when another releases it.
   const std::size_t need = bytes != 0 ? round(bytes) : 0;
-  Range* r =
-      live_.erase_if(block, [need](const Range* live) { return need == 0 || live->size == need; });
+  Range* r = live_.erase_if(block, [need, by](const Range* live) {
+    if (need != 0 && live->size != need) return false;
+    return live->owner == nullptr || live->owner == by || !live->owner->holds(live->addr);
+  });
   if (r == nullptr) return Freed::foreign;
+  if (r->owner != nullptr && r->owner != by) r->owner->revoke();  // its record is stale now
+  r->owner = nullptr;
   budget_.give(r->size);
   r->tag = tag;
   r->epoch = tags_.epoch();

@@ -79,6 +79,7 @@
 #include "free_ranges.hpp"
 #include "granule_map.hpp"
 #include "growth_budget.hpp"
+#include "lease_owner.hpp"
 #include "stream_key.hpp"
 #include "stream_tags.hpp"
 #include "vram/detail/pointer_map.hpp"
@@ -143,7 +144,9 @@ class SegmentTier {
   // streams (stream_tags.hpp: stranded()) could serve the request or go back: nothing is
   // done, *quiesce is set and null returned, so that the caller quiesces the device
   // (outside any tier mutex) and asks again without it.
-  void* allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce = nullptr);
+  // `owner`: the thread cache the block is handed to, filed with it (lease_owner.hpp).
+  void* allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce = nullptr,
+                 LeaseOwner* owner = nullptr);
   // The marker protocol of a wanted stream (DevicePoolCore::serve_want): whether `key` has
   // free ranges here; after mark_frees() returned `mark` and `marker` was recorded on the
   // stream, its ranges freed before the mark wait for the marker (false: none, the caller
@@ -153,11 +156,15 @@ class SegmentTier {
   // Wholly free segments of wanted streams exist (past the budget only a quiesce could
   // give them back).
   bool stranded_segments() const noexcept;
-  // Returns a block from allocate(); `tag` is the freeing stream or kUntagged. False (and
-  // nothing changed) when the block is not live here, or when `bytes` (0: not checked) is
-  // not what allocate() was asked for, rounded (round(bytes)).
-  bool free(void* block, StreamKey tag, std::size_t bytes = 0) noexcept {
-    const Freed freed = free_keeping(block, tag, bytes);
+  // Returns a block from allocate(); `tag` is the freeing stream or kUntagged; `by`: the
+  // thread cache it is released through (null: none). False (and nothing changed) when the
+  // block is not live here, when `bytes` (0: not checked) is not what allocate() was asked
+  // for, rounded (round(bytes)), or when its owner holds it cached and `by` is not that
+  // owner (a double release; lease_owner.hpp). A block released by another than its owner
+  // revokes the owner's records.
+  bool free(void* block, StreamKey tag, std::size_t bytes = 0,
+            const LeaseOwner* by = nullptr) noexcept {
+    const Freed freed = free_keeping(block, tag, bytes, by);
     if (freed == Freed::over_cap) give_back_over_cap();
     return freed != Freed::foreign;
   }
@@ -165,7 +172,8 @@ class SegmentTier {
   // one (a SlowSection): over_cap when an untagged free left more than max_free_bytes free;
   // the caller then calls give_back_over_cap(). foreign: as free()'s false.
   enum class Freed { foreign, kept, over_cap };
-  Freed free_keeping(void* block, StreamKey tag, std::size_t bytes = 0) noexcept;
+  Freed free_keeping(void* block, StreamKey tag, std::size_t bytes = 0,
+                     const LeaseOwner* by = nullptr) noexcept;
   // Gives free memory back down to max_free_bytes (the upstream calls with the mutex
   // released); when a growth is under way, its holder does it before it lets go.
   void give_back_over_cap() noexcept;
@@ -292,14 +300,16 @@ class SegmentTier {
     live_.reserve_one();
   }
   // A used range `r` (split to its block) filed as a live block: its address. live_ reserved.
-  void* file_used(Range* r) noexcept {
+  void* file_used(Range* r, LeaseOwner* owner) noexcept {
     live_.insert(r->addr, r);
     r->tag = kUntagged;
+    r->owner = owner;
     budget_.take(r->size);
     return r->addr;
   }
   // allocate() with may_grow, the growth mutex held.
-  void* allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream, bool* quiesce);
+  void* allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream, bool* quiesce,
+                         LeaseOwner* owner);
 
   // --- the fit (segment_tier.cpp) ---
   // `mapped`: whether the result's granules under `bytes` are all mapped (virtual mode; true

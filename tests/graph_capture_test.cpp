@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -403,6 +404,209 @@ TEST(GraphPoolsDevicePool, AGraphPoolsMemoryWaitsWhileTheDeviceCannotBeSynchroni
   pool.trim(0);
   EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
   EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+}
+
+// ---- scopes and graph pools misused ------------------------------------------------------
+
+TEST(GraphPoolsDevicePool, AReleaseThroughAnEndedScopeIsAnOrdinaryRelease) {
+  std::shared_ptr<TestUpstream> upstream;
+  DevicePool pool = host_pool(upstream);
+  const auto id = DevicePool::new_graph_pool();
+  void* ordinary = pool.allocate(8192);
+  auto scope = pool.capture_into(id);
+  void* graph_block = scope.allocate(4096);
+  scope.end();
+  scope.deallocate(graph_block, 4096);  // a graph pool's block: back to its pool
+  scope.deallocate(ordinary, 8192);     // any other: to the shared tiers
+  EXPECT_EQ(pool.stats().bytes_in_use, pool.stats().graph_pool_bytes);
+  pool.release_graph_pool(id);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+TEST(GraphPoolsDevicePool, AMovedFromScopeReleasesNothingAndSaysSo) {
+  std::shared_ptr<TestUpstream> upstream;
+  DevicePool pool = host_pool(upstream);
+  const auto id = DevicePool::new_graph_pool();
+  auto scope = pool.capture_into(id);
+  void* block = scope.allocate(4096);
+  DevicePool::CaptureScope moved = std::move(scope);
+  ::testing::internal::CaptureStderr();
+  scope.deallocate(block, 4096);  // NOLINT(bugprone-use-after-move): the misuse tested
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("moved from"), std::string::npos) << said;
+  EXPECT_THROW((void)scope.allocate(4096), InvalidArgument);
+  moved.deallocate(block, 4096);
+  moved.end();
+  pool.release_graph_pool(id);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+TEST(GraphPoolsDevicePool, DestroyingThePoolWithAScopeOpenGivesEverythingBackWhenItEnds) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::CaptureScope scope;
+  {
+    DevicePool::Options options;
+    options.fence = std::make_shared<ManualFence>();
+    options.validate_releases = false;
+    DevicePool pool(upstream, options);
+    scope = pool.capture_into(DevicePool::new_graph_pool(), host_stream(0x10));
+    pool.deallocate(pool.allocate(3_MiB), 3_MiB);  // routed: the graph pool's
+    pool.deallocate_async(pool.allocate_async(40_MiB, host_stream(0x10)), 40_MiB,
+                          host_stream(0x10));
+  }                                       // destroyed with the scope open
+  EXPECT_GT(upstream->live_bytes(), 0U);  // the scope's capture may still use it
+  scope.end();
+  EXPECT_EQ(upstream->live_bytes(), 0U) << "the graph pool's memory stayed after the scope ended";
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+TEST(GraphPoolsDevicePool, AScopeOfADestroyedPoolRefusesToAllocate) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  {
+    DevicePool::CaptureScope scope;
+    {
+      DevicePool::Options options;
+      options.fence = std::make_shared<ManualFence>();
+      DevicePool pool(upstream, options);
+      scope = pool.capture_into(DevicePool::new_graph_pool());
+    }
+    EXPECT_THROW((void)scope.allocate(4_MiB), InvalidArgument);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+TEST(GraphPoolsDevicePool, ReleasingAGraphPoolTwiceWhileItsScopeIsOpenKeepsTheScopesUse) {
+  std::shared_ptr<TestUpstream> upstream;
+  DevicePool pool = host_pool(upstream);
+  const auto id = DevicePool::new_graph_pool();
+  auto scope = pool.capture_into(id);
+  void* first = scope.allocate(1_MiB);
+  pool.release_graph_pool(id);  // the graph's use
+  ::testing::internal::CaptureStderr();
+  pool.release_graph_pool(id);  // refused: only the scope's use is left
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("release_graph_pool"), std::string::npos) << said;
+  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  void* second = scope.allocate(1_MiB);  // still the graph pool's
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 2 * pool.block_bytes(1_MiB));
+  scope.deallocate(first, 1_MiB);
+  scope.deallocate(second, 1_MiB);
+  scope.end();  // the last use: the memory rejoins the shared tiers
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// Released graph memory waits only for a moment with no scope open anywhere: the end of the
+// last open scope is one.
+TEST(GraphPoolsDevicePool, ReleasedGraphMemoryRejoinsWhenTheLastOpenScopeEnds) {
+  std::shared_ptr<TestUpstream> upstream;
+  DevicePool pool = host_pool(upstream);
+  const auto other = DevicePool::new_graph_pool();
+  auto open = pool.capture_into(other);
+  const auto id = DevicePool::new_graph_pool();
+  {
+    auto scope = pool.capture_into(id);
+    scope.deallocate(scope.allocate(32_MiB), 32_MiB);
+  }
+  pool.release_graph_pool(id);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, pool.block_bytes(32_MiB)) << "a scope is open";
+  open.end();
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  // Threads capturing back to back reuse the memory instead of growing.
+  const std::size_t reserved = pool.stats().bytes_reserved;
+  for (int round = 0; round < 3; ++round) {
+    std::thread([&] {
+      const auto mine = DevicePool::new_graph_pool();
+      {
+        auto scope = pool.capture_into(mine);
+        scope.deallocate(scope.allocate(32_MiB), 32_MiB);
+      }
+      pool.release_graph_pool(mine);
+    }).join();
+  }
+  EXPECT_EQ(pool.stats().bytes_reserved, reserved);
+  pool.release_graph_pool(other);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+TEST(GraphPoolsDevicePool, AnOutOfMemoryRetryReclaimsGraphMemoryGivenUp) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
+                                                 TestUpstream::Options{.capacity_bytes = 64_MiB});
+  auto fence = std::make_shared<RefusingQuiesceFence>();
+  DevicePool::Options options;
+  options.fence = fence;
+  options.large_tier_memory = LargeTierMemory::segments;
+  DevicePool pool(upstream, options);
+  const auto id = DevicePool::new_graph_pool();
+  {
+    auto scope = pool.capture_into(id);
+    scope.deallocate(scope.allocate(40_MiB), 40_MiB);
+  }
+  fence->refuse = true;  // the release cannot synchronize: the memory waits
+  pool.release_graph_pool(id);
+  ASSERT_EQ(pool.stats().graph_pool_bytes, pool.block_bytes(40_MiB));
+  fence->refuse = false;
+  void* block = nullptr;
+  EXPECT_NO_THROW(block = pool.allocate(40_MiB));
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+  EXPECT_EQ(pool.stats().bytes_in_use, pool.block_bytes(40_MiB));
+  pool.deallocate(block, 40_MiB);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// Releases of graph blocks on several threads racing the pool's destruction: every block
+// reaches the upstream once, nothing is touched after the pool's bookkeeping is gone
+// (ASan, TSan). Several rounds.
+TEST(GraphPoolsDevicePoolThreads, GraphBlockReleasesRacingThePoolsDestructionLoseNothing) {
+  constexpr int kThreads = 4;
+  constexpr int kBlocksPerThread = 8;
+  for (int round = 0; round < 20; ++round) {
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    std::vector<std::vector<DevicePool::Lease>> leases(kThreads);
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    {
+      DevicePool::Options options;
+      options.fence = std::make_shared<ManualFence>();
+      options.validate_releases = false;
+      DevicePool pool(upstream, options);
+      const auto id = DevicePool::new_graph_pool();
+      {
+        auto scope = pool.capture_into(id, host_stream(0x10));
+        for (auto& mine : leases) {
+          for (int i = 0; i < kBlocksPerThread; ++i) {
+            mine.push_back(pool.acquire((std::size_t{1} << (12 + (i % 10))) + 256));
+          }
+        }
+      }
+      if (round % 2 == 0) pool.release_graph_pool(id);
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          ready.fetch_add(1);
+          while (!go.load()) std::this_thread::yield();
+          for (auto& lease : leases[t]) lease.reset();
+        });
+      }
+      while (ready.load() < kThreads) std::this_thread::yield();
+      go.store(true);
+    }  // destroyed while the threads release
+    for (auto& thread : threads) thread.join();
+    ASSERT_EQ(upstream->live_bytes(), 0U) << "round " << round;
+    ASSERT_EQ(upstream->bad_frees(), 0U) << "round " << round;
+  }
 }
 
 #ifdef VRAM_HAVE_TEST_KERNELS

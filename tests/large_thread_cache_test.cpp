@@ -5,6 +5,7 @@
 // says otherwise); validation off, as in release builds.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -335,6 +336,178 @@ TEST(DevicePoolLargeThreadCache, ABlockReleasedOnAnotherThreadGoesBackToTheTier)
   pool.trim(0);
   EXPECT_EQ(upstream->live_bytes(), 0U);
   EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// A second release of a block, after a first on another thread, is rejected wherever it
+// is made: the first thread's record of the block as leased is revoked, and a block its
+// owner holds cached is no other thread's to release.
+TEST(DevicePoolLargeThreadCache, ASecondReleaseAfterAnotherThreadsIsRejectedAndSharesNoBlock) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(upstream, cached_options());
+  void* a = pool.allocate(4_MiB);
+  std::thread([&] { pool.deallocate(a, 4_MiB); }).join();
+  pool.deallocate(a, 4_MiB);  // here, where the block was allocated
+  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  std::thread([&] { pool.deallocate(a, 4_MiB); }).join();  // there, again
+  EXPECT_EQ(pool.stats().invalid_releases, 2U);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  void* b = pool.allocate(4_MiB);
+  void* c = pool.allocate(4_MiB);
+  EXPECT_NE(b, c) << "one block handed to two owners";
+  pool.deallocate(b, 4_MiB);
+  pool.deallocate(c, 4_MiB);
+  EXPECT_EQ(pool.stats().invalid_releases, 2U);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+TEST(DevicePoolLargeThreadCache, AnotherThreadsReleaseOfABlockCachedByItsOwnerIsRejected) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(upstream, cached_options());
+  void* a = pool.allocate(4_MiB);
+  pool.deallocate(a, 4_MiB);  // cached here
+  ASSERT_EQ(pool.stats().bytes_cached_in_threads, 4_MiB);
+  std::thread([&] { pool.deallocate(a, 4_MiB); }).join();
+  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  void* b = pool.allocate(4_MiB);  // the cached block
+  void* c = nullptr;
+  std::thread([&] { c = pool.allocate(4_MiB); }).join();  // from the tier
+  EXPECT_EQ(b, a);
+  EXPECT_NE(b, c) << "one block handed to two owners";
+  // A block taken out of the cache is live again: another thread may release it.
+  std::thread([&] { pool.deallocate(b, 4_MiB); }).join();
+  pool.deallocate(c, 4_MiB);
+  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// A thread that adopts an exited thread's cache does not inherit its records.
+TEST(DevicePoolLargeThreadCache, ADoubleReleaseThroughAnAdoptedCacheIsRejected) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(upstream, cached_options());
+  void* a = nullptr;
+  std::thread([&] { a = pool.allocate(4_MiB); }).join();  // recorded in that thread's cache
+  pool.deallocate(a, 4_MiB);
+  std::thread([&] { pool.deallocate(a, 4_MiB); }).join();  // this thread adopts the cache
+  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  void* b = pool.allocate(4_MiB);
+  void* c = pool.allocate(4_MiB);
+  EXPECT_NE(b, c);
+  pool.deallocate(b, 4_MiB);
+  pool.deallocate(c, 4_MiB);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// With every option at its default but validation (off, as in release builds): the cache
+// turns on once threads meet on the tier; double releases on other threads stay rejected.
+TEST(DevicePoolLargeThreadCache, DoubleReleasesAcrossThreadsAreRejectedOnceThreadsHaveMet) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Options options;
+  options.validate_releases = false;
+  DevicePool pool(upstream, options);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 200;
+  std::vector<std::vector<void*>> given(kThreads);
+  std::mutex given_mutex;
+  std::atomic<std::uint64_t> expected_invalid{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(static_cast<unsigned>(t) + 1);
+      for (int i = 0; i < kRounds; ++i) {
+        const std::size_t bytes = (std::size_t{2} + rng() % 6) << 20;
+        void* p = pool.allocate(bytes);
+        static_cast<char*>(p)[0] = static_cast<char>(t);
+        if (rng() % 2 == 0) {
+          pool.deallocate(p, bytes);  // here
+        } else {
+          std::thread([&] { pool.deallocate(p, bytes); }).join();  // on another thread
+        }
+        if (rng() % 4 == 0) {  // the same block again, here or on another thread
+          if (rng() % 2 == 0) {
+            pool.deallocate(p, bytes);
+          } else {
+            std::thread([&] { pool.deallocate(p, bytes); }).join();
+          }
+          expected_invalid.fetch_add(1, std::memory_order_relaxed);
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(pool.stats().invalid_releases, expected_invalid.load());
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  // No block is held twice: live blocks at once are all distinct.
+  std::vector<void*> live;
+  for (int i = 0; i < 64; ++i) live.push_back(pool.allocate(4_MiB));
+  std::sort(live.begin(), live.end());
+  EXPECT_EQ(std::adjacent_find(live.begin(), live.end()), live.end());
+  for (void* p : live) pool.deallocate(p, 4_MiB);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// LeaseOwner::holds() on another thread finds a block that stays cached while the owner
+// moves its other cached blocks (take() and pop_oldest() move slots down). `generation` is
+// odd while the block is cached; a check that saw one odd value throughout must find it.
+TEST(DevicePoolLargeThreadCacheRecord, AStayingCachedBlockIsAlwaysSeenWhileOthersMove) {
+  LargeBlockCache cache;
+  void* const staying = fake(1000);
+  std::vector<void*> order;  // the cache's slots, bottom first, as take and pop_oldest move them
+  auto put = [&](void* block, std::size_t bytes) {
+    cache.note_leased(block, bytes);
+    ASSERT_EQ(cache.put(block, bytes, detail::kUntagged, 1_GiB), Put::cached);
+    order.push_back(block);
+  };
+  std::atomic<std::uint64_t> generation{0};
+  for (std::uintptr_t i = 1; i <= 4; ++i) put(fake(i), 4_MiB);
+  put(staying, 8_MiB);
+  generation.store(1, std::memory_order_release);
+  for (std::uintptr_t i = 5; i <= 8; ++i) put(fake(i), 4_MiB);
+  std::atomic<bool> stop{false};
+  std::atomic<std::uint64_t> checks{0};
+  std::atomic<std::uint64_t> misses{0};
+  std::thread reader([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      const std::uint64_t before = generation.load(std::memory_order_acquire);
+      const bool seen = cache.holds(staying);
+      const std::uint64_t after = generation.load(std::memory_order_acquire);
+      if (before == after && before % 2 == 1) {
+        checks.fetch_add(1, std::memory_order_relaxed);
+        if (!seen) misses.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  });
+  // Until the reader has checked enough (bounded: a reader never scheduled fails below).
+  for (int round = 0; round < 20000 || (checks.load() < 2000 && round < 20000000); ++round) {
+    LargeBlockCache::Cached oldest;
+    const bool leaving = order.front() == staying;
+    if (leaving) generation.fetch_add(1, std::memory_order_acq_rel);  // even: out
+    ASSERT_TRUE(cache.pop_oldest(oldest));
+    ASSERT_EQ(oldest.block, order.front());
+    order.erase(order.begin());
+    put(oldest.block, oldest.bytes);
+    if (leaving) generation.fetch_add(1, std::memory_order_acq_rel);  // odd: cached again
+    void* block = cache.take(4_MiB, detail::kUntagged);               // the newest 4 MiB block
+    ASSERT_NE(block, nullptr);
+    auto at = std::find(order.rbegin(), order.rend(), block);
+    ASSERT_NE(at, order.rend());
+    *at = order.back();  // the last moves into its slot
+    order.pop_back();
+    put(block, 4_MiB);
+  }
+  stop.store(true);
+  reader.join();
+  EXPECT_GT(checks.load(), 0U);
+  EXPECT_EQ(misses.load(), 0U);
 }
 
 // Threads that meet on the large tier start caching (the default); all memory comes back.

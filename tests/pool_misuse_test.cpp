@@ -348,6 +348,27 @@ TEST(DevicePoolMisuse, LargeBlockInteriorAndDoubleReleaseAreRejectedWithoutValid
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
+TEST(DevicePoolMisuse, ZeroAndAbsurdByteReleasesAreRefusedCountedAndSaid) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  for (const bool validate : {false, true}) {
+    DevicePool::Options options;
+    options.validate_releases = validate;
+    DevicePool pool(upstream, options);
+    void* block = pool.allocate(4096);
+    ::testing::internal::CaptureStderr();
+    pool.deallocate(block, 0);
+    pool.deallocate(block, SIZE_MAX);
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(said.find("zero bytes"), std::string::npos) << said;
+    EXPECT_NE(said.find("largest block"), std::string::npos) << said;
+    EXPECT_EQ(pool.stats().invalid_releases, 2U);
+    EXPECT_EQ(pool.stats().bytes_in_use, pool.block_bytes(4096)) << "nothing was released";
+    pool.deallocate(block, 4096);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  }
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
 // ---------------------------------------------------------------------------------------
 // DevicePool: upstreams that misbehave
 

@@ -143,9 +143,13 @@
 //   Foreign pointer, double release or wrong size: with validate_releases (default in
 //   debug builds) the release is rejected with a message on stderr and counted in
 //   invalid_releases, and nothing is cached; without it (release builds) a release under a
-//   large size (above small_block_max_bytes) of a block unknown to the large tier, or of one
-//   allocated with another size (rounded to 512 bytes), is still rejected and counted, but a
-//   small one is undefined behaviour: it would be cached and handed out again.
+//   large size (above small_block_max_bytes) of a block unknown to the large tier, of one
+//   allocated with another size (rounded to 512 bytes), or of one released already (on
+//   this or any other thread, before this release began) is still rejected, said on stderr
+//   and counted, but a small one is undefined behaviour: it would be cached and handed out
+//   again. Two releases of one block that race each other on two threads are undefined
+//   without validate_releases. A release of zero bytes, or of more than 1 TiB, is
+//   rejected, said and counted whatever the options.
 //   cudaDeviceReset() invalidates every cached block, and the warm path (no driver call)
 //   cannot notice: destroy the pool before a reset (with segments, trim(0) before it also
 //   works; a virtual-memory large tier keeps its reserved address range after trim(0)).
@@ -155,7 +159,8 @@
 //   Destruction may race releases on other threads: it closes every thread cache (waiting
 //   for calls in progress), after which all calls are serialised by a pool mutex, so the
 //   count of leased blocks is exact and every block reaches the upstream exactly once
-//   (tests/device_pool_test.cpp DevicePoolLifetime.*, run under ASan and TSan).
+//   (tests/device_pool_test.cpp DevicePoolLifetime.*, run under ASan and TSan). A release
+//   of a graph pool's block keeps the pool's bookkeeping alive until it returns.
 //   Allocating from a pool while another thread destroys it is undefined.
 //
 // Counters are per thread, written with plain stores by their owner and summed by
@@ -400,12 +405,13 @@ class DevicePool {
   // is open is refused) and replay in capture order, so several graphs may share one
   // (PyTorch's pool=). capture_into() opens a use of the pool for the graph, ended by
   // release_graph_pool(). Once no use is open and none of its blocks is live, the pool's
-  // memory rejoins the shared tiers at the next release_graph_pool(), trim() or
-  // destruction that finds no scope open, after a device synchronize (the graph's last
-  // launch may still run); until then graph_pool_bytes counts it (block bytes). Growing
-  // during a capture runs in relaxed capture mode, so a global-mode capture stays valid; a
-  // request the upstream cannot serve during a capture throws vram::OutOfMemory without
-  // the trim and retry (they would synchronize the device).
+  // memory rejoins the shared tiers at the next release_graph_pool(), trim(), scope end,
+  // out-of-memory retry or destruction that finds no scope open (on any thread), after a
+  // device synchronize (the graph's last launch may still run); until then
+  // graph_pool_bytes counts it (block bytes). Growing during a capture runs in relaxed
+  // capture mode, so a global-mode capture stays valid; a request the upstream cannot serve
+  // during a capture (or while any scope is open) throws vram::OutOfMemory without the
+  // trim and retry (they would synchronize the device).
   // capture_into(id) without a stream opens an unrouted scope: nothing is routed by
   // itself; scope.allocate() and scope.deallocate() place blocks in the pool (for hosts
   // that pick the requests of a capture themselves, as PyTorch's allocator hooks do with a
@@ -425,8 +431,12 @@ class DevicePool {
   // returns unique ones (top bit set, never 0). capture_into throws vram::InvalidArgument
   // for the legacy default stream, when `stream`, the calling thread or the pool already
   // has an open scope, and on a moved-from pool; CaptureScope::allocate throws it on an
-  // ended scope. release_graph_pool of a pool with no use open is counted in
-  // invalid_releases and changes nothing.
+  // ended or moved-from scope and once the pool was destroyed. release_graph_pool ends only
+  // a graph's use: called more often than capture_into was (while a scope is open, its
+  // own use stays), it is refused, said on stderr, counted in invalid_releases and changes
+  // nothing.
+  // Destroying the pool while a scope is open: the scope stays safe to end (and to release
+  // through); the graph pools' memory goes back when it ends.
   using GraphPoolId = std::uint64_t;
   class CaptureScope {
    public:
@@ -441,14 +451,17 @@ class DevicePool {
     // A block of the scope's pool (reused, or new from the shared tiers).
     [[nodiscard]] void* allocate(std::size_t bytes);
     // `block` becomes a free block of the scope's pool (a graph pool's block goes back to
-    // its own pool); after end(), an ordinary release.
+    // its own pool); after end(), an ordinary release (DevicePool::deallocate's), also
+    // after the pool was destroyed. A moved-from or default scope releases nothing and
+    // says so on stderr.
     void deallocate(void* block, std::size_t bytes) noexcept;
 
    private:
     friend class DevicePool;
     CaptureScope(std::shared_ptr<detail::DevicePoolCore> core, GraphPoolId pool) noexcept;
-    std::shared_ptr<detail::DevicePoolCore> core_;
+    std::shared_ptr<detail::DevicePoolCore> core_;  // kept after end(): releases go on
     GraphPoolId pool_ = 0;
+    bool open_ = false;
   };
   static GraphPoolId new_graph_pool() noexcept;
   [[nodiscard]] CaptureScope capture_into(GraphPoolId graph_pool, cudaStream_t stream);
