@@ -497,6 +497,8 @@ class Offload:
             return
         sizes = (ctypes.c_size_t * n)(*[p.nbytes for p in self.pieces])
         least = self._lib.vram_torch_pager_min_budget(n, sizes, self.prefetch_depth)
+        if least == 0:  # refused: the reason is the process's latest pager call error
+            raise ValueError(f"vram_torch.offload: {_error_text(self._lib, None)}")
         if pager_budget < least:
             largest = max(p.nbytes for p in self.pieces)
             name = next(p.name for p in self.pieces if p.nbytes == largest)

@@ -22,6 +22,7 @@
 #include "graph_hooks.hpp"
 #include "stats.hpp"
 #include "vram/cuda/error.hpp"
+#include "vram/size_classes.hpp"
 #include "vram_torch.h"
 
 static_assert(std::is_same_v<vram_torch_stream_t, cudaStream_t>,
@@ -37,7 +38,16 @@ VRAM_TORCH_API int vram_torch_set_oom_throws(int throws) {
   return vram_torch::set_oom_throws(throws);
 }
 
+namespace {
+// Whether some block of the pool has `size` bytes: 1 .. the largest size class (1 TiB).
+// Outside it the pool's rounding means nothing (it may wrap), so nothing is counted for it.
+bool is_block_size(size_t size) noexcept {
+  return size != 0 && size <= vram::SizeClasses::kMaxBytes;
+}
+}  // namespace
+
 VRAM_TORCH_API size_t vram_torch_block_bytes(int device, size_t size) {
+  if (!is_block_size(size)) return 0;
   DeviceState* state = find_state(device);
   return state == nullptr ? 0 : state->pool.block_bytes(size);
 }
@@ -97,6 +107,13 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
     note_error("free of a pointer on device " + std::to_string(device) +
                    ", where vram_torch never allocated; ignored",
                false);
+    return;
+  }
+  if (!is_block_size(size)) {  // no block has it: the pool ignores it and counts it invalid
+    note_error("free of " + std::to_string(size) + " bytes on device " + std::to_string(device) +
+                   ": more than any block of vram_torch (at most 1 TiB); ignored",
+               false);
+    state->pool.deallocate_async(ptr, size, stream);
     return;
   }
   state->counters.count_free(state->pool.block_bytes(size), size);

@@ -4,16 +4,21 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 namespace vram_torch {
 
 std::size_t parse_bytes(const char* text) noexcept {
   if (text == nullptr || *text == '\0') return 0;
+  // strtoull negates after a '-': "-1" would read as the largest value.
+  const char* digits = text;
+  while (*digits == ' ' || (*digits >= '\t' && *digits <= '\r')) ++digits;
+  if (*digits == '-') return 0;
   errno = 0;
   char* end = nullptr;
-  const unsigned long long value = std::strtoull(text, &end, 10);
-  if (errno != 0 || end == text) return 0;
+  const unsigned long long value = std::strtoull(digits, &end, 10);
+  if (errno != 0 || end == digits) return 0;
   std::size_t scale = 1;
   switch (*end) {
     case 'k':
@@ -31,6 +36,7 @@ std::size_t parse_bytes(const char* text) noexcept {
     default:
       break;
   }
+  if (static_cast<std::size_t>(value) > SIZE_MAX / scale) return 0;  // past the address space
   return static_cast<std::size_t>(value) * scale;
 }
 
@@ -43,7 +49,16 @@ vram::DevicePool::Options pool_options(std::size_t configured_max_cached_bytes) 
   // still keeps its blocks apart: one driver query per call, small beside PyTorch's own.
   options.detect_unscoped_capture = true;
   std::size_t max_cached = configured_max_cached_bytes;
-  if (max_cached == 0) max_cached = parse_bytes(std::getenv("VRAM_TORCH_MAX_CACHED_BYTES"));
+  if (max_cached == 0) {
+    const char* text = std::getenv("VRAM_TORCH_MAX_CACHED_BYTES");
+    max_cached = parse_bytes(text);
+    if (max_cached == 0 && text != nullptr && std::strpbrk(text, "123456789") != nullptr) {
+      std::fprintf(stderr,
+                   "vram_torch: VRAM_TORCH_MAX_CACHED_BYTES=%s is not a byte count below "
+                   "16 EiB (digits, optional K/M/G): the cache stays unbounded\n",
+                   text);
+    }
+  }
   if (max_cached != 0) options.max_cached_bytes = max_cached;
   // The pool's default: large blocks over one virtual address range mapped in runs of 2 MiB
   // granules where the device supports it (else cudaMalloc segments): free ranges merge

@@ -34,7 +34,13 @@ Imported& imported() {
 }  // namespace
 
 VRAM_TORCH_API int vram_torch_ipc_export(const void* ptr, void* handle_out, size_t* offset_out) {
-  if (ptr == nullptr || handle_out == nullptr || offset_out == nullptr) return -1;
+  if (ptr == nullptr || handle_out == nullptr || offset_out == nullptr) {
+    vram_torch::note_error(
+        "CUDA IPC export: null argument (ptr, handle_out or offset_out). Fix: pass a block of "
+        "vram_torch, a buffer of VRAM_TORCH_IPC_HANDLE_BYTES and an offset to fill.",
+        false);
+    return -1;
+  }
   try {
     const vram::cuda::IpcExport exported = vram::cuda::export_ipc(ptr);
     std::memcpy(handle_out, &exported.handle, sizeof exported.handle);
@@ -47,11 +53,17 @@ VRAM_TORCH_API int vram_torch_ipc_export(const void* ptr, void* handle_out, size
 }
 
 VRAM_TORCH_API void* vram_torch_ipc_open(const void* handle, int device) {
-  if (handle == nullptr) return nullptr;
-  std::string key(static_cast<const char*>(handle), VRAM_TORCH_IPC_HANDLE_BYTES);
-  key += std::to_string(device);
-  Imported& table = imported();
+  if (handle == nullptr) {
+    vram_torch::note_error(
+        "CUDA IPC import: the handle is NULL. Fix: pass the VRAM_TORCH_IPC_HANDLE_BYTES bytes "
+        "vram_torch_ipc_export wrote.",
+        false);
+    return nullptr;
+  }
   try {
+    std::string key(static_cast<const char*>(handle), VRAM_TORCH_IPC_HANDLE_BYTES);
+    key += std::to_string(device);
+    Imported& table = imported();
     std::lock_guard lock(table.mutex);
     if (auto it = table.by_handle.find(key); it != table.by_handle.end()) return it->second;
     cudaIpcMemHandle_t raw;

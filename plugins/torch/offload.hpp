@@ -19,10 +19,18 @@
 namespace vram_torch {
 
 // The least budget holding the pieces that must stay resident (those larger than the slot)
-// plus (depth + 1) slots, over every slot size; the pieces' total when that is less.
-// Sizes are rounded up to `alignment` as the pager's arena does.
+// plus (depth + 1) slots, over every slot size; the pieces' total when that is less (always
+// so when (depth + 1) slots pass the address space: that ring never fits). Sizes are
+// rounded up to `alignment` as the pager's arena does. Throws vram::InvalidArgument for
+// what the pager refuses at any budget: no pieces, a piece of 0 bytes, a piece or the
+// pieces' total past the address space once aligned. Every sum is checked: nothing wraps.
 std::size_t min_offload_budget(std::span<const std::size_t> bytes, std::size_t depth,
                                std::size_t alignment = 256);
+
+// Throws vram::InvalidArgument when `budget` is below min_offload_budget(bytes, depth) (or
+// that throws), naming the least budget and the fix.
+void check_offload_budget(std::span<const std::size_t> bytes, std::size_t budget,
+                          std::size_t depth);
 
 // A WeightPager for `layers` (the pieces) that keeps options.prefetch_depth. Throws
 // vram::InvalidArgument (bad input, a budget below min_offload_budget), and what the

@@ -11,6 +11,8 @@
  *   vram_torch_free(ptr, size, device, stream) gets the stream the block was allocated on
  *   (PyTorch records it at allocation) and hands the block back stream-ordered: reusable at
  *   once on that stream, by another stream only after the work queued on it at the free.
+ *   A size larger than any block (1 TiB) is ignored, counted as the pool's invalid release
+ *   and explained in vram_torch_last_error.
  *
  * Blocks used on other streams (tensor.record_stream(s))
  *   PyTorch forwards record_stream to vram_torch_record_stream once it is registered with
@@ -117,7 +119,8 @@ int vram_torch_configure(size_t max_cached_bytes);
 /* 1: out of memory throws c10::OutOfMemoryError (allocator mode; needs a build with Torch
    found, which the return value reports: 1 when supported, 0 when not). */
 int vram_torch_set_oom_throws(int throws);
-/* The bytes vram reserves for a request of `size` on `device` (0 before its first use). */
+/* The bytes vram reserves for a request of `size` on `device` (0 before its first use, for
+ * size 0 and for a size larger than any block, 1 TiB). */
 size_t vram_torch_block_bytes(int device, size_t size);
 /* Copies the latest out-of-memory or error explanation (NUL-terminated, truncated to
  * `size`); returns its full length, 0 when there was none. */
@@ -137,6 +140,13 @@ size_t vram_torch_last_error(char* buffer, size_t size);
  *   release   the piece may be overwritten once the work queued on `stream` so far completed.
  *   destroy   waits for the copies and the recorded releases, frees the arena, unpins.
  * A pager is used by one thread at a time per call (calls are serialised by the pager).
+ *
+ * Failures: each function answers its failure value (NULL, -1, or 0 where it returns a size)
+ * and never traps: a NULL array with a count > 0, a count larger than any array (such as a
+ * negative number cast to size_t), a size or a sum of sizes past the address space are
+ * refused. The reason is kept as the pager's latest error (vram_torch_pager_error(pager));
+ * for a call without a pager (min_budget, preview, create, a NULL pager) as the latest call
+ * error of the process, vram_torch_pager_error(NULL, ...).
  */
 typedef struct vram_torch_pager vram_torch_pager;
 
@@ -186,11 +196,16 @@ typedef struct vram_torch_pager_stats_t {
 } vram_torch_pager_stats_t;
 
 /* The least budget that holds the pieces forced resident plus a ring of depth + 1 slots
- * (every piece resident when that is less). */
+ * (every piece resident when that is less, as for a depth whose ring passes the address
+ * space, e.g. SIZE_MAX). 0 on failure (never a valid budget): no pieces, `bytes` NULL with
+ * count > 0, a piece of 0 bytes, a piece or the pieces' total past the address space once
+ * aligned to 256 bytes; the reason in vram_torch_pager_error(NULL, ...). */
 size_t vram_torch_pager_min_budget(size_t count, const size_t* bytes, size_t prefetch_depth);
 /* The plan create would make for these pieces (no allocation, no pin, no CUDA call): the
  * plan's sizes in `out` (the load fields 0), each piece's residency in `resident` (count
- * entries, may be NULL). 0, or -1 when the budget is below vram_torch_pager_min_budget. */
+ * entries, may be NULL). 0, or -1 when an argument is refused (as min_budget's, `schedule`
+ * NULL with schedule_length > 0 or naming a piece out of range, `out` NULL) or the budget is
+ * below vram_torch_pager_min_budget; the reason in vram_torch_pager_error(NULL, ...). */
 int vram_torch_pager_preview(size_t count, const size_t* bytes, const size_t* schedule,
                              size_t schedule_length, size_t budget_bytes, size_t prefetch_depth,
                              vram_torch_pager_plan_t* out, size_t out_size, uint8_t* resident);
@@ -209,7 +224,8 @@ int vram_torch_pager_acquire_many(vram_torch_pager* pager, size_t count, const s
                                   vram_torch_stream_t stream, void** out);
 int vram_torch_pager_release_many(vram_torch_pager* pager, size_t count, const size_t* pieces,
                                   vram_torch_stream_t stream);
-/* The pager's latest error (NUL-terminated, truncated to `size`); returns its full length. */
+/* The pager's latest error (NUL-terminated, truncated to `size`); returns its full length.
+ * A NULL pager: the latest error of a call without a pager (any thread; see "Failures"). */
 size_t vram_torch_pager_error(vram_torch_pager* pager, char* buffer, size_t size);
 /* The plan; `resident` (may be NULL) gets one 0/1 per piece (at most `count`). 0: done. */
 int vram_torch_pager_plan(vram_torch_pager* pager, vram_torch_pager_plan_t* out, size_t out_size,
