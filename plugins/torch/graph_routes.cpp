@@ -21,13 +21,19 @@ void GraphRoutes::begin(MempoolId id, Filter filter) {
 }
 
 void GraphRoutes::end(MempoolId id) noexcept {
-  std::lock_guard lock(mutex_);
-  const auto it =
-      std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) { return r.id == id; });
-  if (it == routes_.end()) return;
-  it->scope.end();
-  routes_.erase(it);
-  active_.store(routes_.size(), std::memory_order_relaxed);
+  vram::DevicePool::CaptureScope ending;
+  {
+    std::lock_guard lock(mutex_);
+    const auto it =
+        std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) { return r.id == id; });
+    if (it == routes_.end()) return;
+    ending = std::move(it->scope);
+    routes_.erase(it);
+    active_.store(routes_.size(), std::memory_order_relaxed);
+  }
+  // Outside the mutex: the end of the last open scope may synchronize the device to return
+  // graph memory given up meanwhile.
+  ending.end();
 }
 
 void GraphRoutes::release(MempoolId id) noexcept {
