@@ -566,18 +566,20 @@ TEST(GraphPoolsDevicePool, AnOutOfMemoryRetryReclaimsGraphMemoryGivenUp) {
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
-// Releases of graph blocks on several threads racing the pool's destruction: every block
-// reaches the upstream once, nothing is touched after the pool's bookkeeping is gone
-// (ASan, TSan). Several rounds.
+// Releases of graph blocks on several threads, racing the pool's destruction (even rounds)
+// or each other after it (odd rounds: every release may drain the others' blocks and end
+// the bookkeeping's life): every block reaches the upstream once, and nothing is touched
+// after the bookkeeping is gone (ASan, TSan).
 TEST(GraphPoolsDevicePoolThreads, GraphBlockReleasesRacingThePoolsDestructionLoseNothing) {
   constexpr int kThreads = 4;
   constexpr int kBlocksPerThread = 8;
-  for (int round = 0; round < 20; ++round) {
+  for (int round = 0; round < 40; ++round) {
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     std::vector<std::vector<DevicePool::Lease>> leases(kThreads);
     std::atomic<int> ready{0};
     std::atomic<bool> go{false};
     std::vector<std::thread> threads;
+    const bool after = round % 2 == 1;
     {
       DevicePool::Options options;
       options.fence = std::make_shared<ManualFence>();
@@ -592,7 +594,7 @@ TEST(GraphPoolsDevicePoolThreads, GraphBlockReleasesRacingThePoolsDestructionLos
           }
         }
       }
-      if (round % 2 == 0) pool.release_graph_pool(id);
+      if (round % 4 < 2) pool.release_graph_pool(id);
       for (int t = 0; t < kThreads; ++t) {
         threads.emplace_back([&, t] {
           ready.fetch_add(1);
@@ -601,8 +603,9 @@ TEST(GraphPoolsDevicePoolThreads, GraphBlockReleasesRacingThePoolsDestructionLos
         });
       }
       while (ready.load() < kThreads) std::this_thread::yield();
-      go.store(true);
-    }  // destroyed while the threads release
+      if (!after) go.store(true);
+    }  // destroyed
+    go.store(true);
     for (auto& thread : threads) thread.join();
     ASSERT_EQ(upstream->live_bytes(), 0U) << "round " << round;
     ASSERT_EQ(upstream->bad_frees(), 0U) << "round " << round;
