@@ -612,6 +612,36 @@ TEST(GraphPoolsDevicePoolThreads, GraphBlockReleasesRacingThePoolsDestructionLos
   }
 }
 
+// A real capture: the pool destroyed after the capture ended but before its scope did; the
+// scope's end gives the graph pool's memory back to the device (cudaMalloc segments, seen
+// through the upstream's count).
+TEST(GraphPoolsDevicePoolGpu, DestroyingThePoolWithAScopeOpenGivesItsMemoryBackWhenItEnds) {
+  VRAM_GPU_TEST_OR_SKIP();
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<DeviceMemoryUpstream>(0));
+  cuda::Stream capturing;
+  cudaGraph_t graph = nullptr;
+  DevicePool::CaptureScope scope;
+  {
+    DevicePool::Options options;
+    options.large_tier_memory = LargeTierMemory::segments;
+    DevicePool pool(upstream, options);
+    scope = pool.capture_into(DevicePool::new_graph_pool(), capturing.get());
+    ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+    for (std::size_t bytes : {std::size_t{4096}, std::size_t{3} << 20, std::size_t{40} << 20}) {
+      void* block = pool.allocate_async(bytes, capturing.get());
+      ASSERT_EQ(cudaMemsetAsync(block, 0x5A, bytes, capturing.get()), cudaSuccess);
+      pool.deallocate_async(block, bytes, capturing.get());
+    }
+    ASSERT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess);
+  }  // destroyed with the scope open
+  EXPECT_GT(upstream->live_bytes(), 0U);
+  EXPECT_THROW((void)scope.allocate(4096), InvalidArgument);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  scope.end();
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
 #ifdef VRAM_HAVE_TEST_KERNELS
 
 // How the captured intermediate is allocated and freed.

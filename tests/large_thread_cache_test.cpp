@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_test_policy.hpp"
 #include "large_block_cache.hpp"
 #include "test_upstreams.hpp"
 #include "vram/detail/tier_mutex.hpp"
@@ -508,6 +509,36 @@ TEST(DevicePoolLargeThreadCacheRecord, AStayingCachedBlockIsAlwaysSeenWhileOther
   reader.join();
   EXPECT_GT(checks.load(), 0U);
   EXPECT_EQ(misses.load(), 0U);
+}
+
+// Device memory: the large tier over CUDA virtual memory (the default on a GPU) and over
+// cudaMalloc segments, validation off as in release builds.
+TEST(DevicePoolLargeThreadCacheGpu, DoubleReleasesAcrossThreadsAreRejectedAndShareNoBlock) {
+  VRAM_GPU_TEST_OR_SKIP();
+  for (const auto memory : {LargeTierMemory::automatic, LargeTierMemory::segments}) {
+    SCOPED_TRACE(memory == LargeTierMemory::segments ? "segments" : "automatic");
+    DevicePool::Options options = cached_options();
+    options.large_tier_memory = memory;
+    DevicePool pool(0, options);
+    void* a = pool.allocate(4_MiB);
+    std::thread([&] { pool.deallocate(a, 4_MiB); }).join();
+    pool.deallocate(a, 4_MiB);  // here, after there
+    void* b = pool.allocate(4_MiB);
+    pool.deallocate(b, 4_MiB);                               // cached here
+    std::thread([&] { pool.deallocate(b, 4_MiB); }).join();  // there, after here
+    EXPECT_EQ(pool.stats().invalid_releases, 2U);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    void* c = pool.allocate(4_MiB);
+    void* d = nullptr;
+    std::thread([&] { d = pool.allocate(4_MiB); }).join();
+    void* e = pool.allocate(4_MiB);
+    EXPECT_NE(c, d);
+    EXPECT_NE(c, e);
+    EXPECT_NE(d, e);
+    for (void* p : {c, d, e}) pool.deallocate(p, 4_MiB);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    pool.trim(0);
+  }
 }
 
 // Threads that meet on the large tier start caching (the default); all memory comes back.
