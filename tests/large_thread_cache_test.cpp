@@ -423,7 +423,11 @@ TEST(DevicePoolLargeThreadCache, DoubleReleasesAcrossThreadsAreRejectedOnceThrea
     threads.emplace_back([&, t] {
       std::mt19937 rng(static_cast<unsigned>(t) + 1);
       for (int i = 0; i < kRounds; ++i) {
-        const std::size_t bytes = (std::size_t{2} + rng() % 6) << 20;
+        // Sizes of this thread's own (rounded to 512 bytes, no other thread's): a block another
+        // thread got at the same address between the two releases has another size, so the
+        // second release is told apart from a release of that thread's block.
+        const std::size_t bytes =
+            ((std::size_t{2} + rng() % 6) << 20) + 512 * static_cast<std::size_t>(t);
         void* p = pool.allocate(bytes);
         static_cast<char*>(p)[0] = static_cast<char>(t);
         if (rng() % 2 == 0) {

@@ -147,8 +147,9 @@
 //   allocated with another size (rounded to 512 bytes), or of one released already (on
 //   this or any other thread, before this release began) is still rejected, said on stderr
 //   and counted, but a small one is undefined behaviour: it would be cached and handed out
-//   again. Two releases of one block that race each other on two threads are undefined
-//   without validate_releases. A release of zero bytes, or of more than 1 TiB, is
+//   again. Without validate_releases, two releases of one block that race each other on two
+//   threads are undefined, and a second release after another request got the same block
+//   at the same size is taken for a release of that request's block. A release of zero bytes, or of more than 1 TiB, is
 //   rejected, said and counted whatever the options.
 //   cudaDeviceReset() invalidates every cached block, and the warm path (no driver call)
 //   cannot notice: destroy the pool before a reset (with segments, trim(0) before it also
