@@ -60,7 +60,7 @@ namespace vram::detail {
 
 class LargeBlockCache : public LeaseOwner {
  public:
-  static constexpr std::size_t kMaxCached = kSlots;
+  static constexpr std::size_t kMaxCached = kCachedSlots;
   struct Cached {
     void* block = nullptr;
     std::size_t bytes = 0;  // the tier's rounded size
@@ -115,13 +115,14 @@ class LargeBlockCache : public LeaseOwner {
   }
   // A release on this thread of `block` (rounded size `bytes`, at most `cap`) on `key`:
   // cached; a double release; for the tier (then no longer recorded here); or no room
-  // (nothing changed: make room with pop_oldest() and put it again).
+  // (nothing changed: make room with give_oldest() and put it again).
   Put put(void* block, std::size_t bytes, StreamKey key, std::size_t cap) noexcept {
-    const std::uint32_t revoked = revocations_.load(std::memory_order_acquire);
-    if (revoked != seen_revocations_) [[unlikely]] {
-      seen_revocations_ = revoked;  // a leased record may be stale: the tier decides
-      forget_leased();
-    }
+    // Records of blocks released elsewhere since (lease_owner.hpp) go first: their blocks
+    // may be another request's now.
+    read_mail([this] { forget_leased(); },
+              [this](const void* revoked) {
+                if (Lease* stale = find(revoked); stale != nullptr && !stale->cached) erase(stale);
+              });
     Lease* lease = find(block);
     if (lease == nullptr) return Put::to_tier;
     if (lease->cached) return Put::double_release;
@@ -139,11 +140,14 @@ class LargeBlockCache : public LeaseOwner {
   bool has_room(std::size_t bytes, std::size_t cap) const noexcept {
     return count_ < kMaxCached && cached_bytes_.load(std::memory_order_relaxed) + bytes <= cap;
   }
-  // Takes out the oldest cached block (its record dropped: it goes back to the tier); false
-  // when none is cached.
-  bool pop_oldest(Cached& out) noexcept {
+  // The oldest cached block to `give(const Cached&)` (the tier's free), then out of the
+  // cache (its record dropped; its slot cleared only now: lease_owner.hpp); false when none
+  // is cached.
+  template <class Give>
+  bool give_oldest(Give give) noexcept {
     if (count_ == 0) return false;
-    out = entry(0);
+    const Cached out = entry(0);
+    give(out);
     for (std::size_t i = 1; i < count_; ++i) set(i - 1, entry(i));  // downwards (LeaseOwner)
     --count_;
     slots_[count_].store(nullptr, std::memory_order_release);
@@ -152,10 +156,11 @@ class LargeBlockCache : public LeaseOwner {
     if (Lease* lease = find(out.block)) erase(lease);
     return true;
   }
-  // Every cached block to `give(const Cached&)` (the tier's free), oldest first.
+  // Every cached block to `give`, oldest first.
   template <class Give>
   void drain(Give give) noexcept {
-    for (Cached c; pop_oldest(c);) give(c);
+    while (give_oldest(give)) {
+    }
   }
   std::size_t cached_count() const noexcept { return count_; }
   // Read by stats() and by flushers deciding whether a cache is worth a steal (relaxed).
@@ -228,7 +233,6 @@ class LargeBlockCache : public LeaseOwner {
 
   std::array<Meta, kMaxCached> meta_{};
   std::size_t count_ = 0;
-  std::uint32_t seen_revocations_ = 0;
   std::atomic<std::size_t> cached_bytes_{0};
   std::array<Lease, kSlots> leases_{};
   std::size_t leases_used_ = 0;

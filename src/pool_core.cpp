@@ -16,7 +16,7 @@ namespace {
 
 std::atomic<std::uint64_t> next_pool_uid{1};
 constexpr const char* kNotLive =
-    "no live block of this pool has that address and size (released already, on this or "
+    "the pool has no block leased at that address and size (released already, on this or "
     "another thread; a foreign pointer; or another size)";
 
 }  // namespace
@@ -263,9 +263,10 @@ bool DevicePoolCore::large_put(ThreadCache& cache, void* block, std::size_t byte
     LargeBlockCache::Put put = cache.large.put(block, need, key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);
-      LargeBlockCache::Cached oldest;
-      while (!cache.large.has_room(need, cap) && cache.large.pop_oldest(oldest)) {
+      auto give = [this, &cache](const LargeBlockCache::Cached& oldest) {
         (void)large.free(oldest.block, oldest.tag, oldest.bytes, &cache.large);
+      };
+      while (!cache.large.has_room(need, cap) && cache.large.give_oldest(give)) {
       }
       put = cache.large.put(block, need, key, cap);
     }
@@ -406,11 +407,13 @@ bool DevicePoolCore::validate_release(void* block, std::size_t bytes) noexcept {
 void DevicePoolCore::reject_release(const void* block, std::size_t bytes,
                                     const char* why) noexcept {
   invalid_releases.fetch_add(1, std::memory_order_relaxed);
+  char size[40] = "";
+  if (bytes != 0) std::snprintf(size, sizeof size, " (%zu bytes)", bytes);
   std::fprintf(stderr,
-               "vram::DevicePool: release of %p (%zu bytes) rejected: %s. Nothing was released. "
-               "Fix: release each block once, with the size it was allocated with, to the pool "
-               "it came from.\n",
-               block, bytes, why);
+               "vram::DevicePool: release of %p%s rejected: %s. Nothing was released. Fix: "
+               "release each block once, with the size it was allocated with, to the pool it "
+               "came from.\n",
+               block, size, why);
 }
 
 [[gnu::noinline]] void DevicePoolCore::deallocate_checked(void* block, std::size_t bytes,

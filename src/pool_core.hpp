@@ -236,6 +236,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // the caller holds slow_mutex): the blocks go straight to their tiers, counted as
   // releases of `held` (or of the slow path). The out-of-memory retry's, before its trim.
   void reclaim_graph_returns(ThreadCache* held) noexcept;
+  // The size a graph pool's block is released with: the one that finds its class and tier.
+  std::size_t release_size_of(const GraphPools::Block& block) noexcept;
   // A stream-ordered call on `key`'s stream, before its own work: when another stream's
   // request wanted the stream's marker, records it (the call proves the stream alive).
   void serve_want_of(StreamKey key) noexcept {

@@ -129,7 +129,7 @@ bool DevicePoolCore::graph_give_back(void* block) noexcept {
         if (graph_pools.closed()) drain_graph_returns();
         return true;
       case GraphPools::Release::double_free:
-        reject_release(block, 0, "a free block of a graph pool (released already)");
+        reject_release(block, 0, "a free block of a graph pool, released already");
         return true;
       case GraphPools::Release::not_ours:
         return false;
@@ -172,7 +172,15 @@ void DevicePoolCore::drain_graph_returns() noexcept {
   // Only after the graph's last launch has run: a synchronize that failed (another thread's
   // capture refused it, the driver shut down) leaves them pending.
   if (!fence->try_quiesce()) return graph_pools.restore_pending(std::move(blocks));
-  for (const GraphPools::Block& block : blocks) deallocate(block.pointer, block.bytes, kUntagged);
+  for (const GraphPools::Block& block : blocks) {
+    deallocate(block.pointer, release_size_of(block), kUntagged);
+  }
+}
+
+std::size_t DevicePoolCore::release_size_of(const GraphPools::Block& block) noexcept {
+  // A small class's block bytes may pass small_max (a small_max between two classes): such
+  // a block of the small tier is released as the largest small request, which has its class.
+  return block.bytes > small_max && small.owns(block.pointer) ? small_max : block.bytes;
 }
 
 void DevicePoolCore::reclaim_graph_returns(ThreadCache* held) noexcept {
@@ -187,13 +195,18 @@ void DevicePoolCore::reclaim_graph_returns(ThreadCache* held) noexcept {
   if (!fence->try_quiesce()) return graph_pools.restore_pending(std::move(blocks));
   for (const GraphPools::Block& block : blocks) {
     // block.bytes: block_bytes() of the request, what its acquire counted.
-    const bool is_small = block.bytes <= small_max;
-    const std::size_t index = is_small ? SizeClasses::index_for(block.bytes) : 0;
+    const std::size_t size = release_size_of(block);
+    const bool is_small = size <= small_max;
+    const std::size_t index = is_small ? SizeClasses::index_for(size) : 0;
     const bool known = is_small ? tier_of(index).free(block.pointer, kUntagged, block.bytes)
                                 : large.free(block.pointer, kUntagged, block.bytes);
     if (!known) {
       reject_release(block.pointer, block.bytes, "a graph pool's block the tiers do not know");
       continue;
+    }
+    if (options.validate_releases) {
+      std::lock_guard lock(live_mutex);
+      live_blocks.erase(block.pointer);
     }
     if (held != nullptr) {
       bump(held->releases, 1);
@@ -212,37 +225,39 @@ namespace vram {
 
 DevicePool::CaptureScope::CaptureScope(std::shared_ptr<detail::DevicePoolCore> core,
                                        GraphPoolId pool) noexcept
-    : core_(std::move(core)), pool_(pool), open_(true) {}
+    : core_(std::move(core)), pool_(pool) {}
 
 DevicePool::CaptureScope::CaptureScope(CaptureScope&& other) noexcept
-    : core_(std::move(other.core_)), pool_(other.pool_), open_(std::exchange(other.open_, false)) {}
+    : core_(std::move(other.core_)), ended_(std::move(other.ended_)), pool_(other.pool_) {}
 
 DevicePool::CaptureScope& DevicePool::CaptureScope::operator=(CaptureScope&& other) noexcept {
   if (this != &other) {
     end();
     core_ = std::move(other.core_);
+    ended_ = std::move(other.ended_);
     pool_ = other.pool_;
-    open_ = std::exchange(other.open_, false);
   }
   return *this;
 }
 
 void DevicePool::CaptureScope::end() noexcept {
-  if (!open_) return;
-  open_ = false;
-  detail::DevicePoolCore& core = *core_;
+  if (!core_) return;
+  // Kept alive until the end of this call (the drain may release the last lease of a
+  // destroyed pool); from then on only watched.
+  const std::shared_ptr<detail::DevicePoolCore> core = std::move(core_);
+  ended_ = core;
   // The scope's own use; the graph's stays (after the pool's destruction: none is left).
-  if (core.capture_routes.close(pool_) && !core.graph_pools.closed()) {
-    (void)core.graph_pools.release(pool_, detail::GraphPools::Use::scope);
+  if (core->capture_routes.close(pool_) && !core->graph_pools.closed()) {
+    (void)core->graph_pools.release(pool_, detail::GraphPools::Use::scope);
   }
   // Memory graph pools gave up waits for a moment with no scope open (pool_graphs.cpp):
   // this may be one. After the pool's destruction it is the last: the drain releases the
-  // pool's leases, and this scope keeps the core alive meanwhile.
-  core.drain_graph_returns();
+  // pool's leases.
+  core->drain_graph_returns();
 }
 
 void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
-  if (!open_) {
+  if (!core_) {
     throw InvalidArgument(
         "vram::DevicePool::CaptureScope::allocate: the scope has ended (or was moved from). "
         "Fix: allocate while the scope is open.");
@@ -257,20 +272,23 @@ void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
 
 void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexcept {
   if (block == nullptr) return;
-  if (!core_) {
-    std::fprintf(stderr,
-                 "vram::DevicePool::CaptureScope::deallocate: %p was not released: the scope was "
-                 "moved from or never opened, so it names no pool. Fix: release it through the "
-                 "DevicePool or the scope it was moved to.\n",
-                 block);
-    return;
+  if (core_) {
+    if (core_->graph_deallocate_into(pool_, block, bytes)) return;
+    return core_->deallocate(block, bytes, detail::kUntagged);
   }
-  detail::DevicePoolCore& core = *core_;
-  if (open_ && core.graph_deallocate_into(pool_, block, bytes)) return;
   // Ended: an ordinary release, as DevicePool::deallocate makes it.
-  if (core.graphs_active())
-    return core.deallocate_with_graphs(block, bytes, detail::kUntagged, nullptr);
-  core.deallocate(block, bytes, detail::kUntagged);
+  if (const std::shared_ptr<detail::DevicePoolCore> core = ended_.lock()) {
+    if (core->graphs_active()) {
+      return core->deallocate_with_graphs(block, bytes, detail::kUntagged, nullptr);
+    }
+    return core->deallocate(block, bytes, detail::kUntagged);
+  }
+  std::fprintf(stderr,
+               "vram::DevicePool::CaptureScope::deallocate: %p was not released: the scope "
+               "names no live pool (moved from, never opened, or ended with its pool destroyed "
+               "and every block of it released already). Fix: release it through the "
+               "DevicePool or the scope it was moved to.\n",
+               block);
 }
 
 DevicePool::GraphPoolId DevicePool::new_graph_pool() noexcept {

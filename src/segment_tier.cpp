@@ -133,7 +133,7 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
     return live->owner == nullptr || live->owner == by || !live->owner->holds(live->addr);
   });
   if (r == nullptr) return Freed::foreign;
-  if (r->owner != nullptr && r->owner != by) r->owner->revoke();  // its record is stale now
+  if (r->owner != nullptr && r->owner != by) r->owner->revoke(block);  // its record is stale
   r->owner = nullptr;
   budget_.give(r->size);
   r->tag = tag;

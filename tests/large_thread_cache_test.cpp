@@ -80,8 +80,12 @@ TEST(DevicePoolLargeThreadCacheRecord, TheByteCapAndTheCountBoundWhatIsCached) {
   ASSERT_EQ(cache.put(fake(2), 4_MiB, detail::kUntagged, 8_MiB), Put::cached);
   EXPECT_EQ(cache.put(fake(3), 4_MiB, detail::kUntagged, 8_MiB), Put::no_room);
   LargeBlockCache::Cached oldest;
-  ASSERT_TRUE(cache.pop_oldest(oldest));
+  ASSERT_TRUE(cache.give_oldest([&](const LargeBlockCache::Cached& c) {
+    EXPECT_TRUE(cache.holds(c.block)) << "still in its slot while it goes back";
+    oldest = c;
+  }));
   EXPECT_EQ(oldest.block, fake(1)) << "the oldest goes back first";
+  EXPECT_FALSE(cache.holds(fake(1)));
   EXPECT_EQ(cache.put(fake(3), 4_MiB, detail::kUntagged, 8_MiB), Put::cached);
   EXPECT_EQ(cache.cached_bytes(), 8_MiB);
   EXPECT_EQ(cache.put(fake(1), 4_MiB, detail::kUntagged, 8_MiB), Put::to_tier)
@@ -123,7 +127,7 @@ TEST(DevicePoolLargeThreadCacheRecord, TheRecordAgreesWithAModelThroughFillsAndE
       ASSERT_NE(put, Put::double_release);
       if (put == Put::no_room) {
         LargeBlockCache::Cached oldest;
-        ASSERT_TRUE(cache.pop_oldest(oldest));
+        ASSERT_TRUE(cache.give_oldest([&](const LargeBlockCache::Cached& c) { oldest = c; }));
         ASSERT_EQ(cached.erase(oldest.block), 1U);
       } else if (put == Put::cached) {
         cached[it->first] = it->second;
@@ -460,13 +464,46 @@ TEST(DevicePoolLargeThreadCache, DoubleReleasesAcrossThreadsAreRejectedOnceThrea
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
+// A block released elsewhere revokes only its own record (the owner's other records keep
+// caching); a mailbox that overflowed forgets every leased record.
+TEST(DevicePoolLargeThreadCacheRecord, ARevocationDropsOnlyThatBlocksRecord) {
+  LargeBlockCache cache;
+  cache.note_leased(fake(1), 4_MiB);
+  cache.note_leased(fake(2), 4_MiB);
+  cache.revoke(fake(2));
+  EXPECT_EQ(cache.put(fake(1), 4_MiB, detail::kUntagged, 1_GiB), Put::cached);
+  EXPECT_EQ(cache.put(fake(2), 4_MiB, detail::kUntagged, 1_GiB), Put::to_tier);
+
+  LargeBlockCache full;
+  full.note_leased(fake(1), 4_MiB);
+  for (std::uintptr_t i = 0; i <= LargeBlockCache::kMailbox; ++i) full.revoke(fake(100 + i));
+  EXPECT_EQ(full.put(fake(1), 4_MiB, detail::kUntagged, 1_GiB), Put::to_tier);
+  full.note_leased(fake(3), 4_MiB);  // the mailbox was read: records made since are kept
+  EXPECT_EQ(full.put(fake(3), 4_MiB, detail::kUntagged, 1_GiB), Put::cached);
+}
+
+TEST(DevicePoolLargeThreadCache, AReleaseOnAnotherThreadKeepsTheOwnersOtherBlocksCaching) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(upstream, cached_options());
+  for (int step = 0; step < 10; ++step) {
+    void* scratch = pool.allocate(4_MiB);  // released here
+    void* output = pool.allocate(8_MiB);   // released by a consumer thread
+    std::thread([&] { pool.deallocate(output, 8_MiB); }).join();
+    pool.deallocate(scratch, 4_MiB);
+    EXPECT_EQ(pool.stats().bytes_cached_in_threads, 4_MiB) << "step " << step;
+  }
+  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
 // LeaseOwner::holds() on another thread finds a block that stays cached while the owner
-// moves its other cached blocks (take() and pop_oldest() move slots down). `generation` is
+// moves its other cached blocks (take() and give_oldest() move slots down). `generation` is
 // odd while the block is cached; a check that saw one odd value throughout must find it.
 TEST(DevicePoolLargeThreadCacheRecord, AStayingCachedBlockIsAlwaysSeenWhileOthersMove) {
   LargeBlockCache cache;
   void* const staying = fake(1000);
-  std::vector<void*> order;  // the cache's slots, bottom first, as take and pop_oldest move them
+  std::vector<void*> order;  // the cache's slots, bottom first, as take and give_oldest move them
   auto put = [&](void* block, std::size_t bytes) {
     cache.note_leased(block, bytes);
     ASSERT_EQ(cache.put(block, bytes, detail::kUntagged, 1_GiB), Put::cached);
@@ -496,7 +533,7 @@ TEST(DevicePoolLargeThreadCacheRecord, AStayingCachedBlockIsAlwaysSeenWhileOther
     LargeBlockCache::Cached oldest;
     const bool leaving = order.front() == staying;
     if (leaving) generation.fetch_add(1, std::memory_order_acq_rel);  // even: out
-    ASSERT_TRUE(cache.pop_oldest(oldest));
+    ASSERT_TRUE(cache.give_oldest([&](const LargeBlockCache::Cached& c) { oldest = c; }));
     ASSERT_EQ(oldest.block, order.front());
     order.erase(order.begin());
     put(oldest.block, oldest.bytes);

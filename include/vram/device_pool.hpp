@@ -149,16 +149,15 @@
 //   and counted, but a small one is undefined behaviour: it would be cached and handed out
 //   again. Without validate_releases, two releases of one block that race each other on two
 //   threads are undefined, and a second release after another request got the same block
-//   at the same size is taken for a release of that request's block. A release of zero bytes, or of more than 1 TiB, is
-//   rejected, said and counted whatever the options.
-//   cudaDeviceReset() invalidates every cached block, and the warm path (no driver call)
-//   cannot notice: destroy the pool before a reset (with segments, trim(0) before it also
-//   works; a virtual-memory large tier keeps its reserved address range after trim(0)).
-//   Destroying the pool with blocks still leased: the cache is freed, a warning names the
-//   bytes still leased, and the pool's bookkeeping stays alive until the last of them is
-//   released (each then goes straight back to the upstream), so no lease dangles.
-//   Destruction may race releases on other threads: it closes every thread cache (waiting
-//   for calls in progress), after which all calls are serialised by a pool mutex, so the
+//   at the same size is taken for a release of that request's block. A release of zero bytes, or of
+//   more than 1 TiB, is rejected, said and counted whatever the options. cudaDeviceReset()
+//   invalidates every cached block, and the warm path (no driver call) cannot notice: destroy the
+//   pool before a reset (with segments, trim(0) before it also works; a virtual-memory large tier
+//   keeps its reserved address range after trim(0)). Destroying the pool with blocks still leased:
+//   the cache is freed, a warning names the bytes still leased, and the pool's bookkeeping stays
+//   alive until the last of them is released (each then goes straight back to the upstream), so no
+//   lease dangles. Destruction may race releases on other threads: it closes every thread cache
+//   (waiting for calls in progress), after which all calls are serialised by a pool mutex, so the
 //   count of leased blocks is exact and every block reaches the upstream exactly once
 //   (tests/device_pool_test.cpp DevicePoolLifetime.*, run under ASan and TSan). A release
 //   of a graph pool's block keeps the pool's bookkeeping alive until it returns.
@@ -453,16 +452,17 @@ class DevicePool {
     [[nodiscard]] void* allocate(std::size_t bytes);
     // `block` becomes a free block of the scope's pool (a graph pool's block goes back to
     // its own pool); after end(), an ordinary release (DevicePool::deallocate's), also
-    // after the pool was destroyed. A moved-from or default scope releases nothing and
-    // says so on stderr.
+    // after the pool was destroyed while blocks are leased (an ended scope does not keep
+    // the pool's bookkeeping alive). A moved-from or default scope, or an ended one whose
+    // pool is gone with every block released, releases nothing and says so on stderr.
     void deallocate(void* block, std::size_t bytes) noexcept;
 
    private:
     friend class DevicePool;
     CaptureScope(std::shared_ptr<detail::DevicePoolCore> core, GraphPoolId pool) noexcept;
-    std::shared_ptr<detail::DevicePoolCore> core_;  // kept after end(): releases go on
+    std::shared_ptr<detail::DevicePoolCore> core_;  // while open
+    std::weak_ptr<detail::DevicePoolCore> ended_;   // after end(): releases go on
     GraphPoolId pool_ = 0;
-    bool open_ = false;
   };
   static GraphPoolId new_graph_pool() noexcept;
   [[nodiscard]] CaptureScope capture_into(GraphPoolId graph_pool, cudaStream_t stream);
