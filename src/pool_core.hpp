@@ -232,6 +232,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
   // nothing while a capture scope is open (pool_graphs.cpp's rules).
   void drain_graph_returns() noexcept;
+  // The blocks graph pools gave up, once a device synchronize proved their graphs idle;
+  // none while a scope is open or this thread serves a captured request.
+  std::vector<GraphPools::Block> take_graph_returns() noexcept;
   // drain_graph_returns() from inside a request that holds `held` (its cache claimed; null:
   // the caller holds slow_mutex): the blocks go straight to their tiers, counted as
   // releases of `held` (or of the slow path). The out-of-memory retry's, before its trim.

@@ -160,19 +160,25 @@ bool DevicePoolCore::graph_deallocate_into(std::optional<GraphPools::Id> id, voi
   return id && graph_adopt_freed(*id, block, bytes);
 }
 
-void DevicePoolCore::drain_graph_returns() noexcept {
-  if (capture_routes.any()) return;  // a device synchronize would invalidate the capture
+std::vector<GraphPools::Block> DevicePoolCore::take_graph_returns() noexcept {
+  if (capture_routes.any() || tl_in_capture) return {};  // a synchronize would invalidate it
   std::vector<GraphPools::Block> blocks;
   try {
     blocks = graph_pools.take_pending();
   } catch (...) {
-    return;
+    return {};
   }
-  if (blocks.empty()) return;
   // Only after the graph's last launch has run: a synchronize that failed (another thread's
   // capture refused it, the driver shut down) leaves them pending.
-  if (!fence->try_quiesce()) return graph_pools.restore_pending(std::move(blocks));
-  for (const GraphPools::Block& block : blocks) {
+  if (!blocks.empty() && !fence->try_quiesce()) {
+    graph_pools.restore_pending(std::move(blocks));
+    return {};
+  }
+  return blocks;
+}
+
+void DevicePoolCore::drain_graph_returns() noexcept {
+  for (const GraphPools::Block& block : take_graph_returns()) {
     deallocate(block.pointer, release_size_of(block), kUntagged);
   }
 }
@@ -184,16 +190,7 @@ std::size_t DevicePoolCore::release_size_of(const GraphPools::Block& block) noex
 }
 
 void DevicePoolCore::reclaim_graph_returns(ThreadCache* held) noexcept {
-  if (capture_routes.any() || tl_in_capture) return;  // as drain_graph_returns
-  std::vector<GraphPools::Block> blocks;
-  try {
-    blocks = graph_pools.take_pending();
-  } catch (...) {
-    return;
-  }
-  if (blocks.empty()) return;
-  if (!fence->try_quiesce()) return graph_pools.restore_pending(std::move(blocks));
-  for (const GraphPools::Block& block : blocks) {
+  for (const GraphPools::Block& block : take_graph_returns()) {
     // block.bytes: block_bytes() of the request, what its acquire counted.
     const std::size_t size = release_size_of(block);
     const bool is_small = size <= small_max;
