@@ -184,6 +184,16 @@ std::string pager_error(vram_torch_pager* pager) {
   return text;
 }
 
+// Acquires and releases every piece in turn; each reads back its host bytes.
+void expect_every_piece_reads_back(vram_torch_pager* pager, const HostPieces& pieces) {
+  for (std::size_t i = 0; i < pieces.bytes.size(); ++i) {
+    const auto* p = static_cast<const std::uint8_t*>(vram_torch_pager_acquire(pager, i, nullptr));
+    ASSERT_NE(p, nullptr) << pager_error(pager);
+    EXPECT_EQ(std::memcmp(p, pieces.data[i].data(), pieces.bytes[i]), 0) << "piece " << i;
+    EXPECT_EQ(vram_torch_pager_release(pager, i, nullptr), 0);
+  }
+}
+
 bool names(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -236,12 +246,7 @@ TEST(OffloadCApi, PrefetchDepthSizeMaxWithTheTotalKeepsEveryPieceResident) {
   EXPECT_EQ(plan.slot_count, 0u);
   EXPECT_EQ(plan.resident_pieces, kFour.size());
   EXPECT_EQ(plan.arena_bytes, kFourTotal);
-  for (std::size_t i = 0; i < kFour.size(); ++i) {
-    const auto* p = static_cast<const std::uint8_t*>(vram_torch_pager_acquire(pager, i, nullptr));
-    ASSERT_NE(p, nullptr) << pager_error(pager);
-    EXPECT_EQ(std::memcmp(p, pieces.data[i].data(), pieces.bytes[i]), 0) << "piece " << i;
-    EXPECT_EQ(vram_torch_pager_release(pager, i, nullptr), 0);
-  }
+  expect_every_piece_reads_back(pager, pieces);
   vram_torch_pager_destroy(pager);
 }
 
@@ -260,12 +265,7 @@ TEST(OffloadCApi, PrefetchDepthZeroIsOneSlot) {
   ASSERT_EQ(vram_torch_pager_plan(pager, &plan, sizeof plan, nullptr, 0), 0);
   EXPECT_EQ(plan.slot_count, 1u);
   EXPECT_EQ(plan.prefetch_depth, 0u);
-  for (std::size_t i = 0; i < kFour.size(); ++i) {
-    const auto* p = static_cast<const std::uint8_t*>(vram_torch_pager_acquire(pager, i, nullptr));
-    ASSERT_NE(p, nullptr) << pager_error(pager);
-    EXPECT_EQ(std::memcmp(p, pieces.data[i].data(), pieces.bytes[i]), 0) << "piece " << i;
-    EXPECT_EQ(vram_torch_pager_release(pager, i, nullptr), 0);
-  }
+  expect_every_piece_reads_back(pager, pieces);
   vram_torch_pager_destroy(pager);
 }
 
