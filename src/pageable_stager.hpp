@@ -19,7 +19,7 @@
 //
 // The seam: everything CUDA (the device thread binding, the copy stream, slot events,
 // timing) lives behind StagedCopyTarget; the pager's CUDA device implements it in
-// src/cuda/pager_device.cpp, the CPU tests with host threads and host-fenced copies. One
+// src/pager_device.cpp, the CPU tests with host threads and host-fenced copies. One
 // virtual call per chunk (a chunk is megabytes: milliseconds of DMA), none per byte; the
 // fill threads never call the target.
 //

@@ -1,7 +1,6 @@
 #include "vram/pinned_host_upstream.hpp"
 
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,12 +37,7 @@ std::size_t round_to_pages(std::size_t bytes) { return (bytes + kPage - 1) & ~(k
 
 }  // namespace
 
-std::string memlock_limit_text() {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return "unknown";
-  if (limit.rlim_cur == RLIM_INFINITY) return "unlimited";
-  return std::to_string(limit.rlim_cur) + " bytes";
-}
+std::string memlock_limit_text() { return cuda::memlock_limit_text(); }
 
 void touch_pages_in_parallel(void* data, std::size_t bytes, unsigned threads) {
   auto* base = static_cast<volatile char*>(data);

@@ -81,6 +81,4 @@ std::uint64_t CudaEventFence::capture_of(cudaStream_t stream) noexcept {
   return info.state == cuda::CaptureState::active ? info.id : 0;
 }
 
-std::size_t CudaEventFence::events_created() const { return events_->created(); }
-
 }  // namespace vram

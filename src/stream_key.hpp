@@ -22,7 +22,7 @@ using StreamKey = std::uintptr_t;
 inline constexpr StreamKey kUntagged = ~StreamKey{0};
 inline constexpr StreamKey kPerThreadKey = StreamKey{1} << (sizeof(StreamKey) * 8 - 1);
 
-StreamKey per_thread_stream_key() noexcept;  // defined in stream_tags.cpp
+StreamKey per_thread_stream_key() noexcept;
 
 inline StreamKey stream_key(cudaStream_t stream) noexcept {
   if (stream == cudaStreamPerThread) [[unlikely]]

@@ -6,12 +6,6 @@
 
 namespace vram::detail {
 
-StreamKey per_thread_stream_key() noexcept {
-  static std::atomic<StreamKey> next{1};
-  thread_local const StreamKey key = kPerThreadKey | next.fetch_add(1, std::memory_order_relaxed);
-  return key;
-}
-
 void StreamTags::release(std::uint64_t marker) noexcept {
   for (Kept& kept : kept_) {
     if (kept.marker == marker) {

@@ -72,7 +72,7 @@
 //   a pop and a push.
 //   Tier 2: per class a bounded lock-free ring shared by all threads. Tier 3: the small
 //   segment tier, which carves blocks best-fit out of 2 MiB segments and merges them back
-//   (detail/segment_tier.hpp; a short mutex); classes above small_segment_max_bytes (by
+//   (src/segment_tier.hpp; a short mutex); classes above small_segment_max_bytes (by
 //   default 256 KiB over virtual memory) are carved out of the large tier instead. Larger requests
 //   round to 512 bytes and go to the large tier (best fit, split, coalesce; large_tier_memory says
 //   over what): by default on a device with virtual memory management that no peer can reach, one

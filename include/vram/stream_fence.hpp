@@ -166,7 +166,6 @@ class CudaEventFence final : public StreamFence {
   void quiesce() noexcept override;
   bool try_quiesce() noexcept override;
   std::uint64_t capture_of(cudaStream_t stream) noexcept override;
-  std::size_t events_created() const;
 
  private:
   int device_;

@@ -78,11 +78,6 @@ bool GraphRoutes::deallocate(void* block, std::size_t bytes, cudaStream_t stream
   return true;
 }
 
-std::size_t GraphRoutes::open_pools() const {
-  std::lock_guard lock(mutex_);
-  return uses_.size();
-}
-
 std::uint64_t GraphRoutes::invalid_releases() const {
   std::lock_guard lock(mutex_);
   return invalid_releases_;

@@ -51,8 +51,7 @@ class GraphRoutes {
   void* allocate(std::size_t bytes, cudaStream_t stream);
   // True when a route accepted the stream and its pool took the block.
   bool deallocate(void* block, std::size_t bytes, cudaStream_t stream) noexcept;
-  // Pools with a use open (graphs not yet released), and releases of unknown ids.
-  std::size_t open_pools() const;
+  // Releases of unknown ids.
   std::uint64_t invalid_releases() const;
 
  private:

@@ -23,8 +23,6 @@ cudaEvent_t EventPool::take() {
   DeviceGuard guard(device_);
   cudaEvent_t event = nullptr;
   check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
-  std::lock_guard lock(mutex_);
-  ++created_;
   return event;
 }
 
@@ -44,11 +42,6 @@ void EventPool::give_back(cudaEvent_t event) noexcept {
   } catch (...) {
     (void)succeeded(cudaEventDestroy(event));
   }
-}
-
-std::size_t EventPool::created() const {
-  std::lock_guard lock(mutex_);
-  return created_;
 }
 
 void record(cudaEvent_t event, cudaStream_t stream, const char* what) {

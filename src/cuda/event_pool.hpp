@@ -40,13 +40,11 @@ class EventPool {
   // Recycles an event of this pool. Never throws (an event that cannot be kept is
   // destroyed).
   void give_back(cudaEvent_t event) noexcept;
-  std::size_t created() const;
 
  private:
   int device_;
   mutable std::mutex mutex_;
   std::vector<cudaEvent_t> spare_;
-  std::size_t created_ = 0;
 };
 
 // cudaEventRecord; throws vram::CudaError naming `what`.

@@ -1,12 +1,13 @@
 #include "cuda/host_registration.hpp"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <utility>
 
 #include "cuda/memory.hpp"
 #include "cuda/status.hpp"
-#include "vram/pinned_host_upstream.hpp"
 
 namespace vram::cuda {
 namespace {
@@ -14,6 +15,13 @@ namespace {
 constexpr std::uintptr_t kPage = 4096;
 
 }  // namespace
+
+std::string memlock_limit_text() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return "unknown";
+  if (limit.rlim_cur == RLIM_INFINITY) return "unlimited";
+  return std::to_string(limit.rlim_cur) + " bytes";
+}
 
 std::string pin_failure_text(const char* call, cudaError_t status, std::size_t bytes) {
   return std::string(call) + " of " + std::to_string(bytes) + " bytes returned " +

@@ -35,6 +35,8 @@ struct PinFailure {
   std::string reason;  // pin_failure_text()
 };
 
+// The RLIMIT_MEMLOCK soft limit as text ("unlimited", "unknown" or bytes).
+std::string memlock_limit_text();
 std::string pin_failure_text(const char* call, cudaError_t status, std::size_t bytes);
 
 // Registers (cudaHostRegisterPortable) the pages the ranges cover: each range is widened to

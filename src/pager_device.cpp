@@ -1,4 +1,4 @@
-// src/cuda/pager_device.cpp: the weight pager's CUDA device (PagerDevice), the production
+// src/pager_device.cpp: the weight pager's CUDA device (PagerDevice), the production
 // side of the seam in vram/weight_pager.hpp.
 //
 // What it owns: the host weights' registrations, the device arena (freed at shutdown), the
