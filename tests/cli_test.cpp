@@ -408,7 +408,7 @@ bool replayed(const Captured& run) {
 }
 
 TEST(CliReplay, BadDeviceOrdinalsAreUsageErrorsAsInBench) {
-  // 4294967296 used to wrap to device 0, 2147483648 to a negative ordinal (a CUDA error).
+  // Neither wraps: 4294967296 is not device 0, 2147483648 not a negative ordinal.
   for (const char* value :
        {"abc", "-1", "4294967296", "2147483648", "99999999999", "1e3", "0x1", "", " 1"}) {
     for (const bool equals_form : {false, true}) {
@@ -424,7 +424,7 @@ TEST(CliReplay, BadDeviceOrdinalsAreUsageErrorsAsInBench) {
 }
 
 TEST(CliReplay, ADeviceThatIsNotVisibleIsAnErrorNotAHostOnlyRun) {
-  // --device 99 used to replay host-only without a word.
+  // A device that is not visible is never replaced by a host-only replay.
   const int count = vram::cuda::Device::count();
   for (const int device : {99, std::max(count, 1)}) {
     for (const bool host_only : {false, true}) {
@@ -452,7 +452,7 @@ TEST(CliReplay, ADeviceThatIsNotVisibleIsAnErrorNotAHostOnlyRun) {
 }
 
 TEST(CliReplay, StreamLagBeyondItsMaximumIsAUsageError) {
-  // 18446744073709551615 used to wrap the emulated completion to "at once".
+  // A lag past the maximum never wraps the emulated completion to "at once".
   for (const char* value : {"18446744073709551615", "1000000001", "0xffffffffffffffff"}) {
     const auto run = capture_replay({"--host-only", sample_trace(), "--stream-lag", value});
     EXPECT_EQ(run.code, 2) << value;
@@ -493,7 +493,7 @@ TEST(CliReplay, EveryValueOptionTakesTheEqualsForm) {
 }
 
 TEST(CliReplay, JsonDashWritesOnlyJsonToStdout) {
-  // It used to create a file named '-'.
+  // '-' is standard output, never a file of that name.
   std::remove("-");
   const auto run = capture_replay({"--host-only", sample_trace(), "--json", "-"});
   ASSERT_EQ(run.code, 0) << run.err;
@@ -506,7 +506,7 @@ TEST(CliReplay, JsonDashWritesOnlyJsonToStdout) {
 }
 
 TEST(CliReplay, AnEmptyJsonNameIsRefusedInReplayAndBench) {
-  // It used to be taken as "no --json".
+  // An empty name is refused, not taken as "no --json".
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"--json", ""}, std::vector<std::string>{"--json="}}) {
     std::vector<std::string> replay = {"--host-only", sample_trace()};
@@ -525,7 +525,7 @@ TEST(CliReplay, AnEmptyJsonNameIsRefusedInReplayAndBench) {
 }
 
 TEST(CliReplay, AJsonPathThatCannotBeWrittenIsRefusedBeforeTheRun) {
-  // A directory used to fail only at the rename after the whole replay (exit 1).
+  // A directory is refused before the replay runs, not at the rename after it.
   const std::string directory = ::testing::TempDir() + "vram-replay-json-dir";
   std::filesystem::create_directories(directory);
   auto run = capture_replay({"--host-only", sample_trace(), "--json", directory});
@@ -544,7 +544,7 @@ TEST(CliReplay, AJsonPathThatCannotBeWrittenIsRefusedBeforeTheRun) {
 }
 
 TEST(CliReplay, AJsonPathThatIsOneOfTheTracesIsRefusedBeforeTheRun) {
-  // It used to replace the trace with the report.
+  // The trace is never replaced by the report.
   const std::string directory = ::testing::TempDir() + "vram-replay-same";
   std::filesystem::create_directories(directory + "/sub");
   const std::string trace = directory + "/input.csv";

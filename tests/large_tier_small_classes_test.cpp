@@ -98,24 +98,18 @@ TEST(LargeTierSmallClassesPlacement, LargeTierClassesAreCarvedAtTheirBlockBytes)
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
-// ---- 1c92c56: release validation across the tier boundary ------------------------------
+// ---- release validation across the tier boundary -----------------------------------------
 
-// DEFECT, fixed (the threshold is now a block size: classes that share a block size share
-// a tier). Was: (device_pool.cpp:945 validate_release(block, block_bytes(bytes)); routed by
-// tier_of() at :296 through :790 / :591, whose failed free take_bins() ignores): validate_releases
-// checks a release against block_bytes(bytes), and several classes share one block size (320, 384,
-// 448 and 512 B are all 512-byte blocks; 640/768; 896/1024). Before 1c92c56 they all lived in the
-// small tier, so a release naming another class of the same block size was harmless. With
-// small_segment_max_bytes between two such classes (320 here: 320 B small, 384 B large), the
-// release passes validation, is erased from live_blocks and is routed to the other tier by
-// tier_of(index): without a thread cache that tier rejects it (counted, but the block is already
-// gone from live_blocks, so the correct release is rejected too); with a thread cache it sits in
-// the wrong class's bin and take_bins() discards the failed free silently. Either way the block is
-// stranded in its 2 MiB segment: trim(0) can never give that segment back, and bytes_reserved stays
-// above bytes_in_use for good.
-TEST(LargeTierSmallClassesValidation, ASameBlockSizeReleaseAcrossTheTierBoundaryStrandsTheBlock) {
+// Rule: the boundary between the tiers is a block size, so classes that share a block size
+// share a tier. validate_releases checks a release against block_bytes(bytes), and several
+// classes share one block size (320, 384, 448 and 512 B are all 512-byte blocks; 640/768;
+// 896/1024): a release naming another class of the same block size must reach the tier that
+// holds the block. With small_segment_max_bytes between two such classes (320 here), a
+// release routed to the other tier would be rejected there (or discarded from a bin), and the
+// block would be stranded in its segment for good.
+TEST(LargeTierSmallClassesValidation, ASameBlockSizeReleaseAcrossTheTierBoundaryStrandsNoBlock) {
   // Control: small_segment_max_bytes = small_block_max_bytes (every class in the small
-  // tier, as before 1c92c56) passes every assertion below.
+  // tier) passes every assertion below.
   for (const std::size_t segment_max : {std::size_t{320}, std::size_t{1_MiB}})
     for (const std::size_t thread_cache_blocks : {std::size_t{0}, std::size_t{8}}) {
       SCOPED_TRACE(::testing::Message() << "small_segment_max_bytes " << segment_max
@@ -134,24 +128,21 @@ TEST(LargeTierSmallClassesValidation, ASameBlockSizeReleaseAcrossTheTierBoundary
         const auto stats = pool.stats();
         EXPECT_EQ(stats.invalid_releases, 1U) << "one of the two releases is rejected";
         EXPECT_EQ(stats.bytes_in_use, 0U);
-        EXPECT_EQ(stats.bytes_reserved, 0U) << "the block's small segment can never go back";
+        EXPECT_EQ(stats.bytes_reserved, 0U) << "the block stranded its small segment";
         EXPECT_EQ(upstream->live_bytes(), 0U);
       }
-      // Without a thread cache the pool still counts the block as leased: destroyed, it
-      // stays orphaned for good (nothing can release the block), segment and all.
+      // No block stays counted as leased: the destroyed pool leaves nothing orphaned.
       EXPECT_EQ(upstream->live_bytes(), 0U) << "after the pool's destruction";
     }
 }
 
-// RISK, fixed (SegmentTier::free checks the size the block was allocated with). Was:
-// (device_pool.cpp:967 and :987, large.free(); doc device_pool.hpp:114-118): without
-// validate_releases a release naming a size above small_block_max_bytes goes to large.free(), which
-// before 1c92c56 rejected (and counted) every block of a small class: the large tier did not know
-// them. Now the large tier carves the classes above 256 KiB, so a double release of such a block
-// under a large size is accepted: the block is in the thread cache and free in the large tier at
-// once, and the next two requests get the same memory.
-TEST(LargeTierSmallClassesValidation, ALargeSizedDoubleReleaseOfALargeTierSmallBlockIsNotRejected) {
-  // Control: small_segment_max_bytes = 1 MiB (the placement before 1c92c56) passes.
+// Rule: SegmentTier::free checks the size the block was allocated with. Without
+// validate_releases a release naming a size above small_block_max_bytes goes to the large tier,
+// which carves the classes above 256 KiB: a double release of such a block under a large size
+// (the block cached in this thread) is rejected, so the next two requests never get the same
+// memory.
+TEST(LargeTierSmallClassesValidation, ALargeSizedDoubleReleaseOfALargeTierSmallBlockIsRejected) {
+  // Control: small_segment_max_bytes = 1 MiB (every class in the small tier) passes.
   for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}}) {
     SCOPED_TRACE(::testing::Message() << "small_segment_max_bytes " << segment_max);
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -164,7 +155,7 @@ TEST(LargeTierSmallClassesValidation, ALargeSizedDoubleReleaseOfALargeTierSmallB
       void* p = pool.allocate(512_KiB);
       pool.deallocate(p, 512_KiB);  // cached in this thread
       pool.deallocate(p, 2_MiB);    // double release under a large size
-      EXPECT_EQ(pool.stats().invalid_releases, 1U) << "rejected before 1c92c56";
+      EXPECT_EQ(pool.stats().invalid_releases, 1U) << "a large-sized double release accepted";
       void* a = pool.allocate(512_KiB);
       void* b = pool.allocate(2_MiB);
       EXPECT_NE(a, b) << "one block handed out twice";
@@ -199,17 +190,16 @@ TEST(LargeTierSmallClassesValidation, AWrongSizeReleaseOfALargeBlockIsRejectedWi
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
-// RISK, accepted (segment_tier.cpp insert_free/mergeable): a stream-ordered free of a
+// Accepted cost (segment_tier.cpp insert_free/mergeable): a stream-ordered free of a
 // small-class block that reaches the large tier (no thread cache, or its bin full) merges
 // with its untagged free neighbours and takes the stream's tag, as a large block's free
 // always did: one 512 KiB block freed on s1 next to 64 MiB of plain-freed memory makes it
 // s1's, and a 32 MiB request on s2 quiesces the device (past the growth budget: s1 made no
-// call since, so no marker may be recorded on it) or maps more (within it). Before 1c92c56 the
-// block lived in the small tier and s2 got the 64 MiB at once. Tried host-only: no merging across
-// tags took the four-stream decode trace from 1.04x to 1.32x the live bytes; merging only
-// neighbours no larger than the freed range, to 1.20x. Kept as it is; this pins the reuse rule (s2
-// never gets s1's block without a wait or a quiesce) and the cost (one of them, or a map), and the
-// control has none.
+// call since, so no marker may be recorded on it) or maps more (within it). The alternatives
+// cost memory on the four-stream decode trace (no merging across tags: 1.32x the live bytes
+// instead of 1.04x; merging only neighbours no larger than the freed range: 1.20x). This pins
+// the reuse rule (s2 never gets s1's block without a wait or a quiesce) and the cost (one of
+// them, or a map); the control (the block in the small tier) has none.
 TEST(LargeTierSmallClassesStreams, ASmallClassStreamFreeCapturesTheLargeTiersUntaggedNeighbour) {
   for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}})
     for (const double headroom : {1.0 / 16, 1.0}) {
@@ -333,19 +323,16 @@ std::uint64_t grow(DevicePool& pool, TestUpstream& upstream, std::vector<void*>&
   return upstream.allocations() - before;
 }
 
-// RISK, fixed (map-ahead follows the peak since the tier last unmapped, ahead_peak_).
-// Was: (cost; segment_tier.cpp:898): used_ at map_ahead_end() does not yet count the
-// block (allocate() adds it after map_range()), so the test `used_ + range->size <=
-// used_peak_` is what the comment says. But used_peak_ only restarts in DevicePool::trim()
-// (restart_peak); memory given back by any other path keeps the old peak: free bytes past
-// max_cached_bytes unmapped on release, the out-of-memory retry's internal trim, a failed
-// map's reclaim. A workload that peaks, releases (its free mapped bytes cut to
-// max_cached_bytes) and grows again in small steps (a warm-up at the largest batch, then
-// serving; one request's KV cache after another's) is "below the peak" for the whole
-// regrowth and now makes one map per block instead of a few long ones: here 4x+ the maps
-// of the first growth, against about as many (control: the same pool with the peak
-// restarted by trim(SIZE_MAX), which unmaps nothing). On a device each map costs 60-86 us.
-TEST(LargeTierSmallClassesMapAhead, RegrowthBelowAStalePeakMapsOncePerBlock) {
+// Rule: map-ahead follows the peak of used bytes since the tier last unmapped granules
+// (ahead_peak_), not the all-time peak, which restarts only in DevicePool::trim(). Memory
+// given back by any other path (free bytes past max_cached_bytes unmapped on release, the
+// out-of-memory retry's internal trim, a failed map's reclaim) restarts it too. A workload
+// that peaks, releases (its free mapped bytes cut to max_cached_bytes) and grows again in
+// small steps (a warm-up at the largest batch, then serving; one request's KV cache after
+// another's) then makes a few long maps on its regrowth, about as many as on its first
+// growth (control: the same pool with the peak restarted by trim(SIZE_MAX), which unmaps
+// nothing), not one map per block (on a device each map costs 60-86 us).
+TEST(LargeTierSmallClassesMapAhead, RegrowthAfterAGiveBackMapsInLongRuns) {
   std::uint64_t regrowth_maps[2] = {};
   std::uint64_t first_maps[2] = {};
   for (const bool restart_peak : {false, true}) {
@@ -374,16 +361,11 @@ TEST(LargeTierSmallClassesMapAhead, RegrowthBelowAStalePeakMapsOncePerBlock) {
       << regrowth_maps[0] << " maps; with the peak restarted " << regrowth_maps[1];
 }
 
-// Not a test (no deterministic interleaving without timing): RISK, fixed by reasoning
-// (flush_and_unlock now trims the large tier too, to the latest trim's keep_bytes), not
-// shown by a test. Was: device_pool.cpp:549-556.
-// flush_and_unlock(), which honours a trim() that found this thread inside a slow call, still
-// follows take_bins() with small.trim(0, false) only. Since 1c92c56 take_bins() also returns
-// blocks of the classes above the threshold to the large tier; when the owner flushes after
-// the trimmer's large.trim() has run, those blocks stay mapped in the large tier although
-// device_pool.hpp:83-86 says trim() takes busy threads' caches back and gives memory back. Every
-// point where the owner can block inside a slow call holds a tier mutex the trimmer also needs,
-// so the losing order can only be forced by scheduling, not by a hook.
+// Not a test (no deterministic interleaving without timing): flush_and_unlock(), which
+// honours a trim() that found this thread inside a slow call, trims the large tier too, to
+// the latest trim's keep_bytes: take_bins() returns blocks of the classes above the threshold
+// to the large tier, and when the owner flushes after the trimmer's large.trim() has run they
+// must not stay mapped. The losing order can only be forced by scheduling, not by a hook.
 
 }  // namespace
 }  // namespace vram::testing

@@ -233,11 +233,11 @@ std::string gzip_bytes(const std::string& text) {
 using namespace std::string_literals;
 
 TEST(ReplayTrace, ANulByteIsAnErrorNamingItsLine) {
-  // At the start of a line (it used to end the line there: the events after it dropped).
+  // At the start of a line (the events after it are not dropped).
   const std::string a = parse_error(kHeader + "1,0,allocate,0x10,64,0\n\0"s +
                                     "1,0,allocate,0x20,64,0\n1,0,allocate,0x30,64,0\n");
   EXPECT_NE(a.find("t.csv:3: NUL byte at column 1"), std::string::npos) << a;
-  // Inside a line (it used to merge the line with the next one).
+  // Inside a line (the line is not merged with the next one).
   const std::string b =
       parse_error(kHeader + "1,0,allocate,0x10,64,0\0\n"s + "1,0,allocate,0x20,64,0\n");
   EXPECT_NE(b.find("t.csv:2: NUL byte at column 23"), std::string::npos) << b;
@@ -713,10 +713,10 @@ TEST(ReplayPasses, DevicePoolMakesNoUpstreamAllocationInWarmPassesOfASteadyTrace
 }
 
 // Sixteen streams, each allocating blocks of 3, 5 or 9 MiB and freeing them on itself 32
-// allocations later (an engine with a stream per request). The large tier over virtual
-// memory used to map new memory whenever a stream's own free ranges did not fit, while the
-// other streams' free memory stayed idle: 97x the live bytes after three passes, growing
-// every pass. Growing now fences the other streams first.
+// allocations later (an engine with a stream per request). Before the large tier over
+// virtual memory maps new memory for a stream whose own free ranges do not fit, it fences
+// the other streams, so their free memory serves it: reserved stays near live and steady
+// over passes instead of growing with every pass.
 TEST(ReplayPasses, ManyStreamsKeepDevicePoolReservedNearLiveAndSteady) {
   std::string text = "Thread,Time,Action,Pointer,Size,Stream\n";
   std::uint64_t seed = 7;
