@@ -9,6 +9,11 @@ execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_
 if(NOT result EQUAL 0)
   message(FATAL_ERROR "install failed")
 endif()
+foreach(internal include/vram/detail include/vram/virtual_memory.hpp include/vram/testing)
+  if(EXISTS ${WORK_DIR}/prefix/${internal})
+    message(FATAL_ERROR "the internal ${internal} was installed")
+  endif()
+endforeach()
 
 function(build_project name source_dir)
   execute_process(COMMAND ${CMAKE_COMMAND} -S ${source_dir} -B ${WORK_DIR}/${name}
