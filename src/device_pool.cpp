@@ -27,13 +27,7 @@ DevicePool::Lease& DevicePool::Lease::operator=(Lease&& other) noexcept {
 }
 
 void DevicePool::Lease::reset() noexcept {
-  if (block_ != nullptr) {
-    if (core_->graphs_active()) [[unlikely]] {
-      core_->deallocate_with_graphs(block_, bytes_, detail::kUntagged, nullptr);
-    } else {
-      core_->deallocate(block_, bytes_, detail::kUntagged);
-    }
-  }
+  if (block_ != nullptr) core_->deallocate_unstreamed(block_, bytes_);
   core_ = nullptr;
   block_ = nullptr;
   bytes_ = 0;
@@ -108,11 +102,8 @@ void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
 }
 
 void DevicePool::deallocate(void* block, std::size_t bytes, std::size_t /*alignment*/) noexcept {
-  if (core_) [[likely]] {
-    if (core_->graphs_active()) [[unlikely]]
-      return core_->deallocate_with_graphs(block, bytes, detail::kUntagged, nullptr);
-    core_->deallocate(block, bytes, detail::kUntagged);
-  }
+  if (core_) [[likely]]
+    core_->deallocate_unstreamed(block, bytes);
 }
 
 DevicePool::Lease DevicePool::acquire(std::size_t bytes) {

@@ -38,8 +38,8 @@
 // (rejected); a size that differs, or a block not recorded, goes to the tier, which
 // decides as before. The tier files this cache as the owner of each block it hands out
 // here (lease_owner.hpp): a release of such a block on any other path is checked against
-// the cached blocks (a double release there is rejected too) and revokes the records, so
-// a record is never trusted after its block left by another path. When the record is
+// the cached blocks (a double release there is rejected too) and revokes that block's
+// record, so a record is never trusted after its block left by another path. When the record is
 // full the leased entries are forgotten (their releases then go through the tier); cached
 // ones stay.
 //

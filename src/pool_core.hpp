@@ -197,6 +197,12 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
                                                StreamKey key, cudaStream_t stream);
   [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
                                                 cudaStream_t stream) noexcept;
+  // A release without a stream (DevicePool::deallocate, Lease::reset, an ended scope's).
+  void deallocate_unstreamed(void* block, std::size_t bytes) noexcept {
+    if (graphs_active()) [[unlikely]]
+      return deallocate_with_graphs(block, bytes, kUntagged, nullptr);
+    deallocate(block, bytes, kUntagged);
+  }
   // The capture `stream` is in (0: none; the legacy stream is never captured, and with
   // watch_captures off nothing is asked). One driver query (StreamFence::capture_of).
   std::uint64_t capture_of(cudaStream_t stream) noexcept {

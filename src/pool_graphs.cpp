@@ -275,10 +275,7 @@ void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexce
   }
   // Ended: an ordinary release, as DevicePool::deallocate makes it.
   if (const std::shared_ptr<detail::DevicePoolCore> core = ended_.lock()) {
-    if (core->graphs_active()) {
-      return core->deallocate_with_graphs(block, bytes, detail::kUntagged, nullptr);
-    }
-    return core->deallocate(block, bytes, detail::kUntagged);
+    return core->deallocate_unstreamed(block, bytes);
   }
   std::fprintf(stderr,
                "vram::DevicePool::CaptureScope::deallocate: %p was not released: the scope "

@@ -134,7 +134,6 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
   });
   if (r == nullptr) return Freed::foreign;
   if (r->owner != nullptr && r->owner != by) r->owner->revoke(block);  // its record is stale
-  r->owner = nullptr;
   budget_.give(r->size);
   r->tag = tag;
   r->epoch = tags_.epoch();
