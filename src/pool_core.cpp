@@ -159,8 +159,10 @@ void DevicePoolCore::quiesce_locked() noexcept {
   wants.clear();  // what they were for is free for all now (later frees want again)
 }
 
-void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes,
-                                StreamKey key, ThreadCache* held, LeaseOwner* owner) {
+void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* held, LeaseOwner* owner) {
+  SegmentTier& tier = *request.tier;
+  const std::size_t bytes = request.block_bytes;
+  const StreamKey key = request.key;
   SlowSection slow(held);
   // Cached large blocks never make a tier grow: they go back first (large_block_cache.hpp),
   // and the request tries the large tier again without growing.
@@ -182,14 +184,15 @@ void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::s
     // A virtual-memory large tier that does not unmap before mapping gives nothing back to
     // stay within the budget (it only waits for other streams' frees past it), so its
     // growth does not make the other tier give segments back either.
+    const SegmentTier::GrowthQuote quote = tier.quote_growth(bytes);
     const std::size_t excess =
         !tier.enforces_growth_budget()
             ? 0
-            : gauge.excess_after_growth(tier.growth_bytes(bytes), tier.peak_growth_for(bytes),
+            : gauge.excess_after_growth(quote.growth_bytes, quote.peak_growth,
                                         tier.growth_headroom_1024());
-    if (const std::size_t own = excess > 0 ? tier.empty_bytes() : 0; own < excess) {
+    if (const std::size_t own = excess > 0 ? quote.empty_bytes : 0; own < excess) {
       SegmentTier& other = &tier == &small ? large : small;
-      if (may_quiesce && (tier.stranded_segments() || other.stranded_segments())) {
+      if (may_quiesce && (quote.stranded || other.stranded_segments())) {
         may_quiesce = false;
         (void)quiesce_streams_since(seen);
         continue;
@@ -224,43 +227,44 @@ void* DevicePoolCore::tier_grow(SegmentTier& tier, std::size_t requested, std::s
     const std::string source = &tier == &large && virtual_memory != nullptr
                                    ? std::string("virtual memory (cuMemCreate/cuMemMap)")
                                    : "upstream " + std::string(upstream->name());
+    // A small request names its class's bytes, a large one the bytes asked for.
+    const std::size_t requested =
+        request.small ? SizeClasses::bytes_of(request.index) : request.bytes;
     throw OutOfMemory(
         requested, now.bytes_cached, now.bytes_in_use,
         source + " failed after trimming the cache and retrying (" + second.what() + ")");
   }
 }
 
-void* DevicePoolCore::small_get(ThreadCache* cache, std::size_t index, StreamKey key) {
+void* DevicePoolCore::small_get(ThreadCache* cache, const Request& request) {
   void* block = nullptr;
-  if (cache != nullptr && take_cached(*cache, index, key, block)) [[likely]] {
+  if (cache != nullptr && take_cached(*cache, request.index, request.key, block)) [[likely]] {
     return block;
   }
-  if (MpmcRing<void*>* ring = ring_of(index); ring != nullptr && ring->try_pop(block)) {
+  if (MpmcRing<void*>* ring = ring_of(request.index); ring != nullptr && ring->try_pop(block)) {
     return block;
   }
-  return tier_allocate(tier_of(index), SizeClasses::bytes_of(index), small_block_bytes(index), key,
-                       cache);
+  return tier_allocate(request, cache);
 }
 
-void* DevicePoolCore::large_get(ThreadCache* cache, std::size_t requested, std::size_t bytes,
-                                StreamKey key) {
+void* DevicePoolCore::large_get(ThreadCache* cache, const Request& request) {
   const std::size_t cap = options.thread_cache_large_bytes;
-  if (cache == nullptr || bytes > cap) return tier_allocate(large, requested, bytes, key, cache);
+  const std::size_t bytes = request.block_bytes;
+  if (cache == nullptr || bytes > cap) return tier_allocate(request, cache);
   if (cache->large.active()) {
-    if (void* block = cache->large.take(bytes, key)) return block;
+    if (void* block = cache->large.take(bytes, request.key)) return block;
   }
   // Filed with its owner even while the cache is inactive: the call may turn it on.
-  void* block = tier_allocate(large, requested, bytes, key, cache, &cache->large);
+  void* block = tier_allocate(request, cache, &cache->large);
   cache->large.note_contentions(large.contentions());
   if (cache->large.active()) cache->large.note_leased(block, bytes);
   return block;
 }
 
-bool DevicePoolCore::large_put(ThreadCache& cache, void* block, std::size_t bytes,
-                               StreamKey key) noexcept {
+bool DevicePoolCore::large_put(ThreadCache& cache, void* block, const Request& request) noexcept {
   const std::size_t cap = options.thread_cache_large_bytes;
-  if (const std::size_t need = large.round(bytes); cache.large.active() && need <= cap) {
-    LargeBlockCache::Put put = cache.large.put(block, need, key, cap);
+  if (const std::size_t need = request.block_bytes; cache.large.active() && need <= cap) {
+    LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);
       auto give = [this, &cache](const LargeBlockCache::Cached& oldest) {
@@ -268,20 +272,20 @@ bool DevicePoolCore::large_put(ThreadCache& cache, void* block, std::size_t byte
       };
       while (!cache.large.has_room(need, cap) && cache.large.give_oldest(give)) {
       }
-      put = cache.large.put(block, need, key, cap);
+      put = cache.large.put(block, need, request.key, cap);
     }
     if (put == LargeBlockCache::Put::cached) return true;
     if (put == LargeBlockCache::Put::double_release) return false;
   }
-  const bool known = free_to_tier(large, block, key, bytes, &cache);
+  const bool known = free_to_tier(block, request, &cache);
   cache.large.note_contentions(large.contentions());
   return known;
 }
 
-bool DevicePoolCore::free_to_tier(SegmentTier& tier, void* block, StreamKey key, std::size_t bytes,
-                                  ThreadCache* held) noexcept {
-  const SegmentTier::Freed freed =
-      tier.free_keeping(block, key, bytes, held != nullptr ? &held->large : nullptr);
+bool DevicePoolCore::free_to_tier(void* block, const Request& request, ThreadCache* held) noexcept {
+  SegmentTier& tier = *request.tier;
+  const SegmentTier::Freed freed = tier.free_keeping(block, request.key, request.block_bytes,
+                                                     held != nullptr ? &held->large : nullptr);
   if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
     SlowSection slow(held);
     tier.give_back_over_cap();
@@ -290,9 +294,10 @@ bool DevicePoolCore::free_to_tier(SegmentTier& tier, void* block, StreamKey key,
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).
-bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t index,
-                               StreamKey key) noexcept {
-  const std::uint64_t held = held_bytes_of[index];
+bool DevicePoolCore::small_put(ThreadCache* cache, void* block, const Request& request) noexcept {
+  const std::size_t index = request.index;
+  const StreamKey key = request.key;
+  const std::uint64_t held = request.block_bytes;
   const std::uint64_t cached =
       cache != nullptr ? cache->cached_bytes.load(std::memory_order_relaxed) : 0;
   if (cache != nullptr && has_room(*cache, index, cached, held)) [[likely]] {
@@ -313,7 +318,7 @@ bool DevicePoolCore::small_put(ThreadCache* cache, void* block, std::size_t inde
       return true;
     }
   }
-  return free_to_tier(tier_of(index), block, key, held, cache);
+  return free_to_tier(block, request, cache);
 }
 
 void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
@@ -345,13 +350,21 @@ void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, St
       (alignment & (alignment - 1)) != 0) [[unlikely]] {
     reject_request(bytes, alignment);
   }
-  const bool is_small = bytes <= small_max;
-  const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
-  const std::size_t held_bytes = is_small ? held_bytes_of[index] : large.round(bytes);
+  return serve(request_of(bytes, key), nullptr);
+}
+
+void* DevicePoolCore::allocate_miss(std::size_t bytes, std::size_t index, StreamKey key,
+                                    ThreadCache* cache) {
+  return serve(small_request(bytes, index, key), cache);
+}
+
+void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
+  const std::size_t held_bytes = request.block_bytes;
   void* block = nullptr;
-  if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
+  if (cache == nullptr) cache = lock_own_cache();
+  if (cache != nullptr) [[likely]] {
     try {
-      block = is_small ? small_get(cache, index, key) : large_get(cache, bytes, held_bytes, key);
+      block = request.small ? small_get(cache, request) : large_get(cache, request);
     } catch (...) {
       unlock_own_cache(*cache);
       throw;
@@ -366,8 +379,7 @@ void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, St
           "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
           "while it is used.");
     }
-    block = is_small ? small_get(nullptr, index, key)
-                     : tier_allocate(large, bytes, held_bytes, key, nullptr);
+    block = request.small ? small_get(nullptr, request) : tier_allocate(request, nullptr);
     bump(slow_acquires, 1);
     bump(slow_acquired_bytes, held_bytes);
   }
@@ -377,7 +389,7 @@ void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, St
       std::lock_guard lock(live_mutex);
       live_blocks[block] = held_bytes;
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
-      release(block, bytes, key);
+      release(block, request);
       throw;
     }
   }
@@ -423,32 +435,40 @@ void DevicePoolCore::reject_release(const void* block, std::size_t bytes,
   if (bytes > SizeClasses::kMaxBytes) {
     return reject_release(block, bytes, "more bytes than the largest block (1 TiB)");
   }
-  if (options.validate_releases && !validate_release(block, block_bytes(bytes))) return;
-  release(block, bytes, key);
+  const Request request = request_of(bytes, key);
+  if (options.validate_releases && !validate_release(block, request.block_bytes)) return;
+  release(block, request);
 }
 
-void DevicePoolCore::release(void* block, std::size_t bytes, StreamKey key) noexcept {
-  if (bytes <= small_max && !options.track_peak_in_use && release_to_own_cache(block, bytes, key)) {
-    return;
+void DevicePoolCore::release(void* block, const Request& request) noexcept {
+  ThreadCache* cache = nullptr;
+  if (request.small && !options.track_peak_in_use) {
+    cache = claim_warm(uid, dekker);
+    if (cache != nullptr && release_to_cache(*cache, block, request.index, request.key)) return;
   }
-  release_slow(block, bytes, key);
+  release_slow(block, request, cache);
 }
 
-void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key) noexcept {
-  const bool is_small = bytes <= small_max;
-  const std::size_t index = is_small ? SizeClasses::index_for(bytes) : 0;
-  const std::size_t held_bytes = is_small ? held_bytes_of[index] : large.round(bytes);
+void DevicePoolCore::release_miss(void* block, std::size_t bytes, std::size_t index, StreamKey key,
+                                  ThreadCache* cache) noexcept {
+  release_slow(block, small_request(bytes, index, key), cache);
+}
+
+void DevicePoolCore::release_slow(void* block, const Request& request,
+                                  ThreadCache* cache) noexcept {
+  const std::size_t held_bytes = request.block_bytes;
   const bool track = options.track_peak_in_use;
-  if (ThreadCache* cache = lock_own_cache(); cache != nullptr) [[likely]] {
-    bool known = true;
-    known = is_small ? small_put(cache, block, index, key) : large_put(*cache, block, bytes, key);
+  if (cache == nullptr) cache = lock_own_cache();
+  if (cache != nullptr) [[likely]] {
+    const bool known =
+        request.small ? small_put(cache, block, request) : large_put(*cache, block, request);
     if (known) [[likely]] {
       bump(cache->releases, 1);
       bump(cache->released_bytes, held_bytes);
     }
     unlock_own_cache(*cache);
     if (!known) {
-      reject_release(block, bytes, kNotLive);
+      reject_release(block, request.bytes, kNotLive);
     } else if (track) {
       note_in_use(-static_cast<std::int64_t>(held_bytes));
     }
@@ -460,13 +480,14 @@ void DevicePoolCore::release_slow(void* block, std::size_t bytes, StreamKey key)
   std::lock_guard lock(slow_mutex);
   bool known = true;
   if (!orphaned) {
-    known = is_small ? small_put(nullptr, block, index, key) : large.free(block, key, bytes);
+    known = request.small ? small_put(nullptr, block, request)
+                          : large.free(block, request.key, held_bytes);
   } else {
-    known = is_small ? tier_of(index).free(block, key, held_bytes) : large.free(block, key, bytes);
+    known = request.tier->free(block, request.key, held_bytes);
     small.trim(0, false);  // give wholly free segments straight back
     large.trim(0, false);
   }
-  if (!known) return reject_release(block, bytes, kNotLive);
+  if (!known) return reject_release(block, request.bytes, kNotLive);
   bump(slow_releases, 1);
   bump(slow_released_bytes, held_bytes);
   if (track) note_in_use(-static_cast<std::int64_t>(held_bytes));

@@ -31,6 +31,7 @@
 
 #include "capture_routes.hpp"
 #include "graph_pools.hpp"
+#include "request.hpp"
 #include "segment_tier.hpp"
 #include "thread_cache.hpp"
 #include "vram/detail/asymmetric_fence.hpp"
@@ -74,9 +75,27 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   SegmentTier& tier_of(std::size_t index) noexcept {
     return index < first_large_class ? small : large;
   }
-  std::size_t block_bytes(std::size_t bytes) const noexcept {
-    return bytes <= small_max ? small_block_bytes(SizeClasses::index_for(bytes))
-                              : large.round(bytes);
+  // The record of a request of `bytes` (1 .. SizeClasses::kMaxBytes) on `key`'s stream,
+  // built once at the entry of a call (request.hpp); small_request() when the caller has
+  // the class already (the warm paths).
+  Request request_of(std::size_t bytes, StreamKey key) noexcept {
+    if (bytes <= small_max) return small_request(bytes, SizeClasses::index_for(bytes), key);
+    return Request{.bytes = bytes,
+                   .block_bytes = large.round(bytes),
+                   .tier = &large,
+                   .key = key,
+                   .small = false};
+  }
+  Request small_request(std::size_t bytes, std::size_t index, StreamKey key) noexcept {
+    return Request{.bytes = bytes,
+                   .block_bytes = held_bytes_of[index],
+                   .index = index,
+                   .tier = &tier_of(index),
+                   .key = key,
+                   .small = true};
+  }
+  std::size_t block_bytes(std::size_t bytes) noexcept {
+    return request_of(bytes, kUntagged).block_bytes;
   }
 
   MpmcRing<void*>* ring_of(std::size_t index) const noexcept {
@@ -120,16 +139,31 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void retire(ThreadCache* cache) noexcept;
 
   void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
+  // Every request the warm path does not serve: validated, then served (serve()).
   void* allocate_slow(std::size_t bytes, std::size_t alignment, StreamKey key);
+  // A warm request (valid, small, class `index`) its thread's cache could not serve;
+  // `cache`: that cache, still claimed, or null when the warm claim failed.
+  void* allocate_miss(std::size_t bytes, std::size_t index, StreamKey key, ThreadCache* cache);
+  // Serves `request` through `cache` (claimed; null: claimed here, lock_own_cache(), else
+  // the slow path under slow_mutex) and releases the cache.
+  void* serve(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Counts a rejected release in invalid_releases and says why on stderr; nothing changes.
   [[gnu::cold]] void reject_release(const void* block, std::size_t bytes, const char* why) noexcept;
   // deallocate() after validation.
-  void release(void* block, std::size_t bytes, StreamKey key) noexcept;
-  bool release_to_own_cache(void* block, std::size_t bytes, StreamKey key) noexcept;
-  void release_slow(void* block, std::size_t bytes, StreamKey key) noexcept;
+  void release(void* block, const Request& request) noexcept;
+  // The warm release into `cache` (claimed): room in the bin of class `index` and nothing
+  // to retag; the cache is released. False: nothing done, the cache still claimed.
+  bool release_to_cache(ThreadCache& cache, void* block, std::size_t index, StreamKey key) noexcept;
+  // A warm release (small, class `index`) its thread's cache could not take; `cache`: that
+  // cache, still claimed, or null.
+  void release_miss(void* block, std::size_t bytes, std::size_t index, StreamKey key,
+                    ThreadCache* cache) noexcept;
+  // Releases `block` through `cache` (claimed; null: claimed here, else the slow path) and
+  // releases the cache.
+  void release_slow(void* block, const Request& request, ThreadCache* cache) noexcept;
   // The bins of a thread cache, for its holder. take_cached: a block of class `index`
   // usable on `key` (false: none). has_room: the bin's depth and the cache's byte bound allow one
   // more. put_cached: files a block (the caller checked the room and settled the tag).
@@ -151,35 +185,32 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     bin.blocks[bin.count++] = block;
     bump(cache.cached_bytes, held);
   }
-  void* small_get(ThreadCache* cache, std::size_t index, StreamKey key);
-  // A large block (`bytes`: the tier's rounding of `requested`) from the holder's cache of
-  // large blocks, else from the tier (recorded in the cache when it may come back there).
-  // (large_get and large_put: inline into their one caller, pool_core.cpp, the warm large
-  // path: no call level of their own.)
-  [[gnu::always_inline]] inline void* large_get(ThreadCache* cache, std::size_t requested,
-                                                std::size_t bytes, StreamKey key);
+  void* small_get(ThreadCache* cache, const Request& request);
+  // A large block from the holder's cache of large blocks, else from the tier (recorded in
+  // the cache when it may come back there). (large_get and large_put: inline into their one
+  // caller, pool_core.cpp, the warm large path: no call level of their own.)
+  [[gnu::always_inline]] inline void* large_get(ThreadCache* cache, const Request& request);
   // Releases a large block into the holder's cache, else to the tier; false when the block
   // is not this pool's leased block of that size.
-  [[gnu::always_inline]] inline bool large_put(ThreadCache& cache, void* block, std::size_t bytes,
-                                               StreamKey key) noexcept;
+  [[gnu::always_inline]] inline bool large_put(ThreadCache& cache, void* block,
+                                               const Request& request) noexcept;
   // Every cached large block of `cache` (its holder's, or stolen) back to the large tier.
   void take_large(ThreadCache& cache) noexcept;
   // Before a tier grows: the cached large blocks of every thread (`held`: the caller's own,
   // claimed; the others stolen as trim() steals, skipping an owner inside a call that may
   // block) back to the large tier; true when any went back.
   bool flush_large_caches(ThreadCache* held) noexcept;
-  bool small_put(ThreadCache* cache, void* block, std::size_t index, StreamKey key) noexcept;
-  // SegmentTier::free() for a thread holding `held` (or null; released through its large
-  // cache, lease_owner.hpp): only its give-back, which makes upstream calls, runs in a
-  // SlowSection (a tier's mutex guards book-keeping only: segment_tier.hpp).
-  bool free_to_tier(SegmentTier& tier, void* block, StreamKey key, std::size_t bytes,
-                    ThreadCache* held) noexcept;
-  // `owner`: the large cache the block is handed to (lease_owner.hpp), or null.
-  void* tier_allocate(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
-                      ThreadCache* held, LeaseOwner* owner = nullptr);
+  bool small_put(ThreadCache* cache, void* block, const Request& request) noexcept;
+  // SegmentTier::free() of the request's tier for a thread holding `held` (or null;
+  // released through its large cache, lease_owner.hpp): only its give-back, which makes
+  // upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
+  // segment_tier.hpp).
+  bool free_to_tier(void* block, const Request& request, ThreadCache* held) noexcept;
+  // A block from the request's tier. `owner`: the large cache the block is handed to
+  // (lease_owner.hpp), or null.
+  void* tier_allocate(const Request& request, ThreadCache* held, LeaseOwner* owner = nullptr);
   // tier_allocate() when no free range fits: grows the tier (trimming and retrying on OOM).
-  void* tier_grow(SegmentTier& tier, std::size_t requested, std::size_t bytes, StreamKey key,
-                  ThreadCache* held, LeaseOwner* owner);
+  void* tier_grow(const Request& request, ThreadCache* held, LeaseOwner* owner);
   // Moves a cache's blocks (its holder calls this) to their tiers under the cache's tag.
   void take_bins(ThreadCache& cache) noexcept;
   void drain_rings() noexcept;
@@ -374,13 +405,13 @@ inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
 }
 
 // Inline: every large request takes this path (the growing part is out of line).
-inline void* DevicePoolCore::tier_allocate(SegmentTier& tier, std::size_t requested,
-                                           std::size_t bytes, StreamKey key, ThreadCache* held,
+inline void* DevicePoolCore::tier_allocate(const Request& request, ThreadCache* held,
                                            LeaseOwner* owner) {
-  if (void* block = tier.allocate(bytes, key, /*may_grow=*/false, nullptr, owner)) [[likely]] {
+  if (void* block = request.tier->allocate(request.block_bytes, request.key, /*may_grow=*/false,
+                                           nullptr, owner)) [[likely]] {
     return block;
   }
-  return tier_grow(tier, requested, bytes, key, held, owner);
+  return tier_grow(request, held, owner);
 }
 
 inline void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
@@ -389,52 +420,49 @@ inline void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, 
   if (bytes - 1 < small_max && plain_calls && alignment - 1 < kMaxAlignment &&
       (alignment & (alignment - 1)) == 0) [[likely]] {
     const std::size_t index = SizeClasses::index_for(bytes);
-    if (ThreadCache* cache = claim_warm(uid, dekker); cache != nullptr) [[likely]] {
-      if (void* block = nullptr; take_cached(*cache, index, key, block)) [[likely]] {
-        const std::uint64_t held_bytes = held_bytes_of[index];
-        bump(cache->acquires, 1);
-        bump(cache->acquired_bytes, held_bytes);
-        if (cache->flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
-          return flush_and_unlock(*cache, block);  // see unlock_own_cache
-        }
-        cache->state.store(ThreadCache::kFree, std::memory_order_release);
-        return block;
+    ThreadCache* cache = claim_warm(uid, dekker);
+    if (void* block = nullptr; cache != nullptr && take_cached(*cache, index, key, block))
+        [[likely]] {
+      const std::uint64_t held_bytes = held_bytes_of[index];
+      bump(cache->acquires, 1);
+      bump(cache->acquired_bytes, held_bytes);
+      if (cache->flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
+        return flush_and_unlock(*cache, block);  // see unlock_own_cache
       }
-      // Untouched: the slow path claims the cache again and honours a flush request.
       cache->state.store(ThreadCache::kFree, std::memory_order_release);
+      return block;
     }
+    // Missed: the cache stays claimed (null: not claimed) and the class computed; the slow
+    // path serves the request through it and honours a flush request.
+    return allocate_miss(bytes, index, key, cache);
   }
   return allocate_slow(bytes, alignment, key);
 }
 
-// The warm release: room in this thread's cache and nothing to retag. False: nothing done
-// (nothing held either).
-inline bool DevicePoolCore::release_to_own_cache(void* block, std::size_t bytes,
-                                                 StreamKey key) noexcept {
-  const std::size_t index = SizeClasses::index_for(bytes);
-  ThreadCache* cache = claim_warm(uid, dekker);
-  if (cache == nullptr) [[unlikely]]
-    return false;
+inline bool DevicePoolCore::release_to_cache(ThreadCache& cache, void* block, std::size_t index,
+                                             StreamKey key) noexcept {
   const std::uint64_t held = held_bytes_of[index];
-  const std::uint64_t cached = cache->cached_bytes.load(std::memory_order_relaxed);
-  if (has_room(*cache, index, cached, held) &&
-      (key == cache->tag || key == kUntagged || cached == 0)) [[likely]] {
-    if (cached == 0) cache->tag = key;  // an empty cache takes the tag of what it holds
-    put_cached(*cache, block, index, held);
-    bump(cache->releases, 1);
-    bump(cache->released_bytes, held);
-    unlock_own_cache(*cache);
+  const std::uint64_t cached = cache.cached_bytes.load(std::memory_order_relaxed);
+  if (has_room(cache, index, cached, held) && (key == cache.tag || key == kUntagged || cached == 0))
+      [[likely]] {
+    if (cached == 0) cache.tag = key;  // an empty cache takes the tag of what it holds
+    put_cached(cache, block, index, held);
+    bump(cache.releases, 1);
+    bump(cache.released_bytes, held);
+    unlock_own_cache(cache);
     return true;
   }
-  // Untouched: the slow path claims the cache again and honours a flush request.
-  cache->state.store(ThreadCache::kFree, std::memory_order_release);
   return false;
 }
 
 inline void DevicePoolCore::deallocate(void* block, std::size_t bytes, StreamKey key) noexcept {
   if (bytes - 1 < small_max && plain_calls && block != nullptr) [[likely]] {
-    if (release_to_own_cache(block, bytes, key)) return;
-    return release_slow(block, bytes, key);
+    const std::size_t index = SizeClasses::index_for(bytes);
+    ThreadCache* cache = claim_warm(uid, dekker);
+    if (cache != nullptr && release_to_cache(*cache, block, index, key)) [[likely]]
+      return;
+    // The cache stays claimed (null: not claimed), as in allocate().
+    return release_miss(block, bytes, index, key, cache);
   }
   deallocate_checked(block, bytes, key);
 }

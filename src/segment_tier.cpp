@@ -1,6 +1,7 @@
 #include "segment_tier.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <memory>
 #include <vector>
 
@@ -38,10 +39,11 @@ SegmentTier::~SegmentTier() {
 
 void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce,
                             LeaseOwner* owner) {
-  const std::size_t need = round(bytes);
+  assert(bytes == round(bytes));
+  const std::size_t need = bytes;
   if (may_grow) {
     const Growth growing(*this);  // also when growing throws or asks for a quiesce
-    return allocate_growing(need, bytes, stream, quiesce, owner);
+    return allocate_growing(need, stream, quiesce, owner);
   }
   Lock held = lock();
   poll_unlocked(held);
@@ -57,8 +59,8 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   return file_used(r, owner);  // reserved above
 }
 
-void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream,
-                                    bool* quiesce, LeaseOwner* owner) {
+void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* quiesce,
+                                    LeaseOwner* owner) {
   Lock held = lock();
   poll_unlocked(held);
   reserve_spares();  // before any change (again after each release of the mutex)
@@ -103,7 +105,7 @@ void* SegmentTier::allocate_growing(std::size_t need, std::size_t bytes, StreamK
   if (r != nullptr) {
     ranges_.remove_free(r);
   } else if (map_.base() != nullptr) {
-    throw OutOfMemory(bytes, budget_.free_bytes(), budget_.used(),
+    throw OutOfMemory(need, budget_.free_bytes(), budget_.used(),
                       "the pool's reserved address range is exhausted");
   } else {
     r = grow_segment(need, held);  // the upstream call with the mutex released
@@ -127,7 +129,8 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
   // Null for a foreign block, for null itself, for a block of another size than `bytes` (a
   // small class's released under a large size, say) and for a block its owner holds cached
   // (released to it already) when another releases it.
-  const std::size_t need = bytes != 0 ? round(bytes) : 0;
+  assert(bytes == round(bytes));
+  const std::size_t need = bytes;
   Range* r = live_.erase_if(block, [need, by](const Range* live) {
     if (need != 0 && live->size != need) return false;
     return live->owner == nullptr || live->owner == by || !live->owner->holds(live->addr);
@@ -189,6 +192,11 @@ bool SegmentTier::adopt_marker(StreamKey key, std::uint64_t marker, std::uint64_
 bool SegmentTier::stranded_segments() const noexcept {
   if (options_.virtual_memory != nullptr) return false;
   const Lock held = lock();
+  return stranded_segments_locked();
+}
+
+bool SegmentTier::stranded_segments_locked() const noexcept {
+  if (options_.virtual_memory != nullptr) return false;
   for (const Segment* segment : segments_) {
     const Range* only = segment->first;
     if (only->next == nullptr && only->state == Range::State::free && only->tag != kUntagged &&
@@ -199,9 +207,13 @@ bool SegmentTier::stranded_segments() const noexcept {
   return false;
 }
 
-std::size_t SegmentTier::peak_growth_for(std::size_t bytes) const noexcept {
+SegmentTier::GrowthQuote SegmentTier::quote_growth(std::size_t bytes) const noexcept {
+  assert(bytes == round(bytes));
   const Lock held = lock();
-  return budget_.peak_growth(round(bytes));
+  return GrowthQuote{.growth_bytes = growth_bytes(bytes),
+                     .peak_growth = budget_.peak_growth(bytes),
+                     .empty_bytes = empty_bytes_locked(),
+                     .stranded = stranded_segments_locked()};
 }
 
 void SegmentTier::restart_peak() noexcept {
@@ -209,9 +221,8 @@ void SegmentTier::restart_peak() noexcept {
   budget_.restart_peak();
 }
 
-std::size_t SegmentTier::empty_bytes() const noexcept {
+std::size_t SegmentTier::empty_bytes_locked() const noexcept {
   if (options_.virtual_memory != nullptr) return 0;
-  const Lock held = lock();
   std::size_t bytes = 0;
   for (const Segment* segment : segments_) {
     if (segment->idle()) bytes += segment->size;

@@ -137,7 +137,9 @@ class SegmentTier {
   std::size_t round(std::size_t bytes) const noexcept {
     return (bytes + options_.granularity - 1) & ~(options_.granularity - 1);
   }
-  // A range of round(bytes) usable on `stream` (kUntagged: any stream, completed work only).
+  // Every call below that takes `bytes` takes them rounded already (bytes == round(bytes),
+  // asserted): the caller rounds once (DevicePoolCore's Request) and carries the result.
+  // A range of `bytes` usable on `stream` (kUntagged: any stream, completed work only).
   // Without may_grow: null when no free range fits. With it, a new segment (after giving
   // back the wholly free ones); throws the upstream's OutOfMemory or CudaError.
   // `quiesce` (may_grow only): growing would pass the budget while free ranges of wanted
@@ -156,10 +158,19 @@ class SegmentTier {
   // Wholly free segments of wanted streams exist (past the budget only a quiesce could
   // give them back).
   bool stranded_segments() const noexcept;
+  // What a growth for a request of `bytes` would do, read under one taking of the mutex
+  // (DevicePoolCore::tier_grow decides from it whether the tiers give segments back first).
+  struct GrowthQuote {
+    std::size_t growth_bytes = 0;  // the segment (virtual mode: the granules) it takes
+    std::size_t peak_growth = 0;   // by how much it raises the tier's peak of used bytes
+    std::size_t empty_bytes = 0;   // wholly free, untagged segments (virtual mode: 0)
+    bool stranded = false;         // stranded_segments()
+  };
+  GrowthQuote quote_growth(std::size_t bytes) const noexcept;
   // Returns a block from allocate(); `tag` is the freeing stream or kUntagged; `by`: the
   // thread cache it is released through (null: none). False (and nothing changed) when the
   // block is not live here, when `bytes` (0: not checked) is not what allocate() was asked
-  // for, rounded (round(bytes)), or when its owner holds it cached and `by` is not that
+  // for, or when its owner holds it cached and `by` is not that
   // owner (a double release; lease_owner.hpp). A block released by another than its owner
   // revokes the owner's records.
   bool free(void* block, StreamKey tag, std::size_t bytes = 0,
@@ -191,19 +202,9 @@ class SegmentTier {
   // synchronized, on another thread) keeps its stream: work queued after the synchronize
   // began may still use it.
   void forget_streams(std::uint64_t mark) noexcept;
-  // Bytes of the segment a request of `bytes` would grow the tier by.
-  std::size_t growth_bytes(std::size_t bytes) const noexcept {
-    const std::size_t granule = map_.granule();
-    if (granule != 0) return (round(bytes) + granule - 1) / granule * granule;  // virtual
-    return segment_size_for(round(bytes));
-  }
   std::size_t growth_headroom_1024() const noexcept { return options_.growth_headroom_1024; }
-  // By how much a request of `bytes` would raise this tier's peak of used bytes.
-  std::size_t peak_growth_for(std::size_t bytes) const noexcept;
   // The tier's peak of used bytes restarts from what is used now (DevicePool::trim).
   void restart_peak() noexcept;
-  // Bytes of wholly free, untagged segments (virtual mode: 0, granules are not segments).
-  std::size_t empty_bytes() const noexcept;
   // False for a virtual-memory tier without unmap_before_map: it maps new granules without
   // checking the growth budget (its free mapped bytes are bounded by max_free_bytes).
   bool enforces_growth_budget() const noexcept {
@@ -308,8 +309,16 @@ class SegmentTier {
     return r->addr;
   }
   // allocate() with may_grow, the growth mutex held.
-  void* allocate_growing(std::size_t need, std::size_t bytes, StreamKey stream, bool* quiesce,
-                         LeaseOwner* owner);
+  void* allocate_growing(std::size_t need, StreamKey stream, bool* quiesce, LeaseOwner* owner);
+  // Bytes of the segment (virtual mode: the granules) a request of `need` bytes grows by.
+  std::size_t growth_bytes(std::size_t need) const noexcept {
+    const std::size_t granule = map_.granule();
+    if (granule != 0) return (need + granule - 1) / granule * granule;  // virtual
+    return segment_size_for(need);
+  }
+  // Bytes of wholly free, untagged segments (virtual mode: 0, granules are not segments).
+  std::size_t empty_bytes_locked() const noexcept;
+  bool stranded_segments_locked() const noexcept;
 
   // --- the fit (segment_tier.cpp) ---
   // `mapped`: whether the result's granules under `bytes` are all mapped (virtual mode; true

@@ -141,10 +141,11 @@ void run_model(std::uint32_t seed, SegmentTier::Options options) {
       const std::size_t op = pick(100);
       if (op < 40 || blocks.empty()) {
         const StreamKey s = streams[pick(4)];
-        const std::size_t bytes = (pick(2) ? 1 + pick(64_KiB) : 1 + pick(6_MiB));
+        // A tier takes rounded bytes (its caller rounds once).
+        const std::size_t bytes = tier.round(pick(2) ? 1 + pick(64_KiB) : 1 + pick(6_MiB));
         void* p = tier.allocate(bytes, s, pick(8) != 0);
         if (p != nullptr) {
-          const std::size_t n = tier.round(bytes);
+          const std::size_t n = bytes;
           model.hand_over(p, n, s);
           blocks.push_back({p, n, s});
           used += n;
@@ -297,7 +298,7 @@ void run_virtual_model(std::uint32_t seed, bool unmap_before_map, std::size_t ma
       const std::size_t op = pick(100);
       if (op < 45 || live.empty()) {
         const StreamKey s = streams[pick(4)];
-        const std::size_t bytes = (pick(3) ? 1 + pick(3_MiB) : 1 + pick(12_MiB));
+        const std::size_t bytes = tier.round(pick(3) ? 1 + pick(3_MiB) : 1 + pick(12_MiB));
         void* p = nullptr;
         const bool may_grow = pick(8) != 0;
         try {
@@ -317,7 +318,7 @@ void run_virtual_model(std::uint32_t seed, bool unmap_before_map, std::size_t ma
           }
         }
         if (p != nullptr) {
-          const std::size_t n = tier.round(bytes);
+          const std::size_t n = bytes;
           model.hand_over(p, n, s);
           live.emplace_back(static_cast<char*>(p), n);
           live_streams.push_back(s);
