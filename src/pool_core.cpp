@@ -131,34 +131,6 @@ void DevicePoolCore::serve_want(StreamKey key) noexcept {
   }
 }
 
-void DevicePoolCore::quiesce_streams() noexcept {
-  std::lock_guard lock(quiesce_mutex);
-  quiesce_locked();
-}
-
-bool DevicePoolCore::quiesce_streams_since(std::uint64_t seen) noexcept {
-  std::lock_guard lock(quiesce_mutex);
-  // One that began after `seen` has ended (its holder released the mutex): its marks came
-  // after the frees that made this thread ask, so they are free for all already.
-  if (quiesce_generation.load(std::memory_order_relaxed) != seen) return false;
-  quiesces_for_streams.fetch_add(1, std::memory_order_relaxed);
-  quiesce_locked();
-  return true;
-}
-
-void DevicePoolCore::quiesce_locked() noexcept {
-  quiesce_generation.fetch_add(1, std::memory_order_relaxed);
-  quiesces.fetch_add(1, std::memory_order_relaxed);
-  const std::uint64_t small_mark = small.mark_frees();
-  const std::uint64_t large_mark = large.mark_frees();
-  // A failed synchronize (another thread's capture in global mode refuses it, say) proves
-  // nothing: every range keeps its stream.
-  if (!fence->try_quiesce()) return;
-  small.forget_streams(small_mark);
-  large.forget_streams(large_mark);
-  wants.clear();  // what they were for is free for all now (later frees want again)
-}
-
 void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* held, LeaseOwner* owner) {
   SegmentTier& tier = *request.tier;
   const std::size_t bytes = request.block_bytes;
@@ -177,7 +149,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* held, Lease
   bool may_quiesce = !capturing;
   for (;;) {
     // Read before the tier looks: a quiesce that begins after it covers what it finds.
-    const std::uint64_t seen = quiesce_generation.load(std::memory_order_relaxed);
+    const std::uint64_t seen = quiescer.generation();
     // Growing past the budget the tiers share (segment_tier.hpp): when this tier's wholly
     // free segments cannot cover the excess, the other tier's give back the rest (the tier
     // itself gives back its own as it grows).
@@ -194,7 +166,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* held, Lease
       SegmentTier& other = &tier == &small ? large : small;
       if (may_quiesce && (quote.stranded || other.stranded_segments())) {
         may_quiesce = false;
-        (void)quiesce_streams_since(seen);
+        (void)quiescer.quiesce_since(seen);
         continue;
       }
       other.release_empty_for(excess - own);
@@ -214,7 +186,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* held, Lease
     }
     // Null only with `quiesce` set.
     may_quiesce = false;
-    (void)quiesce_streams_since(seen);
+    (void)quiescer.quiesce_since(seen);
   }
   // Everything cached, in every thread, and what graph pools gave up back to the upstream
   // (waiting for the work of stream-ordered frees), then once more.
@@ -386,46 +358,13 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
   if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(held_bytes));
   if (options.validate_releases) {
     try {
-      std::lock_guard lock(live_mutex);
-      live_blocks[block] = held_bytes;
+      validation.record(block, held_bytes);
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
       release(block, request);
       throw;
     }
   }
   return block;
-}
-
-bool DevicePoolCore::validate_release(void* block, std::size_t bytes) noexcept {
-  std::lock_guard lock(live_mutex);
-  auto it = live_blocks.find(block);
-  const char* problem = nullptr;
-  if (it == live_blocks.end()) {
-    problem = "it was never handed out by this pool or was already released (double release)";
-  } else if (it->second != bytes) {
-    problem = "the byte count does not match the one it was allocated with";
-  } else {
-    live_blocks.erase(it);
-    return true;
-  }
-  invalid_releases.fetch_add(1, std::memory_order_relaxed);
-  std::fprintf(stderr,
-               "vram::DevicePool: release of %p (%zu block bytes) rejected: %s. The block was "
-               "not cached.\n",
-               block, bytes, problem);
-  return false;
-}
-
-void DevicePoolCore::reject_release(const void* block, std::size_t bytes,
-                                    const char* why) noexcept {
-  invalid_releases.fetch_add(1, std::memory_order_relaxed);
-  char size[40] = "";
-  if (bytes != 0) std::snprintf(size, sizeof size, " (%zu bytes)", bytes);
-  std::fprintf(stderr,
-               "vram::DevicePool: release of %p%s rejected: %s. Nothing was released. Fix: "
-               "release each block once, with the size it was allocated with, to the pool it "
-               "came from.\n",
-               block, size, why);
 }
 
 [[gnu::noinline]] void DevicePoolCore::deallocate_checked(void* block, std::size_t bytes,
@@ -436,7 +375,7 @@ void DevicePoolCore::reject_release(const void* block, std::size_t bytes,
     return reject_release(block, bytes, "more bytes than the largest block (1 TiB)");
   }
   const Request request = request_of(bytes, key);
-  if (options.validate_releases && !validate_release(block, request.block_bytes)) return;
+  if (options.validate_releases && !validation.check(block, request.block_bytes)) return;
   release(block, request);
 }
 

@@ -31,6 +31,8 @@
 
 #include "capture_routes.hpp"
 #include "graph_pools.hpp"
+#include "quiescer.hpp"
+#include "release_validation.hpp"
 #include "request.hpp"
 #include "segment_tier.hpp"
 #include "thread_cache.hpp"
@@ -150,8 +152,11 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Counts a rejected release in invalid_releases and says why on stderr; nothing changes.
-  [[gnu::cold]] void reject_release(const void* block, std::size_t bytes, const char* why) noexcept;
+  // Counts a rejected release and says why on stderr; nothing changes (release_validation.hpp).
+  [[gnu::cold]] void reject_release(const void* block, std::size_t bytes,
+                                    const char* why) noexcept {
+    validation.reject(block, bytes, why);
+  }
   // deallocate() after validation.
   void release(void* block, const Request& request) noexcept;
   // The warm release into `cache` (claimed): room in the bin of class `index` and nothing
@@ -218,7 +223,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // and the rings back to the segment tiers, then gives wholly free segments back.
   void trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept;
   bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
-  bool validate_release(void* block, std::size_t bytes) noexcept;
   // Graph pools (pool_graphs.cpp). The public calls test graphs_on and, while it is set,
   // go through these (`key`: kUntagged for the calling thread's calls without a
   // stream): a request under a capture scope gets the graph pool's block; a release of a
@@ -295,17 +299,10 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     return graphs_active() || watch_captures || wanted_streams.load(std::memory_order_relaxed) != 0;
   }
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
-  // A device-wide quiesce (StreamFence::quiesce) after which every range freed on a stream
-  // before it is free for all streams, with no marker on any stream (counted in quiesces).
-  // One at a time (quiesce_mutex); growth asks with the generation it read before it looked
-  // at the tiers, and skips its own when another began since (it covers the same frees).
-  void quiesce_streams() noexcept;
-  bool quiesce_streams_since(std::uint64_t seen) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
   // capture would invalidate it).
   static inline thread_local bool tl_in_capture = false;
-  void quiesce_locked() noexcept;
   void note_in_use(std::int64_t delta) noexcept;
   DevicePoolStats stats() const;
 
@@ -346,12 +343,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Small blocks shared between threads: one lazily created ring per class.
   std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
 
+  // Device-wide quiesces after which stream frees are free for all (quiescer.hpp).
+  Quiescer quiescer{*fence, small, large, wants};
   std::atomic<std::uint64_t> oom_retries{0};
-  std::atomic<std::uint64_t> quiesces{0};
-  std::atomic<std::uint64_t> quiesces_for_streams{0};
-  std::mutex quiesce_mutex;  // after slow_mutex, before a tier's and the wants' mutex
-  std::atomic<std::uint64_t> quiesce_generation{0};  // quiesces begun, written under it
-  std::atomic<std::uint64_t> invalid_releases{0};
   std::atomic<std::uint64_t> unscoped_capture_calls{0};  // blocks kept by unscoped captures
   // Only with options.track_peak_in_use (a shared counter on every call).
   alignas(kCacheLine) std::atomic<std::int64_t> in_use_now{0};
@@ -378,8 +372,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::uint64_t orphan_blocks_outstanding = 0;     // guarded by slow_mutex
   std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
 
-  std::mutex live_mutex;  // validate_releases only
-  std::unordered_map<void*, std::size_t> live_blocks;
+  // Refused releases, and the leased blocks with validate_releases (release_validation.hpp).
+  ReleaseValidation validation;
 
   // Last: the graph pools' state (its address filter is 64 KiB) stays out of the lines the
   // warm paths and the tiers use.

@@ -192,18 +192,14 @@ std::size_t DevicePoolCore::release_size_of(const GraphPools::Block& block) noex
 void DevicePoolCore::reclaim_graph_returns(ThreadCache* held) noexcept {
   for (const GraphPools::Block& block : take_graph_returns()) {
     // block.bytes: block_bytes() of the request, what its acquire counted.
-    const std::size_t size = release_size_of(block);
-    const bool is_small = size <= small_max;
-    const std::size_t index = is_small ? SizeClasses::index_for(size) : 0;
-    const bool known = is_small ? tier_of(index).free(block.pointer, kUntagged, block.bytes)
-                                : large.free(block.pointer, kUntagged, block.bytes);
+    const Request request = request_of(release_size_of(block), kUntagged);
+    const bool known = request.tier->free(block.pointer, kUntagged, block.bytes);
     if (!known) {
       reject_release(block.pointer, block.bytes, "a graph pool's block the tiers do not know");
       continue;
     }
     if (options.validate_releases) {
-      std::lock_guard lock(live_mutex);
-      live_blocks.erase(block.pointer);
+      validation.forget(block.pointer);
     }
     if (held != nullptr) {
       bump(held->releases, 1);
@@ -337,7 +333,7 @@ void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {
   if (!core_) return;
   try {
     if (!core_->graph_pools.release(graph_pool)) {  // the graph's use only, never a scope's
-      core_->invalid_releases.fetch_add(1, std::memory_order_relaxed);
+      core_->validation.count_rejected();
       std::fprintf(stderr,
                    "vram::DevicePool::release_graph_pool(%llu): refused, the pool has no graph "
                    "use open (released already, or never captured into). Fix: release each "

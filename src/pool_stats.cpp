@@ -36,10 +36,10 @@ DevicePoolStats DevicePoolCore::stats() const {
   s.misses = s.upstream_allocations + a.failed_upstream_allocations + b.failed_upstream_allocations;
   s.hits = s.acquires > s.upstream_allocations ? s.acquires - s.upstream_allocations : 0;
   s.oom_retries = oom_retries.load(std::memory_order_relaxed);
-  s.quiesces = quiesces.load(std::memory_order_relaxed);
-  s.stream_quiesces = quiesces_for_streams.load(std::memory_order_relaxed);
+  s.quiesces = quiescer.quiesces();
+  s.stream_quiesces = quiescer.quiesces_for_streams();
   s.stream_marker_wants = wants.wanted();
-  s.invalid_releases = invalid_releases.load(std::memory_order_relaxed);
+  s.invalid_releases = validation.rejected();
   s.bytes_in_use = acquired_bytes > released_bytes ? acquired_bytes - released_bytes : 0;
   s.bytes_reserved = gauge.reserved.load(std::memory_order_relaxed);
   s.peak_bytes_reserved = gauge.peak.load(std::memory_order_relaxed);

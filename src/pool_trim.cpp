@@ -125,7 +125,7 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) 
   // behaviour), and trim gives memory back with cudaFree, which synchronizes anyway. Only
   // frees made before the synchronize began are known complete after it: a free racing it
   // on another thread keeps its stream (mark_frees).
-  quiesce_streams();
+  quiescer.quiesce();
   small.trim(0, wait);
   large.trim(keep_bytes, wait);
 }

@@ -1,0 +1,47 @@
+// src/quiescer.hpp: the device-wide quiesces of one DevicePool (StreamFence::quiesce).
+//
+// After a quiesce every range freed on a stream before it began is free for all streams,
+// with no marker recorded on any stream (a stream may have been destroyed since its frees).
+// One quiesce at a time; a caller that read generation() before it looked at the tiers
+// skips its own when another began since (quiesce_since: that one covers the same frees).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+
+#include "segment_tier.hpp"
+#include "stream_wants.hpp"
+#include "vram/stream_fence.hpp"
+
+namespace vram::detail {
+
+class Quiescer {
+ public:
+  Quiescer(StreamFence& fence, SegmentTier& small, SegmentTier& large, StreamWants& wants) noexcept
+      : fence_(fence), small_(small), large_(large), wants_(wants) {}
+
+  // Quiesces begun so far: read it before looking at the tiers, pass it to quiesce_since().
+  std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_relaxed); }
+  void quiesce() noexcept;
+  // A quiesce for stranded stream frees, unless another began after `seen` (false).
+  bool quiesce_since(std::uint64_t seen) noexcept;
+  std::uint64_t quiesces() const noexcept { return quiesces_.load(std::memory_order_relaxed); }
+  std::uint64_t quiesces_for_streams() const noexcept {
+    return for_streams_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  void quiesce_locked() noexcept;
+
+  StreamFence& fence_;
+  SegmentTier& small_;
+  SegmentTier& large_;
+  StreamWants& wants_;
+  std::mutex mutex_;  // after the core's slow_mutex, before a tier's and the wants' mutex
+  std::atomic<std::uint64_t> generation_{0};  // quiesces begun, written under mutex_
+  std::atomic<std::uint64_t> quiesces_{0};
+  std::atomic<std::uint64_t> for_streams_{0};
+};
+
+}  // namespace vram::detail

@@ -1,0 +1,48 @@
+#include "release_validation.hpp"
+
+#include <cstdio>
+
+namespace vram::detail {
+
+void ReleaseValidation::record(void* block, std::size_t block_bytes) {
+  std::lock_guard lock(mutex_);
+  live_[block] = block_bytes;
+}
+
+bool ReleaseValidation::check(void* block, std::size_t block_bytes) noexcept {
+  std::lock_guard lock(mutex_);
+  auto it = live_.find(block);
+  const char* problem = nullptr;
+  if (it == live_.end()) {
+    problem = "it was never handed out by this pool or was already released (double release)";
+  } else if (it->second != block_bytes) {
+    problem = "the byte count does not match the one it was allocated with";
+  } else {
+    live_.erase(it);
+    return true;
+  }
+  count_rejected();
+  std::fprintf(stderr,
+               "vram::DevicePool: release of %p (%zu block bytes) rejected: %s. The block was "
+               "not cached.\n",
+               block, block_bytes, problem);
+  return false;
+}
+
+void ReleaseValidation::forget(void* block) noexcept {
+  std::lock_guard lock(mutex_);
+  live_.erase(block);
+}
+
+void ReleaseValidation::reject(const void* block, std::size_t bytes, const char* why) noexcept {
+  count_rejected();
+  char size[40] = "";
+  if (bytes != 0) std::snprintf(size, sizeof size, " (%zu bytes)", bytes);
+  std::fprintf(stderr,
+               "vram::DevicePool: release of %p%s rejected: %s. Nothing was released. Fix: "
+               "release each block once, with the size it was allocated with, to the pool it "
+               "came from.\n",
+               block, size, why);
+}
+
+}  // namespace vram::detail
