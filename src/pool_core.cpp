@@ -92,7 +92,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
 DevicePoolCore::~DevicePoolCore() {
   // close() has run and every block is back; return what a racing thread exit parked
   // before the tiers give every segment back (they are destroyed after this body).
-  for (auto& cache : caches) take_bins(*cache);
+  for (auto& cache : registry.frozen()) take_bins(*cache);
   drain_rings();
   for (auto& ring : rings) delete ring.load(std::memory_order_relaxed);
 }
@@ -346,7 +346,7 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     unlock_own_cache(*cache);
   } else {
     std::lock_guard lock(slow_mutex);
-    if (orphaned) [[unlikely]] {
+    if (orphan.active()) [[unlikely]] {
       throw InvalidArgument(
           "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
           "while it is used.");
@@ -418,7 +418,7 @@ void DevicePoolCore::release_slow(void* block, const Request& request,
   std::shared_ptr<DevicePoolCore> last;
   std::lock_guard lock(slow_mutex);
   bool known = true;
-  if (!orphaned) {
+  if (!orphan.active()) {
     known = request.small ? small_put(nullptr, block, request)
                           : large.free(block, request.key, held_bytes);
   } else {
@@ -430,7 +430,7 @@ void DevicePoolCore::release_slow(void* block, const Request& request,
   bump(slow_releases, 1);
   bump(slow_released_bytes, held_bytes);
   if (track) note_in_use(-static_cast<std::int64_t>(held_bytes));
-  if (orphaned && --orphan_blocks_outstanding == 0) last = std::move(self_reference);
+  if (orphan.active()) last = orphan.block_returned();
 }
 
 }  // namespace vram::detail

@@ -31,11 +31,13 @@
 
 #include "capture_routes.hpp"
 #include "graph_pools.hpp"
+#include "orphaned_pool.hpp"
 #include "quiescer.hpp"
 #include "release_validation.hpp"
 #include "request.hpp"
 #include "segment_tier.hpp"
 #include "thread_cache.hpp"
+#include "thread_cache_registry.hpp"
 #include "vram/detail/asymmetric_fence.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 #include "vram/device_pool.hpp"
@@ -63,7 +65,7 @@ static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePool
 // Lifetime: ThreadCaches are owned by the core and live as long as it does (a cache of an
 // exited thread is kept, empty, and adopted by the next thread that registers), so raw
 // pointers to them stay valid. The core lives while the DevicePool handle lives, and after
-// that while blocks are still leased (self_reference), see close().
+// that while blocks are still leased (orphaned_pool.hpp), see close().
 struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Throws vram::InvalidArgument for a null upstream, one that aligns below 256 bytes, and
   // options that pool_options.hpp refuses.
@@ -351,15 +353,12 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   alignas(kCacheLine) std::atomic<std::int64_t> in_use_now{0};
   std::atomic<std::int64_t> in_use_peak{0};
 
-  // Lock order: slow_mutex, then steal_mutex, then registry_mutex / a tier's growth mutex,
-  // then that tier's mutex (segment_tier.hpp; a grower takes none of the others). Only
-  // a holder of steal_mutex waits for a cache's state word (trim(), which never waits for
-  // an owner inside a call that may block), and close() (holding none of them).
-  std::mutex steal_mutex;             // one stealer at a time: writes every ThreadCache::steal
-  mutable std::mutex registry_mutex;  // guards caches, spare_caches, closing
-  std::vector<std::unique_ptr<ThreadCache>> caches;
-  std::vector<ThreadCache*> spare_caches;  // of exited threads, empty, adoptable
-  bool closing = false;
+  // Lock order: slow_mutex, then the registry's steal mutex, then the registry's own lock /
+  // a tier's growth mutex, then that tier's mutex (segment_tier.hpp; a grower takes none of
+  // the others). Only a holder of the steal mutex waits for a cache's state word (trim(),
+  // which never waits for an owner inside a call that may block), and close() (holding
+  // none of them).
+  ThreadCacheRegistry registry;
 
   // The slow path: calls on threads without a usable cache (see lock_own_cache) and every
   // call once the pool is closed. Counters written under slow_mutex.
@@ -368,9 +367,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::atomic<std::uint64_t> slow_releases{0};
   std::atomic<std::uint64_t> slow_acquired_bytes{0};
   std::atomic<std::uint64_t> slow_released_bytes{0};
-  bool orphaned = false;                           // guarded by slow_mutex
-  std::uint64_t orphan_blocks_outstanding = 0;     // guarded by slow_mutex
-  std::shared_ptr<DevicePoolCore> self_reference;  // set only while orphaned
+  OrphanedPool orphan;  // guarded by slow_mutex (orphaned_pool.hpp)
 
   // Refused releases, and the leased blocks with validate_releases (release_validation.hpp).
   ReleaseValidation validation;

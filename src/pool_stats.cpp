@@ -12,17 +12,14 @@ DevicePoolStats DevicePoolCore::stats() const {
   s.acquires = slow_acquires.load(std::memory_order_relaxed);
   s.releases = slow_releases.load(std::memory_order_relaxed);
   std::size_t thread_cached = 0;
-  {
-    std::lock_guard lock(registry_mutex);
-    for (const auto& cache : caches) {
-      s.acquires += cache->acquires.load(std::memory_order_relaxed);
-      s.releases += cache->releases.load(std::memory_order_relaxed);
-      acquired_bytes += cache->acquired_bytes.load(std::memory_order_relaxed);
-      released_bytes += cache->released_bytes.load(std::memory_order_relaxed);
-      thread_cached += cache->cached_bytes.load(std::memory_order_relaxed);
-      thread_cached += cache->large.cached_bytes();
-    }
-  }
+  registry.for_each([&](const ThreadCache& cache) {
+    s.acquires += cache.acquires.load(std::memory_order_relaxed);
+    s.releases += cache.releases.load(std::memory_order_relaxed);
+    acquired_bytes += cache.acquired_bytes.load(std::memory_order_relaxed);
+    released_bytes += cache.released_bytes.load(std::memory_order_relaxed);
+    thread_cached += cache.cached_bytes.load(std::memory_order_relaxed);
+    thread_cached += cache.large.cached_bytes();
+  });
   std::size_t ring_bytes = 0;
   for (std::size_t index = 0; index < small_classes; ++index) {
     if (const MpmcRing<void*>* ring = ring_of(index)) {

@@ -32,17 +32,16 @@ bool DevicePoolCore::flush_large_caches(ThreadCache* held) noexcept {
   }
   std::vector<ThreadCache*> snapshot;
   try {
-    std::lock_guard lock(registry_mutex);
-    for (auto& cache : caches) {
-      if (cache.get() != held && cache->large.cached_bytes() > 0) snapshot.push_back(cache.get());
-    }
+    snapshot = registry.snapshot([held](const ThreadCache& cache) {
+      return &cache != held && cache.large.cached_bytes() > 0;
+    });
   } catch (...) {  // no host memory for the list: only the caller's own went back
     return any;
   }
   if (snapshot.empty()) return any;
   // As trim() steals (see there), but an owner inside a call that may block keeps its
   // blocks: asking it to flush would also trim the tiers on its way out.
-  std::lock_guard steal_lock(steal_mutex);
+  std::lock_guard steal_lock(registry.steal_mutex());
   std::erase_if(snapshot, [](ThreadCache* cache) {
     return cache->steal.load(std::memory_order_relaxed) == ThreadCache::kClosed;
   });
@@ -78,15 +77,13 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) 
   flush_keep_bytes.store(keep_bytes, std::memory_order_relaxed);
   std::vector<ThreadCache*> snapshot;
   try {
-    std::lock_guard lock(registry_mutex);
-    snapshot.reserve(caches.size());
-    for (auto& cache : caches) snapshot.push_back(cache.get());
+    snapshot = registry.snapshot([](const ThreadCache&) { return true; });
   } catch (...) {  // no host memory for the list: only the shared tiers are trimmed
   }
   {
     // Flag every cache, then one heavy barrier for all of them (see ThreadCache): after it,
     // an owner that has not yet claimed its cache sees the flag and stays out.
-    std::lock_guard steal_lock(steal_mutex);
+    std::lock_guard steal_lock(registry.steal_mutex());
     std::size_t kept = 0;
     for (ThreadCache* cache : snapshot) {
       if (cache == held) {
@@ -131,19 +128,16 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) 
 }
 
 bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept {
-  {
-    std::lock_guard lock(registry_mutex);
-    closing = true;  // no cache registers from now on: `caches` is frozen
-  }
+  registry.close();  // no cache registers from now on: frozen() may be walked
   // Close every cache for good (after any trim in progress: it holds steal_mutex from its
   // first flag to its last clear), then wait for the calls in progress on them. The wait
   // holds no mutex: an owner inside a blocking call may still trim (it skips closed caches).
   {
-    std::lock_guard steal_lock(steal_mutex);
-    for (auto& cache : caches) cache->steal.store(ThreadCache::kClosed, kDekkerStore);
+    std::lock_guard steal_lock(registry.steal_mutex());
+    for (auto& cache : registry.frozen()) cache->steal.store(ThreadCache::kClosed, kDekkerStore);
   }
   dekker.heavy();
-  for (auto& cache : caches) {
+  for (auto& cache : registry.frozen()) {
     Backoff backoff;
     while (cache->state.load(kDekkerLoad) != ThreadCache::kFree) backoff.pause();
     take_bins(*cache);
@@ -155,7 +149,7 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
   std::uint64_t releases = slow_releases.load(std::memory_order_relaxed);
   std::uint64_t acquired = slow_acquired_bytes.load(std::memory_order_relaxed);
   std::uint64_t released = slow_released_bytes.load(std::memory_order_relaxed);
-  for (auto& cache : caches) {
+  for (auto& cache : registry.frozen()) {
     acquires += cache->acquires.load(std::memory_order_relaxed);
     releases += cache->releases.load(std::memory_order_relaxed);
     acquired += cache->acquired_bytes.load(std::memory_order_relaxed);
@@ -165,9 +159,7 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
   blocks = acquires - releases;
   bytes = acquired - released;
   if (blocks == 0) return false;
-  orphaned = true;
-  orphan_blocks_outstanding = blocks;
-  self_reference = shared_from_this();
+  orphan.begin(blocks, shared_from_this());
   return true;
 }
 

@@ -1,7 +1,7 @@
 // The owner's side of the thread caches (thread_cache.hpp): the contended claim, the
 // thread's directory of caches (one per pool it used) and what happens at thread exit.
-// Rule: a cache is registered once per thread and pool, and never freed before its pool:
-// an exited thread's cache is emptied and adopted by the next thread that registers.
+// Rule: a cache is registered once per thread and pool (thread_cache_registry.hpp); at
+// thread exit its owner empties it and parks it for the next thread that registers.
 #include "thread_cache.hpp"
 
 #include <memory>
@@ -71,22 +71,12 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
     }
     std::erase_if(entries, [](const ThreadDirectory::Entry& e) { return e.core.expired(); });
     entries.reserve(entries.size() + 1);  // the push_back below cannot throw
-    ThreadCache* cache = nullptr;
-    {
-      std::lock_guard lock(registry_mutex);
-      if (closing) return nullptr;
-      if (!spare_caches.empty()) {
-        cache = spare_caches.back();
-        spare_caches.pop_back();
-      } else {
-        caches.push_back(std::make_unique<ThreadCache>(small_classes, thread_cache_classes,
-                                                       options.thread_cache_blocks));
-        cache = caches.back().get();
-      }
-      // Whether it caches large blocks is this thread's own (large_block_cache.hpp), not
-      // the exited thread's.
-      cache->large.restart(options.thread_cache_large_from_start);
-    }
+    // Whether it caches large blocks is this thread's own (large_block_cache.hpp), not
+    // an exited thread's whose cache it adopts.
+    ThreadCache* cache =
+        registry.adopt_or_create(small_classes, thread_cache_classes, options.thread_cache_blocks,
+                                 options.thread_cache_large_from_start);
+    if (cache == nullptr) return nullptr;  // closed
     entries.push_back({uid, weak_from_this(), cache});
     tl_last = LastPool{uid, cache};
     return cache;
@@ -101,11 +91,7 @@ void DevicePoolCore::retire(ThreadCache* cache) noexcept {
   take_bins(*cache);                             // its counters stay in the cache
   cache->flush_requested.store(false, std::memory_order_relaxed);
   cache->state.store(ThreadCache::kFree, std::memory_order_release);
-  std::lock_guard lock(registry_mutex);
-  try {
-    spare_caches.push_back(cache);
-  } catch (...) {  // not adoptable; it stays empty and counted
-  }
+  registry.park(cache);
 }
 
 }  // namespace vram::detail

@@ -8,7 +8,8 @@
 //   `state` is written only by the owner thread (its thread; at thread exit retire(), on
 //   that thread; later the thread that adopts the cache): kOwner for the length of one
 //   pool call, kFree otherwise (release).
-//   `steal` is written only by a stealer holding the core's steal_mutex (trim(), close()):
+//   `steal` is written only by a stealer holding the registry's steal mutex (trim(), close();
+//   thread_cache_registry.hpp):
 //   kStealing for the length of a steal, kNoSteal after it (release), kClosed for good
 //   once the pool is being destroyed.
 // Invariant: the bins, the tag and cached_bytes are touched only by
