@@ -92,7 +92,7 @@ detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
   return *core_;
 }
 
-// Each call tests graph_activity first (pool_graphs.cpp): while no graph pool exists and no
+// Each call tests graph_activity first (graph_routing.cpp): while no graph pool exists and no
 // capture scope is open, one load from the cache line the warm path reads anyway.
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
   detail::DevicePoolCore& core = live_core("allocate");

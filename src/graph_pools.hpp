@@ -22,7 +22,7 @@
 // filter over the blocks' addresses: false means the block is no graph pool's, so frees of
 // other blocks never take the mutex while graph pools exist. A block's slot is counted up
 // before the block is handed out and down after it left every pool.
-// `activity` (optional): raised by one for each pool that exists (graph_activity.hpp).
+// `activity` (optional): raised by one for each pool that exists (graph_routing.hpp).
 #pragma once
 
 #include <array>
@@ -35,7 +35,7 @@
 #include <utility>
 #include <vector>
 
-#include "graph_activity.hpp"
+#include "graph_routing.hpp"
 
 namespace vram::detail {
 

@@ -13,8 +13,9 @@
 //   pool_stats.cpp  stats().
 //   thread_cache.*  the per-thread cache, its handshake and the thread's directory.
 //   pool_options.*  what the options decide at construction.
-//   pool_graphs.cpp graph pools: routing under capture scopes (graph_pools.hpp,
-//                   capture_routes.hpp).
+//   graph_routing.* graph pools: routing under capture scopes (graph_pools.hpp).
+//   request.hpp, quiescer.*, release_validation.*, thread_cache_registry.hpp,
+//   orphaned_pool.hpp: the core's parts, each with its own state.
 #pragma once
 
 #include <algorithm>
@@ -29,8 +30,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "capture_routes.hpp"
 #include "graph_pools.hpp"
+#include "graph_routing.hpp"
 #include "orphaned_pool.hpp"
 #include "quiescer.hpp"
 #include "release_validation.hpp"
@@ -225,7 +226,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // and the rings back to the segment tiers, then gives wholly free segments back.
   void trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept;
   bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
-  // Graph pools (pool_graphs.cpp). The public calls test graphs_on and, while it is set,
+  // Graph pools (graph_routing.cpp). The public calls test graphs_on and, while it is set,
   // go through these (`key`: kUntagged for the calling thread's calls without a
   // stream): a request under a capture scope gets the graph pool's block; a release of a
   // graph pool's block, or of any block freed under a scope, goes to that pool.
@@ -273,7 +274,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   }
   static bool is_unscoped_pool(GraphPools::Id id) noexcept { return (id >> 62) == 1; }
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
-  // nothing while a capture scope is open (pool_graphs.cpp's rules).
+  // nothing while a capture scope is open (graph_routing.cpp).
   void drain_graph_returns() noexcept;
   // The blocks graph pools gave up, once a device synchronize proved their graphs idle;
   // none while a scope is open or this thread serves a captured request.
@@ -326,7 +327,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
       DevicePool::kDefaultAlignment;  // see the constructor
   // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
   bool plain_calls = false;
-  // True while a graph pool exists or a capture scope is open (graph_activity.hpp): every
+  // True while a graph pool exists or a capture scope is open (graph_routing.hpp): every
   // public call tests it, in the cache line of plain_calls, before it asks the graph pools.
   std::atomic<bool> graphs_on{false};
   // StreamWants::bit_of every caller stream whose marker another stream's request wants

@@ -1,4 +1,4 @@
-// Graph-private pools (src/graph_pools.hpp) and capture routes (src/capture_routes.hpp):
+// Graph-private pools (src/graph_pools.hpp) and capture routes (src/graph_routing.hpp):
 // use counts, reuse only inside a pool, memory back to the shared tiers only once a pool
 // has no use and nothing live. Host only; the threaded cases run under TSan in CI.
 #include <gtest/gtest.h>
@@ -9,8 +9,8 @@
 #include <thread>
 #include <vector>
 
-#include "capture_routes.hpp"
 #include "graph_pools.hpp"
+#include "graph_routing.hpp"
 
 namespace vram::testing {
 namespace {

@@ -1,16 +1,24 @@
-// src/capture_routes.hpp: which allocations a capture scope sends to a graph pool.
+// src/graph_routing.hpp: which DevicePool calls go to a graph pool (graph_pools.hpp).
 //
-// Rule: while a capture scope into pool P is open on stream S by thread T, allocations on
-// S (allocate_async(..., S)) and T's allocations without a stream (allocate, acquire) come
-// from P, and so do those on any other stream in the same capture as S (fork and join
-// through events): the capture's id is learned from S. A stream is captured by one scope at
-// a time, a thread opens one scope at a time, and a pool has one open scope at a time
-// (CUDA captures a stream once; captures into one pool follow each other).
-// An unrouted scope (no stream, no thread) routes nothing: its host picks the requests.
+// GraphActivity: the one word every call tests before graph pools are asked. Rule: the
+// flag is true while any graph pool exists or any capture scope is open (a count of both,
+// kept under a mutex by the rare calls that change it); while it is false no call is
+// routed to a graph pool. The flag lives in the pool's hot cache line, beside plain_calls,
+// so the test costs no extra line.
+//
+// CaptureRoutes: which allocations a capture scope sends to a graph pool. Rule: while a capture
+// scope into pool P is open on stream S by thread T, allocations on S (allocate_async(..., S)) and
+// T's allocations without a stream (allocate, acquire) come from P, and so do those on any other
+// stream in the same capture as S (fork and join through events): the capture's id is learned from
+// S. A stream is captured by one scope at a time, a thread opens one scope at a time, and a pool
+// has one open scope at a time (CUDA captures a stream once; captures into one pool follow each
+// other). An unrouted scope (no stream, no thread) routes nothing: its host picks the requests.
 // Thread safety: one mutex for open/close and lookups; any() is a relaxed load, so
 // allocations pay one load while no scope is open. A scope's own thread sees its scope at
 // once (program order); another thread allocating on S sees it from the first lookup after
 // the open that it is ordered after (a racing allocation is racing the capture's start).
+//
+// DevicePoolCore's routing calls (graph_routing.cpp) combine them with the graph pools.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,9 +31,22 @@
 #include <thread>
 #include <vector>
 
-#include "graph_activity.hpp"
-
 namespace vram::detail {
+
+class GraphActivity {
+ public:
+  explicit GraphActivity(std::atomic<bool>& flag) noexcept : flag_(flag) {}
+  void add(std::ptrdiff_t delta) noexcept {
+    std::lock_guard lock(mutex_);
+    count_ += delta;
+    flag_.store(count_ != 0, std::memory_order_relaxed);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::ptrdiff_t count_ = 0;
+  std::atomic<bool>& flag_;
+};
 
 class CaptureRoutes {
  public:

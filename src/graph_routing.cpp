@@ -1,6 +1,6 @@
-// DevicePool's graph pools: requests and releases routed by capture scopes
-// (capture_routes.hpp) to graph-private pools (graph_pools.hpp), and their memory back to
-// the shared tiers once a pool is done.
+// DevicePool's graph routing (graph_routing.hpp): the capture routes, then requests and
+// releases routed by them to graph-private pools (graph_pools.hpp), and their memory back
+// to the shared tiers once a pool is done.
 //
 // Rules:
 // - A graph pool draws from the shared tiers only blocks free for every stream (kUntagged):
@@ -20,10 +20,61 @@
 #include <utility>
 
 #include "cuda/capture.hpp"
+#include "graph_routing.hpp"
 #include "pool_core.hpp"
 #include "vram/cuda/error.hpp"
 
 namespace vram::detail {
+
+bool CaptureRoutes::add(const Route& route) {
+  std::lock_guard lock(mutex_);
+  const bool taken = std::any_of(routes_.begin(), routes_.end(), [&](const Route& r) {
+    return r.pool == route.pool || (route.key != kNoStream && r.key == route.key) ||
+           (route.thread != std::thread::id{} && r.thread == route.thread);
+  });
+  if (taken) return false;
+  routes_.push_back(route);
+  open_.store(routes_.size(), std::memory_order_relaxed);
+  if (activity_ != nullptr) activity_->add(1);
+  return true;
+}
+
+bool CaptureRoutes::open(PoolId pool, StreamKey key, cudaStream_t stream, std::thread::id thread) {
+  return add({pool, key, stream, thread});
+}
+
+bool CaptureRoutes::open_unrouted(PoolId pool) {
+  return add({pool, kNoStream, nullptr, std::thread::id{}});
+}
+
+bool CaptureRoutes::close(PoolId pool) {
+  std::lock_guard lock(mutex_);
+  const auto it =
+      std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) { return r.pool == pool; });
+  if (it == routes_.end()) return false;
+  routes_.erase(it);
+  open_.store(routes_.size(), std::memory_order_relaxed);
+  if (activity_ != nullptr) activity_->add(-1);
+  return true;
+}
+
+std::optional<CaptureRoutes::PoolId> CaptureRoutes::for_stream(StreamKey key) const {
+  if (!any()) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  for (const Route& r : routes_) {
+    if (r.key != kNoStream && r.key == key) return r.pool;
+  }
+  return std::nullopt;
+}
+
+std::optional<CaptureRoutes::PoolId> CaptureRoutes::for_thread(std::thread::id thread) const {
+  if (!any()) return std::nullopt;
+  std::lock_guard lock(mutex_);
+  for (const Route& r : routes_) {
+    if (r.thread != std::thread::id{} && r.thread == thread) return r.pool;
+  }
+  return std::nullopt;
+}
 
 std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
                                                           cudaStream_t stream) noexcept {
@@ -243,7 +294,7 @@ void DevicePool::CaptureScope::end() noexcept {
   if (core->capture_routes.close(pool_) && !core->graph_pools.closed()) {
     (void)core->graph_pools.release(pool_, detail::GraphPools::Use::scope);
   }
-  // Memory graph pools gave up waits for a moment with no scope open (pool_graphs.cpp):
+  // Memory graph pools gave up waits for a moment with no scope open (graph_routing.cpp):
   // this may be one. After the pool's destruction it is the last: the drain releases the
   // pool's leases.
   core->drain_graph_returns();
