@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "free_index.hpp"
+#include "tier/free_index.hpp"
 #include "vram/detail/pointer_map.hpp"
 
 namespace vram::detail {

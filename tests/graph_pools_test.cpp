@@ -1,6 +1,7 @@
-// Graph-private pools (src/graph_pools.hpp) and capture routes (src/graph_routing.hpp):
-// use counts, reuse only inside a pool, memory back to the shared tiers only once a pool
-// has no use and nothing live. Host only; the threaded cases run under TSan in CI.
+// Graph-private pools (src/device_pool/graph_pools.hpp) and capture routes
+// (src/device_pool/graph_routing.hpp): use counts, reuse only inside a pool, memory back to the
+// shared tiers only once a pool has no use and nothing live. Host only; the threaded cases run
+// under TSan in CI.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "graph_pools.hpp"
-#include "graph_routing.hpp"
+#include "device_pool/graph_pools.hpp"
+#include "device_pool/graph_routing.hpp"
 
 namespace vram::testing {
 namespace {

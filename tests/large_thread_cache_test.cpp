@@ -1,5 +1,5 @@
-// The per-thread caches of large blocks (src/large_block_cache.hpp) and the large tier's
-// mutex (vram/detail/tier_mutex.hpp): the record of leases, the byte cap, the flush before
+// The per-thread caches of large blocks (src/device_pool/large_block_cache.hpp) and the large
+// tier's mutex (vram/detail/tier_mutex.hpp): the record of leases, the byte cap, the flush before
 // any tier grows and before out of memory, stream tags, releases on other threads, and the
 // rule that a thread alone on the tier caches nothing. Host memory (segments unless a test
 // says otherwise); validation off, as in release builds.
@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "device_pool/large_block_cache.hpp"
 #include "gpu_test_policy.hpp"
-#include "large_block_cache.hpp"
 #include "test_upstreams.hpp"
 #include "vram/detail/tier_mutex.hpp"
 #include "vram/device_pool.hpp"

@@ -75,10 +75,10 @@ TEST(LargeTierSmallClassesPlacement, AThresholdBetweenClassesIsABlockSize) {
       << "the 320 KiB class, above the 300 KiB threshold, is carved from the large tier";
 }
 
-// A threshold below 2 KiB counts as 2 KiB (with 1024, the 1280 B
-// and 1792 B classes were carved at the large tier's 512-byte rounding, 1536 and 2048
-// bytes, while block_bytes() and bytes_in_use counted 1280 and 1792). Blocks carved from
-// the large tier are now exactly block_bytes() apart.
+// A threshold below 2 KiB counts as 2 KiB: every class carved from the large tier is then a
+// multiple of its 512-byte rounding, so its blocks are exactly block_bytes() apart (with a
+// lower threshold the 1280 B and 1792 B classes would be carved at 1536 and 2048 bytes
+// while block_bytes() and bytes_in_use count 1280 and 1792).
 TEST(LargeTierSmallClassesPlacement, LargeTierClassesAreCarvedAtTheirBlockBytes) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = virtual_options();

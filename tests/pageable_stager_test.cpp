@@ -1,4 +1,4 @@
-// The weight pager's pageable stager (src/pageable_stager.hpp) on the CPU: staging
+// The weight pager's pageable stager (src/staging/pageable_stager.hpp) on the CPU: staging
 // buffers over host memory, copies emulated by host threads that finish out of order and
 // late, so the fill threads, the driver, the witnesses and buffer reuse run under TSan.
 #include <gtest/gtest.h>
@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "pageable_stager.hpp"
+#include "staging/pageable_stager.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/testing/witness.hpp"
 #include "vram/units.hpp"

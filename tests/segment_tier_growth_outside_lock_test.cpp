@@ -14,8 +14,8 @@
 #include <mutex>
 #include <set>
 
-#include "segment_tier.hpp"
 #include "test_upstreams.hpp"
+#include "tier/segment_tier.hpp"
 #include "vram/units.hpp"
 #include "vram/virtual_memory.hpp"
 

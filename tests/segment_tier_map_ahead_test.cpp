@@ -9,9 +9,9 @@
 
 #include <unistd.h>
 
-#include "free_index.hpp"
-#include "segment_tier.hpp"
 #include "test_upstreams.hpp"
+#include "tier/free_index.hpp"
+#include "tier/segment_tier.hpp"
 #include "vram/detail/pointer_map.hpp"
 #include "vram/units.hpp"
 #include "vram/virtual_memory.hpp"

@@ -17,8 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "segment_tier.hpp"
 #include "test_upstreams.hpp"
+#include "tier/segment_tier.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/units.hpp"
 #include "vram/virtual_memory.hpp"

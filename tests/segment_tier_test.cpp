@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "segment_tier.hpp"
 #include "test_upstreams.hpp"
+#include "tier/segment_tier.hpp"
 #include "vram/units.hpp"
 
 namespace vram::testing {

@@ -25,8 +25,8 @@
 #include <vector>
 
 #include "gpu_test_policy.hpp"
-#include "pageable_stager.hpp"
-#include "parallel_copy.hpp"
+#include "staging/pageable_stager.hpp"
+#include "staging/parallel_copy.hpp"
 #include "test_upstreams.hpp"
 #include "vram/copy.hpp"
 #include "vram/cuda/error.hpp"

@@ -12,10 +12,10 @@
 #include <thread>
 #include <vector>
 
-#include "block_registry.hpp"
 #include "gpu_test_policy.hpp"
-#include "segment_tier.hpp"
+#include "stream_ordered_pool/block_registry.hpp"
 #include "test_upstreams.hpp"
+#include "tier/segment_tier.hpp"
 #include "vram/cuda/stream.hpp"
 #include "vram/detail/pointer_map.hpp"
 #include "vram/device_pool.hpp"

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "gpu_test_policy.hpp"
-#include "parallel_copy.hpp"
+#include "staging/parallel_copy.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/stream.hpp"
 #include "vram/units.hpp"

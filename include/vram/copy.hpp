@@ -67,7 +67,7 @@ struct WitnessMint;  // defined only in the test-only vram/testing/witness.hpp
 
 namespace detail {
 
-struct StagingLease;  // the per-loan ledger (src/staging_lease.hpp)
+struct StagingLease;  // the per-loan ledger (src/staging/staging_lease.hpp)
 
 // Passkey: whoever can construct one can mint a witness. Its constructor is private and
 // only the copy layer (PendingCopy) may call it; under VRAM_TESTING also the test minter.

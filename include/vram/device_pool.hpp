@@ -65,66 +65,8 @@
 //   scope (capture_into, below: graph pools); without one, a block freed inside the capture
 //   is handed out again, and every launch of the graph writes it.
 //
-// Structure and hot path
-//   Requests up to small_block_max_bytes (1 MiB) round to a size class (size_classes.hpp,
-//   rounded up to 256 bytes). Tier 1, per thread: a few blocks per class, touched only by
-//   its thread under its own state word (no locked instruction): acquire and release are
-//   a pop and a push.
-//   Tier 2: per class a bounded lock-free ring shared by all threads. Tier 3: the small
-//   segment tier, which carves blocks best-fit out of 2 MiB segments and merges them back
-//   (src/segment_tier.hpp; a short mutex); classes above small_segment_max_bytes (by
-//   default 256 KiB over virtual memory) are carved out of the large tier instead. Larger requests
-//   round to 512 bytes and go to the large tier (best fit, split, coalesce; large_tier_memory says
-//   over what): by default on a device with virtual memory management that no peer can reach, one
-//   reserved address range whose 2 MiB granules are mapped in runs under the blocks;
-//   otherwise segments of large_segment_bytes (20 MiB) for requests under half that, else
-//   the request rounded up to 2 MiB. Warm small acquire/release make no CUDA call, take no
-//   lock and allocate no host memory; large ones take the large tier's mutex and make no
-//   CUDA call when a free range fits (virtual memory: one whose granules are mapped).
-//   Where threads meet on the large tier (its mutex found held), each thread also keeps
-//   the large blocks it frees, by exact size and stream, for its next request of that size
-//   (at most thread_cache_large_bytes and 32 blocks; src/large_block_cache.hpp): no lock.
-//   They go back to the tier before any tier grows, before an out-of-memory retry, on
-//   trim() and at thread exit, so they never make the pool grow.
-//
-// Memory held (reserved) follows the peak of memory in use
-//   The tiers share one growth budget: reserved may exceed the sum of each tier's own peak
-//   of the bytes carved out of it (in use, or cached in threads and rings) by
-//   growth_headroom (1/16) of that sum; trim() restarts each peak from what is carved out
-//   now. A virtual-memory large tier unmaps nothing to stay within the budget unless
-//   unmap_before_map is set: it maps what its blocks need and unmaps free runs on trim(), on
-//   an out-of-memory retry and past max_cached_bytes of free mapped bytes; the budget
-//   decides only how it treats other streams' freed blocks before it maps more (above:
-//   which streams it records markers on, and whether it waits for them).
-//   A tier that must grow within the budget just grows;
-//   past it, it first gives back wholly free segments covering the excess (the smallest
-//   that covers it, else the largest ones; one freed with a stream after the host waited
-//   for that stream's marker), and the other tier gives back what this one cannot cover.
-//   A wholly free segment is not split for a request that would leave more than
-//   max_segment_waste_bytes of it idle: the tier grows instead (and that segment goes back
-//   if growing passes the budget). Free bytes above max_cached_bytes are given back on release; the
-//   rings hold at most max_cached_blocks_per_class blocks per class (at most 4096, and
-//   max_cached_bytes per class); each thread's cache at most thread_cache_max_bytes. trim(keep)
-//   takes every thread's cache (idle, exited, or busy: a thread inside a pool call frees it before
-//   the call returns) and the rings back into the segments, then gives back every wholly free
-//   segment while more than `keep` bytes are free (large tier; the small tier down to 0).
-//
-// Thread caches without a lock on the warm path
-//   Each thread cache has two words: `state`, written only by its thread (kOwner for the
-//   length of a call, kFree otherwise), and `steal`, written only by trim() or pool
-//   destruction (one at a time, under a pool mutex). Invariant: a cache's blocks are
-//   touched either by its thread, between claiming it (state = kOwner, then reading
-//   steal == none) and storing kFree, or by one stealer, between reading kFree after
-//   raising `steal` and clearing it (destruction keeps it raised for good). The claim is a
-//   plain store and a plain load, no locked instruction: a Dekker handshake whose barrier
-//   is an asymmetric memory barrier (detail/asymmetric_fence.hpp): on Linux with membarrier(2) the
-//   thread pays a compiler barrier and the stealer one membarrier syscall for all the caches it
-//   flags; elsewhere both pay a full memory barrier (under ThreadSanitizer: seq_cst atomics). A
-//   thread that finds `steal` raised steps back without touching its blocks and waits for
-//   the steal to end. trim() so reaches idle threads too. The cache of an exited thread is
-//   emptied by that thread and adopted by the next thread that registers. A thread whose
-//   thread_local teardown already destroyed vram's per-thread directory uses a slow path
-//   (a pool mutex, no thread cache), so nothing it releases is stranded.
+// How the pool keeps this contract (its tiers, the growth budget, the thread caches'
+// handshake): src/README.md, "DevicePool: how it works".
 //
 // Out of memory
 //   An upstream OutOfMemory (or, with virtual memory, one from cuMemCreate/cuMemMap/

@@ -56,8 +56,8 @@
 namespace vram {
 
 namespace detail {
-struct StagingPoolState;  // the pool's free list and counters (src/pinned_staging_pool.cpp)
-struct StagingLease;      // the ledger of one loan (src/staging_lease.hpp)
+struct StagingPoolState;  // the pool's free list and counters (src/staging/pinned_staging_pool.cpp)
+struct StagingLease;      // the ledger of one loan (src/staging/staging_lease.hpp)
 }  // namespace detail
 
 // An owning pinned buffer (move-only). Destruction frees it to its upstream (deferred while

@@ -129,7 +129,7 @@ struct WeightPagerLoad {
 };
 
 // The CUDA side of the pager, behind a seam: the production implementation lives in
-// src/pager_device.cpp; the CPU tests substitute a host-memory one. Calls come under
+// src/pager/pager_device.cpp; the CPU tests substitute a host-memory one. Calls come under
 // the pager's lock, in the order documented for each, and none after shutdown().
 class PagerDevice {
  public:

@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <mutex>
 
-#include "segment_tier.hpp"
+#include "tier/segment_tier.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/stream_ordered_pool.hpp"

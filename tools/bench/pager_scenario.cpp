@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "bench/scenarios.hpp"
-#include "pageable_stager.hpp"
+#include "staging/pageable_stager.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
 #include "vram/cuda/stream.hpp"

@@ -38,7 +38,7 @@
 //    either/or, and TSan sees every handoff as a reads-from of a release store (the
 //    owner's kFree on exit, the stealer's flag clear).
 //
-// What follows either/or (the protocol, ThreadCache in src/thread_cache.hpp):
+// What follows either/or (the protocol, ThreadCache in src/device_pool/thread_cache.hpp):
 //  - The owner that saw no flag at B owns the data until it stores kFree (release). A
 //    stealer that sets the flag later waits at D until it reads that kFree (acquire), so
 //    it sees all of the owner's writes.

@@ -1,4 +1,4 @@
-// stream_key.hpp: the key a segment tier tags a stream's free ranges with.
+// src/tier/stream_key.hpp: the key a segment tier tags a stream's free ranges with.
 //
 // A stream's key is its handle, except for cudaStreamPerThread, which names another stream
 // on every thread: its key is the calling thread's own, kPerThreadKey plus a number never

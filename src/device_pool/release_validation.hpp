@@ -1,4 +1,4 @@
-// src/release_validation.hpp: the refused releases of one DevicePool, and with
+// src/device_pool/release_validation.hpp: the refused releases of one DevicePool, and with
 // Options::validate_releases the record of every leased block that lets a release be
 // checked before it touches the pool.
 //

@@ -1,4 +1,4 @@
-// free_ranges.hpp: a segment tier's ranges and its free ones: best-fit lookup, split and
+// src/tier/free_ranges.hpp: a segment tier's ranges and its free ones: best-fit lookup, split and
 // coalesce, one FreeIndex per stream tag.
 //
 // A segment is a span of upstream memory (or the one reserved range of a virtual-memory

@@ -1,4 +1,4 @@
-// growth_budget.hpp: what a segment tier holds, and how far it may grow.
+// src/tier/growth_budget.hpp: what a segment tier holds, and how far it may grow.
 //
 // ReservedGauge: the reserved bytes of the tiers of one pool together, their high-water
 // mark, and the growth budget they share. The budget follows the sum of each tier's own

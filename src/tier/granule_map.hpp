@@ -1,4 +1,4 @@
-// granule_map.hpp: a virtual-memory tier's granules: which are mapped, in which runs, and
+// src/tier/granule_map.hpp: a virtual-memory tier's granules: which are mapped, in which runs, and
 // how far a map reaches ahead of the block that needs it.
 //
 // The tier reserves one address range (reserve_now(), set_base()) and maps granules in runs: one

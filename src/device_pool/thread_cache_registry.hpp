@@ -1,6 +1,5 @@
-// src/thread_cache_registry.hpp: every ThreadCache of one DevicePool, for the threads that
-// register and for the stealers (trim(), the flush of large caches before a growth,
-// close()).
+// src/device_pool/thread_cache_registry.hpp: every ThreadCache of one DevicePool, for the threads
+// that register and for the stealers (trim(), the flush of large caches before a growth, close()).
 //
 // Rule: a cache is registered once per thread and pool and never freed before the
 // registry: an exited thread's cache is parked, empty, and adopted by the next thread that

@@ -1,4 +1,4 @@
-// src/staging_lease.hpp (private): the ledger of one staging loan, shared by the leased
+// src/staging/staging_lease.hpp (private): the ledger of one staging loan, shared by the leased
 // PinnedBuffer and every PendingCopy issued from it.
 //
 // Invariants

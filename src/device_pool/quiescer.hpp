@@ -1,4 +1,4 @@
-// src/quiescer.hpp: the device-wide quiesces of one DevicePool (StreamFence::quiesce).
+// src/device_pool/quiescer.hpp: the device-wide quiesces of one DevicePool (StreamFence::quiesce).
 //
 // After a quiesce every range freed on a stream before it began is free for all streams,
 // with no marker recorded on any stream (a stream may have been destroyed since its frees).
@@ -10,8 +10,8 @@
 #include <cstdint>
 #include <mutex>
 
-#include "segment_tier.hpp"
-#include "stream_wants.hpp"
+#include "tier/segment_tier.hpp"
+#include "tier/stream_wants.hpp"
 #include "vram/stream_fence.hpp"
 
 namespace vram::detail {

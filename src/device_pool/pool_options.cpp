@@ -6,7 +6,7 @@
 #include <string>
 
 #include "cuda/memory.hpp"
-#include "segment_tier.hpp"
+#include "tier/segment_tier.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 

@@ -1,4 +1,4 @@
-// src/parallel_copy.hpp: a host memcpy split over a few long-lived threads.
+// src/staging/parallel_copy.hpp: a host memcpy split over a few long-lived threads.
 //
 // The weight pager fills pinned staging buffers from pageable weights with it: a staged
 // page-in wants more host bandwidth than one thread copies. Each part is a memcpy, or a

@@ -1,4 +1,4 @@
-// free_index.hpp: an intrusive index of free ranges for best-fit placement
+// src/tier/free_index.hpp: an intrusive index of free ranges for best-fit placement
 // (the smallest range of at least `need` bytes, ties: lowest address), TLSF-style.
 //
 // Ranges are filed in segregated bins by size: sizes of fewer than 2*kSub units (a unit

@@ -1,6 +1,6 @@
-// src/thread_cache.hpp: tier 1 of DevicePool, one thread's small blocks for one pool, and
-// the handshake that lets trim() and pool destruction take them without a lock on the
-// owner's side.
+// src/device_pool/thread_cache.hpp: tier 1 of DevicePool, one thread's small blocks for one pool,
+// and the handshake that lets trim() and pool destruction take them without a lock on the owner's
+// side.
 //
 // Ownership handshake: two words, no locked instruction on the owner's side (a Dekker
 // handshake over an asymmetric memory barrier, vram/detail/asymmetric_fence.hpp, which argues
@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "large_block_cache.hpp"
-#include "segment_tier.hpp"
+#include "tier/segment_tier.hpp"
 #include "vram/detail/asymmetric_fence.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 

@@ -1,5 +1,5 @@
-// src/request.hpp: one DevicePool allocate or release, computed once where the call enters
-// the core (DevicePoolCore::request_of) and carried down unchanged.
+// src/device_pool/request.hpp: one DevicePool allocate or release, computed once where the call
+// enters the core (DevicePoolCore::request_of) and carried down unchanged.
 //
 // Rule: nothing below the entry recomputes a size class, a rounding or a tier; a tier is
 // handed block_bytes, already rounded to its granularity (SegmentTier asserts it).
@@ -7,7 +7,7 @@
 
 #include <cstddef>
 
-#include "stream_key.hpp"
+#include "tier/stream_key.hpp"
 
 namespace vram::detail {
 

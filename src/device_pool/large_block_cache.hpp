@@ -1,6 +1,6 @@
-// src/large_block_cache.hpp: one thread's cache of large blocks (above small_block_max_bytes)
-// for one pool, by exact block size, and its record of the large blocks the tier handed to
-// this thread.
+// src/device_pool/large_block_cache.hpp: one thread's cache of large blocks (above
+// small_block_max_bytes) for one pool, by exact block size, and its record of the large blocks the
+// tier handed to this thread.
 //
 // Why a per-thread cache and not a faster shared lock: a large request that misses it takes
 // the large tier's mutex (best fit, split, merge); under many threads every hand-off of
@@ -53,8 +53,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "lease_owner.hpp"
-#include "stream_key.hpp"
+#include "tier/lease_owner.hpp"
+#include "tier/stream_key.hpp"
 
 namespace vram::detail {
 

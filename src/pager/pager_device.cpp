@@ -1,4 +1,4 @@
-// src/pager_device.cpp: the weight pager's CUDA device (PagerDevice), the production
+// src/pager/pager_device.cpp: the weight pager's CUDA device (PagerDevice), the production
 // side of the seam in vram/weight_pager.hpp.
 //
 // What it owns: the host weights' registrations, the device arena (freed at shutdown), the
@@ -26,7 +26,7 @@
 #include "cuda/event_pool.hpp"
 #include "cuda/host_registration.hpp"
 #include "cuda/memory.hpp"
-#include "pageable_stager.hpp"
+#include "staging/pageable_stager.hpp"
 #include "vram/copy.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
@@ -63,7 +63,7 @@ struct SlotEvents {
   TimingSample* sample = nullptr;  // the latest page-in's sample, until acquired
 };
 
-// Pageable weights: the PageableStager (src/pageable_stager.hpp) stages each
+// Pageable weights: the PageableStager (src/staging/pageable_stager.hpp) stages each
 // page-in through pinned buffers on its driver thread; this is its CUDA side: the copy
 // stream, the slot's release and ready events, the timing sample.
 class CudaStagedTarget final : public vram::detail::StagedCopyTarget {

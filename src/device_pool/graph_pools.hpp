@@ -1,4 +1,4 @@
-// src/graph_pools.hpp: graph-private pools, the memory captured CUDA graphs use.
+// src/device_pool/graph_pools.hpp: graph-private pools, the memory captured CUDA graphs use.
 //
 // A captured graph runs its work at every launch, long after the capture: every block its
 // kernels touch must stay the graph's for as long as the graph can be launched. A graph

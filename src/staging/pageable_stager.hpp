@@ -1,4 +1,4 @@
-// src/pageable_stager.hpp (internal): the weight pager's pageable path, without CUDA.
+// src/staging/pageable_stager.hpp (internal): the weight pager's pageable path, without CUDA.
 //
 // Page-in jobs are cut into chunks (at most chunk_bytes, each job from its own start) and
 // every chunk into pieces (at most fill_piece_bytes). The chunks flow through a ring of
@@ -19,7 +19,7 @@
 //
 // The seam: everything CUDA (the device thread binding, the copy stream, slot events,
 // timing) lives behind StagedCopyTarget; the pager's CUDA device implements it in
-// src/pager_device.cpp, the CPU tests with host threads and host-fenced copies. One
+// src/pager/pager_device.cpp, the CPU tests with host threads and host-fenced copies. One
 // virtual call per chunk (a chunk is megabytes: milliseconds of DMA), none per byte; the
 // fill threads never call the target.
 //

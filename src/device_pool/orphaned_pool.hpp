@@ -1,4 +1,5 @@
-// src/orphaned_pool.hpp: the mode of a DevicePool destroyed while blocks are still leased.
+// src/device_pool/orphaned_pool.hpp: the mode of a DevicePool destroyed while blocks are still
+// leased.
 //
 // The core then keeps itself alive (a reference to itself) until the last leased block is
 // back. Every call takes the slow path (the thread caches are closed): a request throws, a

@@ -1,4 +1,4 @@
-// stream_wants.hpp: the caller streams whose free ranges another stream's request wants,
+// src/tier/stream_wants.hpp: the caller streams whose free ranges another stream's request wants,
 // each waiting for the next call that passes the stream itself to record its marker.
 //
 // Rule (DevicePool never records on a caller's stream outside a call that passes it): the

@@ -1,4 +1,4 @@
-// src/lease_owner.hpp: what the large tier knows of the thread cache a large block was
+// src/tier/lease_owner.hpp: what the large tier knows of the thread cache a large block was
 // handed to (large_block_cache.hpp), so that a release of that block on another path
 // (another thread, the pool's slow path) stays exact without the owner taking the tier's
 // mutex on its warm path.

@@ -1,4 +1,4 @@
-// segment_tier.hpp: DevicePool's segment tier: best-fit split and coalesce over segments
+// src/tier/segment_tier.hpp: DevicePool's segment tier: best-fit split and coalesce over segments
 // from the upstream, stream-tagged free ranges, one short mutex.
 //
 // Every block DevicePool hands out lives in a segment: small blocks (size classes up to

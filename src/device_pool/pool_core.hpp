@@ -1,4 +1,4 @@
-// src/pool_core.hpp: DevicePoolCore, the state of one DevicePool behind its handle, and
+// src/device_pool/pool_core.hpp: DevicePoolCore, the state of one DevicePool behind its handle, and
 // the warm paths of allocate and deallocate.
 //
 // Tiers: 1, per thread (thread_cache.hpp; large blocks apart, large_block_cache.hpp); 2, per
@@ -36,9 +36,9 @@
 #include "quiescer.hpp"
 #include "release_validation.hpp"
 #include "request.hpp"
-#include "segment_tier.hpp"
 #include "thread_cache.hpp"
 #include "thread_cache_registry.hpp"
+#include "tier/segment_tier.hpp"
 #include "vram/detail/asymmetric_fence.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 #include "vram/device_pool.hpp"

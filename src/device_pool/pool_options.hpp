@@ -1,5 +1,5 @@
-// src/pool_options.hpp: how DevicePool turns its Options and upstream into the pieces it
-// is built from (the large tier's memory, its reservation, the growth budget, the stream
+// src/device_pool/pool_options.hpp: how DevicePool turns its Options and upstream into the pieces
+// it is built from (the large tier's memory, its reservation, the growth budget, the stream
 // marker). Decided once, at construction; nothing here runs on an allocation.
 #pragma once
 

@@ -1,4 +1,4 @@
-// src/graph_routing.hpp: which DevicePool calls go to a graph pool (graph_pools.hpp).
+// src/device_pool/graph_routing.hpp: which DevicePool calls go to a graph pool (graph_pools.hpp).
 //
 // GraphActivity: the one word every call tests before graph pools are asked. Rule: the
 // flag is true while any graph pool exists or any capture scope is open (a count of both,

@@ -1,4 +1,4 @@
-// stream_tags.hpp: a segment tier's stream-tagged free ranges and the markers that untag
+// src/tier/stream_tags.hpp: a segment tier's stream-tagged free ranges and the markers that untag
 // them.
 //
 // Reuse rule (DevicePool::deallocate_async): a range freed with stream S is tagged S and

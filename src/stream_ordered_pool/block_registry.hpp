@@ -1,4 +1,4 @@
-// src/block_registry.hpp: the blocks a pool handed out and the size of each, so
+// src/stream_ordered_pool/block_registry.hpp: the blocks a pool handed out and the size of each, so
 // that a release can be checked before the memory goes anywhere: a pointer the pool never
 // handed out (another pool's, cudaMalloc's, or one already released) is unknown, and one
 // released under another size is refused and stays handed out. Thread-safe: the pointers
