@@ -39,11 +39,11 @@ using namespace vram::literals;
 DevicePool::Options emulated(std::shared_ptr<StreamFence> fence, bool virtual_memory) {
   DevicePool::Options options;
   options.fence = std::move(fence);
-  options.large_tier_memory =
+  options.large_tier.memory =
       virtual_memory ? LargeTierMemory::virtual_memory : LargeTierMemory::segments;
-  options.small_block_max_bytes = std::size_t{256} << 10;
-  options.virtual_reservation_bytes = 1_GiB;
-  options.virtual_map_ahead_bytes = 0;
+  options.small_tier.max_block_bytes = std::size_t{256} << 10;
+  options.large_tier.virtual_reservation_bytes = 1_GiB;
+  options.large_tier.virtual_map_ahead_bytes = 0;
   options.validate_releases = false;
   return options;
 }
@@ -56,7 +56,7 @@ TEST(DevicePoolDestroyedStreams, AStreamDestroyedAfterSynchronizingIsNeverRecord
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     auto fence = std::make_shared<StreamLifetimeFence>();
     auto options = emulated(fence, virtual_memory);
-    options.large_segment_bytes = 4_MiB;  // a 4 MiB block fills its segment
+    options.large_tier.segment_bytes = 4_MiB;  // a 4 MiB block fills its segment
     {
       DevicePool pool(upstream, options);
       const cudaStream_t s2 = fence->create();
@@ -205,7 +205,7 @@ void run_destroyed_streams(bool virtual_memory, bool recycle_handles) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<StreamLifetimeFence>(recycle_handles);
   auto options = emulated(fence, virtual_memory);
-  options.thread_cache_max_bytes = 1_MiB;
+  options.thread_cache.max_bytes = 1_MiB;
   std::atomic<std::uint64_t> mismatches{0};
   std::atomic<std::int64_t> live{0};
   std::atomic<std::int64_t> peak_live{0};

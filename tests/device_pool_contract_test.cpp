@@ -120,7 +120,7 @@ TYPED_TEST(DevicePoolContract, RetentionIsBoundedByMaxCachedBytes) {
   auto upstream = this->make_upstream();
   auto options = this->options();
   options.max_cached_bytes = 1_MiB;  // no ring can hold two 1 MiB blocks: none is made
-  options.thread_cache_blocks = 0;   // only the ring and the segments
+  options.thread_cache.blocks = 0;   // only the ring and the segments
   DevicePool pool(upstream, options);
   std::vector<DevicePool::Lease> leases;
   for (int i = 0; i < 4; ++i) leases.push_back(pool.acquire(1_MiB));  // two 2 MiB segments
@@ -140,7 +140,7 @@ TYPED_TEST(DevicePoolContract, RetentionIsBoundedPerClass) {
   auto upstream = this->make_upstream();
   auto options = this->options();
   options.max_cached_blocks_per_class = 2;
-  options.thread_cache_blocks = 0;
+  options.thread_cache.blocks = 0;
   DevicePool pool(upstream, options);
   std::vector<DevicePool::Lease> leases;
   for (int i = 0; i < 5; ++i) leases.push_back(pool.acquire(4096));

@@ -155,7 +155,7 @@ TEST(DevicePool, LeaseReleaseHandsOwnershipToTheCaller) {
 
 TEST(DevicePool, ThreadCacheCanBeTurnedOff) {
   DevicePool::Options options = validating();
-  options.thread_cache_blocks = 0;
+  options.thread_cache.blocks = 0;
   DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
   pool.deallocate(pool.allocate(4096), 4096);
   EXPECT_EQ(pool.stats().bytes_cached_in_threads, 0U);
@@ -171,7 +171,7 @@ namespace {
 TEST(DevicePool, ThreadCacheIsBoundedInBytes) {
   DevicePool::Options options;
   options.validate_releases = true;
-  options.thread_cache_max_bytes = 8192;
+  options.thread_cache.max_bytes = 8192;
   DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
   std::vector<DevicePool::Lease> leases;
   for (int i = 0; i < 4; ++i) leases.push_back(pool.acquire(4096));
@@ -352,7 +352,7 @@ struct StreamPool {
   explicit StreamPool(std::size_t large_segment_bytes = std::size_t{20} << 20) {
     DevicePool::Options options;
     options.validate_releases = true;
-    options.large_segment_bytes = large_segment_bytes;
+    options.large_tier.segment_bytes = large_segment_bytes;
     options.fence = fence;
     pool = std::make_unique<DevicePool>(upstream, options);
   }
@@ -500,7 +500,7 @@ TEST(DevicePoolStreams, GrowthHeadroomSetsTheBudget) {
 TEST(DevicePoolStreams, TiersPeakingAtDifferentMomentsKeepTheirSegments) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
-  options.thread_cache_blocks = 0;  // small blocks straight back to their segments
+  options.thread_cache.blocks = 0;  // small blocks straight back to their segments
   options.max_cached_blocks_per_class = 0;
   DevicePool pool(upstream, options);
   std::uint64_t after_first_step = 0;
@@ -517,16 +517,16 @@ TEST(DevicePoolStreams, TiersPeakingAtDifferentMomentsKeepTheirSegments) {
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 
-// A virtual-memory large tier (without unmap_before_map) keeps no growth budget, so its
+// A virtual-memory large tier (without large_tier.unmap_before_map) keeps no growth budget, so its
 // growth must not make the small tier give back its wholly free segments (each a cudaFree
 // the next step would undo); checked over the host emulation.
 TEST(DevicePoolStreams, VirtualLargeTierGrowthLeavesTheSmallTierAlone) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
-  options.thread_cache_blocks = 0;
+  options.thread_cache.blocks = 0;
   options.max_cached_blocks_per_class = 0;
-  options.large_tier_memory = LargeTierMemory::virtual_memory;
-  options.virtual_reservation_bytes = 4_GiB;
+  options.large_tier.memory = LargeTierMemory::virtual_memory;
+  options.large_tier.virtual_reservation_bytes = 4_GiB;
   DevicePool pool(upstream, options);
   ASSERT_TRUE(pool.uses_virtual_memory());
   for (int step = 0; step < 2; ++step) {
@@ -561,14 +561,14 @@ TEST(DevicePoolStreams, TrimRestartsTheGrowthBudget) {
   pool.deallocate(b, 100_MiB);
 }
 
-// max_segment_waste_bytes: a wholly free segment is not split for a request that would
+// large_tier.max_segment_waste_bytes: a wholly free segment is not split for a request that would
 // leave more than that idle; it goes back and a segment sized for the request is taken.
 TEST(DevicePoolStreams, WhollyFreeSegmentIsNotSplitPastTheWasteLimit) {
   for (const std::size_t limit : {std::size_t{8} << 20, SIZE_MAX}) {
     SCOPED_TRACE(limit);
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     DevicePool::Options options;
-    options.max_segment_waste_bytes = limit;
+    options.large_tier.max_segment_waste_bytes = limit;
     DevicePool pool(upstream, options);
     void* big = pool.allocate(64_MiB);
     pool.deallocate(big, 64_MiB);
@@ -641,7 +641,7 @@ TEST(DevicePoolStreams, FreeRacingTrimsDeviceSynchronizeKeepsItsStream) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
   options.fence = fence;
-  options.large_segment_bytes = 4_MiB;
+  options.large_tier.segment_bytes = 4_MiB;
   DevicePool pool(upstream, options);
   void* a = pool.allocate_async(4_MiB, fake_stream(1));
   void* s = pool.allocate_async(4096, fake_stream(1));
@@ -711,8 +711,8 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
   options.validate_releases = true;
-  options.large_tier_memory = LargeTierMemory::virtual_memory;
-  options.virtual_reservation_bytes = 1_GiB;
+  options.large_tier.memory = LargeTierMemory::virtual_memory;
+  options.large_tier.virtual_reservation_bytes = 1_GiB;
   {
     DevicePool pool(upstream, options);
     std::vector<DevicePool::Lease> leases;
@@ -726,7 +726,7 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
     }
     auto s = pool.stats();
     EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
-    // The default maps ahead of growth (virtual_map_ahead_bytes): at most 1/4 of what is
+    // The default maps ahead of growth (large_tier.virtual_map_ahead_bytes): at most 1/4 of what is
     // held beyond the blocks' granules.
     EXPECT_LE(s.bytes_reserved, s.bytes_in_use + 2_MiB + s.bytes_reserved / 4);
     leases.clear();
@@ -734,7 +734,7 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
     EXPECT_EQ(upstream->live_bytes(), 0U);
   }
   EXPECT_EQ(upstream->bad_frees(), 0U);
-  options.virtual_map_ahead_bytes = 0;
+  options.large_tier.virtual_map_ahead_bytes = 0;
   {
     DevicePool pool(upstream, options);
     std::vector<DevicePool::Lease> leases;
@@ -761,9 +761,9 @@ TEST(DevicePoolVirtualStreams, AStreamFreeDoesNotTakeTheWholeReservationFromOthe
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;
   options.fence = fence;
-  options.large_tier_memory = LargeTierMemory::virtual_memory;
-  options.small_block_max_bytes = std::size_t{256} << 10;
-  options.virtual_reservation_bytes = 1_GiB;
+  options.large_tier.memory = LargeTierMemory::virtual_memory;
+  options.small_tier.max_block_bytes = std::size_t{256} << 10;
+  options.large_tier.virtual_reservation_bytes = 1_GiB;
   {
     DevicePool pool(upstream, options);
     const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
@@ -937,10 +937,11 @@ TEST(DevicePoolStreamsGpu, BlockFreedBehindALongKernelIsNotReusedByAnotherStream
 TEST(DevicePoolVirtualGpu, RunsOfGranulesHoldKernelDataAndGoBackOnTrim) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool::Options options;
-  options.large_tier_memory = LargeTierMemory::virtual_memory;
-  options.small_block_max_bytes = std::size_t{256} << 10;
-  options.virtual_reservation_bytes = 8_GiB;
-  options.virtual_run_bytes = 64_MiB;  // the 300 MiB block spans five runs (default: one)
+  options.large_tier.memory = LargeTierMemory::virtual_memory;
+  options.small_tier.max_block_bytes = std::size_t{256} << 10;
+  options.large_tier.virtual_reservation_bytes = 8_GiB;
+  options.large_tier.virtual_run_bytes =
+      64_MiB;  // the 300 MiB block spans five runs (default: one)
   DevicePool pool(0, options);
   cuda::Stream stream;
   const std::vector<std::size_t> sizes = {3_MiB, 64_MiB + 4096, 5_MiB, 300_MiB, 1_MiB + 512};
@@ -950,13 +951,17 @@ TEST(DevicePoolVirtualGpu, RunsOfGranulesHoldKernelDataAndGoBackOnTrim) {
     launch_fill(blocks.back(), sizes[i] / 4, 0x1000u + static_cast<std::uint32_t>(i), stream.get());
   }
   const auto mapped = pool.stats().upstream_allocations;
-  std::size_t runs_at_most = 0;  // a run per virtual_run_bytes of a block, one more at its edge
+  std::size_t runs_at_most =
+      0;  // a run per large_tier.virtual_run_bytes of a block, one more at its edge
   std::size_t granules = 0;
   for (std::size_t bytes : sizes) {
-    runs_at_most += (bytes + options.virtual_run_bytes - 1) / options.virtual_run_bytes + 1;
+    runs_at_most +=
+        (bytes + options.large_tier.virtual_run_bytes - 1) / options.large_tier.virtual_run_bytes +
+        1;
     granules += (bytes + 2_MiB - 1) / 2_MiB;
   }
-  EXPECT_LE(mapped, runs_at_most) << "runs of up to virtual_run_bytes, not one map per granule";
+  EXPECT_LE(mapped, runs_at_most)
+      << "runs of up to large_tier.virtual_run_bytes, not one map per granule";
   EXPECT_LT(mapped, granules / 4);
   unsigned long long* mismatches = nullptr;
   cuda::check(cudaMalloc(reinterpret_cast<void**>(&mismatches), sizeof *mismatches), "cudaMalloc");
@@ -998,7 +1003,7 @@ TEST(DevicePoolVirtualGpu, DefaultPoolRunsItsLargeTierOverVirtualMemory) {
     GTEST_SKIP() << "several devices: automatic keeps segments where peers could read";
   DevicePool pool(0);
   EXPECT_TRUE(pool.uses_virtual_memory()) << "one device with virtual memory management";
-  DevicePool segments(0, DevicePool::Options{.large_tier_memory = LargeTierMemory::segments});
+  DevicePool segments(0, DevicePool::Options{.large_tier = {.memory = LargeTierMemory::segments}});
   EXPECT_FALSE(segments.uses_virtual_memory());
   DevicePool custom(std::make_shared<TestUpstream>(std::make_shared<DeviceMemoryUpstream>(0)));
   EXPECT_FALSE(custom.uses_virtual_memory()) << "a custom device upstream is never bypassed";

@@ -124,18 +124,18 @@ TEST(DevicePoolTraces, HostOnlyReplayOfRecordedTraces) {
                        std::getenv("VRAM_TRACE_SMALL_MAX") ||
                        std::getenv("VRAM_TRACE_THREAD_CACHE") || std::getenv("VRAM_TRACE_VM");
     if (const char* text = std::getenv("VRAM_TRACE_LARGE_SEGMENT")) {
-      options.large_segment_bytes = std::strtoull(text, nullptr, 10);
+      options.large_tier.segment_bytes = std::strtoull(text, nullptr, 10);
     }
     if (const char* text = std::getenv("VRAM_TRACE_SMALL_MAX")) {
-      options.small_block_max_bytes = std::strtoull(text, nullptr, 10);
+      options.small_tier.max_block_bytes = std::strtoull(text, nullptr, 10);
     }
     if (const char* text = std::getenv("VRAM_TRACE_THREAD_CACHE")) {
-      options.thread_cache_blocks = std::strtoull(text, nullptr, 10);
+      options.thread_cache.blocks = std::strtoull(text, nullptr, 10);
     }
     if (const char* text = std::getenv("VRAM_TRACE_VM")) {
-      options.large_tier_memory =
+      options.large_tier.memory =
           text[0] != '0' ? LargeTierMemory::virtual_memory : LargeTierMemory::segments;
-      options.unmap_before_map = text[0] == '2';
+      options.large_tier.unmap_before_map = text[0] == '2';
     }
     DevicePool pool(upstream, options);
     std::vector<void*> ours(events.size(), nullptr);

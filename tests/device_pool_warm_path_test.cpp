@@ -47,8 +47,8 @@ std::vector<std::size_t> sizes_for(std::size_t small_max) {
   return sizes;
 }
 
-// Every option value the bins depend on (thread_cache_blocks 0, 1, 16 and above 16;
-// thread_cache_max_block_bytes 0, 1, small, and above small_max; small_max 256 B up to
+// Every option value the bins depend on (thread_cache.blocks 0, 1, 16 and above 16;
+// thread_cache.max_block_bytes 0, 1, small, and above small_max; small_max 256 B up to
 // 2 MiB and above, clamped), with and without validation and peak tracking: after every
 // acquire/release pattern the accounting is exact, no thread cache holds more than its
 // per-class depth allows, and trim(0) leaves nothing behind.
@@ -71,14 +71,14 @@ TEST(WarmPathCaches, OptionSweepKeepsAccountingExactForEverySmallSize) {
                  << c.cache_max_block << " validate " << c.validate << " track " << c.track);
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     DevicePool::Options options;
-    options.small_block_max_bytes = c.small_max;
-    options.thread_cache_blocks = c.cache_blocks;
-    options.thread_cache_max_block_bytes = c.cache_max_block;
-    options.thread_cache_max_bytes = 64_MiB;  // the depth, not the byte bound, limits here
+    options.small_tier.max_block_bytes = c.small_max;
+    options.thread_cache.blocks = c.cache_blocks;
+    options.thread_cache.max_block_bytes = c.cache_max_block;
+    options.thread_cache.max_bytes = 64_MiB;  // the depth, not the byte bound, limits here
     options.validate_releases = c.validate;
     options.track_peak_in_use = c.track;
     DevicePool pool(upstream, options);
-    const std::size_t small_max = pool.options().small_block_max_bytes;
+    const std::size_t small_max = pool.options().small_tier.max_block_bytes;
     const std::size_t depth = std::min<std::size_t>(c.cache_blocks, 16);
     const std::size_t kept_max =
         c.cache_blocks == 0 || c.cache_max_block == 0 ? 0 : std::min(c.cache_max_block, small_max);
@@ -261,13 +261,13 @@ TEST(WarmPathCaches, TrimRacingAnOwnerBlockedInTheUpstreamIsHonoured) {
   }
 }
 
-// A block of a class the thread cache does not keep (above thread_cache_max_block_bytes)
+// A block of a class the thread cache does not keep (above thread_cache.max_block_bytes)
 // released on a warm thread goes to its ring, never into a bin; one released on a thread
 // that never used this pool (tl_last names another pool) too.
 TEST(WarmPathCaches, UnkeptClassAndForeignThreadReleasesBypassTheBins) {
   DevicePool::Options options;
   options.validate_releases = false;
-  options.thread_cache_max_block_bytes = 4096;
+  options.thread_cache.max_block_bytes = 4096;
   DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
   DevicePool other(std::make_shared<HostMemoryUpstream>(), options);
   pool.deallocate(pool.allocate(4096), 4096);  // warm: tl_last is this pool
@@ -294,8 +294,8 @@ TEST(WarmPathCaches, UnkeptClassAndForeignThreadReleasesBypassTheBins) {
 TEST(WarmPathCaches, AdoptedCachesKeepTheirLimits) {
   DevicePool::Options options;
   options.validate_releases = false;
-  options.thread_cache_blocks = 3;
-  options.thread_cache_max_block_bytes = 1024;
+  options.thread_cache.blocks = 3;
+  options.thread_cache.max_block_bytes = 1024;
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool pool(upstream, options);
   for (int generation = 0; generation < 20; ++generation) {
@@ -328,7 +328,7 @@ TEST(WarmPathCaches, TwoPoolThreadsRacingTrimsKeepAccountingExact) {
     DevicePool::Options options;
     options.validate_releases = mode == 1;
     options.track_peak_in_use = mode == 2;
-    options.thread_cache_blocks = 2;
+    options.thread_cache.blocks = 2;
     auto upstream_a = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     auto upstream_b = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     DevicePool a(upstream_a, options);

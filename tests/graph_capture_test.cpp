@@ -545,7 +545,7 @@ TEST(GraphPoolsDevicePool, AnOutOfMemoryRetryReclaimsGraphMemoryGivenUp) {
   auto fence = std::make_shared<RefusingQuiesceFence>();
   DevicePool::Options options;
   options.fence = fence;
-  options.large_tier_memory = LargeTierMemory::segments;
+  options.large_tier.memory = LargeTierMemory::segments;
   DevicePool pool(upstream, options);
   const auto id = DevicePool::new_graph_pool();
   {
@@ -623,7 +623,7 @@ TEST(GraphPoolsDevicePoolGpu, DestroyingThePoolWithAScopeOpenGivesItsMemoryBackW
   DevicePool::CaptureScope scope;
   {
     DevicePool::Options options;
-    options.large_tier_memory = LargeTierMemory::segments;
+    options.large_tier.memory = LargeTierMemory::segments;
     DevicePool pool(upstream, options);
     scope = pool.capture_into(DevicePool::new_graph_pool(), capturing.get());
     ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
@@ -807,7 +807,7 @@ TEST(GraphPoolsDevicePoolGpu, GrowingDuringAGlobalCaptureKeepsItValid) {
   VRAM_GPU_TEST_OR_SKIP();
   for (auto memory : {LargeTierMemory::automatic, LargeTierMemory::segments}) {
     DevicePool::Options options;
-    options.large_tier_memory = memory;
+    options.large_tier.memory = memory;
     DevicePool pool(std::make_shared<DeviceMemoryUpstream>(0), options);
     const auto id = DevicePool::new_graph_pool();
     cuda::Stream capturing;

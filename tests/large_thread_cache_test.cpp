@@ -37,8 +37,8 @@ void* fake(std::uintptr_t n) { return reinterpret_cast<void*>(n << 20); }
 DevicePool::Options cached_options() {
   DevicePool::Options options;
   options.validate_releases = false;
-  options.large_tier_memory = LargeTierMemory::segments;
-  options.thread_cache_large_from_start = true;
+  options.large_tier.memory = LargeTierMemory::segments;
+  options.thread_cache.large_from_start = true;
   return options;
 }
 
@@ -158,7 +158,7 @@ TEST(DevicePoolLargeThreadCacheRecord, TheRecordAgreesWithAModelThroughFillsAndE
 TEST(DevicePoolLargeThreadCache, AThreadAloneOnTheLargeTierCachesNothing) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = cached_options();
-  options.thread_cache_large_from_start = false;
+  options.thread_cache.large_from_start = false;
   DevicePool pool(upstream, options);
   for (int i = 0; i < 100; ++i) {
     void* block = pool.allocate(4_MiB);
@@ -211,7 +211,7 @@ TEST(DevicePoolLargeThreadCache, WrongSizeAndDoubleReleasesAreStillRejected) {
 TEST(DevicePoolLargeThreadCache, TheByteCapBoundsEachThread) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = cached_options();
-  options.thread_cache_large_bytes = 8_MiB;
+  options.thread_cache.large_bytes = 8_MiB;
   DevicePool pool(upstream, options);
   void* blocks[3];
   for (void*& b : blocks) b = pool.allocate(4_MiB);
@@ -559,7 +559,7 @@ TEST(DevicePoolLargeThreadCacheGpu, DoubleReleasesAcrossThreadsAreRejectedAndSha
   for (const auto memory : {LargeTierMemory::automatic, LargeTierMemory::segments}) {
     SCOPED_TRACE(memory == LargeTierMemory::segments ? "segments" : "automatic");
     DevicePool::Options options = cached_options();
-    options.large_tier_memory = memory;
+    options.large_tier.memory = memory;
     DevicePool pool(0, options);
     void* a = pool.allocate(4_MiB);
     std::thread([&] { pool.deallocate(a, 4_MiB); }).join();
@@ -586,7 +586,7 @@ TEST(DevicePoolLargeThreadCacheGpu, DoubleReleasesAcrossThreadsAreRejectedAndSha
 TEST(DevicePoolLargeThreadCache, ThreadsThatMeetOnTheLargeTierStartCachingTheirSuccessorsDoNot) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = cached_options();
-  options.thread_cache_large_from_start = false;
+  options.thread_cache.large_from_start = false;
   DevicePool pool(upstream, options);
   std::atomic<bool> stop{false};
   std::atomic<bool> seen{false};
@@ -629,8 +629,8 @@ TEST(DevicePoolLargeThreadCache, ThreadsHandingBlocksAroundWithTrimsLoseNothing)
        {LargeTierMemory::segments, LargeTierMemory::virtual_memory}) {
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     auto options = cached_options();
-    options.large_tier_memory = memory;
-    options.thread_cache_large_bytes = 48_MiB;
+    options.large_tier.memory = memory;
+    options.thread_cache.large_bytes = 48_MiB;
     DevicePool pool(upstream, options);
     constexpr int kThreads = 4;
     std::mutex handoff_mutex;

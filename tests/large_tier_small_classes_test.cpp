@@ -1,4 +1,4 @@
-// Small classes above small_segment_max_bytes, carved out of the large tier, and virtual
+// Small classes above small_tier.segment_max_bytes, carved out of the large tier, and virtual
 // map-ahead only for a block that raises the tier's peak of used bytes. Host memory: the
 // large tier over the host emulation of virtual memory, ManualFence for streams. Each
 // comment states the rule its test holds the pool to.
@@ -38,7 +38,7 @@ TEST(LargeTierSmallClassesPlacement, ClassEdgesAroundTheThresholdAndSmallBlockMa
   const Case cases[] = {
       {1_MiB, 0, 256_KiB, true},       // the automatic threshold itself: small tier
       {1_MiB, 0, 256_KiB + 1, false},  // the next class (320 KiB): large tier
-      {1_MiB, 0, 1_MiB, false},        // small_block_max_bytes
+      {1_MiB, 0, 1_MiB, false},        // small_tier.max_block_bytes
       {2_MiB, 0, 2_MiB, false},        // the largest small class there is
       {256_KiB, 0, 256_KiB, true},     // small_max at the threshold: all small
       {300_KiB, 0, 300_KiB, false},    // small_max inside the 320 KiB class
@@ -51,8 +51,8 @@ TEST(LargeTierSmallClassesPlacement, ClassEdgesAroundTheThresholdAndSmallBlockMa
                                       << c.segment_max << " bytes " << c.bytes);
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     auto options = virtual_options();
-    options.small_block_max_bytes = c.small_max;
-    options.small_segment_max_bytes = c.segment_max;
+    options.small_tier.max_block_bytes = c.small_max;
+    options.small_tier.segment_max_bytes = c.segment_max;
     DevicePool pool(upstream, options);
     hold_free_large_memory(pool);
     EXPECT_EQ(carved_from_small_tier(pool, *upstream, c.bytes), c.small);
@@ -67,7 +67,7 @@ TEST(LargeTierSmallClassesPlacement, ClassEdgesAroundTheThresholdAndSmallBlockMa
 TEST(LargeTierSmallClassesPlacement, AThresholdBetweenClassesIsABlockSize) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = virtual_options();
-  options.small_segment_max_bytes = 300_KiB;
+  options.small_tier.segment_max_bytes = 300_KiB;
   DevicePool pool(upstream, options);
   hold_free_large_memory(pool);
   EXPECT_TRUE(carved_from_small_tier(pool, *upstream, 250_KiB));
@@ -82,7 +82,7 @@ TEST(LargeTierSmallClassesPlacement, AThresholdBetweenClassesIsABlockSize) {
 TEST(LargeTierSmallClassesPlacement, LargeTierClassesAreCarvedAtTheirBlockBytes) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = virtual_options();
-  options.small_segment_max_bytes = 1024;
+  options.small_tier.segment_max_bytes = 1024;
   DevicePool pool(upstream, options);
   hold_free_large_memory(pool);
   EXPECT_TRUE(carved_from_small_tier(pool, *upstream, 1100)) << "1280 B blocks: small tier";
@@ -104,21 +104,21 @@ TEST(LargeTierSmallClassesPlacement, LargeTierClassesAreCarvedAtTheirBlockBytes)
 // share a tier. validate_releases checks a release against block_bytes(bytes), and several
 // classes share one block size (320, 384, 448 and 512 B are all 512-byte blocks; 640/768;
 // 896/1024): a release naming another class of the same block size must reach the tier that
-// holds the block. With small_segment_max_bytes between two such classes (320 here), a
+// holds the block. With small_tier.segment_max_bytes between two such classes (320 here), a
 // release routed to the other tier would be rejected there (or discarded from a bin), and the
 // block would be stranded in its segment for good.
 TEST(LargeTierSmallClassesValidation, ASameBlockSizeReleaseAcrossTheTierBoundaryStrandsNoBlock) {
-  // Control: small_segment_max_bytes = small_block_max_bytes (every class in the small
+  // Control: small_tier.segment_max_bytes = small_tier.max_block_bytes (every class in the small
   // tier) passes every assertion below.
   for (const std::size_t segment_max : {std::size_t{320}, std::size_t{1_MiB}})
     for (const std::size_t thread_cache_blocks : {std::size_t{0}, std::size_t{8}}) {
-      SCOPED_TRACE(::testing::Message() << "small_segment_max_bytes " << segment_max
-                                        << " thread_cache_blocks " << thread_cache_blocks);
+      SCOPED_TRACE(::testing::Message() << "small_tier.segment_max_bytes " << segment_max
+                                        << " thread_cache.blocks " << thread_cache_blocks);
       auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
       {
         auto options = virtual_options();
-        options.small_segment_max_bytes = segment_max;  // 320: 320 B class small, 384 B large
-        options.thread_cache_blocks = thread_cache_blocks;
+        options.small_tier.segment_max_bytes = segment_max;  // 320: 320 B class small, 384 B large
+        options.thread_cache.blocks = thread_cache_blocks;
         DevicePool pool(upstream, options);
         ASSERT_EQ(pool.block_bytes(300), pool.block_bytes(384));  // both 512-byte blocks
         void* block = pool.allocate(300);                         // 320 B class: small tier
@@ -137,20 +137,20 @@ TEST(LargeTierSmallClassesValidation, ASameBlockSizeReleaseAcrossTheTierBoundary
 }
 
 // Rule: SegmentTier::free checks the size the block was allocated with. Without
-// validate_releases a release naming a size above small_block_max_bytes goes to the large tier,
-// which carves the classes above 256 KiB: a double release of such a block under a large size
+// validate_releases a release naming a size above small_tier.max_block_bytes goes to the large
+// tier, which carves the classes above 256 KiB: a double release of such a block under a large size
 // (the block cached in this thread) is rejected, so the next two requests never get the same
 // memory.
 TEST(LargeTierSmallClassesValidation, ALargeSizedDoubleReleaseOfALargeTierSmallBlockIsRejected) {
-  // Control: small_segment_max_bytes = 1 MiB (every class in the small tier) passes.
+  // Control: small_tier.segment_max_bytes = 1 MiB (every class in the small tier) passes.
   for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}}) {
-    SCOPED_TRACE(::testing::Message() << "small_segment_max_bytes " << segment_max);
+    SCOPED_TRACE(::testing::Message() << "small_tier.segment_max_bytes " << segment_max);
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     {
       auto options = virtual_options();
       options.validate_releases = false;  // release builds
-      options.thread_cache_blocks = 8;
-      options.small_segment_max_bytes = segment_max;
+      options.thread_cache.blocks = 8;
+      options.small_tier.segment_max_bytes = segment_max;
       DevicePool pool(upstream, options);
       void* p = pool.allocate(512_KiB);
       pool.deallocate(p, 512_KiB);  // cached in this thread
@@ -203,14 +203,14 @@ TEST(LargeTierSmallClassesValidation, AWrongSizeReleaseOfALargeBlockIsRejectedWi
 TEST(LargeTierSmallClassesStreams, ASmallClassStreamFreeCapturesTheLargeTiersUntaggedNeighbour) {
   for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}})
     for (const double headroom : {1.0 / 16, 1.0}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "small_segment_max_bytes " << segment_max << " growth_headroom " << headroom);
+      SCOPED_TRACE(::testing::Message() << "small_tier.segment_max_bytes " << segment_max
+                                        << " growth_headroom " << headroom);
       auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
       auto fence = std::make_shared<ManualFence>();
       auto options = virtual_options();
       options.fence = fence;
       options.growth_headroom = headroom;
-      options.small_segment_max_bytes = segment_max;
+      options.small_tier.segment_max_bytes = segment_max;
       DevicePool pool(upstream, options);
       const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
       const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
@@ -241,7 +241,7 @@ TEST(LargeTierSmallClassesStreams, ThreadCacheTagSwitchKeepsLargeTierSmallBlocks
   auto fence = std::make_shared<ManualFence>();
   auto options = virtual_options();
   options.fence = fence;
-  options.thread_cache_blocks = 8;
+  options.thread_cache.blocks = 8;
   options.validate_releases = false;
   DevicePool pool(upstream, options);
   const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
@@ -277,10 +277,10 @@ TEST(LargeTierSmallClassesLifetime, OrphanedBlocksOfBothTiersGoBackExactlyOnce) 
   std::vector<DevicePool::Lease> leased;
   {
     auto options = virtual_options();
-    options.thread_cache_blocks = 8;
+    options.thread_cache.blocks = 8;
     options.max_cached_blocks_per_class = 64;
     options.validate_releases = false;
-    options.virtual_map_ahead_bytes = 128_MiB;
+    options.large_tier.virtual_map_ahead_bytes = 128_MiB;
     auto pool = std::make_unique<DevicePool>(upstream, options);
     std::atomic<bool> stop{false};
     std::thread trimmer([&] {
@@ -338,7 +338,7 @@ TEST(LargeTierSmallClassesMapAhead, RegrowthAfterAGiveBackMapsInLongRuns) {
   for (const bool restart_peak : {false, true}) {
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     auto options = virtual_options();
-    options.virtual_map_ahead_bytes = 128_MiB;  // the default
+    options.large_tier.virtual_map_ahead_bytes = 128_MiB;  // the default
     options.max_cached_bytes = 64_MiB;
     DevicePool pool(upstream, options);
     std::vector<void*> blocks;

@@ -40,12 +40,12 @@ void walk_device_pool(bool validate) {
     options.validate_releases = validate;
     options.max_cached_bytes = (random() % 8) * 1_MiB;
     options.max_cached_blocks_per_class = 1 + random() % 8;
-    options.thread_cache_blocks = random() % 18;  // above 16: capped
+    options.thread_cache.blocks = random() % 18;  // above 16: capped
     const std::size_t small_max[] = {256, 4_KiB, 256_KiB, 1_MiB, 2_MiB};
-    options.small_block_max_bytes = small_max[random() % 5];
+    options.small_tier.max_block_bytes = small_max[random() % 5];
     const std::size_t cached_max[] = {0, 256, 64_KiB, 1_MiB, 2_MiB};
-    options.thread_cache_max_block_bytes = cached_max[random() % 5];
-    options.thread_cache_max_bytes = (random() % 3) * 4_MiB;
+    options.thread_cache.max_block_bytes = cached_max[random() % 5];
+    options.thread_cache.max_bytes = (random() % 3) * 4_MiB;
     DevicePool pool(upstream, options);
     DevicePool other(std::make_shared<HostMemoryUpstream>(),
                      DevicePool::Options{.validate_releases = validate});
@@ -96,7 +96,7 @@ void walk_device_pool(bool validate) {
       ASSERT_EQ(s.bytes_in_use, model_in_use) << "step " << step;
       ASSERT_EQ(s.bytes_reserved, upstream->live_bytes()) << "step " << step;
       ASSERT_EQ(s.bytes_reserved, s.bytes_in_use + s.bytes_cached) << "step " << step;
-      ASSERT_LE(s.bytes_cached_in_threads, options.thread_cache_max_bytes);
+      ASSERT_LE(s.bytes_cached_in_threads, options.thread_cache.max_bytes);
       ASSERT_EQ(s.invalid_releases, 0U);
     }
     for (auto& [block, bytes] : model) pool.deallocate(block, bytes);

@@ -579,13 +579,13 @@ TEST(PageableStager, StressWeightPagerPageableEndToEndWithPrefetch) {
     auto report = std::make_shared<StagedHostReport>();
     {
       WeightPager pager(list,
-                        WeightPagerOptions{.budget_bytes = 8 * layers.largest(),
-                                           .prefetch_depth = depth,
-                                           .host = HostWeights::pageable,
-                                           .staging_chunk_bytes = 8_KiB,
-                                           .staging_buffers = 2,
-                                           .fill_threads = 2,
-                                           .print_plan_warnings = false},
+                        WeightPagerOptions{
+                            .plan = {.budget_bytes = 8 * layers.largest(), .prefetch_depth = depth},
+                            .host = HostWeights::pageable,
+                            .staging_chunk_bytes = 8_KiB,
+                            .staging_buffers = 2,
+                            .fill_threads = 2,
+                            .print_plan_warnings = false},
                         std::make_unique<StagedHostPagerDevice>(report));
       ASSERT_TRUE(report->staged);
       ASSERT_GT(pager.plan().streamed_layers(), 4U);

@@ -163,8 +163,8 @@ TEST(DevicePoolMisuse, UpstreamWithSmallerAlignmentIsRefusedAtConstruction) {
 DevicePool::Options virtual_options(std::size_t reservation) {
   DevicePool::Options options;
   options.validate_releases = true;
-  options.large_tier_memory = LargeTierMemory::virtual_memory;
-  options.virtual_reservation_bytes = reservation;
+  options.large_tier.memory = LargeTierMemory::virtual_memory;
+  options.large_tier.virtual_reservation_bytes = reservation;
   return options;
 }
 
@@ -209,11 +209,11 @@ TEST(DevicePoolMisuse, ExtremeRunAndMapAheadOptionsStillServeAndAccount) {
                                                  TestUpstream::Options{.capacity_bytes = 256_MiB});
   for (const std::size_t run : {std::size_t{0}, std::size_t{1}, SIZE_MAX}) {
     for (const std::size_t ahead : {std::size_t{0}, std::size_t{1}, SIZE_MAX}) {
-      SCOPED_TRACE("virtual_run_bytes " + std::to_string(run) + " virtual_map_ahead_bytes " +
-                   std::to_string(ahead));
+      SCOPED_TRACE("large_tier.virtual_run_bytes " + std::to_string(run) +
+                   " large_tier.virtual_map_ahead_bytes " + std::to_string(ahead));
       auto options = virtual_options(1_GiB);
-      options.virtual_run_bytes = run;
-      options.virtual_map_ahead_bytes = ahead;
+      options.large_tier.virtual_run_bytes = run;
+      options.large_tier.virtual_map_ahead_bytes = ahead;
       {
         DevicePool pool(upstream, options);
         std::vector<void*> blocks;
@@ -233,13 +233,13 @@ TEST(DevicePoolMisuse, ExtremeRunAndMapAheadOptionsStillServeAndAccount) {
 TEST(DevicePoolMisuse, AbsurdLargeSegmentBytesIsRejectedOrStillServes) {
   for (const std::size_t segment :
        {std::size_t{0}, std::size_t{1}, std::size_t{3} << 20 | 1, SIZE_MAX / 2, SIZE_MAX}) {
-    SCOPED_TRACE("large_segment_bytes " + std::to_string(segment));
+    SCOPED_TRACE("large_tier.segment_bytes " + std::to_string(segment));
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
                                                    TestUpstream::Options{.capacity_bytes = 1_GiB});
     DevicePool::Options options;
     options.validate_releases = true;
-    options.large_tier_memory = LargeTierMemory::segments;
-    options.large_segment_bytes = segment;
+    options.large_tier.memory = LargeTierMemory::segments;
+    options.large_tier.segment_bytes = segment;
     std::unique_ptr<DevicePool> pool;
     try {
       pool = std::make_unique<DevicePool>(upstream, options);
@@ -297,7 +297,7 @@ TEST(DevicePoolMisuse, PerThreadDefaultStreamSmallFreesAreNotHandedToAnotherThre
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;
   options.validate_releases = true;
-  options.thread_cache_blocks = 0;  // the free reaches the shared tier at once
+  options.thread_cache.blocks = 0;  // the free reaches the shared tier at once
   options.fence = fence;
   DevicePool pool(upstream, options);
   void* keep = pool.allocate(4096);  // the segment stays in use (a wholly free one may go
@@ -326,8 +326,8 @@ TEST(DevicePoolMisuse, LargeBlockInteriorAndDoubleReleaseAreRejectedWithoutValid
   DevicePool::Options options;
   options.validate_releases = false;
   for (const auto memory : {LargeTierMemory::segments, LargeTierMemory::virtual_memory}) {
-    options.large_tier_memory = memory;
-    options.virtual_reservation_bytes = 1_GiB;
+    options.large_tier.memory = memory;
+    options.large_tier.virtual_reservation_bytes = 1_GiB;
     DevicePool pool(upstream, options);
     char* block = static_cast<char*>(pool.allocate(4_MiB));
     pool.deallocate(block + 4096, 4_MiB - 4096);  // interior pointer
@@ -386,8 +386,8 @@ TEST(DevicePoolMisuse, UpstreamReturningNullIsAnErrorNotANullBlock) {
   for (const auto memory : {LargeTierMemory::segments, LargeTierMemory::virtual_memory}) {
     SCOPED_TRACE(memory == LargeTierMemory::segments ? "segments" : "virtual memory");
     DevicePool::Options options;
-    options.large_tier_memory = memory;
-    options.virtual_reservation_bytes = 1_GiB;
+    options.large_tier.memory = memory;
+    options.large_tier.virtual_reservation_bytes = 1_GiB;
     DevicePool pool(std::make_shared<NullUpstream>(), options);
     for (const std::size_t bytes : {std::size_t{4096}, std::size_t{4_MiB}}) {
       try {
@@ -452,7 +452,7 @@ TEST(DevicePoolMisuse, AbsurdVirtualReservationIsRefusedAtConstruction) {
   for (const std::size_t bytes : {SIZE_MAX, (std::size_t{16} << 40) + 1}) {
     try {
       DevicePool pool(upstream, virtual_options(bytes));
-      ADD_FAILURE() << "virtual_reservation_bytes " << bytes << " accepted";
+      ADD_FAILURE() << "large_tier.virtual_reservation_bytes " << bytes << " accepted";
     } catch (const InvalidArgument& error) {
       EXPECT_NE(std::string(error.what()).find("16 TiB"), std::string::npos) << error.what();
     }
@@ -466,7 +466,7 @@ TEST(DevicePoolMisuse, AbsurdVirtualReservationIsRefusedAtConstruction) {
 TEST(DevicePoolMisuse, UnboundedBlocksPerClassDoesNotAllocateHugeRings) {
   DevicePool::Options options;
   options.max_cached_blocks_per_class = SIZE_MAX;
-  options.thread_cache_blocks = 0;  // releases go to the ring
+  options.thread_cache.blocks = 0;  // releases go to the ring
   DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
   void* block = pool.allocate(256);
   const struct mallinfo2 before = mallinfo2();

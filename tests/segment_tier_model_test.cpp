@@ -410,8 +410,8 @@ TEST(DevicePoolStreamsStress, ThreadsOnStreamsWithMarkersCompletingAndTrims) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
   options.fence = fence;
-  options.large_segment_bytes = 4_MiB;
-  options.max_segment_waste_bytes = 2_MiB;
+  options.large_tier.segment_bytes = 4_MiB;
+  options.large_tier.max_segment_waste_bytes = 2_MiB;
   DevicePool pool(upstream, options);
   std::atomic<int> running{4};
   std::atomic<std::uint64_t> mismatches{0};

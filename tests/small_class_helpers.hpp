@@ -17,10 +17,11 @@ namespace vram::testing {
 inline DevicePool::Options virtual_host_options() {
   using namespace vram::literals;
   DevicePool::Options options;
-  options.large_tier_memory = LargeTierMemory::virtual_memory;
-  options.virtual_reservation_bytes = 2_GiB;
-  options.virtual_map_ahead_bytes = 0;  // granules mapped only under blocks (unless a test sets it)
-  options.thread_cache_blocks = 0;      // blocks straight back to their tier
+  options.large_tier.memory = LargeTierMemory::virtual_memory;
+  options.large_tier.virtual_reservation_bytes = 2_GiB;
+  options.large_tier.virtual_map_ahead_bytes =
+      0;                            // granules mapped only under blocks (unless a test sets it)
+  options.thread_cache.blocks = 0;  // blocks straight back to their tier
   options.max_cached_blocks_per_class = 0;
   options.validate_releases = true;
   return options;

@@ -1,4 +1,4 @@
-// Where small blocks are carved from (DevicePoolOptions::small_segment_max_bytes): classes
+// Where small blocks are carved from (DevicePoolOptions::small_tier.segment_max_bytes): classes
 // up to it from the small tier's 2 MiB segments, larger small classes from the large tier,
 // whose free memory then serves both kinds. Host memory, the large tier over the host
 // emulation of virtual memory (the default on a device with virtual memory management) or
@@ -23,7 +23,7 @@ using namespace vram::literals;
 
 DevicePool::Options virtual_options() {
   auto options = virtual_host_options();
-  options.virtual_reservation_bytes = 1_GiB;
+  options.large_tier.virtual_reservation_bytes = 1_GiB;
   return options;
 }
 
@@ -61,7 +61,7 @@ TEST(SmallClassPlacement, LargerSmallClassesReuseTheLargeTiersFreeMemoryAndGiveI
   expect_everything_back(pool, *upstream);
 }
 
-// Every small class from the small tier: with an explicit threshold at small_block_max_bytes,
+// Every small class from the small tier: with an explicit threshold at small_tier.max_block_bytes,
 // and with the automatic one over segments.
 TEST(SmallClassPlacement, AnExplicitThresholdOrSegmentsKeepEverySmallClassInTheSmallTier) {
   for (const bool segments : {false, true}) {
@@ -69,9 +69,9 @@ TEST(SmallClassPlacement, AnExplicitThresholdOrSegmentsKeepEverySmallClassInTheS
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     auto options = virtual_options();
     if (segments) {
-      options.large_tier_memory = LargeTierMemory::segments;
+      options.large_tier.memory = LargeTierMemory::segments;
     } else {
-      options.small_segment_max_bytes = options.small_block_max_bytes;
+      options.small_tier.segment_max_bytes = options.small_tier.max_block_bytes;
     }
     DevicePool pool(upstream, options);
     ASSERT_EQ(pool.uses_virtual_memory(), !segments);
@@ -95,7 +95,7 @@ TEST(SmallClassPlacement, StreamOrderedFreesOfLargerSmallClassesKeepTheirStream)
     auto fence = std::make_shared<ManualFence>();
     auto options = virtual_options();
     options.fence = fence;
-    options.thread_cache_blocks = thread_cache_blocks;
+    options.thread_cache.blocks = thread_cache_blocks;
     DevicePool pool(upstream, options);
     const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
     const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
@@ -124,7 +124,7 @@ TEST(SmallClassPlacement, StreamOrderedFreesOfLargerSmallClassesKeepTheirStream)
 TEST(SmallClassPlacement, TrimReturnsCachedBlocksOfEveryClassToTheirTier) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = virtual_options();
-  options.thread_cache_blocks = 8;
+  options.thread_cache.blocks = 8;
   options.max_cached_blocks_per_class = 64;
   DevicePool pool(upstream, options);
   std::vector<std::pair<void*, std::size_t>> blocks;

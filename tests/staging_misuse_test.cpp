@@ -415,7 +415,7 @@ WeightPager host_pager(const Weights& weights, WeightPagerOptions options) {
 // twice needs two releases; a third is refused.
 TEST(WeightPagerMisuse, InUseLayersAreNeverEvictedAndTheErrorIsRecoverable) {
   Weights weights(6, 1024);
-  auto pager = host_pager(weights, {.budget_bytes = 2048, .prefetch_depth = 1});
+  auto pager = host_pager(weights, {.plan = {.budget_bytes = 2048, .prefetch_depth = 1}});
   ASSERT_EQ(pager.plan().slot_count, 2U);
   const void* a = pager.acquire(0, nullptr);
   const void* b = pager.acquire(1, nullptr);
@@ -446,7 +446,7 @@ TEST(WeightPagerMisuse, InUseLayersAreNeverEvictedAndTheErrorIsRecoverable) {
 TEST(WeightPagerMisuse, UnnamedLayersAndMovedFromPagerCalls) {
   Weights weights(3, 512);
   for (auto& layer : weights.layers) layer.name.clear();
-  auto pager = host_pager(weights, {.budget_bytes = 4_KiB});
+  auto pager = host_pager(weights, {.plan = {.budget_bytes = 4_KiB}});
   EXPECT_THROW((void)pager.index_of(""), InvalidArgument);
   EXPECT_THROW((void)pager.acquire(std::string_view(""), nullptr), InvalidArgument);
   WeightPager other = std::move(pager);
@@ -626,9 +626,9 @@ TEST(StagingMisuseGpu, DevicePointerAsHostWeightIsInvalidArgumentInPinnedMode) {
          static_cast<std::byte*>(device_weights) + static_cast<std::size_t>(i) * 64_KiB, 64_KiB});
   }
   try {
-    WeightPager pager(
-        layers,
-        {.budget_bytes = 2 * 64_KiB, .host = HostWeights::pinned, .print_plan_warnings = false});
+    WeightPager pager(layers, {.plan = {.budget_bytes = 2 * 64_KiB},
+                               .host = HostWeights::pinned,
+                               .print_plan_warnings = false});
     ADD_FAILURE() << "device memory accepted as host weights";
   } catch (const InvalidArgument&) {
   } catch (const std::exception& error) {
@@ -651,8 +651,9 @@ TEST(StagingMisuseGpu, DevicePointerAsHostWeightIsRefusedInEveryMode) {
   layers.push_back({"on-device", device_weights, 64_KiB});  // the last one only
   for (const auto mode : {HostWeights::automatic, HostWeights::pageable, HostWeights::pinned}) {
     try {
-      WeightPager pager(layers,
-                        {.budget_bytes = 2 * 64_KiB, .host = mode, .print_plan_warnings = false});
+      WeightPager pager(
+          layers,
+          {.plan = {.budget_bytes = 2 * 64_KiB}, .host = mode, .print_plan_warnings = false});
       ADD_FAILURE() << "device memory accepted as host weights";
     } catch (const InvalidArgument& error) {
       EXPECT_NE(std::string(error.what()).find("'on-device'"), std::string::npos) << error.what();
@@ -669,7 +670,7 @@ TEST(StagingMisuseGpu, AbsurdStagingBufferCountIsInvalidArgumentFromThePager) {
   for (std::size_t i = 0; i < 4; ++i)
     layers.push_back({"p" + std::to_string(i), data[i].data(), 64_KiB});
   try {
-    WeightPager pager(layers, {.budget_bytes = 2 * 64_KiB,
+    WeightPager pager(layers, {.plan = {.budget_bytes = 2 * 64_KiB},
                                .host = HostWeights::pageable,
                                .staging_buffers = SIZE_MAX,
                                .print_plan_warnings = false});
@@ -686,8 +687,9 @@ TEST(StagingMisuseGpu, BadDeviceOrdinalIsACudaErrorWithAFix) {
   VRAM_GPU_TEST_OR_SKIP();
   std::vector<std::byte> data(64_KiB, std::byte{1});
   try {
-    WeightPager pager({{"x", data.data(), data.size()}},
-                      {.budget_bytes = 1_MiB, .device = 4096, .print_plan_warnings = false});
+    WeightPager pager(
+        {{"x", data.data(), data.size()}},
+        {.plan = {.budget_bytes = 1_MiB}, .device = 4096, .print_plan_warnings = false});
     ADD_FAILURE() << "device 4096 accepted";
   } catch (const CudaError& error) {
     EXPECT_NE(std::string(error.what()).find("Fix:"), std::string::npos) << error.what();

@@ -90,7 +90,7 @@ TEST(PerThreadStreamKey, PoolFencesPerThreadFreesOnTheLegacyStream) {
     auto fence = std::make_shared<RecordingFence>();
     DevicePool::Options options;
     options.validate_releases = true;
-    options.thread_cache_blocks = 0;
+    options.thread_cache.blocks = 0;
     options.fence = fence;
     DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
     void* keep = pool.allocate(bytes);

@@ -80,8 +80,8 @@ void run_host_stress(bool validate_releases, bool virtual_memory = false) {
   options.validate_releases = validate_releases;
   options.max_cached_bytes = 8_MiB;  // small: exercise upstream frees too
   if (virtual_memory) {
-    options.large_tier_memory = LargeTierMemory::virtual_memory;
-    options.virtual_reservation_bytes = 4_GiB;
+    options.large_tier.memory = LargeTierMemory::virtual_memory;
+    options.large_tier.virtual_reservation_bytes = 4_GiB;
   }
   DevicePool pool(upstream, options);
   ASSERT_EQ(pool.uses_virtual_memory(), virtual_memory);

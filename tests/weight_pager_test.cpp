@@ -369,7 +369,8 @@ WeightPager make_host_pager(const HostLayers& host, WeightPagerOptions options,
 TEST(WeightPagerHost, DeliversEachLayersBytesUnderABudgetOfThreeLayers) {
   HostLayers host(8, 1024);  // 4 KiB + i words each
   auto log = std::make_shared<FakeLog>();
-  auto pager = make_host_pager(host, {.budget_bytes = 3 * 5_KiB, .prefetch_depth = 1}, log);
+  auto pager =
+      make_host_pager(host, {.plan = {.budget_bytes = 3 * 5_KiB, .prefetch_depth = 1}}, log);
   const std::size_t streamed = pager.plan().streamed_layers();
   ASSERT_GT(streamed, 0U);
   for (int step = 0; step < 3; ++step) {
@@ -400,7 +401,8 @@ TEST(WeightPagerHost, DeliversEachLayersBytesUnderABudgetOfThreeLayers) {
 TEST(WeightPagerHost, EverythingResidentMeansNoPageInsAndNoPin) {
   HostLayers host(4, 256);
   auto log = std::make_shared<FakeLog>();
-  auto pager = make_host_pager(host, {.budget_bytes = 1_MiB, .host = HostWeights::pinned}, log);
+  auto pager =
+      make_host_pager(host, {.plan = {.budget_bytes = 1_MiB}, .host = HostWeights::pinned}, log);
   EXPECT_EQ(pager.plan().slot_count, 0U);
   for (int step = 0; step < 2; ++step) {
     for (std::size_t i = 0; i < 4; ++i) {
@@ -418,7 +420,7 @@ TEST(WeightPagerHost, EverythingResidentMeansNoPageInsAndNoPin) {
 TEST(WeightPagerHost, AcquireByNameAndUnknownNames) {
   HostLayers host(4, 256);
   auto log = std::make_shared<FakeLog>();
-  auto pager = make_host_pager(host, {.budget_bytes = 2_KiB + 1024}, log);
+  auto pager = make_host_pager(host, {.plan = {.budget_bytes = 2_KiB + 1024}}, log);
   EXPECT_EQ(pager.index_of("layer.2"), 2U);
   const void* device = pager.acquire("layer.2", nullptr);
   EXPECT_EQ(std::memcmp(device, host.data[2].data(), host.layers[2].bytes), 0);
@@ -430,7 +432,7 @@ TEST(WeightPagerHost, AcquireByNameAndUnknownNames) {
 TEST(WeightPagerHost, ReleasingALayerNotAcquiredIsAnErrorAndChangesNothing) {
   HostLayers host(4, 256);
   auto log = std::make_shared<FakeLog>();
-  auto pager = make_host_pager(host, {.budget_bytes = 3_KiB}, log);
+  auto pager = make_host_pager(host, {.plan = {.budget_bytes = 3_KiB}}, log);
   EXPECT_THROW(pager.release(1, nullptr), InvalidArgument);
   EXPECT_THROW(pager.release(9, nullptr), InvalidArgument);
   (void)pager.acquire(1, nullptr);
@@ -444,15 +446,18 @@ TEST(WeightPagerHost, ReleasingALayerNotAcquiredIsAnErrorAndChangesNothing) {
 TEST(WeightPagerHost, BadConstructionInputAllocatesNothing) {
   HostLayers host(3, 256);
   auto log = std::make_shared<FakeLog>();
-  EXPECT_THROW(make_host_pager(host, {.budget_bytes = 0}, log), InvalidArgument);
-  EXPECT_THROW(make_host_pager(host, {.budget_bytes = 512}, log), InvalidArgument);  // < layer
+  EXPECT_THROW(make_host_pager(host, {.plan = {.budget_bytes = 0}}, log), InvalidArgument);
+  EXPECT_THROW(make_host_pager(host, {.plan = {.budget_bytes = 512}}, log),
+               InvalidArgument);  // < layer
   auto duplicate = host;
   duplicate.layers[1].name = "layer.0";
-  EXPECT_THROW(make_host_pager(duplicate, {.budget_bytes = 1_MiB}, log), InvalidArgument);
+  EXPECT_THROW(make_host_pager(duplicate, {.plan = {.budget_bytes = 1_MiB}}, log), InvalidArgument);
   auto null_layer = host;
   null_layer.layers[2].host = nullptr;
-  EXPECT_THROW(make_host_pager(null_layer, {.budget_bytes = 1_MiB}, log), InvalidArgument);
-  EXPECT_THROW(make_host_pager(HostLayers(0, 1), {.budget_bytes = 1_MiB}, log), InvalidArgument);
+  EXPECT_THROW(make_host_pager(null_layer, {.plan = {.budget_bytes = 1_MiB}}, log),
+               InvalidArgument);
+  EXPECT_THROW(make_host_pager(HostLayers(0, 1), {.plan = {.budget_bytes = 1_MiB}}, log),
+               InvalidArgument);
   EXPECT_EQ(log->allocations, 0U);
 }
 
@@ -461,7 +466,7 @@ TEST(WeightPagerHost, HandleSaysPagerDestroyed) {
   auto log = std::make_shared<FakeLog>();
   std::optional<WeightPager::Handle> handle;
   {
-    auto pager = make_host_pager(host, {.budget_bytes = 3_KiB}, log);
+    auto pager = make_host_pager(host, {.plan = {.budget_bytes = 3_KiB}}, log);
     handle.emplace(pager.handle());
     EXPECT_TRUE(handle->alive());
     (void)handle->acquire(0, nullptr);
@@ -485,8 +490,8 @@ TEST(WeightPagerHost, PinFailureFallsBackWithOneWarningOrThrowsWhenPinnedWasAske
   log->fail_pin = true;
   ::testing::internal::CaptureStderr();
   {
-    auto pager =
-        make_host_pager(host, {.budget_bytes = 3_KiB, .host = HostWeights::automatic}, log);
+    auto pager = make_host_pager(
+        host, {.plan = {.budget_bytes = 3_KiB}, .host = HostWeights::automatic}, log);
     EXPECT_FALSE(pager.load().pinned);
     EXPECT_NE(pager.load().fallback_reason.find("refused"), std::string::npos);
     EXPECT_TRUE(log->configured_staged);
@@ -503,15 +508,16 @@ TEST(WeightPagerHost, PinFailureFallsBackWithOneWarningOrThrowsWhenPinnedWasAske
   }
   EXPECT_EQ(count, 1U) << warnings;
   const std::size_t allocations = log->allocations;
-  EXPECT_THROW(make_host_pager(host, {.budget_bytes = 3_KiB, .host = HostWeights::pinned}, log),
-               PinningError);
+  EXPECT_THROW(
+      make_host_pager(host, {.plan = {.budget_bytes = 3_KiB}, .host = HostWeights::pinned}, log),
+      PinningError);
   EXPECT_EQ(log->allocations, allocations);  // nothing allocated for the failed pager
 }
 
 TEST(WeightPagerHost, MovedFromPagerThrows) {
   HostLayers host(2, 256);
   auto log = std::make_shared<FakeLog>();
-  auto pager = make_host_pager(host, {.budget_bytes = 4_KiB}, log);
+  auto pager = make_host_pager(host, {.plan = {.budget_bytes = 4_KiB}}, log);
   WeightPager other = std::move(pager);
   EXPECT_THROW((void)pager.acquire(0, nullptr),
                InvalidArgument);  // NOLINT(bugprone-use-after-move)
@@ -535,7 +541,7 @@ TEST(WeightPagerThreads, HandleCallsRacingThePagersDestructionCompleteOrThrow) {
     auto host = std::make_unique<HostLayers>(kLayers, 8192);  // 32 KiB + i words a layer
     auto log = std::make_shared<FakeLog>();
     std::optional<WeightPager> pager(
-        make_host_pager(*host, {.budget_bytes = 4 * 33_KiB, .prefetch_depth = 2}, log));
+        make_host_pager(*host, {.plan = {.budget_bytes = 4 * 33_KiB, .prefetch_depth = 2}}, log));
     const WeightPager::Handle handle = pager->handle();
     std::atomic<std::size_t> running{0};
     std::atomic<std::uint64_t> completed{0};
@@ -613,7 +619,7 @@ struct GpuLayers {
 // 8 layers cycling 3 steps under a budget of 3 layers: checks every word on the device.
 void run_and_verify(WeightPagerOptions options, std::size_t words) {
   GpuLayers host(8, words);
-  options.budget_bytes = 3 * words * sizeof(std::uint32_t);
+  options.plan.budget_bytes = 3 * words * sizeof(std::uint32_t);
   options.print_plan_warnings = false;
   WeightPager pager(host.layers, options);
   ASSERT_GT(pager.plan().streamed_layers(), 0U);
@@ -654,14 +660,15 @@ void run_and_verify(WeightPagerOptions options, std::size_t words) {
 
 TEST(WeightPagerGpu, PinnedWeightsDeliverEveryByte) {
   VRAM_GPU_TEST_OR_SKIP();
-  run_and_verify({.prefetch_depth = 1, .host = HostWeights::pinned, .stall_sample_period = 1},
-                 (1_MiB + 4096) / 4);
+  run_and_verify(
+      {.plan = {.prefetch_depth = 1}, .host = HostWeights::pinned, .stall_sample_period = 1},
+      (1_MiB + 4096) / 4);
 }
 
 TEST(WeightPagerGpu, PageableWeightsDeliverEveryByteThroughStaging) {
   VRAM_GPU_TEST_OR_SKIP();
   // Chunks smaller than a layer and a layer that is not a multiple of the chunk.
-  run_and_verify({.prefetch_depth = 1,
+  run_and_verify({.plan = {.prefetch_depth = 1},
                   .host = HostWeights::pageable,
                   .staging_chunk_bytes = 256_KiB,
                   .staging_buffers = 3,
@@ -672,8 +679,9 @@ TEST(WeightPagerGpu, PageableWeightsDeliverEveryByteThroughStaging) {
 
 TEST(WeightPagerGpu, DeeperPrefetchAndAutomaticPinning) {
   VRAM_GPU_TEST_OR_SKIP();
-  run_and_verify({.prefetch_depth = 2, .host = HostWeights::automatic, .stall_sample_period = 1},
-                 256_KiB / 4);
+  run_and_verify(
+      {.plan = {.prefetch_depth = 2}, .host = HostWeights::automatic, .stall_sample_period = 1},
+      256_KiB / 4);
 }
 
 TEST(WeightPagerGpu, StepsAlternatingBetweenTwoStreamsSeeTheRightBytes) {
@@ -681,8 +689,7 @@ TEST(WeightPagerGpu, StepsAlternatingBetweenTwoStreamsSeeTheRightBytes) {
   // Eviction after a release on stream A must wait for A even when the next user is B.
   const std::size_t words = 512_KiB / 4;
   GpuLayers host(8, words);
-  WeightPager pager(host.layers, {.budget_bytes = 3 * 512_KiB,
-                                  .prefetch_depth = 1,
+  WeightPager pager(host.layers, {.plan = {.budget_bytes = 3 * 512_KiB, .prefetch_depth = 1},
                                   .host = HostWeights::pinned,
                                   .print_plan_warnings = false});
   cuda::Stream streams[2];
@@ -711,8 +718,7 @@ TEST(WeightPagerGpu, StepsAlternatingBetweenTwoStreamsSeeTheRightBytes) {
 TEST(WeightPagerGpu, PinsOnlyTheStreamedLayersAndReportsIt) {
   VRAM_GPU_TEST_OR_SKIP();
   GpuLayers host(8, 1_MiB / 4);
-  WeightPager pager(host.layers, {.budget_bytes = 3_MiB,
-                                  .prefetch_depth = 1,
+  WeightPager pager(host.layers, {.plan = {.budget_bytes = 3_MiB, .prefetch_depth = 1},
                                   .host = HostWeights::pinned,
                                   .print_plan_warnings = false});
   const auto& load = pager.load();
@@ -736,10 +742,10 @@ TEST(WeightPagerGpu, PackedLayersSharingPagesUploadAndStreamEveryByte) {
     std::fill(at, at + words, GpuLayers::pattern(i));
     layers.push_back({"layer." + std::to_string(i), at, words * sizeof(std::uint32_t)});
   }
-  WeightPager pager(layers, {.budget_bytes = 5 * words * sizeof(std::uint32_t),
-                             .prefetch_depth = 1,
-                             .host = HostWeights::pinned,
-                             .print_plan_warnings = false});
+  WeightPager pager(
+      layers, {.plan = {.budget_bytes = 5 * words * sizeof(std::uint32_t), .prefetch_depth = 1},
+               .host = HostWeights::pinned,
+               .print_plan_warnings = false});
   ASSERT_GT(pager.plan().streamed_layers(), 0U);
   ASSERT_LT(pager.plan().streamed_layers(), kLayers);
   cuda::Stream stream;

@@ -101,8 +101,7 @@ int main(int argc, char** argv) {
   try {
     const auto load_start = std::chrono::steady_clock::now();
     vram::WeightPager pager(
-        stack, {.budget_bytes = budget_mib << 20,
-                .prefetch_depth = depth,
+        stack, {.plan = {.budget_bytes = budget_mib << 20, .prefetch_depth = depth},
                 .host = pageable ? vram::HostWeights::pageable : vram::HostWeights::automatic});
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();

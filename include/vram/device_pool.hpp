@@ -186,77 +186,115 @@ struct DevicePoolStats {
 // segment's end and a segment goes back only when all of it is free.
 enum class LargeTierMemory : std::uint8_t { automatic, segments, virtual_memory };
 
-// Configuration of a DevicePool (see the class comment for what each bound means).
+// Configuration of a DevicePool (see the class comment for what each bound means), in
+// groups: the per-thread caches, the small tier, the large tier, then what concerns the
+// whole pool. Designated initializers name the group:
+//
+//   vram::DevicePool pool(0, {.max_cached_bytes = 8_GiB,
+//                             .thread_cache = {.blocks = 4},
+//                             .large_tier = {.memory = vram::LargeTierMemory::segments}});
+//
+// Where each field of the earlier flat struct went:
+//   thread_cache_blocks            thread_cache.blocks
+//   thread_cache_max_block_bytes   thread_cache.max_block_bytes
+//   thread_cache_max_bytes         thread_cache.max_bytes
+//   thread_cache_large_bytes       thread_cache.large_bytes
+//   thread_cache_large_from_start  thread_cache.large_from_start
+//   small_block_max_bytes          small_tier.max_block_bytes
+//   small_segment_max_bytes        small_tier.segment_max_bytes
+//   large_segment_bytes            large_tier.segment_bytes
+//   max_segment_waste_bytes        large_tier.max_segment_waste_bytes
+//   large_tier_memory              large_tier.memory
+//   virtual_reservation_bytes      large_tier.virtual_reservation_bytes
+//   unmap_before_map               large_tier.unmap_before_map
+//   virtual_run_bytes              large_tier.virtual_run_bytes
+//   virtual_map_ahead_bytes        large_tier.virtual_map_ahead_bytes
+//   the others (max_cached_bytes, max_cached_blocks_per_class, validate_releases,
+//   growth_headroom, track_peak_in_use, fence, detect_unscoped_capture) stay at the top.
 struct DevicePoolOptions {
+  // Tier 1: per thread, a few blocks of each small class, no lock on the warm path.
+  struct ThreadCacheOptions {
+    std::size_t blocks = 8;  // per class; 0 turns the per-thread tier off; at most 16
+    std::size_t max_block_bytes = std::size_t{1} << 20;  // the largest class kept
+    std::size_t max_bytes = std::size_t{8} << 20;        // per thread, all classes
+    // Per thread, large blocks (above small_tier.max_block_bytes) kept for the same size
+    // again (at most 32 blocks); flushed to the large tier before any tier grows, before an
+    // out-of-memory retry, on trim() and at thread exit. 0 turns it off.
+    // By default a thread starts caching large blocks once it has met other threads on the
+    // large tier (its mutex found held): a thread alone places blocks exactly as without the
+    // cache. large_from_start: from its first call.
+    std::size_t large_bytes = std::size_t{256} << 20;
+    bool large_from_start = false;
+  };
+  // The size classes and the tier of 2 MiB segments they are carved from.
+  struct SmallTierOptions {
+    std::size_t max_block_bytes = std::size_t{1} << 20;  // 256 B .. 2 MiB: a size class up to it
+    // The largest block (block_bytes()) carved out of the small tier's 2 MiB segments; values
+    // below 2 KiB count as 2 KiB. Small blocks above it (up to max_block_bytes) are cached
+    // per thread and in the rings like every small block, but carved out of the large tier,
+    // so free memory of either kind serves both. 0 (automatic): 256 KiB when the large tier
+    // runs over virtual memory, else every small block comes from the small tier. Such a
+    // block freed on a stream, once it reaches the large tier (past the thread cache), merges
+    // with untagged free neighbours and makes them that stream's until its marker completes,
+    // as a large block's free always does.
+    std::size_t segment_max_bytes = 0;
+  };
+  // Requests above small_tier.max_block_bytes: best fit, split and coalesce over segments or
+  // one reserved range of virtual memory.
+  struct LargeTierOptions {
+    std::size_t segment_bytes = std::size_t{20} << 20;  // segments for requests under half
+    // A wholly free large segment is not split for a request that would leave more than
+    // this many bytes of it idle: the tier grows by a segment sized for the request (the
+    // idle one goes back only when growing passes the budget: the tiers' peaks +
+    // growth_headroom). Lower keeps reserved closer to in use at the price of more upstream
+    // calls; SIZE_MAX splits every segment that fits.
+    std::size_t max_segment_waste_bytes = std::size_t{1} << 30;
+    // What backs the large tier (see LargeTierMemory). Virtual memory: one reserved address
+    // range backed by 2 MiB granules (CUDA virtual memory management over device memory;
+    // the host emulation, HostVirtualMemory charging the upstream, over any other upstream).
+    // The unmapped granules under a new block are mapped as one run (one physical
+    // allocation and map); a run goes back only when all of it is free. Free ranges merge
+    // across the whole range and reserved bytes are the granules mapped.
+    LargeTierMemory memory = LargeTierMemory::automatic;
+    // 0: twice the device's memory, or 64 GiB; <= 16 TiB
+    std::size_t virtual_reservation_bytes = 0;
+    bool unmap_before_map = false;  // keep reserved at in use, at the price of more maps
+    // The longest run of granules one map covers (rounded down to granules, at least one);
+    // a run is also at most 1/16 of the device memory still free when it is mapped. A map
+    // costs about the same from 2 MiB to 256 MiB, so long runs make a pool that starts
+    // empty cheap to fill; but a run goes back only whole, so a block left in a freed run
+    // keeps up to its run mapped through trim() (near the end of memory runs are short, so
+    // what a reclaim needs can still go back).
+    std::size_t virtual_run_bytes = std::size_t{1} << 30;
+    // When a block needs new granules, its run also maps up to this much of the free range
+    // right after it (at most 1/4 of what the large tier holds, within the run's cap, only
+    // for a block that raises the peak of the bytes carved out of the tier since it last
+    // unmapped granules, and only while the tier holds at most 1/4 of the device memory
+    // still free): a workload that grows in many small steps (a decode loop's caches, a
+    // model loaded tensor by tensor) makes a few maps instead of one per step. The extra
+    // granules serve later blocks; like any granule of a run they go back only with the
+    // whole run. 0: map only what each block needs.
+    std::size_t virtual_map_ahead_bytes = std::size_t{128} << 20;
+  };
+
   std::size_t max_cached_bytes = std::size_t{4} << 30;  // free bytes per tier, ring bytes
   std::size_t max_cached_blocks_per_class = 64;         // ring of a class, made on first use
-  std::size_t thread_cache_blocks = 8;  // 0 turns the per-thread tier off; at most 16
-  std::size_t thread_cache_max_block_bytes = std::size_t{1} << 20;
-  std::size_t thread_cache_max_bytes = std::size_t{8} << 20;  // per thread, all classes
-  // Per thread, large blocks (above small_block_max_bytes) kept for the same size again
-  // (at most 32 blocks); flushed to the large tier before any tier grows, before an
-  // out-of-memory retry, on trim() and at thread exit. 0 turns it off.
-  // By default a thread starts caching large blocks once it has met other threads on the
-  // large tier (its mutex found held): a thread alone places blocks exactly as without the
-  // cache. True: from its first call.
-  std::size_t thread_cache_large_bytes = std::size_t{256} << 20;
-  bool thread_cache_large_from_start = false;
+  ThreadCacheOptions thread_cache;
 #ifdef NDEBUG
   bool validate_releases = false;
 #else
   bool validate_releases = true;
 #endif
-  std::size_t small_block_max_bytes = std::size_t{1} << 20;  // 256 B .. 2 MiB
-  // The largest block (block_bytes()) carved out of the small tier's 2 MiB segments; values
-  // below 2 KiB count as 2 KiB. Small blocks above it (up to small_block_max_bytes) are
-  // cached per thread and in the rings like every small block, but carved out of the large
-  // tier, so free memory of either kind serves both. 0 (automatic): 256 KiB when the large
-  // tier runs over virtual memory, else every small block comes from the small tier.
-  // Such a block freed on a stream, once it reaches
-  // the large tier (past the thread cache), merges with untagged free neighbours and makes
-  // them that stream's until its marker completes, as a large block's free always does.
-  std::size_t small_segment_max_bytes = 0;
-  std::size_t large_segment_bytes = std::size_t{20} << 20;
-  // A wholly free large segment is not split for a request that would leave more than this
-  // many bytes of it idle: the tier grows by a segment sized for the request (the idle one
-  // goes back only when growing passes the budget: the tiers' peaks + growth_headroom).
-  // Lower keeps reserved closer to in use at the price of more upstream calls; SIZE_MAX
-  // splits every segment that fits.
-  std::size_t max_segment_waste_bytes = std::size_t{1} << 30;
+  SmallTierOptions small_tier;
+  LargeTierOptions large_tier;
   // Reserved may exceed the sum of the tiers' peaks of carved-out bytes by this fraction of
-  // it before a growing tier gives wholly free segments back (see "Memory held" above).
+  // it before a growing tier gives wholly free segments back (src/README.md, "Memory held").
   // Higher means fewer upstream calls when request sizes vary from step to step (a
   // non-moving pool needs free room to fit new shapes) at the price of more memory held;
   // 0 keeps reserved at the peak. Values above 1024 count as 1024; negative or NaN:
   // vram::InvalidArgument.
   double growth_headroom = 1.0 / 16;
   bool track_peak_in_use = false;
-  // What backs the large tier (see LargeTierMemory). Virtual memory: one reserved address
-  // range backed by 2 MiB granules (CUDA virtual memory management over device memory;
-  // the host emulation, HostVirtualMemory charging the upstream, over any other upstream).
-  // The unmapped granules under a new block are mapped as one run (one physical
-  // allocation and map); a run goes back only when all of it is free. Free ranges merge
-  // across the whole range and reserved bytes are the granules mapped.
-  LargeTierMemory large_tier_memory = LargeTierMemory::automatic;
-  std::size_t virtual_reservation_bytes = 0;  // 0: twice the device's memory, or 64 GiB; <= 16 TiB
-  bool unmap_before_map = false;              // keep reserved at in use, at the price of more maps
-  // The longest run of granules one map covers (rounded down to granules, at least one);
-  // a run is also at most 1/16 of the device memory still free when it is mapped. A map
-  // costs about the same from 2 MiB to 256 MiB, so long runs make a
-  // pool that starts empty cheap to fill; but a run goes back only whole, so a block left
-  // in a freed run keeps up to its run mapped through trim() (near the end of memory runs
-  // are short, so what a reclaim needs can still go back).
-  std::size_t virtual_run_bytes = std::size_t{1} << 30;
-  // When a block needs new granules, its run also maps up to this much of the free range
-  // right after it (at most 1/4 of what the large tier holds, within the run's cap, only
-  // for a block that raises the peak of the bytes carved out of the tier since it last
-  // unmapped granules, and only while the tier holds at most 1/4 of the device memory still
-  // free): a workload
-  // that grows in many small steps (a decode loop's caches, a model loaded tensor by
-  // tensor) makes a few maps instead of one per step. The extra granules serve later
-  // blocks; like any granule of a run they go back only with the whole run. 0: map only
-  // what each block needs.
-  std::size_t virtual_map_ahead_bytes = std::size_t{128} << 20;
   // Completion of stream-ordered frees; null: CUDA events over a device upstream, "always
   // complete" over any other (host memory has no queued work). ManualFence emulates
   // streams in host-only replay and tests.

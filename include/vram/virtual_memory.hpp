@@ -2,7 +2,7 @@
 // where blocks live, take the granules back where nothing lives.
 //
 // DevicePool's large tier can run over one such range instead of separate segments
-// (Options::large_tier_memory): free ranges then merge across what would have been segment
+// (Options::large_tier.memory): free ranges then merge across what would have been segment
 // boundaries, and the memory held is the granules mapped, not the segments allocated.
 //
 //   CudaVirtualMemory  cuMemAddressReserve + cuMemCreate / cuMemMap / cuMemSetAccess per

@@ -1,6 +1,6 @@
 // vram/weight_pager.hpp: run a layer stack larger than the VRAM budget at the speed of the link.
 //
-// The weights live in host memory; one device allocation of at most `budget_bytes` holds
+// The weights live in host memory; one device allocation of at most `plan.budget_bytes` holds
 // the layers that fit for good (resident) and a ring of slots the others stream through.
 // The schedule (the layer order of one step, repeated every step) drives everything:
 // which layers stay resident, which to prefetch, which slot to reuse (Belady: the layer
@@ -8,7 +8,7 @@
 //
 //   std::vector<vram::WeightLayer> layers;            // name, host pointer, bytes
 //   for (...) layers.push_back({"block." + std::to_string(i), weights[i], bytes});
-//   vram::WeightPager pager(layers, {.budget_bytes = 4_GiB, .prefetch_depth = 2});
+//   vram::WeightPager pager(layers, {.plan = {.budget_bytes = 4_GiB, .prefetch_depth = 2}});
 //   for (int step = 0; step < steps; ++step) {
 //     for (std::size_t i = 0; i < layers.size(); ++i) {
 //       const void* w = pager.acquire(i, stream);      // ordered before what follows on stream
@@ -80,9 +80,14 @@ struct WeightLayer {
   std::size_t bytes = 0;
 };
 
+// Configuration of a WeightPager. The plan's options (budget_bytes, prefetch_depth,
+// alignment, copy_to_compute_ratio: vram/pager_plan.hpp) are the pager's own `plan`, handed
+// to plan_residency() as they are: `{.plan = {.budget_bytes = 4_GiB, .prefetch_depth = 2}}`.
+// The earlier top-level budget_bytes, prefetch_depth and copy_to_compute_ratio are
+// plan.budget_bytes, plan.prefetch_depth and plan.copy_to_compute_ratio; plan.alignment
+// (where each layer starts in the arena, 256 bytes by default) is new to the pager.
 struct WeightPagerOptions {
-  std::size_t budget_bytes = 0;
-  std::size_t prefetch_depth = 1;
+  PagerPlanOptions plan;                // the budget, the prefetch depth, the arena's alignment
   std::vector<std::size_t> schedule{};  // one step's layer order; empty: 0, 1, ..., n-1
   HostWeights host = HostWeights::automatic;
   int device = 0;
@@ -95,7 +100,6 @@ struct WeightPagerOptions {
   unsigned fill_threads = 0;
   bool streaming_fill = false;        // true: non-temporal stores into staging (x86-64)
   unsigned stall_sample_period = 16;  // time every Nth page-in; 0: never
-  double copy_to_compute_ratio = 0;   // estimate for the plan check; 0: unknown; <= 1e6
   bool print_plan_warnings = true;    // the plan check's warnings to stderr at construction
   EvictionPolicy eviction = EvictionPolicy::belady;
 };

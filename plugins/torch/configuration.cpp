@@ -70,7 +70,7 @@ vram::DevicePool::Options pool_options(std::size_t configured_max_cached_bytes) 
   if (const char* text = std::getenv("VRAM_TORCH_VIRTUAL_MEMORY")) {
     const std::string value(text);
     if (value == "0" || value == "false" || value == "off" || value == "no") {
-      options.large_tier_memory = vram::LargeTierMemory::segments;
+      options.large_tier.memory = vram::LargeTierMemory::segments;
     } else if (!(value == "1" || value == "true" || value == "on" || value == "yes")) {
       std::fprintf(stderr,
                    "vram_torch: VRAM_TORCH_VIRTUAL_MEMORY=%s is not 0/1 (false/true, off/on, "

@@ -163,7 +163,7 @@ std::unique_ptr<vram::WeightPager> make_offload_pager(std::vector<vram::WeightLa
   std::vector<std::size_t> bytes;
   bytes.reserve(layers.size());
   for (const auto& layer : layers) bytes.push_back(layer.bytes);
-  check_offload_budget(bytes, options.budget_bytes, options.prefetch_depth);
+  check_offload_budget(bytes, options.plan.budget_bytes, options.plan.prefetch_depth);
   return std::make_unique<vram::WeightPager>(std::move(layers), std::move(options),
                                              std::move(device));
 }
@@ -291,8 +291,8 @@ VRAM_TORCH_API vram_torch_pager* vram_torch_pager_create(size_t count, const voi
       layers.push_back({"piece." + std::to_string(i), hosts[i], bytes[i]});
     }
     vram::WeightPagerOptions o;
-    o.budget_bytes = options->budget_bytes;
-    o.prefetch_depth = options->prefetch_depth;
+    o.plan.budget_bytes = options->budget_bytes;
+    o.plan.prefetch_depth = options->prefetch_depth;
     o.schedule.assign(schedule, schedule + schedule_length);
     o.host = options->host == 1   ? vram::HostWeights::pinned
              : options->host == 2 ? vram::HostWeights::pageable

@@ -32,7 +32,7 @@ std::size_t min_offload_budget(std::span<const std::size_t> bytes, std::size_t d
 void check_offload_budget(std::span<const std::size_t> bytes, std::size_t budget,
                           std::size_t depth);
 
-// A WeightPager for `layers` (the pieces) that keeps options.prefetch_depth. Throws
+// A WeightPager for `layers` (the pieces) that keeps options.plan.prefetch_depth. Throws
 // vram::InvalidArgument (bad input, a budget below min_offload_budget), and what the
 // pager's constructor throws. `device` null: the CUDA device of options.device.
 std::unique_ptr<vram::WeightPager> make_offload_pager(std::vector<vram::WeightLayer> layers,

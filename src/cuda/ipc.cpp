@@ -52,7 +52,7 @@ IpcExport export_ipc(const void* pointer) {
         cudaGetErrorName(result) +
         "): it lies in CUDA virtual memory (the pool's virtual-memory large tier), which "
         "CUDA IPC handles cannot name. Fix: give the pool cudaMalloc segments "
-        "(DevicePool::Options::large_tier_memory = LargeTierMemory::segments; for PyTorch, "
+        "(DevicePool::Options::large_tier.memory = LargeTierMemory::segments; for PyTorch, "
         "VRAM_TORCH_VIRTUAL_MEMORY=0 before the first CUDA allocation).");
   }
   return out;

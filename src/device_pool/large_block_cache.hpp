@@ -1,6 +1,6 @@
 // src/device_pool/large_block_cache.hpp: one thread's cache of large blocks (above
-// small_block_max_bytes) for one pool, by exact block size, and its record of the large blocks the
-// tier handed to this thread.
+// small_tier.max_block_bytes) for one pool, by exact block size, and its record of the large blocks
+// the tier handed to this thread.
 //
 // Why a per-thread cache and not a faster shared lock: a large request that misses it takes
 // the large tier's mutex (best fit, split, merge); under many threads every hand-off of
@@ -15,7 +15,7 @@
 // cache in front of the one tier leaves placement as it is (see "Only where threads
 // meet"). What
 // bounds the memory it holds back (the blocks stay carved out of the tier, in use from the
-// tier's view): a byte cap per thread (DevicePool::Options::thread_cache_large_bytes), a
+// tier's view): a byte cap per thread (DevicePool::Options::thread_cache.large_bytes), a
 // block count (kMaxCached), and flushes: before any tier grows, before an out-of-memory
 // retry, on trim() and at thread exit every thread's cached large blocks go back to the
 // tier (DevicePoolCore::flush_large_caches), so a cached block never makes the pool grow

@@ -30,7 +30,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
       options(options_in),
       fence(options.fence ? options.fence : default_fence(*upstream)),
       virtual_memory(make_virtual_memory(options, upstream)),
-      small_max(std::clamp<std::size_t>(options.small_block_max_bytes, 256, 2u << 20)),
+      small_max(std::clamp<std::size_t>(options.small_tier.max_block_bytes, 256, 2u << 20)),
       small(*upstream, *fence, gauge,
             SegmentTier::Options{
                 .granularity = kSmallGranularity,
@@ -42,15 +42,15 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
       large(*upstream, *fence, gauge,
             SegmentTier::Options{
                 .granularity = 512,
-                .packed_segment = options.large_segment_bytes,
-                .packed_limit = options.large_segment_bytes / 2,
+                .packed_segment = options.large_tier.segment_bytes,
+                .packed_limit = options.large_tier.segment_bytes / 2,
                 .max_free_bytes = options.max_cached_bytes,
-                .max_segment_waste = options.max_segment_waste_bytes,
+                .max_segment_waste = options.large_tier.max_segment_waste_bytes,
                 .virtual_memory = virtual_memory.get(),
                 .reservation = reservation_for(options, *upstream),
-                .unmap_before_map = options.unmap_before_map,
-                .max_run_bytes = options.virtual_run_bytes,
-                .map_ahead_bytes = options.virtual_map_ahead_bytes,
+                .unmap_before_map = options.large_tier.unmap_before_map,
+                .max_run_bytes = options.large_tier.virtual_run_bytes,
+                .map_ahead_bytes = options.large_tier.virtual_map_ahead_bytes,
                 .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom),
                 .wants = &wants}) {
   // Blocks are carved at 256-byte multiples of the upstream's allocations: they are
@@ -63,25 +63,26 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
                           "DevicePool returns 256-byte aligned memory (as cudaMalloc does) "
                           "and says so in alignment().");
   }
-  options.thread_cache_blocks = std::min(options.thread_cache_blocks, kMaxThreadCacheDepth);
-  options.small_block_max_bytes = small_max;
+  options.thread_cache.blocks = std::min(options.thread_cache.blocks, kMaxThreadCacheDepth);
+  options.small_tier.max_block_bytes = small_max;
   small_classes = SizeClasses::index_for(small_max) + 1;
   // 0: automatic (kAutoSmallSegmentMax over virtual memory; segments: every small class).
   // By block bytes, so classes that share a block size share a tier (validate_releases
   // tells blocks apart by block bytes); at least kMinLargeTierBlock, above which every
   // class is a multiple of the large tier's 512-byte rounding.
-  const std::size_t asked = options.small_segment_max_bytes != 0 ? options.small_segment_max_bytes
-                            : virtual_memory != nullptr          ? kAutoSmallSegmentMax
-                                                                 : small_max;
+  const std::size_t asked = options.small_tier.segment_max_bytes != 0
+                                ? options.small_tier.segment_max_bytes
+                            : virtual_memory != nullptr ? kAutoSmallSegmentMax
+                                                        : small_max;
   const std::size_t segment_max = std::max(kMinLargeTierBlock, asked);
   first_large_class = 0;
   while (first_large_class < small_classes && small_block_bytes(first_large_class) <= segment_max) {
     ++first_large_class;
   }
   thread_cache_classes =
-      options.thread_cache_blocks == 0 || options.thread_cache_max_block_bytes == 0
+      options.thread_cache.blocks == 0 || options.thread_cache.max_block_bytes == 0
           ? 0
-          : SizeClasses::index_for(std::min(options.thread_cache_max_block_bytes, small_max)) + 1;
+          : SizeClasses::index_for(std::min(options.thread_cache.max_block_bytes, small_max)) + 1;
   for (std::size_t index = 0; index < small_classes; ++index) {
     held_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
   }
@@ -220,7 +221,7 @@ void* DevicePoolCore::small_get(ThreadCache* cache, const Request& request) {
 }
 
 void* DevicePoolCore::large_get(ThreadCache* cache, const Request& request) {
-  const std::size_t cap = options.thread_cache_large_bytes;
+  const std::size_t cap = options.thread_cache.large_bytes;
   const std::size_t bytes = request.block_bytes;
   if (cache == nullptr || bytes > cap) return tier_allocate(request, cache);
   if (cache->large.active()) {
@@ -234,7 +235,7 @@ void* DevicePoolCore::large_get(ThreadCache* cache, const Request& request) {
 }
 
 bool DevicePoolCore::large_put(ThreadCache& cache, void* block, const Request& request) noexcept {
-  const std::size_t cap = options.thread_cache_large_bytes;
+  const std::size_t cap = options.thread_cache.large_bytes;
   if (const std::size_t need = request.block_bytes; cache.large.active() && need <= cap) {
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {

@@ -56,7 +56,7 @@ inline constexpr std::size_t kSmallGranularity = 256;  // small blocks: class by
 static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePoolCore::held_bytes_of
 
 // Structure: small requests (<= small_max) round to a size class; their blocks come from
-// `small` (2 MiB segments, best fit), those above small_segment_max_bytes from `large`
+// `small` (2 MiB segments, best fit), those above small_tier.segment_max_bytes from `large`
 // (tier_of), and are cached per thread (ThreadCache) and per class in a bounded lock-free
 // ring. Larger requests go to `large` directly (best fit, split, coalesce; a short mutex).
 // Accounting (when quiescent):
@@ -76,7 +76,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   static std::size_t small_block_bytes(std::size_t index) noexcept {
     return (SizeClasses::bytes_of(index) + kSmallGranularity - 1) & ~(kSmallGranularity - 1);
   }
-  // The tier a small class's blocks are carved from (see small_segment_max_bytes).
+  // The tier a small class's blocks are carved from (see small_tier.segment_max_bytes).
   SegmentTier& tier_of(std::size_t index) noexcept {
     return index < first_large_class ? small : large;
   }
@@ -186,7 +186,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   bool has_room(const ThreadCache& cache, std::size_t index, std::uint64_t cached,
                 std::uint64_t held) const noexcept {
     const auto& bin = cache.bins[index];
-    return bin.count < bin.limit && cached + held <= options.thread_cache_max_bytes;
+    return bin.count < bin.limit && cached + held <= options.thread_cache.max_bytes;
   }
   void put_cached(ThreadCache& cache, void* block, std::size_t index, std::uint64_t held) noexcept {
     auto& bin = cache.bins[index];

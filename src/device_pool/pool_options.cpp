@@ -33,8 +33,8 @@ int device_of(const Upstream& upstream) {
 
 std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePoolOptions& options,
                                                    const std::shared_ptr<Upstream>& upstream) {
-  if (options.large_tier_memory == LargeTierMemory::segments) return nullptr;
-  const bool automatic = options.large_tier_memory == LargeTierMemory::automatic;
+  if (options.large_tier.memory == LargeTierMemory::segments) return nullptr;
+  const bool automatic = options.large_tier.memory == LargeTierMemory::automatic;
   // automatic: only over vram's own device upstream. The granules come from cuMemCreate,
   // not from the upstream, and a custom upstream (a budget, a counter) must not be bypassed.
   if (automatic && dynamic_cast<const DeviceMemoryUpstream*>(upstream.get()) == nullptr) {
@@ -52,14 +52,15 @@ std::size_t reservation_for(const DevicePoolOptions& options, const Upstream& up
   // The large tier keeps a few words per 2 MiB granule of its range (16 TiB: 8 Mi granules,
   // about 200 MiB of host memory); far above any device's memory.
   constexpr std::size_t kMaxReservation = std::size_t{16} << 40;
-  if (options.virtual_reservation_bytes > kMaxReservation) {
-    throw InvalidArgument("vram::DevicePool: virtual_reservation_bytes " +
-                          std::to_string(options.virtual_reservation_bytes) +
+  if (options.large_tier.virtual_reservation_bytes > kMaxReservation) {
+    throw InvalidArgument("vram::DevicePool: large_tier.virtual_reservation_bytes " +
+                          std::to_string(options.large_tier.virtual_reservation_bytes) +
                           " is above the 16 TiB of address space a pool can manage. Fix: 0 "
                           "reserves twice the device's memory; a larger range is needed only "
                           "to oversubscribe it.");
   }
-  if (options.virtual_reservation_bytes != 0) return options.virtual_reservation_bytes;
+  if (options.large_tier.virtual_reservation_bytes != 0)
+    return options.large_tier.virtual_reservation_bytes;
   if (upstream.kind() == MemoryKind::device) {
     // The pool's device, not the current one (a pool for device 1 built while device 0 is
     // current).

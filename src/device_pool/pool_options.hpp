@@ -13,14 +13,14 @@
 
 namespace vram::detail {
 
-// small_segment_max_bytes = 0 over virtual memory: small blocks above this are carved out
+// small_tier.segment_max_bytes = 0 over virtual memory: small blocks above this are carved out
 // of the large tier.
 inline constexpr std::size_t kAutoSmallSegmentMax = std::size_t{256} << 10;
-// small_segment_max_bytes below this counts as this: from here on every small class is a
+// small_tier.segment_max_bytes below this counts as this: from here on every small class is a
 // multiple of the large tier's 512-byte rounding.
 inline constexpr std::size_t kMinLargeTierBlock = 2048;
 
-// What backs the large tier (Options::large_tier_memory): virtual memory, or null for
+// What backs the large tier (Options::large_tier.memory): virtual memory, or null for
 // segments from the upstream.
 std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePoolOptions& options,
                                                    const std::shared_ptr<Upstream>& upstream);

@@ -24,7 +24,7 @@ void DevicePoolCore::take_large(ThreadCache& cache) noexcept {
 }
 
 bool DevicePoolCore::flush_large_caches(ThreadCache* held) noexcept {
-  if (options.thread_cache_large_bytes == 0) return false;
+  if (options.thread_cache.large_bytes == 0) return false;
   bool any = false;
   if (held != nullptr && held->large.cached_count() > 0) {
     take_large(*held);

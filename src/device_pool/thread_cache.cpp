@@ -74,8 +74,8 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
     // Whether it caches large blocks is this thread's own (large_block_cache.hpp), not
     // an exited thread's whose cache it adopts.
     ThreadCache* cache =
-        registry.adopt_or_create(small_classes, thread_cache_classes, options.thread_cache_blocks,
-                                 options.thread_cache_large_from_start);
+        registry.adopt_or_create(small_classes, thread_cache_classes, options.thread_cache.blocks,
+                                 options.thread_cache.large_from_start);
     if (cache == nullptr) return nullptr;  // closed
     entries.push_back({uid, weak_from_this(), cache});
     tl_last = LastPool{uid, cache};

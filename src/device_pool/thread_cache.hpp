@@ -25,7 +25,7 @@
 // block (in_slow_call) to flush on its way out (that owner empties its own bins, so the
 // stealer skips the cache). close() waits for every call in progress.
 //
-// Large blocks (above small_block_max_bytes) are cached apart, by exact size, each with
+// Large blocks (above small_tier.max_block_bytes) are cached apart, by exact size, each with
 // its own stream (`large`, large_block_cache.hpp), under the same handshake.
 //
 // Stream tag: every block in the bins may be used by work on stream `tag` at once; with

@@ -147,12 +147,7 @@ WeightPager::WeightPager(std::vector<WeightLayer> layers, WeightPagerOptions opt
     }
     bytes.push_back(layers[i].bytes);
   }
-  PagerPlan plan =
-      plan_residency(std::move(bytes), options.schedule,
-                     PagerPlanOptions{.budget_bytes = options.budget_bytes,
-                                      .prefetch_depth = options.prefetch_depth,
-                                      .alignment = 256,
-                                      .copy_to_compute_ratio = options.copy_to_compute_ratio});
+  PagerPlan plan = plan_residency(std::move(bytes), options.schedule, options.plan);
   if (options.print_plan_warnings) {
     for (const auto& warning : plan.warnings) std::fprintf(stderr, "%s\n", warning.c_str());
   }

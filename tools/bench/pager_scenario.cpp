@@ -317,8 +317,7 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
     // The pager, pinned host weights (it registers the streamed layers itself).
     progress.step("pager " + regime.name + ": vram WeightPager");
     {
-      WeightPager pager(host.layers(), {.budget_bytes = shape.budget,
-                                        .prefetch_depth = 1,
+      WeightPager pager(host.layers(), {.plan = {.budget_bytes = shape.budget, .prefetch_depth = 1},
                                         .host = HostWeights::pinned,
                                         .print_plan_warnings = false});
       const auto ms = time_steps(shape, compute.get(), [&] {
@@ -442,8 +441,7 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
     for (const Fill& fill : fills) {
       if (c.quick && fill.threads != 0) continue;
       progress.step(std::string("pager pageable: ") + fill.name);
-      WeightPager pager(host.layers(), {.budget_bytes = shape.budget,
-                                        .prefetch_depth = 1,
+      WeightPager pager(host.layers(), {.plan = {.budget_bytes = shape.budget, .prefetch_depth = 1},
                                         .host = HostWeights::pageable,
                                         .fill_threads = fill.threads,
                                         .streaming_fill = fill.streaming,
@@ -512,8 +510,7 @@ void run_pager_scenario(const BenchConfig& c, Progress& progress,
     const std::string parameter = std::to_string(mixed_shape.layers) + " x (4 x " +
                                   format_bytes(small) + " + " + format_bytes(large) + "), budget " +
                                   format_bytes(shape.budget) + ", pageable host weights";
-    WeightPager pager(pieces, {.budget_bytes = shape.budget,
-                               .prefetch_depth = 1,
+    WeightPager pager(pieces, {.plan = {.budget_bytes = shape.budget, .prefetch_depth = 1},
                                .host = HostWeights::pageable,
                                .staging_chunk_bytes = 16_MiB,
                                .staging_buffers = 16,

@@ -23,8 +23,8 @@ namespace {
 // memory, so the memory figures are the device's; over a host upstream automatic would
 // mean segments.
 DevicePool::Options mirror_device(DevicePool::Options options, const ReplayContext& context) {
-  if (!context.device && options.large_tier_memory == LargeTierMemory::automatic) {
-    options.large_tier_memory = LargeTierMemory::virtual_memory;
+  if (!context.device && options.large_tier.memory == LargeTierMemory::automatic) {
+    options.large_tier.memory = LargeTierMemory::virtual_memory;
   }
   return options;
 }
@@ -91,21 +91,22 @@ AllocatorSpec device_pool_spec() {
 
 AllocatorSpec device_pool_segments_spec() {
   DevicePool::Options options;
-  options.large_tier_memory = LargeTierMemory::segments;
+  options.large_tier.memory = LargeTierMemory::segments;
   return pool_spec("vram DevicePool (segments)",
-                   "large_tier_memory = segments: cudaMalloc segments (memory shareable by CUDA "
+                   "large_tier.memory = segments: cudaMalloc segments (memory shareable by CUDA "
                    "IPC), best fit within each",
                    options);
 }
 
 AllocatorSpec device_pool_split_every_segment_spec() {
   DevicePool::Options options;
-  options.large_tier_memory = LargeTierMemory::segments;
-  options.max_segment_waste_bytes = SIZE_MAX;
-  return pool_spec("vram DevicePool (split every segment)",
-                   "segments with max_segment_waste_bytes = SIZE_MAX: a wholly free segment is "
-                   "split for any request that fits (fewer upstream calls, more reserved)",
-                   options);
+  options.large_tier.memory = LargeTierMemory::segments;
+  options.large_tier.max_segment_waste_bytes = SIZE_MAX;
+  return pool_spec(
+      "vram DevicePool (split every segment)",
+      "segments with large_tier.max_segment_waste_bytes = SIZE_MAX: a wholly free segment is "
+      "split for any request that fits (fewer upstream calls, more reserved)",
+      options);
 }
 
 }  // namespace vram::replay

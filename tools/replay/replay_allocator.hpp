@@ -70,7 +70,7 @@ AllocatorSpec device_pool_spec();
 // vram DevicePool over cudaMalloc segments (LargeTierMemory::segments: memory shareable by
 // CUDA IPC).
 AllocatorSpec device_pool_segments_spec();
-// Segments, splitting every wholly free segment (max_segment_waste_bytes = SIZE_MAX).
+// Segments, splitting every wholly free segment (large_tier.max_segment_waste_bytes = SIZE_MAX).
 AllocatorSpec device_pool_split_every_segment_spec();
 // cudaMallocAsync on a private pool, CUB CachingDeviceAllocator, plain cudaMalloc (peers.cpp).
 std::vector<AllocatorSpec> cuda_peer_specs();

@@ -1,5 +1,5 @@
 """Synthetic traces that only grow: every block stays live until the end, then all are freed.
-They show what DevicePool's map-ahead (virtual_map_ahead_bytes) costs in memory: reserved
+They show what DevicePool's map-ahead (large_tier.virtual_map_ahead_bytes) costs in memory: reserved
 bytes mapped before any block needs them (docs/RELIABILITY.md, "Virtual-memory tier in runs").
 
     python3 tools/traces/growth_traces.py OUT_DIR
