@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "vram/detail/asymmetric_fence.hpp"
+#include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/size_classes.hpp"
@@ -38,19 +38,20 @@ BENCHMARK(BM_DevicePoolPair)
     ->ThreadRange(1, 8);
 
 // The 256-byte warm pair in a pool whose thread caches use the given handshake mode
-// (detail/asymmetric_fence.hpp): 0 membarrier, 1 fence. The default mode is printed in
+// (detail/asymmetric_barrier.hpp): 0 membarrier, 1 fence. The default mode is printed in
 // the context (vram_fence_mode).
-vram::DevicePool* pool_with_mode(vram::detail::FenceMode mode) {
-  if (!vram::detail::force_fence_mode_for_testing(mode)) return nullptr;
+vram::DevicePool* pool_with_mode(vram::detail::BarrierMode mode) {
+  if (!vram::detail::force_barrier_mode_for_testing(mode)) return nullptr;
   auto* pool = new vram::DevicePool(std::make_shared<vram::HostMemoryUpstream>(),
                                     vram::DevicePoolOptions{.validate_releases = false});
-  vram::detail::reset_fence_mode_for_testing();
+  vram::detail::reset_barrier_mode_for_testing();
   return pool;  // lives until exit
 }
 
-void BM_DevicePoolPairFenceMode(benchmark::State& state) {
-  static vram::DevicePool* const pools[2] = {pool_with_mode(vram::detail::FenceMode::membarrier),
-                                             pool_with_mode(vram::detail::FenceMode::fence)};
+void BM_DevicePoolPairBarrierMode(benchmark::State& state) {
+  static vram::DevicePool* const pools[2] = {
+      pool_with_mode(vram::detail::BarrierMode::membarrier),
+      pool_with_mode(vram::detail::BarrierMode::full_barrier)};
   vram::DevicePool* pool = pools[state.range(0)];
   if (pool == nullptr) {
     state.SkipWithError("this fence mode is not available here");
@@ -65,10 +66,10 @@ void BM_DevicePoolPairFenceMode(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_DevicePoolPairFenceMode)->Arg(0)->Arg(1)->ThreadRange(1, 2);
+BENCHMARK(BM_DevicePoolPairBarrierMode)->Arg(0)->Arg(1)->ThreadRange(1, 2);
 
-const bool fence_mode_in_context = [] {
-  benchmark::AddCustomContext("vram_fence_mode", vram::detail::asymmetric_fence_mode());
+const bool barrier_mode_in_context = [] {
+  benchmark::AddCustomContext("vram_fence_mode", vram::detail::asymmetric_barrier_mode());
   return true;
 }();
 

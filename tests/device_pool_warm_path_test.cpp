@@ -1,4 +1,4 @@
-// DevicePool's warm paths (claim_warm, tl_last, per-class bin limits, held_bytes_of,
+// DevicePool's warm paths (claim_warm, tl_last, per-class bin limits, block_bytes_of,
 // plain_calls), SegmentTier's TierMutex and the `mapped` flag of fit(): accounting stays
 // exact across option sweeps, replaced pools, racing trims and adopted caches.
 #include <gtest/gtest.h>

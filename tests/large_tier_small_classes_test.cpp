@@ -234,7 +234,7 @@ TEST(LargeTierSmallClassesStreams, ASmallClassStreamFreeCapturesTheLargeTiersUnt
 }
 
 // Checked: the reuse rule holds for a large-tier small class freed on a stream through a
-// thread cache that then switches streams (take_bins moves the old stream's blocks to the
+// thread cache that then switches streams (drain_bins moves the old stream's blocks to the
 // large tier under their tag), and trim/forget_streams clear the tags. Passes.
 TEST(LargeTierSmallClassesStreams, ThreadCacheTagSwitchKeepsLargeTierSmallBlocksOnTheirStream) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -361,9 +361,9 @@ TEST(LargeTierSmallClassesMapAhead, RegrowthAfterAGiveBackMapsInLongRuns) {
       << regrowth_maps[0] << " maps; with the peak restarted " << regrowth_maps[1];
 }
 
-// Not a test (no deterministic interleaving without timing): flush_and_unlock(), which
+// Not a test (no deterministic interleaving without timing): flush_and_end_claim(), which
 // honours a trim() that found this thread inside a slow call, trims the large tier too, to
-// the latest trim's keep_bytes: take_bins() returns blocks of the classes above the threshold
+// the latest trim's keep_bytes: drain_bins() returns blocks of the classes above the threshold
 // to the large tier, and when the owner flushes after the trimmer's large.trim() has run they
 // must not stay mapped. The losing order can only be forced by scheduling, not by a hook.
 

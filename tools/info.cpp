@@ -9,7 +9,7 @@
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
-#include "vram/detail/asymmetric_fence.hpp"
+#include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/pinned_host_upstream.hpp"
 #include "vram/virtual_memory.hpp"
 #include "vram_git_commit.hpp"
@@ -75,7 +75,7 @@ int run_info(const std::vector<std::string>& args) {
       api.mem_alloc_from_pool_async.function != nullptr ? "resolved" : "missing");
   std::printf("host: RLIMIT_MEMLOCK %s\n", memlock_limit_text().c_str());
   std::printf("host: DevicePool thread-cache handshake %s\n",
-              vram::detail::asymmetric_fence_mode());
+              vram::detail::asymmetric_barrier_mode());
   for (int ordinal = 0; ordinal < availability.count; ++ordinal) {
     const auto p = cuda::Device::properties(ordinal);
     const double gib = 1024.0 * 1024.0 * 1024.0;

@@ -1,6 +1,6 @@
 // vram/stream_fence.hpp: stream markers, "has the work queued on this stream so far
 // completed?", pluggable. (A fence here is a stream marker, not a memory barrier: for those
-// see vram/detail/asymmetric_fence.hpp.)
+// see vram/detail/asymmetric_barrier.hpp.)
 //
 // DevicePool's stream-ordered release (deallocate_async) hands a block to another stream
 // only after the work queued on the freeing stream has completed. It asks a StreamFence:

@@ -62,7 +62,7 @@ bool GraphPools::adopt(Id id, Block block) {
   return true;
 }
 
-GraphPools::Release GraphPools::give_back(void* pointer) {
+GraphPools::Release GraphPools::deallocate(void* pointer) {
   std::lock_guard lock(mutex_);
   auto found = owner_.find(pointer);
   if (found == owner_.end()) return Release::not_ours;

@@ -74,7 +74,7 @@ class GraphPools {
   // the block.
   bool adopt(Id id, Block block);
   // A freed block: back to its pool when it is a graph pool's.
-  Release give_back(void* pointer);
+  Release deallocate(void* pointer);
   // The blocks of pools that no longer hold them (see the rules), for the shared tiers.
   std::vector<Block> take_pending();
   // Blocks take_pending() gave that cannot rejoin the shared tiers yet (the device could not

@@ -110,7 +110,7 @@ void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignm
 void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
                                             cudaStream_t stream) noexcept {
   // A graph pool's block goes back to its pool whatever the stream.
-  if (graph_give_back(block)) return;
+  if (graph_deallocate_owned(block)) return;
   const auto id = graph_route(key, stream);
   if (id && is_unscoped_pool(*id)) return deallocate_captured(block, bytes, *id);
   if (!id || !graph_adopt_freed(*id, block, bytes)) deallocate(block, bytes, key);
@@ -166,15 +166,15 @@ void* DevicePoolCore::graph_allocate_into(GraphPools::Id id, std::size_t bytes,
   return block;  // the pool lost its last use meanwhile: an ordinary block
 }
 
-bool DevicePoolCore::graph_give_back(void* block) noexcept {
+bool DevicePoolCore::graph_deallocate_owned(void* block) noexcept {
   if (block == nullptr) return true;
   if (!graph_pools.may_own(block)) return false;  // no mutex: the filter says no graph block
-  // The block is leased until give_back() files it pending, so the core is alive here; once
+  // The block is leased until deallocate() files it pending, so the core is alive here; once
   // it is pending another thread's drain may release it, and with it the pool's last lease
   // (pool_core.hpp, Lifetime): this call keeps the core alive until it returns.
   const std::shared_ptr<DevicePoolCore> pin = weak_from_this().lock();
   try {
-    switch (graph_pools.give_back(block)) {
+    switch (graph_pools.deallocate(block)) {
       case GraphPools::Release::returned:
         // After the owner's destruction nothing else drains: a live block's return does.
         if (graph_pools.closed()) drain_graph_returns();
@@ -194,20 +194,20 @@ bool DevicePoolCore::graph_give_back(void* block) noexcept {
 }
 
 bool DevicePoolCore::graph_adopt_freed(GraphPools::Id id, void* block, std::size_t bytes) noexcept {
-  const std::shared_ptr<DevicePoolCore> pin = weak_from_this().lock();  // as graph_give_back
+  const std::shared_ptr<DevicePoolCore> pin = weak_from_this().lock();  // as graph_deallocate_owned
   try {
     // Freed during a capture: captured work may use it at every launch. It becomes a free
     // block of the capture's pool (refused when the pool has no use: then the ordinary path).
     if (!graph_pools.adopt(id, {block, block_bytes(bytes)})) return false;
-    return graph_pools.give_back(block) == GraphPools::Release::returned;
+    return graph_pools.deallocate(block) == GraphPools::Release::returned;
   } catch (...) {
-    return true;  // as in graph_give_back: kept out of every tier
+    return true;  // as in graph_deallocate_owned: kept out of every tier
   }
 }
 
 bool DevicePoolCore::graph_deallocate_into(std::optional<GraphPools::Id> id, void* block,
                                            std::size_t bytes) noexcept {
-  if (graph_give_back(block)) return true;
+  if (graph_deallocate_owned(block)) return true;
   return id && graph_adopt_freed(*id, block, bytes);
 }
 
@@ -240,7 +240,7 @@ std::size_t DevicePoolCore::release_size_of(const GraphPools::Block& block) noex
   return block.bytes > small_max && small.owns(block.pointer) ? small_max : block.bytes;
 }
 
-void DevicePoolCore::reclaim_graph_returns(ThreadCache* held) noexcept {
+void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
   for (const GraphPools::Block& block : take_graph_returns()) {
     // block.bytes: block_bytes() of the request, what its acquire counted.
     const Request request = request_of(release_size_of(block), kUntagged);
@@ -252,9 +252,9 @@ void DevicePoolCore::reclaim_graph_returns(ThreadCache* held) noexcept {
     if (options.validate_releases) {
       validation.forget(block.pointer);
     }
-    if (held != nullptr) {
-      bump(held->releases, 1);
-      bump(held->released_bytes, block.bytes);
+    if (claimed != nullptr) {
+      bump(claimed->releases, 1);
+      bump(claimed->released_bytes, block.bytes);
     } else {
       bump(slow_releases, 1);
       bump(slow_released_bytes, block.bytes);

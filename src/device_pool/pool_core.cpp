@@ -24,7 +24,7 @@ constexpr const char* kNotLive =
 DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
                                const DevicePool::Options& options_in)
     : uid(next_pool_uid.fetch_add(1, std::memory_order_relaxed)),
-      dekker(fence_mode_for_new_pool()),
+      dekker(barrier_mode_for_new_pool()),
       upstream(upstream_in ? std::move(upstream_in)
                            : throw InvalidArgument("vram::DevicePool: the upstream is null")),
       options(options_in),
@@ -84,7 +84,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
           ? 0
           : SizeClasses::index_for(std::min(options.thread_cache.max_block_bytes, small_max)) + 1;
   for (std::size_t index = 0; index < small_classes; ++index) {
-    held_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
+    block_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
   }
   plain_calls = !options.validate_releases && !options.track_peak_in_use;
   watch_captures = options.detect_unscoped_capture;
@@ -93,16 +93,16 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
 DevicePoolCore::~DevicePoolCore() {
   // close() has run and every block is back; return what a racing thread exit parked
   // before the tiers give every segment back (they are destroyed after this body).
-  for (auto& cache : registry.frozen()) take_bins(*cache);
+  for (auto& cache : registry.frozen()) drain_bins(*cache);
   drain_rings();
   for (auto& ring : rings) delete ring.load(std::memory_order_relaxed);
 }
 
-[[gnu::noinline, gnu::cold]] void* DevicePoolCore::flush_and_unlock(ThreadCache& cache,
-                                                                    void* result) noexcept {
+[[gnu::noinline, gnu::cold]] void* DevicePoolCore::flush_and_end_claim(ThreadCache& cache,
+                                                                       void* result) noexcept {
   cache.flush_requested.store(false, std::memory_order_relaxed);
   const bool had_large = cache.large.cached_count() > 0;
-  take_bins(cache);
+  drain_bins(cache);
   small.trim(0, false);
   // Its large blocks and those of the classes carved from the large tier went back there,
   // maybe after the trimmer's own large.trim(): that tier is trimmed again to what the
@@ -132,14 +132,14 @@ void DevicePoolCore::serve_want(StreamKey key) noexcept {
   }
 }
 
-void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* held, LeaseOwner* owner) {
+void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, LeaseOwner* owner) {
   SegmentTier& tier = *request.tier;
   const std::size_t bytes = request.block_bytes;
   const StreamKey key = request.key;
-  SlowSection slow(held);
+  SlowSection slow(claimed);
   // Cached large blocks never make a tier grow: they go back first (large_block_cache.hpp),
   // and the request tries the large tier again without growing.
-  if (flush_large_caches(held) && &tier == &large) {
+  if (flush_large_caches(claimed) && &tier == &large) {
     if (void* block = tier.allocate(bytes, key, false, nullptr, owner)) return block;
   }
   // Past the budget, free memory of wanted streams (stream_wants.hpp) could serve the
@@ -191,8 +191,8 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* held, Lease
   }
   // Everything cached, in every thread, and what graph pools gave up back to the upstream
   // (waiting for the work of stream-ordered frees), then once more.
-  if (!capturing) reclaim_graph_returns(held);
-  trim(0, held, /*wait=*/true);
+  if (!capturing) reclaim_graph_returns(claimed);
+  trim(0, claimed, /*wait=*/true);
   try {
     return tier.allocate(bytes, key, true, nullptr, owner);
   } catch (const OutOfMemory& second) {
@@ -209,9 +209,9 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* held, Lease
   }
 }
 
-void* DevicePoolCore::small_get(ThreadCache* cache, const Request& request) {
+void* DevicePoolCore::small_allocate(ThreadCache* cache, const Request& request) {
   void* block = nullptr;
-  if (cache != nullptr && take_cached(*cache, request.index, request.key, block)) [[likely]] {
+  if (cache != nullptr && pop_cached(*cache, request.index, request.key, block)) [[likely]] {
     return block;
   }
   if (MpmcRing<void*>* ring = ring_of(request.index); ring != nullptr && ring->try_pop(block)) {
@@ -220,7 +220,7 @@ void* DevicePoolCore::small_get(ThreadCache* cache, const Request& request) {
   return tier_allocate(request, cache);
 }
 
-void* DevicePoolCore::large_get(ThreadCache* cache, const Request& request) {
+void* DevicePoolCore::large_allocate(ThreadCache* cache, const Request& request) {
   const std::size_t cap = options.thread_cache.large_bytes;
   const std::size_t bytes = request.block_bytes;
   if (cache == nullptr || bytes > cap) return tier_allocate(request, cache);
@@ -234,7 +234,8 @@ void* DevicePoolCore::large_get(ThreadCache* cache, const Request& request) {
   return block;
 }
 
-bool DevicePoolCore::large_put(ThreadCache& cache, void* block, const Request& request) noexcept {
+bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
+                                      const Request& request) noexcept {
   const std::size_t cap = options.thread_cache.large_bytes;
   if (const std::size_t need = request.block_bytes; cache.large.active() && need <= cap) {
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
@@ -255,35 +256,37 @@ bool DevicePoolCore::large_put(ThreadCache& cache, void* block, const Request& r
   return known;
 }
 
-bool DevicePoolCore::free_to_tier(void* block, const Request& request, ThreadCache* held) noexcept {
+bool DevicePoolCore::free_to_tier(void* block, const Request& request,
+                                  ThreadCache* claimed) noexcept {
   SegmentTier& tier = *request.tier;
-  const SegmentTier::Freed freed = tier.free_keeping(block, request.key, request.block_bytes,
-                                                     held != nullptr ? &held->large : nullptr);
+  const SegmentTier::Freed freed = tier.free_keeping(
+      block, request.key, request.block_bytes, claimed != nullptr ? &claimed->large : nullptr);
   if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
-    SlowSection slow(held);
+    SlowSection slow(claimed);
     tier.give_back_over_cap();
   }
   return freed != SegmentTier::Freed::foreign;
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).
-bool DevicePoolCore::small_put(ThreadCache* cache, void* block, const Request& request) noexcept {
+bool DevicePoolCore::small_deallocate(ThreadCache* cache, void* block,
+                                      const Request& request) noexcept {
   const std::size_t index = request.index;
   const StreamKey key = request.key;
-  const std::uint64_t held = request.block_bytes;
+  const std::uint64_t block_bytes = request.block_bytes;
   const std::uint64_t cached =
       cache != nullptr ? cache->cached_bytes.load(std::memory_order_relaxed) : 0;
-  if (cache != nullptr && has_room(*cache, index, cached, held)) [[likely]] {
+  if (cache != nullptr && has_room(*cache, index, cached, block_bytes)) [[likely]] {
     if (cached == 0) {
       cache->tag = key;  // an empty cache takes the tag of what it holds next
     } else if (key != cache->tag && key != kUntagged) {
       if (cache->tag != kUntagged) {
         SlowSection slow(cache);
-        take_bins(*cache);  // the old stream's blocks keep their tag in the tier
+        drain_bins(*cache);  // the old stream's blocks keep their tag in the tier
       }
       cache->tag = key;  // completed (untagged) blocks are safe on `key` too
     }
-    put_cached(*cache, block, index, held);
+    push_cached(*cache, block, index, block_bytes);
     return true;
   }
   if (key == kUntagged) {
@@ -332,19 +335,19 @@ void* DevicePoolCore::allocate_miss(std::size_t bytes, std::size_t index, Stream
 }
 
 void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
-  const std::size_t held_bytes = request.block_bytes;
+  const std::size_t block_bytes = request.block_bytes;
   void* block = nullptr;
-  if (cache == nullptr) cache = lock_own_cache();
+  if (cache == nullptr) cache = claim_own_cache();
   if (cache != nullptr) [[likely]] {
     try {
-      block = request.small ? small_get(cache, request) : large_get(cache, request);
+      block = request.small ? small_allocate(cache, request) : large_allocate(cache, request);
     } catch (...) {
-      unlock_own_cache(*cache);
+      end_claim(*cache);
       throw;
     }
     bump(cache->acquires, 1);
-    bump(cache->acquired_bytes, held_bytes);
-    unlock_own_cache(*cache);
+    bump(cache->acquired_bytes, block_bytes);
+    end_claim(*cache);
   } else {
     std::lock_guard lock(slow_mutex);
     if (orphan.active()) [[unlikely]] {
@@ -352,16 +355,16 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
           "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
           "while it is used.");
     }
-    block = request.small ? small_get(nullptr, request) : tier_allocate(request, nullptr);
+    block = request.small ? small_allocate(nullptr, request) : tier_allocate(request, nullptr);
     bump(slow_acquires, 1);
-    bump(slow_acquired_bytes, held_bytes);
+    bump(slow_acquired_bytes, block_bytes);
   }
-  if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(held_bytes));
+  if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(block_bytes));
   if (options.validate_releases) {
     try {
-      validation.record(block, held_bytes);
+      validation.record(block, block_bytes);
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
-      release(block, request);
+      deallocate_valid(block, request);
       throw;
     }
   }
@@ -377,40 +380,40 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
   }
   const Request request = request_of(bytes, key);
   if (options.validate_releases && !validation.check(block, request.block_bytes)) return;
-  release(block, request);
+  deallocate_valid(block, request);
 }
 
-void DevicePoolCore::release(void* block, const Request& request) noexcept {
+void DevicePoolCore::deallocate_valid(void* block, const Request& request) noexcept {
   ThreadCache* cache = nullptr;
   if (request.small && !options.track_peak_in_use) {
     cache = claim_warm(uid, dekker);
-    if (cache != nullptr && release_to_cache(*cache, block, request.index, request.key)) return;
+    if (cache != nullptr && deallocate_to_cache(*cache, block, request.index, request.key)) return;
   }
-  release_slow(block, request, cache);
+  deallocate_slow(block, request, cache);
 }
 
-void DevicePoolCore::release_miss(void* block, std::size_t bytes, std::size_t index, StreamKey key,
-                                  ThreadCache* cache) noexcept {
-  release_slow(block, small_request(bytes, index, key), cache);
+void DevicePoolCore::deallocate_miss(void* block, std::size_t bytes, std::size_t index,
+                                     StreamKey key, ThreadCache* cache) noexcept {
+  deallocate_slow(block, small_request(bytes, index, key), cache);
 }
 
-void DevicePoolCore::release_slow(void* block, const Request& request,
-                                  ThreadCache* cache) noexcept {
-  const std::size_t held_bytes = request.block_bytes;
+void DevicePoolCore::deallocate_slow(void* block, const Request& request,
+                                     ThreadCache* cache) noexcept {
+  const std::size_t block_bytes = request.block_bytes;
   const bool track = options.track_peak_in_use;
-  if (cache == nullptr) cache = lock_own_cache();
+  if (cache == nullptr) cache = claim_own_cache();
   if (cache != nullptr) [[likely]] {
-    const bool known =
-        request.small ? small_put(cache, block, request) : large_put(*cache, block, request);
+    const bool known = request.small ? small_deallocate(cache, block, request)
+                                     : large_deallocate(*cache, block, request);
     if (known) [[likely]] {
       bump(cache->releases, 1);
-      bump(cache->released_bytes, held_bytes);
+      bump(cache->released_bytes, block_bytes);
     }
-    unlock_own_cache(*cache);
+    end_claim(*cache);
     if (!known) {
       reject_release(block, request.bytes, kNotLive);
     } else if (track) {
-      note_in_use(-static_cast<std::int64_t>(held_bytes));
+      note_in_use(-static_cast<std::int64_t>(block_bytes));
     }
     return;
   }
@@ -420,17 +423,17 @@ void DevicePoolCore::release_slow(void* block, const Request& request,
   std::lock_guard lock(slow_mutex);
   bool known = true;
   if (!orphan.active()) {
-    known = request.small ? small_put(nullptr, block, request)
-                          : large.free(block, request.key, held_bytes);
+    known = request.small ? small_deallocate(nullptr, block, request)
+                          : large.free(block, request.key, block_bytes);
   } else {
-    known = request.tier->free(block, request.key, held_bytes);
+    known = request.tier->free(block, request.key, block_bytes);
     small.trim(0, false);  // give wholly free segments straight back
     large.trim(0, false);
   }
   if (!known) return reject_release(block, request.bytes, kNotLive);
   bump(slow_releases, 1);
-  bump(slow_released_bytes, held_bytes);
-  if (track) note_in_use(-static_cast<std::int64_t>(held_bytes));
+  bump(slow_released_bytes, block_bytes);
+  if (track) note_in_use(-static_cast<std::int64_t>(block_bytes));
   if (orphan.active()) last = orphan.block_returned();
 }
 

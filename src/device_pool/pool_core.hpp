@@ -39,7 +39,7 @@
 #include "thread_cache.hpp"
 #include "thread_cache_registry.hpp"
 #include "tier/segment_tier.hpp"
-#include "vram/detail/asymmetric_fence.hpp"
+#include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/size_classes.hpp"
@@ -53,7 +53,7 @@ namespace vram::detail {
 // wait in the segments, as free ranges, instead.
 inline constexpr std::size_t kMaxRingBlocks = 4096;
 inline constexpr std::size_t kSmallGranularity = 256;  // small blocks: class bytes rounded to 256
-static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePoolCore::held_bytes_of
+static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePoolCore::block_bytes_of
 
 // Structure: small requests (<= small_max) round to a size class; their blocks come from
 // `small` (2 MiB segments, best fit), those above small_tier.segment_max_bytes from `large`
@@ -93,7 +93,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   }
   Request small_request(std::size_t bytes, std::size_t index, StreamKey key) noexcept {
     return Request{.bytes = bytes,
-                   .block_bytes = held_bytes_of[index],
+                   .block_bytes = block_bytes_of[index],
                    .index = index,
                    .tier = &tier_of(index),
                    .key = key,
@@ -132,13 +132,13 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
 
   // The calling thread's cache of this pool, claimed (see thread_cache.hpp); null when the
   // thread has none (its directory is gone, the host is out of memory) or the pool is closed.
-  ThreadCache* lock_own_cache() noexcept;
-  void unlock_own_cache(ThreadCache& cache) noexcept;
-  // Honours a flush request of trim(), then releases the cache; returns `result`, so that a
+  ThreadCache* claim_own_cache() noexcept;
+  void end_claim(ThreadCache& cache) noexcept;
+  // Honours a flush request of trim(), then lets the claim go; returns `result`, so that a
   // warm path ends in a tail call (it needs no stack frame).
-  [[gnu::cold]] void* flush_and_unlock(ThreadCache& cache, void* result) noexcept;
+  [[gnu::cold]] void* flush_and_end_claim(ThreadCache& cache, void* result) noexcept;
   // The calling thread's cache of this pool from its directory, registered (or adopted
-  // from an exited thread) on first use; null as for lock_own_cache().
+  // from an exited thread) on first use; null as for claim_own_cache().
   ThreadCache* find_or_register() noexcept;
   // At thread exit: empties the thread's cache and makes it adoptable.
   void retire(ThreadCache* cache) noexcept;
@@ -149,8 +149,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // A warm request (valid, small, class `index`) its thread's cache could not serve;
   // `cache`: that cache, still claimed, or null when the warm claim failed.
   void* allocate_miss(std::size_t bytes, std::size_t index, StreamKey key, ThreadCache* cache);
-  // Serves `request` through `cache` (claimed; null: claimed here, lock_own_cache(), else
-  // the slow path under slow_mutex) and releases the cache.
+  // Serves `request` through `cache` (claimed; null: claimed here, claim_own_cache(), else
+  // the slow path under slow_mutex) and lets the claim go.
   void* serve(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
@@ -161,70 +161,73 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     validation.reject(block, bytes, why);
   }
   // deallocate() after validation.
-  void release(void* block, const Request& request) noexcept;
+  void deallocate_valid(void* block, const Request& request) noexcept;
   // The warm release into `cache` (claimed): room in the bin of class `index` and nothing
-  // to retag; the cache is released. False: nothing done, the cache still claimed.
-  bool release_to_cache(ThreadCache& cache, void* block, std::size_t index, StreamKey key) noexcept;
+  // to retag; the claim is let go. False: nothing done, the cache still claimed.
+  bool deallocate_to_cache(ThreadCache& cache, void* block, std::size_t index,
+                           StreamKey key) noexcept;
   // A warm release (small, class `index`) its thread's cache could not take; `cache`: that
   // cache, still claimed, or null.
-  void release_miss(void* block, std::size_t bytes, std::size_t index, StreamKey key,
-                    ThreadCache* cache) noexcept;
-  // Releases `block` through `cache` (claimed; null: claimed here, else the slow path) and
-  // releases the cache.
-  void release_slow(void* block, const Request& request, ThreadCache* cache) noexcept;
-  // The bins of a thread cache, for its holder. take_cached: a block of class `index`
+  void deallocate_miss(void* block, std::size_t bytes, std::size_t index, StreamKey key,
+                       ThreadCache* cache) noexcept;
+  // Deallocates `block` through `cache` (claimed; null: claimed here, else the slow path) and
+  // lets the claim go.
+  void deallocate_slow(void* block, const Request& request, ThreadCache* cache) noexcept;
+  // The bins of a thread cache, for its holder. pop_cached: a block of class `index`
   // usable on `key` (false: none). has_room: the bin's depth and the cache's byte bound allow one
-  // more. put_cached: files a block (the caller checked the room and settled the tag).
-  bool take_cached(ThreadCache& cache, std::size_t index, StreamKey key, void*& block) noexcept {
+  // more. push_cached: files a block (the caller checked the room and settled the tag).
+  bool pop_cached(ThreadCache& cache, std::size_t index, StreamKey key, void*& block) noexcept {
     auto& bin = cache.bins[index];
     if (bin.count == 0 || (cache.tag != kUntagged && cache.tag != key)) return false;
     block = bin.blocks[--bin.count];
-    bump(cache.cached_bytes, 0 - std::uint64_t{held_bytes_of[index]});
+    bump(cache.cached_bytes, 0 - std::uint64_t{block_bytes_of[index]});
     return true;
   }
-  // `cached`: the cache's cached_bytes, as the caller loaded it; `held`: held_bytes_of[index].
+  // `cached`: the cache's cached_bytes, as the caller loaded it; `block_bytes`:
+  // block_bytes_of[index].
   bool has_room(const ThreadCache& cache, std::size_t index, std::uint64_t cached,
-                std::uint64_t held) const noexcept {
+                std::uint64_t block_bytes) const noexcept {
     const auto& bin = cache.bins[index];
-    return bin.count < bin.limit && cached + held <= options.thread_cache.max_bytes;
+    return bin.count < bin.limit && cached + block_bytes <= options.thread_cache.max_bytes;
   }
-  void put_cached(ThreadCache& cache, void* block, std::size_t index, std::uint64_t held) noexcept {
+  void push_cached(ThreadCache& cache, void* block, std::size_t index,
+                   std::uint64_t block_bytes) noexcept {
     auto& bin = cache.bins[index];
     bin.blocks[bin.count++] = block;
-    bump(cache.cached_bytes, held);
+    bump(cache.cached_bytes, block_bytes);
   }
-  void* small_get(ThreadCache* cache, const Request& request);
+  void* small_allocate(ThreadCache* cache, const Request& request);
   // A large block from the holder's cache of large blocks, else from the tier (recorded in
-  // the cache when it may come back there). (large_get and large_put: inline into their one
-  // caller, pool_core.cpp, the warm large path: no call level of their own.)
-  [[gnu::always_inline]] inline void* large_get(ThreadCache* cache, const Request& request);
+  // the cache when it may come back there). (large_allocate and large_deallocate: inline into their
+  // one caller, pool_core.cpp, the warm large path: no call level of their own.)
+  [[gnu::always_inline]] inline void* large_allocate(ThreadCache* cache, const Request& request);
   // Releases a large block into the holder's cache, else to the tier; false when the block
   // is not this pool's leased block of that size.
-  [[gnu::always_inline]] inline bool large_put(ThreadCache& cache, void* block,
-                                               const Request& request) noexcept;
+  [[gnu::always_inline]] inline bool large_deallocate(ThreadCache& cache, void* block,
+                                                      const Request& request) noexcept;
   // Every cached large block of `cache` (its holder's, or stolen) back to the large tier.
-  void take_large(ThreadCache& cache) noexcept;
-  // Before a tier grows: the cached large blocks of every thread (`held`: the caller's own,
+  void drain_large(ThreadCache& cache) noexcept;
+  // Before a tier grows: the cached large blocks of every thread (`claimed`: the caller's own,
   // claimed; the others stolen as trim() steals, skipping an owner inside a call that may
   // block) back to the large tier; true when any went back.
-  bool flush_large_caches(ThreadCache* held) noexcept;
-  bool small_put(ThreadCache* cache, void* block, const Request& request) noexcept;
-  // SegmentTier::free() of the request's tier for a thread holding `held` (or null;
+  bool flush_large_caches(ThreadCache* claimed) noexcept;
+  bool small_deallocate(ThreadCache* cache, void* block, const Request& request) noexcept;
+  // SegmentTier::free() of the request's tier for a thread that claimed `claimed` (or null;
   // released through its large cache, lease_owner.hpp): only its give-back, which makes
   // upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
   // segment_tier.hpp).
-  bool free_to_tier(void* block, const Request& request, ThreadCache* held) noexcept;
+  bool free_to_tier(void* block, const Request& request, ThreadCache* claimed) noexcept;
   // A block from the request's tier. `owner`: the large cache the block is handed to
   // (lease_owner.hpp), or null.
-  void* tier_allocate(const Request& request, ThreadCache* held, LeaseOwner* owner = nullptr);
+  void* tier_allocate(const Request& request, ThreadCache* claimed, LeaseOwner* owner = nullptr);
   // tier_allocate() when no free range fits: grows the tier (trimming and retrying on OOM).
-  void* tier_grow(const Request& request, ThreadCache* held, LeaseOwner* owner);
+  void* tier_grow(const Request& request, ThreadCache* claimed, LeaseOwner* owner);
   // Moves a cache's blocks (its holder calls this) to their tiers under the cache's tag.
-  void take_bins(ThreadCache& cache) noexcept;
+  void drain_bins(ThreadCache& cache) noexcept;
   void drain_rings() noexcept;
-  // Takes every thread cache (idle, exited, or `held`: the caller's own, already locked)
+  // Takes every thread cache (idle, exited, or `claimed`: the caller's own, claimed)
   // and the rings back to the segment tiers, then gives wholly free segments back.
-  void trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept;
+  void trim(std::size_t keep_bytes, ThreadCache* claimed, bool wait) noexcept;
   bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
   // Graph pools (graph_routing.cpp). The public calls test graphs_on and, while it is set,
   // go through these (`key`: kUntagged for the calling thread's calls without a
@@ -265,7 +268,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
                              std::size_t bytes) noexcept;
   // Its two halves: a graph pool's block back to its pool (false: no graph pool's), and a
   // block that is no graph pool's made a free block of `id` (false: `id` has no use open).
-  bool graph_give_back(void* block) noexcept;
+  bool graph_deallocate_owned(void* block) noexcept;
   bool graph_adopt_freed(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
   // The graph pool of an unscoped capture: ids with bit 62 set and bit 63 clear, which
   // new_graph_pool() never returns.
@@ -279,10 +282,10 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // The blocks graph pools gave up, once a device synchronize proved their graphs idle;
   // none while a scope is open or this thread serves a captured request.
   std::vector<GraphPools::Block> take_graph_returns() noexcept;
-  // drain_graph_returns() from inside a request that holds `held` (its cache claimed; null:
+  // drain_graph_returns() from inside a request that claimed `claimed` (its cache; null:
   // the caller holds slow_mutex): the blocks go straight to their tiers, counted as
-  // releases of `held` (or of the slow path). The out-of-memory retry's, before its trim.
-  void reclaim_graph_returns(ThreadCache* held) noexcept;
+  // releases of `claimed` (or of the slow path). The out-of-memory retry's, before its trim.
+  void reclaim_graph_returns(ThreadCache* claimed) noexcept;
   // The size a graph pool's block is released with: the one that finds its class and tier.
   std::size_t release_size_of(const GraphPools::Block& block) noexcept;
   // A stream-ordered call on `key`'s stream, before its own work: when another stream's
@@ -311,7 +314,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
 
   const std::uint64_t uid;  // unique per core, never 0: names its caches in tl_last
   // The memory barriers of the thread caches' handshake; fixed for the life of the core.
-  const AsymmetricFence dekker;
+  const AsymmetricBarrier dekker;
   std::shared_ptr<Upstream> upstream;
   DevicePool::Options options;
   // Stream markers for stream-ordered frees (Options::fence, else default_fence()).
@@ -338,7 +341,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // being captured.
   bool watch_captures = true;
   // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
-  std::array<std::uint32_t, 64> held_bytes_of{};
+  std::array<std::uint32_t, 64> block_bytes_of{};
   ReservedGauge gauge;
   StreamWants wants{wanted_streams};  // before the tiers: they refer to it
   SegmentTier small;
@@ -361,7 +364,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // none of them).
   ThreadCacheRegistry registry;
 
-  // The slow path: calls on threads without a usable cache (see lock_own_cache) and every
+  // The slow path: calls on threads without a usable cache (see claim_own_cache) and every
   // call once the pool is closed. Counters written under slow_mutex.
   std::mutex slow_mutex;
   std::atomic<std::uint64_t> slow_acquires{0};
@@ -380,30 +383,30 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   CaptureRoutes capture_routes{&graph_activity};
 };
 
-inline ThreadCache* DevicePoolCore::lock_own_cache() noexcept {
+inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {
   ThreadCache* cache = tl_last.uid == uid ? tl_last.cache : find_or_register();
   if (cache == nullptr) return nullptr;
   return claim(*cache, dekker);
 }
 
-inline void DevicePoolCore::unlock_own_cache(ThreadCache& cache) noexcept {
+inline void DevicePoolCore::end_claim(ThreadCache& cache) noexcept {
   // The request is honoured before the release of the state word: once kFree is stored,
   // close() may take the cache and destroy the pool, so nothing after it may touch them.
   if (cache.flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
-    (void)flush_and_unlock(cache, nullptr);
+    (void)flush_and_end_claim(cache, nullptr);
     return;
   }
   cache.state.store(ThreadCache::kFree, std::memory_order_release);
 }
 
 // Inline: every large request takes this path (the growing part is out of line).
-inline void* DevicePoolCore::tier_allocate(const Request& request, ThreadCache* held,
+inline void* DevicePoolCore::tier_allocate(const Request& request, ThreadCache* claimed,
                                            LeaseOwner* owner) {
   if (void* block = request.tier->allocate(request.block_bytes, request.key, /*may_grow=*/false,
                                            nullptr, owner)) [[likely]] {
     return block;
   }
-  return tier_grow(request, held, owner);
+  return tier_grow(request, claimed, owner);
 }
 
 inline void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {
@@ -413,13 +416,13 @@ inline void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, 
       (alignment & (alignment - 1)) == 0) [[likely]] {
     const std::size_t index = SizeClasses::index_for(bytes);
     ThreadCache* cache = claim_warm(uid, dekker);
-    if (void* block = nullptr; cache != nullptr && take_cached(*cache, index, key, block))
+    if (void* block = nullptr; cache != nullptr && pop_cached(*cache, index, key, block))
         [[likely]] {
-      const std::uint64_t held_bytes = held_bytes_of[index];
+      const std::uint64_t block_bytes = block_bytes_of[index];
       bump(cache->acquires, 1);
-      bump(cache->acquired_bytes, held_bytes);
+      bump(cache->acquired_bytes, block_bytes);
       if (cache->flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
-        return flush_and_unlock(*cache, block);  // see unlock_own_cache
+        return flush_and_end_claim(*cache, block);  // see end_claim
       }
       cache->state.store(ThreadCache::kFree, std::memory_order_release);
       return block;
@@ -431,17 +434,17 @@ inline void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, 
   return allocate_slow(bytes, alignment, key);
 }
 
-inline bool DevicePoolCore::release_to_cache(ThreadCache& cache, void* block, std::size_t index,
-                                             StreamKey key) noexcept {
-  const std::uint64_t held = held_bytes_of[index];
+inline bool DevicePoolCore::deallocate_to_cache(ThreadCache& cache, void* block, std::size_t index,
+                                                StreamKey key) noexcept {
+  const std::uint64_t block_bytes = block_bytes_of[index];
   const std::uint64_t cached = cache.cached_bytes.load(std::memory_order_relaxed);
-  if (has_room(cache, index, cached, held) && (key == cache.tag || key == kUntagged || cached == 0))
-      [[likely]] {
+  if (has_room(cache, index, cached, block_bytes) &&
+      (key == cache.tag || key == kUntagged || cached == 0)) [[likely]] {
     if (cached == 0) cache.tag = key;  // an empty cache takes the tag of what it holds
-    put_cached(cache, block, index, held);
+    push_cached(cache, block, index, block_bytes);
     bump(cache.releases, 1);
-    bump(cache.released_bytes, held);
-    unlock_own_cache(cache);
+    bump(cache.released_bytes, block_bytes);
+    end_claim(cache);
     return true;
   }
   return false;
@@ -451,10 +454,10 @@ inline void DevicePoolCore::deallocate(void* block, std::size_t bytes, StreamKey
   if (bytes - 1 < small_max && plain_calls && block != nullptr) [[likely]] {
     const std::size_t index = SizeClasses::index_for(bytes);
     ThreadCache* cache = claim_warm(uid, dekker);
-    if (cache != nullptr && release_to_cache(*cache, block, index, key)) [[likely]]
+    if (cache != nullptr && deallocate_to_cache(*cache, block, index, key)) [[likely]]
       return;
     // The cache stays claimed (null: not claimed), as in allocate().
-    return release_miss(block, bytes, index, key, cache);
+    return deallocate_miss(block, bytes, index, key, cache);
   }
   deallocate_checked(block, bytes, key);
 }

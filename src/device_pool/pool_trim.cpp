@@ -4,36 +4,36 @@
 
 namespace vram::detail {
 
-void DevicePoolCore::take_bins(ThreadCache& cache) noexcept {
+void DevicePoolCore::drain_bins(ThreadCache& cache) noexcept {
   for (std::size_t index = 0; index < cache.bins.size(); ++index) {
     auto& bin = cache.bins[index];
     SegmentTier& tier = tier_of(index);
-    const std::size_t bytes = held_bytes_of[index];
+    const std::size_t bytes = block_bytes_of[index];
     for (std::uint32_t i = 0; i < bin.count; ++i) (void)tier.free(bin.blocks[i], cache.tag, bytes);
     bin.count = 0;
   }
   cache.tag = kUntagged;
   cache.cached_bytes.store(0, std::memory_order_relaxed);
-  take_large(cache);
+  drain_large(cache);
 }
 
-void DevicePoolCore::take_large(ThreadCache& cache) noexcept {
+void DevicePoolCore::drain_large(ThreadCache& cache) noexcept {
   cache.large.drain([this, &cache](const LargeBlockCache::Cached& c) {
     (void)large.free(c.block, c.tag, c.bytes, &cache.large);
   });
 }
 
-bool DevicePoolCore::flush_large_caches(ThreadCache* held) noexcept {
+bool DevicePoolCore::flush_large_caches(ThreadCache* claimed) noexcept {
   if (options.thread_cache.large_bytes == 0) return false;
   bool any = false;
-  if (held != nullptr && held->large.cached_count() > 0) {
-    take_large(*held);
+  if (claimed != nullptr && claimed->large.cached_count() > 0) {
+    drain_large(*claimed);
     any = true;
   }
   std::vector<ThreadCache*> snapshot;
   try {
-    snapshot = registry.snapshot([held](const ThreadCache& cache) {
-      return &cache != held && cache.large.cached_bytes() > 0;
+    snapshot = registry.snapshot([claimed](const ThreadCache& cache) {
+      return &cache != claimed && cache.large.cached_bytes() > 0;
     });
   } catch (...) {  // no host memory for the list: only the caller's own went back
     return any;
@@ -52,7 +52,7 @@ bool DevicePoolCore::flush_large_caches(ThreadCache* held) noexcept {
     for (;;) {
       if (cache->state.load(kDekkerLoad) == ThreadCache::kFree) {
         any = any || cache->large.cached_count() > 0;
-        take_large(*cache);
+        drain_large(*cache);
         break;
       }
       if (cache->in_slow_call.load(std::memory_order_seq_cst)) break;
@@ -68,12 +68,12 @@ void DevicePoolCore::drain_rings() noexcept {
     MpmcRing<void*>* ring = ring_of(index);
     void* block = nullptr;
     while (ring != nullptr && ring->try_pop(block)) {
-      (void)tier_of(index).free(block, kUntagged, held_bytes_of[index]);
+      (void)tier_of(index).free(block, kUntagged, block_bytes_of[index]);
     }
   }
 }
 
-void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) noexcept {
+void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* claimed, bool wait) noexcept {
   flush_keep_bytes.store(keep_bytes, std::memory_order_relaxed);
   std::vector<ThreadCache*> snapshot;
   try {
@@ -86,8 +86,8 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) 
     std::lock_guard steal_lock(registry.steal_mutex());
     std::size_t kept = 0;
     for (ThreadCache* cache : snapshot) {
-      if (cache == held) {
-        take_bins(*cache);  // the caller's own, claimed by the caller
+      if (cache == claimed) {
+        drain_bins(*cache);  // the caller's own, claimed by the caller
       } else if (cache->steal.load(std::memory_order_relaxed) != ThreadCache::kClosed) {
         snapshot[kept++] = cache;  // (a closed one: close() takes its blocks)
       }
@@ -102,7 +102,7 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* held, bool wait) 
       Backoff backoff;
       for (;;) {
         if (cache->state.load(kDekkerLoad) == ThreadCache::kFree) {
-          take_bins(*cache);
+          drain_bins(*cache);
           cache->flush_requested.store(false, std::memory_order_relaxed);
           break;
         }
@@ -140,7 +140,7 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
   for (auto& cache : registry.frozen()) {
     Backoff backoff;
     while (cache->state.load(kDekkerLoad) != ThreadCache::kFree) backoff.pause();
-    take_bins(*cache);
+    drain_bins(*cache);
   }
   // Every call from now on takes the slow path, serialised by slow_mutex: the count of
   // leased blocks is exact.

@@ -41,7 +41,7 @@ thread_local ThreadDirectory tl_directory;
 
 }  // namespace
 
-ThreadCache* claim_contended(ThreadCache& cache, const AsymmetricFence& barrier) noexcept {
+ThreadCache* claim_contended(ThreadCache& cache, const AsymmetricBarrier& barrier) noexcept {
   Backoff backoff;
   for (;;) {
     // A steal is in progress or the pool is closing: step back without touching the bins
@@ -88,7 +88,7 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
 void DevicePoolCore::retire(ThreadCache* cache) noexcept {
   // The exiting thread still owns its cache: it claims it like any call.
   if (claim(*cache, dekker) == nullptr) return;  // closed: close() took its blocks already
-  take_bins(*cache);                             // its counters stay in the cache
+  drain_bins(*cache);                            // its counters stay in the cache
   cache->flush_requested.store(false, std::memory_order_relaxed);
   cache->state.store(ThreadCache::kFree, std::memory_order_release);
   registry.park(cache);

@@ -3,7 +3,7 @@
 // side.
 //
 // Ownership handshake: two words, no locked instruction on the owner's side (a Dekker
-// handshake over an asymmetric memory barrier, vram/detail/asymmetric_fence.hpp, which argues
+// handshake over an asymmetric memory barrier, vram/detail/asymmetric_barrier.hpp, which argues
 // why at least one side always sees the other).
 //   `state` is written only by the owner thread (its thread; at thread exit retire(), on
 //   that thread; later the thread that adopts the cache): kOwner for the length of one
@@ -45,7 +45,7 @@
 
 #include "large_block_cache.hpp"
 #include "tier/segment_tier.hpp"
-#include "vram/detail/asymmetric_fence.hpp"
+#include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 
 // The thread-local model GCC gives a variable defined in the same translation unit: in a
@@ -150,10 +150,10 @@ extern thread_local constinit LastPool tl_last VRAM_DETAIL_TLS_MODEL;
 
 // The owner's claim of its cache when a stealer is about (steal was not kNoSteal): steps
 // back, waits for the steal to end, and retries; null once the pool is closed.
-ThreadCache* claim_contended(ThreadCache& cache, const AsymmetricFence& barrier) noexcept;
+ThreadCache* claim_contended(ThreadCache& cache, const AsymmetricBarrier& barrier) noexcept;
 
 // The owner's claim of its cache: the cache, or null once the pool is closed.
-inline ThreadCache* claim(ThreadCache& cache, const AsymmetricFence& barrier) noexcept {
+inline ThreadCache* claim(ThreadCache& cache, const AsymmetricBarrier& barrier) noexcept {
   cache.state.store(ThreadCache::kOwner, kDekkerStore);
   barrier.light();
   if (cache.steal.load(kDekkerLoad) == ThreadCache::kNoSteal) [[likely]] {
@@ -166,7 +166,7 @@ inline ThreadCache* claim(ThreadCache& cache, const AsymmetricFence& barrier) no
 // when no stealer is about. Null: nothing is held (the state word is back to kFree) and the
 // caller takes its slow path, which registers, waits for a stealer or finds the pool
 // closed. Calls nothing, so the warm paths need no stack frame.
-inline ThreadCache* claim_warm(std::uint64_t uid, const AsymmetricFence& barrier) noexcept {
+inline ThreadCache* claim_warm(std::uint64_t uid, const AsymmetricBarrier& barrier) noexcept {
   if (tl_last.uid != uid) [[unlikely]]
     return nullptr;
   ThreadCache* cache = tl_last.cache;

@@ -45,12 +45,12 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
     const Growth growing(*this);  // also when growing throws or asks for a quiesce
     return allocate_growing(need, stream, quiesce, owner);
   }
-  Lock held = lock();
-  poll_unlocked(held);
+  Lock locked = lock();
+  poll_unlocked(locked);
   reserve_spares();  // before any change
   if (options_.virtual_memory != nullptr && map_.base() == nullptr) return nullptr;  // growing
   bool mapped = false;
-  Range* r = fit_fenced(stream, need, mapped, held);
+  Range* r = fit_fenced(stream, need, mapped, locked);
   // A fit over a granule not mapped yet (or one being mapped) would be growing.
   if (r == nullptr || (map_.base() != nullptr && !mapped)) return nullptr;
   ranges_.remove_free(r);
@@ -61,18 +61,18 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
 
 void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* quiesce,
                                     LeaseOwner* owner) {
-  Lock held = lock();
-  poll_unlocked(held);
+  Lock locked = lock();
+  poll_unlocked(locked);
   reserve_spares();  // before any change (again after each release of the mutex)
-  if (options_.virtual_memory != nullptr && map_.base() == nullptr) reserve_range(held);
+  if (options_.virtual_memory != nullptr && map_.base() == nullptr) reserve_range(locked);
   bool mapped = false;  // r's granules under `need` (virtual mode), as fit() found them
-  Range* r = fit_fenced(stream, need, mapped, held);
+  Range* r = fit_fenced(stream, need, mapped, locked);
   // Before growing: wholly free segments that wait for their streams' work are waited for
   // (see wait_for_empty_segments); one of them may serve the request. Only segments that
   // could then serve the request are worth the wait, unless growing passes the budget
   // (then any of them may have to go back).
   if (r == nullptr) {
-    if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need, held)) {
+    if (wait_for_empty_segments(past_budget(nullptr, need) ? 0 : need, locked)) {
       reserve_spares();  // the mutex was released
       r = fit(stream, need, mapped, /*fence=*/false);
     }
@@ -84,7 +84,7 @@ void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* qu
   // blocking. Without this bound, streams that each capture free memory next to their own
   // frees would make the others grow again and again.
   if (map_.base() != nullptr && tags_.any_pending() && past_budget(r, need) &&
-      wait_unlocked(held, stream,
+      wait_unlocked(locked, stream,
                     [this, need](const Range* p) { return tags_.could_serve(p, need); })) {
     reserve_spares();  // the mutex was released: r may be gone, the spares used
     r = fit(stream, need, mapped, /*fence=*/false);
@@ -108,14 +108,14 @@ void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* qu
     throw OutOfMemory(need, budget_.free_bytes(), budget_.used(),
                       "the pool's reserved address range is exhausted");
   } else {
-    r = grow_segment(need, held);  // the upstream call with the mutex released
+    r = grow_segment(need, locked);  // the upstream call with the mutex released
   }
   ranges_.split(r, need);
   r->state = Range::State::used;  // before mapping: nothing may merge it meanwhile
   if (needs_map) {                // computed for this r: after the split, r->size == need
     try {
-      map_range(r, held);  // the maps with the mutex released
-    } catch (...) {        // give the range back as it was (it merges with its split-off rest)
+      map_range(r, locked);  // the maps with the mutex released
+    } catch (...) {          // give the range back as it was (it merges with its split-off rest)
       ranges_.insert_free(r);
       throw;
     }
@@ -125,7 +125,7 @@ void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* qu
 
 SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::size_t bytes,
                                              const LeaseOwner* by) noexcept {
-  const Lock held = lock();
+  const Lock locked = lock();
   // Null for a foreign block, for null itself, for a block of another size than `bytes` (a
   // small class's released under a large size, say) and for a block its owner holds cached
   // (released to it already) when another releases it.
@@ -146,15 +146,15 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
 }
 
 void SegmentTier::give_back_over_cap() noexcept {
-  Lock held = lock();
+  Lock locked = lock();
   if (budget_.free_bytes() <= options_.max_free_bytes) return;  // another call gave back
   // Only when no growth is under way, else it is owed to the growth mutex's holder, which
   // gives back before it lets go (end_growth); the upstream calls after the tier's mutex
   // is released. (try_lock: the lock order is not broken.)
   if (grow_mutex_.try_lock()) {
     give_back(options_.max_free_bytes);
-    held.unlock();
-    hand_back_detached();
+    locked.unlock();
+    give_back_detached();
     end_growth();
   } else {
     give_back_owed_ = true;
@@ -163,35 +163,35 @@ void SegmentTier::give_back_over_cap() noexcept {
 
 void SegmentTier::trim(std::size_t keep_free, bool wait) noexcept {
   const Growth growing(*this);
-  Lock held = lock();
-  fence_all_unlocked(held);
-  if (wait) (void)wait_unlocked(held, kUntagged, [](const Range*) { return true; });
+  Lock locked = lock();
+  fence_all_unlocked(locked);
+  if (wait) (void)wait_unlocked(locked, kUntagged, [](const Range*) { return true; });
   give_back(keep_free);
 }
 
 std::uint64_t SegmentTier::mark_frees() noexcept {
-  const Lock held = lock();
+  const Lock locked = lock();
   return tags_.mark();
 }
 
 void SegmentTier::forget_streams(std::uint64_t mark) noexcept {
-  const Lock held = lock();
+  const Lock locked = lock();
   tags_.forget(mark);
 }
 
 bool SegmentTier::holds_stream(StreamKey key) const noexcept {
-  const Lock held = lock();
+  const Lock locked = lock();
   return tags_.holds(key);
 }
 
 bool SegmentTier::adopt_marker(StreamKey key, std::uint64_t marker, std::uint64_t mark) noexcept {
-  const Lock held = lock();
+  const Lock locked = lock();
   return tags_.adopt(key, marker, mark);
 }
 
 bool SegmentTier::stranded_segments() const noexcept {
   if (options_.virtual_memory != nullptr) return false;
-  const Lock held = lock();
+  const Lock locked = lock();
   return stranded_segments_locked();
 }
 
@@ -209,7 +209,7 @@ bool SegmentTier::stranded_segments_locked() const noexcept {
 
 SegmentTier::GrowthQuote SegmentTier::quote_growth(std::size_t bytes) const noexcept {
   assert(bytes == round(bytes));
-  const Lock held = lock();
+  const Lock locked = lock();
   return GrowthQuote{.growth_bytes = growth_bytes(bytes),
                      .peak_growth = budget_.peak_growth(bytes),
                      .empty_bytes = empty_bytes_locked(),
@@ -217,7 +217,7 @@ SegmentTier::GrowthQuote SegmentTier::quote_growth(std::size_t bytes) const noex
 }
 
 void SegmentTier::restart_peak() noexcept {
-  const Lock held = lock();
+  const Lock locked = lock();
   budget_.restart_peak();
 }
 
@@ -232,23 +232,23 @@ std::size_t SegmentTier::empty_bytes_locked() const noexcept {
 
 void SegmentTier::release_empty_for(std::size_t bytes) noexcept {
   const Growth growing(*this);
-  Lock held = lock();
-  wait_for_empty_segments(0, held);
+  Lock locked = lock();
+  wait_for_empty_segments(0, locked);
   release_empty_segments_for(bytes);
 }
 
 bool SegmentTier::owns(void* block) const noexcept {
-  const Lock held = lock();
+  const Lock locked = lock();
   return live_.find(block) != nullptr;
 }
 
 SegmentTier::Counters SegmentTier::counters() const noexcept {
-  const Lock held = lock();
+  const Lock locked = lock();
   return budget_.counters();
 }
 
 void SegmentTier::reset_peak() noexcept {
-  const Lock held = lock();
+  const Lock locked = lock();
   budget_.reset_peak_reserved();
 }
 
@@ -287,15 +287,15 @@ SegmentTier::Range* SegmentTier::mapped_fit(FreeRanges::Index* index, Range* bes
 }
 
 SegmentTier::Range* SegmentTier::refit_after_records(StreamKey stream, std::size_t need,
-                                                     bool& mapped, Lock& held, Range* r) {
-  if (!record_listed(held)) return r;
+                                                     bool& mapped, Lock& locked, Range* r) {
+  if (!record_listed(locked)) return r;
   // As before the change: every pending marker asked once the fenced streams have theirs.
-  poll_all_unlocked(held);
+  poll_all_unlocked(locked);
   reserve_spares();  // the mutex was released: r may be gone, the spares used
   return fit(stream, need, mapped, /*fence=*/false);
 }
 
-void SegmentTier::poll_all_unlocked(Lock& held) noexcept {
+void SegmentTier::poll_all_unlocked(Lock& locked) noexcept {
   const std::size_t count = tags_.pending_count();
   if (count == 0) return;
   std::vector<std::uint64_t> markers;
@@ -305,29 +305,29 @@ void SegmentTier::poll_all_unlocked(Lock& held) noexcept {
     done = std::make_unique<bool[]>(count);
   } catch (...) {  // no host memory for the lists: a batch at a time
     for (std::size_t rounds = (count + kPollBatch - 1) / kPollBatch; rounds > 0; --rounds) {
-      poll_unlocked(held);
+      poll_unlocked(locked);
     }
     return;
   }
-  query_unlocked(held, markers.data(), done.get(), count);  // every one
+  query_unlocked(locked, markers.data(), done.get(), count);  // every one
 }
 
-bool SegmentTier::record_listed(Lock& held) noexcept {
+bool SegmentTier::record_listed(Lock& locked) noexcept {
   if (!tags_.any_listed()) return false;
   std::vector<StreamTags::Record> records;
   if (!tags_.take_listed(records)) return false;
   const std::uint64_t mark = tags_.mark();
-  held.unlock();
+  locked.unlock();
   tags_.record_outside(records);
-  held.lock();
+  locked.lock();
   tags_.end_record(records, mark);
   return true;
 }
 
-void SegmentTier::fence_all_unlocked(Lock& held) noexcept {
+void SegmentTier::fence_all_unlocked(Lock& locked) noexcept {
   tags_.fence_all();
-  (void)record_listed(held);
-  poll_all_unlocked(held);
+  (void)record_listed(locked);
+  poll_all_unlocked(locked);
 }
 
 SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& mapped,

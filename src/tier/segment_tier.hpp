@@ -231,7 +231,7 @@ class SegmentTier {
   [[nodiscard]] Lock lock() const noexcept { return Lock(mutex_); }
   // Gives `detached_` back to the upstream (or unmaps it): the growth mutex held, the tier's
   // mutex not.
-  void hand_back_detached() noexcept;
+  void give_back_detached() noexcept;
   // Holds the growth mutex for its life; at its end hands back what is detached and lets go
   // through end_growth().
   class Growth {
@@ -249,50 +249,50 @@ class SegmentTier {
   // mutex.
   void end_growth() noexcept;
   // Waits for the markers of other streams than `skip` whose pending ranges `serves`, with
-  // `held` released (the growth mutex held), then untags what completed; false (and the
+  // `locked` released (the growth mutex held), then untags what completed; false (and the
   // mutex never released) when there was none, true when the ranges may have changed (the
   // caller fits again).
   template <class Serves>
-  bool wait_unlocked(Lock& held, StreamKey skip, Serves serves) noexcept {
+  bool wait_unlocked(Lock& locked, StreamKey skip, Serves serves) noexcept {
     if (!tags_.begin_wait(skip, serves)) return false;
-    held.unlock();
+    locked.unlock();
     tags_.wait_outside();
-    held.lock();
+    locked.lock();
     tags_.end_wait();
     return true;
   }
   // Untags what completed among a few pending markers (StreamTags::begin_query), asking
-  // the fence with `held` released; returns with it held.
+  // the fence with `locked` released; returns with it held.
   static constexpr std::size_t kPollBatch = 32;
-  void poll_unlocked(Lock& held) noexcept {
+  void poll_unlocked(Lock& locked) noexcept {
     if (tags_.any_pending()) [[unlikely]]
-      poll_batch_unlocked(held);
+      poll_batch_unlocked(locked);
   }
-  [[gnu::noinline]] void poll_batch_unlocked(Lock& held) noexcept {
+  [[gnu::noinline]] void poll_batch_unlocked(Lock& locked) noexcept {
     std::uint64_t markers[kPollBatch];
     bool done[kPollBatch];
-    query_unlocked(held, markers, done, kPollBatch);
+    query_unlocked(locked, markers, done, kPollBatch);
   }
-  // Up to `most` pending markers, in turn (StreamTags::begin_query), asked with `held`
+  // Up to `most` pending markers, in turn (StreamTags::begin_query), asked with `locked`
   // released (`markers`, `done`: room for `most`); untags what completed.
-  void query_unlocked(Lock& held, std::uint64_t* markers, bool* done, std::size_t most) noexcept {
+  void query_unlocked(Lock& locked, std::uint64_t* markers, bool* done, std::size_t most) noexcept {
     const std::size_t count = tags_.begin_query(markers, most);
     if (count == 0) return;
-    held.unlock();
+    locked.unlock();
     tags_.query_outside(markers, done, count);
-    held.lock();
+    locked.lock();
     tags_.end_query(markers, done, count);
   }
-  // Records a marker on each stream the fences listed (StreamTags::take_listed) with `held`
+  // Records a marker on each stream the fences listed (StreamTags::take_listed) with `locked`
   // released, then files the ranges freed before the records under them; false (the mutex
   // never released) when none was listed.
-  bool record_listed(Lock& held) noexcept;
+  bool record_listed(Lock& locked) noexcept;
   // Fences every stream with free ranges (trim, a reclaim) and asks every pending marker,
-  // the driver calls with `held` released.
-  void fence_all_unlocked(Lock& held) noexcept;
-  // Asks every pending marker (listed at once, kept meanwhile) with `held` released, then
+  // the driver calls with `locked` released.
+  void fence_all_unlocked(Lock& locked) noexcept;
+  // Asks every pending marker (listed at once, kept meanwhile) with `locked` released, then
   // untags what completed.
-  void poll_all_unlocked(Lock& held) noexcept;
+  void poll_all_unlocked(Lock& locked) noexcept;
   // Before any change, and again after `mutex_` was released (other threads may have used
   // the spares): a new range, a split-off rest and the filing of a block cannot fail.
   // Throws bad_alloc.
@@ -333,17 +333,17 @@ class SegmentTier {
   // `mapped`: as best_fit's, for the result (no map or unmap happens between fit() and the
   // caller's use of it).
   Range* fit(StreamKey stream, std::size_t need, bool& mapped, bool fence) noexcept;
-  // fit() with fence; when it listed streams, records their markers with `held` released
+  // fit() with fence; when it listed streams, records their markers with `locked` released
   // (record_listed()), asks every pending marker and fits again. Throws bad_alloc (the books
   // consistent: markers filed, ranges taken back or untagged).
-  Range* fit_fenced(StreamKey stream, std::size_t need, bool& mapped, Lock& held) {
+  Range* fit_fenced(StreamKey stream, std::size_t need, bool& mapped, Lock& locked) {
     Range* r = fit(stream, need, mapped, /*fence=*/true);
     if (!tags_.any_listed()) [[likely]]
       return r;
-    return refit_after_records(stream, need, mapped, held, r);
+    return refit_after_records(stream, need, mapped, locked, r);
   }
   // fit_fenced() once fit() listed streams: `r` when record_listed() records nothing.
-  Range* refit_after_records(StreamKey stream, std::size_t need, bool& mapped, Lock& held,
+  Range* refit_after_records(StreamKey stream, std::size_t need, bool& mapped, Lock& locked,
                              Range* r);
   // Bytes the tier grows by when `r` (null: no fit) serves `need` bytes (virtual mode: the
   // granules under it not mapped yet), and whether that passes the growth budget.
@@ -354,39 +354,39 @@ class SegmentTier {
   std::size_t segment_size_for(std::size_t bytes) const noexcept;
   // A new segment for `need` bytes, its one free range returned unfiled (after giving back
   // wholly free segments past the budget); throws the upstream's exceptions. Releases
-  // `held` for the upstream calls (the growth mutex held); returns with it held.
-  Range* grow_segment(std::size_t need, Lock& held);
+  // `locked` for the upstream calls (the growth mutex held); returns with it held.
+  Range* grow_segment(std::size_t need, Lock& locked);
   // Virtual mode: the never-mapped end of the reservation split off as an untagged range
   // of at least `need` bytes, when the last range is a stream's; null otherwise.
   Range* fresh_tail(std::size_t need) noexcept;
-  // Virtual mode: the reserved range, taken with `held` released (the growth mutex held).
-  void reserve_range(Lock& held);
+  // Virtual mode: the reserved range, taken with `locked` released (the growth mutex held).
+  void reserve_range(Lock& locked);
   // Every granule under `range` (used, filed nowhere): the driver calls (the query of
-  // available memory, the maps, the fences of a reclaim) made with `held` released (the
+  // available memory, the maps, the fences of a reclaim) made with `locked` released (the
   // growth mutex held); returns with it held. On out of memory: again without map-ahead,
   // then after a reclaim of every free run; throws OutOfMemory when that fails too.
-  void map_range(Range* range, Lock& held);
-  // The physical memory left, as the driver tells it, asked with `held` released.
-  std::size_t available_unlocked(Lock& held) noexcept;
+  void map_range(Range* range, Lock& locked);
+  // The physical memory left, as the driver tells it, asked with `locked` released.
+  std::size_t available_unlocked(Lock& locked) noexcept;
   // Maps the unmapped granules in [first, last] in runs of at most `cap` granules, the
-  // driver calls with `held` released, after handing back `detached_`; what mapped is filed
+  // driver calls with `locked` released, after handing back `detached_`; what mapped is filed
   // whatever failed after it. False on out of memory (with `last_try`: throws it).
-  bool map_runs(std::size_t first, std::size_t last, std::size_t cap, Lock& held, bool last_try);
+  bool map_runs(std::size_t first, std::size_t last, std::size_t cap, Lock& locked, bool last_try);
   // With unmap_before_map, free runs past the growth budget go (into `detached_`) before a
   // map of `new_granules` for `range`.
-  void unmap_before_mapping(const Range* range, std::size_t new_granules, Lock& held) noexcept;
+  void unmap_before_mapping(const Range* range, std::size_t new_granules, Lock& locked) noexcept;
   // Fences every stream, untags what completed, then takes free runs (but those under
   // `except`) off the books until at most keep_free bytes are free, into `detached_` (the
   // caller hands them back before it maps).
-  void reclaim(std::size_t keep_free, const Range* except, Lock& held) noexcept;
+  void reclaim(std::size_t keep_free, const Range* except, Lock& locked) noexcept;
   // Takes free memory (segments or runs) off the books until at most keep_free is free,
   // into `detached_` (the growth mutex held).
   void give_back(std::size_t keep_free) noexcept;
   // Waits for the streams of wholly free stream-tagged (or pending) segments, so that they
-  // become untagged, with `held` released for the wait (the growth mutex held); false when
+  // become untagged, with `locked` released for the wait (the growth mutex held); false when
   // there was none. need > 0: only segments that could then serve a request of `need`
   // bytes (0: all, e.g. to give them back).
-  bool wait_for_empty_segments(std::size_t need, Lock& held) noexcept;
+  bool wait_for_empty_segments(std::size_t need, Lock& locked) noexcept;
   void release_empty_segments(std::size_t keep_free) noexcept;
   // The smallest wholly free segment of at least `bytes`, else the largest ones until they
   // cover it; returns the bytes given back.

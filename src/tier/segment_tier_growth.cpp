@@ -3,7 +3,7 @@
 // driver and upstream calls of a growth mutex holder (segment_tier.hpp): grow_segment(),
 // reserve_range(), map_runs() and available_unlocked() release it for them, and so do the
 // fences and waits of reclaim(), unmap_before_mapping() and wait_for_empty_segments();
-// memory given back goes off the books here and to the upstream in hand_back_detached().
+// memory given back goes off the books here and to the upstream in give_back_detached().
 #include <algorithm>
 #include <memory>
 #include <utility>
@@ -21,7 +21,7 @@ std::size_t SegmentTier::segment_size_for(std::size_t bytes) const noexcept {
   return std::max(size, options_.min_segment);
 }
 
-SegmentTier::Range* SegmentTier::grow_segment(std::size_t need, Lock& held) {
+SegmentTier::Range* SegmentTier::grow_segment(std::size_t need, Lock& locked) {
   // Nothing free fits: wholly free segments cannot serve this request. Reserved may
   // exceed the peak of used bytes by the headroom; past that, wholly free segments covering
   // the excess go back first (the smallest that covers it, else the largest ones). Giving
@@ -32,8 +32,8 @@ SegmentTier::Range* SegmentTier::grow_segment(std::size_t need, Lock& held) {
   }
   auto segment = std::make_unique<Segment>(Segment{nullptr, size, nullptr});
   segments_.reserve(segments_.size() + 1);  // only the growth mutex holder adds segments
-  held.unlock();
-  hand_back_detached();  // their memory may be what the new segment needs
+  locked.unlock();
+  give_back_detached();  // their memory may be what the new segment needs
   void* base = nullptr;
   std::uint64_t failed = 0;
   try {
@@ -46,19 +46,19 @@ SegmentTier::Range* SegmentTier::grow_segment(std::size_t need, Lock& held) {
       base = allocate_non_null(upstream_, size);
     }
   } catch (...) {
-    held.lock();
+    locked.lock();
     budget_.counters().failed_upstream_allocations += failed + 1;
     throw;
   }
-  held.lock();
+  locked.lock();
   budget_.counters().failed_upstream_allocations += failed;
   // Other threads used the spares meanwhile: again before any change.
   try {
     reserve_spares();
   } catch (...) {
-    held.unlock();
+    locked.unlock();
     upstream_.deallocate(base, size);
-    held.lock();
+    locked.lock();
     throw;
   }
   segment->size = size;
@@ -92,22 +92,22 @@ SegmentTier::Range* SegmentTier::fresh_tail(std::size_t need) noexcept {
   return ranges_.split_off_untagged(last, fresh);
 }
 
-void SegmentTier::reserve_range(Lock& held) {
+void SegmentTier::reserve_range(Lock& locked) {
   const std::size_t bytes = map_.prepare();  // the run tables: nobody reads them before base()
   auto segment = std::make_unique<Segment>(Segment{nullptr, bytes, nullptr});
   auto whole = std::make_unique<Range>(Range{nullptr, bytes, nullptr});
   segments_.reserve(segments_.size() + 1);
   // The driver call with the mutex released: until base() is set, every request grows,
   // that is, waits for the growth mutex this thread holds.
-  held.unlock();
+  locked.unlock();
   char* base = nullptr;
   try {
     base = map_.reserve_now(bytes);
   } catch (...) {
-    held.lock();
+    locked.lock();
     throw;
   }
-  held.lock();
+  locked.lock();
   map_.set_base(base);
   segment->base = base;
   whole->addr = base;
@@ -118,10 +118,10 @@ void SegmentTier::reserve_range(Lock& held) {
   ++budget_.counters().segments;
 }
 
-void SegmentTier::reclaim(std::size_t keep_free, const Range* except, Lock& held) noexcept {
+void SegmentTier::reclaim(std::size_t keep_free, const Range* except, Lock& locked) noexcept {
   // Stream-tagged free ranges may still be used by queued work: fence every stream and
   // untag what has completed (without blocking), so that its granules can be unmapped.
-  fence_all_unlocked(held);
+  fence_all_unlocked(locked);
   map_.unmap_free(ranges_.untagged(), keep_free, except, &detached_);
 }
 
@@ -145,11 +145,11 @@ static void plan_runs(const GranuleMap& map, std::size_t first, std::size_t last
 // runs go back before new ones are mapped. Below it, mapped free granules stay for reuse,
 // so a loop that frees and reallocates makes no driver call.
 void SegmentTier::unmap_before_mapping(const Range* range, std::size_t new_granules,
-                                       Lock& held) noexcept {
+                                       Lock& locked) noexcept {
   if (!options_.unmap_before_map) return;
   const std::size_t grow = new_granules * map_.granule();
   if (budget_.excess_after_growth(grow, range->size) == 0) return;
-  fence_all_unlocked(held);  // releases the mutex: the figures again after it
+  fence_all_unlocked(locked);  // releases the mutex: the figures again after it
   if (const std::size_t excess = budget_.excess_after_growth(grow, range->size)) {
     const std::size_t free_bytes = budget_.free_bytes();
     map_.unmap_free(ranges_.untagged(), free_bytes > excess ? free_bytes - excess : 0, range,
@@ -157,40 +157,40 @@ void SegmentTier::unmap_before_mapping(const Range* range, std::size_t new_granu
   }
 }
 
-void SegmentTier::map_range(Range* range, Lock& held) {
+void SegmentTier::map_range(Range* range, Lock& locked) {
   // `range` is this thread's (used) and only this thread maps or unmaps: the granules
   // planned below stay unmapped, and nobody else maps them, while the mutex is released.
   const std::size_t first = map_.granule_of(range->addr);
   const std::size_t block_last = map_.granule_of(range->addr + range->size - 1);
   if (!map_.all_mapped(first, block_last)) {
-    const std::size_t available = available_unlocked(held);
+    const std::size_t available = available_unlocked(locked);
     const std::size_t new_granules = map_.unmapped_granules(first, block_last);
-    unmap_before_mapping(range, new_granules, held);  // into detached_
+    unmap_before_mapping(range, new_granules, locked);  // into detached_
     const std::size_t cap = map_.run_granule_cap(available);
     const std::size_t last = map_.map_ahead_end(range, block_last, new_granules, cap, available);
-    if (!map_runs(first, last, cap, held, /*last_try=*/false)) {
+    if (!map_runs(first, last, cap, locked, /*last_try=*/false)) {
       // Out of memory: without map-ahead first (only the block's granules are needed), then
       // after every free run (but this range's) went back: the one try that throws.
       ++budget_.counters().failed_upstream_allocations;
-      if (last == block_last || !map_runs(first, block_last, cap, held, /*last_try=*/false)) {
+      if (last == block_last || !map_runs(first, block_last, cap, locked, /*last_try=*/false)) {
         if (last != block_last) ++budget_.counters().failed_upstream_allocations;
-        reclaim(0, range, held);
-        const std::size_t retry_cap = map_.run_granule_cap(available_unlocked(held));
-        (void)map_runs(first, block_last, retry_cap, held, /*last_try=*/true);
+        reclaim(0, range, locked);
+        const std::size_t retry_cap = map_.run_granule_cap(available_unlocked(locked));
+        (void)map_runs(first, block_last, retry_cap, locked, /*last_try=*/true);
       }
     }
   }
   live_.reserve_one();  // other threads filed blocks meanwhile
 }
 
-std::size_t SegmentTier::available_unlocked(Lock& held) noexcept {
-  held.unlock();
+std::size_t SegmentTier::available_unlocked(Lock& locked) noexcept {
+  locked.unlock();
   const std::size_t available = options_.virtual_memory->available_bytes();
-  held.lock();
+  locked.lock();
   return available;
 }
 
-bool SegmentTier::map_runs(std::size_t first, std::size_t last, std::size_t cap, Lock& held,
+bool SegmentTier::map_runs(std::size_t first, std::size_t last, std::size_t cap, Lock& locked,
                            bool last_try) {
   // Each stretch of unmapped granules in [first, last] is one run: one physical allocation
   // and one map, however many granules it spans, up to `cap`.
@@ -200,11 +200,11 @@ bool SegmentTier::map_runs(std::size_t first, std::size_t last, std::size_t cap,
   handles.reserve(runs.size());
   // The driver calls with the mutex released. Meanwhile the planned granules read as
   // unmapped: a request over them grows (waits for the growth mutex), nobody unmaps them.
-  held.unlock();
-  hand_back_detached();  // reclaimed runs first: their memory may be what the maps need
+  locked.unlock();
+  give_back_detached();  // reclaimed runs first: their memory may be what the maps need
   // What mapped goes on the books, whatever failed after it.
   auto relock_and_commit = [&]() noexcept {
-    held.lock();
+    locked.lock();
     for (std::size_t i = 0; i < handles.size(); ++i) {
       map_.commit_run(runs[i].first, runs[i].second, handles[i]);
     }
@@ -236,13 +236,13 @@ void SegmentTier::give_back(std::size_t keep_free) noexcept {
 }
 
 SegmentTier::Growth::~Growth() {
-  if (!tier_.detached_.empty()) tier_.hand_back_detached();
+  if (!tier_.detached_.empty()) tier_.give_back_detached();
   tier_.end_growth();
 }
 
 void SegmentTier::end_growth() noexcept {
   for (;;) {
-    Lock held = lock();
+    Lock locked = lock();
     if (!give_back_owed_) {
       // Under the tier's mutex: a free that finds the growth mutex held after this check
       // cannot happen, so no give-back is owed to nobody.
@@ -251,12 +251,12 @@ void SegmentTier::end_growth() noexcept {
     }
     give_back_owed_ = false;
     give_back(options_.max_free_bytes);
-    held.unlock();
-    hand_back_detached();
+    locked.unlock();
+    give_back_detached();
   }
 }
 
-void SegmentTier::hand_back_detached() noexcept {
+void SegmentTier::give_back_detached() noexcept {
   const bool runs = map_.base() != nullptr;  // set once, by a growth mutex holder
   for (const DetachedMemory& gone : detached_) {
     if (runs) {
@@ -268,7 +268,7 @@ void SegmentTier::hand_back_detached() noexcept {
   detached_.clear();
 }
 
-bool SegmentTier::wait_for_empty_segments(std::size_t need, Lock& held) noexcept {
+bool SegmentTier::wait_for_empty_segments(std::size_t need, Lock& locked) noexcept {
   if (map_.base() != nullptr) return false;
   // A wholly free segment whose range is still stream-tagged (or pending) may be read by
   // work queued on that stream: fence that stream and wait for its marker, after which
@@ -290,11 +290,11 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need, Lock& held) noexcept
   }
   // With the mutex released; a marker complete at once untags its segment already: the
   // caller fits again then too.
-  const bool recorded = record_listed(held);
+  const bool recorded = record_listed(locked);
   // Only the markers of wholly free segments are waited for (a pending range never merges,
   // so "wholly free" cannot change while it waits); other pending markers wait for the
   // next poll.
-  const bool waited = wait_unlocked(held, kUntagged, [&could_serve](const Range* r) {
+  const bool waited = wait_unlocked(locked, kUntagged, [&could_serve](const Range* r) {
     return r->prev == nullptr && r->next == nullptr && could_serve(r);
   });
   return recorded || waited;

@@ -1,4 +1,4 @@
-// vram/detail/asymmetric_fence.hpp: an asymmetric memory barrier (not a stream marker: see
+// vram/detail/asymmetric_barrier.hpp: an asymmetric memory barrier (not a stream marker: see
 // vram/stream_fence.hpp for those), for a Dekker handshake whose frequent side pays no locked
 // instruction (the owner of a thread cache) and whose rare side pays for both (a stealer).
 //
@@ -28,10 +28,11 @@
 //    kOwner or a later value. If P falls before A, then B (after A in program order, the
 //    signal fence keeps the compiler from hoisting it) executes after P and so after C
 //    became visible: B sees the flag. Either way at least one side sees the other.
-//  - "fence" (membarrier unavailable: old kernel, seccomp, not Linux): light() and heavy()
-//    are both std::atomic_thread_fence(seq_cst): the classic symmetric Dekker, correct by
-//    the C++ fence rules (two seq_cst fences order a store-load pair on each side). The
-//    owner then pays one full fence per call, about what the old CAS cost.
+//  - full_barrier, printed "fence" (membarrier unavailable: old kernel, seccomp, not Linux):
+//    light() and heavy() are both std::atomic_thread_fence(seq_cst): the classic symmetric
+//    Dekker, correct by the C++ fence rules (two seq_cst fences order a store-load pair on
+//    each side). The owner then pays one full fence per call, about what a locked
+//    instruction costs.
 //  - "seq_cst (TSan)" (ThreadSanitizer builds): TSan models neither membarrier nor
 //    fences, so A, B, C and D themselves are seq_cst (kDekkerStore / kDekkerLoad below)
 //    and light()/heavy() do nothing; the total order of seq_cst operations gives the same
@@ -70,26 +71,26 @@
 
 namespace vram::detail {
 
-enum class FenceMode : std::uint8_t { membarrier, fence, seq_cst };
+enum class BarrierMode : std::uint8_t { membarrier, full_barrier, seq_cst };
 
 // "membarrier", "fence" or "seq_cst (TSan)".
-const char* fence_mode_name(FenceMode mode) noexcept;
+const char* barrier_mode_name(BarrierMode mode) noexcept;
 
 // The mode this process gives new pools: membarrier when it could be registered (tried
-// once, on the first call), else fence; seq_cst in ThreadSanitizer builds.
-FenceMode default_fence_mode() noexcept;
+// once, on the first call), else full_barrier; seq_cst in ThreadSanitizer builds.
+BarrierMode default_barrier_mode() noexcept;
 
 // The name of the mode new pools use (for `vram info` and benchmarks).
-const char* asymmetric_fence_mode() noexcept;
+const char* asymmetric_barrier_mode() noexcept;
 
 // Tests and benchmarks only: pools constructed from now on use `mode` (existing pools keep
 // theirs). Returns false and changes nothing when `mode` cannot be used here (membarrier
 // not registered; any mode but seq_cst under TSan, and seq_cst outside TSan).
-bool force_fence_mode_for_testing(FenceMode mode) noexcept;
-// Undoes force_fence_mode_for_testing: new pools use default_fence_mode() again.
-void reset_fence_mode_for_testing() noexcept;
+bool force_barrier_mode_for_testing(BarrierMode mode) noexcept;
+// Undoes force_barrier_mode_for_testing: new pools use default_barrier_mode() again.
+void reset_barrier_mode_for_testing() noexcept;
 // The mode a pool constructed now takes (the forced one, else the default).
-FenceMode fence_mode_for_new_pool() noexcept;
+BarrierMode barrier_mode_for_new_pool() noexcept;
 
 // The membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) call (retried until it succeeds).
 void membarrier_heavy() noexcept;
@@ -102,15 +103,15 @@ inline constexpr std::memory_order kDekkerLoad =
 
 // Both barriers of one pool. Immutable after construction: the branch on the mode is
 // perfectly predictable and both sides of a handshake use the same object.
-class AsymmetricFence {
+class AsymmetricBarrier {
  public:
-  explicit AsymmetricFence(FenceMode mode) noexcept : mode_(mode) {}
-  FenceMode mode() const noexcept { return mode_; }
+  explicit AsymmetricBarrier(BarrierMode mode) noexcept : mode_(mode) {}
+  BarrierMode mode() const noexcept { return mode_; }
 
   // The frequent side, between its store and its load.
   void light() const noexcept {
 #if !VRAM_DETAIL_TSAN
-    if (mode_ == FenceMode::membarrier) [[likely]] {
+    if (mode_ == BarrierMode::membarrier) [[likely]] {
       std::atomic_signal_fence(std::memory_order_seq_cst);
     } else {
       std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -121,7 +122,7 @@ class AsymmetricFence {
   // The rare side, between its store(s) and its load(s).
   void heavy() const noexcept {
 #if !VRAM_DETAIL_TSAN
-    if (mode_ == FenceMode::membarrier) {
+    if (mode_ == BarrierMode::membarrier) {
       membarrier_heavy();
     } else {
       std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -130,7 +131,7 @@ class AsymmetricFence {
   }
 
  private:
-  FenceMode mode_;
+  BarrierMode mode_;
 };
 
 }  // namespace vram::detail

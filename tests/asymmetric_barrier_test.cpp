@@ -1,4 +1,4 @@
-// The thread caches' Dekker handshake (detail/asymmetric_fence.hpp) in each fence mode this
+// The thread caches' Dekker handshake (detail/asymmetric_barrier.hpp) in each fence mode this
 // build and kernel offer: the bare store-buffering litmus, and DevicePool's warm small
 // pairs racing trim() in a loop and thread exits, with the shipped options
 // (validate_releases off). A block handed to two threads at once is caught by a host-side
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "test_upstreams.hpp"
-#include "vram/detail/asymmetric_fence.hpp"
+#include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/units.hpp"
 
@@ -27,7 +27,7 @@ namespace vram::testing {
 namespace {
 
 using namespace vram::literals;
-using detail::FenceMode;
+using detail::BarrierMode;
 
 double fence_stress_seconds() {
   const char* text = std::getenv("VRAM_STRESS_SECONDS");
@@ -38,8 +38,8 @@ double fence_stress_seconds() {
 // cannot use it.
 class ForcedMode {
  public:
-  explicit ForcedMode(FenceMode mode) : applied_(detail::force_fence_mode_for_testing(mode)) {}
-  ~ForcedMode() { detail::reset_fence_mode_for_testing(); }
+  explicit ForcedMode(BarrierMode mode) : applied_(detail::force_barrier_mode_for_testing(mode)) {}
+  ~ForcedMode() { detail::reset_barrier_mode_for_testing(); }
   ForcedMode(const ForcedMode&) = delete;
   ForcedMode& operator=(const ForcedMode&) = delete;
   bool applied() const { return applied_; }
@@ -51,49 +51,49 @@ class ForcedMode {
 #define VRAM_FORCE_MODE_OR_SKIP(mode)                                        \
   ForcedMode forced_mode(mode);                                              \
   if (!forced_mode.applied()) {                                              \
-    GTEST_SKIP() << "fence mode " << detail::fence_mode_name(mode)           \
+    GTEST_SKIP() << "fence mode " << detail::barrier_mode_name(mode)         \
                  << " is not available in this build/kernel (default here: " \
-                 << detail::asymmetric_fence_mode() << ")";                  \
+                 << detail::asymmetric_barrier_mode() << ")";                \
   }                                                                          \
-  ASSERT_STREQ(detail::asymmetric_fence_mode(), detail::fence_mode_name(mode))
+  ASSERT_STREQ(detail::asymmetric_barrier_mode(), detail::barrier_mode_name(mode))
 
-std::string mode_test_name(const ::testing::TestParamInfo<FenceMode>& info) {
+std::string mode_test_name(const ::testing::TestParamInfo<BarrierMode>& info) {
   switch (info.param) {
-    case FenceMode::membarrier:
+    case BarrierMode::membarrier:
       return "Membarrier";
-    case FenceMode::fence:
+    case BarrierMode::full_barrier:
       return "Fence";
-    case FenceMode::seq_cst:
+    case BarrierMode::seq_cst:
       return "SeqCst";
   }
   return "Unknown";
 }
 
 TEST(ThreadCacheHandshake, DefaultModeIsNamedAndFixed) {
-  const std::string name = detail::asymmetric_fence_mode();
+  const std::string name = detail::asymmetric_barrier_mode();
   std::printf("[fence] default mode here: %s\n", name.c_str());
-  EXPECT_EQ(name, detail::fence_mode_name(detail::default_fence_mode()));
-  EXPECT_EQ(name, detail::asymmetric_fence_mode());
+  EXPECT_EQ(name, detail::barrier_mode_name(detail::default_barrier_mode()));
+  EXPECT_EQ(name, detail::asymmetric_barrier_mode());
 #if VRAM_DETAIL_TSAN
-  EXPECT_EQ(detail::default_fence_mode(), FenceMode::seq_cst);
-  EXPECT_FALSE(detail::force_fence_mode_for_testing(FenceMode::fence));
+  EXPECT_EQ(detail::default_barrier_mode(), BarrierMode::seq_cst);
+  EXPECT_FALSE(detail::force_barrier_mode_for_testing(BarrierMode::full_barrier));
 #else
-  EXPECT_NE(detail::default_fence_mode(), FenceMode::seq_cst);
-  EXPECT_FALSE(detail::force_fence_mode_for_testing(FenceMode::seq_cst));
-  ASSERT_TRUE(detail::force_fence_mode_for_testing(FenceMode::fence));  // always usable
-  EXPECT_STREQ(detail::asymmetric_fence_mode(), "fence");
-  detail::reset_fence_mode_for_testing();
+  EXPECT_NE(detail::default_barrier_mode(), BarrierMode::seq_cst);
+  EXPECT_FALSE(detail::force_barrier_mode_for_testing(BarrierMode::seq_cst));
+  ASSERT_TRUE(detail::force_barrier_mode_for_testing(BarrierMode::full_barrier));  // always usable
+  EXPECT_STREQ(detail::asymmetric_barrier_mode(), "fence");
+  detail::reset_barrier_mode_for_testing();
 #endif
-  EXPECT_EQ(std::string(detail::asymmetric_fence_mode()), name);
+  EXPECT_EQ(std::string(detail::asymmetric_barrier_mode()), name);
 }
 
-class ThreadCacheHandshakeModes : public ::testing::TestWithParam<FenceMode> {};
+class ThreadCacheHandshakeModes : public ::testing::TestWithParam<BarrierMode> {};
 
 // Store buffering: each side stores its word, runs its barrier and loads the other's.
 // Without barriers x86 lets both loads read 0; with them at least one load sees a store.
 TEST_P(ThreadCacheHandshakeModes, StoreBufferingLitmusNeverMissesBothStores) {
   VRAM_FORCE_MODE_OR_SKIP(GetParam());
-  const detail::AsymmetricFence barrier(detail::fence_mode_for_new_pool());
+  const detail::AsymmetricBarrier barrier(detail::barrier_mode_for_new_pool());
   constexpr int kRounds = 20000;
   std::atomic<std::uint32_t> x{0};
   std::atomic<std::uint32_t> y{0};
@@ -254,7 +254,7 @@ TEST_P(ThreadCacheHandshakeModes, WarmPairsRacingTrimLoopNeverShareABlock) {
   for (auto& thread : threads) thread.join();
 
   std::printf("[fence] mode %s: %llu pairs, %llu trims, %llu exited threads\n",
-              detail::fence_mode_name(GetParam()), static_cast<unsigned long long>(pairs.load()),
+              detail::barrier_mode_name(GetParam()), static_cast<unsigned long long>(pairs.load()),
               static_cast<unsigned long long>(trims.load()),
               static_cast<unsigned long long>(exited_threads.load()));
   EXPECT_EQ(check.double_handouts.load(), 0U) << "a block was handed to two threads at once";
@@ -312,8 +312,8 @@ TEST_P(ThreadCacheHandshakeModes, DestructionRacingWarmReleasesLosesNothing) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, ThreadCacheHandshakeModes,
-                         ::testing::Values(FenceMode::membarrier, FenceMode::fence,
-                                           FenceMode::seq_cst),
+                         ::testing::Values(BarrierMode::membarrier, BarrierMode::full_barrier,
+                                           BarrierMode::seq_cst),
                          mode_test_name);
 
 }  // namespace

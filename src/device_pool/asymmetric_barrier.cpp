@@ -1,4 +1,4 @@
-#include "vram/detail/asymmetric_fence.hpp"
+#include "vram/detail/asymmetric_barrier.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -40,45 +40,47 @@ bool membarrier_registered() noexcept {
   return registered;
 }
 
-// -1: no forced mode; else a FenceMode.
+// -1: no forced mode; else a BarrierMode.
 std::atomic<int> forced_mode{-1};
 
 }  // namespace
 
-const char* fence_mode_name(FenceMode mode) noexcept {
+const char* barrier_mode_name(BarrierMode mode) noexcept {
   switch (mode) {
-    case FenceMode::membarrier:
+    case BarrierMode::membarrier:
       return "membarrier";
-    case FenceMode::fence:
+    case BarrierMode::full_barrier:
       return "fence";
-    case FenceMode::seq_cst:
+    case BarrierMode::seq_cst:
       return "seq_cst (TSan)";
   }
   return "unknown";
 }
 
-FenceMode default_fence_mode() noexcept {
-  if (VRAM_DETAIL_TSAN) return FenceMode::seq_cst;
-  return membarrier_registered() ? FenceMode::membarrier : FenceMode::fence;
+BarrierMode default_barrier_mode() noexcept {
+  if (VRAM_DETAIL_TSAN) return BarrierMode::seq_cst;
+  return membarrier_registered() ? BarrierMode::membarrier : BarrierMode::full_barrier;
 }
 
-const char* asymmetric_fence_mode() noexcept { return fence_mode_name(fence_mode_for_new_pool()); }
+const char* asymmetric_barrier_mode() noexcept {
+  return barrier_mode_name(barrier_mode_for_new_pool());
+}
 
-bool force_fence_mode_for_testing(FenceMode mode) noexcept {
-  const bool usable =
-      VRAM_DETAIL_TSAN
-          ? mode == FenceMode::seq_cst
-          : mode == FenceMode::fence || (mode == FenceMode::membarrier && membarrier_registered());
+bool force_barrier_mode_for_testing(BarrierMode mode) noexcept {
+  const bool usable = VRAM_DETAIL_TSAN
+                          ? mode == BarrierMode::seq_cst
+                          : mode == BarrierMode::full_barrier ||
+                                (mode == BarrierMode::membarrier && membarrier_registered());
   if (!usable) return false;
   forced_mode.store(static_cast<int>(mode), std::memory_order_release);
   return true;
 }
 
-void reset_fence_mode_for_testing() noexcept { forced_mode.store(-1, std::memory_order_release); }
+void reset_barrier_mode_for_testing() noexcept { forced_mode.store(-1, std::memory_order_release); }
 
-FenceMode fence_mode_for_new_pool() noexcept {
+BarrierMode barrier_mode_for_new_pool() noexcept {
   const int forced = forced_mode.load(std::memory_order_acquire);
-  return forced >= 0 ? static_cast<FenceMode>(forced) : default_fence_mode();
+  return forced >= 0 ? static_cast<BarrierMode>(forced) : default_barrier_mode();
 }
 
 void membarrier_heavy() noexcept {
