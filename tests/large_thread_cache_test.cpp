@@ -1,6 +1,6 @@
-// The per-thread caches of large blocks (src/device_pool/large_block_cache.hpp) and the large
-// tier's mutex (vram/detail/tier_mutex.hpp): the record of leases, the byte cap, the flush before
-// any tier grows and before out of memory, stream tags, releases on other threads, and the
+// The per-thread caches of large blocks (src/device_pool/large_block_cache.hpp), which turn on
+// where threads meet on the large tier's mutex: the record of leases, the byte cap, the flush
+// before any tier grows and before out of memory, stream tags, releases on other threads, and the
 // rule that a thread alone on the tier caches nothing. Host memory (segments unless a test
 // says otherwise); validation off, as in release builds.
 #include <gtest/gtest.h>
@@ -682,49 +682,6 @@ TEST(DevicePoolLargeThreadCache, ThreadsHandingBlocksAroundWithTrimsLoseNothing)
     EXPECT_EQ(upstream->live_bytes(), 0U);
     EXPECT_EQ(upstream->bad_frees(), 0U);
   }
-}
-
-// ---- the mutex ---------------------------------------------------------------------------
-
-TEST(TierMutexThreads, AContendedLockIsCountedAndStillExclusive) {
-  detail::TierMutex mutex;
-  EXPECT_EQ(mutex.contentions(), 0U);
-  mutex.lock();
-  std::atomic<bool> inside{false};
-  std::thread waiter([&] {
-    mutex.lock();
-    inside.store(true);
-    mutex.unlock();
-  });
-  while (mutex.contentions() == 0) std::this_thread::yield();
-  EXPECT_FALSE(inside.load()) << "the waiter got in while the lock was held";
-  mutex.unlock();
-  waiter.join();
-  EXPECT_TRUE(inside.load());
-  EXPECT_EQ(mutex.contentions(), 1U);
-}
-
-// A spinner takes the lock while a sleeper waits (barging) and no wake-up is lost: many
-// threads, some holders blocking long enough that waiters sleep.
-TEST(TierMutexThreads, SleepersAndSpinnersAllGetTheLockAndCountsStayExact) {
-  detail::TierMutex mutex;
-  std::uint64_t counter = 0;
-  constexpr int kThreads = 8;
-  constexpr int kRounds = 2000;
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kRounds; ++i) {
-        std::lock_guard lock(mutex);
-        ++counter;
-        if (t == 0 && i % 200 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
-    });
-  }
-  for (auto& thread : threads) thread.join();
-  EXPECT_EQ(counter, std::uint64_t{kThreads} * kRounds);
-  EXPECT_TRUE(mutex.try_lock());
-  mutex.unlock();
 }
 
 }  // namespace

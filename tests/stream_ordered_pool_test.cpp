@@ -331,5 +331,34 @@ TEST(StreamOrderedPoolGpu, UseAfterDeviceResetThrowsAndTeardownIsQuiet) {
   ASSERT_EQ(cudaFree(nullptr), cudaSuccess) << "the device comes back for later tests";
 }
 
+// Two objects over the device's default pool share one CUmemoryPool, but each records its
+// own blocks and refuses the other's; in cuda::mr, equal resources free each other's
+// memory. So an object is equal only to itself, and a refused release loses nothing.
+TEST(StreamOrderedPoolIdentityGpu, DefaultPoolObjectsAreEqualOnlyToThemselves) {
+  VRAM_GPU_TEST_OR_SKIP();
+  StreamOrderedPool a({.use_default_pool = true});
+  StreamOrderedPool b({.use_default_pool = true});
+  EXPECT_TRUE(a == a);
+  EXPECT_FALSE(a == b) << "equal objects must accept each other's blocks";
+  EXPECT_EQ(a.native_handle(), b.native_handle());
+  cuda::Stream stream;
+  void* block = a.allocate_async(1_MiB, stream.get());
+  stream.synchronize();
+  const std::size_t used = a.pool_used_bytes();
+  ::testing::internal::CaptureStderr();
+  b.deallocate_async(block, 1_MiB, stream.get());
+  (void)::testing::internal::GetCapturedStderr();
+  stream.synchronize();
+  EXPECT_EQ(b.invalid_releases(), 1U);
+  EXPECT_EQ(a.pool_used_bytes(), used) << "refused, so still allocated";
+  a.deallocate_async(block, 1_MiB, stream.get());
+  stream.synchronize();
+  EXPECT_EQ(a.bytes_in_use(), 0U);
+  EXPECT_EQ(a.invalid_releases(), 0U);
+  StreamOrderedPool moved(std::move(a));
+  EXPECT_TRUE(moved == moved);
+  EXPECT_FALSE(moved == b);
+}
+
 }  // namespace
 }  // namespace vram::testing

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <mutex>
@@ -67,6 +68,47 @@ TEST(TierMutex, WaitersSleepAndWakeWhileAHolderBlocks) {
   EXPECT_EQ(max_inside, 1);
   EXPECT_EQ(entered, 20);
   EXPECT_TRUE(mutex.try_lock());  // left free, with no sleeper marked
+  mutex.unlock();
+}
+
+TEST(TierMutexThreads, AContendedLockIsCountedAndStillExclusive) {
+  detail::TierMutex mutex;
+  EXPECT_EQ(mutex.contentions(), 0U);
+  mutex.lock();
+  std::atomic<bool> inside{false};
+  std::thread waiter([&] {
+    mutex.lock();
+    inside.store(true);
+    mutex.unlock();
+  });
+  while (mutex.contentions() == 0) std::this_thread::yield();
+  EXPECT_FALSE(inside.load()) << "the waiter got in while the lock was held";
+  mutex.unlock();
+  waiter.join();
+  EXPECT_TRUE(inside.load());
+  EXPECT_EQ(mutex.contentions(), 1U);
+}
+
+// A spinner takes the lock while a sleeper waits (barging) and no wake-up is lost: many
+// threads, some holders blocking long enough that waiters sleep.
+TEST(TierMutexThreads, SleepersAndSpinnersAllGetTheLockAndCountsStayExact) {
+  detail::TierMutex mutex;
+  std::uint64_t counter = 0;
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        std::lock_guard lock(mutex);
+        ++counter;
+        if (t == 0 && i % 200 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(counter, std::uint64_t{kThreads} * kRounds);
+  EXPECT_TRUE(mutex.try_lock());
   mutex.unlock();
 }
 
