@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "tier/free_index.hpp"
-#include "vram/detail/pointer_map.hpp"
 
 namespace vram::detail {
 namespace {
@@ -245,44 +244,45 @@ TEST(FreeIndex, OrderedWalkStopsWhenAsked) {
   EXPECT_EQ(walked, std::vector<Key>(h.reference.begin(), std::next(h.reference.begin(), 10)));
 }
 
-TEST(PointerMap, RandomOperationsMatchUnorderedMap) {
-  std::mt19937_64 rng(7);
-  PointerMap<Node> map;
-  std::unordered_map<const void*, Node*> reference;
-  std::vector<Node> values(64);
-  std::vector<const void*> keys;
-  for (int op = 0; op < 50000; ++op) {
-    const unsigned what = static_cast<unsigned>(rng() % 8);
-    // Aligned keys in a narrow range, so probe runs collide and wrap.
-    const auto key =
-        reinterpret_cast<const void*>(std::uintptr_t{0x7f0000000000} + (rng() % 4096) * 512);
-    if (what < 4) {
-      if (reference.count(key) != 0) continue;
-      Node* value = &values[rng() % values.size()];
-      map.reserve_one();
-      map.insert(key, value);
-      reference.emplace(key, value);
-      keys.push_back(key);
-    } else if (what < 6 && !keys.empty()) {
-      const std::size_t i = rng() % keys.size();
-      const void* k = keys[i];
-      EXPECT_EQ(map.erase(k), reference.at(k));
-      reference.erase(k);
-      keys[i] = keys.back();
-      keys.pop_back();
-    } else {
-      auto it = reference.find(key);
-      EXPECT_EQ(map.find(key), it == reference.end() ? nullptr : it->second);
-      if (it == reference.end()) {
-        EXPECT_EQ(map.erase(key), nullptr);
-      }
+// FreeIndex at the top of the size range (rows 59-60; bin_of near 2^64).
+TEST(FreeIndex, HugeSizesAreFoundInOrder) {
+  struct Node {
+    std::size_t size = 0;
+    char* addr = nullptr;
+    Node* bin_prev = nullptr;
+    Node* bin_next = nullptr;
+    detail::FreeIndex<Node>* index = nullptr;
+  };
+  for (unsigned shift : {0u, 9u, 21u}) {
+    SCOPED_TRACE(shift);
+    detail::FreeIndex<Node> index(shift);
+    const std::size_t top = ~std::size_t{0} >> shift << shift;
+    Node nodes[4];
+    nodes[0].size = std::size_t{1} << 63;
+    nodes[1].size = top;
+    nodes[2].size = (std::size_t{1} << 63) - (std::size_t{1} << shift);
+    nodes[3].size = std::size_t{1} << shift;
+    for (int i = 0; i < 4; ++i) {
+      nodes[i].addr = reinterpret_cast<char*>(std::uintptr_t{4096} * (i + 1));
+      index.insert(&nodes[i]);
     }
-    EXPECT_EQ(map.size(), reference.size());
+    EXPECT_EQ(index.best(1), &nodes[3]);
+    EXPECT_EQ(index.best(std::size_t{1} << 62), &nodes[2]);
+    EXPECT_EQ(index.best(nodes[2].size), &nodes[2]);
+    EXPECT_EQ(index.best(nodes[2].size + 1), &nodes[0]);
+    EXPECT_EQ(index.best((std::size_t{1} << 63) + 1), &nodes[1]);
+    EXPECT_EQ(index.best(top), &nodes[1]);
+    if (top != ~std::size_t{0}) EXPECT_EQ(index.best(top + 1), nullptr);
+    Node* out[4];
+    ASSERT_EQ(index.best_k(1, out, 4), 4U);
+    EXPECT_EQ(out[0], &nodes[3]);
+    EXPECT_EQ(out[1], &nodes[2]);
+    EXPECT_EQ(out[2], &nodes[0]);
+    EXPECT_EQ(out[3], &nodes[1]);
+    for (Node& n : nodes) index.erase(&n);
+    EXPECT_TRUE(index.empty());
+    EXPECT_EQ(index.best(1), nullptr);
   }
-  for (const auto& [k, v] : reference) EXPECT_EQ(map.find(k), v);
-  for (const void* k : keys) EXPECT_NE(map.erase(k), nullptr);
-  EXPECT_EQ(map.size(), 0u);
-  EXPECT_EQ(map.find(keys.empty() ? nullptr : keys.front()), nullptr);
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 // mode over the host emulation (granules mapped where blocks live, unmapped on trim).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -736,6 +739,35 @@ TEST(SegmentTierVirtualStreams, AStreamPastTheBudgetReusesItsOwnPendingRange) {
   EXPECT_EQ(tier.counters().reserved, reserved) << "mapped 8 MiB past the budget instead";
   ASSERT_TRUE(tier.free(again, t));
   ASSERT_TRUE(tier.free(y, t));
+}
+
+// The tier-level consequence: free(nullptr) returns false but under-counts live_, which
+// then grows too late; the table fills up completely and the next lookup of an absent key
+// (owns() / free() of a foreign pointer) probes forever. Run in a child with an alarm.
+TEST(SegmentTierDeathTest, SegmentTierFreeOfNullLeavesTheLiveMapUsable) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        alarm(5);  // a hang is the failure
+        auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+        ManualFence fence;
+        detail::ReservedGauge gauge;
+        SegmentTier tier(*upstream, fence, gauge,
+                         {.granularity = 512, .packed_segment = 2_MiB, .packed_limit = 2_MiB});
+        std::vector<void*> blocks;
+        for (int i = 0; i < 16; ++i) blocks.push_back(tier.allocate(4096, kUntagged, true));
+        for (int i = 0; i < 16; ++i) {
+          if (tier.free(nullptr, kUntagged)) std::_Exit(2);
+        }
+        for (int i = 0; i < 16; ++i) blocks.push_back(tier.allocate(4096, kUntagged, true));
+        int foreign = 0;
+        if (tier.owns(&foreign)) std::_Exit(3);  // hangs when the table is full
+        for (void* b : blocks) {
+          if (!tier.free(b, kUntagged)) std::_Exit(4);
+        }
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
