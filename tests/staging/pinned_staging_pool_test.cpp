@@ -217,15 +217,6 @@ TEST(PinnedStagingPool, ManyThreadsNeverShareABuffer) {
   EXPECT_EQ(upstream->live_bytes(), s.free_bytes);
 }
 
-TEST(PinnedHostUpstream, AutomaticPicksTheMeasuredFasterMethodPerSize) {
-  PinnedHostUpstream upstream;
-  EXPECT_EQ(upstream.method_for(4_KiB), PinningMethod::host_alloc);
-  EXPECT_EQ(upstream.method_for(64_KiB), PinningMethod::touch_register);
-  EXPECT_EQ(upstream.method_for(8_GiB), PinningMethod::touch_register);
-  PinnedHostUpstream forced({.method = PinningMethod::host_alloc});
-  EXPECT_EQ(forced.method_for(8_GiB), PinningMethod::host_alloc);
-}
-
 // --- On the GPU: real pinning and real copies ---------------------------------------
 
 TEST(PinnedStagingPoolGpu, SixtyFourPageInsMakeOnePinCall) {
