@@ -392,9 +392,13 @@ void DevicePoolCore::deallocate_valid(void* block, const Request& request) noexc
   deallocate_slow(block, request, cache);
 }
 
-void DevicePoolCore::deallocate_miss(void* block, std::size_t bytes, std::size_t index,
-                                     StreamKey key, ThreadCache* cache) noexcept {
-  deallocate_slow(block, small_request(bytes, index, key), cache);
+void DevicePoolCore::deallocate_miss_claimed(void* block, std::size_t bytes,
+                                             StreamKey key) noexcept {
+  deallocate_slow(block, small_request(bytes, SizeClasses::index_for(bytes), key), tl_last.cache);
+}
+
+void DevicePoolCore::deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept {
+  deallocate_slow(block, small_request(bytes, SizeClasses::index_for(bytes), key), nullptr);
 }
 
 void DevicePoolCore::deallocate_slow(void* block, const Request& request,

@@ -166,10 +166,12 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // to retag; the claim is let go. False: nothing done, the cache still claimed.
   bool deallocate_to_cache(ThreadCache& cache, void* block, std::size_t index,
                            StreamKey key) noexcept;
-  // A warm release (small, class `index`) its thread's cache could not take; `cache`: that
-  // cache, still claimed, or null.
-  void deallocate_miss(void* block, std::size_t bytes, std::size_t index, StreamKey key,
-                       ThreadCache* cache) noexcept;
+  // A warm release (small) its thread's cache could not take. deallocate_miss_claimed: the
+  // warm path claimed the cache (tl_last.cache), which stays claimed; deallocate_miss: it
+  // claimed none. The cache and the class are found again here rather than passed: more
+  // arguments would cost the warm release saved registers on its hit path.
+  void deallocate_miss_claimed(void* block, std::size_t bytes, StreamKey key) noexcept;
+  void deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Deallocates `block` through `cache` (claimed; null: claimed here, else the slow path) and
   // lets the claim go.
   void deallocate_slow(void* block, const Request& request, ThreadCache* cache) noexcept;
@@ -457,7 +459,8 @@ inline void DevicePoolCore::deallocate(void* block, std::size_t bytes, StreamKey
     if (cache != nullptr && deallocate_to_cache(*cache, block, index, key)) [[likely]]
       return;
     // The cache stays claimed (null: not claimed), as in allocate().
-    return deallocate_miss(block, bytes, index, key, cache);
+    if (cache != nullptr) return deallocate_miss_claimed(block, bytes, key);
+    return deallocate_miss(block, bytes, key);
   }
   deallocate_checked(block, bytes, key);
 }
