@@ -20,6 +20,9 @@
 #include "device_registry.hpp"
 #include "errors.hpp"
 #include "graph_hooks.hpp"
+#ifdef VRAM_TORCH_WITH_C10
+#include "native_allocator.hpp"
+#endif
 #include "stats.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/size_classes.hpp"
@@ -68,7 +71,7 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
   const bool capturing = state->graphs.active();
   for (int attempt = 0;; ++attempt) {
     try {
-      void* ptr = capturing ? state->graphs.allocate(size, stream) : nullptr;
+      void* ptr = capturing ? state->graphs.allocate(size, stream).ptr : nullptr;
       if (ptr == nullptr) ptr = state->pool.allocate_async(size, stream);
       state->counters.count_allocation(state->pool.block_bytes(size), size);
       return ptr;
@@ -140,6 +143,20 @@ VRAM_TORCH_API void vram_torch_record_stream(void* ptr, vram_torch_stream_t stre
 
 VRAM_TORCH_API int vram_torch_install_graph_hooks(void) {
   return vram_torch::install_graph_hooks();
+}
+
+VRAM_TORCH_API int vram_torch_install_native(void) {
+#ifdef VRAM_TORCH_WITH_C10
+  return vram_torch::install_native_allocator();
+#else
+  note_error(
+      "this libvram_torch.so was built without Torch: vram can only be PyTorch's pluggable "
+      "allocator, without torch.cuda's memory statistics, snapshots, MemPool and CUDA graph "
+      "trees. Fix: build it with CMAKE_PREFIX_PATH set to torch.utils.cmake_prefix_path "
+      "(README, PyTorch)",
+      false);
+  return 0;
+#endif
 }
 
 VRAM_TORCH_API size_t vram_torch_stats_size(void) { return sizeof(vram_torch_stats_t); }

@@ -23,9 +23,10 @@ namespace vram_torch {
 inline constexpr int kMaxDevices = 64;
 
 struct DeviceState {
-  DeviceState(int device, const vram::DevicePool::Options& options)
-      : pool(device, options), streams(device, pool), graphs(pool) {}
+  DeviceState(int device_index, const vram::DevicePool::Options& options)
+      : device(device_index), pool(device, options), streams(device, pool), graphs(pool) {}
 
+  const int device;
   vram::DevicePool pool;
   Counters counters;
   StreamTracking streams;  // refers to `pool`, so declared after it
