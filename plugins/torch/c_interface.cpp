@@ -67,8 +67,11 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
     return nullptr;
   }
   if (state->streams.held_blocks() != 0) state->streams.release(false);
-  // While PyTorch captures a graph (graph_routes.hpp): one relaxed load otherwise.
-  const bool capturing = state->graphs.active();
+  // While PyTorch captures a graph through the pluggable route's hooks (graph_routes.hpp):
+  // two relaxed loads otherwise. Under the native allocator, PyTorch routes its own
+  // requests; a call here is a foreign user's (CuPy, a MemPool whose allocator is this
+  // interface) and takes no route, which could lead back here.
+  const bool capturing = vram_torch::graph_hooks_installed() && state->graphs.active();
   for (int attempt = 0;; ++attempt) {
     try {
       void* ptr = capturing ? state->graphs.allocate(size, stream).ptr : nullptr;
@@ -121,7 +124,10 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
   }
   state->counters.count_free(state->pool.block_bytes(size), size);
   // Freed during a capture on a stream it accepts: the graph's (graph_routes.hpp).
-  if (state->graphs.active() && state->graphs.deallocate(ptr, size, stream)) return;
+  if (vram_torch::graph_hooks_installed() && state->graphs.active() &&
+      state->graphs.deallocate(ptr, size, stream)) {
+    return;
+  }
   if (state->streams.hold_back(ptr, size, stream)) return;  // the pool gets it later
   state->pool.deallocate_async(ptr, size, stream);
 }
