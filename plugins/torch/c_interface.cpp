@@ -79,15 +79,7 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
       state->counters.count_allocation(state->pool.block_bytes(size), size);
       return ptr;
     } catch (const vram::OutOfMemory& e) {
-      // Blocks held back for recorded streams may be the memory that is missing: wait for
-      // them once and retry (the pool already trimmed its own cache and retried).
-      // Not during a capture: waiting would synchronize the device and end it.
-      if (attempt == 0 && !capturing && state->streams.held_blocks() != 0 &&
-          state->streams.release(true) != 0) {
-        state->counters.retries.fetch_add(1, std::memory_order_relaxed);
-        state->pool.trim(0);
-        continue;
-      }
+      if (attempt == 0 && state->reclaim_held_back(capturing)) continue;
       state->counters.ooms.fetch_add(1, std::memory_order_relaxed);
       note_error(e.what(), true);
       return vram_torch::out_of_memory(e.what());

@@ -470,15 +470,7 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
       if (routed.ptr == nullptr) routed.ptr = state->pool.allocate_async(size, stream);
       break;
     } catch (const std::bad_alloc& e) {
-      // Blocks held back for recorded streams may be the memory that is missing: wait for
-      // them once and retry (the pool already trimmed its own cache and retried). Not while
-      // routing: waiting would synchronize the device and end a capture.
-      if (attempt == 0 && !routing && state->streams.held_blocks() != 0 &&
-          state->streams.release(true) != 0) {
-        state->counters.retries.fetch_add(1, std::memory_order_relaxed);
-        state->pool.trim(0);
-        continue;
-      }
+      if (attempt == 0 && state->reclaim_held_back(routing)) continue;
       out_of_memory(*state, device, size, stream, e.what());
     } catch (const c10::Error&) {
       throw;  // a MemPool's own allocator said no
