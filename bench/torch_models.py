@@ -104,7 +104,10 @@ else:
                                  pad_token_id=0)
         values.append(int(out.sum().item()))
     times, _ = timed(step, 8, 2)
-stats = torch.cuda.memory_stats()
+if lib and vram_torch.mode() != "native":  # the pluggable route has no torch.cuda stats
+    stats = vram_torch.stats()
+else:
+    stats = torch.cuda.memory_stats()
 print("RESULT " + json.dumps({"median_ms": statistics.median(times),
                               "times_ms": times, "values": values,
                               "peak_reserved": stats["reserved_bytes.all.peak"],

@@ -223,8 +223,9 @@ def enable(path=None):
     if installed < 0:
         raise RuntimeError("vram_torch.enable(): " + last_error())
     warnings.warn(
-        "vram_torch: " + library_path(path) + " was built without Torch, so vram is PyTorch's "
-        "pluggable allocator, which lacks " + _PLUGGABLE_LACKS + ". Fix: rebuild it with "
+        "vram_torch: " + library_path(path) + " has no native allocator (built without Torch, "
+        "or before it existed), so vram is PyTorch's pluggable allocator, which lacks "
+        + _PLUGGABLE_LACKS + ". Fix: rebuild it with "
         "CMAKE_PREFIX_PATH=$(python -c 'import torch; print(torch.utils.cmake_prefix_path)') "
         "(README, PyTorch).")
     alloc = allocator(path)
