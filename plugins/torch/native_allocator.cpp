@@ -590,60 +590,62 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
     b.context_when_allocated = std::static_pointer_cast<c10::GatheredContext>(l.block.context);
     return b;
   };
-  if (wanted != LiveBlock::PoolId{0, 0}) {
-    // A private pool's blocks lie among the shared tiers' ranges: one segment per block.
-    for (const Live& l : live) {
-      if (l.block.pool != wanted) continue;
-      cda::SegmentInfo s;
-      s.device = static_cast<c10::DeviceIndex>(l.block.device);
-      s.address = l.address;
-      s.total_size = s.allocated_size = s.active_size = l.block.block_bytes;
-      s.requested_size = l.block.size;
-      s.stream = l.block.stream;
-      s.is_large = l.block.block_bytes > kSmallBlockMaxBytes;
-      s.owner_private_pool_id = mempool_id;
-      s.blocks.push_back(block_info(l));
-      info.segments.push_back(std::move(s));
-    }
-  } else {
-    for_each_state(-1, [&](DeviceState& state) {
-      const int device = state.device;
-      for (const vram::DevicePoolSegment& segment : state.pool.memory_map()) {
-        cda::SegmentInfo s;
-        s.device = static_cast<c10::DeviceIndex>(device);
-        s.address = segment.address;
-        s.total_size = segment.bytes;
-        s.is_large = segment.large;
-        s.is_expandable = segment.virtual_memory;
-        auto next = std::lower_bound(
-            live.begin(), live.end(), segment.address,
-            [](const Live& l, std::uintptr_t address) { return l.address < address; });
-        for (const auto& range : segment.ranges) {
-          std::uintptr_t at = range.address;
-          const std::uintptr_t end = range.address + range.bytes;
-          // A used range holds live blocks (of this device) or blocks vram keeps cached.
-          for (; range.used && next != live.end() && next->address < end; ++next) {
-            if (next->block.device != device || next->address < at) continue;
-            if (next->address > at) {
-              cda::BlockInfo gap;
-              gap.size = next->address - at;
-              s.blocks.push_back(gap);
-            }
-            s.blocks.push_back(block_info(*next));
-            s.allocated_size += next->block.block_bytes;
-            s.active_size += next->block.block_bytes;
-            s.requested_size += next->block.size;
-            at = next->address + next->block.block_bytes;
-          }
-          if (at < end) {
-            cda::BlockInfo rest;
-            rest.size = end - at;
-            s.blocks.push_back(rest);
-          }
+  // vram's segments, cut where the owner changes: a private pool's live blocks lie among
+  // the shared tiers' ranges, and PyTorch reads a segment's pool (segment_pool_id) to find
+  // them. Free ranges and blocks vram keeps cached are the shared pool's.
+  for_each_state(-1, [&](DeviceState& state) {
+    const int device = state.device;
+    for (const vram::DevicePoolSegment& segment : state.pool.memory_map()) {
+      cda::SegmentInfo* open = nullptr;
+      auto add = [&](cda::BlockInfo block, std::uintptr_t address, LiveBlock::PoolId pool,
+                     const Live* live_block) {
+        const c10::MempoolId_t owner{static_cast<c10::CaptureId_t>(pool.first),
+                                     static_cast<c10::CaptureId_t>(pool.second)};
+        if (open == nullptr || open->owner_private_pool_id != owner) {
+          open = &info.segments.emplace_back();
+          open->device = static_cast<c10::DeviceIndex>(device);
+          open->address = address;
+          open->is_large = segment.large;
+          open->is_expandable = segment.virtual_memory;
+          open->owner_private_pool_id = owner;
         }
-        info.segments.push_back(std::move(s));
+        open->total_size += block.size;
+        if (live_block != nullptr) {
+          open->allocated_size += block.size;
+          open->active_size += block.size;
+          open->requested_size += live_block->block.size;
+          open->stream = live_block->block.stream;
+        }
+        open->blocks.push_back(std::move(block));
+      };
+      auto next = std::lower_bound(
+          live.begin(), live.end(), segment.address,
+          [](const Live& l, std::uintptr_t address) { return l.address < address; });
+      for (const auto& range : segment.ranges) {
+        std::uintptr_t at = range.address;
+        const std::uintptr_t end = range.address + range.bytes;
+        // A used range holds live blocks (of this device) or blocks vram keeps cached.
+        for (; range.used && next != live.end() && next->address < end; ++next) {
+          if (next->block.device != device || next->address < at) continue;
+          if (next->address > at) {
+            cda::BlockInfo gap;
+            gap.size = next->address - at;
+            add(std::move(gap), at, {0, 0}, nullptr);
+          }
+          add(block_info(*next), next->address, next->block.pool, &*next);
+          at = next->address + next->block.block_bytes;
+        }
+        if (at < end) {
+          cda::BlockInfo rest;
+          rest.size = end - at;
+          add(std::move(rest), at, {0, 0}, nullptr);
+        }
       }
-    });
+    }
+  });
+  if (wanted != LiveBlock::PoolId{0, 0}) {  // only that pool's segments
+    std::erase_if(info.segments,
+                  [&](const cda::SegmentInfo& s) { return s.owner_private_pool_id != mempool_id; });
   }
   if (include_traces) {
     info.device_traces = history_.traces();

@@ -22,17 +22,18 @@ import xml.etree.ElementTree as ET
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# (name, file under DIR, pytest -k expression): the tests of the allocator's concerns.
+# (name, file under DIR, pytest -k expression, pytest-xdist workers): the tests of the
+# allocator's concerns. test_cuda runs in one process (its tests measure the device's free
+# memory); the graph tree tests in several.
 SUITES = [
     ("test_cuda",
      "test_cuda.py",
      "(memory or Memory or graph or Graph or stream or Stream or pool or Pool or alloc or "
      "Alloc or oom or OOM or snapshot or fraction or cach or empty or record or stats or "
-     "peak or ipc or IPC) and not MallocAsync and not expandable"),
+     "peak or ipc or IPC) and not MallocAsync and not expandable", 0),
     ("cudagraph_trees",
      os.path.join("inductor", "test_cudagraph_trees.py"),
-     "CudaGraphTreeTests and (checkpoint or live or memory or mem_pool or dealloc or "
-     "storage or basic or multiple or backward or output or tensor or reset or warmup)"),
+     "CudaGraphTreeTests", 4),
 ]
 
 
@@ -71,15 +72,17 @@ def outcomes(junit_path, suite):
     return result
 
 
-def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout):
+def run_suite(python, tests_dir, out, name, path, expression, workers, allocator, timeout):
     junit = os.path.join(out, f"{name}-{allocator}.xml")
     log = os.path.join(out, f"{name}-{allocator}.log")
     env = dict(os.environ)
+    tests_dir = os.path.abspath(tests_dir)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(ROOT, "python"), HERE, os.path.join(tests_dir, os.path.dirname(path)),
          tests_dir, env.get("PYTHONPATH", "")])
     cmd = [python, "-m", "pytest", os.path.join(tests_dir, path), "-k", expression, "-q",
-           "-p", "no:cacheprovider", "--junitxml", junit, "-o", "junit_family=xunit1"]
+           "-p", "no:cacheprovider", "-p", "pytorch_tests_compat", "--junitxml", junit,
+           "-o", "junit_family=xunit1", "-rfE"]
     if allocator == "vram":
         cmd[3:3] = ["-p", "vram_enable_plugin"]
     try:
@@ -88,6 +91,13 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
         cmd += ["--timeout", "180"]
     except ImportError:
         pass
+    if workers:
+        try:
+            import xdist  # noqa: F401
+
+            cmd += ["-n", str(workers)]
+        except ImportError:
+            pass
     start = time.time()
     with open(log, "w") as f:
         try:
@@ -106,19 +116,20 @@ def main():
     parser.add_argument("--only", action="append", help="suite name(s) to run")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per suite run")
     args = parser.parse_args()
+    args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     listed = read_exceptions(os.path.join(HERE, "pytorch_tests_exceptions.txt"))
     report = {"suites": {}, "regressions": [], "excused": [], "stale": [], "failed_runs": []}
-    for name, path, expression in SUITES:
+    for name, path, expression, workers in SUITES:
         if args.only and name not in args.only:
             continue
         if not os.path.exists(os.path.join(args.tests, path)):
             report["failed_runs"].append(f"{name}: {path} not found in {args.tests}")
             continue
         torch_res, torch_rc, torch_s = run_suite(args.python, args.tests, args.out, name, path,
-                                                 expression, "torch", args.timeout)
+                                                 expression, workers, "torch", args.timeout)
         vram_res, vram_rc, vram_s = run_suite(args.python, args.tests, args.out, name, path,
-                                              expression, "vram", args.timeout)
+                                              expression, workers, "vram", args.timeout)
         for allocator, res, rc in (("torch", torch_res, torch_rc), ("vram", vram_res, vram_rc)):
             if not res:
                 report["failed_runs"].append(f"{name} ({allocator}): no results, rc {rc}")
