@@ -23,14 +23,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # (name, file under DIR, pytest -k expression, pytest-xdist workers): the tests of the
-# allocator's concerns. test_cuda runs in one process (its tests measure the device's free
-# memory); the graph tree tests in several.
+# allocator's concerns, each file spread over a few processes (pytest-xdist) when it is
+# installed.
 SUITES = [
     ("test_cuda",
      "test_cuda.py",
      "(memory or Memory or graph or Graph or stream or Stream or pool or Pool or alloc or "
      "Alloc or oom or OOM or snapshot or fraction or cach or empty or record or stats or "
-     "peak or ipc or IPC) and not MallocAsync and not expandable", 0),
+     "peak or ipc or IPC) and not MallocAsync and not expandable", 3),
     ("cudagraph_trees",
      os.path.join("inductor", "test_cudagraph_trees.py"),
      "CudaGraphTreeTests", 4),
