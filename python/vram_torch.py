@@ -148,6 +148,8 @@ def load_library(path=None):
         if hasattr(lib, "vram_torch_install_native"):
             lib.vram_torch_install_native.restype = ctypes.c_int
             lib.vram_torch_install_native.argtypes = ()
+            lib.vram_torch_torch_version.restype = ctypes.c_char_p
+            lib.vram_torch_torch_version.argtypes = ()
         lib.vram_torch_last_error.restype = ctypes.c_size_t
         lib.vram_torch_last_error.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
         size = lib.vram_torch_stats_size()
@@ -213,8 +215,17 @@ def enable(path=None):
             "vram_torch.enable() right after `import torch`, or use the MemPool form: "
             "`with torch.cuda.use_mem_pool(vram_torch.mem_pool()): ...`")
     lib = load_library(path)
-    installed = lib.vram_torch_install_native() if hasattr(lib, "vram_torch_install_native") \
-        else 0
+    installed = 0
+    if hasattr(lib, "vram_torch_install_native"):
+        built = lib.vram_torch_torch_version().decode()
+        running = torch.__version__.split("+")[0]
+        if built and built != running:
+            raise RuntimeError(
+                f"vram_torch.enable(): {library_path(path)} was built against Torch {built}, "
+                f"this process runs Torch {running}; PyTorch's allocator interface differs "
+                "between versions. Fix: rebuild the library against the installed Torch "
+                "(README, PyTorch).")
+        installed = lib.vram_torch_install_native()
     if installed == 1:
         global record_stream_hook
         record_stream_hook = True  # recordStream is part of the native interface

@@ -21,6 +21,8 @@
 #include "errors.hpp"
 #include "graph_hooks.hpp"
 #ifdef VRAM_TORCH_WITH_C10
+#include <torch/headeronly/version.h>
+
 #include "native_allocator.hpp"
 #endif
 #include "stats.hpp"
@@ -141,6 +143,14 @@ VRAM_TORCH_API void vram_torch_record_stream(void* ptr, vram_torch_stream_t stre
 
 VRAM_TORCH_API int vram_torch_install_graph_hooks(void) {
   return vram_torch::install_graph_hooks();
+}
+
+VRAM_TORCH_API const char* vram_torch_torch_version(void) {
+#ifdef VRAM_TORCH_WITH_C10
+  return TORCH_VERSION;
+#else
+  return "";
+#endif
 }
 
 VRAM_TORCH_API int vram_torch_install_native(void) {

@@ -55,10 +55,18 @@ void MemoryHistory::record_history(bool enabled,
   skip_actions_ = skip_actions;
   if (clear || max_entries != max_entries_) {
     for (Ring& ring : rings_) {
-      if (clear || ring.entries.size() > max_entries) {
+      if (clear) {
         ring.entries.clear();
-        ring.next = 0;
+      } else {  // oldest first again, then the newest max_entries kept
+        std::rotate(ring.entries.begin(),
+                    ring.entries.begin() + static_cast<std::ptrdiff_t>(ring.next),
+                    ring.entries.end());
+        if (ring.entries.size() > max_entries) {
+          ring.entries.erase(ring.entries.begin(),
+                             ring.entries.end() - static_cast<std::ptrdiff_t>(max_entries));
+        }
       }
+      ring.next = 0;
     }
     if (clear) annotations_.clear();
   }
@@ -99,6 +107,8 @@ void MemoryHistory::record(TraceEntry entry) {
   if (!enabled()) return;
   std::lock_guard lock(mutex_);
   if (max_entries_ == 0 || entry.device_ < 0) return;
+  // RecordContext::STATE keeps an allocation's stack with its block, not in the trace.
+  if (when_ == RecordContext::STATE) entry.context_.reset();
   const std::string_view name = action_name(entry.action_);
   if (std::find(skip_actions_.begin(), skip_actions_.end(), name) != skip_actions_.end()) return;
   if (!compile_contexts_.empty()) entry.compile_context_ = compile_contexts_.back();

@@ -233,7 +233,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
     stats.num_sync_all_streams = static_cast<int64_t>(pool.quiesces);
     stats.num_device_alloc = static_cast<int64_t>(pool.upstream_allocations);
     stats.num_device_free = static_cast<int64_t>(pool.upstream_frees);
-    stats.max_split_size = std::numeric_limits<int64_t>::max();
+    stats.max_split_size = -1;  // no limit: PyTorch reports its SIZE_MAX default as -1
     return stats;
   }
   void resetAccumulatedStats(c10::DeviceIndex device) override {
@@ -384,7 +384,8 @@ class NativeAllocator final : public cca::CUDAAllocator {
   LiveBlocks live_;
   MemoryHistory history_;
   std::array<std::atomic<double>, kMaxDevices> fraction_{};
-  std::array<std::atomic<std::size_t>, kMaxDevices> limit_{};  // 0: none
+  static constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
+  std::array<std::atomic<std::size_t>, kMaxDevices> limit_{};  // bytes; kNoLimit: none
   std::atomic<bool> initialized_{false};
   int device_count_ = 0;
   bool enabled_ = true;
@@ -392,6 +393,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
  public:
   NativeAllocator() {
     for (auto& f : fraction_) f.store(1.0, std::memory_order_relaxed);
+    for (auto& l : limit_) l.store(kNoLimit, std::memory_order_relaxed);
   }
 };
 
@@ -467,6 +469,11 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
   for (int attempt = 0;; ++attempt) {
     try {
       if (routing) routed = state->graphs.allocate(size, stream);
+      if (routed.allocator && routed.ptr == nullptr) {
+        // The pool's own allocator said no: its blocks never come from vram.
+        out_of_memory(*state, device, size, stream,
+                      "the allocator of the MemPool this request is routed to returned null");
+      }
       if (routed.ptr == nullptr) routed.ptr = state->pool.allocate_async(size, stream);
       break;
     } catch (const std::bad_alloc& e) {
@@ -511,11 +518,6 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
   if (!found) return false;
   LiveBlock& block = *found;
   DeviceState* state = find_state(block.device);
-  if (block.allocator) {
-    if (state != nullptr) state->counters.count_free(block.block_bytes, block.size);
-    block.allocator->deallocate(ptr);
-    return true;
-  }
   if (state == nullptr) return true;  // cannot be: a block's state outlives it
   state->counters.count_free(block.block_bytes, block.size);
   if (history_.wanted()) {
@@ -527,6 +529,12 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
     } catch (...) {
       note_error("memory history: a free could not be recorded", false);
     }
+  }
+  if (block.allocator) {
+    // Its allocator cannot order the reuse after recorded streams: they are waited for.
+    state->streams.wait_recorded(ptr, block.stream);
+    block.allocator->deallocate(ptr);
+    return true;
   }
   // Freed during a capture on a stream a route accepts: that pool's (graph_routes.hpp).
   if (state->graphs.active() && state->graphs.deallocate(ptr, block.size, block.stream)) {
@@ -553,15 +561,28 @@ cca::CheckpointDelta NativeAllocator::setCheckpointPoolState(
   for (void* ptr : live) {
     if (free_block(ptr)) delta.ptrs_freed.push_back(ptr);
   }
-  // ...and the checkpoint's live blocks are taken again, at their addresses.
+  // ...and the checkpoint's live blocks are taken again, at their addresses. A block of the
+  // pool may be larger than its request (the pool reuses a block up to a quarter larger), so
+  // any claimed size is accepted. All are claimed before any DataPtr exists: when one is no
+  // longer a free block of the pool, the claimed ones go back and nothing was made.
+  std::vector<const PoolCheckpoint::Entry*> claimed;
+  claimed.reserve(checkpoint->live.size());
   for (const PoolCheckpoint::Entry& entry : checkpoint->live) {
-    const std::size_t bytes = device_state.graphs.claim(checkpoint->pool, entry.ptr);
-    TORCH_CHECK(bytes == entry.block.block_bytes, "vram: cannot restore the checkpoint of pool (",
-                checkpoint->pool.first, ", ", checkpoint->pool.second, "): the block at ",
-                entry.ptr, " is no longer a free block of that pool");
-    live_.insert(entry.ptr, entry.block);
-    device_state.counters.count_allocation(entry.block.block_bytes, entry.block.size);
-    delta.dataptrs_allocd.emplace_back(entry.ptr, entry.ptr, &delete_block,
+    if (device_state.graphs.claim(checkpoint->pool, entry.ptr) == 0) {
+      for (const PoolCheckpoint::Entry* back : claimed) {
+        device_state.pool.deallocate_async(back->ptr, back->block.size, back->block.stream);
+      }
+      TORCH_CHECK(false, "vram: cannot restore the checkpoint of pool (", checkpoint->pool.first,
+                  ", ", checkpoint->pool.second, "): the block at ", entry.ptr,
+                  " is no longer a free block of that pool");
+    }
+    claimed.push_back(&entry);
+  }
+  delta.dataptrs_allocd.reserve(claimed.size());
+  for (const PoolCheckpoint::Entry* entry : claimed) {
+    live_.insert(entry->ptr, entry->block);
+    device_state.counters.count_allocation(entry->block.block_bytes, entry->block.size);
+    delta.dataptrs_allocd.emplace_back(entry->ptr, entry->ptr, &delete_block,
                                        c10::Device(c10::DeviceType::CUDA, device));
   }
   return delta;

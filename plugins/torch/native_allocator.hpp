@@ -3,7 +3,9 @@
 // (device_registry.hpp), installed by vram_torch_install_native() before CUDA initialises,
 // as torch.cuda.memory.change_current_allocator does. Built only where Torch is found.
 //
-// Every entry point of the interface is served, so torch.cuda's memory calls work:
+// Every entry point of the interface has an implementation, so torch.cuda's memory calls
+// work (enable(false), use_on_oom and no_split are accepted and change nothing; emptyCache
+// of a pool trims the whole cache; no SEGMENT_* trace events are reported):
 // - Requests come from the pool stream-ordered on the current stream; a free returns the
 //   block on its allocation stream (record_stream: held back as in the pluggable route).
 // - Statistics (memory_stats, memory_allocated, max_memory_reserved, ...) are counted by

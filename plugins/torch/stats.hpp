@@ -47,15 +47,16 @@ class Tally {
   }
   void restart_peak() noexcept { peak_.store(current(), std::memory_order_relaxed); }
   // The totals count from now (torch.cuda.reset_accumulated_memory_stats); current stays.
-  // Not atomic with add/remove: called by the user between steps.
+  // Not atomic with add/remove running at the same moment (the totals may then be off by
+  // those), as PyTorch's own reset.
   void restart_totals() noexcept {
-    added_base_ = added_.load(std::memory_order_relaxed);
-    removed_base_ = removed_.load(std::memory_order_relaxed);
+    added_base_.store(added_.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    removed_base_.store(removed_.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
 
  private:
   std::atomic<std::uint64_t> added_{0}, removed_{0}, peak_{0};
-  std::uint64_t added_base_ = 0, removed_base_ = 0;
+  std::atomic<std::uint64_t> added_base_{0}, removed_base_{0};
 };
 
 // PyTorch's split of its statistics: blocks of at most 1 MiB come from its small pool.

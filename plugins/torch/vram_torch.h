@@ -94,6 +94,9 @@ int vram_torch_install_graph_hooks(void);
  * Torch (only the pluggable route above), -1 when it cannot be installed (reason:
  * vram_torch_last_error). */
 int vram_torch_install_native(void);
+/* The version of Torch this library was built against ("2.11.0"; "" without Torch): the
+ * native allocator implements that version's interface and must run under it. */
+const char* vram_torch_torch_version(void);
 /* CUDA IPC (torch.multiprocessing sharing CUDA tensors; python/vram_torch.py registers the
  * reducers). Export: the CUDA IPC handle of the cudaMalloc segment `ptr` lies in and the
  * offset of `ptr` in it; 0: done; -1: refused (blocks over CUDA virtual memory: run with

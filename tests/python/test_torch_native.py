@@ -173,8 +173,7 @@ def test_memory_fraction_raises_out_of_memory_past_it_and_stays_usable():
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(0.25)
     try:
-        assert abs(torch.cuda.get_per_process_memory_fraction() - 0.25) < 1e-9 \
-            if hasattr(torch.cuda, "get_per_process_memory_fraction") else True
+        assert abs(torch.cuda.get_per_process_memory_fraction() - 0.25) < 1e-9
         seen = []
         torch._C._cuda_attach_out_of_memory_observer(
             lambda device, alloc, device_alloc, device_free: seen.append(device))
@@ -189,6 +188,12 @@ def test_memory_fraction_raises_out_of_memory_past_it_and_stays_usable():
         ok = torch.empty(int(total * 0.1), dtype=torch.uint8, device="cuda")
         ok.fill_(1)
         del ok
+        torch.cuda.set_per_process_memory_fraction(0.0)  # nothing more may be allocated
+        try:
+            torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+            raise AssertionError("an allocation passed a fraction of 0")
+        except torch.OutOfMemoryError:
+            pass
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
 
