@@ -102,9 +102,9 @@ def library_path(path=None):
                    key=os.path.getmtime, reverse=True)
     if not found:
         raise FileNotFoundError(
-            "libvram_torch.so not found: build it (cmake -S . -B build "
-            "-DVRAM_BUILD_TORCH_PLUGIN=ON && cmake --build build --target vram_torch), then "
-            "pass its path or set VRAM_TORCH_LIB")
+            "libvram_torch.so not found (no path given, VRAM_TORCH_LIB unset, none in a "
+            "build*/plugins/torch/ folder of this repository). Fix: build it from the "
+            "repository root: " + _BUILD_COMMAND + "; or pass its path or set VRAM_TORCH_LIB")
     return found[0]
 
 
@@ -160,6 +160,25 @@ def load_library(path=None):
         return lib
 
 
+_BUILD_COMMAND = (
+    "cmake -S . -B build-torch -DVRAM_BUILD_TORCH_PLUGIN=ON -DVRAM_BUILD_TESTS=OFF "
+    "-DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)') "
+    "&& cmake --build build-torch --target vram_torch")
+
+
+def _torch(what):
+    """torch, or an ImportError naming what needed it and how to get it."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            f"vram_torch.{what} needs PyTorch, which this Python cannot import ({e}). Fix: "
+            "install PyTorch (pip install torch), then build the plug-in against it: "
+            + _BUILD_COMMAND + " (README, PyTorch). Without PyTorch, stats(), "
+            "empty_cache() and reset_peak() serve CuPy (vram_cupy.py).") from e
+    return torch
+
+
 def _symbol_address(lib, name):
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
@@ -174,7 +193,7 @@ def allocator(path=None):
     """The torch.cuda.memory.CUDAPluggableAllocator over libvram_torch.so (one per process),
     with empty_cache and record_stream forwarded to vram."""
     global _allocator, record_stream_hook
-    import torch
+    torch = _torch("allocator()")
 
     lib = load_library(path)
     with _lock:
@@ -204,7 +223,7 @@ def enable(path=None):
     mode: "native" (vram is PyTorch's own allocator) or "pluggable" (a library built
     without Torch)."""
     global _enabled, _mode
-    import torch
+    torch = _torch("enable()")
 
     if _enabled:
         return _mode
@@ -350,7 +369,8 @@ def _guard_graphs(torch, hooks_set):
 
 
 def block_bytes(nbytes, device=0, path=None):
-    """The bytes vram reserves for a request of `nbytes` on `device` (its rounding)."""
+    """The bytes vram reserves for a request of `nbytes` on `device` (its rounding); 0 until
+    the device's pool exists (its first allocation makes it, with the options then set)."""
     return load_library(path).vram_torch_block_bytes(device, nbytes)
 
 
@@ -362,7 +382,7 @@ def mem_pool(path=None, **kwargs):
     """A torch.cuda.MemPool over vram: with enable() in native mode, a private pool of
     vram's allocator; otherwise one whose segments come from vram's pool, PyTorch's caching
     allocator (and torch.cuda.memory_stats) staying in charge of the blocks inside it."""
-    import torch
+    torch = _torch("mem_pool()")
 
     if _mode == "native":
         return torch.cuda.MemPool(**kwargs)
@@ -373,7 +393,7 @@ def mem_pool(path=None, **kwargs):
 def use_mem_pool(pool=None, device=None):
     """`with vram_torch.use_mem_pool(): ...` routes this thread's allocations to `pool`
     (a new mem_pool() if None); yields the pool."""
-    import torch
+    torch = _torch("use_mem_pool()")
 
     pool = pool if pool is not None else mem_pool()
     with torch.cuda.use_mem_pool(pool, device=device):
@@ -401,7 +421,8 @@ def _device_index(device):
 
 
 def stats(device=None, path=None):
-    """vram's counters of `device` as a dict named like torch.cuda.memory_stats()."""
+    """vram's counters of `device` as a dict named like torch.cuda.memory_stats(); every
+    value is 0 until the device's pool exists (its first allocation makes it)."""
     lib = load_library(path)
     raw = _Stats()
     lib.vram_torch_stats(_device_index(device), ctypes.byref(raw), ctypes.sizeof(raw))
