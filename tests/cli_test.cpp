@@ -1,6 +1,7 @@
 // The CLI's commands, called in-process: argument errors, exit codes, well-formed JSON.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -440,14 +441,21 @@ TEST(CliReplay, ADeviceThatIsNotVisibleIsAnErrorNotAHostOnlyRun) {
       EXPECT_FALSE(replayed(run)) << "nothing may run: " << run.out;
     }
   }
-  // Device 0 stays what it was: the device when there is one, else the host-only replay.
+  // --host-only with device 0 (the default) names no device; without --device, no usable
+  // device means a host-only replay; an explicit --device 0 with none usable is an error
+  // with the fix, as `vram bench --device 0` is.
   const auto run = capture_replay({sample_trace(), "--device", "0", "--host-only"});
   EXPECT_EQ(run.code, 0) << run.err;
   EXPECT_TRUE(replayed(run));
   if (count == 0) {
-    const auto fallback = capture_replay({sample_trace(), "--device=0"});
+    const auto fallback = capture_replay({sample_trace()});
     EXPECT_EQ(fallback.code, 0) << fallback.err;
     EXPECT_NE(fallback.out.find("vram replay: host-only ("), std::string::npos) << fallback.out;
+    const auto explicit_device = capture_replay({sample_trace(), "--device=0"});
+    EXPECT_EQ(explicit_device.code, 2) << explicit_device.out;
+    EXPECT_NE(explicit_device.err.find("Fix: drop --device"), std::string::npos)
+        << explicit_device.err;
+    EXPECT_FALSE(replayed(explicit_device));
   }
 }
 
@@ -456,7 +464,8 @@ TEST(CliReplay, StreamLagBeyondItsMaximumIsAUsageError) {
   for (const char* value : {"18446744073709551615", "1000000001", "0xffffffffffffffff"}) {
     const auto run = capture_replay({"--host-only", sample_trace(), "--stream-lag", value});
     EXPECT_EQ(run.code, 2) << value;
-    EXPECT_NE(run.err.find("--stream-lag needs 0 to 1000000000, got " + std::string(value)),
+    EXPECT_NE(run.err.find("--stream-lag needs a whole number from 0 to 1000000000, got '" +
+                           std::string(value) + "'"),
               std::string::npos)
         << run.err;
     EXPECT_FALSE(replayed(run));
@@ -468,6 +477,45 @@ TEST(CliReplay, StreamLagBeyondItsMaximumIsAUsageError) {
     EXPECT_NE(run.out.find(std::string("\"stream_lag_events\": ") + value), std::string::npos);
   }
   EXPECT_NE(capture_replay({"--help"}).out.find("0 to 1000000000"), std::string::npos);
+}
+
+TEST(CliReplay, ADashReadsTheTraceFromStandardInput) {
+  const int saved = ::dup(STDIN_FILENO);
+  ASSERT_GE(saved, 0);
+  std::FILE* trace = std::fopen(sample_trace().c_str(), "rb");
+  ASSERT_NE(trace, nullptr);
+  ASSERT_GE(::dup2(::fileno(trace), STDIN_FILENO), 0);
+  std::clearerr(stdin);
+  const auto run = capture_replay({"--host-only", "-"});
+  ::dup2(saved, STDIN_FILENO);
+  ::close(saved);
+  std::fclose(trace);
+  std::clearerr(stdin);
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_NE(run.out.find("trace stdin (standard input)"), std::string::npos) << run.out;
+}
+
+TEST(CliReplay, ValuesQuotedInMessagesAreCutToAReadableLength) {
+  const std::string huge(100000, '7');
+  const auto run = capture_replay({"--host-only", sample_trace(), "--passes", huge});
+  EXPECT_EQ(run.code, 2);
+  EXPECT_NE(run.err.find("(100000 characters)"), std::string::npos) << run.err.substr(0, 300);
+  EXPECT_LT(run.err.size(), 400U) << "the whole value was echoed";
+  const auto negative = capture_replay({"--host-only", sample_trace(), "--passes", "-1"});
+  EXPECT_EQ(negative.code, 2);
+  EXPECT_NE(negative.err.find("--passes needs a whole number from 1 to 1000, got '-1'"),
+            std::string::npos)
+      << negative.err;
+}
+
+TEST(CliReplay, ThePassLineOfManyPassesShowsTheFirstAndLastOnes) {
+  const auto run = capture_replay({"--host-only", sample_trace(), "--passes", "30"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  const auto at = run.out.find("by pass (30): ");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  const std::string line = run.out.substr(at, run.out.find('\n', at) - at);
+  EXPECT_NE(line.find(", ..."), std::string::npos) << line;
+  EXPECT_LT(line.size(), 600U) << line;
 }
 
 TEST(CliReplay, EveryValueOptionTakesTheEqualsForm) {

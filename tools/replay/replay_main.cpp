@@ -180,7 +180,8 @@ void print_replay_usage(std::FILE* out) {
       out,
       "usage: vram replay TRACE... [--json FILE] [--host-only] [--capacity-search]\n"
       "                   [--device N] [--stream-lag N] [--runs N] [--passes N]\n"
-      "  (a value may follow as the next argument or after '=': --runs=3)\n"
+      "  (a value may follow as the next argument or after '=': --runs=3; TRACE '-' reads\n"
+      "  standard input)\n"
       "  Replays allocation traces (RMM logging_resource_adaptor CSV, or .csv.gz) through\n"
       "  vram DevicePool and the peers (cudaMallocAsync on a private pool, CUB, cudaMalloc,\n"
       "  PyTorch's caching allocator when built with VRAM_WITH_TORCH) and reports per trace\n"
@@ -222,13 +223,9 @@ constexpr std::size_t kMaxStreamLag = 1000000000;
 bool parse_count(const std::string& flag, const std::string& text, std::size_t low,
                  std::size_t high, std::size_t& value) {
   std::uint64_t parsed = 0;
-  if (!parse_number(text, parsed)) {
-    std::fprintf(stderr, "%s: %s needs a number, got '%s'\n", kCommand, flag.c_str(), text.c_str());
-    return false;
-  }
-  if (parsed < low || parsed > high) {
-    std::fprintf(stderr, "%s: %s needs %zu to %zu, got %s\n", kCommand, flag.c_str(), low, high,
-                 text.c_str());
+  if (!parse_number(text, parsed) || parsed < low || parsed > high) {
+    std::fprintf(stderr, "%s: %s needs a whole number from %zu to %zu, got '%s'\n", kCommand,
+                 flag.c_str(), low, high, printable(text).c_str());
     return false;
   }
   value = static_cast<std::size_t>(parsed);
@@ -317,7 +314,17 @@ void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
     std::string ns;
     std::string up;
     std::string ops;
-    for (std::size_t p = 0; p < r.pass_ns_per_op.size(); ++p) {
+    // Past 12 passes the first 6 and the last 5 (the JSON has every pass).
+    const std::size_t count = r.pass_ns_per_op.size();
+    for (std::size_t p = 0; p < count; ++p) {
+      if (count > 12 && p >= 6 && p + 5 < count) {
+        if (p == 6) {
+          ns += ", ...";
+          up += ", ...";
+          ops += ", ...";
+        }
+        continue;
+      }
       char buffer[32];
       std::snprintf(buffer, sizeof buffer, "%.1f", r.pass_ns_per_op[p]);
       if (p > 0) {
@@ -330,8 +337,8 @@ void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
       up += delta ? std::to_string(*delta) : std::string("n/a");
       ops += std::to_string(r.pass_operations[p]);
     }
-    std::fprintf(out, "    by pass: ns/op %s; upstream %s; ops %s\n", ns.c_str(), up.c_str(),
-                 ops.c_str());
+    std::fprintf(out, "    by pass (%zu): ns/op %s; upstream %s; ops %s\n", count, ns.c_str(),
+                 up.c_str(), ops.c_str());
   }
   if (r.failed_at) {
     if (passes >= 2) {
@@ -347,7 +354,9 @@ void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
                  static_cast<unsigned long long>(*r.device_synchronizes));
   }
   if (r.held_back_frees > 0) {
-    std::fprintf(out, "    %zu frees held back for stream order (stream-unaware allocator)\n",
+    std::fprintf(out,
+                 "    %zu frees held back until their stream's work completed (the replay "
+                 "does it for an allocator that does not order frees by stream itself)\n",
                  r.held_back_frees);
   }
 }
@@ -413,11 +422,16 @@ int run_replay(const std::vector<std::string>& args) {
     }
   }
   if (!can_create(kCommand, json)) return 2;
-  // A --device ordinal must be visible; device 0 (also the default) replays host-only when
-  // no device is usable at all.
+  // A --device ordinal must be visible (as `vram bench --device` wants it; --host-only with
+  // device 0, the default, names no device); without --device, no usable device means a
+  // host-only replay.
   const auto availability = cuda::Device::availability();
-  if (device_given && !(options.device_id == 0 && availability.count == 0) &&
+  if (device_given && !(host_only && options.device_id == 0) &&
       !device_is_visible(kCommand, options.device_id, availability.count)) {
+    if (availability.count == 0) {
+      std::fprintf(stderr, "%s: Fix: drop --device to replay host-only (or add --host-only)\n",
+                   kCommand);
+    }
     return 2;
   }
   // With the JSON on stdout, everything meant for a person goes to stderr.
