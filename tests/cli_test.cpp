@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -516,6 +517,58 @@ TEST(CliReplay, ThePassLineOfManyPassesShowsTheFirstAndLastOnes) {
   const std::string line = run.out.substr(at, run.out.find('\n', at) - at);
   EXPECT_NE(line.find(", ..."), std::string::npos) << line;
   EXPECT_LT(line.size(), 600U) << line;
+}
+
+// Whether `xml` nests its elements properly (each end tag closes the latest open one).
+bool well_formed(const std::string& xml) {
+  std::vector<std::string> open;
+  for (std::size_t at = xml.find('<'); at != std::string::npos; at = xml.find('<', at + 1)) {
+    const std::size_t end = xml.find('>', at);
+    if (end == std::string::npos) return false;
+    const std::string tag = xml.substr(at + 1, end - at - 1);
+    if (tag.empty() || tag[0] == '?' || tag[0] == '!') continue;
+    if (tag[0] == '/') {
+      if (open.empty() || open.back() != tag.substr(1)) return false;
+      open.pop_back();
+    } else if (tag.back() != '/') {
+      open.push_back(tag.substr(0, tag.find_first_of(" \n")));
+    }
+  }
+  return open.empty();
+}
+
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(CliReplay, TheSvgPictureHasOneLineOfReservedBytesPerAllocatorAndTheLiveLine) {
+  const auto path = (std::filesystem::temp_directory_path() / "vram_replay_picture.svg").string();
+  std::filesystem::remove(path);
+  const auto run = capture_replay({"--host-only", sample_trace(), "--svg", path});
+  ASSERT_EQ(run.code, 0) << run.err;
+  std::ifstream in(path);
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(svg.empty());
+  EXPECT_EQ(svg.rfind("<?xml", 0), 0U);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_TRUE(well_formed(svg)) << svg.substr(0, 400);
+  // Host-only, the allocators that ran are the DevicePool configurations the table lists.
+  std::size_t rows = 0;
+  for (const char* name : {"vram DevicePool\"", "vram DevicePool (segments)\"",
+                           "vram DevicePool (split every segment)\""}) {
+    EXPECT_EQ(occurrences(svg, std::string("data-allocator=\"") + name), 1U) << name;
+    ++rows;
+  }
+  EXPECT_EQ(occurrences(svg, "class=\"reserved\""), rows);
+  EXPECT_EQ(occurrences(svg, "class=\"live\""), 1U);
+  EXPECT_EQ(occurrences(svg, "class=\"trace\""), 1U);
+  // The same rules as --json: never over a trace.
+  const auto over = capture_replay({"--host-only", sample_trace(), "--svg", sample_trace()});
+  EXPECT_EQ(over.code, 2);
+  EXPECT_NE(over.err.find("--svg file"), std::string::npos) << over.err;
+  std::filesystem::remove(path);
 }
 
 TEST(CliReplay, EveryValueOptionTakesTheEqualsForm) {
