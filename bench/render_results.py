@@ -104,11 +104,13 @@ def replay_markdown(data):
 
 
 def verdict(case, ours, peer, theirs, unit, lower_is_better):
+    """A verdict line; within 1% of each other the two are on par (no winner named)."""
     advantage = float(theirs) / float(ours) if lower_is_better else float(ours) / float(theirs)
     better = advantage >= 1
-    return "Verdict %s: vram DevicePool %s %s vs best peer %s %s %s: **%.4gx %s**" % (
+    word = ", on par" if abs(advantage - 1) <= 0.01 else (" better" if better else " worse")
+    return "Verdict %s: vram DevicePool %s %s vs best peer %s %s %s: **%.4gx%s**" % (
         case, raw(ours), unit, peer, raw(theirs), unit, advantage if better else 1 / advantage,
-        "better" if better else "worse")
+        word)
 
 
 def main():

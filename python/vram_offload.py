@@ -927,7 +927,7 @@ def offload(module, budget, device=0, *, units=None, granularity="leaf", host="a
     host_double: host memory stands in for the GPU (tests of the offload path on a CPU).
     Raises ValueError when the budget cannot hold the pieces that must stay resident plus
     the ring (the message gives the least budget that works)."""
-    import torch
+    torch = vram_torch._torch("offload()")
 
     return Offload(torch, module, budget, device, units, granularity, host, prefetch_depth,
                    schedule, relearn, small_bytes, verbose, host_double, path,

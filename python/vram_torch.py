@@ -4,10 +4,18 @@ libvram_torch.so, built with cmake -DVRAM_BUILD_TORCH_PLUGIN=ON).
     import vram_torch
     vram_torch.enable()            # before anything initialises CUDA
     ... torch code as usual ...
-    vram_torch.stats()["reserved_bytes.all.peak"]
+    torch.cuda.max_memory_reserved(), torch.cuda.memory_stats(), torch.cuda.MemPool(), ...
 
-or, keeping PyTorch's caching allocator and its statistics, with vram's pool as the source
-of one MemPool's segments:
+With a library built against the installed Torch (CMAKE_PREFIX_PATH set to
+torch.utils.cmake_prefix_path), enable() makes vram PyTorch's own CUDA allocator (mode()
+== "native"): every torch.cuda memory call works over vram's pools (statistics, memory
+history and snapshots, MemPool, CUDA graphs and graph trees, torch.multiprocessing).
+A library built without Torch falls back to PyTorch's pluggable allocator interface
+(mode() == "pluggable"), which lacks torch.cuda.memory_stats() and friends, snapshots,
+MemPool and CUDA graph trees (torch.compile mode="reduce-overhead"); enable() warns.
+
+Keeping PyTorch's caching allocator instead, with vram's pool as the source of one
+MemPool's segments (a library of either build):
 
     pool = vram_torch.mem_pool()
     with torch.cuda.use_mem_pool(pool):
@@ -16,10 +24,6 @@ of one MemPool's segments:
 The library is found at `path`, else $VRAM_TORCH_LIB, else libvram_torch.so in a build*/
 folder of this repository (plugins/torch/). stats(), empty_cache() and reset_peak() need
 only the library, not torch, and serve CuPy too (vram_cupy.py shares the same pools).
-
-With enable(), torch.cuda.memory_stats() and reset_peak_memory_stats() are not available
-(PyTorch's pluggable allocator raises for them): use vram_torch.stats() and reset_peak().
-torch.cuda.empty_cache() works (it calls vram_torch_empty_cache_all).
 """
 import contextlib
 import ctypes
@@ -29,7 +33,7 @@ import os
 import threading
 
 __all__ = [
-    "enable", "is_enabled", "allocator", "mem_pool", "use_mem_pool", "stats", "empty_cache",
+    "enable", "is_enabled", "mode", "allocator", "mem_pool", "use_mem_pool", "stats", "empty_cache",
     "reset_peak", "last_error", "library_path", "load_library", "configure", "offload",
 ]
 
@@ -82,6 +86,7 @@ _lib = None
 _lib_path = None
 _allocator = None
 _enabled = False
+_mode = None  # "native" or "pluggable" once enabled
 record_stream_hook = False  # True once PyTorch forwards record_stream to vram
 
 
@@ -97,9 +102,9 @@ def library_path(path=None):
                    key=os.path.getmtime, reverse=True)
     if not found:
         raise FileNotFoundError(
-            "libvram_torch.so not found: build it (cmake -S . -B build "
-            "-DVRAM_BUILD_TORCH_PLUGIN=ON && cmake --build build --target vram_torch), then "
-            "pass its path or set VRAM_TORCH_LIB")
+            "libvram_torch.so not found (no path given, VRAM_TORCH_LIB unset, none in a "
+            "build*/plugins/torch/ folder of this repository). Fix: build it from the "
+            "repository root: " + _BUILD_COMMAND + "; or pass its path or set VRAM_TORCH_LIB")
     return found[0]
 
 
@@ -140,6 +145,11 @@ def load_library(path=None):
         lib.vram_torch_ipc_open.argtypes = (ctypes.c_char_p, ctypes.c_int)
         lib.vram_torch_install_graph_hooks.restype = ctypes.c_int
         lib.vram_torch_install_graph_hooks.argtypes = ()
+        if hasattr(lib, "vram_torch_install_native"):
+            lib.vram_torch_install_native.restype = ctypes.c_int
+            lib.vram_torch_install_native.argtypes = ()
+            lib.vram_torch_torch_version.restype = ctypes.c_char_p
+            lib.vram_torch_torch_version.argtypes = ()
         lib.vram_torch_last_error.restype = ctypes.c_size_t
         lib.vram_torch_last_error.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
         size = lib.vram_torch_stats_size()
@@ -148,6 +158,25 @@ def load_library(path=None):
                                f"module expects {ctypes.sizeof(_Stats)}: rebuild the library")
         _lib, _lib_path = lib, resolved
         return lib
+
+
+_BUILD_COMMAND = (
+    "cmake -S . -B build-torch -DVRAM_BUILD_TORCH_PLUGIN=ON -DVRAM_BUILD_TESTS=OFF "
+    "-DCMAKE_PREFIX_PATH=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)') "
+    "&& cmake --build build-torch --target vram_torch")
+
+
+def _torch(what):
+    """torch, or an ImportError naming what needed it and how to get it."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(
+            f"vram_torch.{what} needs PyTorch, which this Python cannot import ({e}). Fix: "
+            "install PyTorch (pip install torch), then build the plug-in against it: "
+            + _BUILD_COMMAND + " (README, PyTorch). Without PyTorch, stats(), "
+            "empty_cache() and reset_peak() serve CuPy (vram_cupy.py).") from e
+    return torch
 
 
 def _symbol_address(lib, name):
@@ -164,7 +193,7 @@ def allocator(path=None):
     """The torch.cuda.memory.CUDAPluggableAllocator over libvram_torch.so (one per process),
     with empty_cache and record_stream forwarded to vram."""
     global _allocator, record_stream_hook
-    import torch
+    torch = _torch("allocator()")
 
     lib = load_library(path)
     with _lock:
@@ -181,32 +210,68 @@ def allocator(path=None):
         return _allocator
 
 
+_PLUGGABLE_LACKS = (
+    "torch.cuda.memory_stats()/memory_allocated()/max_memory_reserved() and the other "
+    "statistics, torch.cuda.memory._record_memory_history() and snapshots, "
+    "torch.cuda.MemPool, set_per_process_memory_fraction and torch.compile "
+    "mode='reduce-overhead' (CUDA graph trees)")
+
+
 def enable(path=None):
     """Makes vram PyTorch's CUDA allocator for this process. Must run before CUDA is
-    initialised (before the first tensor on a GPU, torch.cuda.init(), ...)."""
-    global _enabled
-    import torch
+    initialised (before the first tensor on a GPU, torch.cuda.init(), ...). Returns the
+    mode: "native" (vram is PyTorch's own allocator) or "pluggable" (a library built
+    without Torch)."""
+    global _enabled, _mode
+    torch = _torch("enable()")
 
     if _enabled:
-        return allocator(path)
+        return _mode
     if torch.cuda.is_initialized():
         raise RuntimeError(
             "vram_torch.enable() must run before CUDA is initialised in this process (a CUDA "
             "tensor, torch.cuda.init() or a memory query already ran). Fix: call "
             "vram_torch.enable() right after `import torch`, or use the MemPool form: "
             "`with torch.cuda.use_mem_pool(vram_torch.mem_pool()): ...`")
+    lib = load_library(path)
+    installed = 0
+    if hasattr(lib, "vram_torch_install_native"):
+        built = lib.vram_torch_torch_version().decode()
+        running = torch.__version__.split("+")[0]
+        if built and built != running:
+            raise RuntimeError(
+                f"vram_torch.enable(): {library_path(path)} was built against Torch {built}, "
+                f"this process runs Torch {running}; PyTorch's allocator interface differs "
+                "between versions. Fix: rebuild the library against the installed Torch "
+                "(README, PyTorch).")
+        installed = lib.vram_torch_install_native()
+    if installed == 1:
+        global record_stream_hook
+        record_stream_hook = True  # recordStream is part of the native interface
+        _enabled, _mode = True, "native"
+        return _mode
+    if installed < 0:
+        raise RuntimeError("vram_torch.enable(): " + last_error())
+    warnings.warn(
+        "vram_torch: " + library_path(path) + " has no native allocator (built without Torch, "
+        "or before it existed), so vram is PyTorch's pluggable allocator, which lacks "
+        + _PLUGGABLE_LACKS + ". Fix: rebuild it with "
+        "CMAKE_PREFIX_PATH=$(python -c 'import torch; print(torch.utils.cmake_prefix_path)') "
+        "(README, PyTorch).")
     alloc = allocator(path)
     # PyTorch wraps a null pointer from a pluggable allocator into a tensor: in this mode
     # the library raises torch.OutOfMemoryError instead (when built with Torch found).
-    if not load_library(path).vram_torch_set_oom_throws(1):
-        warnings.warn("vram_torch: libvram_torch.so was built without Torch; out of memory "
-                      "gives a null tensor instead of torch.OutOfMemoryError. Rebuild with "
-                      "CMAKE_PREFIX_PATH=torch.utils.cmake_prefix_path.")
+    lib.vram_torch_set_oom_throws(1)
     torch.cuda.memory.change_current_allocator(alloc)
-    _guard_graphs(torch, load_library(path).vram_torch_install_graph_hooks() == 1)
+    _guard_graphs(torch, lib.vram_torch_install_graph_hooks() == 1)
     _share_cuda_tensors(torch)
-    _enabled = True
-    return alloc
+    _enabled, _mode = True, "pluggable"
+    return _mode
+
+
+def mode():
+    """"native", "pluggable", or None before enable()."""
+    return _mode
 
 
 _IPC_HANDLE_BYTES = 64
@@ -272,11 +337,10 @@ def _share_cuda_tensors(torch):
 _REDUCE_OVERHEAD_MESSAGE = (
     "vram_torch: torch.compile(mode='reduce-overhead') records CUDA graph trees, which need "
     "allocator checkpoints (checkPoolLiveAllocations, getCheckpointState) that PyTorch's "
-    "pluggable allocator interface cannot provide, so it cannot run over "
-    "vram_torch.enable(). Fix: compile with mode='max-autotune-no-cudagraphs' (or the "
-    "default mode) under vram_torch.enable(); or capture with torch.cuda.graph / "
-    "torch.cuda.make_graphed_callables, which vram serves; or leave vram_torch.enable() out "
-    "of that process (PyTorch's allocator runs reduce-overhead).")
+    "pluggable allocator interface cannot provide, and this libvram_torch.so was built "
+    "without Torch. Fix: rebuild it against the installed Torch (vram then is PyTorch's own "
+    "allocator and runs reduce-overhead), or compile with mode='max-autotune-no-cudagraphs' "
+    "(or the default mode).")
 
 
 def _guard_graphs(torch, hooks_set):
@@ -305,7 +369,8 @@ def _guard_graphs(torch, hooks_set):
 
 
 def block_bytes(nbytes, device=0, path=None):
-    """The bytes vram reserves for a request of `nbytes` on `device` (its rounding)."""
+    """The bytes vram reserves for a request of `nbytes` on `device` (its rounding); 0 until
+    the device's pool exists (its first allocation makes it, with the options then set)."""
     return load_library(path).vram_torch_block_bytes(device, nbytes)
 
 
@@ -314,10 +379,13 @@ def is_enabled():
 
 
 def mem_pool(path=None, **kwargs):
-    """A torch.cuda.MemPool whose segments come from vram's pool; PyTorch's caching
-    allocator (and torch.cuda.memory_stats) stays in charge of the blocks inside it."""
-    import torch
+    """A torch.cuda.MemPool over vram: with enable() in native mode, a private pool of
+    vram's allocator; otherwise one whose segments come from vram's pool, PyTorch's caching
+    allocator (and torch.cuda.memory_stats) staying in charge of the blocks inside it."""
+    torch = _torch("mem_pool()")
 
+    if _mode == "native":
+        return torch.cuda.MemPool(**kwargs)
     return torch.cuda.MemPool(allocator(path).allocator(), **kwargs)
 
 
@@ -325,7 +393,7 @@ def mem_pool(path=None, **kwargs):
 def use_mem_pool(pool=None, device=None):
     """`with vram_torch.use_mem_pool(): ...` routes this thread's allocations to `pool`
     (a new mem_pool() if None); yields the pool."""
-    import torch
+    torch = _torch("use_mem_pool()")
 
     pool = pool if pool is not None else mem_pool()
     with torch.cuda.use_mem_pool(pool, device=device):
@@ -353,7 +421,8 @@ def _device_index(device):
 
 
 def stats(device=None, path=None):
-    """vram's counters of `device` as a dict named like torch.cuda.memory_stats()."""
+    """vram's counters of `device` as a dict named like torch.cuda.memory_stats(); every
+    value is 0 until the device's pool exists (its first allocation makes it)."""
     lib = load_library(path)
     raw = _Stats()
     lib.vram_torch_stats(_device_index(device), ctypes.byref(raw), ctypes.sizeof(raw))

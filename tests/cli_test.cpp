@@ -1,6 +1,7 @@
 // The CLI's commands, called in-process: argument errors, exit codes, well-formed JSON.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <limits>
 #include <sstream>
 #include <string>
@@ -440,14 +442,21 @@ TEST(CliReplay, ADeviceThatIsNotVisibleIsAnErrorNotAHostOnlyRun) {
       EXPECT_FALSE(replayed(run)) << "nothing may run: " << run.out;
     }
   }
-  // Device 0 stays what it was: the device when there is one, else the host-only replay.
+  // --host-only with device 0 (the default) names no device; without --device, no usable
+  // device means a host-only replay; an explicit --device 0 with none usable is an error
+  // with the fix, as `vram bench --device 0` is.
   const auto run = capture_replay({sample_trace(), "--device", "0", "--host-only"});
   EXPECT_EQ(run.code, 0) << run.err;
   EXPECT_TRUE(replayed(run));
   if (count == 0) {
-    const auto fallback = capture_replay({sample_trace(), "--device=0"});
+    const auto fallback = capture_replay({sample_trace()});
     EXPECT_EQ(fallback.code, 0) << fallback.err;
     EXPECT_NE(fallback.out.find("vram replay: host-only ("), std::string::npos) << fallback.out;
+    const auto explicit_device = capture_replay({sample_trace(), "--device=0"});
+    EXPECT_EQ(explicit_device.code, 2) << explicit_device.out;
+    EXPECT_NE(explicit_device.err.find("Fix: drop --device"), std::string::npos)
+        << explicit_device.err;
+    EXPECT_FALSE(replayed(explicit_device));
   }
 }
 
@@ -456,7 +465,8 @@ TEST(CliReplay, StreamLagBeyondItsMaximumIsAUsageError) {
   for (const char* value : {"18446744073709551615", "1000000001", "0xffffffffffffffff"}) {
     const auto run = capture_replay({"--host-only", sample_trace(), "--stream-lag", value});
     EXPECT_EQ(run.code, 2) << value;
-    EXPECT_NE(run.err.find("--stream-lag needs 0 to 1000000000, got " + std::string(value)),
+    EXPECT_NE(run.err.find("--stream-lag needs a whole number from 0 to 1000000000, got '" +
+                           std::string(value) + "'"),
               std::string::npos)
         << run.err;
     EXPECT_FALSE(replayed(run));
@@ -468,6 +478,97 @@ TEST(CliReplay, StreamLagBeyondItsMaximumIsAUsageError) {
     EXPECT_NE(run.out.find(std::string("\"stream_lag_events\": ") + value), std::string::npos);
   }
   EXPECT_NE(capture_replay({"--help"}).out.find("0 to 1000000000"), std::string::npos);
+}
+
+TEST(CliReplay, ADashReadsTheTraceFromStandardInput) {
+  const int saved = ::dup(STDIN_FILENO);
+  ASSERT_GE(saved, 0);
+  std::FILE* trace = std::fopen(sample_trace().c_str(), "rb");
+  ASSERT_NE(trace, nullptr);
+  ASSERT_GE(::dup2(::fileno(trace), STDIN_FILENO), 0);
+  std::clearerr(stdin);
+  const auto run = capture_replay({"--host-only", "-"});
+  ::dup2(saved, STDIN_FILENO);
+  ::close(saved);
+  std::fclose(trace);
+  std::clearerr(stdin);
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_NE(run.out.find("trace stdin (standard input)"), std::string::npos) << run.out;
+}
+
+TEST(CliReplay, ValuesQuotedInMessagesAreCutToAReadableLength) {
+  const std::string huge(100000, '7');
+  const auto run = capture_replay({"--host-only", sample_trace(), "--passes", huge});
+  EXPECT_EQ(run.code, 2);
+  EXPECT_NE(run.err.find("(100000 characters)"), std::string::npos) << run.err.substr(0, 300);
+  EXPECT_LT(run.err.size(), 400U) << "the whole value was echoed";
+  const auto negative = capture_replay({"--host-only", sample_trace(), "--passes", "-1"});
+  EXPECT_EQ(negative.code, 2);
+  EXPECT_NE(negative.err.find("--passes needs a whole number from 1 to 1000, got '-1'"),
+            std::string::npos)
+      << negative.err;
+}
+
+TEST(CliReplay, ThePassLineOfManyPassesShowsTheFirstAndLastOnes) {
+  const auto run = capture_replay({"--host-only", sample_trace(), "--passes", "30"});
+  ASSERT_EQ(run.code, 0) << run.err;
+  const auto at = run.out.find("by pass (30): ");
+  ASSERT_NE(at, std::string::npos) << run.out;
+  const std::string line = run.out.substr(at, run.out.find('\n', at) - at);
+  EXPECT_NE(line.find(", ..."), std::string::npos) << line;
+  EXPECT_LT(line.size(), 600U) << line;
+}
+
+// Whether `xml` nests its elements properly (each end tag closes the latest open one).
+bool well_formed(const std::string& xml) {
+  std::vector<std::string> open;
+  for (std::size_t at = xml.find('<'); at != std::string::npos; at = xml.find('<', at + 1)) {
+    const std::size_t end = xml.find('>', at);
+    if (end == std::string::npos) return false;
+    const std::string tag = xml.substr(at + 1, end - at - 1);
+    if (tag.empty() || tag[0] == '?' || tag[0] == '!') continue;
+    if (tag[0] == '/') {
+      if (open.empty() || open.back() != tag.substr(1)) return false;
+      open.pop_back();
+    } else if (tag.back() != '/') {
+      open.push_back(tag.substr(0, tag.find_first_of(" \n")));
+    }
+  }
+  return open.empty();
+}
+
+std::size_t occurrences(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST(CliReplay, TheSvgPictureHasOneLineOfReservedBytesPerAllocatorAndTheLiveLine) {
+  const auto path = (std::filesystem::temp_directory_path() / "vram_replay_picture.svg").string();
+  std::filesystem::remove(path);
+  const auto run = capture_replay({"--host-only", sample_trace(), "--svg", path});
+  ASSERT_EQ(run.code, 0) << run.err;
+  std::ifstream in(path);
+  const std::string svg((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(svg.empty());
+  EXPECT_EQ(svg.rfind("<?xml", 0), 0U);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_TRUE(well_formed(svg)) << svg.substr(0, 400);
+  // Host-only, the allocators that ran are the DevicePool configurations the table lists.
+  std::size_t rows = 0;
+  for (const char* name : {"vram DevicePool\"", "vram DevicePool (segments)\"",
+                           "vram DevicePool (split every segment)\""}) {
+    EXPECT_EQ(occurrences(svg, std::string("data-allocator=\"") + name), 1U) << name;
+    ++rows;
+  }
+  EXPECT_EQ(occurrences(svg, "class=\"reserved\""), rows);
+  EXPECT_EQ(occurrences(svg, "class=\"live\""), 1U);
+  EXPECT_EQ(occurrences(svg, "class=\"trace\""), 1U);
+  // The same rules as --json: never over a trace.
+  const auto over = capture_replay({"--host-only", sample_trace(), "--svg", sample_trace()});
+  EXPECT_EQ(over.code, 2);
+  EXPECT_NE(over.err.find("--svg file"), std::string::npos) << over.err;
+  std::filesystem::remove(path);
 }
 
 TEST(CliReplay, EveryValueOptionTakesTheEqualsForm) {
@@ -570,6 +671,36 @@ TEST(CliReplay, AJsonPathThatIsOneOfTheTracesIsRefusedBeforeTheRun) {
   EXPECT_EQ(run.code, 0) << run.err;
   EXPECT_EQ(read_text(trace), original);
   std::filesystem::remove_all(directory);
+}
+
+}  // namespace
+}  // namespace vram::testing
+
+namespace vram::testing {
+namespace {
+
+// A verdict names a winner only when the p10..p90 ranges of the two are apart.
+TEST(BenchVerdict, OverlappingRangesAreOnParApartRangesNameTheWinner) {
+  using bench::make_measurement;
+  const std::vector<bench::Measurement> close = {
+      make_measurement("pairs", "256 B", 256, "vram", true, "ns/pair", true, {9, 10, 14}),
+      make_measurement("pairs", "256 B", 256, "peer", false, "ns/pair", true, {11, 12, 13})};
+  const auto tie = bench::verdicts(close);
+  ASSERT_EQ(tie.size(), 1U);
+  EXPECT_TRUE(tie[0].ranges_overlap);
+  EXPECT_STREQ(bench::verdict_word(tie[0]), "on par");
+  EXPECT_EQ(tie[0].ours_samples, 3U);
+  const std::vector<bench::Measurement> apart = {
+      make_measurement("pairs", "256 B", 256, "vram", true, "ns/pair", true, {9, 10, 10}),
+      make_measurement("pairs", "256 B", 256, "peer", false, "ns/pair", true, {20, 21, 22})};
+  const auto win = bench::verdicts(apart);
+  ASSERT_EQ(win.size(), 1U);
+  EXPECT_FALSE(win[0].ranges_overlap);
+  EXPECT_STREQ(bench::verdict_word(win[0]), "better");
+  const std::vector<bench::Measurement> loss = {
+      make_measurement("pairs", "256 B", 256, "vram", true, "ns/pair", true, {20, 21, 22}),
+      make_measurement("pairs", "256 B", 256, "peer", false, "ns/pair", true, {9, 10, 10})};
+  EXPECT_STREQ(bench::verdict_word(bench::verdicts(loss)[0]), "WORSE");
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-# Installs the built vram into a scratch prefix, then configures, builds and runs two
+# Installs the built vram into a scratch prefix, then configures, builds and runs three
 # user projects against it with find_package(vram):
-#   examples/consumer  C++ only, sets no C++ standard (vram::vram must carry C++20)
-#   examples           the README's examples, one of them a .cu file built by nvcc
+#   examples/consumer      C++ only, sets no C++ standard (vram::vram must carry C++20)
+#   examples               the README's examples, one of them a .cu file built by nvcc
+#   examples/weight_pager  the runnable WeightPager example (nvcc)
 # Each example program exits 0, with a "no CUDA device" line when no GPU is usable.
 file(REMOVE_RECURSE ${WORK_DIR})
 execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix
@@ -44,3 +45,7 @@ build_project(examples ${EXAMPLE_DIR})
 foreach(program device_pool stream_ordered_pool pinned_staging_pool)
   run_program(${WORK_DIR}/examples/${program})
 endforeach()
+
+# Every example exits 0 without a GPU (it says so and runs nothing).
+build_project(weight_pager ${EXAMPLE_DIR}/weight_pager)
+run_program(${WORK_DIR}/weight_pager/weight_pager_example)

@@ -468,6 +468,7 @@ AllocatorSpec recording_spec(CallLog& log, bool stream_ordered) {
     }
     bool stream_ordered() const override { return ordered_; }
     std::size_t peak_reserved_bytes() override { return 0; }
+    std::size_t reserved_bytes() override { return 0; }
     std::optional<std::uint64_t> upstream_allocations() override { return std::nullopt; }
 
    private:
@@ -776,6 +777,7 @@ AllocatorSpec failing_spec(std::size_t limit) {
     void deallocate(void*, std::size_t, replay::ReplayStream) override {}
     bool stream_ordered() const override { return true; }
     std::size_t peak_reserved_bytes() override { return 0; }
+    std::size_t reserved_bytes() override { return 0; }
     std::optional<std::uint64_t> upstream_allocations() override { return count_; }
 
    private:

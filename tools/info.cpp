@@ -24,30 +24,14 @@ std::string version_text() {
 }
 
 std::string no_device_explanation() {
+  const auto availability = cuda::Device::availability();
+  if (availability.count > 0) return "a CUDA device is visible";
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   (void)cudaGetLastError();
-  if (status == cudaSuccess) {
-    return count == 0 ? "the driver reports no CUDA device. " +
-                            std::string(cuda::fix_hint(cudaErrorNoDevice))
-                      : "a CUDA device is visible";
-  }
-  int driver_version = 0;
-  (void)cudaDriverGetVersion(&driver_version);
-  int runtime_version = 0;
-  (void)cudaRuntimeGetVersion(&runtime_version);
-  std::string what;
-  if (status == cudaErrorInsufficientDriver && driver_version == 0) {
-    what = "no NVIDIA driver found (libcuda could not be loaded)";
-  } else if (status == cudaErrorInsufficientDriver) {
-    what = "the NVIDIA driver supports CUDA " + cuda::Device::version_string(driver_version) +
-           ", older than the CUDA runtime " + cuda::Device::version_string(runtime_version) +
-           " vram was built with";
-  } else {
-    what = std::string("no usable CUDA device: ") + cudaGetErrorString(status);
-  }
-  std::string text = what + " (" + cudaGetErrorName(status) + ")";
-  if (const auto fix = cuda::fix_hint(status); !fix.empty()) text += ". " + std::string(fix);
+  std::string text = availability.reason;
+  const auto fix = cuda::fix_hint(status == cudaSuccess ? cudaErrorNoDevice : status);
+  if (!fix.empty()) text += ". " + std::string(fix);
   return text;
 }
 
@@ -60,8 +44,7 @@ int run_info(const std::vector<std::string>& args) {
   (void)cudaRuntimeGetVersion(&runtime_version);
   const auto availability = cuda::Device::availability();
   if (availability.count == 0) {
-    std::printf("%s\nvram info: %s\nThe host-memory pools still work (try `vram bench --quick`).\n",
-                version_text().c_str(), no_device_explanation().c_str());
+    std::printf("%s\nvram info: %s\n", version_text().c_str(), no_device_explanation().c_str());
     return 0;
   }
   int driver_version = 0;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "vram/cuda/device.hpp"
 #include "vram/cuda/event.hpp"
 #include "vram/cuda/stream.hpp"
 #include "vram/weight_pager.hpp"
@@ -87,6 +88,11 @@ int main(int argc, char** argv) {
           argv[0]);
       return arg == "--help" ? 0 : 2;
     }
+  }
+  if (const auto devices = vram::cuda::Device::availability(); devices.count == 0) {
+    std::printf("weight_pager example: no CUDA device (%s); nothing to run.\n",
+                devices.reason.c_str());
+    return 0;
   }
   const std::size_t bytes = layer_mib << 20;
 

@@ -117,6 +117,7 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include <cuda_runtime_api.h>
 
@@ -164,6 +165,22 @@ struct DevicePoolStats {
   // Captures without a scope ("CUDA graphs"): allocate_async calls served by a capture's
   // own pool, and deallocate_async calls that gave it a block that was not yet its.
   std::uint64_t unscoped_capture_calls = 0;
+};
+
+// One span of a DevicePool's memory, cut into ranges in address order (DevicePool::
+// memory_map): a segment taken from the upstream, or an extent of mapped granules of the
+// virtual-memory large tier (its free ranges not wholly mapped are left out).
+struct DevicePoolSegment {
+  struct Range {
+    std::uintptr_t address = 0;
+    std::size_t bytes = 0;
+    bool used = false;  // handed out by its tier: live, or cached by the pool (caches, rings)
+  };
+  std::uintptr_t address = 0;
+  std::size_t bytes = 0;
+  bool large = false;           // the large tier's (else the small classes')
+  bool virtual_memory = false;  // mapped granules of the virtual-memory tier
+  std::vector<Range> ranges;
 };
 
 // What backs DevicePool's large tier (blocks above small_block_max_bytes).
@@ -448,6 +465,10 @@ class DevicePool {
   [[nodiscard]] CaptureScope capture_into(GraphPoolId graph_pool, cudaStream_t stream);
   [[nodiscard]] CaptureScope capture_into(GraphPoolId graph_pool);
   void release_graph_pool(GraphPoolId graph_pool) noexcept;
+  // The free block at `block` of graph pool `graph_pool`, live again: restores a checkpoint
+  // of the pool's live blocks (PyTorch's CUDA graph trees) at the same addresses. Returns
+  // its bytes, or 0 (nothing changed) when it is no free block of that pool.
+  std::size_t claim_graph_block(GraphPoolId graph_pool, void* block) noexcept;
 
   // Bytes a request of `bytes` occupies in the pool (its size class up to
   // small_block_max_bytes, else rounded to 512): what bytes_in_use counts.
@@ -459,6 +480,9 @@ class DevicePool {
   // stream-ordered frees so that their memory can be given back too.
   void trim(std::size_t keep_bytes = 0);
   DevicePoolStats stats() const;
+  // The pool's segments and their ranges, each tier read under its lock (a consistent view
+  // of one tier; blocks may move between the reads of the two). Throws std::bad_alloc.
+  std::vector<DevicePoolSegment> memory_map() const;
   // Starts a new measurement window: peak_bytes_reserved restarts from bytes_reserved and
   // peak_bytes_in_use from bytes_in_use.
   void reset_peak() noexcept;

@@ -20,6 +20,11 @@
 #include "device_registry.hpp"
 #include "errors.hpp"
 #include "graph_hooks.hpp"
+#ifdef VRAM_TORCH_WITH_C10
+#include <torch/headeronly/version.h>
+
+#include "native_allocator.hpp"
+#endif
 #include "stats.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/size_classes.hpp"
@@ -64,24 +69,19 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
     return nullptr;
   }
   if (state->streams.held_blocks() != 0) state->streams.release(false);
-  // While PyTorch captures a graph (graph_routes.hpp): one relaxed load otherwise.
-  const bool capturing = state->graphs.active();
+  // While PyTorch captures a graph through the pluggable route's hooks (graph_routes.hpp):
+  // two relaxed loads otherwise. Under the native allocator, PyTorch routes its own
+  // requests; a call here is a foreign user's (CuPy, a MemPool whose allocator is this
+  // interface) and takes no route, which could lead back here.
+  const bool capturing = vram_torch::graph_hooks_installed() && state->graphs.active();
   for (int attempt = 0;; ++attempt) {
     try {
-      void* ptr = capturing ? state->graphs.allocate(size, stream) : nullptr;
+      void* ptr = capturing ? state->graphs.allocate(size, stream).ptr : nullptr;
       if (ptr == nullptr) ptr = state->pool.allocate_async(size, stream);
       state->counters.count_allocation(state->pool.block_bytes(size), size);
       return ptr;
     } catch (const vram::OutOfMemory& e) {
-      // Blocks held back for recorded streams may be the memory that is missing: wait for
-      // them once and retry (the pool already trimmed its own cache and retried).
-      // Not during a capture: waiting would synchronize the device and end it.
-      if (attempt == 0 && !capturing && state->streams.held_blocks() != 0 &&
-          state->streams.release(true) != 0) {
-        state->counters.retries.fetch_add(1, std::memory_order_relaxed);
-        state->pool.trim(0);
-        continue;
-      }
+      if (attempt == 0 && state->reclaim_held_back(capturing)) continue;
       state->counters.ooms.fetch_add(1, std::memory_order_relaxed);
       note_error(e.what(), true);
       return vram_torch::out_of_memory(e.what());
@@ -118,7 +118,10 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
   }
   state->counters.count_free(state->pool.block_bytes(size), size);
   // Freed during a capture on a stream it accepts: the graph's (graph_routes.hpp).
-  if (state->graphs.active() && state->graphs.deallocate(ptr, size, stream)) return;
+  if (vram_torch::graph_hooks_installed() && state->graphs.active() &&
+      state->graphs.deallocate(ptr, size, stream)) {
+    return;
+  }
   if (state->streams.hold_back(ptr, size, stream)) return;  // the pool gets it later
   state->pool.deallocate_async(ptr, size, stream);
 }
@@ -140,6 +143,28 @@ VRAM_TORCH_API void vram_torch_record_stream(void* ptr, vram_torch_stream_t stre
 
 VRAM_TORCH_API int vram_torch_install_graph_hooks(void) {
   return vram_torch::install_graph_hooks();
+}
+
+VRAM_TORCH_API const char* vram_torch_torch_version(void) {
+#ifdef VRAM_TORCH_WITH_C10
+  return TORCH_VERSION;
+#else
+  return "";
+#endif
+}
+
+VRAM_TORCH_API int vram_torch_install_native(void) {
+#ifdef VRAM_TORCH_WITH_C10
+  return vram_torch::install_native_allocator();
+#else
+  note_error(
+      "this libvram_torch.so was built without Torch: vram can only be PyTorch's pluggable "
+      "allocator, without torch.cuda's memory statistics, snapshots, MemPool and CUDA graph "
+      "trees. Fix: build it with CMAKE_PREFIX_PATH set to torch.utils.cmake_prefix_path "
+      "(README, PyTorch)",
+      false);
+  return 0;
+#endif
 }
 
 VRAM_TORCH_API size_t vram_torch_stats_size(void) { return sizeof(vram_torch_stats_t); }

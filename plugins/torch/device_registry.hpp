@@ -23,13 +23,29 @@ namespace vram_torch {
 inline constexpr int kMaxDevices = 64;
 
 struct DeviceState {
-  DeviceState(int device, const vram::DevicePool::Options& options)
-      : pool(device, options), streams(device, pool), graphs(pool) {}
+  DeviceState(int device_index, const vram::DevicePool::Options& options)
+      : device(device_index), pool(device, options), streams(device, pool), graphs(pool) {}
 
+  const int device;
   vram::DevicePool pool;
   Counters counters;
   StreamTracking streams;  // refers to `pool`, so declared after it
   GraphRoutes graphs;      // likewise
+
+  // After an allocation ran out of memory: blocks held back for recorded streams may be the
+  // memory that is missing. Waits for them and trims the pool (which already trimmed its own
+  // cache and retried); true when some came back and the allocation may be retried once.
+  // Never while requests are routed to a private pool: waiting would synchronize the device
+  // and end a capture.
+  bool reclaim_held_back(bool routing) noexcept {
+    if (routing || streams.held_blocks() == 0 || streams.release(true) == 0) return false;
+    counters.retries.fetch_add(1, std::memory_order_relaxed);
+    try {
+      pool.trim(0);
+    } catch (...) {  // the retry tells
+    }
+    return true;
+  }
 };
 
 // The published states, indexed by device ordinal; null where none was made yet.

@@ -1,5 +1,6 @@
 #include "graph_hooks.hpp"
 
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <string>
@@ -14,6 +15,12 @@
 #endif
 
 namespace vram_torch {
+
+namespace {
+std::atomic<bool> g_hooks_installed{false};
+}  // namespace
+
+bool graph_hooks_installed() noexcept { return g_hooks_installed.load(std::memory_order_relaxed); }
 
 #ifdef VRAM_TORCH_WITH_C10
 namespace {
@@ -50,6 +57,7 @@ int install_graph_hooks() noexcept {
     note_error(std::string("graph hooks: ") + e.what(), false);
     return -1;
   }
+  g_hooks_installed.store(true, std::memory_order_relaxed);
   return 1;
 }
 #else

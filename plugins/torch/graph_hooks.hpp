@@ -10,5 +10,7 @@ namespace vram_torch {
 // and libtorch_cuda); -1: the current allocator is not a pluggable one. The reason of 0 or
 // -1 is the last error.
 int install_graph_hooks() noexcept;
+// True once install_graph_hooks() set the hooks: the C entry points then route captures.
+bool graph_hooks_installed() noexcept;
 
 }  // namespace vram_torch

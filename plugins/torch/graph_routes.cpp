@@ -5,39 +5,79 @@
 
 namespace vram_torch {
 
+GraphRoutes::Uses& GraphRoutes::uses_of(MempoolId id, std::shared_ptr<PoolAllocator> allocator) {
+  auto [it, made] = uses_.try_emplace(id);
+  if (made) {
+    if (allocator) {
+      it->second.allocator = std::move(allocator);
+    } else {
+      it->second.pool = vram::DevicePool::new_graph_pool();
+    }
+  }
+  return it->second;
+}
+
+void GraphRoutes::retain(MempoolId id, std::shared_ptr<PoolAllocator> allocator) {
+  std::lock_guard lock(mutex_);
+  const bool existed = uses_.count(id) != 0;
+  Uses& uses = uses_of(id, std::move(allocator));
+  if (!uses.allocator && uses.pool_uses == 0) {
+    try {
+      // Opens the graph pool's use (ended at the last release); the scope itself ends now.
+      pool_.capture_into(uses.pool).end();
+    } catch (...) {
+      if (!existed) uses_.erase(id);
+      throw;
+    }
+    ++uses.pool_uses;
+  }
+  ++uses.open;
+}
+
 void GraphRoutes::begin(MempoolId id, Filter filter) {
   std::lock_guard lock(mutex_);
-  auto [it, made] = uses_.try_emplace(id);
-  if (made) it->second.pool = vram::DevicePool::new_graph_pool();
+  const bool existed = uses_.count(id) != 0;
+  Uses& uses = uses_of(id, nullptr);
   try {
-    // Opens the graph's use (ended by release) and the scope's (ended by end).
-    routes_.push_back({id, std::move(filter), pool_.capture_into(it->second.pool)});
+    routes_.reserve(routes_.size() + 1);
+    if (!uses.allocator && uses.routes == 0) {
+      uses.scope = pool_.capture_into(uses.pool);  // opens a graph use and the scope's
+      ++uses.pool_uses;
+    }
   } catch (...) {
-    if (made) uses_.erase(it);
+    if (!existed) uses_.erase(id);
     throw;
   }
-  ++it->second.open;
+  routes_.push_back({id, std::move(filter)});
+  ++uses.routes;
+  ++uses.open;
   active_.store(routes_.size(), std::memory_order_relaxed);
 }
 
 void GraphRoutes::end(MempoolId id) noexcept {
   vram::DevicePool::CaptureScope ending;
+  Retired retired;
   {
     std::lock_guard lock(mutex_);
     const auto it =
         std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) { return r.id == id; });
     if (it == routes_.end()) return;
-    ending = std::move(it->scope);
     routes_.erase(it);
     active_.store(routes_.size(), std::memory_order_relaxed);
+    const auto found = uses_.find(id);
+    if (found != uses_.end() && --found->second.routes == 0) {
+      ending = std::move(found->second.scope);
+      retired = retire_if_unused(found);
+    }
   }
-  // Outside the mutex: the end of the last open scope may synchronize the device to return
-  // graph memory given up meanwhile.
+  // Outside the mutex: the end of the last open scope, and the release of the pool, may
+  // synchronize the device to return graph memory given up meanwhile.
   ending.end();
+  retired.release(pool_);
 }
 
 void GraphRoutes::release(MempoolId id) noexcept {
-  vram::DevicePool::GraphPoolId pool = 0;
+  Retired retired;
   {
     std::lock_guard lock(mutex_);
     const auto it = uses_.find(id);
@@ -45,11 +85,27 @@ void GraphRoutes::release(MempoolId id) noexcept {
       ++invalid_releases_;
       return;
     }
-    pool = it->second.pool;
-    if (--it->second.open == 0) uses_.erase(it);
+    --it->second.open;
+    retired = retire_if_unused(it);
   }
-  // Outside the mutex: it may synchronize the device to return the pool's memory.
-  pool_.release_graph_pool(pool);
+  retired.release(pool_);  // outside the mutex (see end())
+}
+
+GraphRoutes::Retired GraphRoutes::retire_if_unused(std::map<MempoolId, Uses>::iterator it) {
+  if (it->second.open != 0 || it->second.routes != 0) return {};
+  Retired retired{it->second.pool, it->second.pool_uses};
+  uses_.erase(it);
+  return retired;
+}
+
+void GraphRoutes::Retired::release(vram::DevicePool& pool) noexcept {
+  for (; uses != 0; --uses) pool.release_graph_pool(id);
+}
+
+int GraphRoutes::use_count(MempoolId id) const {
+  std::lock_guard lock(mutex_);
+  const auto it = uses_.find(id);
+  return it == uses_.end() ? 0 : static_cast<int>(it->second.open);
 }
 
 GraphRoutes::Route* GraphRoutes::route_for(cudaStream_t stream) {
@@ -59,10 +115,19 @@ GraphRoutes::Route* GraphRoutes::route_for(cudaStream_t stream) {
   return nullptr;
 }
 
-void* GraphRoutes::allocate(std::size_t bytes, cudaStream_t stream) {
-  std::lock_guard lock(mutex_);
+GraphRoutes::Routed GraphRoutes::allocate(std::size_t bytes, cudaStream_t stream) {
+  std::unique_lock lock(mutex_);
   Route* route = route_for(stream);
-  return route == nullptr ? nullptr : route->scope.allocate(bytes);
+  if (route == nullptr) return {};
+  Uses& uses = uses_.at(route->id);
+  Routed routed{nullptr, route->id, uses.allocator};
+  if (routed.allocator) {
+    lock.unlock();  // a foreign allocator may call back into PyTorch
+    routed.ptr = routed.allocator->allocate(bytes, stream);
+    return routed;
+  }
+  routed.ptr = uses.scope.allocate(bytes);
+  return routed;
 }
 
 bool GraphRoutes::deallocate(void* block, std::size_t bytes, cudaStream_t stream) noexcept {
@@ -74,8 +139,17 @@ bool GraphRoutes::deallocate(void* block, std::size_t bytes, cudaStream_t stream
     return false;
   }
   if (route == nullptr) return false;
-  route->scope.deallocate(block, bytes);
+  Uses& uses = uses_.at(route->id);
+  if (uses.allocator) return false;
+  uses.scope.deallocate(block, bytes);
   return true;
+}
+
+std::size_t GraphRoutes::claim(MempoolId id, void* block) noexcept {
+  std::lock_guard lock(mutex_);
+  const auto it = uses_.find(id);
+  if (it == uses_.end() || it->second.allocator) return 0;
+  return pool_.claim_graph_block(it->second.pool, block);
 }
 
 std::uint64_t GraphRoutes::invalid_releases() const {

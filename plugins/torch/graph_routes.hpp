@@ -1,20 +1,23 @@
-// graph_routes.hpp: PyTorch's CUDA graph captures over a device's DevicePool.
+// graph_routes.hpp: PyTorch's private memory pools (CUDA graphs, torch.cuda.MemPool) over a
+// device's DevicePool.
 //
-// torch.cuda.graph (and make_graphed_callables, torch.cuda.MemPool) tell the allocator
-// beginAllocateToPool(device, id, filter) before a capture, endAllocateToPool(device, id)
-// after it and releasePool(device, id) when the graph is reset or destroyed; `pool=` passes
-// one id to several graphs. Rules (PyTorch's private pools, on vram's graph pools):
-// - Between begin and end, a request on a stream the filter accepts comes from the graph
-//   pool of `id` (an unrouted DevicePool capture scope), and a block freed on such a stream
-//   becomes that pool's: captured work may use it at every launch.
-// - A block of a graph pool goes back to its pool whatever stream frees it, during or after
-//   the capture (DevicePool does this by itself).
-// - Every begin opens a use of the pool, every release ends one; once none is open and
-//   nothing of it is live, its memory rejoins the pool's shared tiers (DevicePool's
-//   release_graph_pool). A release of an id with no use open is counted and ignored.
+// PyTorch names a pool by a MempoolId. torch.cuda.graph, make_graphed_callables and CUDA
+// graph trees call beginAllocateToPool(device, id, filter) before allocating into it,
+// endAllocateToPool(device, id) after, and releasePool(device, id) when the graph is reset;
+// torch.cuda.MemPool calls createOrIncrefPool at construction and releasePool at its end,
+// use_mem_pool begins and ends a route filtered by the calling thread. Rules:
+// - Each begin and each retain opens a use of the pool, each release ends one (use_count);
+//   a release of an id with no use open is counted and ignored.
+// - Between begin and end, a request on a stream a route's filter accepts comes from that
+//   route's pool. A pool over vram is a DevicePool graph pool (one unrouted capture scope
+//   while routes of the pool are open): its blocks are reused only by requests routed into
+//   the same pool, whatever stream frees them, and rejoin the shared tiers once no use is
+//   open and none of them is live. A block freed on a stream a route accepts becomes that
+//   pool's (captured work may use it at every launch).
+// - A pool made with an allocator (MemPool(allocator=...)) takes each block from that
+//   allocator and gives it back there at its free; vram holds none of its memory.
 // Thread safety: a mutex for everything but active(), one relaxed load the warm path pays.
-// Filters are PyTorch's (they ask the stream's capture id, a driver query that is allowed
-// during any capture).
+// Filters are PyTorch's (they ask the stream's capture id or the calling thread).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,33 +27,51 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
 
+#include "live_blocks.hpp"
 #include "vram/device_pool.hpp"
 
 namespace vram_torch {
 
 class GraphRoutes {
  public:
-  using MempoolId = std::pair<std::uint64_t, std::uint64_t>;  // c10::cuda::MempoolId_t
+  using MempoolId = LiveBlock::PoolId;  // c10::MempoolId_t
   using Filter = std::function<bool(cudaStream_t)>;
 
   explicit GraphRoutes(vram::DevicePool& pool) noexcept : pool_(pool) {}
   GraphRoutes(const GraphRoutes&) = delete;
   GraphRoutes& operator=(const GraphRoutes&) = delete;
 
-  // Throws vram::InvalidArgument when `id` already has a capture in progress.
+  // Opens a use of `id`, made at its first use; `allocator` (only when it is made): where
+  // its blocks come from. Throws what DevicePool throws, std::bad_alloc.
+  void retain(MempoolId id, std::shared_ptr<PoolAllocator> allocator = nullptr);
+  // Opens a use of `id` and routes the requests `filter` accepts into it.
   void begin(MempoolId id, Filter filter);
+  // Ends the oldest route of `id` (its use stays open until release).
   void end(MempoolId id) noexcept;
   void release(MempoolId id) noexcept;
+  // Open uses of `id` (0 for an id never made or released).
+  int use_count(MempoolId id) const;
   bool active() const noexcept { return active_.load(std::memory_order_relaxed) != 0; }
-  // A block for a request on `stream` when a route accepts the stream; null otherwise.
-  // Throws what DevicePool throws (out of memory: without a trim, which would end the capture).
-  void* allocate(std::size_t bytes, cudaStream_t stream);
-  // True when a route accepted the stream and its pool took the block.
+
+  struct Routed {
+    void* ptr = nullptr;  // null: no route accepts the stream
+    MempoolId id{0, 0};
+    std::shared_ptr<PoolAllocator> allocator;  // set: the block is that allocator's
+  };
+  // A block for a request on `stream` when a route accepts the stream. Throws what
+  // DevicePool or the pool's allocator throws (out of memory: without a trim, which would
+  // end a capture).
+  Routed allocate(std::size_t bytes, cudaStream_t stream);
+  // True when a route over vram accepted the stream and its pool took the block.
   bool deallocate(void* block, std::size_t bytes, cudaStream_t stream) noexcept;
+  // The free block at `block` of pool `id`, live again (a checkpoint restored); its bytes,
+  // or 0 when it is no free block of that pool.
+  std::size_t claim(MempoolId id, void* block) noexcept;
   // Releases of unknown ids.
   std::uint64_t invalid_releases() const;
 
@@ -58,18 +79,31 @@ class GraphRoutes {
   struct Route {
     MempoolId id;
     Filter filter;
-    vram::DevicePool::CaptureScope scope;
   };
   struct Uses {
     vram::DevicePool::GraphPoolId pool = 0;
-    std::size_t open = 0;
+    std::shared_ptr<PoolAllocator> allocator;
+    std::size_t open = 0;       // uses: retains and begins not yet released
+    std::size_t routes = 0;     // routes not yet ended
+    std::size_t pool_uses = 0;  // graph uses of `pool` opened (each capture_into opens one)
+    vram::DevicePool::CaptureScope scope;  // open while routes != 0 (vram pools)
   };
+  // A pool no use or route keeps: its graph uses, ended outside the mutex.
+  struct Retired {
+    vram::DevicePool::GraphPoolId id = 0;
+    std::size_t uses = 0;
+    void release(vram::DevicePool& pool) noexcept;
+  };
+  // Under mutex_: erases the entry when no use or route is open.
+  Retired retire_if_unused(std::map<MempoolId, Uses>::iterator it);
+  // Under mutex_: the entry of `id`, made (with a graph pool) when absent.
+  Uses& uses_of(MempoolId id, std::shared_ptr<PoolAllocator> allocator);
   // Under mutex_: the route whose filter accepts `stream`, else null.
   Route* route_for(cudaStream_t stream);
 
   vram::DevicePool& pool_;
   mutable std::mutex mutex_;
-  std::vector<Route> routes_;  // captures in progress: a handful at most
+  std::vector<Route> routes_;  // a handful at most
   std::map<MempoolId, Uses> uses_;
   std::uint64_t invalid_releases_ = 0;
   std::atomic<std::size_t> active_{0};

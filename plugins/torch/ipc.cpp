@@ -14,6 +14,7 @@
 
 #include "cuda/ipc.hpp"
 #include "errors.hpp"
+#include "ipc.hpp"
 #include "vram_torch.h"
 
 #define VRAM_TORCH_API extern "C" __attribute__((visibility("default")))
@@ -61,18 +62,22 @@ VRAM_TORCH_API void* vram_torch_ipc_open(const void* handle, int device) {
     return nullptr;
   }
   try {
-    std::string key(static_cast<const char*>(handle), VRAM_TORCH_IPC_HANDLE_BYTES);
-    key += std::to_string(device);
-    Imported& table = imported();
-    std::lock_guard lock(table.mutex);
-    if (auto it = table.by_handle.find(key); it != table.by_handle.end()) return it->second;
-    cudaIpcMemHandle_t raw;
-    std::memcpy(&raw, handle, sizeof raw);
-    void* base = vram::cuda::open_ipc(raw, device);
-    table.by_handle.emplace(std::move(key), base);
-    return base;
+    return vram_torch::open_shared(handle, device);
   } catch (const std::exception& e) {
     vram_torch::note_error(std::string("CUDA IPC import: ") + e.what(), false);
     return nullptr;
   }
+}
+
+void* vram_torch::open_shared(const void* handle, int device) {
+  std::string key(static_cast<const char*>(handle), VRAM_TORCH_IPC_HANDLE_BYTES);
+  key += std::to_string(device);
+  Imported& table = imported();
+  std::lock_guard lock(table.mutex);
+  if (auto it = table.by_handle.find(key); it != table.by_handle.end()) return it->second;
+  cudaIpcMemHandle_t raw;
+  std::memcpy(&raw, handle, sizeof raw);
+  void* base = vram::cuda::open_ipc(raw, device);
+  table.by_handle.emplace(std::move(key), base);
+  return base;
 }

@@ -7,16 +7,16 @@ namespace vram_torch {
 vram_torch_stats_t stats_of(DeviceState& state) {
   const Counters& c = state.counters;
   vram_torch_stats_t s{};
-  s.allocated_bytes_current = c.class_bytes.current();
-  s.allocated_bytes_peak = c.class_bytes.peak();
-  s.allocated_bytes_allocated = c.class_bytes.added();
-  s.allocated_bytes_freed = c.class_bytes.removed();
-  s.requested_bytes_current = c.requested_bytes.current();
-  s.requested_bytes_peak = c.requested_bytes.peak();
-  s.allocation_current = c.allocations.current();
-  s.allocation_peak = c.allocations.peak();
-  s.allocation_allocated = c.allocations.added();
-  s.allocation_freed = c.allocations.removed();
+  s.allocated_bytes_current = c.class_bytes.all.current();
+  s.allocated_bytes_peak = c.class_bytes.all.peak();
+  s.allocated_bytes_allocated = c.class_bytes.all.added();
+  s.allocated_bytes_freed = c.class_bytes.all.removed();
+  s.requested_bytes_current = c.requested_bytes.all.current();
+  s.requested_bytes_peak = c.requested_bytes.all.peak();
+  s.allocation_current = c.allocations.all.current();
+  s.allocation_peak = c.allocations.all.peak();
+  s.allocation_allocated = c.allocations.all.added();
+  s.allocation_freed = c.allocations.all.removed();
   const vram::DevicePoolStats pool = state.pool.stats();
   s.reserved_bytes_current = pool.bytes_reserved;
   s.reserved_bytes_peak = pool.peak_bytes_reserved;

@@ -33,16 +33,19 @@ void StreamTracking::record(void* ptr, cudaStream_t stream) {
   recorded_.store(streams_of_.size(), std::memory_order_release);
 }
 
+std::vector<cudaStream_t> StreamTracking::take_recorded(void* ptr) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = streams_of_.find(ptr);
+  if (it == streams_of_.end()) return {};
+  std::vector<cudaStream_t> streams = std::move(it->second);
+  streams_of_.erase(it);
+  recorded_.store(streams_of_.size(), std::memory_order_release);
+  return streams;
+}
+
 bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, cudaStream_t stream) noexcept {
-  std::vector<cudaStream_t> streams;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = streams_of_.find(ptr);
-    if (it == streams_of_.end()) return false;
-    streams = std::move(it->second);
-    streams_of_.erase(it);
-    recorded_.store(streams_of_.size(), std::memory_order_release);
-  }
+  std::vector<cudaStream_t> streams = take_recorded(ptr);
+  if (streams.empty()) return false;
   streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
   if (streams.empty()) return false;
   HeldBack held{ptr, size, stream, {}};
@@ -73,6 +76,13 @@ bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, cudaStream_
     for (cudaStream_t other : streams) (void)vram::cuda::try_synchronize_stream(other);
     for (cudaEvent_t event : held.events) events_.give_back(event);
     return false;
+  }
+}
+
+void StreamTracking::wait_recorded(void* ptr, cudaStream_t stream) noexcept {
+  if (recorded_.load(std::memory_order_acquire) == 0) return;
+  for (cudaStream_t other : take_recorded(ptr)) {
+    if (other != stream) (void)vram::cuda::try_synchronize_stream(other);
   }
 }
 

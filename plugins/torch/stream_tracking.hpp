@@ -46,6 +46,10 @@ class StreamTracking {
     return hold_back_recorded(ptr, size, stream);
   }
 
+  // At the free of a block the pool does not own (a MemPool's own allocator's): forgets its
+  // recorded streams and waits for those other than `stream`, so its owner may reuse it.
+  void wait_recorded(void* ptr, cudaStream_t stream) noexcept;
+
   // Hands every held-back block whose events have all completed to the pool. `wait`: waits
   // for the events instead (memory is short, or empty_cache); without it, a thread that
   // finds another one releasing returns at once. Returns the blocks released.
@@ -64,6 +68,8 @@ class StreamTracking {
   };
 
   bool hold_back_recorded(void* ptr, std::size_t size, cudaStream_t stream) noexcept;
+  // The streams recorded for the live block `ptr`, forgotten here (empty: none).
+  std::vector<cudaStream_t> take_recorded(void* ptr) noexcept;
 
   const int device_;
   vram::DevicePool& pool_;

@@ -88,6 +88,15 @@ void vram_torch_record_stream(void* ptr, vram_torch_stream_t stream);
 void vram_torch_empty_cache_all(void);
 
 int vram_torch_install_graph_hooks(void);
+/* Installs vram as PyTorch's own CUDA allocator (a CUDAAllocator over the same pools; every
+ * torch.cuda memory call works: statistics, history and snapshots, MemPool, CUDA graph
+ * trees, IPC). Call before CUDA is initialised. 1 when installed, 0 when this build has no
+ * Torch (only the pluggable route above), -1 when it cannot be installed (reason:
+ * vram_torch_last_error). */
+int vram_torch_install_native(void);
+/* The version of Torch this library was built against ("2.11.0"; "" without Torch): the
+ * native allocator implements that version's interface and must run under it. */
+const char* vram_torch_torch_version(void);
 /* CUDA IPC (torch.multiprocessing sharing CUDA tensors; python/vram_torch.py registers the
  * reducers). Export: the CUDA IPC handle of the cudaMalloc segment `ptr` lies in and the
  * offset of `ptr` in it; 0: done; -1: refused (blocks over CUDA virtual memory: run with

@@ -32,7 +32,20 @@ DeviceAvailability Device::availability() noexcept {
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
     (void)cudaGetLastError();
-    result.reason = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+    int driver_version = 0;
+    (void)cudaDriverGetVersion(&driver_version);
+    int runtime_version = 0;
+    (void)cudaRuntimeGetVersion(&runtime_version);
+    if (status == cudaErrorInsufficientDriver && driver_version == 0) {
+      result.reason = "no NVIDIA driver found (libcuda could not be loaded)";
+    } else if (status == cudaErrorInsufficientDriver) {
+      result.reason = "the NVIDIA driver supports CUDA " + version_string(driver_version) +
+                      ", older than the CUDA runtime " + version_string(runtime_version) +
+                      " vram was built with";
+    } else {
+      result.reason = std::string("no usable CUDA device: ") + cudaGetErrorString(status);
+    }
+    result.reason += std::string(" (") + cudaGetErrorName(status) + ")";
     return result;
   }
   result.count = count;

@@ -33,8 +33,9 @@ std::string_view fix_hint(cudaError_t result) noexcept {
     case cudaErrorNoDevice:
       return "Fix: no CUDA device is visible; check `nvidia-smi -L` and CUDA_VISIBLE_DEVICES.";
     case cudaErrorInsufficientDriver:
-      return "Fix: no CUDA driver, or one older than this toolkit; install a driver that "
-             "supports the CUDA runtime vram was built with (see `vram info`).";
+      return "Fix: install an NVIDIA driver that supports the CUDA runtime vram was built "
+             "with (CUDA 13.0: driver 580 or newer); without a GPU, use the host-memory pools "
+             "(DevicePool over HostMemoryUpstream, `vram bench --quick`).";
     case cudaErrorMemoryAllocation:
       return "Fix: the device is out of memory; free or trim pools (trim()), lower "
              "max_cached_bytes, or request less.";

@@ -113,6 +113,29 @@ void copy_to_device(void* device_destination, const void* host_source, std::size
   check(cudaMemcpy(device_destination, host_source, bytes, cudaMemcpyHostToDevice), what);
 }
 
+void copy(void* destination, const void* source, std::size_t bytes, const char* what) {
+  check(cudaMemcpy(destination, source, bytes, cudaMemcpyDefault), what);
+}
+
+cudaError_t try_copy_device_async(void* destination, int destination_device, const void* source,
+                                  int source_device, std::size_t bytes, cudaStream_t stream,
+                                  bool peer_enabled) noexcept {
+  if (destination_device == source_device || peer_enabled) {
+    return cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDeviceToDevice, stream);
+  }
+  return cudaMemcpyPeerAsync(destination, destination_device, source, source_device, bytes, stream);
+}
+
+void enable_peer_access(int device, int peer) {
+  const DeviceGuard guard(device);
+  const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+  if (status == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();  // not sticky: clear it
+    return;
+  }
+  check(status, "cudaDeviceEnablePeerAccess");
+}
+
 void synchronize_stream(cudaStream_t stream) {
   const RelaxedCaptureMode relaxed;
   check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

@@ -61,6 +61,18 @@ void copy_to_device_async(void* device_destination, const void* host_source, std
 void copy_to_device(void* device_destination, const void* host_source, std::size_t bytes,
                     const char* what);
 
+// cudaMemcpy of `bytes` between any two pointers the runtime knows (cudaMemcpyDefault,
+// blocking); throws vram::CudaError naming `what`.
+void copy(void* destination, const void* source, std::size_t bytes, const char* what);
+// cudaMemcpyAsync of device memory on `stream`, or cudaMemcpyPeerAsync when the devices
+// differ and `peer_enabled` is false (memory mapped for one device only); the error code.
+cudaError_t try_copy_device_async(void* destination, int destination_device, const void* source,
+                                  int source_device, std::size_t bytes, cudaStream_t stream,
+                                  bool peer_enabled) noexcept;
+// cudaDeviceEnablePeerAccess(peer) made from `device`; enabled before is no error. Throws
+// vram::CudaError.
+void enable_peer_access(int device, int peer);
+
 // cudaStreamSynchronize in relaxed capture mode; throws vram::CudaError.
 void synchronize_stream(cudaStream_t stream);
 // As synchronize_stream(); false (the failure cleared) when it failed.

@@ -1,5 +1,7 @@
 #include "graph_pools.hpp"
 
+#include <algorithm>
+
 namespace vram::detail {
 
 void GraphPools::retain(Id id, Use use) {
@@ -78,6 +80,23 @@ GraphPools::Release GraphPools::deallocate(void* pointer) {
   pool.live_bytes -= owner.bytes;
   retire_if_unused(owner.pool);
   return Release::returned;
+}
+
+std::size_t GraphPools::claim(Id id, const void* pointer) {
+  std::lock_guard lock(mutex_);
+  const auto found = owner_.find(pointer);
+  if (found == owner_.end() || found->second.live || found->second.pool != id) return 0;
+  Owner& owner = found->second;
+  Pool& pool = by_id_.at(id);
+  auto [first, last] = pool.free.equal_range(owner.bytes);
+  const auto it =
+      std::find_if(first, last, [&](const auto& entry) { return entry.second == pointer; });
+  if (it == last) return 0;
+  pool.free.erase(it);
+  owner.live = true;
+  ++pool.live_blocks;
+  pool.live_bytes += owner.bytes;
+  return owner.bytes;
 }
 
 void GraphPools::restore_pending(std::vector<Block> blocks) noexcept {

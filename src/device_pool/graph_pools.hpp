@@ -75,6 +75,9 @@ class GraphPools {
   bool adopt(Id id, Block block);
   // A freed block: back to its pool when it is a graph pool's.
   Release deallocate(void* pointer);
+  // The free block at `pointer` of pool `id`, live again (a checkpoint of the pool's live
+  // blocks restored); its bytes, or 0 (nothing changed) when it is no free block of `id`.
+  std::size_t claim(Id id, const void* pointer);
   // The blocks of pools that no longer hold them (see the rules), for the shared tiers.
   std::vector<Block> take_pending();
   // Blocks take_pending() gave that cannot rejoin the shared tiers yet (the device could not

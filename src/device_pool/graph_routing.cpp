@@ -380,6 +380,15 @@ DevicePool::CaptureScope DevicePool::capture_into(GraphPoolId graph_pool) {
   return open_scope(graph_pool, nullptr, false);
 }
 
+std::size_t DevicePool::claim_graph_block(GraphPoolId graph_pool, void* block) noexcept {
+  if (!core_ || block == nullptr) return 0;
+  try {
+    return core_->graph_pools.claim(graph_pool, block);
+  } catch (...) {
+    return 0;
+  }
+}
+
 void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {
   if (!core_) return;
   try {

@@ -390,4 +390,28 @@ bool SegmentTier::past_budget(const Range* r, std::size_t need) const noexcept {
   return grow > 0 && budget_.excess_after_growth(grow, need) > 0;
 }
 
+void SegmentTier::describe(std::vector<Extent>& out) const {
+  const Lock held = lock();
+  const bool virtual_mode = map_.granule() != 0;
+  for (const Segment* segment : segments_) {
+    bool open = false;  // out.back() is being filled
+    for (const Range* r = segment->first; r != nullptr; r = r->next) {
+      if (virtual_mode && !map_.mapped_under(r, r->size)) {
+        open = false;  // an unmapped gap ends the extent
+        continue;
+      }
+      if (!open) {
+        Extent& extent = out.emplace_back();
+        extent.address = reinterpret_cast<std::uintptr_t>(r->addr);
+        extent.virtual_memory = virtual_mode;
+        open = true;
+      }
+      Extent& extent = out.back();
+      extent.parts.push_back(
+          {reinterpret_cast<std::uintptr_t>(r->addr), r->size, r->state == Range::State::used});
+      extent.bytes += r->size;
+    }
+  }
+}
+
 }  // namespace vram::detail

@@ -218,6 +218,21 @@ class SegmentTier {
   std::uint32_t contentions() const noexcept { return mutex_.contentions(); }
   Counters counters() const noexcept;
   void reset_peak() noexcept;
+  // One segment of the tier (virtual mode: an extent of wholly mapped ranges), its ranges
+  // in address order.
+  struct Extent {
+    struct Part {
+      std::uintptr_t address;
+      std::size_t bytes;
+      bool used;
+    };
+    std::uintptr_t address = 0;
+    std::size_t bytes = 0;
+    bool virtual_memory = false;
+    std::vector<Part> parts;
+  };
+  // Appends the tier's extents to `out`. Throws std::bad_alloc (the tier unchanged).
+  void describe(std::vector<Extent>& out) const;
 
  private:
   using Range = FreeRanges::Range;

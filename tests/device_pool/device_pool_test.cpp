@@ -129,6 +129,41 @@ TEST(DevicePool, MovedPoolKeepsItsBlocksAndLeases) {
   EXPECT_EQ(third.stats().bytes_cached_in_threads, 4096U);
 }
 
+TEST(DevicePool, MemoryMapCoversEveryReservedByteAndShowsWhatIsHandedOut) {
+  DevicePool::Options options;
+  options.thread_cache.blocks = 0;  // a freed large block goes straight back to its tier
+  options.thread_cache.large_bytes = 0;
+  DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
+  void* small = pool.allocate(1000);
+  void* large = pool.allocate(3_MiB);
+  void* gone = pool.allocate(5_MiB);
+  pool.deallocate(gone, 5_MiB);
+  const std::vector<DevicePoolSegment> map = pool.memory_map();
+  std::size_t total = 0;
+  bool saw_small = false, saw_large = false;
+  for (const DevicePoolSegment& segment : map) {
+    std::uintptr_t at = segment.address;
+    for (const auto& range : segment.ranges) {
+      EXPECT_EQ(range.address, at);  // in address order, no gaps
+      at += range.bytes;
+      if (range.address == reinterpret_cast<std::uintptr_t>(small)) {
+        saw_small = range.used && !segment.large;
+      }
+      if (range.address == reinterpret_cast<std::uintptr_t>(large)) {
+        saw_large = range.used && segment.large && range.bytes == pool.block_bytes(3_MiB);
+      }
+      if (range.address == reinterpret_cast<std::uintptr_t>(gone)) EXPECT_FALSE(range.used);
+    }
+    EXPECT_EQ(at - segment.address, segment.bytes);
+    total += segment.bytes;
+  }
+  EXPECT_TRUE(saw_small);
+  EXPECT_TRUE(saw_large);
+  EXPECT_EQ(total, pool.stats().bytes_reserved);
+  pool.deallocate(small, 1000);
+  pool.deallocate(large, 3_MiB);
+}
+
 TEST(DevicePool, ResetPeakStartsANewWindow) {
   DevicePool pool(std::make_shared<HostMemoryUpstream>(), validating());
   std::size_t big_reserved = 0;

@@ -49,6 +49,27 @@ TEST(GraphPools, BestFitAtMostAQuarterLarger) {
   EXPECT_EQ(pools.take(7, 1).pointer, nullptr);  // nothing free left
 }
 
+TEST(GraphPools, AClaimTakesBackExactlyThatFreeBlockOfThatPool) {
+  GraphPools pools;
+  pools.retain(1);
+  pools.retain(2);
+  ASSERT_TRUE(pools.adopt(1, {fake(1), 4096}));
+  ASSERT_TRUE(pools.adopt(1, {fake(2), 4096}));
+  ASSERT_TRUE(pools.adopt(2, {fake(3), 4096}));
+  EXPECT_EQ(pools.claim(1, fake(1)), 0U);  // live: nothing to claim
+  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.deallocate(fake(2)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.deallocate(fake(3)), GraphPools::Release::returned);
+  EXPECT_EQ(pools.claim(2, fake(2)), 0U);     // another pool's block
+  EXPECT_EQ(pools.claim(1, fake(9)), 0U);     // no block at all
+  EXPECT_EQ(pools.claim(1, fake(2)), 4096U);  // the second block, not the first of its size
+  EXPECT_EQ(pools.live_bytes_of(fake(2)), 4096U);
+  EXPECT_EQ(pools.claim(1, fake(2)), 0U);  // live again: a second claim finds nothing
+  EXPECT_EQ(pools.take(1, 4096).pointer, fake(1));
+  EXPECT_EQ(pools.take(1, 4096).pointer, nullptr);
+  EXPECT_EQ(pools.deallocate(fake(2)), GraphPools::Release::returned);
+}
+
 TEST(GraphPools, MemoryIsPendingOnlyWhenNoUseAndNothingLive) {
   GraphPools pools;
   pools.retain(3);  // graph A captures into pool 3

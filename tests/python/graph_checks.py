@@ -161,24 +161,61 @@ def check_make_graphed_callables(steps=20):
 
 
 def check_reduce_overhead(calls=5):
-    """torch.compile(mode='reduce-overhead'): outputs equal eager, or vram's own error."""
+    """torch.compile(mode='reduce-overhead') (CUDA graph trees) on an MLP: outputs equal
+    eager, for two input shapes in turn (a graph each, the allocator's pool checkpointed)."""
     model = mlp(width=256, hidden=1024, seed=5)
-    x = torch.randn(32, 256, device="cuda")
+    xs = [torch.randn(32, 256, device="cuda"), torch.randn(8, 256, device="cuda")]
     with torch.no_grad():
-        eager = model(x).clone()
+        eager = [model(x).clone() for x in xs]
         compiled = torch.compile(model, mode="reduce-overhead")
         try:
             max_diff = 0.0
-            for _ in range(calls):
-                y = compiled(x)
-                max_diff = max(max_diff, float((y - eager).abs().max().item()))
+            for i in range(calls * 2):
+                y = compiled(xs[i % 2])
+                max_diff = max(max_diff, float((y - eager[i % 2]).abs().max().item()))
             result("reduce_overhead", raised=None, max_diff=max_diff)
         except Exception as e:  # noqa: BLE001
             result("reduce_overhead", raised=type(e).__name__, text=str(e)[:600])
 
 
+def check_reduce_overhead_training(steps=6):
+    """A small transformer trained with torch.compile(mode='reduce-overhead'): forward and
+    backward graphs replayed every step; losses equal eager training's (same rounding
+    tolerance as PyTorch's own allocator shows) and no output clobbered."""
+    def build():
+        torch.manual_seed(11)
+        return torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True),
+            2).cuda()
+
+    torch.manual_seed(12)
+    batches = [torch.randn(4, 32, 128, device="cuda") for _ in range(steps)]
+
+    def train(model, compiled):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+        fn = torch.compile(model, mode="reduce-overhead") if compiled else model
+        losses = []
+        for x in batches:
+            torch.compiler.cudagraph_mark_step_begin()
+            loss = fn(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(float(loss.item()))
+        return losses
+
+    eager = train(build(), False)
+    try:
+        graphed = train(build(), True)
+        max_diff = max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(eager, graphed))
+        result("reduce_overhead_training", raised=None, max_rel_diff=max_diff, eager=eager,
+               graphed=graphed)
+    except Exception as e:  # noqa: BLE001
+        result("reduce_overhead_training", raised=type(e).__name__, text=str(e)[:600])
+
+
 for check in (check_mlp_clobber, check_pool_sharing, check_make_graphed_callables,
-              check_reduce_overhead):
+              check_reduce_overhead, check_reduce_overhead_training):
     try:
         check()
     except Exception as e:  # noqa: BLE001

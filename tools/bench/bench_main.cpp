@@ -238,7 +238,7 @@ void print_bench_usage(std::FILE* out) {
       "  -h, --help           this text\n"
       "Output files are replaced only after the whole run succeeded.\n"
       "exit codes: 0 done; 1 run-time failure; 2 bad usage or unknown device;\n"
-      "            3 nothing measured (the scenarios asked for need a GPU)\n");
+      "            3 nothing measured (every scenario asked for was skipped)\n");
 }
 
 std::string utc_now() {
@@ -364,8 +364,9 @@ int run_bench(const std::vector<std::string>& args) {
   const auto results = bench::run_scenarios(config);
   if (results.empty()) {
     std::fprintf(stderr,
-                 "vram bench: nothing was measured: the scenarios asked for need a GPU and none "
-                 "is in use; no output file written (exit %d)\n",
+                 "vram bench: nothing was measured: every scenario asked for was skipped (the "
+                 "lines above say why: a GPU needed and none in use, or no traces found); no "
+                 "output file written (exit %d)\n",
                  kExitNothingMeasured);
     return kExitNothingMeasured;
   }

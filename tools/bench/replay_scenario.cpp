@@ -62,9 +62,19 @@ std::size_t replay_steps(const BenchConfig& config) {
 void run_replay(const BenchConfig& config, Progress& progress, std::vector<Measurement>& results) {
   const auto paths = replay_trace_paths();
   if (paths.empty()) {
-    std::printf(
-        "vram bench: scenario 'replay' found no traces (bench/traces/*.csv.gz or "
-        "$VRAM_TRACE_DIR); nothing replayed\n");
+    const char* env = std::getenv("VRAM_TRACE_DIR");
+    if (env != nullptr && *env != '\0') {
+      std::printf(
+          "vram bench: scenario 'replay' skipped: VRAM_TRACE_DIR=%s holds no *.csv.gz trace "
+          "(or is no directory). Fix: point it at bench/traces of the source tree, or unset "
+          "it\n",
+          replay::printable(env).c_str());
+    } else {
+      std::printf(
+          "vram bench: scenario 'replay' skipped: no bench/traces/*.csv.gz under the working "
+          "directory or the source tree. Fix: run from the repository root, or set "
+          "VRAM_TRACE_DIR\n");
+    }
     return;
   }
   const auto specs = replay_specs(config);

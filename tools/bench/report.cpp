@@ -1,10 +1,12 @@
 #include "bench/report.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <set>
 #include <sstream>
+#include <thread>
 
 namespace vram::bench {
 namespace {
@@ -106,6 +108,20 @@ std::string format_bytes(std::size_t bytes) {
   return std::to_string(value) + " " + units[unit];
 }
 
+const char* verdict_word(const Verdict& v) {
+  if (v.ranges_overlap || (v.advantage >= 0.995 && v.advantage <= 1.005)) return "on par";
+  return v.advantage > 1 ? "better" : "WORSE";
+}
+
+// The thread count of a parameter such as "16 threads" or "to 64 MiB, 16 threads"; 0 if none.
+static std::size_t threads_of(const std::string& parameter) {
+  const auto at = parameter.find(" threads");
+  if (at == std::string::npos) return 0;
+  auto start = at;
+  while (start > 0 && std::isdigit(static_cast<unsigned char>(parameter[start - 1]))) --start;
+  return start == at ? 0 : std::stoul(parameter.substr(start, at - start));
+}
+
 std::vector<Verdict> verdicts(const std::vector<Measurement>& results) {
   std::vector<Verdict> out;
   std::vector<std::pair<std::string, std::string>> keys;
@@ -132,6 +148,10 @@ std::vector<Verdict> verdicts(const std::vector<Measurement>& results) {
     v.unit = best_ours->unit;
     v.advantage =
         best_ours->lower_is_better ? v.peer_value / v.ours_value : v.ours_value / v.peer_value;
+    v.ranges_overlap = best_ours->value.p10 <= best_peer->value.p90 &&
+                       best_peer->value.p10 <= best_ours->value.p90;
+    v.ours_samples = best_ours->value.samples;
+    v.peer_samples = best_peer->value.samples;
     out.push_back(v);
   }
   return out;
@@ -145,33 +165,35 @@ void print_tables(std::FILE* out, const std::vector<Measurement>& results,
       scenarios.push_back(m.scenario);
     }
   }
+  const std::size_t cores = std::max(1U, std::thread::hardware_concurrency());
   for (const auto& scenario : scenarios) {
     std::fprintf(out, "\n== %s ==\n", scenario.c_str());
-    std::fprintf(out, "%-22s %-34s %14s %24s  %s\n", "parameter", "allocator", "median",
-                 "p10 .. p90", "notes");
+    std::fprintf(out, "%-22s %-34s %14s %24s %5s  %s\n", "parameter", "allocator", "median",
+                 "p10 .. p90", "n", "notes");
     for (const auto& m : results) {
       if (m.scenario != scenario) continue;
       std::string notes;
       for (const auto& [key, value] : m.extra) notes += key + "=" + json_number(value) + " ";
       char spread[64];
       std::snprintf(spread, sizeof spread, "%.4g .. %.4g", m.value.p10, m.value.p90);
-      std::fprintf(out, "%-22s %-34s %10.4g %-9s %18s  %s\n", m.parameter.c_str(),
+      const std::size_t threads = threads_of(m.parameter);
+      if (threads > cores) notes += "(more threads than the " + std::to_string(cores) + " cores) ";
+      std::fprintf(out, "%-22s %-34s %10.4g %-9s %18s %5zu  %s\n", m.parameter.c_str(),
                    (m.allocator + (m.ours ? " *" : "")).c_str(), m.value.median, m.unit.c_str(),
-                   spread, notes.c_str());
+                   spread, m.value.samples, notes.c_str());
     }
     for (const auto& v : verdicts) {
       if (v.scenario != scenario) continue;
-      std::fprintf(out, "verdict %s %s: %s %.4g %s vs best peer %s %.4g %s -> %.2fx %s\n",
+      std::fprintf(out, "verdict %s %s: %s %.4g %s vs best peer %s %.4g %s -> %.2fx %s%s\n",
                    v.scenario.c_str(), v.parameter.c_str(), v.ours.c_str(), v.ours_value,
                    v.unit.c_str(), v.best_peer.c_str(), v.peer_value, v.unit.c_str(),
-                   v.advantage >= 1 ? v.advantage : 1 / v.advantage,
-                   // Within 0.5% either way is a tie, not a win or a loss.
-                   v.advantage > 1.005    ? "better"
-                   : v.advantage >= 0.995 ? "on par"
-                                          : "WORSE");
+                   v.advantage >= 1 ? v.advantage : 1 / v.advantage, verdict_word(v),
+                   v.ranges_overlap ? " (p10..p90 ranges overlap)" : "");
     }
   }
-  std::fprintf(out, "\n(* = vram; medians of repeated timed batches after warm-up)\n");
+  std::fprintf(out,
+               "\n(* = vram; median and p10..p90 of n samples: timed batches after warm-up, or "
+               "runs; a verdict is 'on par' when the ranges overlap)\n");
 }
 
 std::string to_json(const Environment& env, const std::vector<Measurement>& results,
@@ -232,22 +254,24 @@ std::string to_markdown(const Environment& env, const std::vector<Measurement>& 
     }
   }
   for (const auto& scenario : scenarios) {
-    md << "\n### " << scenario << "\n\n| parameter | allocator | median | p10 .. p90 | notes |\n"
-       << "|---|---|---|---|---|\n";
+    md << "\n### " << scenario
+       << "\n\n| parameter | allocator | median | p10 .. p90 | n | notes |\n"
+       << "|---|---|---|---|---|---|\n";
     for (const auto& m : results) {
       if (m.scenario != scenario) continue;
       std::string notes;
       for (const auto& [key, value] : m.extra) notes += key + "=" + brief(value) + " ";
       md << "| " << m.parameter << " | " << (m.ours ? "**" + m.allocator + "**" : m.allocator)
          << " | " << brief(m.value.median) << " " << m.unit << " | " << brief(m.value.p10) << " .. "
-         << brief(m.value.p90) << " | " << notes << "|\n";
+         << brief(m.value.p90) << " | " << m.value.samples << " | " << notes << "|\n";
     }
     for (const auto& v : verdicts) {
       if (v.scenario != scenario) continue;
       md << "\nVerdict " << v.parameter << ": " << v.ours << " " << brief(v.ours_value) << " "
          << v.unit << " vs best peer " << v.best_peer << " " << brief(v.peer_value) << " " << v.unit
          << ": **" << brief(v.advantage >= 1 ? v.advantage : 1 / v.advantage) << "x "
-         << (v.advantage >= 1 ? "better" : "worse") << "**\n";
+         << verdict_word(v) << "**" << (v.ranges_overlap ? " (p10..p90 ranges overlap)" : "")
+         << "\n";
     }
   }
   return md.str();

@@ -50,7 +50,15 @@ struct Verdict {
   double peer_value = 0;
   std::string unit;
   double advantage = 0;  // > 1: ours better by this factor
+  // Whether the p10..p90 ranges of the two overlap: then neither is better ("on par").
+  bool ranges_overlap = false;
+  std::size_t ours_samples = 0;
+  std::size_t peer_samples = 0;
 };
+
+// "better", "WORSE" or "on par": on par when the p10..p90 ranges overlap or the medians
+// are within 0.5% of each other.
+const char* verdict_word(const Verdict& v);
 
 std::vector<Verdict> verdicts(const std::vector<Measurement>& results);
 // The human-readable tables and verdicts, to `out` (stdout, or stderr when JSON goes to stdout).

@@ -56,6 +56,7 @@ class DevicePoolAdapter final : public ReplayAllocator {
                                                     << 8);
   }
   std::size_t peak_reserved_bytes() override { return pool_.stats().peak_bytes_reserved; }
+  std::size_t reserved_bytes() override { return pool_.stats().bytes_reserved; }
   std::optional<std::uint64_t> upstream_allocations() override {
     return pool_.stats().upstream_allocations;
   }

@@ -58,6 +58,12 @@ class CudaMallocAsyncPeer final : public ReplayAllocator {
                 "cudaMemPoolGetAttribute(cudaMemPoolAttrReservedMemHigh)");
     return value;
   }
+  std::size_t reserved_bytes() override {
+    std::uint64_t value = 0;
+    cuda::check(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &value),
+                "cudaMemPoolGetAttribute(cudaMemPoolAttrReservedMemCurrent)");
+    return value;
+  }
   std::optional<std::uint64_t> upstream_allocations() override { return std::nullopt; }
 
  private:
@@ -88,6 +94,7 @@ class CubPeer final : public ReplayAllocator {
   bool stream_ordered() const override { return true; }
   void synchronize() override { cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
   std::size_t peak_reserved_bytes() override { return peak_; }
+  std::size_t reserved_bytes() override { return reserved(); }
   std::optional<std::uint64_t> upstream_allocations() override { return upstream_allocations_; }
 
  private:
@@ -121,6 +128,7 @@ class CudaMallocPeer final : public ReplayAllocator {
   }
   bool stream_ordered() const override { return true; }
   std::size_t peak_reserved_bytes() override { return peak_; }
+  std::size_t reserved_bytes() override { return live_; }
   std::optional<std::uint64_t> upstream_allocations() override { return allocations_; }
 
  private:

@@ -62,7 +62,7 @@ class Driver {
       // One pass keeps the replay as it always was: leftovers are freed untimed (~Driver).
       const bool free_leftovers = passes > 1;
       const auto start = std::chrono::steady_clock::now();
-      const std::size_t done = run_pass(result, free_leftovers);
+      const std::size_t done = run_pass(result, free_leftovers, pass == 1);
       allocator_.synchronize();
       const double elapsed =
           std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
@@ -112,11 +112,17 @@ class Driver {
   // One pass over the trace; returns the operations it ran. Starts with no live block and
   // nothing held back; when `free_leftovers`, ends the same way (every block the trace
   // left live freed in slot order on its stream, every held-back free deallocated).
-  std::size_t run_pass(ReplayResult& result, bool free_leftovers) {
+  std::size_t run_pass(ReplayResult& result, bool free_leftovers, bool first_pass) {
     std::size_t done = 0;
     const std::size_t count = trace_.events.size();
+    const std::size_t sample_every =
+        first_pass && options_.samples > 0 ? std::max<std::size_t>(1, count / options_.samples) : 0;
+    std::size_t live = 0;
     for (; done < count; ++done) {
       const TraceEvent& event = trace_.events[done];
+      if (sample_every != 0) {
+        live = event.allocate ? live + event.bytes : live - sizes_of_live_[event.slot];
+      }
       const ReplayStream stream = stream_for(event.stream_index);
       if (event.allocate) {
         if (hold_back_) drain(done, false);
@@ -142,6 +148,9 @@ class Driver {
         stream_of_live_[event.slot] = stream;
       } else {
         free_slot(event.slot, stream, done);
+      }
+      if (sample_every != 0 && (done % sample_every == 0 || done + 1 == count)) {
+        result.samples.push_back({done, live, allocator_.reserved_bytes()});
       }
     }
     if (free_leftovers) {

@@ -44,6 +44,16 @@ struct ReplayOptions {
   std::size_t capacity_bytes = SIZE_MAX;  // emulated device size (host-only)
   std::size_t stream_lag = 8;             // host-only: events until a free's stream work completes
   std::size_t passes = 1;                 // replays of the trace on one allocator instance
+  // > 0: pass 1 records about this many samples of live and reserved bytes, evenly spaced
+  // over the trace's events (the memory picture; off in timed runs).
+  std::size_t samples = 0;
+};
+
+// Live bytes (the trace's) and the allocator's reserved bytes after event `event`.
+struct MemorySample {
+  std::size_t event = 0;
+  std::size_t live_bytes = 0;
+  std::size_t reserved_bytes = 0;
 };
 
 struct ReplayResult {
@@ -66,9 +76,10 @@ struct ReplayResult {
   std::optional<std::size_t> failed_at;    // data row of the failing event
   std::optional<std::size_t> failed_pass;  // 1-based pass of the failing event
   std::size_t failed_line = 0;
-  std::string failure;              // what the allocator said
-  std::size_t held_back_frees = 0;  // frees the driver delayed for stream order
-  std::size_t held_back_peak = 0;   // most frees held back at once
+  std::string failure;                // what the allocator said
+  std::vector<MemorySample> samples;  // ReplayOptions::samples > 0: pass 1's, in event order
+  std::size_t held_back_frees = 0;    // frees the driver delayed for stream order
+  std::size_t held_back_peak = 0;     // most frees held back at once
   double reserved_over_live() const {
     return peak_live_bytes == 0
                ? 0.0

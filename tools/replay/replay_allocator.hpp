@@ -50,6 +50,8 @@ class ReplayAllocator {
   virtual void synchronize() {}
   // High-water mark of the bytes it held from the driver (or the emulated device).
   virtual std::size_t peak_reserved_bytes() = 0;
+  // The bytes it holds now (the memory picture, `vram replay --svg`).
+  virtual std::size_t reserved_bytes() = 0;
   // Allocations it made from the driver; empty when the allocator cannot say.
   virtual std::optional<std::uint64_t> upstream_allocations() = 0;
   // Device-wide synchronizes it made (a DevicePool's quiesces); empty when it cannot say.

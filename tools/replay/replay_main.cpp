@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "replay/memory_svg.hpp"
 #include "replay/replay_cli.hpp"
 #include "vram/cuda/device.hpp"
 
@@ -178,9 +179,10 @@ using namespace vram::replay;
 void print_replay_usage(std::FILE* out) {
   std::fprintf(
       out,
-      "usage: vram replay TRACE... [--json FILE] [--host-only] [--capacity-search]\n"
+      "usage: vram replay TRACE... [--json FILE] [--svg FILE] [--host-only] [--capacity-search]\n"
       "                   [--device N] [--stream-lag N] [--runs N] [--passes N]\n"
-      "  (a value may follow as the next argument or after '=': --runs=3)\n"
+      "  (a value may follow as the next argument or after '=': --runs=3; TRACE '-' reads\n"
+      "  standard input)\n"
       "  Replays allocation traces (RMM logging_resource_adaptor CSV, or .csv.gz) through\n"
       "  vram DevicePool and the peers (cudaMallocAsync on a private pool, CUB, cudaMalloc,\n"
       "  PyTorch's caching allocator when built with VRAM_WITH_TORCH) and reports per trace\n"
@@ -210,6 +212,9 @@ void print_replay_usage(std::FILE* out) {
       "  --json FILE        one record per trace and allocator, written after the whole\n"
       "                     run succeeded ('-': to stdout, the tables then go to stderr);\n"
       "                     FILE may not be one of the traces\n"
+      "  --svg FILE         the memory picture: reserved bytes of each allocator and the\n"
+      "                     trace's live bytes over its events, one panel per trace (from\n"
+      "                     one more untimed pass each); same rules as --json\n"
       "  Exit status: 0 replayed (an allocator failing is a result), 2 bad input or usage.\n");
 }
 
@@ -222,13 +227,9 @@ constexpr std::size_t kMaxStreamLag = 1000000000;
 bool parse_count(const std::string& flag, const std::string& text, std::size_t low,
                  std::size_t high, std::size_t& value) {
   std::uint64_t parsed = 0;
-  if (!parse_number(text, parsed)) {
-    std::fprintf(stderr, "%s: %s needs a number, got '%s'\n", kCommand, flag.c_str(), text.c_str());
-    return false;
-  }
-  if (parsed < low || parsed > high) {
-    std::fprintf(stderr, "%s: %s needs %zu to %zu, got %s\n", kCommand, flag.c_str(), low, high,
-                 text.c_str());
+  if (!parse_number(text, parsed) || parsed < low || parsed > high) {
+    std::fprintf(stderr, "%s: %s needs a whole number from %zu to %zu, got '%s'\n", kCommand,
+                 flag.c_str(), low, high, printable(text).c_str());
     return false;
   }
   value = static_cast<std::size_t>(parsed);
@@ -317,7 +318,17 @@ void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
     std::string ns;
     std::string up;
     std::string ops;
-    for (std::size_t p = 0; p < r.pass_ns_per_op.size(); ++p) {
+    // Past 12 passes the first 6 and the last 5 (the JSON has every pass).
+    const std::size_t count = r.pass_ns_per_op.size();
+    for (std::size_t p = 0; p < count; ++p) {
+      if (count > 12 && p >= 6 && p + 5 < count) {
+        if (p == 6) {
+          ns += ", ...";
+          up += ", ...";
+          ops += ", ...";
+        }
+        continue;
+      }
       char buffer[32];
       std::snprintf(buffer, sizeof buffer, "%.1f", r.pass_ns_per_op[p]);
       if (p > 0) {
@@ -330,8 +341,8 @@ void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
       up += delta ? std::to_string(*delta) : std::string("n/a");
       ops += std::to_string(r.pass_operations[p]);
     }
-    std::fprintf(out, "    by pass: ns/op %s; upstream %s; ops %s\n", ns.c_str(), up.c_str(),
-                 ops.c_str());
+    std::fprintf(out, "    by pass (%zu): ns/op %s; upstream %s; ops %s\n", count, ns.c_str(),
+                 up.c_str(), ops.c_str());
   }
   if (r.failed_at) {
     if (passes >= 2) {
@@ -347,7 +358,9 @@ void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
                  static_cast<unsigned long long>(*r.device_synchronizes));
   }
   if (r.held_back_frees > 0) {
-    std::fprintf(out, "    %zu frees held back for stream order (stream-unaware allocator)\n",
+    std::fprintf(out,
+                 "    %zu frees held back until their stream's work completed (the replay "
+                 "does it for an allocator that does not order frees by stream itself)\n",
                  r.held_back_frees);
   }
 }
@@ -357,6 +370,7 @@ void print_run(std::FILE* out, const AllocatorRun& run, std::size_t passes) {
 int run_replay(const std::vector<std::string>& args) {
   std::vector<std::string> paths;
   OutputFile json{"--json", {}, {}};
+  OutputFile svg{"--svg", {}, {}};
   bool host_only = false;
   bool capacity_search = false;
   bool device_given = false;
@@ -366,7 +380,7 @@ int run_replay(const std::vector<std::string>& args) {
   for (std::size_t i = 0; i < args.size(); ++i) {
     CommandArgument arg;
     if (!next_argument(kCommand, args, i,
-                       {"--json", "--device", "--stream-lag", "--runs", "--passes"},
+                       {"--json", "--svg", "--device", "--stream-lag", "--runs", "--passes"},
                        {"--help", "--host-only", "--capacity-search"}, arg)) {
       return 2;
     }
@@ -376,7 +390,7 @@ int run_replay(const std::vector<std::string>& args) {
     } else if (arg.positional) {
       paths.push_back(arg.name);
     } else if (!arg.known) {
-      std::fprintf(stderr, "vram replay: unknown option '%s'\n", arg.name.c_str());
+      std::fprintf(stderr, "vram replay: unknown option '%s'\n", printable(arg.name).c_str());
       print_replay_usage(stderr);
       return 2;
     } else if (arg.name == "--host-only") {
@@ -385,6 +399,8 @@ int run_replay(const std::vector<std::string>& args) {
       capacity_search = true;
     } else if (arg.name == "--json") {
       if (!set_output_path(kCommand, json, arg.value)) return 2;
+    } else if (arg.name == "--svg") {
+      if (!set_output_path(kCommand, svg, arg.value)) return 2;
     } else if (arg.name == "--device") {
       if (!parse_device_ordinal(kCommand, arg.value, options.device_id)) return 2;
       device_given = true;
@@ -402,26 +418,41 @@ int run_replay(const std::vector<std::string>& args) {
     return 2;
   }
   // Everything that can refuse the run is checked before a trace is read.
-  if (!json.path.empty() && json.path != "-") {
+  if (json.path == "-" && svg.path == "-") {
+    std::fprintf(stderr, "vram replay: --json - and --svg - both want stdout; name a file\n");
+    return 2;
+  }
+  for (const OutputFile* output : {&json, &svg}) {
+    if (output->path.empty() || output->path == "-") continue;
     for (const auto& path : paths) {
-      if (same_file(json.path, path)) {
+      if (same_file(output->path, path)) {
         std::fprintf(stderr,
-                     "vram replay: --json file '%s' is the trace '%s': it would be overwritten\n",
-                     json.path.c_str(), path.c_str());
+                     "vram replay: %s file '%s' is the trace '%s': it would be overwritten\n",
+                     output->flag, output->path.c_str(), path.c_str());
         return 2;
       }
     }
+    if (!can_create(kCommand, *output)) return 2;
   }
-  if (!can_create(kCommand, json)) return 2;
-  // A --device ordinal must be visible; device 0 (also the default) replays host-only when
-  // no device is usable at all.
-  const auto availability = cuda::Device::availability();
-  if (device_given && !(options.device_id == 0 && availability.count == 0) &&
-      !device_is_visible(kCommand, options.device_id, availability.count)) {
+  if (!json.path.empty() && svg.path == json.path && json.path != "-") {
+    std::fprintf(stderr, "vram replay: --json and --svg name the same file '%s'\n",
+                 json.path.c_str());
     return 2;
   }
-  // With the JSON on stdout, everything meant for a person goes to stderr.
-  std::FILE* const human = json.path == "-" ? stderr : stdout;
+  // A --device ordinal must be visible (as `vram bench --device` wants it; --host-only with
+  // device 0, the default, names no device); without --device, no usable device means a
+  // host-only replay.
+  const auto availability = cuda::Device::availability();
+  if (device_given && !(host_only && options.device_id == 0) &&
+      !device_is_visible(kCommand, options.device_id, availability.count)) {
+    if (availability.count == 0) {
+      std::fprintf(stderr, "%s: Fix: drop --device to replay host-only (or add --host-only)\n",
+                   kCommand);
+    }
+    return 2;
+  }
+  // With the JSON or the picture on stdout, everything meant for a person goes to stderr.
+  std::FILE* const human = json.path == "-" || svg.path == "-" ? stderr : stdout;
 
   std::vector<Trace> traces;
   try {
@@ -517,10 +548,37 @@ int run_replay(const std::vector<std::string>& args) {
     }
   }
 
+  if (!svg.path.empty()) {
+    // The picture comes from one more pass of each allocator that replayed the trace, with
+    // samples and untimed (the figures above stay those of the timed runs).
+    std::vector<TracePicture> pictures;
+    ReplayOptions sampled = options;
+    sampled.passes = 1;
+    sampled.samples = 400;
+    for (const Trace& trace : traces) {
+      TracePicture& picture = pictures.emplace_back();
+      picture.trace = trace.name;
+      picture.events = trace.events.size();
+      for (const auto& spec : specs) {
+        const bool skipped = std::any_of(report.skipped.begin(), report.skipped.end(),
+                                         [&](const auto& s) { return s.allocator == spec.name; });
+        if (skipped) continue;
+        try {
+          picture.series.push_back({spec.name, replay_trace(trace, spec, sampled).samples});
+        } catch (const std::exception& error) {
+          std::fprintf(human, "  picture: %s left out: %s\n", spec.name.c_str(), error.what());
+        }
+      }
+    }
+    svg.content = memory_svg(pictures);
+  }
+  std::vector<OutputFile> outputs;
   if (!json.path.empty()) {
     json.content = to_json(report);
-    if (!write_outputs(kCommand, {json}, human)) return 1;
+    outputs.push_back(json);
   }
+  if (!svg.path.empty()) outputs.push_back(svg);
+  if (!outputs.empty() && !write_outputs(kCommand, outputs, human)) return 1;
   return 0;
 }
 

@@ -58,6 +58,10 @@ class TorchCachingPeer final : public ReplayAllocator {
     return static_cast<std::size_t>(
         torch_alloc::getDeviceStats(device_).reserved_bytes[kAggregate].peak);
   }
+  std::size_t reserved_bytes() override {
+    return static_cast<std::size_t>(
+        torch_alloc::getDeviceStats(device_).reserved_bytes[kAggregate].current);
+  }
   std::optional<std::uint64_t> upstream_allocations() override {
     return static_cast<std::uint64_t>(torch_alloc::getDeviceStats(device_).num_device_alloc -
                                       base_device_allocs_);

@@ -47,13 +47,18 @@ std::string hex(std::uint64_t value) {
   return buffer;
 }
 
+}  // namespace
+
 // `text` as it may appear in a message: printable ASCII as it is, a backslash as "\\" and
 // every other byte as "\xNN", so no byte of a trace reaches a terminal raw (escape
-// sequences, control bytes). Every message that quotes file content goes through it.
+// sequences, control bytes); past 48 bytes cut, with the length said. Every message that
+// quotes file content or a command-line value goes through it.
 std::string printable(std::string_view text) {
+  constexpr std::size_t kShown = 48;
   std::string out;
-  out.reserve(text.size());
-  for (const char c : text) {
+  const std::string_view shown = text.substr(0, std::min(text.size(), kShown));
+  out.reserve(shown.size() + 32);
+  for (const char c : shown) {
     const auto byte = static_cast<unsigned char>(c);
     if (byte == '\\') {
       out += "\\\\";
@@ -65,8 +70,13 @@ std::string printable(std::string_view text) {
       out += buffer;
     }
   }
+  if (shown.size() < text.size()) {
+    out += "... (" + std::to_string(text.size()) + " characters)";
+  }
   return out;
 }
+
+namespace {
 
 constexpr std::size_t kExamples = 5;
 constexpr std::size_t kMaxLine = std::size_t{1} << 20;  // longest line read_trace accepts
@@ -343,15 +353,18 @@ constexpr std::size_t kReadChunk = std::size_t{1} << 18;
 // file not consumed yet.
 class FileReader {
  public:
+  // "-": standard input.
   explicit FileReader(const std::string& path) : path_(path), buffer_(kReadChunk) {
     errno = 0;
-    file_ = std::fopen(path.c_str(), "rb");
+    file_ = path == "-" ? stdin : std::fopen(path.c_str(), "rb");
     if (file_ == nullptr) {
       throw TraceError(path +
                        ": cannot open: " + (errno != 0 ? std::strerror(errno) : "out of memory"));
     }
   }
-  ~FileReader() { std::fclose(file_); }
+  ~FileReader() {
+    if (file_ != stdin) std::fclose(file_);
+  }
   FileReader(const FileReader&) = delete;
   FileReader& operator=(const FileReader&) = delete;
 
@@ -459,13 +472,13 @@ Trace parse_trace(std::string_view text, const std::string& name) {
 
 Trace read_trace(const std::string& path) {
   Trace trace;
-  trace.path = path;
-  trace.name = base_name(path);
+  trace.path = path == "-" ? "standard input" : path;
+  trace.name = path == "-" ? "stdin" : base_name(path);
   Parser parser(trace);
   LineSplitter lines(parser, trace.path);
   FileReader in(path);
   if (at_gzip_magic(in)) {
-    inflate_members(in, lines, path);
+    inflate_members(in, lines, trace.path);
   } else {
     while (in.fill()) {
       lines.feed(std::string_view(reinterpret_cast<const char*>(in.data()), in.available()));

@@ -72,13 +72,17 @@ struct Trace {
   std::size_t allocations() const noexcept { return slots; }
 };
 
-// Reads a trace file (.csv or .csv.gz). Throws TraceError on a malformed line or an
-// unreadable file.
+// Reads a trace file (.csv or .csv.gz; "-": standard input). Throws TraceError on a
+// malformed line or an unreadable file.
 Trace read_trace(const std::string& path);
 // Parses CSV text already in memory; `name` is used in messages as the file name.
 Trace parse_trace(std::string_view text, const std::string& name);
 
 // Parses "0x1f" or "31"; false when it is neither.
 bool parse_number(std::string_view text, std::uint64_t& value);
+
+// `text` safe and short enough to quote in a message (control bytes escaped, cut past 48
+// bytes with its length said).
+std::string printable(std::string_view text);
 
 }  // namespace vram::replay

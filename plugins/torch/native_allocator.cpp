@@ -1,0 +1,704 @@
+#include "native_allocator.hpp"
+
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/ApproximateClock.h>
+#include <torch/csrc/cuda/CUDAPluggableAllocator.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "cuda/ipc.hpp"
+#include "cuda/memory.hpp"
+#include "device_registry.hpp"
+#include "errors.hpp"
+#include "ipc.hpp"
+#include "live_blocks.hpp"
+#include "memory_history.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram/size_classes.hpp"
+
+namespace vram_torch {
+
+namespace {
+
+namespace cca = c10::cuda::CUDACachingAllocator;
+namespace cda = c10::CachingDeviceAllocator;
+using TraceAction = cda::TraceEntry::Action;
+
+// A block of a pool PyTorch created with its own allocator (MemPool(allocator=...)).
+class ForeignPoolAllocator final : public PoolAllocator {
+ public:
+  explicit ForeignPoolAllocator(std::shared_ptr<cca::CUDAAllocator> allocator) noexcept
+      : allocator_(std::move(allocator)) {}
+  void* allocate(std::size_t size, cudaStream_t stream) override {
+    return allocator_->raw_alloc_with_stream(size, stream);
+  }
+  void deallocate(void* ptr) noexcept override {
+    try {
+      allocator_->raw_delete(ptr);
+    } catch (const std::exception& e) {
+      note_error(std::string("free through a MemPool's allocator failed: ") + e.what(), false);
+    }
+  }
+
+ private:
+  std::shared_ptr<cca::CUDAAllocator> allocator_;
+};
+
+// A pool's live blocks at getCheckpointState, restored by setCheckpointPoolState.
+struct PoolCheckpoint final : cca::AllocatorState {
+  struct Entry {
+    void* ptr;
+    LiveBlock block;
+  };
+  int device = 0;
+  LiveBlock::PoolId pool{0, 0};
+  std::vector<Entry> live;
+};
+
+LiveBlock::PoolId pool_key(const c10::MempoolId_t& id) noexcept {
+  return {static_cast<std::uint64_t>(id.first), static_cast<std::uint64_t>(id.second)};
+}
+
+std::string format_bytes(std::uint64_t bytes) {
+  static constexpr const char* kUnits[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[48];
+  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.2f %s", value, kUnits[unit]);
+  return text;
+}
+
+void copy_stat(const Tally& from, cda::Stat& to) noexcept {
+  to.current = static_cast<int64_t>(from.current());
+  to.peak = static_cast<int64_t>(from.peak());
+  to.allocated = static_cast<int64_t>(from.added());
+  to.freed = static_cast<int64_t>(from.removed());
+}
+
+void copy_stat(SplitTally& from, cda::StatArray& to) noexcept {
+  copy_stat(from.all, to[static_cast<std::size_t>(cda::StatType::AGGREGATE)]);
+  copy_stat(from.by_kind[0], to[static_cast<std::size_t>(cda::StatType::SMALL_POOL)]);
+  copy_stat(from.by_kind[1], to[static_cast<std::size_t>(cda::StatType::LARGE_POOL)]);
+}
+
+void delete_block(void* ptr);
+
+class NativeAllocator final : public cca::CUDAAllocator {
+ public:
+  c10::DataPtr allocate(std::size_t size) override {
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+    void* ptr = size == 0 ? nullptr : malloc_block(size, device, stream);
+    return {ptr, ptr, &delete_block, c10::Device(c10::DeviceType::CUDA, device)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_block; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    vram::cuda::copy(dest, src, count, "cudaMemcpy (copy_data)");
+  }
+
+  void* raw_alloc(std::size_t size) override {
+    if (size == 0) return nullptr;
+    const c10::DeviceIndex device = c10::cuda::current_device();
+    return malloc_block(size, device, c10::cuda::getCurrentCUDAStream(device).stream());
+  }
+  void* raw_alloc_with_stream(std::size_t size, cudaStream_t stream) override {
+    if (size == 0) return nullptr;
+    return malloc_block(size, c10::cuda::current_device(), stream);
+  }
+  void raw_delete(void* ptr) override {
+    if (ptr == nullptr) return;
+    TORCH_CHECK(free_block(ptr), "vram: invalid device pointer: ", ptr,
+                " (not a live block of this allocator, or freed twice)");
+  }
+
+  void init(int device_count) override {
+    device_count_ = device_count;
+    initialized_.store(true, std::memory_order_release);
+  }
+  bool initialized() override { return initialized_.load(std::memory_order_acquire); }
+
+  double getMemoryFraction(c10::DeviceIndex device) override {
+    check_device(device);
+    return fraction_[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+  }
+  void setMemoryFraction(double fraction, c10::DeviceIndex device) override {
+    check_device(device);
+    TORCH_CHECK(fraction >= 0.0 && fraction <= 1.0, "invalid fraction:", fraction,
+                ". Please set within [0, 1].");
+    const auto total = vram::cuda::total_memory(device);
+    TORCH_CHECK(total.has_value(), "vram: cannot read the memory of device ", int(device));
+    const auto index = static_cast<std::size_t>(device);
+    fraction_[index].store(fraction, std::memory_order_relaxed);
+    limit_[index].store(
+        fraction >= 1.0 ? 0 : static_cast<std::size_t>(fraction * static_cast<double>(*total)),
+        std::memory_order_relaxed);
+  }
+  std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
+    return {};  // vram's virtual-memory tier is not PyTorch's expandable segments
+  }
+
+  void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    // A private pool's free blocks stay its own while it has a use; once released they are
+    // among the memory any trim gives back.
+    for_each_state(-1, [](DeviceState& state) {
+      state.streams.release(true);
+      try {
+        state.pool.trim(0);
+      } catch (const std::exception& e) {
+        note_error(std::string("empty_cache: ") + e.what(), false);
+      }
+    });
+  }
+  void enable(bool value) override { enabled_ = value; }
+  bool isEnabled() const override { return enabled_; }
+  void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override {
+    if (largest_block == nullptr) return;
+    std::size_t largest = 0;
+    if (DeviceState* state = find_state(device)) {
+      for (const vram::DevicePoolSegment& segment : state->pool.memory_map()) {
+        for (const auto& range : segment.ranges) {
+          if (!range.used) largest = std::max(largest, range.bytes);
+        }
+      }
+    }
+    *largest_block = std::max(*largest_block, largest);
+  }
+  void* getBaseAllocation(void* ptr, std::size_t* size) override {
+    // Each block is its own base: shareIpcHandle adds the block's offset in its segment.
+    if (size != nullptr) *size = live_.size_of(ptr);
+    return ptr;
+  }
+
+  void recordStream(const c10::DataPtr& data, c10::cuda::CUDAStream stream) override {
+    void* ptr = data.get();
+    if (ptr == nullptr || data.get_deleter() != &delete_block) return;  // not ours
+    DeviceState* state = find_state(data.device().index());
+    if (state == nullptr) return;
+    state->counters.record_calls.fetch_add(1, std::memory_order_relaxed);
+    try {
+      state->streams.record(ptr, stream.stream());
+    } catch (...) {
+      note_error("record_stream: out of host memory; synchronizing the stream instead", false);
+      (void)vram::cuda::try_synchronize_stream(stream.stream());
+    }
+  }
+
+  cda::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    cda::DeviceStats stats;
+    DeviceState* state = find_state(device);
+    if (state == nullptr) return stats;
+    Counters& c = state->counters;
+    copy_stat(c.allocations, stats.allocation);
+    copy_stat(c.allocations, stats.active);
+    copy_stat(c.class_bytes, stats.allocated_bytes);
+    copy_stat(c.class_bytes, stats.active_bytes);
+    copy_stat(c.requested_bytes, stats.requested_bytes);
+    // Blocks freed but held back for recorded streams are still active (PyTorch's meaning).
+    const auto held_blocks = static_cast<int64_t>(state->streams.held_blocks());
+    const auto held_bytes = static_cast<int64_t>(state->streams.held_bytes());
+    auto& active = stats.active[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
+    auto& active_bytes = stats.active_bytes[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
+    active.current += held_blocks;
+    active_bytes.current += held_bytes;
+    active.peak = std::max(active.peak, active.current);
+    active_bytes.peak = std::max(active_bytes.peak, active_bytes.current);
+
+    const vram::DevicePoolStats pool = state->pool.stats();
+    auto& reserved = stats.reserved_bytes[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
+    reserved.current = static_cast<int64_t>(pool.bytes_reserved);
+    reserved.peak = static_cast<int64_t>(pool.peak_bytes_reserved);
+    auto& segments = stats.segment[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
+    segments.current = static_cast<int64_t>(pool.segments);
+    segments.allocated = static_cast<int64_t>(pool.upstream_allocations);
+    segments.freed = static_cast<int64_t>(pool.upstream_frees);
+    stats.num_alloc_retries =
+        static_cast<int64_t>(pool.oom_retries + c.retries.load(std::memory_order_relaxed));
+    stats.num_ooms = static_cast<int64_t>(c.ooms.load(std::memory_order_relaxed));
+    stats.num_sync_all_streams = static_cast<int64_t>(pool.quiesces);
+    stats.num_device_alloc = static_cast<int64_t>(pool.upstream_allocations);
+    stats.num_device_free = static_cast<int64_t>(pool.upstream_frees);
+    stats.max_split_size = -1;  // no limit: PyTorch reports its SIZE_MAX default as -1
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    if (DeviceState* state = find_state(device)) {
+      state->counters.restart_totals();
+      state->counters.retries.store(0, std::memory_order_relaxed);
+      state->counters.ooms.store(0, std::memory_order_relaxed);
+    }
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    if (DeviceState* state = find_state(device)) {
+      state->counters.restart_peaks();
+      state->pool.reset_peak();
+    }
+  }
+
+  cca::SnapshotInfo snapshot(c10::MempoolId_t mempool_id, bool include_traces) override;
+
+  void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                           std::function<bool(cudaStream_t)> filter) override {
+    state_for(device).graphs.begin(pool_key(id), std::move(filter));
+  }
+  void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    if (DeviceState* state = find_state(device)) state->graphs.end(pool_key(id));
+  }
+  void releasePool(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    if (DeviceState* state = find_state(device)) state->graphs.release(pool_key(id));
+  }
+  int getPoolUseCount(c10::DeviceIndex device, c10::MempoolId_t id) override {
+    DeviceState* state = find_state(device);
+    return state == nullptr ? 0 : state->graphs.use_count(pool_key(id));
+  }
+  void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
+                          std::shared_ptr<cca::CUDAAllocator> allocator) override {
+    std::shared_ptr<PoolAllocator> foreign;
+    if (allocator != nullptr && allocator.get() != this) {
+      foreign = std::make_shared<ForeignPoolAllocator>(std::move(allocator));
+    }
+    state_for(device).graphs.retain(pool_key(id), std::move(foreign));
+  }
+  // vram's private pools never lend their free blocks to other requests (use_on_oom asks
+  // for that) and never split a block (no_split): both are accepted and change nothing.
+  void setUseOnOOM(c10::DeviceIndex, c10::MempoolId_t, bool) override {}
+  void setNoSplit(c10::DeviceIndex, c10::MempoolId_t) override {}
+
+  bool checkPoolLiveAllocations(c10::DeviceIndex device, c10::MempoolId_t id,
+                                const std::unordered_set<void*>& expected) override {
+    const LiveBlock::PoolId key = pool_key(id);
+    std::size_t found = 0;
+    bool all_expected = true;
+    live_.for_each([&](void* ptr, const LiveBlock& block) {
+      if (block.device != device || block.pool != key) return;
+      ++found;
+      if (expected.count(ptr) == 0) all_expected = false;
+    });
+    return all_expected && found == expected.size();
+  }
+
+  cca::ShareableHandle shareIpcHandle(void* ptr) override {
+    try {
+      const vram::cuda::IpcExport exported = vram::cuda::export_ipc(ptr);
+      return {static_cast<ptrdiff_t>(exported.offset),
+              std::string(reinterpret_cast<const char*>(&exported.handle), sizeof exported.handle)};
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "vram: cannot share this CUDA tensor with another process: ", e.what());
+    }
+  }
+  std::shared_ptr<void> getIpcDevPtr(std::string handle) override {
+    TORCH_CHECK(handle.size() == sizeof(cudaIpcMemHandle_t), "vram: a CUDA IPC handle of ",
+                handle.size(), " bytes; vram shares ", sizeof(cudaIpcMemHandle_t),
+                "-byte cudaIpcMemHandle_t handles");
+    const int device = c10::cuda::current_device();
+    void* base = open_shared_segment(handle, device);
+    TORCH_CHECK(base != nullptr, "vram: cannot open a shared CUDA tensor: ", last_error_text());
+    // The mapping stays for the life of the process (one per handle, as PyTorch caches).
+    return std::shared_ptr<void>(base, [](void*) {});
+  }
+
+  bool isHistoryEnabled() override { return history_.enabled(); }
+  void recordHistory(bool enabled, cda::CreateContextFn recorder, std::size_t max_entries,
+                     cda::RecordContext when, bool clear,
+                     const std::vector<std::string>& skip_actions) override {
+    history_.record_history(enabled, recorder, max_entries, when, clear, skip_actions);
+  }
+  void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
+    history_.annotate(md, c10::cuda::current_device());
+  }
+  void pushCompileContext(std::string& md) override { history_.push_compile_context(md); }
+  void popCompileContext() override { history_.pop_compile_context(); }
+  void setUserMetadata(const std::string& metadata) override {
+    history_.set_user_metadata(metadata);
+  }
+  std::string getUserMetadata() override { return history_.user_metadata(); }
+  void attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) override {
+    history_.attach_oom_observer(std::move(observer));
+  }
+  void attachAllocatorTraceTracker(cda::AllocatorTraceTracker tracker) override {
+    history_.attach_tracker(std::move(tracker));
+  }
+
+  void enablePeerAccess(c10::DeviceIndex dev, c10::DeviceIndex dev_to_access) override {
+    vram::cuda::enable_peer_access(dev, dev_to_access);
+  }
+  cudaError_t memcpyAsync(void* dst, int dst_device, const void* src, int src_device,
+                          std::size_t count, cudaStream_t stream, bool p2p_enabled) override {
+    return vram::cuda::try_copy_device_async(dst, dst_device, src, src_device, count, stream,
+                                             p2p_enabled);
+  }
+
+  std::shared_ptr<cca::AllocatorState> getCheckpointState(c10::DeviceIndex device,
+                                                          c10::MempoolId_t id) override {
+    auto checkpoint = std::make_shared<PoolCheckpoint>();
+    checkpoint->device = device;
+    checkpoint->pool = pool_key(id);
+    live_.for_each([&](void* ptr, const LiveBlock& block) {
+      if (block.device == device && block.pool == checkpoint->pool) {
+        checkpoint->live.push_back({ptr, block});
+      }
+    });
+    return checkpoint;
+  }
+  cca::CheckpointDelta setCheckpointPoolState(c10::DeviceIndex device,
+                                              std::shared_ptr<cca::AllocatorState> state) override;
+
+  std::string name() override { return "vram"; }
+
+  // The allocation path of every entry point. Throws c10::OutOfMemoryError (PyTorch's
+  // torch.OutOfMemoryError) and c10::Error.
+  void* malloc_block(std::size_t size, c10::DeviceIndex device, cudaStream_t stream);
+  // The free path: false when `ptr` is no live block (nothing changed).
+  bool free_block(void* ptr) noexcept;
+
+ private:
+  void check_device(c10::DeviceIndex device) const {
+    TORCH_CHECK(device >= 0 && device < kMaxDevices, "vram: invalid device ", int(device));
+  }
+  [[noreturn]] void out_of_memory(DeviceState& state, int device, std::size_t size,
+                                  cudaStream_t stream, const std::string& why);
+  void trace(TraceAction action, int device, const void* ptr, std::size_t size, cudaStream_t stream,
+             LiveBlock::PoolId pool, MemoryHistory::Context context);
+  static std::string last_error_text() {
+    std::string text(copy_last_error(nullptr, 0), '\0');
+    copy_last_error(text.data(), text.size() + 1);
+    return text;
+  }
+  static void* open_shared_segment(const std::string& handle, int device);
+
+  LiveBlocks live_;
+  MemoryHistory history_;
+  std::array<std::atomic<double>, kMaxDevices> fraction_{};
+  static constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
+  std::array<std::atomic<std::size_t>, kMaxDevices> limit_{};  // bytes; kNoLimit: none
+  std::atomic<bool> initialized_{false};
+  int device_count_ = 0;
+  bool enabled_ = true;
+
+ public:
+  NativeAllocator() {
+    for (auto& f : fraction_) f.store(1.0, std::memory_order_relaxed);
+    for (auto& l : limit_) l.store(kNoLimit, std::memory_order_relaxed);
+  }
+};
+
+std::shared_ptr<NativeAllocator>& installed() {
+  static auto* allocator = new std::shared_ptr<NativeAllocator>();  // never destroyed
+  return *allocator;
+}
+
+void delete_block(void* ptr) {
+  if (ptr == nullptr) return;
+  if (!installed()->free_block(ptr)) {
+    note_error("free of a pointer that is no live block of vram (ignored)", false);
+  }
+}
+
+void NativeAllocator::trace(TraceAction action, int device, const void* ptr, std::size_t size,
+                            cudaStream_t stream, LiveBlock::PoolId pool,
+                            MemoryHistory::Context context) {
+  history_.record(cda::TraceEntry(
+      action, static_cast<c10::DeviceIndex>(device), reinterpret_cast<std::uintptr_t>(ptr), size,
+      stream,
+      {static_cast<c10::CaptureId_t>(pool.first), static_cast<c10::CaptureId_t>(pool.second)},
+      c10::getApproximateTime(), std::move(context)));
+}
+
+void NativeAllocator::out_of_memory(DeviceState& state, int device, std::size_t size,
+                                    cudaStream_t stream, const std::string& why) {
+  state.counters.ooms.fetch_add(1, std::memory_order_relaxed);
+  const auto info = vram::cuda::memory_info(device);
+  const std::size_t total = info ? info->total_bytes : 0;
+  const std::size_t free = info ? info->free_bytes : 0;
+  const std::uint64_t allocated = state.counters.class_bytes.all.current();
+  const vram::DevicePoolStats pool = state.pool.stats();
+  history_.notify_oom(device, allocated, total, free);
+  if (history_.wanted()) {
+    history_.record(cda::TraceEntry(TraceAction::OOM, static_cast<c10::DeviceIndex>(device), free,
+                                    size, stream, {0, 0}, c10::getApproximateTime()));
+  }
+  note_error(why, true);
+  TORCH_CHECK_WITH(
+      OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ", format_bytes(size),
+      ". GPU ", device, " has a total capacity of ", format_bytes(total), " of which ",
+      format_bytes(free), " is free. Of the allocated memory ", format_bytes(allocated),
+      " is allocated by PyTorch (vram), and ",
+      format_bytes(pool.bytes_reserved > allocated ? pool.bytes_reserved - allocated : 0),
+      " is reserved by vram but unallocated. vram: ", why);
+}
+
+void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
+                                    cudaStream_t stream) {
+  DeviceState* state = nullptr;
+  try {
+    state = &state_for(device);
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "vram: cannot create the pool of device ", int(device), ": ", e.what());
+  }
+  TORCH_CHECK_WITH(OutOfMemoryError, size <= vram::SizeClasses::kMaxBytes,
+                   "CUDA out of memory. Tried to allocate ", format_bytes(size),
+                   ": more than any block of vram (at most 1 TiB)");
+  if (state->streams.held_blocks() != 0) state->streams.release(false);
+  const std::size_t block_bytes = state->pool.block_bytes(size);
+  if (const std::size_t limit =
+          limit_[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+      limit != 0 && state->counters.class_bytes.all.current() + block_bytes > limit) {
+    out_of_memory(*state, device, size, stream,
+                  "the allocation would exceed the allowed memory of this process (" +
+                      format_bytes(limit) + ", set_per_process_memory_fraction)");
+  }
+  // While PyTorch routes requests to a private pool (graph_routes.hpp): one relaxed load
+  // otherwise.
+  const bool routing = state->graphs.active();
+  GraphRoutes::Routed routed;
+  for (int attempt = 0;; ++attempt) {
+    try {
+      if (routing) routed = state->graphs.allocate(size, stream);
+      if (routed.allocator && routed.ptr == nullptr) {
+        // The pool's own allocator said no: its blocks never come from vram.
+        out_of_memory(*state, device, size, stream,
+                      "the allocator of the MemPool this request is routed to returned null");
+      }
+      if (routed.ptr == nullptr) routed.ptr = state->pool.allocate_async(size, stream);
+      break;
+    } catch (const std::bad_alloc& e) {
+      if (attempt == 0 && state->reclaim_held_back(routing)) continue;
+      out_of_memory(*state, device, size, stream, e.what());
+    } catch (const c10::Error&) {
+      throw;  // a MemPool's own allocator said no
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "vram: allocation of ", size, " bytes on device ", int(device),
+                  " failed: ", e.what());
+    }
+  }
+  LiveBlock block;
+  block.size = size;
+  block.block_bytes = routed.allocator ? size : block_bytes;
+  block.device = device;
+  block.stream = stream;
+  block.pool = routed.id;
+  block.allocator = std::move(routed.allocator);
+  const bool tracing = history_.wanted();
+  try {
+    if (tracing) block.context = history_.context_for_allocation();
+    live_.insert(routed.ptr, block);
+  } catch (...) {
+    if (block.allocator) {
+      block.allocator->deallocate(routed.ptr);
+    } else {
+      state->pool.deallocate_async(routed.ptr, size, stream);
+    }
+    throw;
+  }
+  state->counters.count_allocation(block.block_bytes, size);
+  if (tracing) {
+    trace(TraceAction::ALLOC, device, routed.ptr, block.block_bytes, stream, block.pool,
+          std::static_pointer_cast<c10::GatheredContext>(block.context));
+  }
+  return routed.ptr;
+}
+
+bool NativeAllocator::free_block(void* ptr) noexcept {
+  std::optional<LiveBlock> found = live_.take(ptr);
+  if (!found) return false;
+  LiveBlock& block = *found;
+  DeviceState* state = find_state(block.device);
+  if (state == nullptr) return true;  // cannot be: a block's state outlives it
+  state->counters.count_free(block.block_bytes, block.size);
+  if (history_.wanted()) {
+    try {
+      trace(TraceAction::FREE_REQUESTED, block.device, ptr, block.block_bytes, block.stream,
+            block.pool, history_.context_for_free());
+      trace(TraceAction::FREE_COMPLETED, block.device, ptr, block.block_bytes, block.stream,
+            block.pool, nullptr);
+    } catch (...) {
+      note_error("memory history: a free could not be recorded", false);
+    }
+  }
+  if (block.allocator) {
+    // Its allocator cannot order the reuse after recorded streams: they are waited for.
+    state->streams.wait_recorded(ptr, block.stream);
+    block.allocator->deallocate(ptr);
+    return true;
+  }
+  // Freed during a capture on a stream a route accepts: that pool's (graph_routes.hpp).
+  if (state->graphs.active() && state->graphs.deallocate(ptr, block.size, block.stream)) {
+    return true;
+  }
+  if (state->streams.hold_back(ptr, block.size, block.stream)) return true;
+  state->pool.deallocate_async(ptr, block.size, block.stream);
+  return true;
+}
+
+cca::CheckpointDelta NativeAllocator::setCheckpointPoolState(
+    c10::DeviceIndex device, std::shared_ptr<cca::AllocatorState> state) {
+  auto* checkpoint = dynamic_cast<PoolCheckpoint*>(state.get());
+  TORCH_CHECK(checkpoint != nullptr, "vram: a checkpoint state that vram did not make");
+  TORCH_CHECK(checkpoint->device == device, "vram: a checkpoint of device ", checkpoint->device,
+              " restored on device ", int(device));
+  DeviceState& device_state = state_for(device);
+  cca::CheckpointDelta delta;
+  // Every live block of the pool goes back to it...
+  std::vector<void*> live;
+  live_.for_each([&](void* ptr, const LiveBlock& block) {
+    if (block.device == device && block.pool == checkpoint->pool) live.push_back(ptr);
+  });
+  for (void* ptr : live) {
+    if (free_block(ptr)) delta.ptrs_freed.push_back(ptr);
+  }
+  // ...and the checkpoint's live blocks are taken again, at their addresses. A block of the
+  // pool may be larger than its request (the pool reuses a block up to a quarter larger), so
+  // any claimed size is accepted. All are claimed before any DataPtr exists: when one is no
+  // longer a free block of the pool, the claimed ones go back and nothing was made.
+  std::vector<const PoolCheckpoint::Entry*> claimed;
+  claimed.reserve(checkpoint->live.size());
+  for (const PoolCheckpoint::Entry& entry : checkpoint->live) {
+    if (device_state.graphs.claim(checkpoint->pool, entry.ptr) == 0) {
+      for (const PoolCheckpoint::Entry* back : claimed) {
+        device_state.pool.deallocate_async(back->ptr, back->block.size, back->block.stream);
+      }
+      TORCH_CHECK(false, "vram: cannot restore the checkpoint of pool (", checkpoint->pool.first,
+                  ", ", checkpoint->pool.second, "): the block at ", entry.ptr,
+                  " is no longer a free block of that pool");
+    }
+    claimed.push_back(&entry);
+  }
+  delta.dataptrs_allocd.reserve(claimed.size());
+  for (const PoolCheckpoint::Entry* entry : claimed) {
+    live_.insert(entry->ptr, entry->block);
+    device_state.counters.count_allocation(entry->block.block_bytes, entry->block.size);
+    delta.dataptrs_allocd.emplace_back(entry->ptr, entry->ptr, &delete_block,
+                                       c10::Device(c10::DeviceType::CUDA, device));
+  }
+  return delta;
+}
+
+cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
+  cca::SnapshotInfo info;
+  const LiveBlock::PoolId wanted = pool_key(mempool_id);
+  struct Live {
+    std::uintptr_t address;
+    const void* ptr;
+    LiveBlock block;
+  };
+  std::vector<Live> live;
+  live_.for_each([&](void* ptr, const LiveBlock& block) {
+    live.push_back({reinterpret_cast<std::uintptr_t>(ptr), ptr, block});
+  });
+  std::sort(live.begin(), live.end(),
+            [](const Live& a, const Live& b) { return a.address < b.address; });
+  auto block_info = [](const Live& l) {
+    cda::BlockInfo b;
+    b.size = l.block.block_bytes;
+    b.requested_size = l.block.size;
+    b.allocated = true;
+    b.active = true;
+    b.context_when_allocated = std::static_pointer_cast<c10::GatheredContext>(l.block.context);
+    return b;
+  };
+  // vram's segments, cut where the owner changes: a private pool's live blocks lie among
+  // the shared tiers' ranges, and PyTorch reads a segment's pool (segment_pool_id) to find
+  // them. Free ranges and blocks vram keeps cached are the shared pool's.
+  for_each_state(-1, [&](DeviceState& state) {
+    const int device = state.device;
+    for (const vram::DevicePoolSegment& segment : state.pool.memory_map()) {
+      cda::SegmentInfo* open = nullptr;
+      auto add = [&](cda::BlockInfo block, std::uintptr_t address, LiveBlock::PoolId pool,
+                     const Live* live_block) {
+        const c10::MempoolId_t owner{static_cast<c10::CaptureId_t>(pool.first),
+                                     static_cast<c10::CaptureId_t>(pool.second)};
+        if (open == nullptr || open->owner_private_pool_id != owner) {
+          open = &info.segments.emplace_back();
+          open->device = static_cast<c10::DeviceIndex>(device);
+          open->address = address;
+          open->is_large = segment.large;
+          open->is_expandable = segment.virtual_memory;
+          open->owner_private_pool_id = owner;
+        }
+        open->total_size += block.size;
+        if (live_block != nullptr) {
+          open->allocated_size += block.size;
+          open->active_size += block.size;
+          open->requested_size += live_block->block.size;
+          open->stream = live_block->block.stream;
+        }
+        open->blocks.push_back(std::move(block));
+      };
+      auto next = std::lower_bound(
+          live.begin(), live.end(), segment.address,
+          [](const Live& l, std::uintptr_t address) { return l.address < address; });
+      for (const auto& range : segment.ranges) {
+        std::uintptr_t at = range.address;
+        const std::uintptr_t end = range.address + range.bytes;
+        // A used range holds live blocks (of this device) or blocks vram keeps cached.
+        for (; range.used && next != live.end() && next->address < end; ++next) {
+          if (next->block.device != device || next->address < at) continue;
+          if (next->address > at) {
+            cda::BlockInfo gap;
+            gap.size = next->address - at;
+            add(std::move(gap), at, {0, 0}, nullptr);
+          }
+          add(block_info(*next), next->address, next->block.pool, &*next);
+          at = next->address + next->block.block_bytes;
+        }
+        if (at < end) {
+          cda::BlockInfo rest;
+          rest.size = end - at;
+          add(std::move(rest), at, {0, 0}, nullptr);
+        }
+      }
+    }
+  });
+  if (wanted != LiveBlock::PoolId{0, 0}) {  // only that pool's segments
+    std::erase_if(info.segments,
+                  [&](const cda::SegmentInfo& s) { return s.owner_private_pool_id != mempool_id; });
+  }
+  if (include_traces) {
+    info.device_traces = history_.traces();
+    info.device_traces.resize(static_cast<std::size_t>(std::max(device_count_, 1)));
+    info.external_annotations = history_.annotations();
+  }
+  info.config_metadata.last_allocator_settings = "vram";
+  info.config_metadata.max_split_size = std::numeric_limits<std::size_t>::max();
+  if (DeviceState* state = find_state(0)) {
+    info.config_metadata.expandable_segments = state->pool.uses_virtual_memory();
+  }
+  return info;
+}
+
+void* NativeAllocator::open_shared_segment(const std::string& handle, int device) {
+  return open_shared(handle.data(), device);
+}
+
+}  // namespace
+
+int install_native_allocator() noexcept {
+  try {
+    auto& allocator = installed();
+    if (allocator) return 1;
+    auto made = std::make_shared<NativeAllocator>();
+    torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(made);
+    allocator = std::move(made);
+    return 1;
+  } catch (const std::exception& e) {
+    note_error(std::string("cannot install vram as PyTorch's CUDA allocator: ") + e.what(), false);
+    return -1;
+  }
+}
+
+}  // namespace vram_torch

@@ -1,0 +1,231 @@
+"""vram as PyTorch's own CUDA allocator (vram_torch.enable() with a library built against
+Torch): torch.cuda's memory calls over vram's pools.
+
+Figures are checked against vram's own counters and against what the test allocated
+(differences), never against hard-coded totals: PyTorch allocates workspaces of its own.
+"""
+import gc
+import os
+import tempfile
+
+import vram_test_util as util
+
+torch = util.torch_with_gpu()
+import vram_torch  # noqa: E402
+
+MODE = vram_torch.enable()
+MiB = util.MiB
+
+
+def _agree_with_vram():
+    """torch.cuda's figures equal vram_torch.stats() read at the same moment."""
+    torch.cuda.synchronize()
+    v = vram_torch.stats()
+    t = torch.cuda.memory_stats()
+    assert torch.cuda.memory_allocated() == v["allocated_bytes.all.current"]
+    assert torch.cuda.max_memory_allocated() == v["allocated_bytes.all.peak"]
+    assert torch.cuda.memory_reserved() == v["reserved_bytes.all.current"]
+    assert torch.cuda.max_memory_reserved() == v["reserved_bytes.all.peak"]
+    assert t["requested_bytes.all.current"] == v["requested_bytes.all.current"]
+    assert t["allocation.all.current"] == v["allocation.all.current"]
+    assert t["num_device_alloc"] == v["num_device_alloc"]
+    assert t["num_ooms"] == v["num_ooms"]
+    assert t["allocated_bytes.all.current"] == (t["allocated_bytes.small_pool.current"]
+                                               + t["allocated_bytes.large_pool.current"])
+    return t
+
+
+def test_enable_installs_vram_as_pytorchs_own_allocator():
+    assert MODE == "native", MODE
+    assert torch.cuda.memory.get_allocator_backend() == "vram"
+
+
+def test_memory_calls_agree_with_vram_through_training_steps():
+    torch.manual_seed(0)
+    model = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True), 2).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.cuda.reset_peak_memory_stats()
+    assert torch.cuda.max_memory_allocated() == torch.cuda.memory_allocated()
+    peaks = []
+    for step in range(4):
+        x = torch.randn(8, 64 + 16 * step, 256, device="cuda")  # a fresh shape each step
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        stats = _agree_with_vram()
+        peaks.append(stats["allocated_bytes.all.peak"])
+        assert stats["allocated_bytes.all.peak"] >= stats["allocated_bytes.all.current"]
+        assert stats["reserved_bytes.all.current"] >= stats["allocated_bytes.all.current"]
+    assert peaks == sorted(peaks), peaks  # longer sequences need more
+    before = torch.cuda.memory_stats()
+    torch.cuda.reset_accumulated_memory_stats()
+    after = torch.cuda.memory_stats()
+    assert after["allocation.all.allocated"] == 0 and after["allocated_bytes.all.freed"] == 0
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+
+
+def test_counters_follow_a_tensor_exactly():
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()
+    x = torch.empty(5 * MiB + 3, dtype=torch.uint8, device="cuda")
+    during = torch.cuda.memory_stats()
+    assert during["requested_bytes.all.current"] - before["requested_bytes.all.current"] \
+        == 5 * MiB + 3
+    assert during["allocated_bytes.large_pool.current"] \
+        - before["allocated_bytes.large_pool.current"] == vram_torch.block_bytes(5 * MiB + 3)
+    assert during["allocation.all.allocated"] - before["allocation.all.allocated"] == 1
+    del x
+    after = torch.cuda.memory_stats()
+    assert after["allocated_bytes.all.current"] == before["allocated_bytes.all.current"]
+    assert after["allocation.all.freed"] - before["allocation.all.freed"] == 1
+
+
+def test_snapshot_shows_vram_segments_and_memory_viz_renders_it():
+    from torch.cuda import _memory_viz
+
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    try:
+        keep = [torch.empty(n, dtype=torch.uint8, device="cuda") for n in (3000, 2 * MiB, 40 * MiB)]
+        gone = torch.empty(8 * MiB, dtype=torch.uint8, device="cuda")
+        del gone
+        snap = torch.cuda.memory._snapshot()
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "snapshot.pickle")
+            torch.cuda.memory._dump_snapshot(path)
+            assert os.path.getsize(path) > 0
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    segments = snap["segments"]
+    assert segments, "no segments"
+    reserved = sum(s["total_size"] for s in segments)
+    print(f"snapshot: {len(segments)} segments, {reserved} bytes; reserved "
+          f"{torch.cuda.memory_reserved()}")
+    assert reserved <= torch.cuda.memory_reserved()
+    addresses = {}
+    for s in segments:
+        assert sum(b["size"] for b in s["blocks"]) == s["total_size"], s["address"]
+        at = s["address"]
+        for b in s["blocks"]:
+            addresses[at] = b
+            at += b["size"]
+    for t in keep:
+        b = addresses.get(t.data_ptr())
+        assert b is not None and b["state"] == "active_allocated", (t.numel(), b)
+        assert b["requested_size"] == t.numel()
+        assert b["frames"], "no stack recorded for a live block"
+    trace = snap["device_traces"][torch.cuda.current_device()]
+    actions = [e["action"] for e in trace]
+    assert "alloc" in actions and "free_completed" in actions, actions[-10:]
+    frees = [e for e in trace if e["action"] == "free_requested"]
+    assert frees and frees[-1]["size"] == vram_torch.block_bytes(8 * MiB)
+    html = _memory_viz.trace_plot(snap)
+    assert "<html" in html.lower() and len(html) > 1000
+    assert _memory_viz.segment_plot(snap)
+    assert "segment" in _memory_viz.segsum(snap).lower()
+    del keep
+
+
+def test_mem_pool_keeps_its_blocks_and_counts_its_uses():
+    pool = torch.cuda.MemPool()
+    assert pool.use_count() == 1
+    with torch.cuda.use_mem_pool(pool):
+        assert pool.use_count() == 2
+        x = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
+        y = torch.empty(1000, dtype=torch.uint8, device="cuda")
+    z = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")  # not the pool's
+    assert pool.use_count() == 1
+    segments = torch.cuda.memory.memory_snapshot(pool.id)
+    in_pool = {s["address"] for s in segments}
+    assert x.data_ptr() in in_pool and y.data_ptr() in in_pool and z.data_ptr() not in in_pool
+    x_ptr = x.data_ptr()
+    del x
+    with torch.cuda.use_mem_pool(pool):
+        x2 = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
+    assert x2.data_ptr() == x_ptr, "a freed block of the pool is its own to reuse"
+    w = torch.empty(16 * MiB, dtype=torch.uint8, device="cuda")
+    assert w.data_ptr() != x_ptr
+    del x2, y, z, w, pool
+    gc.collect()
+    torch.cuda.empty_cache()
+    _agree_with_vram()
+
+
+def test_mem_pool_with_its_own_allocator_takes_blocks_from_it():
+    # A pluggable allocator over vram's C interface stands for any foreign one (NCCL's, ...).
+    other = torch.cuda.memory.CUDAPluggableAllocator(
+        vram_torch.library_path(), "vram_torch_alloc", "vram_torch_free")
+    pool = torch.cuda.MemPool(other.allocator())
+    before = vram_torch.stats()["allocation.all.allocated"]
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.ones(4 * MiB, device="cuda")
+    # Counted twice: once by PyTorch's call of the foreign allocator (which is vram's C
+    # interface here), once as an allocation of the pool.
+    assert vram_torch.stats()["allocation.all.allocated"] - before == 2
+    assert float(x.sum()) == 4 * MiB
+    del x, pool
+    gc.collect()
+    _agree_with_vram()
+
+
+def test_memory_fraction_raises_out_of_memory_past_it_and_stays_usable():
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(0.25)
+    try:
+        assert abs(torch.cuda.get_per_process_memory_fraction() - 0.25) < 1e-9
+        seen = []
+        torch._C._cuda_attach_out_of_memory_observer(
+            lambda device, alloc, device_alloc, device_free: seen.append(device))
+        ooms = torch.cuda.memory_stats()["num_ooms"]
+        try:
+            torch.empty(int(total * 0.3), dtype=torch.uint8, device="cuda")
+            raise AssertionError("no out-of-memory error past the fraction")
+        except torch.OutOfMemoryError as e:
+            assert "CUDA out of memory" in str(e) and "memory_fraction" in str(e), str(e)
+        assert torch.cuda.memory_stats()["num_ooms"] == ooms + 1
+        assert seen == [0], seen
+        ok = torch.empty(int(total * 0.1), dtype=torch.uint8, device="cuda")
+        ok.fill_(1)
+        del ok
+        torch.cuda.set_per_process_memory_fraction(0.0)  # nothing more may be allocated
+        try:
+            torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+            raise AssertionError("an allocation passed a fraction of 0")
+        except torch.OutOfMemoryError:
+            pass
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_raw_alloc_raw_delete_and_caching_allocator_calls():
+    stream = torch.cuda.current_stream().cuda_stream
+    ptr = torch.cuda.caching_allocator_alloc(3 * MiB, stream=stream)
+    assert ptr != 0
+    assert torch.cuda.memory_stats()["requested_bytes.all.current"] >= 3 * MiB
+    torch.cuda.caching_allocator_delete(ptr)
+    try:
+        torch.cuda.caching_allocator_delete(ptr)  # a double free is refused
+        raise AssertionError("a second delete of the same pointer was accepted")
+    except RuntimeError as e:
+        assert "invalid device pointer" in str(e), str(e)
+    _agree_with_vram()
+
+
+def test_record_stream_delays_reuse_until_the_stream_has_run():
+    side = torch.cuda.Stream()
+    x = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    ptr = x.data_ptr()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(util.SLEEP_CYCLES)
+        x.fill_(3)
+    x.record_stream(side)
+    del x
+    y = torch.empty(64 * MiB, dtype=torch.uint8, device="cuda")
+    assert y.data_ptr() != ptr, "a block used by a running stream was handed out again"
+    torch.cuda.synchronize()
+    del y
+
+
+if __name__ == "__main__":
+    util.run_tests(globals())
