@@ -544,7 +544,9 @@ std::size_t occurrences(const std::string& text, const std::string& what) {
 }
 
 TEST(CliReplay, TheSvgPictureHasOneLineOfReservedBytesPerAllocatorAndTheLiveLine) {
-  const auto path = (std::filesystem::temp_directory_path() / "vram_replay_picture.svg").string();
+  const auto path = (std::filesystem::temp_directory_path() /
+                     ("vram_replay_picture_" + std::to_string(::getpid()) + ".svg"))
+                        .string();
   std::filesystem::remove(path);
   const auto run = capture_replay({"--host-only", sample_trace(), "--svg", path});
   ASSERT_EQ(run.code, 0) << run.err;

@@ -2,6 +2,7 @@
 // stream-order rule over host memory, the JSON report, capacity search, and the bench's
 // replay and batched scenarios. One GPU test replays the sample through every peer.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -43,7 +44,10 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-std::string temp_path(const std::string& name) { return ::testing::TempDir() + name; }
+// Unique to this process: two runs of the tests at once (two builds) never share a file.
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + std::to_string(::getpid()) + "-" + name;
+}
 
 void write_gzip(const std::string& path, const std::string& text) {
   gzFile file = gzopen(path.c_str(), "wb");
