@@ -44,9 +44,11 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
-// Unique to this process: two runs of the tests at once (two builds) never share a file.
+// In a folder of this process: two runs of the tests at once (two builds) never share a file.
 std::string temp_path(const std::string& name) {
-  return ::testing::TempDir() + std::to_string(::getpid()) + "-" + name;
+  const std::string dir = ::testing::TempDir() + "vram-tests-" + std::to_string(::getpid()) + "/";
+  std::filesystem::create_directories(dir);
+  return dir + name;
 }
 
 void write_gzip(const std::string& path, const std::string& text) {
