@@ -26,10 +26,8 @@ std::string version_text() {
 std::string no_device_explanation() {
   const auto availability = cuda::Device::availability();
   if (availability.count > 0) return "a CUDA device is visible";
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  (void)cudaGetLastError();
   std::string text = availability.reason;
+  const auto status = static_cast<cudaError_t>(availability.error);
   const auto fix = cuda::fix_hint(status == cudaSuccess ? cudaErrorNoDevice : status);
   if (!fix.empty()) text += ". " + std::string(fix);
   return text;

@@ -121,6 +121,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "vram/memory_map.hpp"
 #include "vram/stream_fence.hpp"
 #include "vram/upstream.hpp"
 
@@ -165,22 +166,6 @@ struct DevicePoolStats {
   // Captures without a scope ("CUDA graphs"): allocate_async calls served by a capture's
   // own pool, and deallocate_async calls that gave it a block that was not yet its.
   std::uint64_t unscoped_capture_calls = 0;
-};
-
-// One span of a DevicePool's memory, cut into ranges in address order (DevicePool::
-// memory_map): a segment taken from the upstream, or an extent of mapped granules of the
-// virtual-memory large tier (its free ranges not wholly mapped are left out).
-struct DevicePoolSegment {
-  struct Range {
-    std::uintptr_t address = 0;
-    std::size_t bytes = 0;
-    bool used = false;  // handed out by its tier: live, or cached by the pool (caches, rings)
-  };
-  std::uintptr_t address = 0;
-  std::size_t bytes = 0;
-  bool large = false;           // the large tier's (else the small classes')
-  bool virtual_memory = false;  // mapped granules of the virtual-memory tier
-  std::vector<Range> ranges;
 };
 
 // What backs DevicePool's large tier (blocks above small_block_max_bytes).

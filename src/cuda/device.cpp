@@ -46,6 +46,7 @@ DeviceAvailability Device::availability() noexcept {
       result.reason = std::string("no usable CUDA device: ") + cudaGetErrorString(status);
     }
     result.reason += std::string(" (") + cudaGetErrorName(status) + ")";
+    result.error = status;
     return result;
   }
   result.count = count;

@@ -182,21 +182,8 @@ DevicePoolStats DevicePool::stats() const { return core_ ? core_->stats() : Devi
 std::vector<DevicePoolSegment> DevicePool::memory_map() const {
   std::vector<DevicePoolSegment> segments;
   if (!core_) return segments;
-  for (const bool large : {false, true}) {
-    std::vector<detail::SegmentTier::Extent> extents;
-    (large ? core_->large : core_->small).describe(extents);
-    for (const auto& extent : extents) {
-      DevicePoolSegment& segment = segments.emplace_back();
-      segment.address = extent.address;
-      segment.bytes = extent.bytes;
-      segment.large = large;
-      segment.virtual_memory = extent.virtual_memory;
-      segment.ranges.reserve(extent.parts.size());
-      for (const auto& part : extent.parts) {
-        segment.ranges.push_back({part.address, part.bytes, part.used});
-      }
-    }
-  }
+  core_->small.describe(false, segments);
+  core_->large.describe(true, segments);
   return segments;
 }
 

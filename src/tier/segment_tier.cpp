@@ -390,7 +390,7 @@ bool SegmentTier::past_budget(const Range* r, std::size_t need) const noexcept {
   return grow > 0 && budget_.excess_after_growth(grow, need) > 0;
 }
 
-void SegmentTier::describe(std::vector<Extent>& out) const {
+void SegmentTier::describe(bool large, std::vector<DevicePoolSegment>& out) const {
   const Lock held = lock();
   const bool virtual_mode = map_.granule() != 0;
   for (const Segment* segment : segments_) {
@@ -401,13 +401,14 @@ void SegmentTier::describe(std::vector<Extent>& out) const {
         continue;
       }
       if (!open) {
-        Extent& extent = out.emplace_back();
-        extent.address = reinterpret_cast<std::uintptr_t>(r->addr);
-        extent.virtual_memory = virtual_mode;
+        DevicePoolSegment& opened = out.emplace_back();
+        opened.address = reinterpret_cast<std::uintptr_t>(r->addr);
+        opened.large = large;
+        opened.virtual_memory = virtual_mode;
         open = true;
       }
-      Extent& extent = out.back();
-      extent.parts.push_back(
+      DevicePoolSegment& extent = out.back();
+      extent.ranges.push_back(
           {reinterpret_cast<std::uintptr_t>(r->addr), r->size, r->state == Range::State::used});
       extent.bytes += r->size;
     }

@@ -84,6 +84,7 @@
 #include "stream_tags.hpp"
 #include "vram/detail/pointer_map.hpp"
 #include "vram/detail/tier_mutex.hpp"
+#include "vram/memory_map.hpp"
 #include "vram/stream_fence.hpp"
 #include "vram/upstream.hpp"
 #include "vram/virtual_memory.hpp"
@@ -218,21 +219,9 @@ class SegmentTier {
   std::uint32_t contentions() const noexcept { return mutex_.contentions(); }
   Counters counters() const noexcept;
   void reset_peak() noexcept;
-  // One segment of the tier (virtual mode: an extent of wholly mapped ranges), its ranges
-  // in address order.
-  struct Extent {
-    struct Part {
-      std::uintptr_t address;
-      std::size_t bytes;
-      bool used;
-    };
-    std::uintptr_t address = 0;
-    std::size_t bytes = 0;
-    bool virtual_memory = false;
-    std::vector<Part> parts;
-  };
-  // Appends the tier's extents to `out`. Throws std::bad_alloc (the tier unchanged).
-  void describe(std::vector<Extent>& out) const;
+  // Appends the tier's segments (virtual mode: its extents of wholly mapped ranges) to
+  // `out`, marked `large`. Throws std::bad_alloc (the tier unchanged).
+  void describe(bool large, std::vector<DevicePoolSegment>& out) const;
 
  private:
   using Range = FreeRanges::Range;

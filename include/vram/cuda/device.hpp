@@ -15,6 +15,7 @@ namespace vram::cuda {
 struct DeviceAvailability {
   int count = 0;       // visible devices; 0 when there is no device or no usable driver
   std::string reason;  // empty when count > 0; otherwise the CUDA error that said why
+  int error = 0;       // that cudaError_t (cudaSuccess when the driver counted the devices)
 };
 
 struct DeviceProperties {
