@@ -12,8 +12,10 @@ reason (or a run could not start), 0 otherwise. A listed test that passes under 
 reported as stale.
 """
 import argparse
+import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -23,17 +25,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 # (name, file under DIR, pytest -k expression, pytest-xdist workers): the tests of the
-# allocator's concerns, each file spread over a few processes (pytest-xdist) when it is
-# installed.
+# allocator's concerns. No workers by default: each worker imports Torch and Inductor again,
+# which on a fresh machine took longer than the tests.
 SUITES = [
     ("test_cuda",
      "test_cuda.py",
      "(memory or Memory or graph or Graph or stream or Stream or pool or Pool or alloc or "
      "Alloc or oom or OOM or snapshot or fraction or cach or empty or record or stats or "
-     "peak or ipc or IPC) and not MallocAsync and not expandable", 3),
+     "peak or ipc or IPC) and not expandable", 0),
     ("cudagraph_trees",
      os.path.join("inductor", "test_cudagraph_trees.py"),
-     "CudaGraphTreeTests", 4),
+     "CudaGraphTreeTests", 0),
 ]
 
 
@@ -81,14 +83,14 @@ def run_suite(python, tests_dir, out, name, path, expression, workers, allocator
         [os.path.join(ROOT, "python"), HERE, os.path.join(tests_dir, os.path.dirname(path)),
          tests_dir, env.get("PYTHONPATH", "")])
     cmd = [python, "-m", "pytest", os.path.join(tests_dir, path), "-k", expression, "-q",
-           "-p", "no:cacheprovider", "-p", "pytorch_tests_compat", "--junitxml", junit,
+           "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "pytorch_tests_compat", "--junitxml", junit,
            "-o", "junit_family=xunit1", "-rfE"]
     if allocator == "vram":
         cmd[3:3] = ["-p", "vram_enable_plugin"]
     try:
         import pytest_timeout  # noqa: F401
 
-        cmd += ["--timeout", "180"]
+        cmd += ["--timeout", "90"]
     except ImportError:
         pass
     if workers:
@@ -100,11 +102,20 @@ def run_suite(python, tests_dir, out, name, path, expression, workers, allocator
             pass
     start = time.time()
     with open(log, "w") as f:
+        # At the time limit pytest gets SIGINT: it stops and still writes the junit file with
+        # the tests it ran, so a run cut short reports what it saw (rc "interrupted").
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tests_dir,
+                                start_new_session=True)
         try:
-            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tests_dir,
-                                timeout=timeout).returncode
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            rc = "timeout"
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            rc = "interrupted"
     return outcomes(junit, name), rc, time.time() - start
 
 
@@ -114,22 +125,50 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--only", action="append", help="suite name(s) to run")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per suite run")
+    parser.add_argument("--timeout", type=float, default=900,
+                        help="seconds per suite run; then it is interrupted, its results kept")
+    parser.add_argument("--together", action="store_true",
+                        help="run each suite with both allocators at once (two processes on "
+                        "one GPU: half the time; a test that measures the whole GPU may differ)")
+    parser.add_argument("--wait-for", help="a file to wait for before the runs under vram "
+                        "(the plug-in built beside the runs with PyTorch's allocator)")
     args = parser.parse_args()
     args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
     listed = read_exceptions(os.path.join(HERE, "pytorch_tests_exceptions.txt"))
-    report = {"suites": {}, "regressions": [], "excused": [], "stale": [], "failed_runs": []}
+    report = {"suites": {}, "regressions": [], "excused": [], "stale": [], "not_reached": [],
+              "failed_runs": []}
+    runs = {}  # (suite, allocator): (outcomes, rc, seconds)
+    suites = []
     for name, path, expression, workers in SUITES:
         if args.only and name not in args.only:
             continue
         if not os.path.exists(os.path.join(args.tests, path)):
             report["failed_runs"].append(f"{name}: {path} not found in {args.tests}")
             continue
-        torch_res, torch_rc, torch_s = run_suite(args.python, args.tests, args.out, name, path,
-                                                 expression, workers, "torch", args.timeout)
-        vram_res, vram_rc, vram_s = run_suite(args.python, args.tests, args.out, name, path,
-                                              expression, workers, "vram", args.timeout)
+        suites.append((name, path, expression, workers))
+
+    def run(name, path, expression, workers, allocator):
+        if allocator == "vram" and args.wait_for:
+            while not os.path.exists(args.wait_for):
+                time.sleep(1)
+        runs[(name, allocator)] = run_suite(args.python, args.tests, args.out, name, path,
+                                            expression, workers, allocator, args.timeout)
+
+    if args.together:
+        for suite in suites:
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                for f in [pool.submit(run, *suite, a) for a in ("torch", "vram")]:
+                    f.result()
+    else:  # PyTorch's allocator first: its runs need no plug-in
+        for allocator in ("torch", "vram"):
+            for suite in suites:
+                run(*suite, allocator)
+    for name, path, expression, workers in SUITES:
+        if (name, "torch") not in runs:
+            continue
+        torch_res, torch_rc, torch_s = runs[(name, "torch")]
+        vram_res, vram_rc, vram_s = runs[(name, "vram")]
         for allocator, res, rc in (("torch", torch_res, torch_rc), ("vram", vram_res, vram_rc)):
             if not res:
                 report["failed_runs"].append(f"{name} ({allocator}): no results, rc {rc}")
@@ -146,6 +185,8 @@ def main():
                 both += 1
                 if test in listed:
                     report["stale"].append(test)
+            elif under_vram == "missing" and vram_rc == "interrupted":
+                report["not_reached"].append(test)
             elif test in listed:
                 report["excused"].append({"test": test, "vram": under_vram,
                                           "reason": listed[test]})
@@ -157,13 +198,14 @@ def main():
                                   "vram_s": round(vram_s, 1)}
     with open(os.path.join(args.out, "pytorch_tests.json"), "w") as f:
         json.dump(report, f, indent=1)
-    lines = ["| suite | PyTorch's allocator: pass/fail/error/skip | vram | pass with both |",
-             "|---|---|---|---|"]
+    lines = ["| suite | PyTorch's allocator: pass/fail/error/skip | vram | pass with both | "
+             "exit (PyTorch's / vram) | seconds |", "|---|---|---|---|---|---|"]
     for name, s in report["suites"].items():
         t, v = s["torch"], s["vram"]
         lines.append(f"| {name} | {t['passed']}/{t['failed']}/{t['error']}/{t['skipped']} | "
                      f"{v['passed']}/{v['failed']}/{v['error']}/{v['skipped']} | "
-                     f"{s['pass_with_both']} |")
+                     f"{s['pass_with_both']} | {s['torch_rc']} / {s['vram_rc']} | "
+                     f"{s['torch_s']} / {s['vram_s']} |")
     lines.append("")
     lines.append(f"regressions without a listed reason: {len(report['regressions'])}")
     lines += [f"- {r['test']} ({r['vram']} under vram)" for r in report["regressions"]]
@@ -172,6 +214,9 @@ def main():
     if report["stale"]:
         lines.append(f"listed but passing under vram (stale): {len(report['stale'])}")
         lines += [f"- {t}" for t in report["stale"]]
+    if report["not_reached"]:
+        lines.append(f"passed with PyTorch's allocator, not reached under vram before the "
+                     f"time limit: {len(report['not_reached'])}")
     lines += [f"run failed: {r}" for r in report["failed_runs"]]
     text = "\n".join(lines) + "\n"
     with open(os.path.join(args.out, "pytorch_tests.md"), "w") as f:
