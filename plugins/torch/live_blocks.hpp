@@ -40,7 +40,8 @@ struct LiveBlock {
   cudaStream_t stream = nullptr;
   PoolId pool{0, 0};
   std::shared_ptr<PoolAllocator> allocator;  // set: the block is that allocator's
-  std::shared_ptr<void> context;             // PyTorch's stack of the allocation, if recorded
+  bool uncached = false;          // cudaMalloc'd while the caching allocator was disabled
+  std::shared_ptr<void> context;  // PyTorch's stack of the allocation, if recorded
 };
 
 class LiveBlocks {

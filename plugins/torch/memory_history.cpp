@@ -53,6 +53,7 @@ void MemoryHistory::record_history(bool enabled,
   recorder_ = enabled ? recorder : nullptr;
   when_ = enabled ? when : RecordContext::NEVER;
   skip_actions_ = skip_actions;
+  clear = clear || !enabled;  // as PyTorch: turning history off empties the trace
   if (clear || max_entries != max_entries_) {
     for (Ring& ring : rings_) {
       if (clear) {
@@ -111,7 +112,7 @@ void MemoryHistory::record(TraceEntry entry) {
   if (when_ == RecordContext::STATE) entry.context_.reset();
   const std::string_view name = action_name(entry.action_);
   if (std::find(skip_actions_.begin(), skip_actions_.end(), name) != skip_actions_.end()) return;
-  if (!compile_contexts_.empty()) entry.compile_context_ = compile_contexts_.back();
+  entry.compile_context_ = compile_contexts_.empty() ? "N/A" : compile_contexts_.back();
   if (!user_metadata_.empty()) entry.user_metadata_ = user_metadata_;
   const auto device = static_cast<std::size_t>(entry.device_);
   if (rings_.size() <= device) rings_.resize(device + 1);

@@ -71,16 +71,19 @@ LiveBlock::PoolId pool_key(const c10::MempoolId_t& id) noexcept {
   return {static_cast<std::uint64_t>(id.first), static_cast<std::uint64_t>(id.second)};
 }
 
+// PyTorch's own size format (bytes up to 1024, then KiB, MiB, GiB with two decimals, never
+// TiB): tools and tests match its out-of-memory message.
 std::string format_bytes(std::uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  std::size_t unit = 0;
-  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
-    value /= 1024.0;
-    ++unit;
-  }
   char text[48];
-  std::snprintf(text, sizeof text, unit == 0 ? "%.0f %s" : "%.2f %s", value, kUnits[unit]);
+  if (bytes <= 1024) {
+    std::snprintf(text, sizeof text, "%llu bytes", static_cast<unsigned long long>(bytes));
+  } else if (bytes <= (std::uint64_t{1} << 20)) {
+    std::snprintf(text, sizeof text, "%.2f KiB", static_cast<double>(bytes) / 1024.0);
+  } else if (bytes <= (std::uint64_t{1} << 30)) {
+    std::snprintf(text, sizeof text, "%.2f MiB", static_cast<double>(bytes) / 1048576.0);
+  } else {
+    std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / 1073741824.0);
+  }
   return text;
 }
 
@@ -165,8 +168,10 @@ class NativeAllocator final : public cca::CUDAAllocator {
       }
     });
   }
-  void enable(bool value) override { enabled_ = value; }
-  bool isEnabled() const override { return enabled_; }
+  // torch.cuda.caching_allocator_enable(False): new requests go to cudaMalloc one by one,
+  // uncounted (PyTorch's meaning); blocks vram holds stay until freed.
+  void enable(bool value) override { enabled_.store(value, std::memory_order_relaxed); }
+  bool isEnabled() const override { return enabled_.load(std::memory_order_relaxed); }
   void cacheInfo(c10::DeviceIndex device, std::size_t* largest_block) override {
     if (largest_block == nullptr) return;
     std::size_t largest = 0;
@@ -370,6 +375,10 @@ class NativeAllocator final : public cca::CUDAAllocator {
   void check_device(c10::DeviceIndex device) const {
     TORCH_CHECK(device >= 0 && device < kMaxDevices, "vram: invalid device ", int(device));
   }
+  void* malloc_uncached(std::size_t size, c10::DeviceIndex device, cudaStream_t stream);
+  // The profiler's memory events (torch.profiler.profile(profile_memory=True)): `bytes` is
+  // negative for a free.
+  static void report_to_profiler(DeviceState& state, void* ptr, std::int64_t bytes, int device);
   [[noreturn]] void out_of_memory(DeviceState& state, int device, std::size_t size,
                                   cudaStream_t stream, const std::string& why);
   void trace(TraceAction action, int device, const void* ptr, std::size_t size, cudaStream_t stream,
@@ -388,7 +397,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
   std::array<std::atomic<std::size_t>, kMaxDevices> limit_{};  // bytes; kNoLimit: none
   std::atomic<bool> initialized_{false};
   int device_count_ = 0;
-  bool enabled_ = true;
+  std::atomic<bool> enabled_{true};
 
  public:
   NativeAllocator() {
@@ -450,9 +459,10 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
   } catch (const std::exception& e) {
     TORCH_CHECK(false, "vram: cannot create the pool of device ", int(device), ": ", e.what());
   }
-  TORCH_CHECK_WITH(OutOfMemoryError, size <= vram::SizeClasses::kMaxBytes,
-                   "CUDA out of memory. Tried to allocate ", format_bytes(size),
-                   ": more than any block of vram (at most 1 TiB)");
+  if (size > vram::SizeClasses::kMaxBytes) {
+    out_of_memory(*state, device, size, stream, "more than any block of vram (at most 1 TiB)");
+  }
+  if (!enabled_.load(std::memory_order_relaxed)) return malloc_uncached(size, device, stream);
   if (state->streams.held_blocks() != 0) state->streams.release(false);
   const std::size_t block_bytes = state->pool.block_bytes(size);
   if (const std::size_t limit =
@@ -506,28 +516,78 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
     throw;
   }
   state->counters.count_allocation(block.block_bytes, size);
-  if (tracing) {
-    trace(TraceAction::ALLOC, device, routed.ptr, block.block_bytes, stream, block.pool,
+  if (tracing) {  // PyTorch's trace holds the requested size
+    trace(TraceAction::ALLOC, device, routed.ptr, size, stream, block.pool,
           std::static_pointer_cast<c10::GatheredContext>(block.context));
   }
+  if (c10::memoryProfilingEnabled()) {
+    report_to_profiler(*state, routed.ptr, static_cast<std::int64_t>(block.block_bytes), device);
+  }
   return routed.ptr;
+}
+
+void* NativeAllocator::malloc_uncached(std::size_t size, c10::DeviceIndex device,
+                                       cudaStream_t stream) {
+  void* ptr = nullptr;
+  try {
+    ptr = vram::cuda::allocate_device(size, device);
+  } catch (const vram::OutOfMemory& e) {
+    out_of_memory(state_for(device), device, size, stream,
+                  std::string("cudaMalloc (caching allocator disabled): ") + e.what());
+  } catch (const std::exception& e) {
+    TORCH_CHECK(false, "vram: cudaMalloc of ", size, " bytes on device ", int(device),
+                " failed: ", e.what());
+  }
+  LiveBlock block;
+  block.size = size;
+  block.block_bytes = size;
+  block.device = device;
+  block.stream = stream;
+  block.uncached = true;
+  try {
+    live_.insert(ptr, block);
+  } catch (...) {
+    vram::cuda::free_device(ptr);
+    throw;
+  }
+  return ptr;
+}
+
+void NativeAllocator::report_to_profiler(DeviceState& state, void* ptr, std::int64_t bytes,
+                                         int device) {
+  const vram::DevicePoolStats pool = state.pool.stats();
+  c10::reportMemoryUsageToProfiler(
+      ptr, bytes, static_cast<std::size_t>(state.counters.class_bytes.all.current()),
+      pool.bytes_reserved,
+      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device)));
 }
 
 bool NativeAllocator::free_block(void* ptr) noexcept {
   std::optional<LiveBlock> found = live_.take(ptr);
   if (!found) return false;
   LiveBlock& block = *found;
+  if (block.uncached) {  // made while the caching allocator was disabled: never counted
+    vram::cuda::free_device(ptr);
+    return true;
+  }
   DeviceState* state = find_state(block.device);
   if (state == nullptr) return true;  // cannot be: a block's state outlives it
   state->counters.count_free(block.block_bytes, block.size);
   if (history_.wanted()) {
     try {
-      trace(TraceAction::FREE_REQUESTED, block.device, ptr, block.block_bytes, block.stream,
-            block.pool, history_.context_for_free());
-      trace(TraceAction::FREE_COMPLETED, block.device, ptr, block.block_bytes, block.stream,
-            block.pool, nullptr);
+      trace(TraceAction::FREE_REQUESTED, block.device, ptr, block.size, block.stream, block.pool,
+            history_.context_for_free());
+      trace(TraceAction::FREE_COMPLETED, block.device, ptr, block.size, block.stream, block.pool,
+            nullptr);
     } catch (...) {
       note_error("memory history: a free could not be recorded", false);
+    }
+  }
+  if (c10::memoryProfilingEnabled()) {
+    try {
+      report_to_profiler(*state, ptr, -static_cast<std::int64_t>(block.block_bytes), block.device);
+    } catch (...) {
+      note_error("profiler: a free could not be reported", false);
     }
   }
   if (block.allocator) {
@@ -693,6 +753,9 @@ int install_native_allocator() noexcept {
     if (allocator) return 1;
     auto made = std::make_shared<NativeAllocator>();
     torch::cuda::CUDAPluggableAllocator::changeCurrentAllocator(made);
+    // torch.accelerator's memory calls read the allocator registered for CUDA in c10's
+    // table, which changeCurrentAllocator leaves at PyTorch's own.
+    c10::SetAllocator(c10::DeviceType::CUDA, made.get());
     allocator = std::move(made);
     return 1;
   } catch (const std::exception& e) {

@@ -119,7 +119,7 @@ def test_snapshot_shows_vram_segments_and_memory_viz_renders_it():
     actions = [e["action"] for e in trace]
     assert "alloc" in actions and "free_completed" in actions, actions[-10:]
     frees = [e for e in trace if e["action"] == "free_requested"]
-    assert frees and frees[-1]["size"] == vram_torch.block_bytes(8 * MiB)
+    assert frees and frees[-1]["size"] == 8 * MiB  # PyTorch's trace: the requested size
     html = _memory_viz.trace_plot(snap)
     assert "<html" in html.lower() and len(html) > 1000
     assert _memory_viz.segment_plot(snap)
@@ -225,6 +225,98 @@ def test_record_stream_delays_reuse_until_the_stream_has_run():
     assert y.data_ptr() != ptr, "a block used by a running stream was handed out again"
     torch.cuda.synchronize()
     del y
+
+
+def test_accelerator_memory_calls_read_vram():
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    acc = torch.accelerator.memory_stats()
+    cuda = torch.cuda.memory_stats()
+    for key in ("allocated_bytes.all.current", "active_bytes.all.current",
+                "requested_bytes.all.current", "reserved_bytes.all.current"):
+        assert acc[key] == cuda[key], key
+    assert torch.accelerator.memory_allocated() == torch.cuda.memory_allocated()
+    del x
+
+
+def test_out_of_memory_message_and_observers_for_any_size():
+    seen = []
+    torch._C._cuda_attach_out_of_memory_observer(lambda *args: seen.append(args))
+    with _raises(torch.OutOfMemoryError) as message:
+        torch.empty(1024 * 1024 * 1024 * 1024, device="cuda")  # 4 TiB: beyond any block
+    assert "Tried to allocate 4096.00 GiB. GPU " in message[0], message[0]
+    assert "has a total capacity of" in message[0], message[0]
+    assert seen and seen[-1][0] == torch.cuda.current_device(), seen
+
+
+def test_history_skips_actions_carries_context_and_is_emptied_when_turned_off():
+    torch.cuda.memory._record_memory_history(context="all", skip_actions=["free_completed"])
+    try:
+        torch.cuda.memory._set_memory_metadata("step 7")
+        x = torch.empty(MiB + 5, dtype=torch.uint8, device="cuda")
+        del x
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    finally:
+        torch.cuda.memory._set_memory_metadata("")
+        torch.cuda.memory._record_memory_history(enabled=None)
+    actions = [e["action"] for e in trace]
+    assert "free_requested" in actions and "free_completed" not in actions, actions
+    alloc = [e for e in trace if e["action"] == "alloc"][-1]
+    assert alloc["size"] == MiB + 5, alloc["size"]
+    assert alloc["user_metadata"] == "step 7" and alloc["compile_context"] == "N/A", alloc
+    # Turned off, the trace is empty (PyTorch's rule): the next recording starts afresh.
+    torch.cuda.memory._record_memory_history(context="all")
+    try:
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert not [e for e in trace if e["action"] == "free_requested"], trace[:5]
+
+
+def test_disabled_caching_allocator_uses_cuda_malloc_uncounted():
+    stream = torch.cuda.current_stream().cuda_stream
+    before = torch.cuda.memory_stats()["requested_bytes.all.allocated"]
+    torch.cuda.caching_allocator_enable(False)
+    try:
+        ptr = torch._C._cuda_cudaCachingAllocator_raw_alloc(MiB, stream)
+        during = torch.cuda.memory_stats()["requested_bytes.all.allocated"]
+        torch._C._cuda_cudaCachingAllocator_raw_delete(ptr)
+        t = torch.full((1000,), 7.0, device="cuda")
+        assert t.sum().item() == 7000.0
+        del t
+    finally:
+        torch.cuda.caching_allocator_enable(True)
+    assert during == before
+    ptr = torch._C._cuda_cudaCachingAllocator_raw_alloc(MiB, stream)
+    torch._C._cuda_cudaCachingAllocator_raw_delete(ptr)
+    assert torch.cuda.memory_stats()["requested_bytes.all.allocated"] == before + MiB
+
+
+def test_profiler_sees_memory_events():
+    with torch.profiler.profile(profile_memory=True) as prof:
+        x = torch.empty(2 * MiB, dtype=torch.uint8, device="cuda")
+        del x
+    events = [e for e in prof.events() if e.name == "[memory]"]
+    assert any(e.device_memory_usage == 2 * MiB for e in events), \
+        [e.device_memory_usage for e in events][:10]
+    assert any(e.device_memory_usage == -2 * MiB for e in events)
+
+
+def _raises(kind):
+    """A context manager recording the message of the expected exception in a list."""
+    class Raises:
+        def __init__(self):
+            self.message = []
+
+        def __enter__(self):
+            return self.message
+
+        def __exit__(self, exc_type, exc, tb):
+            assert exc_type is not None and issubclass(exc_type, kind), exc_type
+            self.message.append(str(exc))
+            return True
+
+    return Raises()
 
 
 if __name__ == "__main__":
