@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "source_tree.hpp"
 #include "test_upstreams.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/units.hpp"
@@ -99,7 +100,7 @@ std::vector<Event> load_trace(const std::filesystem::path& path) {
 
 std::filesystem::path traces_dir() {
   if (const char* dir = std::getenv("VRAM_TRACES_DIR")) return dir;
-  return std::filesystem::path(VRAM_SOURCE_DIR) / "bench" / "traces";
+  return vram::testing::source_path("bench/traces");
 }
 
 TEST(DevicePoolTraces, HostOnlyReplayOfRecordedTraces) {
