@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <new>
 #include <optional>
 #include <sstream>
@@ -430,6 +431,30 @@ TEST(ReplayHostOnly, SampleTraceFigures) {
   // One stream, nothing past the budget: the pool never synchronized the device.
   ASSERT_TRUE(result.device_synchronizes.has_value());
   EXPECT_EQ(*result.device_synchronizes, 0U);
+}
+
+TEST(ReplayHostOnly, RecordedTraceGivesTheSameFiguresInEveryRunWhateverTheHeap) {
+  // A recorded trace and a pool configuration whose fits depend on the segments' addresses:
+  // host-only, those come from the replay's address-only upstream, never from malloc.
+  const Trace trace =
+      replay::read_trace(vram::testing::source_path("bench/traces/conv_training.csv.gz"));
+  std::optional<replay::AllocatorSpec> split;
+  for (auto& spec : replay::all_replay_allocators()) {
+    if (spec.name == "vram DevicePool (split every segment)") split = std::move(spec);
+  }
+  ASSERT_TRUE(split.has_value());
+  ReplayOptions options;
+  options.passes = 2;
+  const auto first = replay::replay_trace(trace, *split, options);
+  // Other heap blocks between the runs: malloc hands out other addresses from here on.
+  std::vector<std::unique_ptr<char[]>> heap;
+  for (std::size_t i = 0; i < 64; ++i) heap.emplace_back(new char[(i % 7 + 1) * 300'000]);
+  const auto second = replay::replay_trace(trace, *split, options);
+  EXPECT_FALSE(first.failed_at.has_value()) << first.failure;
+  EXPECT_EQ(first.peak_reserved_bytes, second.peak_reserved_bytes);
+  EXPECT_EQ(first.upstream_allocations, second.upstream_allocations);
+  EXPECT_EQ(first.pass_upstream_allocations, second.pass_upstream_allocations);
+  EXPECT_EQ(first.device_synchronizes, second.device_synchronizes);
 }
 
 TEST(ReplayHostOnly, FailingAllocationReportsItsRow) {

@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "replay/address_only_upstream.hpp"
 #include "source_tree.hpp"
 #include "test_upstreams.hpp"
 #include "vram/device_pool.hpp"
@@ -25,30 +26,7 @@ namespace {
 
 using namespace vram::literals;
 
-// Hands out addresses without memory behind them (the pool never touches its blocks), so
-// traces of many GiB replay on any host. capacity emulates the device's size.
-class AddressOnlyUpstream final : public Upstream {
- public:
-  explicit AddressOnlyUpstream(std::size_t capacity = SIZE_MAX) : capacity_(capacity) {}
-  void* allocate(std::size_t bytes) override {
-    const std::size_t rounded = (bytes + 255) & ~std::size_t{255};
-    if (rounded > capacity_ - live_) throw OutOfMemory(bytes, 0, 0, "address-only capacity");
-    live_ += rounded;
-    next_ += rounded + 4096;  // a gap: adjacent segments are never contiguous by accident
-    return reinterpret_cast<void*>(next_ - rounded - 4096);
-  }
-  void deallocate(void*, std::size_t bytes) noexcept override {
-    live_ -= (bytes + 255) & ~std::size_t{255};
-  }
-  MemoryKind kind() const noexcept override { return MemoryKind::host; }
-  std::string_view name() const noexcept override { return "address-only"; }
-  std::size_t live() const { return live_; }
-
- private:
-  std::size_t capacity_;
-  std::size_t live_ = 0;
-  std::uintptr_t next_ = std::uintptr_t{1} << 40;
-};
+using replay::AddressOnlyUpstream;
 
 struct Event {
   bool allocate;
@@ -174,13 +152,13 @@ TEST(DevicePoolTraces, HostOnlyReplayOfRecordedTraces) {
       const double bound = path.filename().string().starts_with("transformer") ? 1.25 : 1.12;
       EXPECT_LE(double(s.peak_bytes_reserved), bound * double(peak_live));
     }
-    EXPECT_EQ(s.bytes_reserved, upstream->live());
+    EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
     for (std::size_t i = 0; i < events.size(); ++i) {
       if (ours[i] != nullptr) pool.deallocate_async(ours[i], events[i].bytes, events[i].stream);
     }
     EXPECT_EQ(pool.stats().bytes_in_use, 0U);
     pool.trim(0);
-    EXPECT_EQ(upstream->live(), 0U);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
   }
 }
 

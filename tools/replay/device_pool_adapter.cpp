@@ -5,12 +5,14 @@
 // the driver calls it in trace order. Host-only the same API runs with a stand-in handle
 // per trace stream; the pool's host fence completes at once, so the driver's emulated
 // completion (`stream_lag`) holds cross-stream frees back instead (stream_ordered() ==
-// false there).
+// false there), and its upstream hands out addresses only (address_only_upstream.hpp): the
+// figures are the same in every run and process.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "replay/address_only_upstream.hpp"
 #include "replay/replay_allocator.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/upstream.hpp"
@@ -35,7 +37,7 @@ class DevicePoolAdapter final : public ReplayAllocator {
       : pool_(context.device ? std::shared_ptr<Upstream>(
                                    std::make_shared<DeviceMemoryUpstream>(context.device_id))
                              : std::shared_ptr<Upstream>(
-                                   std::make_shared<HostMemoryUpstream>(context.capacity_bytes)),
+                                   std::make_shared<AddressOnlyUpstream>(context.capacity_bytes)),
               mirror_device(options, context)),
         device_(context.device) {}
   void* allocate(std::size_t bytes, ReplayStream stream) override {
