@@ -148,9 +148,10 @@ class NativeAllocator final : public cca::CUDAAllocator {
     TORCH_CHECK(total.has_value(), "vram: cannot read the memory of device ", int(device));
     const auto index = static_cast<std::size_t>(device);
     fraction_[index].store(fraction, std::memory_order_relaxed);
-    limit_[index].store(
-        fraction >= 1.0 ? 0 : static_cast<std::size_t>(fraction * static_cast<double>(*total)),
-        std::memory_order_relaxed);
+    limit_[index].store(fraction >= 1.0
+                            ? kNoLimit
+                            : static_cast<std::size_t>(fraction * static_cast<double>(*total)),
+                        std::memory_order_relaxed);
   }
   std::vector<cca::StreamSegmentSize> getExpandableSegmentSizes(c10::DeviceIndex) override {
     return {};  // vram's virtual-memory tier is not PyTorch's expandable segments
@@ -442,6 +443,9 @@ void NativeAllocator::out_of_memory(DeviceState& state, int device, std::size_t 
                                     size, stream, {0, 0}, c10::getApproximateTime()));
   }
   note_error(why, true);
+  // PyTorch's words for a request of an exabyte or more.
+  TORCH_CHECK_WITH(OutOfMemoryError, size < (std::size_t{1} << 60),
+                   "CUDA out of memory. Tried to allocate more than 1EB memory.");
   TORCH_CHECK_WITH(
       OutOfMemoryError, false, "CUDA out of memory. Tried to allocate ", format_bytes(size),
       ". GPU ", device, " has a total capacity of ", format_bytes(total), " of which ",
@@ -467,7 +471,7 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
   const std::size_t block_bytes = state->pool.block_bytes(size);
   if (const std::size_t limit =
           limit_[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
-      limit != 0 && state->counters.class_bytes.all.current() + block_bytes > limit) {
+      limit != kNoLimit && state->counters.class_bytes.all.current() + block_bytes > limit) {
     out_of_memory(*state, device, size, stream,
                   "the allocation would exceed the allowed memory of this process (" +
                       format_bytes(limit) + ", set_per_process_memory_fraction)");
