@@ -1,0 +1,93 @@
+// Capture routes (src/device_pool/graph_routing.hpp): which graph pool a capture scope's
+// stream, thread and capture send allocations to, one scope per stream, thread and pool. Host
+// only; the threaded case runs under TSan in CI.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "device_pool/graph_routing.hpp"
+
+namespace vram::testing {
+namespace {
+
+using detail::CaptureRoutes;
+
+cudaStream_t fake_stream(std::uintptr_t key) { return reinterpret_cast<cudaStream_t>(key); }
+
+TEST(CaptureRoutes, StreamAndThreadRouteToThePool) {
+  CaptureRoutes routes;
+  EXPECT_FALSE(routes.any());
+  const auto me = std::this_thread::get_id();
+  ASSERT_TRUE(routes.open(11, 0x100, fake_stream(0x100), me));
+  EXPECT_TRUE(routes.any());
+  EXPECT_EQ(routes.for_stream(0x100), 11U);
+  EXPECT_EQ(routes.for_thread(me), 11U);
+  EXPECT_FALSE(routes.for_stream(0x200).has_value());
+  EXPECT_FALSE(routes.open(12, 0x100, fake_stream(0x100), std::thread::id{}));  // stream taken
+  EXPECT_FALSE(routes.open(12, 0x200, fake_stream(0x200), me));  // the thread has a scope
+  EXPECT_FALSE(routes.open(11, 0x300, fake_stream(0x300), std::thread::id{}));  // pool taken
+  EXPECT_FALSE(routes.open_unrouted(11));                                       // pool taken
+  EXPECT_FALSE(routes.close(12));  // no route of that pool
+  EXPECT_TRUE(routes.close(11));
+  EXPECT_FALSE(routes.any());
+  EXPECT_FALSE(routes.for_thread(me).has_value());
+}
+
+TEST(CaptureRoutes, UnroutedRoutesMatchNoStreamOrThread) {
+  CaptureRoutes routes;
+  ASSERT_TRUE(routes.open_unrouted(21));
+  ASSERT_TRUE(routes.open_unrouted(22));  // several hosts' captures at once
+  EXPECT_TRUE(routes.any());
+  EXPECT_FALSE(routes.for_thread(std::this_thread::get_id()).has_value());
+  EXPECT_FALSE(routes.for_stream(CaptureRoutes::kNoStream).has_value());
+  int asked = 0;
+  EXPECT_FALSE(routes.for_capture(5, [&](cudaStream_t) { return ++asked, 5ULL; }).has_value());
+  EXPECT_EQ(asked, 0);  // unrouted routes have no stream to ask
+  EXPECT_TRUE(routes.close(21));
+  EXPECT_TRUE(routes.close(22));
+  EXPECT_FALSE(routes.any());
+}
+
+TEST(CaptureRoutes, StreamsOfTheSameCaptureRouteToTheScopesPool) {
+  CaptureRoutes routes;
+  ASSERT_TRUE(routes.open(31, 0x100, fake_stream(0x100), std::this_thread::get_id()));
+  ASSERT_TRUE(routes.open(32, 0x200, fake_stream(0x200), std::thread::id{}));
+  int asked = 0;
+  const auto capture_of = [&](cudaStream_t s) {
+    ++asked;
+    return s == fake_stream(0x100) ? 7ULL : 9ULL;
+  };
+  EXPECT_EQ(routes.for_capture(9, capture_of), 32U);
+  EXPECT_EQ(routes.for_capture(7, capture_of), 31U);
+  EXPECT_FALSE(routes.for_capture(8, capture_of).has_value());
+  EXPECT_FALSE(routes.for_capture(0, capture_of).has_value());  // no capture
+  EXPECT_EQ(asked, 2);  // each route's capture is learned once
+}
+
+TEST(CaptureRoutesThreads, EachThreadSeesItsOwnRoute) {
+  CaptureRoutes routes;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const auto me = std::this_thread::get_id();
+      const auto stream = static_cast<CaptureRoutes::StreamKey>(0x1000 + t);
+      const auto pool = static_cast<CaptureRoutes::PoolId>(t + 1);
+      for (int i = 0; i < 500; ++i) {
+        if (!routes.open(pool, stream, fake_stream(stream), me)) wrong.fetch_add(1);
+        if (routes.for_thread(me) != pool) wrong.fetch_add(1);
+        if (routes.for_stream(stream) != pool) wrong.fetch_add(1);
+        if (!routes.close(pool)) wrong.fetch_add(1);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_FALSE(routes.any());
+}
+
+}  // namespace
+}  // namespace vram::testing
