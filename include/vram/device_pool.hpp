@@ -212,7 +212,8 @@ enum class LargeTierMemory : std::uint8_t { automatic, segments, virtual_memory 
 //   virtual_run_bytes              large_tier.virtual_run_bytes
 //   virtual_map_ahead_bytes        large_tier.virtual_map_ahead_bytes
 //   the others (max_cached_bytes, max_cached_blocks_per_class, validate_releases,
-//   growth_headroom, track_peak_in_use, fence, detect_unscoped_capture) stay at the top.
+//   growth_headroom, track_peak_in_use, fence, detect_unscoped_capture) stay at the top,
+//   with arenas.
 struct DevicePoolOptions {
   // Tier 1: per thread, a few blocks of each small class, no lock on the warm path.
   struct ThreadCacheOptions {
@@ -296,6 +297,11 @@ struct DevicePoolOptions {
   // 0 keeps reserved at the peak. Values above 1024 count as 1024; negative or NaN:
   // vram::InvalidArgument.
   double growth_headroom = 1.0 / 16;
+  // Each segment tier is split into this many arenas, each with its own mutex (0: one per
+  // hardware thread; at most 16). A thread allocates from its own arena, then from any
+  // other whose mutex is free, before its arena grows; a block goes back to the arena it
+  // came from. Arenas are made as threads first use them: calls from one thread use one.
+  std::size_t arenas = 0;
   bool track_peak_in_use = false;
   // Completion of stream-ordered frees; null: CUDA events over a device upstream, "always
   // complete" over any other (host memory has no queued work). ManualFence emulates

@@ -39,6 +39,7 @@
 #include "thread_cache.hpp"
 #include "thread_cache_registry.hpp"
 #include "tier/segment_tier.hpp"
+#include "tier/tier_arenas.hpp"
 #include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 #include "vram/device_pool.hpp"
@@ -77,7 +78,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     return (SizeClasses::bytes_of(index) + kSmallGranularity - 1) & ~(kSmallGranularity - 1);
   }
   // The tier a small class's blocks are carved from (see small_tier.segment_max_bytes).
-  SegmentTier& tier_of(std::size_t index) noexcept {
+  TierArenas& tier_of(std::size_t index) noexcept {
     return index < first_large_class ? small : large;
   }
   // The record of a request of `bytes` (1 .. SizeClasses::kMaxBytes) on `key`'s stream,
@@ -346,8 +347,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::array<std::uint32_t, 64> block_bytes_of{};
   ReservedGauge gauge;
   StreamWants wants{wanted_streams};  // before the tiers: they refer to it
-  SegmentTier small;
-  SegmentTier large;
+  // Each tier in arenas (tier_arenas.hpp): threads that allocate at once meet on few mutexes.
+  TierArenas small;
+  TierArenas large;
   // Small blocks shared between threads: one lazily created ring per class.
   std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
 
@@ -404,8 +406,7 @@ inline void DevicePoolCore::end_claim(ThreadCache& cache) noexcept {
 // Inline: every large request takes this path (the growing part is out of line).
 inline void* DevicePoolCore::tier_allocate(const Request& request, ThreadCache* claimed,
                                            LeaseOwner* owner) {
-  if (void* block = request.tier->allocate(request.block_bytes, request.key, /*may_grow=*/false,
-                                           nullptr, owner)) [[likely]] {
+  if (void* block = request.tier->allocate(request.block_bytes, request.key, owner)) [[likely]] {
     return block;
   }
   return tier_grow(request, claimed, owner);
