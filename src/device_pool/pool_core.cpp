@@ -90,6 +90,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
   }
   plain_calls = !options.validate_releases && !options.track_peak_in_use;
   watch_captures = options.detect_unscoped_capture;
+  mark_young_streams = options.mark_young_streams;
 }
 
 DevicePoolCore::~DevicePoolCore() {
@@ -118,7 +119,29 @@ DevicePoolCore::~DevicePoolCore() {
 
 void DevicePoolCore::serve_want(StreamKey key) noexcept {
   if (!wants.take(key)) return;  // another key's bit, or another call on it took the want
-  // One marker per tier that holds the stream's ranges, recorded with no tier mutex held.
+  record_stream_markers(key);
+}
+
+void DevicePoolCore::mark_stream_frees(StreamKey key) noexcept {
+  // The thread's cached blocks go to the tiers first (those of `key` keep its tag there),
+  // so that the marker covers them too.
+  if (ThreadCache* cache = claim_own_cache()) {
+    {
+      SlowSection slow(cache);
+      if (cache->tag == key && cache->cached_bytes.load(std::memory_order_relaxed) > 0) {
+        drain_bins(*cache);
+      } else if (cache->large.cached_count() > 0) {
+        drain_large(*cache);
+      }
+    }
+    end_claim(*cache);
+  }
+  (void)wants.take(key);  // the marker below serves a want of the stream too
+  record_stream_markers(key);
+}
+
+void DevicePoolCore::record_stream_markers(StreamKey key) noexcept {
+  // One marker per arena that holds the stream's ranges, recorded with no tier mutex held.
   // mark_frees() before the record: a free that reaches a tier after the mark (on another
   // thread) may be used by work queued after the marker, so it keeps its tag.
   auto serve = [this, key](SegmentTier& tier) {

@@ -45,6 +45,7 @@
 #include "vram/device_pool.hpp"
 #include "vram/size_classes.hpp"
 #include "vram/virtual_memory.hpp"
+#include "young_streams.hpp"
 
 namespace vram::detail {
 
@@ -308,6 +309,13 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     return graphs_active() || watch_captures || wanted_streams.load(std::memory_order_relaxed) != 0;
   }
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
+  // After a deallocate_async on a young stream (young_streams.hpp): the thread's cached
+  // blocks of the stream go to the tiers, then a marker is recorded on it for every arena
+  // holding its ranges, so that they reach other streams without a quiesce.
+  [[gnu::cold]] void mark_stream_frees(StreamKey key) noexcept;
+  // The marker protocol for `key` (the call proves the stream alive): per arena that holds
+  // its ranges, mark_frees(), a record, adopt_marker().
+  void record_stream_markers(StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
   // capture would invalidate it).
@@ -343,6 +351,15 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Options::detect_unscoped_capture: stream-ordered calls ask whether their stream is
   // being captured.
   bool watch_captures = true;
+  // Options::mark_young_streams.
+  bool mark_young_streams = true;
+  // A deallocate_async on `key` after its deallocation: a young stream's frees get a marker.
+  void after_stream_free(StreamKey key) noexcept {
+    if (mark_young_streams && !always_recordable(key) && tl_young_streams.note_free(key))
+        [[unlikely]] {
+      mark_stream_frees(key);
+    }
+  }
   // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
   std::array<std::uint32_t, 64> block_bytes_of{};
   ReservedGauge gauge;
