@@ -35,15 +35,17 @@ std::size_t TierArenas::thread_slot() noexcept {
   return slot;
 }
 
-SegmentTier& TierArenas::home() {
+std::size_t TierArenas::home_index() const noexcept {
   const std::size_t slot = thread_slot();
   std::size_t first = first_slot_.load(std::memory_order_relaxed);
   if (first == kNoSlot) [[unlikely]] {
     // The first thread to ask is at home in arena 0 (a one-thread program uses only it).
     if (first_slot_.compare_exchange_strong(first, slot, std::memory_order_relaxed)) first = slot;
   }
-  return arena_for((slot - first) % count_);
+  return (slot - first) % count_;
 }
+
+SegmentTier& TierArenas::home() { return arena_for(home_index()); }
 
 SegmentTier& TierArenas::make(std::size_t i) {
   std::lock_guard lock(make_mutex_);
@@ -164,9 +166,8 @@ bool TierArenas::owns(void* block) const noexcept {
 }
 
 std::uint32_t TierArenas::contentions() const noexcept {
-  std::uint32_t sum = 0;
-  for_each([&sum](SegmentTier& tier) { sum += tier.contentions(); });
-  return sum;
+  SegmentTier* own = arena(home_index());
+  return (own != nullptr ? own : arena(0))->contentions();
 }
 
 SegmentTier::Counters TierArenas::counters() const noexcept {

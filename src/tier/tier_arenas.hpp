@@ -96,7 +96,8 @@ class TierArenas {
   // `bytes` (each arena's SegmentTier::release_empty_for); returns the bytes given back.
   std::size_t release_empty_for(std::size_t bytes, const SegmentTier* except = nullptr) noexcept;
   bool owns(void* block) const noexcept;
-  // Calls that found an arena's mutex held, over every arena (wraps).
+  // Calls that found the calling thread's home arena's mutex held (wraps): whether threads
+  // meet where this one allocates (one arena's counter: the warm large path reads it).
   std::uint32_t contentions() const noexcept;
   SegmentTier::Counters counters() const noexcept;
   void describe(bool large, std::vector<DevicePoolSegment>& out) const;
@@ -113,6 +114,7 @@ class TierArenas {
   }
 
  private:
+  std::size_t home_index() const noexcept;
   SegmentTier& arena_for(std::size_t i) {
     if (SegmentTier* tier = arenas_[i].load(std::memory_order_acquire)) [[likely]]
       return *tier;
@@ -129,7 +131,7 @@ class TierArenas {
   std::atomic<std::size_t> made_{0};
   // The slot of the first thread that asked for its home arena: that thread's is arena 0.
   static constexpr std::size_t kNoSlot = SIZE_MAX;
-  std::atomic<std::size_t> first_slot_{kNoSlot};
+  mutable std::atomic<std::size_t> first_slot_{kNoSlot};
   std::array<std::atomic<SegmentTier*>, kMaxArenas> arenas_{};
 };
 
