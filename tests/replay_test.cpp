@@ -752,10 +752,9 @@ TEST(ReplayPasses, ManyStreamsKeepDevicePoolReservedNearLiveAndSteady) {
       << "peak live " << result.peak_live_bytes;
   EXPECT_EQ(result.warm_upstream_allocations, std::optional<std::uint64_t>(0))
       << "a repeated pass maps nothing new";
-  // 16 streams in turn on one thread outnumber its table of young streams: every free is a
-  // young stream's and records a marker, so no growth waits for a device synchronize.
+  // Streams not seen since their frees: growth past the budget synchronizes the device.
   ASSERT_TRUE(result.device_synchronizes.has_value());
-  EXPECT_EQ(*result.device_synchronizes, 0U);
+  EXPECT_GT(*result.device_synchronizes, 0U);
 }
 
 TEST(ReplayPasses, OnePassKeepsTheReplayAsItWas) {

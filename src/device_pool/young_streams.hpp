@@ -10,9 +10,10 @@
 // stays (a thread's own, a decode loop's) soon ages: its frees record nothing, and another
 // stream that needs its blocks wants a marker, which its next call records.
 //
-// Per thread: the last kSlots streams freed on, with their counts. A stream that dropped out
-// of the table is young again. A handle the driver gives a new stream continues the count of
-// the destroyed one: its calls serve wants as the old stream's would.
+// Per thread: a table of kSlots streams freed on, by a hash of the handle, with their
+// counts. A stream whose slot another took since is young again. A handle the driver gives
+// a new stream continues the count of the destroyed one: its calls serve wants as the old
+// stream's would.
 #pragma once
 
 #include <array>
@@ -26,23 +27,18 @@ namespace vram::detail {
 class YoungStreams {
  public:
   static constexpr std::uint32_t kYoungFrees = 64;
-  static constexpr std::size_t kSlots = 8;
+  static constexpr std::size_t kSlots = 64;  // a power of two
 
   // Counts a free on `key` (a caller's stream: not always_recordable); true while the
   // stream is young.
   bool note_free(StreamKey key) noexcept {
-    if (slots_[last_].key == key) [[likely]]
-      return count(slots_[last_]);
-    for (std::size_t i = 0; i < kSlots; ++i) {
-      if (slots_[i].key == key) {
-        last_ = i;
-        return count(slots_[i]);
-      }
-    }
-    next_ = (next_ + 1) % kSlots;  // the oldest entry goes
-    slots_[next_] = Slot{key, 0};
-    last_ = next_;
-    return count(slots_[next_]);
+    Slot& slot = slots_[(key * 0x9E3779B97F4A7C15ull) >> 58 & (kSlots - 1)];
+    if (slot.key != key) [[unlikely]]
+      slot = Slot{key, 0};  // a stream not seen lately (or one sharing its slot) is young
+    if (slot.frees >= kYoungFrees) [[likely]]
+      return false;
+    ++slot.frees;
+    return true;
   }
 
  private:
@@ -50,14 +46,7 @@ class YoungStreams {
     StreamKey key = kUntagged;
     std::uint32_t frees = 0;
   };
-  static bool count(Slot& slot) noexcept {
-    if (slot.frees >= kYoungFrees) return false;
-    ++slot.frees;
-    return true;
-  }
   std::array<Slot, kSlots> slots_{};
-  std::size_t last_ = 0;
-  std::size_t next_ = 0;
 };
 
 // The calling thread's table (every pool's: a stream's age does not depend on the pool).
