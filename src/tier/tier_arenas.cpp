@@ -50,9 +50,7 @@ SegmentTier& TierArenas::home() { return arena_for(home_index()); }
 SegmentTier& TierArenas::make(std::size_t i) {
   std::lock_guard lock(make_mutex_);
   if (SegmentTier* tier = arenas_[i].load(std::memory_order_acquire)) return *tier;
-  SegmentTier::Options options = options_;
-  if (options.max_free_bytes != SIZE_MAX) options.max_free_bytes /= count_;
-  auto* tier = new SegmentTier(upstream_, fence_, gauge_, options);
+  auto* tier = new SegmentTier(upstream_, fence_, gauge_, options_);
   arenas_[i].store(tier, std::memory_order_release);
   made_.fetch_add(1, std::memory_order_acq_rel);
   return *tier;

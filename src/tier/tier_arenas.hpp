@@ -13,8 +13,10 @@
 //
 // Arenas are made on first use: a program whose calls all come from one thread makes one
 // arena and behaves as a single SegmentTier, call for call (the recorded traces replay
-// identically). Arena 0 keeps max_free_bytes of free memory; each other arena
-// max_free_bytes / count, so that free memory spread over arenas stays bounded.
+// identically). Each arena keeps up to max_free_bytes free, as a lone tier does: what an
+// arena holds follows the peak of what was used from it (the growth budget counts every
+// arena's peak), so free memory spread over arenas is bounded by the arenas' peaks, not by
+// max_free_bytes alone.
 //
 // Calls that concern the whole tier (trim, the marks of a quiesce, counters, describe,
 // giving empty segments back, stranded segments) cover every arena made so far. The growth
