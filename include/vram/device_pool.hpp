@@ -285,7 +285,7 @@ struct DevicePoolOptions {
     std::size_t virtual_map_ahead_bytes = std::size_t{128} << 20;
   };
 
-  std::size_t max_cached_bytes = std::size_t{4} << 30;  // free bytes per tier, ring bytes
+  std::size_t max_cached_bytes = std::size_t{4} << 30;  // free bytes per tier arena, ring bytes
   std::size_t max_cached_blocks_per_class = 64;         // ring of a class, made on first use
   ThreadCacheOptions thread_cache;
 #ifdef NDEBUG
