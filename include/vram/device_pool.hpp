@@ -303,9 +303,10 @@ struct DevicePoolOptions {
   // vram::InvalidArgument.
   double growth_headroom = 1.0 / 16;
   // Each segment tier is split into this many arenas, each with its own mutex (0: one per
-  // hardware thread; at most 16). A thread allocates from its own arena, then from any
-  // other whose mutex is free, before its arena grows; a block goes back to the arena it
-  // came from. Arenas are made as threads first use them: calls from one thread use one.
+  // hardware thread; at most 16, rounded down to a power of two). A thread allocates from its own
+  // arena, then from any other whose mutex is free, before its arena grows; a block goes back to
+  // the arena it came from. Arenas are made as threads first use them: calls from one thread use
+  // one.
   std::size_t arenas = 0;
   bool track_peak_in_use = false;
   // Completion of stream-ordered frees; null: CUDA events over a device upstream, "always

@@ -1,6 +1,7 @@
 #include "tier_arenas.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <thread>
 
 namespace vram::detail {
@@ -16,7 +17,7 @@ TierArenas::TierArenas(Upstream& upstream, StreamFence& fence, ReservedGauge& ga
       fence_(fence),
       gauge_(gauge),
       options_(options),
-      count_(std::clamp<std::size_t>(count, 1, kMaxArenas)) {
+      count_(std::bit_floor(std::clamp<std::size_t>(count, 1, kMaxArenas))) {
   arenas_[0].store(new SegmentTier(upstream_, fence_, gauge_, options_), std::memory_order_release);
   made_.store(1, std::memory_order_release);
 }
@@ -27,25 +28,19 @@ TierArenas::~TierArenas() {
 
 std::size_t TierArenas::count_for(std::size_t asked) noexcept {
   const std::size_t wanted = asked != 0 ? asked : std::thread::hardware_concurrency();
-  return std::clamp<std::size_t>(wanted, 1, kMaxArenas);
+  return std::bit_floor(std::clamp<std::size_t>(wanted, 1, kMaxArenas));
 }
 
-std::size_t TierArenas::thread_slot() noexcept {
-  thread_local const std::size_t slot = next_thread_slot.fetch_add(1, std::memory_order_relaxed);
-  return slot;
+std::size_t TierArenas::next_slot() noexcept {
+  return next_thread_slot.fetch_add(1, std::memory_order_relaxed);
 }
 
-std::size_t TierArenas::home_index() const noexcept {
+std::size_t TierArenas::first_home_index() const noexcept {
   const std::size_t slot = thread_slot();
-  std::size_t first = first_slot_.load(std::memory_order_relaxed);
-  if (first == kNoSlot) [[unlikely]] {
-    // The first thread to ask is at home in arena 0 (a one-thread program uses only it).
-    if (first_slot_.compare_exchange_strong(first, slot, std::memory_order_relaxed)) first = slot;
-  }
-  return (slot - first) % count_;
+  std::size_t first = kNoSlot;
+  if (first_slot_.compare_exchange_strong(first, slot, std::memory_order_relaxed)) first = slot;
+  return (slot - first) & (count_ - 1);
 }
-
-SegmentTier& TierArenas::home() { return arena_for(home_index()); }
 
 SegmentTier& TierArenas::make(std::size_t i) {
   std::lock_guard lock(make_mutex_);
@@ -56,11 +51,7 @@ SegmentTier& TierArenas::make(std::size_t i) {
   return *tier;
 }
 
-void* TierArenas::allocate(std::size_t bytes, StreamKey stream, LeaseOwner* owner) {
-  SegmentTier& own = home();
-  if (void* block = own.allocate(bytes, stream, /*may_grow=*/false, nullptr, owner)) [[likely]] {
-    return block;
-  }
+void* TierArenas::borrow(std::size_t bytes, StreamKey stream, LeaseOwner* owner, SegmentTier& own) {
   if (made() == 1) return nullptr;
   for (std::size_t i = 0; i < count_; ++i) {
     SegmentTier* other = arena(i);

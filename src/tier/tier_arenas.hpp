@@ -43,17 +43,23 @@ class TierArenas {
  public:
   static constexpr std::size_t kMaxArenas = 16;
   using Counters = SegmentTier::Counters;
-  // `count`: the arenas the set may make (clamped to 1 .. kMaxArenas).
+  // `count`: the arenas the set may make (clamped to 1 .. kMaxArenas, rounded down to a
+  // power of two).
   TierArenas(Upstream& upstream, StreamFence& fence, ReservedGauge& gauge,
              SegmentTier::Options options, std::size_t count);
   ~TierArenas();
   TierArenas(const TierArenas&) = delete;
   TierArenas& operator=(const TierArenas&) = delete;
 
-  // The arena count for `asked` (0: one per hardware thread), at most kMaxArenas.
+  // The arena count for `asked` (0: one per hardware thread), at most kMaxArenas, rounded
+  // down to a power of two (a thread's home is found with a mask).
   static std::size_t count_for(std::size_t asked) noexcept;
   // The calling thread's slot: given on its first call, never changes.
-  static std::size_t thread_slot() noexcept;
+  static std::size_t thread_slot() noexcept {
+    if (tl_slot == kNoSlot) [[unlikely]]
+      tl_slot = next_slot();
+    return tl_slot;
+  }
 
   std::size_t round(std::size_t bytes) const noexcept {
     return (bytes + options_.granularity - 1) & ~(options_.granularity - 1);
@@ -66,10 +72,15 @@ class TierArenas {
     return i < count_ ? arenas_[i].load(std::memory_order_acquire) : nullptr;
   }
   // The calling thread's home arena, made on first use. Throws std::bad_alloc.
-  SegmentTier& home();
+  SegmentTier& home() { return arena_for(home_index()); }
   // A block of `bytes` (rounded) usable on `stream`, from the home arena (without growing),
   // else from any other arena whose mutex is free; null when none served it.
-  void* allocate(std::size_t bytes, StreamKey stream, LeaseOwner* owner = nullptr);
+  void* allocate(std::size_t bytes, StreamKey stream, LeaseOwner* owner = nullptr) {
+    SegmentTier& own = home();
+    if (void* block = own.allocate(bytes, stream, /*may_grow=*/false, nullptr, owner)) [[likely]]
+      return block;
+    return borrow(bytes, stream, owner, own);
+  }
   // allocate() over every arena, each locked in turn (the out-of-memory retry). Throws as
   // SegmentTier::allocate without may_grow.
   void* allocate_anywhere(std::size_t bytes, StreamKey stream, LeaseOwner* owner = nullptr);
@@ -116,7 +127,19 @@ class TierArenas {
   }
 
  private:
-  std::size_t home_index() const noexcept;
+  static constexpr std::size_t kNoSlot = SIZE_MAX;
+  static inline thread_local std::size_t tl_slot = kNoSlot;
+  static std::size_t next_slot() noexcept;
+  std::size_t home_index() const noexcept {
+    const std::size_t first = first_slot_.load(std::memory_order_relaxed);
+    if (first == kNoSlot) [[unlikely]]
+      return first_home_index();
+    return (thread_slot() - first) & (count_ - 1);
+  }
+  // home_index() before any thread asked: the caller becomes the first (arena 0).
+  std::size_t first_home_index() const noexcept;
+  // allocate() once the home arena `own` had no fit: the other arenas, by try_lock.
+  void* borrow(std::size_t bytes, StreamKey stream, LeaseOwner* owner, SegmentTier& own);
   SegmentTier& arena_for(std::size_t i) {
     if (SegmentTier* tier = arenas_[i].load(std::memory_order_acquire)) [[likely]]
       return *tier;
@@ -132,7 +155,6 @@ class TierArenas {
   std::mutex make_mutex_;  // orders the making of arenas
   std::atomic<std::size_t> made_{0};
   // The slot of the first thread that asked for its home arena: that thread's is arena 0.
-  static constexpr std::size_t kNoSlot = SIZE_MAX;
   mutable std::atomic<std::size_t> first_slot_{kNoSlot};
   std::array<std::atomic<SegmentTier*>, kMaxArenas> arenas_{};
 };

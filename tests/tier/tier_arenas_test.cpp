@@ -95,6 +95,7 @@ TEST(TierArenas, OneThreadUsesOneArena) {
 TEST(TierArenas, CountIsBounded) {
   EXPECT_EQ(TierArenas::count_for(1), 1U);
   EXPECT_EQ(TierArenas::count_for(64), TierArenas::kMaxArenas);
+  EXPECT_EQ(TierArenas::count_for(12), 8U) << "a power of two";
   EXPECT_GE(TierArenas::count_for(0), 1U);
   ArenasFixture f(100);
   EXPECT_EQ(f.arenas.count(), TierArenas::kMaxArenas);
