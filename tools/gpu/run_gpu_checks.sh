@@ -201,7 +201,7 @@ run_step() {
         --json "$log/batched.json" --markdown "$log/batched.md"
       ;;
     batched)
-      step new_batched "${limit:-150}" ./build/vram bench --scenario batched \
+      step new_batched "${limit:-300}" ./build/vram bench --scenario batched \
         --json "$log/new_batched.json" --markdown "$log/new_batched.md"
       ;;
     batched_repeated)
