@@ -53,8 +53,10 @@ SegmentTier& TierArenas::make(std::size_t i) {
 
 void* TierArenas::borrow(std::size_t bytes, StreamKey stream, LeaseOwner* owner, SegmentTier& own) {
   if (made() == 1) return nullptr;
-  for (std::size_t i = 0; i < count_; ++i) {
-    SegmentTier* other = arena(i);
+  // From the next arena on, so that threads that borrow do not all knock at arena 0.
+  const std::size_t start = home_index();
+  for (std::size_t k = 1; k < count_; ++k) {
+    SegmentTier* other = arena((start + k) & (count_ - 1));
     if (other == nullptr || other == &own) continue;
     if (void* block = other->try_allocate(bytes, stream, owner)) return block;
   }
