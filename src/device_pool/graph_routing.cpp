@@ -101,6 +101,8 @@ std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
 
 void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignment, StreamKey key,
                                            cudaStream_t stream) {
+  if (Tag* tag = sleep_tags.any() ? sleep_tags.route() : nullptr) [[unlikely]]
+    return tag_allocate(*tag, bytes, alignment, key);
   const auto id = graph_route(key, stream);
   if (!id) return allocate(bytes, alignment, key);
   if (is_unscoped_pool(*id)) return allocate_captured(bytes, alignment, *id);
@@ -109,6 +111,8 @@ void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignm
 
 void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
                                             cudaStream_t stream) noexcept {
+  if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block) : nullptr) [[unlikely]]
+    return tag_deallocate(*tag, block, bytes, key);
   // A graph pool's block goes back to its pool whatever the stream.
   if (graph_deallocate_owned(block)) return;
   const auto id = graph_route(key, stream);

@@ -36,6 +36,7 @@
 #include "quiescer.hpp"
 #include "release_validation.hpp"
 #include "request.hpp"
+#include "sleep_tags.hpp"
 #include "thread_cache.hpp"
 #include "thread_cache_registry.hpp"
 #include "tier/segment_tier.hpp"
@@ -383,6 +384,13 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   GraphActivity graph_activity{graphs_on};
   GraphPools graph_pools{&graph_activity};
   CaptureRoutes capture_routes{&graph_activity};
+  // Sleep tags (sleep_tags.hpp); while any exists graphs_on stays raised, so that every call
+  // reaches allocate_with_graphs / deallocate_with_graphs, which ask the tags first.
+  SleepTags sleep_tags{uid, graph_activity};
+  // A request into `tag` and a release of its block (pool_sleep.cpp): counted as slow-path
+  // calls (so that destruction counts tagged blocks as leased).
+  void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);
+  void tag_deallocate(Tag& tag, void* block, std::size_t bytes, StreamKey key) noexcept;
 };
 
 inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {
