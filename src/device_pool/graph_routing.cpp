@@ -111,8 +111,12 @@ void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignm
 
 void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
                                             cudaStream_t stream) noexcept {
-  if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block) : nullptr) [[unlikely]]
+  if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block) : nullptr) [[unlikely]] {
+    // Freed by a capture: the graph's launches write it, so it stays out of its tag until
+    // the graph pool is released (pool_sleep.cpp).
+    if (const auto id = graph_route(key, stream); id && hold_for_graph(*id, block, bytes)) return;
     return tag_deallocate(*tag, block, bytes, key);
+  }
   // A graph pool's block goes back to its pool whatever the stream.
   if (graph_deallocate_owned(block)) return;
   const auto id = graph_route(key, stream);
@@ -407,6 +411,7 @@ void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {
   } catch (...) {  // out of host memory: the pool keeps its memory
   }
   core_->drain_graph_returns();
+  core_->release_graph_holds(graph_pool);
 }
 
 }  // namespace vram

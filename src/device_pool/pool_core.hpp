@@ -391,6 +391,18 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // calls (so that destruction counts tagged blocks as leased).
   void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);
   void tag_deallocate(Tag& tag, void* block, std::size_t bytes, StreamKey key) noexcept;
+  // Tagged blocks freed by a capture into graph pool `id`: held (still live in their tag)
+  // until release_graph_pool(id), then released after a device-wide quiesce (none while a
+  // capture scope is open: they wait for a later release). False: no host memory to hold it.
+  bool hold_for_graph(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
+  void release_graph_holds(GraphPools::Id id) noexcept;
+  struct GraphHold {
+    GraphPools::Id id;
+    void* block;
+    std::size_t bytes;
+  };
+  std::mutex graph_holds_mutex;
+  std::vector<GraphHold> graph_holds;  // guarded by graph_holds_mutex
 };
 
 inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {

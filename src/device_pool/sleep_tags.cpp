@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <string>
 
+#include "cuda/capture.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/pinned_host_upstream.hpp"
 
@@ -114,6 +115,8 @@ void* SleepTags::allocate(Tag& tag, std::size_t bytes, StreamKey key) {
     throw InvalidArgument("vram::DevicePool::allocate: the tag " + quoted(tag.name) +
                           " is asleep. Fix: wake() it before allocating into it.");
   }
+  if (device_ < 0) return tag.arena.allocate(TagArena::round(bytes), key);
+  const cuda::RelaxedCaptureMode relaxed;
   return tag.arena.allocate(TagArena::round(bytes), key);
 }
 

@@ -91,8 +91,9 @@ class SleepTags {
   }
   SleepTag handle_of(std::uint32_t index) const noexcept { return {pool_uid_, index}; }
 
-  // A block of `tag`; throws vram::InvalidArgument while it sleeps, vram::OutOfMemory.
-  static void* allocate(Tag& tag, std::size_t bytes, StreamKey key);
+  // A block of `tag`; throws vram::InvalidArgument while it sleeps, vram::OutOfMemory. Maps
+  // in relaxed capture mode (a global-mode capture on any thread stays valid).
+  void* allocate(Tag& tag, std::size_t bytes, StreamKey key);
   enum class Release { taken, asleep, not_live };
   // Frees `block` of `tag` (released with `bytes`); nothing changes unless taken.
   static Release free(Tag& tag, void* block, std::size_t bytes, StreamKey key,

@@ -18,6 +18,7 @@
 #include "test_kernels.hpp"
 #include "test_upstreams.hpp"
 #include "vram/cuda/error.hpp"
+#include "vram/cuda/stream.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/pinned_host_upstream.hpp"
 
@@ -424,6 +425,30 @@ TEST(SleepTags, TrimUnmapsTheFreeGranulesOfAwakeTags) {
   EXPECT_EQ(h.pool.tag_stats(weights).mapped_bytes, 0U);
 }
 
+TEST(SleepTags, CaptureScopeInsideATagScopeTakesTaggedBlocksAndHoldsTheFreedOnes) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const auto stream = reinterpret_cast<cudaStream_t>(0x300);
+  const auto graph = DevicePool::new_graph_pool();
+  void* block = nullptr;
+  {
+    auto tag_scope = h.pool.tag_scope(weights);
+    auto capture = h.pool.capture_into(graph, stream);
+    block = h.pool.allocate_async(3 * kMiB, stream);
+    h.pool.deallocate_async(block, 3 * kMiB, stream);  // the graph still writes it
+    void* next = h.pool.allocate_async(3 * kMiB, stream);
+    EXPECT_NE(next, block);
+    h.pool.deallocate_async(next, 3 * kMiB, stream);
+  }
+  EXPECT_TRUE(inside(h.pool.tag_stats(weights), block));
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 2U);
+  h.pool.sleep(weights);  // held blocks sleep and wake with their tag
+  h.pool.wake(weights);
+  h.pool.release_graph_pool(graph);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
 TEST(SleepTagsThreads, ConcurrentRequestsAndReleasesInOneTag) {
   HostPool h;
   const SleepTag weights = h.pool.create_tag("weights", small_tag());
@@ -456,6 +481,202 @@ TEST(SleepTagsThreads, ConcurrentRequestsAndReleasesInOneTag) {
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
   EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
 }
+
+// ---- Gpu: CUDA virtual memory on device 0 -----------------------------------------------
+#ifdef VRAM_HAVE_TEST_KERNELS
+
+DevicePool::Options device_virtual() {
+  DevicePool::Options o;
+  o.large_tier.memory = LargeTierMemory::virtual_memory;
+  return o;
+}
+
+std::size_t device_free_bytes() {
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  return free_bytes;
+}
+
+// Word-by-word check of blocks filled with pattern + index on the device.
+unsigned long long device_mismatches(const std::vector<Block>& blocks, std::uint32_t pattern,
+                                     cudaStream_t stream) {
+  unsigned long long* counter = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof *counter), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(counter, 0, sizeof *counter, stream), cudaSuccess);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    launch_count_mismatches(blocks[i].pointer, blocks[i].bytes / 4,
+                            pattern + static_cast<std::uint32_t>(i), counter, stream);
+  }
+  unsigned long long host = 0;
+  EXPECT_EQ(cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaFree(counter), cudaSuccess);
+  return host;
+}
+
+void device_fill(const std::vector<Block>& blocks, std::uint32_t pattern, cudaStream_t stream) {
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    launch_fill(blocks[i].pointer, blocks[i].bytes / 4, pattern + static_cast<std::uint32_t>(i),
+                stream);
+  }
+}
+
+TEST(SleepTagsGpu, ContentsWordByWordAtTheSameAddressesAndTheMemoryIsFreeWhileAsleep) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  std::vector<Block> blocks;
+  {
+    auto scope = pool.tag_scope(weights);
+    for (int round = 0; round < 8; ++round) {
+      for (std::size_t bytes : kMixedSizes) {
+        blocks.push_back({pool.allocate_async(bytes, stream.get()), bytes / 4 * 4});
+      }
+    }
+    for (int i = 0; i < 16; ++i) blocks.push_back({pool.allocate(64 * kMiB), 64 * kMiB});
+  }
+  device_fill(blocks, 0xA0000000u, stream.get());
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  const SleepTagStats awake = pool.tag_stats(weights);
+  const std::size_t free_awake = device_free_bytes();
+  pool.sleep(weights, stream.get());
+  const std::size_t free_asleep = device_free_bytes();
+  EXPECT_GE(free_asleep, free_awake + awake.mapped_bytes / 100 * 99)
+      << "cudaMemGetInfo must see the tag's mapped bytes free while it sleeps";
+  pool.wake(weights, stream.get());
+  EXPECT_EQ(pool.tag_stats(weights).base, awake.base);
+  EXPECT_EQ(device_mismatches(blocks, 0xA0000000u, stream.get()), 0U);
+  for (const Block& b : blocks) pool.deallocate_async(b.pointer, b.bytes, stream.get());
+  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+}
+
+TEST(SleepTagsGpu, SleepIsOrderedAfterTheWorkQueuedOnItsStream) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  std::vector<Block> blocks = {{pool.allocate_tagged(32 * kMiB, weights), 32 * kMiB}};
+  // The fill runs after a 50 ms spin: a sleep that did not wait for it would copy zeros
+  // (or unmap under the kernel).
+  launch_spin_then_fill(blocks[0].pointer, blocks[0].bytes / 4, 0xC0FFEE00u, 50'000'000,
+                        stream.get());
+  pool.sleep(weights, stream.get());
+  pool.wake(weights, stream.get());
+  EXPECT_EQ(device_mismatches(blocks, 0xC0FFEE00u, stream.get()), 0U);
+  // Without a stream: a device synchronize first.
+  launch_spin_then_fill(blocks[0].pointer, blocks[0].bytes / 4, 0xBEEF0000u, 50'000'000,
+                        stream.get());
+  pool.sleep(weights);
+  pool.wake(weights);
+  EXPECT_EQ(device_mismatches(blocks, 0xBEEF0000u, stream.get()), 0U);
+  pool.deallocate(blocks[0].pointer, blocks[0].bytes);
+}
+
+TEST(SleepTagsGpu, AGraphCapturedBeforeSleepReplaysAfterWake) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  const SleepTag kv = pool.create_tag("kv", {.discardable = true});
+  std::vector<Block> input = {{pool.allocate_tagged(8 * kMiB, weights), 8 * kMiB}};
+  std::vector<Block> output = {{pool.allocate_tagged(6 * kMiB, kv), 6 * kMiB}};
+  auto* counter = static_cast<unsigned long long*>(pool.allocate_tagged(256, weights));
+  device_fill(input, 0x11110000u, stream.get());
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+  launch_count_mismatches(input[0].pointer, input[0].bytes / 4, 0x11110000u, counter, stream.get());
+  launch_fill(output[0].pointer, output[0].bytes / 4, 0x22220000u, stream.get());
+  ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    pool.sleep({weights, kv}, stream.get());
+    pool.wake(std::vector<SleepTag>{weights, kv}, stream.get());
+    ASSERT_EQ(cudaMemsetAsync(counter, 0, sizeof *counter, stream.get()), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+    unsigned long long host = 1;
+    ASSERT_EQ(cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, stream.get()),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    EXPECT_EQ(host, 0U) << "the replay read the woken weights wrong, cycle " << cycle;
+    EXPECT_EQ(device_mismatches(output, 0x22220000u, stream.get()), 0U) << cycle;
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  pool.deallocate(input[0].pointer, input[0].bytes);
+  pool.deallocate(output[0].pointer, output[0].bytes);
+  pool.deallocate(counter, 256);
+}
+
+TEST(SleepTagsGpu, TwentyCyclesGrowNeitherDeviceNorPinnedMemory) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  auto pinned = std::make_shared<TestUpstream>(std::make_shared<PinnedHostUpstream>());
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights", {.backup = pinned});
+  const SleepTag kv = pool.create_tag("kv", {.discardable = true});
+  std::vector<Block> blocks;
+  for (int i = 0; i < 32; ++i) {
+    blocks.push_back(
+        {pool.allocate_tagged(kMixedSizes[i % kMixedSizes.size()] / 4 * 4 + 4096, weights),
+         kMixedSizes[i % kMixedSizes.size()] / 4 * 4 + 4096});
+  }
+  void* cache = pool.allocate_tagged(256 * kMiB, kv);
+  device_fill(blocks, 0x5EED0000u, stream.get());
+  std::size_t free_after_first = 0;
+  std::size_t pinned_after_first = 0;
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    pool.sleep({weights, kv}, stream.get());
+    pool.wake(std::vector<SleepTag>{weights, kv}, stream.get());
+    if (cycle == 0) {
+      free_after_first = device_free_bytes();
+      pinned_after_first = pinned->live_bytes();
+    }
+  }
+  EXPECT_GE(device_free_bytes() + (std::size_t{4} << 20), free_after_first);
+  EXPECT_EQ(pinned->live_bytes(), pinned_after_first);
+  EXPECT_EQ(device_mismatches(blocks, 0x5EED0000u, stream.get()), 0U);
+  for (const Block& b : blocks) pool.deallocate(b.pointer, b.bytes);
+  pool.deallocate(cache, 256 * kMiB);
+}
+
+TEST(SleepTagsGpu, ACaptureScopeInsideATagScopeKeepsTheGraphValidAcrossSleep) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  const auto id = DevicePool::new_graph_pool();
+  std::vector<Block> out;
+  cudaGraph_t graph = nullptr;
+  {
+    auto tag_scope = pool.tag_scope(weights);
+    auto capture = pool.capture_into(id, stream.get());
+    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+    void* scratch = pool.allocate_async(4 * kMiB, stream.get());
+    launch_fill(scratch, kMiB, 0x77770000u, stream.get());
+    out.push_back({pool.allocate_async(2 * kMiB, stream.get()), 2 * kMiB});
+    launch_fill(out[0].pointer, out[0].bytes / 4, 0x33330000u, stream.get());
+    pool.deallocate_async(scratch, 4 * kMiB, stream.get());
+    ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+  }
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  pool.sleep(weights, stream.get());
+  pool.wake(weights, stream.get());
+  ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+  EXPECT_EQ(device_mismatches(out, 0x33330000u, stream.get()), 0U);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  pool.release_graph_pool(id);
+  pool.deallocate(out[0].pointer, out[0].bytes);
+  EXPECT_EQ(pool.tag_stats(weights).live_blocks, 0U);
+}
+
+#endif  // VRAM_HAVE_TEST_KERNELS
 
 }  // namespace
 }  // namespace vram::testing
