@@ -67,7 +67,7 @@ struct SleepTagOptions {
   std::size_t reservation_bytes = 0;
   // Where the backup is pinned; null: PinnedHostUpstream over a device, the pool's kind
   // of host memory over the host emulation.
-  std::shared_ptr<Upstream> backup;
+  std::shared_ptr<Upstream> backup = nullptr;
   std::size_t backup_chunk_bytes = std::size_t{256} << 20;
   // Granules mapped ahead of a block that needs new ones (fewer maps while a model loads).
   std::size_t map_ahead_bytes = std::size_t{64} << 20;

@@ -119,7 +119,9 @@ void DevicePool::TagScope::end() noexcept {
 
 SleepTag DevicePool::create_tag(std::string_view name, SleepTagOptions options) {
   detail::DevicePoolCore& core = live_core("create_tag");
-  return core.sleep_tags.create(name, options, core.virtual_memory,
+  std::shared_ptr<VirtualMemory> memory = core.virtual_memory;
+  if (!memory) memory = detail::make_tag_virtual_memory(*core.upstream);
+  return core.sleep_tags.create(name, options, memory,
                                 detail::reservation_for(core.options, *core.upstream),
                                 core.options.large_tier.virtual_run_bytes, core.upstream->kind());
 }

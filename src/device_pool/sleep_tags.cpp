@@ -59,14 +59,14 @@ SleepTag SleepTags::create(std::string_view name, const SleepTagOptions& options
       backup = std::make_shared<HostMemoryUpstream>();
     }
   }
-  if (!memory_) {
+  if (!memory_) {  // every tag maps through the first one's (it lives as long as they do)
     memory_ = memory;
     const auto* cuda_memory = dynamic_cast<const CudaVirtualMemory*>(memory.get());
     device_ = cuda_memory != nullptr ? cuda_memory->device() : -1;
   }
   const std::size_t reservation =
       options.reservation_bytes != 0 ? options.reservation_bytes : reservation_bytes;
-  auto tag = std::make_unique<Tag>(std::string(name), options, *memory, reservation, max_run_bytes,
+  auto tag = std::make_unique<Tag>(std::string(name), options, *memory_, reservation, max_run_bytes,
                                    std::move(backup));
   activity_.add(1);  // every call asks the tags from now on
   tags_[n].store(tag.release(), std::memory_order_release);

@@ -362,14 +362,15 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
 const std::vector<std::string>& known_scenarios() {
   static const std::vector<std::string> names = {"pairs",  "threads", "mixed",   "overhead",
                                                  "pagein", "pinning", "batched", "replay",
-                                                 "driver", "pager"};
+                                                 "driver", "pager",   "sleep"};
   return names;
 }
 
 std::vector<std::string> default_scenarios() {
   std::vector<std::string> names = known_scenarios();
-  // Named only: pager (about a minute) and driver (GiB-sized cudaMalloc and maps).
-  for (const char* named_only : {"pager", "driver"}) {
+  // Named only: pager (about a minute), driver (GiB-sized cudaMalloc and maps) and sleep
+  // (16 GiB of device memory and 8 GiB pinned).
+  for (const char* named_only : {"pager", "driver", "sleep"}) {
     names.erase(std::remove(names.begin(), names.end(), named_only), names.end());
   }
   return names;
@@ -377,7 +378,7 @@ std::vector<std::string> default_scenarios() {
 
 bool scenario_needs_gpu(const std::string& name) {
   return name == "pagein" || name == "pinning" || name == "overhead" || name == "pager" ||
-         name == "driver";
+         name == "driver" || name == "sleep";
 }
 
 std::vector<Measurement> run_scenarios(const BenchConfig& config) {
@@ -399,6 +400,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 7) * 2;
   if (wanted("driver") && config.gpu) steps += driver_steps(config);
   if (wanted("pager") && config.gpu) steps += pager_scenario_steps(config);
+  if (wanted("sleep") && config.gpu) steps += sleep_scenario_steps(config);
   Progress progress(steps);
   if (wanted("pairs")) run_pairs(config, allocators, progress, results);
   if (wanted("threads")) run_threads(config, allocators, progress, results);
@@ -413,6 +415,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (config.gpu && wanted("pinning")) run_pinning(config, progress, results);
   if (config.gpu && wanted("driver")) run_driver(config, progress, results);
   if (config.gpu && wanted("pager")) run_pager_scenario(config, progress, results);
+  if (config.gpu && wanted("sleep")) run_sleep_scenario(config, progress, results);
   progress.finish();
   return results;
 }
