@@ -92,7 +92,7 @@ struct SleepTagStats {
   std::size_t mapped_bytes = 0;     // physical bytes mapped now (0 while asleep)
   std::size_t backup_bytes = 0;     // pinned host bytes held for the backup
   std::size_t backed_up_bytes = 0;  // bytes copied at the last sleep
-  std::size_t copies = 0;           // copies queued at the last sleep (coalesced ranges)
+  std::size_t copies = 0;  // ranges copied at the last sleep (neighbouring blocks coalesced)
   std::uint64_t sleeps = 0;
   std::uint64_t wakes = 0;
   char* base = nullptr;  // the tag's reserved address range

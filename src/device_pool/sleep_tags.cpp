@@ -166,6 +166,7 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream) {
   if (proof.batch() != batch) std::abort();  // a witness of another batch proves nothing
   tag.arena.unmap_all();
   tag.arena.untag_free();  // no stream's work uses the range any more
+  tag.copied_ranges = saved.size();
   tag.saved = std::move(saved);
   tag.backed_up_bytes = total;
   tag.state = SleepState::asleep;
@@ -210,7 +211,7 @@ SleepTagStats SleepTags::stats(Tag& tag) const {
   s.mapped_bytes = tag.arena.mapped_bytes();
   s.backup_bytes = tag.backup.capacity();
   s.backed_up_bytes = tag.backed_up_bytes;
-  s.copies = tag.saved.size();
+  s.copies = tag.copied_ranges;
   s.sleeps = tag.sleeps;
   s.wakes = tag.wakes;
   s.base = tag.arena.base();

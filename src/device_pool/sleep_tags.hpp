@@ -57,6 +57,7 @@ struct Tag {
   };
   std::vector<Saved> saved;
   std::size_t backed_up_bytes = 0;
+  std::size_t copied_ranges = 0;  // of the last sleep
   std::uint64_t sleeps = 0;
   std::uint64_t wakes = 0;
 };

@@ -195,6 +195,7 @@ TEST(SleepTags, AdjacentBlocksAreCopiedAsOneRange) {
   h.pool.sleep(weights);
   EXPECT_EQ(h.pool.tag_stats(weights).copies, 1U);
   h.pool.wake(weights);
+  EXPECT_EQ(h.pool.tag_stats(weights).copies, 1U);  // of the last sleep
   for (int i = 0; i < 64; ++i) {
     if (i != 10) h.pool.deallocate(blocks[i], 64 * 1024);
   }
