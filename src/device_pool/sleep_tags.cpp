@@ -2,6 +2,7 @@
 #include "sleep_tags.hpp"
 
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "cuda/capture.hpp"
@@ -12,6 +13,15 @@ namespace vram::detail {
 namespace {
 
 std::string quoted(const std::string& name) { return "'" + name + "'"; }
+
+// After a failed copy: waits for the copies queued before it (a failure to wait leaves a
+// device that runs nothing more).
+void wait_quietly(SleepCopier& copies) noexcept {
+  try {
+    (void)copies.wait();
+  } catch (...) {
+  }
+}
 
 }  // namespace
 
@@ -155,15 +165,22 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream) {
   }
   std::unique_ptr<SleepCopier> copies = copier(stream);
   char* base = tag.arena.base();
-  for (const Tag::Saved& range : saved) {
-    tag.backup.for_each_piece(range.backup_offset, range.bytes,
-                              [&](std::byte* host, std::size_t done, std::size_t n) {
-                                copies->to_host(host, base + range.offset + done, n);
-                              });
+  try {
+    for (const Tag::Saved& range : saved) {
+      tag.backup.for_each_piece(range.backup_offset, range.bytes,
+                                [&](std::byte* host, std::size_t done, std::size_t n) {
+                                  copies->to_host(host, base + range.offset + done, n);
+                                });
+    }
+  } catch (...) {
+    wait_quietly(*copies);  // the copies queued so far end before the backup is reused
+    throw;
   }
   const std::uint64_t batch = copies->batch();
   CopiesCompleted proof = copies->wait();
-  if (proof.batch() != batch) std::abort();  // a witness of another batch proves nothing
+  if (proof.batch() != batch) {  // a witness of another batch proves nothing: unmap nothing
+    throw std::logic_error("vram::DevicePool::sleep: the copies' proof names another batch");
+  }
   tag.arena.unmap_all();
   tag.arena.untag_free();  // no stream's work uses the range any more
   tag.copied_ranges = saved.size();
@@ -180,8 +197,9 @@ void SleepTags::wake(Tag& tag, cudaStream_t stream) {
                           " is awake (wake without sleep). Fix: call wake() only after sleep().");
   }
   tag.arena.map_live();  // throws with nothing mapped: the tag stays asleep
+  std::unique_ptr<SleepCopier> copies;
   try {
-    std::unique_ptr<SleepCopier> copies = copier(stream);
+    copies = copier(stream);
     char* base = tag.arena.base();
     for (const Tag::Saved& range : tag.saved) {
       tag.backup.for_each_piece(range.backup_offset, range.bytes,
@@ -192,7 +210,8 @@ void SleepTags::wake(Tag& tag, cudaStream_t stream) {
     CopiesCompleted proof = copies->wait();  // the backup is reusable from here on
     (void)proof;
   } catch (...) {
-    tag.arena.unmap_all();  // asleep again, the backup intact
+    if (copies) wait_quietly(*copies);  // no copy still writes what is unmapped next
+    tag.arena.unmap_all();              // asleep again, the backup intact
     throw;
   }
   tag.saved.clear();
