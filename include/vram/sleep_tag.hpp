@@ -46,9 +46,9 @@
 //   block stays live and is restored at wake. Host memory for the backup exhausted:
 //   vram::PinningError or vram::OutOfMemory from the pin; the tag stays awake and intact.
 //   Device memory exhausted at wake: vram::OutOfMemory; the tag stays asleep, its backup
-//   intact, and wake may be called again. Destroying the pool while a tag sleeps: the
-//   backup and the address range are released (noexcept); the tag's live blocks stay
-//   counted as leased (their releases are accepted and change nothing else).
+//   intact, and wake may be called again. Destroying the pool while a tag sleeps (noexcept):
+//   the backup is freed at once and a warning names the tag; its live blocks stay counted as
+//   leased (their releases are accepted) and the address range goes with the last of them.
 #pragma once
 
 #include <cstddef>

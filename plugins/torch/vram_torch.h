@@ -154,7 +154,7 @@ int vram_torch_region_exit(void);
 int vram_torch_sleep(const char* tag, int device, vram_torch_stream_t stream);
 int vram_torch_wake(const char* tag, int device, vram_torch_stream_t stream);
 typedef struct vram_torch_tag_stats_t {
-  uint64_t asleep;          /* 1 while the tag sleeps */
+  uint64_t asleep; /* 1 while the tag sleeps */
   uint64_t discardable;
   uint64_t live_blocks;
   uint64_t live_bytes;
@@ -167,8 +167,7 @@ typedef struct vram_torch_tag_stats_t {
 } vram_torch_tag_stats_t;
 /* Fills `out` (`out_size` bytes, at most sizeof) for tag `tag` of `device`. 0: done; 1: no
  * such tag there; -1: bad argument. */
-int vram_torch_tag_stats(const char* tag, int device, vram_torch_tag_stats_t* out,
-                         size_t out_size);
+int vram_torch_tag_stats(const char* tag, int device, vram_torch_tag_stats_t* out, size_t out_size);
 
 /* ---- Offload: a WeightPager over a PyTorch module's host weights (plugins/torch/offload.cpp,
  * python/vram_offload.py). A "piece" is one pager layer: a host range holding one or more

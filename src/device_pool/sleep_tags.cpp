@@ -278,7 +278,7 @@ void SleepTags::close() noexcept {
     if (tag->state == SleepState::asleep) {
       std::fprintf(stderr,
                    "vram::DevicePool destroyed while the tag '%s' sleeps: its %zu backed-up "
-                   "bytes are dropped and its address range is released.\n",
+                   "bytes are dropped; its address range goes with its last block.\n",
                    tag->name.c_str(), tag->backed_up_bytes);
       tag->backup.release();
       tag->saved.clear();
