@@ -325,6 +325,13 @@ void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
 void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexcept {
   if (block == nullptr) return;
   if (core_) {
+    // A tagged block stays its tag's, held until the graph pool is released (pool_sleep.cpp).
+    if (detail::Tag* tag = core_->sleep_tags.any() ? core_->sleep_tags.owner_of(block) : nullptr) {
+      if (!core_->hold_for_graph(pool_, block, bytes)) {
+        core_->tag_deallocate(*tag, block, bytes, detail::kUntagged);
+      }
+      return;
+    }
     if (core_->graph_deallocate_into(pool_, block, bytes)) return;
     return core_->deallocate(block, bytes, detail::kUntagged);
   }

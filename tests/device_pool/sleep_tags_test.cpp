@@ -450,6 +450,22 @@ TEST(SleepTags, CaptureScopeInsideATagScopeTakesTaggedBlocksAndHoldsTheFreedOnes
   EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
 }
 
+TEST(SleepTags, ATaggedBlockReleasedThroughACaptureScopeStaysItsTags) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const auto graph = DevicePool::new_graph_pool();
+  void* block = h.pool.allocate_tagged(3 * kMiB, weights);
+  {
+    auto capture = h.pool.capture_into(graph);  // unrouted: its host picks the releases
+    capture.deallocate(block, 3 * kMiB);
+  }
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // held for the graph
+  EXPECT_EQ(h.pool.stats().graph_pool_bytes, 0U);
+  h.pool.release_graph_pool(graph);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
 TEST(SleepTagsThreads, ConcurrentRequestsAndReleasesInOneTag) {
   HostPool h;
   const SleepTag weights = h.pool.create_tag("weights", small_tag());
