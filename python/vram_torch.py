@@ -35,6 +35,7 @@ import threading
 __all__ = [
     "enable", "is_enabled", "mode", "allocator", "mem_pool", "use_mem_pool", "stats", "empty_cache",
     "reset_peak", "last_error", "library_path", "load_library", "configure", "offload",
+    "region", "sleep", "wake", "pause", "resume", "wake_up", "tag_stats", "SleepError",
 ]
 
 _STAT_FIELDS = (
@@ -50,6 +51,16 @@ _STAT_FIELDS = (
 
 class _Stats(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in _STAT_FIELDS]
+
+
+_TAG_STAT_FIELDS = (
+    "asleep", "discardable", "live_blocks", "live_bytes", "mapped_bytes", "backup_bytes",
+    "backed_up_bytes", "copies", "sleeps", "wakes",
+)
+
+
+class _TagStats(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in _TAG_STAT_FIELDS]
 
 
 # vram_torch.h field -> torch.cuda.memory_stats() key (vram-only counters keep a
@@ -150,6 +161,16 @@ def load_library(path=None):
             lib.vram_torch_install_native.argtypes = ()
             lib.vram_torch_torch_version.restype = ctypes.c_char_p
             lib.vram_torch_torch_version.argtypes = ()
+        lib.vram_torch_region_enter.restype = ctypes.c_int
+        lib.vram_torch_region_enter.argtypes = (ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
+        lib.vram_torch_region_exit.restype = ctypes.c_int
+        lib.vram_torch_region_exit.argtypes = ()
+        for name in ("vram_torch_sleep", "vram_torch_wake"):
+            getattr(lib, name).restype = ctypes.c_int
+            getattr(lib, name).argtypes = (ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
+        lib.vram_torch_tag_stats.restype = ctypes.c_int
+        lib.vram_torch_tag_stats.argtypes = (ctypes.c_char_p, ctypes.c_int,
+                                             ctypes.POINTER(_TagStats), ctypes.c_size_t)
         lib.vram_torch_last_error.restype = ctypes.c_size_t
         lib.vram_torch_last_error.argtypes = (ctypes.c_char_p, ctypes.c_size_t)
         size = lib.vram_torch_stats_size()
@@ -461,3 +482,133 @@ def offload(module, budget, device=0, **options):
     import vram_offload
 
     return vram_offload.offload(module, budget, device, **options)
+
+
+# ---- Sleep and wake (docs/sleep-wake.md) -------------------------------------------------
+# Tensors allocated inside `with region(tag):` live in the tag's own virtual memory; the tag
+# can sleep (contents to pinned host memory, GPU memory released, addresses kept) and wake
+# (mapped again at the same addresses, contents back), so tensors and CUDA graphs captured
+# over them stay valid. The names mirror torch_memory_saver (region / pause / resume) and
+# vLLM (sleep(level) / wake_up(tags)).
+
+class SleepError(RuntimeError):
+    """A sleep, wake or region call that vram refused or that failed; nothing changed."""
+
+
+_tag_names = []  # every tag a region made, in order (sleep()/wake() without tags: all)
+_tag_lock = threading.Lock()
+
+
+def _encode_tag(tag):
+    if not isinstance(tag, str) or not tag:
+        raise ValueError(f"vram_torch: a tag is a non-empty str, not {tag!r}")
+    return tag.encode("utf-8")
+
+
+def _tags_of(tags):
+    if tags is None:
+        with _tag_lock:
+            return list(_tag_names)
+    if isinstance(tags, str):
+        return [tags]
+    try:
+        return list(tags)
+    except TypeError:
+        raise ValueError(f"vram_torch: tags are a str, a list of str or None, not {tags!r}")
+
+
+def _stream_handle(stream):
+    if stream is None:
+        return None
+    handle = getattr(stream, "cuda_stream", stream)
+    return ctypes.c_void_p(int(handle))
+
+
+@contextlib.contextmanager
+def region(tag="default", discardable=None, device=None, enable_cpu_backup=None, path=None):
+    """`with vram_torch.region("weights"):` tags this thread's CUDA allocations on `device`
+    (default: the current one) until the block ends. discardable=True (a KV cache): sleep
+    copies nothing and wake gives the memory back uninitialised. enable_cpu_backup is
+    torch_memory_saver's spelling of the opposite (discardable = not enable_cpu_backup);
+    without either the contents are kept. Needs vram as the allocator (enable())."""
+    if discardable is None:
+        discardable = enable_cpu_backup is not None and not enable_cpu_backup
+    if not _enabled:
+        raise SleepError("vram_torch.region: vram is not PyTorch's allocator; call "
+                         "vram_torch.enable() before CUDA starts")
+    lib = load_library(path)
+    name = _encode_tag(tag)
+    if lib.vram_torch_region_enter(name, 1 if discardable else 0, _device_index(device)) != 0:
+        raise SleepError(f"vram_torch.region({tag!r}): {last_error(path)}")
+    with _tag_lock:
+        if tag not in _tag_names:
+            _tag_names.append(tag)
+    try:
+        yield
+    finally:
+        lib.vram_torch_region_exit()
+
+
+def _each(call, tags, stream, device, path):
+    lib = load_library(path)
+    fn = getattr(lib, "vram_torch_" + call)
+    names = _tags_of(tags)
+    if not names:
+        raise SleepError(f"vram_torch.{call}: no tags (no region() made one yet)")
+    encoded = [_encode_tag(t) for t in names]
+    device = -1 if device is None else _device_index(device)
+    done = []
+    for tag, name in zip(names, encoded):
+        if fn(name, device, _stream_handle(stream)) != 0:
+            raise SleepError(f"vram_torch.{call}({tag!r}): {last_error(path)}"
+                             + (f" (done before it: {done})" if done else ""))
+        done.append(tag)
+
+
+def sleep(tags=None, level=1, stream=None, device=None, path=None):
+    """Puts `tags` (a str, a list, or None: every tag a region made) to sleep on `device`
+    (None: every device that has them): the contents of non-discardable tags go to pinned
+    host memory (pinned at the first sleep and reused), then the GPU memory is released;
+    addresses stay reserved. stream=None synchronizes the device first; with a stream
+    (torch.cuda.Stream or a handle) the copies follow the work queued on it.
+    level: vLLM's sleep level; 1 (the default) keeps what each tag's kind keeps; 2 (discard
+    the weights too) is not offered: make such tensors discardable=True instead."""
+    if level != 1:
+        raise ValueError("vram_torch.sleep: level 2 is not offered; declare tensors whose "
+                         "contents may be dropped with region(tag, discardable=True)")
+    _each("sleep", tags, stream, device, path)
+
+
+def wake(tags=None, stream=None, device=None, path=None):
+    """Maps the memory of sleeping `tags` again at the same addresses and copies the
+    contents back (discardable tags: uninitialised). Returns after the copies completed."""
+    _each("wake", tags, stream, device, path)
+
+
+def wake_up(tags=None, stream=None, device=None, path=None):
+    """vLLM's spelling of wake(tags)."""
+    wake(tags, stream, device, path)
+
+
+def pause(tag=None, path=None):
+    """torch_memory_saver's spelling of sleep(tag) (None: every tag)."""
+    sleep(tag, path=path)
+
+
+def resume(tag=None, path=None):
+    """torch_memory_saver's spelling of wake(tag) (None: every tag)."""
+    wake(tag, path=path)
+
+
+def tag_stats(tag, device=None, path=None):
+    """The counters of tag `tag` on `device` as a dict (asleep, live_bytes, mapped_bytes,
+    backup_bytes, ...); None when that device has no such tag."""
+    lib = load_library(path)
+    raw = _TagStats()
+    status = lib.vram_torch_tag_stats(_encode_tag(tag), _device_index(device), ctypes.byref(raw),
+                                      ctypes.sizeof(raw))
+    if status == 1:
+        return None
+    if status != 0:
+        raise SleepError(f"vram_torch.tag_stats({tag!r}): {last_error(path)}")
+    return {name: int(getattr(raw, name)) for name in _TAG_STAT_FIELDS}

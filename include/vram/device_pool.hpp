@@ -121,12 +121,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include <cuda_runtime_api.h>
 
 #include "vram/memory_map.hpp"
+#include "vram/sleep_tag.hpp"
 #include "vram/stream_fence.hpp"
 #include "vram/upstream.hpp"
 
@@ -171,6 +174,10 @@ struct DevicePoolStats {
   // Captures without a scope ("CUDA graphs"): allocate_async calls served by a capture's
   // own pool, and deallocate_async calls that gave it a block that was not yet its.
   std::uint64_t unscoped_capture_calls = 0;
+  // Sleep tags (vram/sleep_tag.hpp): granules mapped in the tags' own ranges (counted in
+  // bytes_reserved; their blocks in bytes_in_use) and how many tags sleep.
+  std::size_t sleep_tag_bytes_mapped = 0;
+  std::uint64_t sleeping_tags = 0;
 };
 
 // What backs DevicePool's large tier (blocks above small_block_max_bytes).
@@ -472,6 +479,47 @@ class DevicePool {
   // of the pool's live blocks (PyTorch's CUDA graph trees) at the same addresses. Returns
   // its bytes, or 0 (nothing changed) when it is no free block of that pool.
   std::size_t claim_graph_block(GraphPoolId graph_pool, void* block) noexcept;
+
+  // Sleep and wake (vram/sleep_tag.hpp: where a tag's memory comes from, the ordering of
+  // sleep and wake, the misuse rules). A pool whose large tier runs over virtual memory only.
+  // While any tag exists every call of the pool leaves its warm path (as while a graph pool
+  // exists): a release asks which tag's range holds the block.
+  //   create_tag: a new tag named `name` (unique in the pool); throws vram::InvalidArgument.
+  //   tag_scope: until the scope ends (on the thread that opened it), this thread's requests
+  //     to this pool (allocate, acquire, allocate_async; also under a capture scope: a graph
+  //     captured over them stays valid across sleep and wake) come from `tag`. Scopes nest;
+  //     the inner one wins until it ends.
+  //   allocate_tagged: one block from `tag`, whatever scope is open.
+  //   sleep / wake: see vram/sleep_tag.hpp; the span forms take several tags in order
+  //     (on an error the tags before the failing one stay as they were put, it and the
+  //     later ones are unchanged).
+  class TagScope {
+   public:
+    TagScope() = default;
+    TagScope(TagScope&& other) noexcept;
+    TagScope& operator=(TagScope&& other) noexcept;
+    TagScope(const TagScope&) = delete;
+    TagScope& operator=(const TagScope&) = delete;
+    ~TagScope() { end(); }
+    void end() noexcept;  // restores the scope it replaced; idempotent
+
+   private:
+    friend class DevicePool;
+    std::shared_ptr<detail::DevicePoolCore> core_;
+    const void* previous_tags_ = nullptr;
+    std::uint32_t previous_index_ = 0;
+  };
+  SleepTag create_tag(std::string_view name, SleepTagOptions options = {});
+  std::optional<SleepTag> find_tag(std::string_view name) const noexcept;
+  std::vector<SleepTag> tags() const;
+  [[nodiscard]] TagScope tag_scope(SleepTag tag);
+  [[nodiscard]] void* allocate_tagged(std::size_t bytes, SleepTag tag,
+                                      cudaStream_t stream = nullptr);
+  void sleep(SleepTag tag, cudaStream_t stream = nullptr);
+  void wake(SleepTag tag, cudaStream_t stream = nullptr);
+  void sleep(const std::vector<SleepTag>& tags, cudaStream_t stream = nullptr);
+  void wake(const std::vector<SleepTag>& tags, cudaStream_t stream = nullptr);
+  SleepTagStats tag_stats(SleepTag tag) const;
 
   // Bytes a request of `bytes` occupies in the pool (its size class up to
   // small_block_max_bytes, else rounded to 512): what bytes_in_use counts.

@@ -76,6 +76,7 @@ class CudaVirtualMemory final : public VirtualMemory {
   std::uint64_t map(char* address, std::size_t bytes) override;
   void unmap(char* address, std::size_t bytes, std::uint64_t handle) noexcept override;
   std::size_t available_bytes() const noexcept override;  // cudaMemGetInfo's free bytes
+  int device() const noexcept { return device_; }
   // map() and unmap() in halves, for a caller that keeps a physical allocation across maps
   // (the driver benchmark times a remap): create() makes one of `bytes` (whole granules);
   // map_created() maps it at `address` with read-write access for the device (on failure

@@ -13,6 +13,7 @@
 #include "vram/pinned_host_upstream.hpp"
 #include "vram/pinned_staging_pool.hpp"
 #include "vram/size_classes.hpp"
+#include "vram/sleep_tag.hpp"
 #include "vram/stream_ordered_pool.hpp"
 #include "vram/units.hpp"
 #include "vram/upstream.hpp"

@@ -20,6 +20,7 @@
 #include "device_registry.hpp"
 #include "errors.hpp"
 #include "graph_hooks.hpp"
+#include "sleep_regions.hpp"
 #ifdef VRAM_TORCH_WITH_C10
 #include <torch/headeronly/version.h>
 
@@ -204,4 +205,46 @@ VRAM_TORCH_API int vram_torch_configure(size_t max_cached_bytes) {
 
 VRAM_TORCH_API size_t vram_torch_last_error(char* buffer, size_t size) {
   return vram_torch::copy_last_error(buffer, size);
+}
+
+VRAM_TORCH_API int vram_torch_region_enter(const char* tag, int discardable, int device) {
+  return vram_torch::region_enter(tag, discardable, device);
+}
+
+VRAM_TORCH_API int vram_torch_region_exit(void) { return vram_torch::region_exit(); }
+
+VRAM_TORCH_API int vram_torch_sleep(const char* tag, int device, vram_torch_stream_t stream) {
+  return vram_torch::sleep_tag(tag, device, stream);
+}
+
+VRAM_TORCH_API int vram_torch_wake(const char* tag, int device, vram_torch_stream_t stream) {
+  return vram_torch::wake_tag(tag, device, stream);
+}
+
+VRAM_TORCH_API int vram_torch_tag_stats(const char* tag, int device, vram_torch_tag_stats_t* out,
+                                        size_t out_size) {
+  if (out == nullptr || tag == nullptr || strnlen(tag, 257) > 256) return -1;
+  DeviceState* state = find_state(device);
+  if (state == nullptr) return 1;
+  try {
+    const auto handle = state->pool.find_tag(tag);
+    if (!handle) return 1;
+    const vram::SleepTagStats t = state->pool.tag_stats(*handle);
+    vram_torch_tag_stats_t s{};
+    s.asleep = t.state == vram::SleepState::asleep ? 1 : 0;
+    s.discardable = t.discardable ? 1 : 0;
+    s.live_blocks = t.live_blocks;
+    s.live_bytes = t.live_bytes;
+    s.mapped_bytes = t.mapped_bytes;
+    s.backup_bytes = t.backup_bytes;
+    s.backed_up_bytes = t.backed_up_bytes;
+    s.copies = t.copies;
+    s.sleeps = t.sleeps;
+    s.wakes = t.wakes;
+    std::memcpy(out, &s, std::min(out_size, sizeof s));
+    return 0;
+  } catch (const std::exception& e) {
+    note_error(std::string("tag_stats: ") + e.what(), false);
+    return -1;
+  }
 }

@@ -135,6 +135,40 @@ size_t vram_torch_block_bytes(int device, size_t size);
  * `size`); returns its full length, 0 when there was none. */
 size_t vram_torch_last_error(char* buffer, size_t size);
 
+/* ---- Sleep and wake (docs/sleep-wake.md; include/vram/sleep_tag.hpp): tensors allocated
+ * inside a region of a named tag live in the tag's own virtual memory on their device; the
+ * tag can sleep (contents copied to pinned host memory unless it is discardable, physical
+ * memory released, addresses kept) and wake (memory mapped again at the same addresses,
+ * contents copied back). Every function returns 0 when done and -1 on any bad argument or
+ * failure (a null or empty name, no such tag, sleep twice, wake without sleep, out of
+ * memory), the reason in vram_torch_last_error; nothing is changed then.
+ * region_enter: this thread's allocations on `device` go to tag `tag` (made on first use,
+ * `discardable` nonzero: no copy at sleep, uninitialised after wake) until the matching
+ * region_exit (regions nest; exit closes the thread's innermost one).
+ * sleep / wake: `device` -1 for every device whose pool has the tag; `stream` NULL: the
+ * device is synchronized first, else the copies follow the work queued on `stream` (work on
+ * other streams that uses the tag must be ordered before it by the caller). Both return
+ * after their copies completed. */
+int vram_torch_region_enter(const char* tag, int discardable, int device);
+int vram_torch_region_exit(void);
+int vram_torch_sleep(const char* tag, int device, vram_torch_stream_t stream);
+int vram_torch_wake(const char* tag, int device, vram_torch_stream_t stream);
+typedef struct vram_torch_tag_stats_t {
+  uint64_t asleep; /* 1 while the tag sleeps */
+  uint64_t discardable;
+  uint64_t live_blocks;
+  uint64_t live_bytes;
+  uint64_t mapped_bytes;    /* physical bytes mapped now (0 while asleep) */
+  uint64_t backup_bytes;    /* pinned host bytes held for its backup */
+  uint64_t backed_up_bytes; /* bytes copied at the last sleep */
+  uint64_t copies;          /* copies (coalesced ranges) of the last sleep */
+  uint64_t sleeps;
+  uint64_t wakes;
+} vram_torch_tag_stats_t;
+/* Fills `out` (`out_size` bytes, at most sizeof) for tag `tag` of `device`. 0: done; 1: no
+ * such tag there; -1: bad argument. */
+int vram_torch_tag_stats(const char* tag, int device, vram_torch_tag_stats_t* out, size_t out_size);
+
 /* ---- Offload: a WeightPager over a PyTorch module's host weights (plugins/torch/offload.cpp,
  * python/vram_offload.py). A "piece" is one pager layer: a host range holding one or more
  * tensors. The pager keeps what fits the budget resident and streams the rest through a

@@ -108,6 +108,12 @@ void copy_to_device_async(void* device_destination, const void* host_source, std
         what);
 }
 
+void copy_to_host_async(void* host_destination, const void* device_source, std::size_t bytes,
+                        cudaStream_t stream, const char* what) {
+  check(cudaMemcpyAsync(host_destination, device_source, bytes, cudaMemcpyDeviceToHost, stream),
+        what);
+}
+
 void copy_to_device(void* device_destination, const void* host_source, std::size_t bytes,
                     const char* what) {
   check(cudaMemcpy(device_destination, host_source, bytes, cudaMemcpyHostToDevice), what);
@@ -154,6 +160,8 @@ bool synchronize_device(int device) noexcept {
   if (previous >= 0 && previous != device) (void)succeeded(cudaSetDevice(previous));
   return done;
 }
+
+void synchronize_current_device() { check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
 
 void set_current_device(int device) { check(cudaSetDevice(device), "cudaSetDevice"); }
 

@@ -57,6 +57,9 @@ std::optional<std::size_t> total_memory(int device) noexcept;
 // cudaMemcpyAsync host to device on `stream`; throws vram::CudaError naming `what`.
 void copy_to_device_async(void* device_destination, const void* host_source, std::size_t bytes,
                           cudaStream_t stream, const char* what);
+// cudaMemcpyAsync device to host on `stream`; throws vram::CudaError naming `what`.
+void copy_to_host_async(void* host_destination, const void* device_source, std::size_t bytes,
+                        cudaStream_t stream, const char* what);
 // cudaMemcpy host to device (blocking); throws vram::CudaError naming `what`.
 void copy_to_device(void* device_destination, const void* host_source, std::size_t bytes,
                     const char* what);
@@ -80,6 +83,8 @@ bool try_synchronize_stream(cudaStream_t stream) noexcept;
 // cudaDeviceSynchronize on `device` (made current for the call, then restored); errors,
 // e.g. at driver shutdown, are cleared. False when it failed (nothing is known complete).
 bool synchronize_device(int device) noexcept;
+// cudaDeviceSynchronize on the current device; throws vram::CudaError.
+void synchronize_current_device();
 // cudaSetDevice for the calling thread; throws vram::CudaError.
 void set_current_device(int device);
 

@@ -55,6 +55,7 @@ DevicePool& DevicePool::operator=(DevicePool&& other) noexcept {
 
 DevicePool::~DevicePool() {
   if (!core_) return;
+  core_->sleep_tags.close();  // sleeping tags drop their backup
   // Graph pools never released: their free blocks go back with the rest; their live ones
   // stay leased (the bookkeeping outlives the pool for them, as for any lease).
   try {
@@ -173,6 +174,7 @@ void DevicePool::trim(std::size_t keep_bytes) {
   if (!core_) return;
   core_->drain_graph_returns();
   core_->trim(keep_bytes, nullptr, true);
+  core_->sleep_tags.trim();
   // The growth budget restarts from what is in use now: a caller that trims wants the
   // memory held to follow today's use, not the all-time peak.
   core_->small.restart_peak();

@@ -101,6 +101,8 @@ std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
 
 void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignment, StreamKey key,
                                            cudaStream_t stream) {
+  if (Tag* tag = sleep_tags.any() ? sleep_tags.route() : nullptr) [[unlikely]]
+    return tag_allocate(*tag, bytes, alignment, key);
   const auto id = graph_route(key, stream);
   if (!id) return allocate(bytes, alignment, key);
   if (is_unscoped_pool(*id)) return allocate_captured(bytes, alignment, *id);
@@ -109,6 +111,12 @@ void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignm
 
 void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
                                             cudaStream_t stream) noexcept {
+  if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block) : nullptr) [[unlikely]] {
+    // Freed by a capture: the graph's launches write it, so it stays out of its tag until
+    // the graph pool is released (pool_sleep.cpp).
+    if (const auto id = graph_route(key, stream); id && hold_for_graph(*id, block, bytes)) return;
+    return tag_deallocate(*tag, block, bytes, key);
+  }
   // A graph pool's block goes back to its pool whatever the stream.
   if (graph_deallocate_owned(block)) return;
   const auto id = graph_route(key, stream);
@@ -317,6 +325,13 @@ void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
 void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexcept {
   if (block == nullptr) return;
   if (core_) {
+    // A tagged block stays its tag's, held until the graph pool is released (pool_sleep.cpp).
+    if (detail::Tag* tag = core_->sleep_tags.any() ? core_->sleep_tags.owner_of(block) : nullptr) {
+      if (!core_->hold_for_graph(pool_, block, bytes)) {
+        core_->tag_deallocate(*tag, block, bytes, detail::kUntagged);
+      }
+      return;
+    }
     if (core_->graph_deallocate_into(pool_, block, bytes)) return;
     return core_->deallocate(block, bytes, detail::kUntagged);
   }
@@ -403,6 +418,7 @@ void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {
   } catch (...) {  // out of host memory: the pool keeps its memory
   }
   core_->drain_graph_returns();
+  core_->release_graph_holds(graph_pool);
 }
 
 }  // namespace vram

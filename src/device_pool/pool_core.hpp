@@ -36,6 +36,7 @@
 #include "quiescer.hpp"
 #include "release_validation.hpp"
 #include "request.hpp"
+#include "sleep_tags.hpp"
 #include "thread_cache.hpp"
 #include "thread_cache_registry.hpp"
 #include "tier/segment_tier.hpp"
@@ -402,6 +403,25 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   GraphActivity graph_activity{graphs_on};
   GraphPools graph_pools{&graph_activity};
   CaptureRoutes capture_routes{&graph_activity};
+  // Sleep tags (sleep_tags.hpp); while any exists graphs_on stays raised, so that every call
+  // reaches allocate_with_graphs / deallocate_with_graphs, which ask the tags first.
+  SleepTags sleep_tags{uid, graph_activity};
+  // A request into `tag` and a release of its block (pool_sleep.cpp): counted as slow-path
+  // calls (so that destruction counts tagged blocks as leased).
+  void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);
+  void tag_deallocate(Tag& tag, void* block, std::size_t bytes, StreamKey key) noexcept;
+  // Tagged blocks freed by a capture into graph pool `id`: held (still live in their tag)
+  // until release_graph_pool(id), then released after a device-wide quiesce (none while a
+  // capture scope is open: they wait for a later release). False: no host memory to hold it.
+  bool hold_for_graph(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
+  void release_graph_holds(GraphPools::Id id) noexcept;
+  struct GraphHold {
+    GraphPools::Id id;
+    void* block;
+    std::size_t bytes;
+  };
+  std::mutex graph_holds_mutex;
+  std::vector<GraphHold> graph_holds;  // guarded by graph_holds_mutex
 };
 
 inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {

@@ -48,6 +48,14 @@ std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePoolOptions& opti
   return std::make_shared<CudaVirtualMemory>(device);
 }
 
+std::shared_ptr<VirtualMemory> make_tag_virtual_memory(const Upstream& upstream) {
+  const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(&upstream);
+  if (device_upstream == nullptr || !CudaVirtualMemory::supported(device_upstream->device())) {
+    return nullptr;
+  }
+  return std::make_shared<CudaVirtualMemory>(device_upstream->device());
+}
+
 std::size_t reservation_for(const DevicePoolOptions& options, const Upstream& upstream) {
   // The large tier keeps a few words per 2 MiB granule of its range (16 TiB: 8 Mi granules,
   // about 200 MiB of host memory); far above any device's memory.

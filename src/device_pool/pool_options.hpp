@@ -26,6 +26,10 @@ std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePoolOptions& opti
                                                    const std::shared_ptr<Upstream>& upstream);
 // The address range a virtual-memory large tier reserves; throws vram::InvalidArgument above
 // 16 TiB.
+// The virtual memory sleep tags use when the large tier has none: CUDA virtual memory on the
+// device of vram's DeviceMemoryUpstream where supported (mapped for that device only), else
+// null.
+std::shared_ptr<VirtualMemory> make_tag_virtual_memory(const Upstream& upstream);
 std::size_t reservation_for(const DevicePoolOptions& options, const Upstream& upstream);
 // Options::growth_headroom as the tiers' fixed point (1024ths); throws vram::InvalidArgument
 // for a negative or NaN headroom.

@@ -362,15 +362,17 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
 const std::vector<std::string>& known_scenarios() {
   static const std::vector<std::string> names = {
       "pairs",   "threads",          "mixed",        "overhead", "pagein", "pinning",
-      "batched", "batched-repeated", "stream-churn", "replay",   "driver", "pager"};
+      "batched", "batched-repeated", "stream-churn", "replay",   "driver", "pager",
+      "sleep"};
   return names;
 }
 
 std::vector<std::string> default_scenarios() {
   std::vector<std::string> names = known_scenarios();
-  // Named only: pager (about a minute), driver (GiB-sized cudaMalloc and maps), and the
-  // forms measured for a question of their own (batched-repeated, stream-churn).
-  for (const char* named_only : {"pager", "driver", "batched-repeated", "stream-churn"}) {
+  // Named only: pager (about a minute), driver (GiB-sized cudaMalloc and maps), sleep (16
+  // GiB of device memory and 8 GiB pinned), and the forms measured for a question of their
+  // own (batched-repeated, stream-churn).
+  for (const char* named_only : {"pager", "driver", "sleep", "batched-repeated", "stream-churn"}) {
     names.erase(std::remove(names.begin(), names.end(), named_only), names.end());
   }
   return names;
@@ -378,7 +380,7 @@ std::vector<std::string> default_scenarios() {
 
 bool scenario_needs_gpu(const std::string& name) {
   return name == "pagein" || name == "pinning" || name == "overhead" || name == "pager" ||
-         name == "driver" || name == "stream-churn";
+         name == "driver" || name == "stream-churn" || name == "sleep";
 }
 
 std::vector<Measurement> run_scenarios(const BenchConfig& config) {
@@ -402,6 +404,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("pinning") && config.gpu) steps += (config.quick ? 3 : 7) * 2;
   if (wanted("driver") && config.gpu) steps += driver_steps(config);
   if (wanted("pager") && config.gpu) steps += pager_scenario_steps(config);
+  if (wanted("sleep") && config.gpu) steps += sleep_scenario_steps(config);
   Progress progress(steps);
   if (wanted("pairs")) run_pairs(config, allocators, progress, results);
   if (wanted("threads")) run_threads(config, allocators, progress, results);
@@ -420,6 +423,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (config.gpu && wanted("driver")) run_driver(config, progress, results);
   if (config.gpu && wanted("stream-churn")) run_stream_churn(config, progress, results);
   if (config.gpu && wanted("pager")) run_pager_scenario(config, progress, results);
+  if (config.gpu && wanted("sleep")) run_sleep_scenario(config, progress, results);
   progress.finish();
   return results;
 }

@@ -39,4 +39,10 @@ std::size_t stream_churn_steps(const BenchConfig& config);
 void run_stream_churn(const BenchConfig& config, Progress& progress,
                       std::vector<Measurement>& results);
 
+// The `sleep` scenario (bench/sleep_scenario.cpp): DevicePool's sleep and wake of tagged
+// memory against the pinned link of the same run.
+std::size_t sleep_scenario_steps(const BenchConfig& config);
+void run_sleep_scenario(const BenchConfig& config, Progress& progress,
+                        std::vector<Measurement>& results);
+
 }  // namespace vram::bench

@@ -1,0 +1,76 @@
+// src/device_pool/sleep_copier.hpp: the copies of one sleep or wake, and the proof that the
+// host observed their end.
+//
+// Rule: a tag's physical memory is unmapped (sleep) and its backup counted reusable (wake)
+// only with a CopiesCompleted of the copier that queued the copies: the witness comes only
+// out of wait(), after the host observed an event recorded behind the last copy (over
+// host memory, after the last memcpy returned). A witness names its batch; a tag accepts
+// only the one of the batch it started.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "vram/cuda/event.hpp"
+#include "vram/cuda/stream.hpp"
+
+namespace vram::detail {
+
+class SleepCopier;
+
+class CopiesCompleted {
+ public:
+  CopiesCompleted(CopiesCompleted&& other) noexcept : batch_(std::exchange(other.batch_, 0)) {}
+  CopiesCompleted& operator=(CopiesCompleted&& other) noexcept {
+    batch_ = std::exchange(other.batch_, 0);
+    return *this;
+  }
+  CopiesCompleted(const CopiesCompleted&) = delete;
+  CopiesCompleted& operator=(const CopiesCompleted&) = delete;
+  ~CopiesCompleted() {}  // NOLINT(modernize-use-equals-default): not trivially copyable
+  std::uint64_t batch() const noexcept { return batch_; }
+
+ private:
+  friend class SleepCopier;
+  explicit CopiesCompleted(std::uint64_t batch) noexcept : batch_(batch) {}
+  std::uint64_t batch_ = 0;
+};
+
+// One batch of copies between a tag's device memory and its host backup.
+class SleepCopier {
+ public:
+  // Over the host emulation: memcpy, no stream. Over a device: copies queued on `stream`;
+  // null: the device is synchronized here and `own_stream` (the pool's, made on first use)
+  // carries them.
+  static std::unique_ptr<SleepCopier> for_host();
+  static std::unique_ptr<SleepCopier> for_device(int device, cudaStream_t stream,
+                                                 std::optional<cuda::Stream>& own_stream);
+  virtual ~SleepCopier() = default;
+  SleepCopier(const SleepCopier&) = delete;
+  SleepCopier& operator=(const SleepCopier&) = delete;
+
+  std::uint64_t batch() const noexcept { return batch_; }
+  // Queue one copy; throw vram::CudaError.
+  virtual void to_host(void* host, const void* device, std::size_t bytes) = 0;
+  virtual void to_device(void* device, const void* host, std::size_t bytes) = 0;
+  // Blocks until every copy queued so far (and the work queued before them) completed.
+  // Throws vram::CudaError when that cannot be observed (nothing is then proven).
+  CopiesCompleted wait() {
+    wait_for_copies();
+    return CopiesCompleted(batch_);
+  }
+
+ protected:
+  SleepCopier();
+  virtual void wait_for_copies() = 0;
+
+ private:
+  std::uint64_t batch_;
+};
+
+}  // namespace vram::detail

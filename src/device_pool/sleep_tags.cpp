@@ -1,0 +1,289 @@
+// The sleep tags of one DevicePool (sleep_tags.hpp): creation, routing, sleep and wake.
+#include "sleep_tags.hpp"
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+
+#include "cuda/capture.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram/pinned_host_upstream.hpp"
+
+namespace vram::detail {
+namespace {
+
+std::string quoted(const std::string& name) { return "'" + name + "'"; }
+
+// After a failed copy: waits for the copies queued before it (a failure to wait leaves a
+// device that runs nothing more).
+void wait_quietly(SleepCopier& copies) noexcept {
+  try {
+    (void)copies.wait();
+  } catch (...) {
+  }
+}
+
+}  // namespace
+
+Tag::Tag(std::string name_in, const SleepTagOptions& options_in, VirtualMemory& memory,
+         std::size_t reservation_bytes, std::size_t max_run_bytes,
+         std::shared_ptr<Upstream> backup_upstream)
+    : name(std::move(name_in)),
+      options(options_in),
+      arena(memory, reservation_bytes, options_in.map_ahead_bytes, max_run_bytes),
+      backup(std::move(backup_upstream), options_in.backup_chunk_bytes) {}
+
+SleepTags::~SleepTags() {
+  const std::uint32_t n = count_.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) delete tags_[i].load(std::memory_order_relaxed);
+}
+
+SleepTag SleepTags::create(std::string_view name, const SleepTagOptions& options,
+                           const std::shared_ptr<VirtualMemory>& memory,
+                           std::size_t reservation_bytes, std::size_t max_run_bytes,
+                           MemoryKind pool_kind) {
+  if (!memory) {
+    throw InvalidArgument(
+        "vram::DevicePool::create_tag: the pool's large tier does not run over virtual memory, "
+        "so a tag's memory could not be unmapped with its addresses kept. Fix: "
+        "Options{.large_tier = {.memory = vram::LargeTierMemory::virtual_memory}} (CUDA "
+        "virtual memory management, or the host emulation over a host upstream).");
+  }
+  if (name.empty()) {
+    throw InvalidArgument("vram::DevicePool::create_tag: the name is empty. Fix: name the tag.");
+  }
+  std::lock_guard lock(create_mutex_);
+  if (find(name)) {
+    throw InvalidArgument("vram::DevicePool::create_tag: a tag " + quoted(std::string(name)) +
+                          " exists already. Fix: find_tag() returns it.");
+  }
+  const std::uint32_t n = count_.load(std::memory_order_relaxed);
+  if (n == kMaxTags) {
+    throw InvalidArgument("vram::DevicePool::create_tag: a pool has at most 64 tags.");
+  }
+  std::shared_ptr<Upstream> backup = options.backup;
+  if (!backup) {
+    if (pool_kind == MemoryKind::device) {
+      backup = std::make_shared<PinnedHostUpstream>();
+    } else {
+      backup = std::make_shared<HostMemoryUpstream>();
+    }
+  }
+  if (!memory_) {  // every tag maps through the first one's (it lives as long as they do)
+    memory_ = memory;
+    const auto* cuda_memory = dynamic_cast<const CudaVirtualMemory*>(memory.get());
+    device_ = cuda_memory != nullptr ? cuda_memory->device() : -1;
+  }
+  const std::size_t reservation =
+      options.reservation_bytes != 0 ? options.reservation_bytes : reservation_bytes;
+  auto tag = std::make_unique<Tag>(std::string(name), options, *memory_, reservation, max_run_bytes,
+                                   std::move(backup));
+  activity_.add(1);  // every call asks the tags from now on
+  tags_[n].store(tag.release(), std::memory_order_release);
+  count_.store(n + 1, std::memory_order_release);
+  return {pool_uid_, n + 1};
+}
+
+std::optional<SleepTag> SleepTags::find(std::string_view name) const noexcept {
+  const std::uint32_t n = count_.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    if (tags_[i].load(std::memory_order_acquire)->name == name) return SleepTag{pool_uid_, i + 1};
+  }
+  return std::nullopt;
+}
+
+std::vector<SleepTag> SleepTags::all() const {
+  std::vector<SleepTag> out;
+  const std::uint32_t n = count_.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) out.push_back({pool_uid_, i + 1});
+  return out;
+}
+
+Tag& SleepTags::tag_of(SleepTag tag, const char* call) const {
+  if (tag.pool != pool_uid_ || tag.index == 0 ||
+      tag.index > count_.load(std::memory_order_acquire)) {
+    throw InvalidArgument(std::string("vram::DevicePool::") + call +
+                          ": no such tag in this pool (never created here, or another pool's). "
+                          "Fix: use a SleepTag that this pool's create_tag() or find_tag() "
+                          "returned.");
+  }
+  return *tags_[tag.index - 1].load(std::memory_order_acquire);
+}
+
+Tag* SleepTags::owner_of(const void* block) const noexcept {
+  const std::uint32_t n = count_.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    Tag* tag = tags_[i].load(std::memory_order_acquire);
+    if (tag->arena.contains(block)) return tag;
+  }
+  return nullptr;
+}
+
+void* SleepTags::allocate(Tag& tag, std::size_t bytes, StreamKey key) {
+  std::lock_guard lock(tag.mutex);
+  if (tag.state == SleepState::asleep || tag.closed) {
+    throw InvalidArgument("vram::DevicePool::allocate: the tag " + quoted(tag.name) +
+                          " is asleep. Fix: wake() it before allocating into it.");
+  }
+  if (device_ < 0) return tag.arena.allocate(TagArena::round(bytes), key);
+  const cuda::RelaxedCaptureMode relaxed;
+  return tag.arena.allocate(TagArena::round(bytes), key);
+}
+
+SleepTags::Release SleepTags::free(Tag& tag, void* block, std::size_t bytes, StreamKey key,
+                                   std::size_t& block_bytes) noexcept {
+  std::lock_guard lock(tag.mutex);
+  block_bytes = tag.arena.block_bytes_of(block);
+  if (block_bytes == 0 || block_bytes != TagArena::round(bytes)) return Release::not_live;
+  if (tag.state == SleepState::asleep && !tag.closed) return Release::asleep;
+  tag.arena.free(block, key);
+  return Release::taken;
+}
+
+std::unique_ptr<SleepCopier> SleepTags::copier(cudaStream_t stream) {
+  if (device_ < 0) return SleepCopier::for_host();
+  std::lock_guard lock(stream_mutex_);
+  return SleepCopier::for_device(device_, stream, own_stream_);
+}
+
+void SleepTags::sleep(Tag& tag, cudaStream_t stream) {
+  std::lock_guard lock(tag.mutex);
+  if (tag.state == SleepState::asleep) {
+    throw InvalidArgument("vram::DevicePool::sleep: the tag " + quoted(tag.name) +
+                          " is asleep already. Fix: wake() it first.");
+  }
+  // Everything that can fail comes before the unmap: on failure the tag stays awake, its
+  // contents where they were.
+  std::vector<Tag::Saved> saved;
+  std::size_t total = 0;
+  if (!tag.options.discardable) {
+    for (const TagArena::Range& range : tag.arena.live_ranges(kMaxCopyGap)) {
+      saved.push_back({range.offset, range.bytes, total});
+      total += range.bytes;
+    }
+    tag.backup.ensure(total);
+  }
+  std::unique_ptr<SleepCopier> copies = copier(stream);
+  char* base = tag.arena.base();
+  try {
+    for (const Tag::Saved& range : saved) {
+      tag.backup.for_each_piece(range.backup_offset, range.bytes,
+                                [&](std::byte* host, std::size_t done, std::size_t n) {
+                                  copies->to_host(host, base + range.offset + done, n);
+                                });
+    }
+  } catch (...) {
+    wait_quietly(*copies);  // the copies queued so far end before the backup is reused
+    throw;
+  }
+  const std::uint64_t batch = copies->batch();
+  CopiesCompleted proof = copies->wait();
+  if (proof.batch() != batch) {  // a witness of another batch proves nothing: unmap nothing
+    throw std::logic_error("vram::DevicePool::sleep: the copies' proof names another batch");
+  }
+  tag.arena.unmap_all();
+  tag.arena.untag_free();  // no stream's work uses the range any more
+  tag.copied_ranges = saved.size();
+  tag.saved = std::move(saved);
+  tag.backed_up_bytes = total;
+  tag.state = SleepState::asleep;
+  ++tag.sleeps;
+}
+
+void SleepTags::wake(Tag& tag, cudaStream_t stream) {
+  std::lock_guard lock(tag.mutex);
+  if (tag.state != SleepState::asleep) {
+    throw InvalidArgument("vram::DevicePool::wake: the tag " + quoted(tag.name) +
+                          " is awake (wake without sleep). Fix: call wake() only after sleep().");
+  }
+  tag.arena.map_live();  // throws with nothing mapped: the tag stays asleep
+  std::unique_ptr<SleepCopier> copies;
+  try {
+    copies = copier(stream);
+    char* base = tag.arena.base();
+    for (const Tag::Saved& range : tag.saved) {
+      tag.backup.for_each_piece(range.backup_offset, range.bytes,
+                                [&](std::byte* host, std::size_t done, std::size_t n) {
+                                  copies->to_device(base + range.offset + done, host, n);
+                                });
+    }
+    CopiesCompleted proof = copies->wait();  // the backup is reusable from here on
+    (void)proof;
+  } catch (...) {
+    if (copies) wait_quietly(*copies);  // no copy still writes what is unmapped next
+    tag.arena.unmap_all();              // asleep again, the backup intact
+    throw;
+  }
+  tag.saved.clear();
+  tag.state = SleepState::awake;
+  ++tag.wakes;
+}
+
+SleepTagStats SleepTags::stats(Tag& tag) const {
+  std::lock_guard lock(tag.mutex);
+  SleepTagStats s;
+  s.name = tag.name;
+  s.state = tag.state;
+  s.discardable = tag.options.discardable;
+  s.live_blocks = tag.arena.live_blocks();
+  s.live_bytes = tag.arena.live_bytes();
+  s.mapped_bytes = tag.arena.mapped_bytes();
+  s.backup_bytes = tag.backup.capacity();
+  s.backed_up_bytes = tag.backed_up_bytes;
+  s.copies = tag.copied_ranges;
+  s.sleeps = tag.sleeps;
+  s.wakes = tag.wakes;
+  s.base = tag.arena.base();
+  s.reservation_bytes = tag.arena.reservation_bytes();
+  return s;
+}
+
+std::size_t SleepTags::mapped_bytes() const noexcept {
+  std::size_t bytes = 0;
+  const std::uint32_t n = count_.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    Tag* tag = tags_[i].load(std::memory_order_acquire);
+    std::lock_guard lock(tag->mutex);
+    bytes += tag->arena.mapped_bytes();
+  }
+  return bytes;
+}
+
+std::uint64_t SleepTags::sleeping() const noexcept {
+  std::uint64_t n = 0;
+  const std::uint32_t count = count_.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < count; ++i) {
+    Tag* tag = tags_[i].load(std::memory_order_acquire);
+    std::lock_guard lock(tag->mutex);
+    n += tag->state == SleepState::asleep ? 1 : 0;
+  }
+  return n;
+}
+
+void SleepTags::trim() noexcept {
+  const std::uint32_t n = count_.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    Tag* tag = tags_[i].load(std::memory_order_acquire);
+    std::lock_guard lock(tag->mutex);
+    if (tag->state == SleepState::awake) tag->arena.unmap_free_runs();
+  }
+}
+
+void SleepTags::close() noexcept {
+  const std::uint32_t n = count_.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    Tag* tag = tags_[i].load(std::memory_order_acquire);
+    std::lock_guard lock(tag->mutex);
+    tag->closed = true;
+    if (tag->state == SleepState::asleep) {
+      std::fprintf(stderr,
+                   "vram::DevicePool destroyed while the tag '%s' sleeps: its %zu backed-up "
+                   "bytes are dropped; its address range goes with its last block.\n",
+                   tag->name.c_str(), tag->backed_up_bytes);
+      tag->backup.release();
+      tag->saved.clear();
+    }
+  }
+}
+
+}  // namespace vram::detail

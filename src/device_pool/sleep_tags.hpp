@@ -1,0 +1,127 @@
+// src/device_pool/sleep_tags.hpp: the sleep tags of one DevicePool (vram/sleep_tag.hpp): which
+// tag a request goes to, which tag a block belongs to, and sleep and wake.
+//
+// Rules:
+//   - A tag, once created, lives as long as the pool (its index is its slot, never reused);
+//     tags_[i] is written once, before count_ is raised past it: a lookup reads count_ and
+//     the slots below it without a lock.
+//   - Each tag's mutex guards its arena, backup and state; sleep and wake hold it across
+//     their copies, so a request or release of that tag waits for them.
+//   - While any tag exists the pool's graph flag stays raised (GraphActivity), so every
+//     call leaves the warm path and asks route() / owner_of() first.
+//   - A thread's tag scope is one thread-local route (which pool, which tag); a scope saves
+//     the route it replaced and restores it when it ends.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "graph_routing.hpp"
+#include "sleep_copier.hpp"
+#include "tag_arena.hpp"
+#include "tag_backup.hpp"
+#include "vram/sleep_tag.hpp"
+#include "vram/virtual_memory.hpp"
+
+namespace vram::detail {
+
+struct TagRoute {
+  const void* tags = nullptr;  // the SleepTags of the scope's pool
+  std::uint32_t index = 0;
+};
+inline thread_local TagRoute tl_tag_route;
+
+struct Tag {
+  Tag(std::string name_in, const SleepTagOptions& options_in, VirtualMemory& memory,
+      std::size_t reservation_bytes, std::size_t max_run_bytes,
+      std::shared_ptr<Upstream> backup_upstream);
+  std::string name;
+  SleepTagOptions options;
+  std::mutex mutex;
+  TagArena arena;
+  TagBackup backup;
+  SleepState state = SleepState::awake;
+  bool closed = false;  // the pool was destroyed: releases are taken, nothing else
+  struct Saved {        // one live range of the last sleep and where the backup holds it
+    std::size_t offset;
+    std::size_t bytes;
+    std::size_t backup_offset;
+  };
+  std::vector<Saved> saved;
+  std::size_t backed_up_bytes = 0;
+  std::size_t copied_ranges = 0;  // of the last sleep
+  std::uint64_t sleeps = 0;
+  std::uint64_t wakes = 0;
+};
+
+class SleepTags {
+ public:
+  static constexpr std::size_t kMaxTags = 64;
+  // Neighbouring live blocks closer than this are copied as one range.
+  static constexpr std::size_t kMaxCopyGap = std::size_t{256} << 10;
+
+  SleepTags(std::uint64_t pool_uid, GraphActivity& activity) noexcept
+      : pool_uid_(pool_uid), activity_(activity) {}
+  ~SleepTags();
+
+  bool any() const noexcept { return count_.load(std::memory_order_acquire) != 0; }
+  // Throws vram::InvalidArgument (no virtual memory, a name taken, kMaxTags reached) and
+  // what reserving the range throws.
+  SleepTag create(std::string_view name, const SleepTagOptions& options,
+                  const std::shared_ptr<VirtualMemory>& memory, std::size_t reservation_bytes,
+                  std::size_t max_run_bytes, MemoryKind pool_kind);
+  std::optional<SleepTag> find(std::string_view name) const noexcept;
+  std::vector<SleepTag> all() const;
+  // The tag `tag` names; throws vram::InvalidArgument for one never created here.
+  Tag& tag_of(SleepTag tag, const char* call) const;
+  // The tag whose range holds `block`, or null.
+  Tag* owner_of(const void* block) const noexcept;
+  // The calling thread's scope into this pool's tags, or null.
+  Tag* route() const noexcept {
+    const TagRoute route = tl_tag_route;
+    if (route.tags != this || route.index == 0) return nullptr;
+    return tags_[route.index - 1].load(std::memory_order_acquire);
+  }
+  SleepTag handle_of(std::uint32_t index) const noexcept { return {pool_uid_, index}; }
+
+  // A block of `tag`; throws vram::InvalidArgument while it sleeps, vram::OutOfMemory. Maps
+  // in relaxed capture mode (a global-mode capture on any thread stays valid).
+  void* allocate(Tag& tag, std::size_t bytes, StreamKey key);
+  enum class Release { taken, asleep, not_live };
+  // Frees `block` of `tag` (released with `bytes`); nothing changes unless taken.
+  static Release free(Tag& tag, void* block, std::size_t bytes, StreamKey key,
+                      std::size_t& block_bytes) noexcept;
+
+  void sleep(Tag& tag, cudaStream_t stream);
+  void wake(Tag& tag, cudaStream_t stream);
+  SleepTagStats stats(Tag& tag) const;
+  std::size_t mapped_bytes() const noexcept;
+  std::uint64_t sleeping() const noexcept;
+  // Unmaps the free runs of awake tags.
+  void trim() noexcept;
+  // At pool destruction: sleeping tags release their backup; says so on stderr.
+  void close() noexcept;
+
+ private:
+  std::unique_ptr<SleepCopier> copier(cudaStream_t stream);
+
+  std::uint64_t pool_uid_;
+  GraphActivity& activity_;
+  std::mutex create_mutex_;
+  std::atomic<std::uint32_t> count_{0};
+  std::array<std::atomic<Tag*>, kMaxTags> tags_{};
+  std::shared_ptr<VirtualMemory> memory_;  // the pool's; set by the first create()
+  int device_ = -1;                        // -1: the host emulation
+  std::mutex stream_mutex_;                // guards own_stream_ (sleep/wake without a stream)
+  std::optional<cuda::Stream> own_stream_;
+};
+
+}  // namespace vram::detail

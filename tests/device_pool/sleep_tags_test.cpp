@@ -1,0 +1,699 @@
+// Sleep tags (vram/sleep_tag.hpp; src/device_pool/sleep_tags.hpp, tag_arena.hpp): the tag
+// bookkeeping, every misuse, and the sleep/wake round trip of contents over the host
+// emulation of virtual memory (HostVirtualMemory charges a TestUpstream for each granule
+// mapped, so "physical" memory given back is seen there). The Gpu cases repeat the round
+// trip over CUDA virtual memory.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "gpu_test_policy.hpp"
+#include "test_kernels.hpp"
+#include "test_upstreams.hpp"
+#include "vram/cuda/error.hpp"
+#include "vram/cuda/stream.hpp"
+#include "vram/device_pool.hpp"
+#include "vram/pinned_host_upstream.hpp"
+
+namespace vram::testing {
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+struct HostPool {
+  explicit HostPool(std::size_t capacity = SIZE_MAX)
+      : physical(std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
+                                                TestUpstream::Options{.capacity_bytes = capacity})),
+        pool(physical, options()) {}
+  static DevicePool::Options options() {
+    DevicePool::Options o;
+    o.large_tier.memory = LargeTierMemory::virtual_memory;
+    o.large_tier.virtual_reservation_bytes = std::size_t{1} << 30;
+    return o;
+  }
+  std::shared_ptr<TestUpstream> physical;
+  DevicePool pool;
+};
+
+SleepTagOptions small_tag(bool discardable = false, std::shared_ptr<Upstream> backup = nullptr) {
+  return {.discardable = discardable,
+          .reservation_bytes = std::size_t{512} << 20,
+          .backup = std::move(backup),
+          .backup_chunk_bytes = 4 * kMiB,
+          .map_ahead_bytes = 4 * kMiB};
+}
+
+void fill(void* block, std::size_t bytes, std::uint32_t seed) {
+  auto* words = static_cast<std::uint32_t*>(block);
+  for (std::size_t i = 0; i < bytes / 4; ++i) words[i] = seed * 2654435761u + std::uint32_t(i);
+}
+
+std::size_t mismatches(const void* block, std::size_t bytes, std::uint32_t seed) {
+  const auto* words = static_cast<const std::uint32_t*>(block);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < bytes / 4; ++i) {
+    bad += words[i] != seed * 2654435761u + std::uint32_t(i) ? 1 : 0;
+  }
+  return bad;
+}
+
+bool inside(const SleepTagStats& s, const void* p) {
+  const auto* c = static_cast<const char*>(p);
+  return c >= s.base && c < s.base + s.reservation_bytes;
+}
+
+struct Block {
+  void* pointer;
+  std::size_t bytes;
+};
+
+// Sizes of every kind: small classes (small tier and large-tier carved) and large ones.
+const std::vector<std::size_t> kMixedSizes = {300,      4096,          100000, 600 * 1024,
+                                              3 * kMiB, 5 * kMiB + 17, 256,    9 * kMiB};
+
+TEST(SleepTags, CreateFindAndNames) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const SleepTag kv = h.pool.create_tag("kv", small_tag(true));
+  EXPECT_TRUE(weights);
+  EXPECT_NE(weights, kv);
+  EXPECT_EQ(h.pool.find_tag("weights"), weights);
+  EXPECT_EQ(h.pool.find_tag("kv"), kv);
+  EXPECT_FALSE(h.pool.find_tag("none").has_value());
+  EXPECT_EQ(h.pool.tags().size(), 2U);
+  EXPECT_THROW((void)h.pool.create_tag("weights", small_tag()), InvalidArgument);
+  EXPECT_THROW((void)h.pool.create_tag("", small_tag()), InvalidArgument);
+  const SleepTagStats s = h.pool.tag_stats(kv);
+  EXPECT_EQ(s.name, "kv");
+  EXPECT_TRUE(s.discardable);
+  EXPECT_EQ(s.state, SleepState::awake);
+  EXPECT_EQ(s.live_blocks, 0U);
+  EXPECT_EQ(s.mapped_bytes, 0U);
+}
+
+TEST(SleepTags, NeedVirtualMemory) {
+  DevicePool::Options o;
+  o.large_tier.memory = LargeTierMemory::segments;
+  DevicePool pool(std::make_shared<HostMemoryUpstream>(), o);
+  EXPECT_THROW((void)pool.create_tag("weights"), InvalidArgument);
+}
+
+TEST(SleepTags, ScopeRoutesThisThreadsRequestsOnly) {
+  HostPool h;
+  const SleepTag a = h.pool.create_tag("a", small_tag());
+  const SleepTag b = h.pool.create_tag("b", small_tag());
+  const SleepTagStats sa = h.pool.tag_stats(a);
+  const SleepTagStats sb = h.pool.tag_stats(b);
+  void* outside = h.pool.allocate(4096);
+  EXPECT_FALSE(inside(sa, outside));
+  void* in_a = nullptr;
+  void* in_b = nullptr;
+  void* in_a_again = nullptr;
+  void* other_thread = nullptr;
+  {
+    auto scope = h.pool.tag_scope(a);
+    in_a = h.pool.allocate(4096);
+    {
+      auto inner = h.pool.tag_scope(b);
+      in_b = h.pool.allocate(3 * kMiB);
+    }
+    in_a_again = h.pool.allocate_async(300, reinterpret_cast<cudaStream_t>(0x10));
+    std::thread([&] { other_thread = h.pool.allocate(4096); }).join();
+  }
+  void* after = h.pool.allocate(4096);
+  EXPECT_TRUE(inside(sa, in_a));
+  EXPECT_TRUE(inside(sb, in_b));
+  EXPECT_TRUE(inside(sa, in_a_again));
+  EXPECT_FALSE(inside(sa, other_thread));
+  EXPECT_FALSE(inside(sa, after));
+  void* tagged = h.pool.allocate_tagged(1000, b);
+  EXPECT_TRUE(inside(sb, tagged));
+  EXPECT_EQ(h.pool.tag_stats(a).live_blocks, 2U);
+  EXPECT_EQ(h.pool.tag_stats(b).live_blocks, 2U);
+  for (void* p : {outside, other_thread, after}) h.pool.deallocate(p, 4096);
+  h.pool.deallocate(in_a, 4096);
+  h.pool.deallocate(in_b, 3 * kMiB);
+  h.pool.deallocate_async(in_a_again, 300, reinterpret_cast<cudaStream_t>(0x10));
+  h.pool.deallocate(tagged, 1000);
+  EXPECT_EQ(h.pool.tag_stats(a).live_blocks, 0U);
+  EXPECT_EQ(h.pool.tag_stats(b).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().bytes_in_use, 0U);
+}
+
+TEST(SleepTags, SleepReleasesTheMappedMemoryAndWakeRestoresContentsAtTheSameAddresses) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  std::vector<Block> blocks;
+  {
+    auto scope = h.pool.tag_scope(weights);
+    for (std::size_t i = 0; i < kMixedSizes.size(); ++i) {
+      blocks.push_back({h.pool.allocate(kMixedSizes[i]), kMixedSizes[i]});
+      fill(blocks.back().pointer, kMixedSizes[i], std::uint32_t(i + 1));
+    }
+  }
+  const SleepTagStats awake = h.pool.tag_stats(weights);
+  ASSERT_GT(awake.mapped_bytes, 0U);
+  EXPECT_EQ(h.pool.stats().sleep_tag_bytes_mapped, awake.mapped_bytes);
+  const std::size_t physical_awake = h.physical->live_bytes();
+
+  h.pool.sleep(weights);
+  const SleepTagStats asleep = h.pool.tag_stats(weights);
+  EXPECT_EQ(asleep.state, SleepState::asleep);
+  EXPECT_EQ(asleep.mapped_bytes, 0U);
+  EXPECT_EQ(h.physical->live_bytes(), physical_awake - awake.mapped_bytes);
+  EXPECT_GE(asleep.backed_up_bytes, awake.live_bytes);
+  EXPECT_EQ(h.pool.stats().sleeping_tags, 1U);
+
+  h.pool.wake(weights);
+  const SleepTagStats woken = h.pool.tag_stats(weights);
+  EXPECT_EQ(woken.state, SleepState::awake);
+  EXPECT_EQ(woken.base, awake.base);
+  EXPECT_EQ(woken.live_blocks, blocks.size());
+  EXPECT_LE(woken.mapped_bytes, awake.mapped_bytes);  // only the granules under blocks
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_EQ(mismatches(blocks[i].pointer, blocks[i].bytes, std::uint32_t(i + 1)), 0U) << i;
+  }
+  for (const Block& b : blocks) h.pool.deallocate(b.pointer, b.bytes);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
+TEST(SleepTags, AdjacentBlocksAreCopiedAsOneRange) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  std::vector<void*> blocks;
+  auto scope = h.pool.tag_scope(weights);
+  for (int i = 0; i < 64; ++i) blocks.push_back(h.pool.allocate(64 * 1024));
+  h.pool.deallocate(blocks[10], 64 * 1024);  // a small hole is copied through
+  h.pool.sleep(weights);
+  EXPECT_EQ(h.pool.tag_stats(weights).copies, 1U);
+  h.pool.wake(weights);
+  EXPECT_EQ(h.pool.tag_stats(weights).copies, 1U);  // of the last sleep
+  for (int i = 0; i < 64; ++i) {
+    if (i != 10) h.pool.deallocate(blocks[i], 64 * 1024);
+  }
+}
+
+TEST(SleepTags, DiscardableTagCopiesNothingAndComesBackMapped) {
+  auto backup = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  HostPool h;
+  const SleepTag kv = h.pool.create_tag("kv", small_tag(true, backup));
+  void* cache = h.pool.allocate_tagged(20 * kMiB, kv);
+  const std::size_t mapped = h.pool.tag_stats(kv).mapped_bytes;
+  const std::size_t physical = h.physical->live_bytes();
+  h.pool.sleep(kv);
+  EXPECT_EQ(backup->live_bytes(), 0U);
+  EXPECT_EQ(h.pool.tag_stats(kv).backed_up_bytes, 0U);
+  EXPECT_EQ(h.physical->live_bytes(), physical - mapped);
+  h.pool.wake(kv);
+  EXPECT_GE(h.pool.tag_stats(kv).mapped_bytes, 20 * kMiB);
+  std::memset(cache, 0x5a, 20 * kMiB);  // mapped and writable, contents undefined before
+  h.pool.deallocate(cache, 20 * kMiB);
+}
+
+TEST(SleepTags, TwentyCyclesGrowNeitherHostNorMappedMemory) {
+  auto backup = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag(false, backup));
+  const SleepTag kv = h.pool.create_tag("kv", small_tag(true));
+  std::vector<Block> blocks;
+  {
+    auto scope = h.pool.tag_scope(weights);
+    for (std::size_t i = 0; i < kMixedSizes.size(); ++i) {
+      blocks.push_back({h.pool.allocate(kMixedSizes[i]), kMixedSizes[i]});
+      fill(blocks.back().pointer, kMixedSizes[i], std::uint32_t(i + 7));
+    }
+  }
+  void* cache = h.pool.allocate_tagged(8 * kMiB, kv);
+  std::size_t backup_after_first = 0;
+  std::size_t physical_after_first = 0;
+  std::size_t backup_calls_after_first = 0;
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    h.pool.sleep({weights, kv});
+    h.pool.wake(std::vector<SleepTag>{weights, kv});
+    if (cycle == 0) {
+      backup_after_first = backup->live_bytes();
+      physical_after_first = h.physical->live_bytes();
+      backup_calls_after_first = backup->allocations();
+    }
+  }
+  EXPECT_EQ(backup->live_bytes(), backup_after_first);
+  EXPECT_EQ(backup->allocations(), backup_calls_after_first);  // pinned once, reused
+  EXPECT_EQ(h.physical->live_bytes(), physical_after_first);
+  EXPECT_EQ(h.pool.tag_stats(weights).sleeps, 20U);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    EXPECT_EQ(mismatches(blocks[i].pointer, blocks[i].bytes, std::uint32_t(i + 7)), 0U) << i;
+    h.pool.deallocate(blocks[i].pointer, blocks[i].bytes);
+  }
+  h.pool.deallocate(cache, 8 * kMiB);
+}
+
+TEST(SleepTags, SleepTwiceAndWakeWithoutSleepAreRefused) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  void* block = h.pool.allocate_tagged(4096, weights);
+  fill(block, 4096, 3);
+  EXPECT_THROW(h.pool.wake(weights), InvalidArgument);
+  EXPECT_EQ(h.pool.tag_stats(weights).state, SleepState::awake);
+  h.pool.sleep(weights);
+  EXPECT_THROW(h.pool.sleep(weights), InvalidArgument);
+  EXPECT_EQ(h.pool.tag_stats(weights).state, SleepState::asleep);
+  h.pool.wake(weights);
+  EXPECT_EQ(mismatches(block, 4096, 3), 0U);
+  h.pool.deallocate(block, 4096);
+}
+
+TEST(SleepTags, RequestsIntoASleepingTagAreRefused) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  h.pool.sleep(weights);
+  EXPECT_THROW((void)h.pool.allocate_tagged(4096, weights), InvalidArgument);
+  {
+    auto scope = h.pool.tag_scope(weights);
+    EXPECT_THROW((void)h.pool.allocate(4096), InvalidArgument);
+    EXPECT_THROW((void)h.pool.acquire(8 * kMiB), InvalidArgument);
+  }
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().bytes_in_use, 0U);
+  h.pool.wake(weights);
+}
+
+TEST(SleepTags, AReleaseIntoASleepingTagIsRefusedAndTheBlockSurvives) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  void* block = h.pool.allocate_tagged(3 * kMiB, weights);
+  fill(block, 3 * kMiB, 9);
+  h.pool.sleep(weights);
+  h.pool.deallocate(block, 3 * kMiB);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);
+  h.pool.wake(weights);
+  EXPECT_EQ(mismatches(block, 3 * kMiB, 9), 0U);
+  h.pool.deallocate(block, 3 * kMiB);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+}
+
+TEST(SleepTags, WrongSizeOrDoubleReleaseOfATaggedBlockIsRefused) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  void* block = h.pool.allocate_tagged(3 * kMiB, weights);
+  h.pool.deallocate(block, 5 * kMiB);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+  h.pool.deallocate(block, 3 * kMiB);
+  h.pool.deallocate(block, 3 * kMiB);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 2U);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+}
+
+TEST(SleepTags, ATagNeverCreatedOrOfAnotherPoolIsRefused) {
+  HostPool h;
+  HostPool other;
+  const SleepTag mine = h.pool.create_tag("weights", small_tag());
+  const SleepTag theirs = other.pool.create_tag("weights", small_tag());
+  const SleepTag never{mine.pool, 7};
+  for (const SleepTag& bad : {theirs, never, SleepTag{}}) {
+    EXPECT_THROW(h.pool.sleep(bad), InvalidArgument);
+    EXPECT_THROW(h.pool.wake(bad), InvalidArgument);
+    EXPECT_THROW((void)h.pool.tag_scope(bad), InvalidArgument);
+    EXPECT_THROW((void)h.pool.allocate_tagged(4096, bad), InvalidArgument);
+    EXPECT_THROW((void)h.pool.tag_stats(bad), InvalidArgument);
+  }
+  // A list with one bad tag changes nothing.
+  EXPECT_THROW(h.pool.sleep({mine, never}), InvalidArgument);
+  EXPECT_EQ(h.pool.tag_stats(mine).state, SleepState::awake);
+}
+
+TEST(SleepTags, BackupMemoryExhaustedLeavesTheTagAwakeAndIntact) {
+  auto backup = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
+                                               TestUpstream::Options{.capacity_bytes = 2 * kMiB});
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag(false, backup));
+  void* block = h.pool.allocate_tagged(6 * kMiB, weights);
+  fill(block, 6 * kMiB, 11);
+  const std::size_t mapped = h.pool.tag_stats(weights).mapped_bytes;
+  EXPECT_THROW(h.pool.sleep(weights), OutOfMemory);
+  const SleepTagStats s = h.pool.tag_stats(weights);
+  EXPECT_EQ(s.state, SleepState::awake);
+  EXPECT_EQ(s.mapped_bytes, mapped);
+  EXPECT_EQ(mismatches(block, 6 * kMiB, 11), 0U);
+  h.pool.deallocate(block, 6 * kMiB);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
+TEST(SleepTags, DeviceMemoryExhaustedAtWakeLeavesTheTagAsleepAndIntact) {
+  HostPool h(64 * kMiB);
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  void* block = h.pool.allocate_tagged(24 * kMiB, weights);
+  fill(block, 24 * kMiB, 13);
+  h.pool.sleep(weights);
+  void* hog = h.pool.allocate(56 * kMiB);  // takes what the tag gave back
+  EXPECT_THROW(h.pool.wake(weights), OutOfMemory);
+  EXPECT_EQ(h.pool.tag_stats(weights).state, SleepState::asleep);
+  EXPECT_EQ(h.pool.tag_stats(weights).mapped_bytes, 0U);
+  h.pool.deallocate(hog, 56 * kMiB);
+  h.pool.trim();
+  h.pool.wake(weights);
+  EXPECT_EQ(mismatches(block, 24 * kMiB, 13), 0U);
+  h.pool.deallocate(block, 24 * kMiB);
+}
+
+TEST(SleepTags, DestroyingThePoolWithATaggedLeaseKeepsTheLeaseSafe) {
+  auto backup = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Lease lease;
+  {
+    DevicePool pool(physical, HostPool::options());
+    const SleepTag weights = pool.create_tag("weights", small_tag(false, backup));
+    auto scope = pool.tag_scope(weights);
+    lease = pool.acquire(3 * kMiB);
+    scope.end();
+    pool.sleep(weights);
+  }
+  EXPECT_EQ(backup->live_bytes(), 0U);
+  lease.reset();  // accepted: the last block back releases the tag's range
+  EXPECT_EQ(physical->live_bytes(), 0U);
+  EXPECT_EQ(physical->bad_frees(), 0U);
+}
+
+TEST(SleepTags, StreamFreedRangesServeOnlyTheirStreamUntilSleep) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const auto s1 = reinterpret_cast<cudaStream_t>(0x100);
+  const auto s2 = reinterpret_cast<cudaStream_t>(0x200);
+  auto scope = h.pool.tag_scope(weights);
+  void* a = h.pool.allocate_async(3 * kMiB, s1);
+  void* keep = h.pool.allocate_async(4096, s1);
+  h.pool.deallocate_async(a, 3 * kMiB, s1);
+  void* b = h.pool.allocate_async(3 * kMiB, s2);
+  EXPECT_NE(a, b);  // s1's work may still use a
+  void* c = h.pool.allocate_async(3 * kMiB, s1);
+  EXPECT_EQ(a, c);  // stream order on s1
+  h.pool.deallocate_async(c, 3 * kMiB, s1);
+  scope.end();
+  h.pool.sleep(weights);  // proves s1's work done: its ranges become free for all
+  h.pool.wake(weights);
+  {
+    auto again = h.pool.tag_scope(weights);
+    void* d = h.pool.allocate_async(3 * kMiB, s2);
+    EXPECT_EQ(d, a);
+    h.pool.deallocate_async(d, 3 * kMiB, s2);
+  }
+  h.pool.deallocate_async(b, 3 * kMiB, s2);
+  h.pool.deallocate_async(keep, 4096, s1);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+}
+
+TEST(SleepTags, TrimUnmapsTheFreeGranulesOfAwakeTags) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  void* small = h.pool.allocate_tagged(4096, weights);     // its run: granules under and ahead
+  void* big = h.pool.allocate_tagged(32 * kMiB, weights);  // needs a run of its own
+  h.pool.deallocate(big, 32 * kMiB);
+  const std::size_t before = h.pool.tag_stats(weights).mapped_bytes;
+  h.pool.trim();
+  EXPECT_LT(h.pool.tag_stats(weights).mapped_bytes, before);
+  EXPECT_GT(h.pool.tag_stats(weights).mapped_bytes, 0U);  // the run under `small` stays
+  h.pool.deallocate(small, 4096);
+  h.pool.trim();
+  EXPECT_EQ(h.pool.tag_stats(weights).mapped_bytes, 0U);
+}
+
+TEST(SleepTags, CaptureScopeInsideATagScopeTakesTaggedBlocksAndHoldsTheFreedOnes) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const auto stream = reinterpret_cast<cudaStream_t>(0x300);
+  const auto graph = DevicePool::new_graph_pool();
+  void* block = nullptr;
+  {
+    auto tag_scope = h.pool.tag_scope(weights);
+    auto capture = h.pool.capture_into(graph, stream);
+    block = h.pool.allocate_async(3 * kMiB, stream);
+    h.pool.deallocate_async(block, 3 * kMiB, stream);  // the graph still writes it
+    void* next = h.pool.allocate_async(3 * kMiB, stream);
+    EXPECT_NE(next, block);
+    h.pool.deallocate_async(next, 3 * kMiB, stream);
+  }
+  EXPECT_TRUE(inside(h.pool.tag_stats(weights), block));
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 2U);
+  h.pool.sleep(weights);  // held blocks sleep and wake with their tag
+  h.pool.wake(weights);
+  h.pool.release_graph_pool(graph);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
+TEST(SleepTags, ATaggedBlockReleasedThroughACaptureScopeStaysItsTags) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const auto graph = DevicePool::new_graph_pool();
+  void* block = h.pool.allocate_tagged(3 * kMiB, weights);
+  {
+    auto capture = h.pool.capture_into(graph);  // unrouted: its host picks the releases
+    capture.deallocate(block, 3 * kMiB);
+  }
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // held for the graph
+  EXPECT_EQ(h.pool.stats().graph_pool_bytes, 0U);
+  h.pool.release_graph_pool(graph);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
+TEST(SleepTagsThreads, ConcurrentRequestsAndReleasesInOneTag) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto scope = h.pool.tag_scope(weights);
+      std::vector<std::pair<Block, std::uint32_t>> mine;
+      for (int i = 0; i < 200; ++i) {
+        const std::size_t bytes = kMixedSizes[(i + t) % kMixedSizes.size()] % (2 * kMiB) + 256;
+        const auto seed = std::uint32_t(t * 1000 + i);
+        mine.push_back({{h.pool.allocate(bytes), bytes}, seed});
+        fill(mine.back().first.pointer, bytes, seed);
+        if (i % 3 == 0) {
+          const auto middle = mine.begin() + std::ptrdiff_t(mine.size() / 2);
+          if (mismatches(middle->first.pointer, middle->first.bytes, middle->second) != 0) ++bad;
+          h.pool.deallocate(middle->first.pointer, middle->first.bytes);
+          mine.erase(middle);
+        }
+      }
+      for (const auto& [b, seed] : mine) {
+        if (mismatches(b.pointer, b.bytes, seed) != 0) ++bad;
+        h.pool.deallocate(b.pointer, b.bytes);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
+// ---- Gpu: CUDA virtual memory on device 0 -----------------------------------------------
+#ifdef VRAM_HAVE_TEST_KERNELS
+
+DevicePool::Options device_virtual() {
+  DevicePool::Options o;
+  o.large_tier.memory = LargeTierMemory::virtual_memory;
+  return o;
+}
+
+std::size_t device_free_bytes() {
+  std::size_t free_bytes = 0;
+  std::size_t total = 0;
+  EXPECT_EQ(cudaMemGetInfo(&free_bytes, &total), cudaSuccess);
+  return free_bytes;
+}
+
+// Word-by-word check of blocks filled with pattern + index on the device.
+unsigned long long device_mismatches(const std::vector<Block>& blocks, std::uint32_t pattern,
+                                     cudaStream_t stream) {
+  unsigned long long* counter = nullptr;
+  EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof *counter), cudaSuccess);
+  EXPECT_EQ(cudaMemsetAsync(counter, 0, sizeof *counter, stream), cudaSuccess);
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    launch_count_mismatches(blocks[i].pointer, blocks[i].bytes / 4,
+                            pattern + static_cast<std::uint32_t>(i), counter, stream);
+  }
+  unsigned long long host = 0;
+  EXPECT_EQ(cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, stream),
+            cudaSuccess);
+  EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(cudaFree(counter), cudaSuccess);
+  return host;
+}
+
+void device_fill(const std::vector<Block>& blocks, std::uint32_t pattern, cudaStream_t stream) {
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    launch_fill(blocks[i].pointer, blocks[i].bytes / 4, pattern + static_cast<std::uint32_t>(i),
+                stream);
+  }
+}
+
+TEST(SleepTagsGpu, ContentsWordByWordAtTheSameAddressesAndTheMemoryIsFreeWhileAsleep) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  std::vector<Block> blocks;
+  {
+    auto scope = pool.tag_scope(weights);
+    for (int round = 0; round < 8; ++round) {
+      for (std::size_t bytes : kMixedSizes) {
+        blocks.push_back({pool.allocate_async(bytes, stream.get()), bytes / 4 * 4});
+      }
+    }
+    for (int i = 0; i < 16; ++i) blocks.push_back({pool.allocate(64 * kMiB), 64 * kMiB});
+  }
+  device_fill(blocks, 0xA0000000u, stream.get());
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  const SleepTagStats awake = pool.tag_stats(weights);
+  const std::size_t free_awake = device_free_bytes();
+  pool.sleep(weights, stream.get());
+  const std::size_t free_asleep = device_free_bytes();
+  EXPECT_GE(free_asleep, free_awake + awake.mapped_bytes / 100 * 99)
+      << "cudaMemGetInfo must see the tag's mapped bytes free while it sleeps";
+  pool.wake(weights, stream.get());
+  EXPECT_EQ(pool.tag_stats(weights).base, awake.base);
+  EXPECT_EQ(device_mismatches(blocks, 0xA0000000u, stream.get()), 0U);
+  for (const Block& b : blocks) pool.deallocate_async(b.pointer, b.bytes, stream.get());
+  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+}
+
+TEST(SleepTagsGpu, SleepIsOrderedAfterTheWorkQueuedOnItsStream) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  std::vector<Block> blocks = {{pool.allocate_tagged(32 * kMiB, weights), 32 * kMiB}};
+  // The fill runs after a 50 ms spin: a sleep that did not wait for it would copy zeros
+  // (or unmap under the kernel).
+  launch_spin_then_fill(blocks[0].pointer, blocks[0].bytes / 4, 0xC0FFEE00u, 50'000'000,
+                        stream.get());
+  pool.sleep(weights, stream.get());
+  pool.wake(weights, stream.get());
+  EXPECT_EQ(device_mismatches(blocks, 0xC0FFEE00u, stream.get()), 0U);
+  // Without a stream: a device synchronize first.
+  launch_spin_then_fill(blocks[0].pointer, blocks[0].bytes / 4, 0xBEEF0000u, 50'000'000,
+                        stream.get());
+  pool.sleep(weights);
+  pool.wake(weights);
+  EXPECT_EQ(device_mismatches(blocks, 0xBEEF0000u, stream.get()), 0U);
+  pool.deallocate(blocks[0].pointer, blocks[0].bytes);
+}
+
+TEST(SleepTagsGpu, AGraphCapturedBeforeSleepReplaysAfterWake) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  const SleepTag kv = pool.create_tag("kv", {.discardable = true});
+  std::vector<Block> input = {{pool.allocate_tagged(8 * kMiB, weights), 8 * kMiB}};
+  std::vector<Block> output = {{pool.allocate_tagged(6 * kMiB, kv), 6 * kMiB}};
+  auto* counter = static_cast<unsigned long long*>(pool.allocate_tagged(256, weights));
+  device_fill(input, 0x11110000u, stream.get());
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+  launch_count_mismatches(input[0].pointer, input[0].bytes / 4, 0x11110000u, counter, stream.get());
+  launch_fill(output[0].pointer, output[0].bytes / 4, 0x22220000u, stream.get());
+  ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    pool.sleep({weights, kv}, stream.get());
+    pool.wake(std::vector<SleepTag>{weights, kv}, stream.get());
+    ASSERT_EQ(cudaMemsetAsync(counter, 0, sizeof *counter, stream.get()), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+    unsigned long long host = 1;
+    ASSERT_EQ(cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, stream.get()),
+              cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+    EXPECT_EQ(host, 0U) << "the replay read the woken weights wrong, cycle " << cycle;
+    EXPECT_EQ(device_mismatches(output, 0x22220000u, stream.get()), 0U) << cycle;
+  }
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  pool.deallocate(input[0].pointer, input[0].bytes);
+  pool.deallocate(output[0].pointer, output[0].bytes);
+  pool.deallocate(counter, 256);
+}
+
+TEST(SleepTagsGpu, TwentyCyclesGrowNeitherDeviceNorPinnedMemory) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  auto pinned = std::make_shared<TestUpstream>(std::make_shared<PinnedHostUpstream>());
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights", {.backup = pinned});
+  const SleepTag kv = pool.create_tag("kv", {.discardable = true});
+  std::vector<Block> blocks;
+  for (int i = 0; i < 32; ++i) {
+    blocks.push_back(
+        {pool.allocate_tagged(kMixedSizes[i % kMixedSizes.size()] / 4 * 4 + 4096, weights),
+         kMixedSizes[i % kMixedSizes.size()] / 4 * 4 + 4096});
+  }
+  void* cache = pool.allocate_tagged(256 * kMiB, kv);
+  device_fill(blocks, 0x5EED0000u, stream.get());
+  std::size_t free_after_first = 0;
+  std::size_t pinned_after_first = 0;
+  for (int cycle = 0; cycle < 20; ++cycle) {
+    pool.sleep({weights, kv}, stream.get());
+    pool.wake(std::vector<SleepTag>{weights, kv}, stream.get());
+    if (cycle == 0) {
+      free_after_first = device_free_bytes();
+      pinned_after_first = pinned->live_bytes();
+    }
+  }
+  EXPECT_GE(device_free_bytes() + (std::size_t{4} << 20), free_after_first);
+  EXPECT_EQ(pinned->live_bytes(), pinned_after_first);
+  EXPECT_EQ(device_mismatches(blocks, 0x5EED0000u, stream.get()), 0U);
+  for (const Block& b : blocks) pool.deallocate(b.pointer, b.bytes);
+  pool.deallocate(cache, 256 * kMiB);
+}
+
+TEST(SleepTagsGpu, ACaptureScopeInsideATagScopeKeepsTheGraphValidAcrossSleep) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  const auto id = DevicePool::new_graph_pool();
+  std::vector<Block> out;
+  cudaGraph_t graph = nullptr;
+  {
+    auto tag_scope = pool.tag_scope(weights);
+    auto capture = pool.capture_into(id, stream.get());
+    ASSERT_EQ(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+    void* scratch = pool.allocate_async(4 * kMiB, stream.get());
+    launch_fill(scratch, kMiB, 0x77770000u, stream.get());
+    out.push_back({pool.allocate_async(2 * kMiB, stream.get()), 2 * kMiB});
+    launch_fill(out[0].pointer, out[0].bytes / 4, 0x33330000u, stream.get());
+    pool.deallocate_async(scratch, 4 * kMiB, stream.get());
+    ASSERT_EQ(cudaStreamEndCapture(stream.get(), &graph), cudaSuccess);
+  }
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  pool.sleep(weights, stream.get());
+  pool.wake(weights, stream.get());
+  ASSERT_EQ(cudaGraphLaunch(exec, stream.get()), cudaSuccess);
+  EXPECT_EQ(device_mismatches(out, 0x33330000u, stream.get()), 0U);
+  EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+  EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  pool.release_graph_pool(id);
+  pool.deallocate(out[0].pointer, out[0].bytes);
+  EXPECT_EQ(pool.tag_stats(weights).live_blocks, 0U);
+}
+
+#endif  // VRAM_HAVE_TEST_KERNELS
+
+}  // namespace
+}  // namespace vram::testing
