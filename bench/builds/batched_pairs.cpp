@@ -6,16 +6,13 @@
 // a fresh DevicePool, so no cell starts with the threads' caches or rings of another.
 //
 // Build (per library build, here; the binary runs on the GPU machine):
-//   g++ -O2 -std=c++20 -DLIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE \
-//     -I <src>/include -I <build>/include -I tools -I /usr/local/cuda/include \
+//   g++ -O2 -std=c++20 -I <src>/include -I <build>/include -I tools -I /usr/local/cuda/include \
 //     -isystem /usr/local/cuda/include/cccl bench/builds/batched_pairs.cpp \
 //     tools/bench/harness.cpp <build>/libvram.a -L/usr/local/cuda/lib64 -lcudart_static \
 //     -ldl -lrt -lpthread -o OUT
 // (harness.cpp from this tree: `vram bench`'s plans, batched_plan, and timing loop,
 // threaded_pair_rates.)
-// Run: OUT [--repeated] LABEL [THREADS...]   (default threads: 1 16). Each batch's sizes are
-// drawn afresh (batched_fresh_plans, as the scenario batched); --repeated: one set of sizes
-// per thread, every batch (the scenario batched-repeated). One line per cell:
+// Run: OUT LABEL [THREADS...]   (default threads: 1 16). One line per cell:
 //   LABEL form range threads median min max   (M pairs/s; reps of 0.1 s after a warm-up)
 #include <cuda_runtime_api.h>
 
@@ -23,7 +20,6 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -41,19 +37,9 @@ constexpr double kSeconds = 0.1;
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool repeated = false;
-  const char* label = nullptr;
+  const char* label = argc > 1 ? argv[1] : "build";
   std::vector<unsigned> thread_counts;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--repeated") == 0) {
-      repeated = true;
-    } else if (label == nullptr) {
-      label = argv[i];
-    } else {
-      thread_counts.push_back(static_cast<unsigned>(std::atoi(argv[i])));
-    }
-  }
-  if (label == nullptr) label = "build";
+  for (int i = 2; i < argc; ++i) thread_counts.push_back(static_cast<unsigned>(std::atoi(argv[i])));
   if (thread_counts.empty()) thread_counts = {1, 16};
   const unsigned most = *std::max_element(thread_counts.begin(), thread_counts.end());
   std::vector<cudaStream_t> streams(most);
@@ -64,12 +50,9 @@ int main(int argc, char** argv) {
     }
   }
   for (const int max_exponent : {20, 22, 24, 26}) {
-    std::vector<std::vector<vram::bench::BatchedPlan>> plans;
-    for (unsigned t = 0; t < most; ++t) {
-      plans.push_back(repeated ? std::vector<vram::bench::BatchedPlan>{vram::bench::batched_plan(
-                                     t, max_exponent, kLive)}
-                               : vram::bench::batched_fresh_plans(t, max_exponent, kLive));
-    }
+    std::vector<vram::bench::BatchedPlan> plans;
+    for (unsigned t = 0; t < most; ++t)
+      plans.push_back(vram::bench::batched_plan(t, max_exponent, kLive));
     for (const bool ordered : {false, true}) {
       for (const unsigned threads : thread_counts) {
         vram::DevicePool::Options options;
@@ -78,14 +61,11 @@ int main(int argc, char** argv) {
         vram::DevicePool pool(std::make_shared<vram::DeviceMemoryUpstream>(0), options);
         std::vector<double> rates = vram::bench::threaded_pair_rates(
             threads, kReps, kSeconds, [&](unsigned t, const std::atomic<bool>& stop) {
-              const std::vector<vram::bench::BatchedPlan>& mine = plans[t];
-              std::size_t next = 0;
+              const vram::bench::BatchedPlan& plan = plans[t];
               cudaStream_t s = streams[t];
               void* blocks[kLive];
               std::uint64_t pairs = 0;
               while (!stop.load(std::memory_order_relaxed)) {
-                const vram::bench::BatchedPlan& plan = mine[next];
-                next = next + 1 == mine.size() ? 0 : next + 1;
                 for (std::size_t i = 0; i < kLive; ++i) {
                   blocks[i] = ordered ? pool.allocate_async(plan.sizes[i], s)
                                       : pool.allocate(plan.sizes[i]);

@@ -18,12 +18,8 @@
 //   order on S makes that safe); to any other stream, or to allocate(), only after the work
 //   queued on S at the free has completed: a marker (a recycled CUDA event, see
 //   stream_fence.hpp) recorded on S after the free has completed, or a device-wide quiesce
-//   (a device synchronize) began after it. A deallocate_async on a stream young for the
-//   calling thread (one of its first 64 frees on S, with mark_young_streams, the default)
-//   records a marker on S covering every free on S before it (a stream made for one
-//   request then needs no quiesce after it is destroyed); other frees record nothing. When
-//   another stream needs the memory (its tier would otherwise grow), the pool wants a marker
-//   on S: on the
+//   (a device synchronize) began after it. A free records nothing. When another stream
+//   needs the memory (its tier would otherwise grow), the pool wants a marker on S: on the
 //   legacy default stream (the null stream, cudaStreamLegacy, every thread's
 //   cudaStreamPerThread) it records one at once; on any other stream the next
 //   allocate_async or deallocate_async that passes S records one, covering every free on S
@@ -58,8 +54,7 @@
 //   the driver gives the handle of a destroyed S takes S's freed blocks as its own at once,
 //   which is safe because S's work has completed; so do not destroy S with work still queued
 //   that uses blocks freed on it. The cost of destroying: the blocks of a stream not seen
-//   again that no marker covers (a stream that was no longer young when it was last freed
-//   on) wait for the next quiesce (growth past the budget or to a new peak, the
+//   again wait for the next quiesce (growth past the budget or to a new peak, the
 //   out-of-memory retry, trim()); a workload whose streams free blocks that other streams
 //   then need pays a device synchronize for each such growth (bench/RESULTS.md has the
 //   counts on the recorded traces). Destroying the pool after S is safe.
@@ -224,8 +219,7 @@ enum class LargeTierMemory : std::uint8_t { automatic, segments, virtual_memory 
 //   virtual_run_bytes              large_tier.virtual_run_bytes
 //   virtual_map_ahead_bytes        large_tier.virtual_map_ahead_bytes
 //   the others (max_cached_bytes, max_cached_blocks_per_class, validate_releases,
-//   growth_headroom, track_peak_in_use, fence, detect_unscoped_capture) stay at the top,
-//   with arenas.
+//   growth_headroom, track_peak_in_use, fence, detect_unscoped_capture) stay at the top.
 struct DevicePoolOptions {
   // Tier 1: per thread, a few blocks of each small class, no lock on the warm path.
   struct ThreadCacheOptions {
@@ -292,7 +286,7 @@ struct DevicePoolOptions {
     std::size_t virtual_map_ahead_bytes = std::size_t{128} << 20;
   };
 
-  std::size_t max_cached_bytes = std::size_t{4} << 30;  // free bytes per tier arena, ring bytes
+  std::size_t max_cached_bytes = std::size_t{4} << 30;  // free bytes per tier, ring bytes
   std::size_t max_cached_blocks_per_class = 64;         // ring of a class, made on first use
   ThreadCacheOptions thread_cache;
 #ifdef NDEBUG
@@ -309,12 +303,6 @@ struct DevicePoolOptions {
   // 0 keeps reserved at the peak. Values above 1024 count as 1024; negative or NaN:
   // vram::InvalidArgument.
   double growth_headroom = 1.0 / 16;
-  // Each segment tier is split into this many arenas, each with its own mutex (0: one per
-  // hardware thread; at most 16, rounded down to a power of two). A thread allocates from its own
-  // arena, then from any other whose mutex is free, before its arena grows; a block goes back to
-  // the arena it came from. Arenas are made as threads first use them: calls from one thread use
-  // one.
-  std::size_t arenas = 0;
   bool track_peak_in_use = false;
   // Completion of stream-ordered frees; null: CUDA events over a device upstream, "always
   // complete" over any other (host memory has no queued work). ManualFence emulates
@@ -326,12 +314,6 @@ struct DevicePoolOptions {
   // legacy stream), so it is off by default: warm calls make no driver call, and a capture
   // without a scope is then undefined. The PyTorch plug-in turns it on.
   bool detect_unscoped_capture = false;
-  // A deallocate_async on a stream this thread has freed on fewer than 64 times (a stream
-  // made for one request, say) records a marker on that stream, so that its blocks reach
-  // other streams once its work completes, without a device-wide quiesce after the stream
-  // is destroyed ("Stream lifetime" above). Streams that stay soon record nothing. False: a
-  // free records nothing.
-  bool mark_young_streams = true;
 };
 
 class DevicePool {

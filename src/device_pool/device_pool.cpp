@@ -140,7 +140,6 @@ namespace {
   if (const std::uint64_t capture = core.capture_of(stream); capture != 0) [[unlikely]]
     return core.deallocate_captured(block, bytes, core.unscoped_pool_of(capture));
   core.deallocate(block, bytes, key);
-  core.after_stream_free(key);
 }
 }  // namespace
 
@@ -158,7 +157,6 @@ void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t s
     if (core_->stream_checks_needed()) [[unlikely]]
       return deallocate_async_checked(*core_, block, bytes, key, stream);
     core_->deallocate(block, bytes, key);
-    core_->after_stream_free(key);  // a young stream's frees get a marker (young_streams.hpp)
   }
 }
 

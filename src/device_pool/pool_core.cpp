@@ -38,8 +38,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
                 .packed_limit = 0,
                 .max_free_bytes = options.max_cached_bytes,
                 .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom),
-                .wants = &wants},
-            TierArenas::count_for(options.arenas)),
+                .wants = &wants}),
       large(*upstream, *fence, gauge,
             SegmentTier::Options{
                 .granularity = 512,
@@ -53,8 +52,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
                 .max_run_bytes = options.large_tier.virtual_run_bytes,
                 .map_ahead_bytes = options.large_tier.virtual_map_ahead_bytes,
                 .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom),
-                .wants = &wants},
-            TierArenas::count_for(options.arenas)) {
+                .wants = &wants}) {
   // Blocks are carved at 256-byte multiples of the upstream's allocations: they are
   // 256-byte aligned only if those are (and never more than that, whatever the upstream
   // promises: alignment above 256 is refused, not silently missed).
@@ -90,7 +88,6 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
   }
   plain_calls = !options.validate_releases && !options.track_peak_in_use;
   watch_captures = options.detect_unscoped_capture;
-  mark_young_streams = options.mark_young_streams;
 }
 
 DevicePoolCore::~DevicePoolCore() {
@@ -119,56 +116,31 @@ DevicePoolCore::~DevicePoolCore() {
 
 void DevicePoolCore::serve_want(StreamKey key) noexcept {
   if (!wants.take(key)) return;  // another key's bit, or another call on it took the want
-  record_stream_markers(key);
-}
-
-void DevicePoolCore::mark_stream_frees(StreamKey key) noexcept {
-  // The thread's cached blocks go to the tiers first (those of `key` keep its tag there),
-  // so that the marker covers them too.
-  if (ThreadCache* cache = claim_own_cache()) {
-    {
-      SlowSection slow(cache);
-      if (cache->tag == key && cache->cached_bytes.load(std::memory_order_relaxed) > 0) {
-        drain_bins(*cache);
-      } else if (cache->large.cached_count() > 0) {
-        drain_large(*cache);
-      }
-    }
-    end_claim(*cache);
-  }
-  (void)wants.take(key);  // the marker below serves a want of the stream too
-  record_stream_markers(key);
-}
-
-void DevicePoolCore::record_stream_markers(StreamKey key) noexcept {
-  // One marker per arena that holds the stream's ranges, recorded with no tier mutex held.
+  // One marker per tier that holds the stream's ranges, recorded with no tier mutex held.
   // mark_frees() before the record: a free that reaches a tier after the mark (on another
   // thread) may be used by work queued after the marker, so it keeps its tag.
-  auto serve = [this, key](SegmentTier& tier) {
-    if (!tier.holds_stream(key)) return;
-    const std::uint64_t mark = tier.mark_frees();
+  for (SegmentTier* tier : {&small, &large}) {
+    if (!tier->holds_stream(key)) continue;
+    const std::uint64_t mark = tier->mark_frees();
     std::uint64_t marker = 0;
     try {
       marker = fence->record(fence_stream_of(key));
     } catch (...) {  // captured, or a driver error: the ranges keep their tag
-      return;
+      continue;
     }
-    if (!tier.adopt_marker(key, marker, mark)) fence->release(marker);
-  };
-  small.for_each(serve);
-  large.for_each(serve);
+    if (!tier->adopt_marker(key, marker, mark)) fence->release(marker);
+  }
 }
 
 void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, LeaseOwner* owner) {
-  TierArenas& arenas = *request.tier;
-  SegmentTier& tier = arenas.home();  // the arena that grows
+  SegmentTier& tier = *request.tier;
   const std::size_t bytes = request.block_bytes;
   const StreamKey key = request.key;
   SlowSection slow(claimed);
   // Cached large blocks never make a tier grow: they go back first (large_block_cache.hpp),
   // and the request tries the large tier again without growing.
-  if (flush_large_caches(claimed) && &arenas == &large) {
-    if (void* block = arenas.allocate(bytes, key, owner)) return block;
+  if (flush_large_caches(claimed) && &tier == &large) {
+    if (void* block = tier.allocate(bytes, key, false, nullptr, owner)) return block;
   }
   // Past the budget, free memory of wanted streams (stream_wants.hpp) could serve the
   // request or go back only after a device-wide quiesce: once per request, never while a
@@ -192,18 +164,13 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
             : gauge.excess_after_growth(quote.growth_bytes, quote.peak_growth,
                                         tier.growth_headroom_1024());
     if (const std::size_t own = excess > 0 ? quote.empty_bytes : 0; own < excess) {
-      TierArenas& other = &arenas == &small ? large : small;
-      const bool siblings = arenas.made() > 1;
-      if (may_quiesce && (quote.stranded || other.stranded_segments() ||
-                          (siblings && arenas.stranded_segments()))) {
+      SegmentTier& other = &tier == &small ? large : small;
+      if (may_quiesce && (quote.stranded || other.stranded_segments())) {
         may_quiesce = false;
         (void)quiescer.quiesce_since(seen);
         continue;
       }
-      // The sibling arenas' wholly free segments first, then the other tier's.
-      const std::size_t rest = excess - own;
-      const std::size_t given = siblings ? arenas.release_empty_for(rest, &tier) : 0;
-      if (given < rest) other.release_empty_for(rest - given);
+      other.release_empty_for(excess - own);
     }
     bool quiesce = false;
     try {
@@ -227,14 +194,10 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
   if (!capturing) reclaim_graph_returns(claimed);
   trim(0, claimed, /*wait=*/true);
   try {
-    // Every arena's free memory before the home arena grows.
-    if (arenas.made() > 1) {
-      if (void* block = arenas.allocate_anywhere(bytes, key, owner)) return block;
-    }
     return tier.allocate(bytes, key, true, nullptr, owner);
   } catch (const OutOfMemory& second) {
     const DevicePoolStats now = stats();
-    const std::string source = &arenas == &large && virtual_memory != nullptr
+    const std::string source = &tier == &large && virtual_memory != nullptr
                                    ? std::string("virtual memory (cuMemCreate/cuMemMap)")
                                    : "upstream " + std::string(upstream->name());
     // A small request names its class's bytes, a large one the bytes asked for.
@@ -295,13 +258,12 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
 
 bool DevicePoolCore::free_to_tier(void* block, const Request& request,
                                   ThreadCache* claimed) noexcept {
-  SegmentTier* holder = nullptr;
-  const SegmentTier::Freed freed =
-      request.tier->free_keeping(block, request.key, request.block_bytes,
-                                 claimed != nullptr ? &claimed->large : nullptr, holder);
+  SegmentTier& tier = *request.tier;
+  const SegmentTier::Freed freed = tier.free_keeping(
+      block, request.key, request.block_bytes, claimed != nullptr ? &claimed->large : nullptr);
   if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
     SlowSection slow(claimed);
-    holder->give_back_over_cap();
+    tier.give_back_over_cap();
   }
   return freed != SegmentTier::Freed::foreign;
 }

@@ -40,13 +40,11 @@
 #include "thread_cache.hpp"
 #include "thread_cache_registry.hpp"
 #include "tier/segment_tier.hpp"
-#include "tier/tier_arenas.hpp"
 #include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/detail/mpmc_ring.hpp"
 #include "vram/device_pool.hpp"
 #include "vram/size_classes.hpp"
 #include "vram/virtual_memory.hpp"
-#include "young_streams.hpp"
 
 namespace vram::detail {
 
@@ -80,7 +78,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     return (SizeClasses::bytes_of(index) + kSmallGranularity - 1) & ~(kSmallGranularity - 1);
   }
   // The tier a small class's blocks are carved from (see small_tier.segment_max_bytes).
-  TierArenas& tier_of(std::size_t index) noexcept {
+  SegmentTier& tier_of(std::size_t index) noexcept {
     return index < first_large_class ? small : large;
   }
   // The record of a request of `bytes` (1 .. SizeClasses::kMaxBytes) on `key`'s stream,
@@ -310,13 +308,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
     return graphs_active() || watch_captures || wanted_streams.load(std::memory_order_relaxed) != 0;
   }
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
-  // After a deallocate_async on a young stream (young_streams.hpp): the thread's cached
-  // blocks of the stream go to the tiers, then a marker is recorded on it for every arena
-  // holding its ranges, so that they reach other streams without a quiesce.
-  [[gnu::cold]] void mark_stream_frees(StreamKey key) noexcept;
-  // The marker protocol for `key` (the call proves the stream alive): per arena that holds
-  // its ranges, mark_frees(), a record, adopt_marker().
-  void record_stream_markers(StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
   // capture would invalidate it).
@@ -352,22 +343,12 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Options::detect_unscoped_capture: stream-ordered calls ask whether their stream is
   // being captured.
   bool watch_captures = true;
-  // Options::mark_young_streams.
-  bool mark_young_streams = true;
-  // A deallocate_async on `key` after its deallocation: a young stream's frees get a marker.
-  void after_stream_free(StreamKey key) noexcept {
-    if (mark_young_streams && !always_recordable(key) && tl_young_streams.note_free(key))
-        [[unlikely]] {
-      mark_stream_frees(key);
-    }
-  }
   // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
   std::array<std::uint32_t, 64> block_bytes_of{};
   ReservedGauge gauge;
   StreamWants wants{wanted_streams};  // before the tiers: they refer to it
-  // Each tier in arenas (tier_arenas.hpp): threads that allocate at once meet on few mutexes.
-  TierArenas small;
-  TierArenas large;
+  SegmentTier small;
+  SegmentTier large;
   // Small blocks shared between threads: one lazily created ring per class.
   std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
 
@@ -443,7 +424,8 @@ inline void DevicePoolCore::end_claim(ThreadCache& cache) noexcept {
 // Inline: every large request takes this path (the growing part is out of line).
 inline void* DevicePoolCore::tier_allocate(const Request& request, ThreadCache* claimed,
                                            LeaseOwner* owner) {
-  if (void* block = request.tier->allocate(request.block_bytes, request.key, owner)) [[likely]] {
+  if (void* block = request.tier->allocate(request.block_bytes, request.key, /*may_grow=*/false,
+                                           nullptr, owner)) [[likely]] {
     return block;
   }
   return tier_grow(request, claimed, owner);

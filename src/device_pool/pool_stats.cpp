@@ -26,8 +26,8 @@ DevicePoolStats DevicePoolCore::stats() const {
       ring_bytes += ring->size() * small_block_bytes(index);
     }
   }
-  const TierArenas::Counters a = small.counters();
-  const TierArenas::Counters b = large.counters();
+  const SegmentTier::Counters a = small.counters();
+  const SegmentTier::Counters b = large.counters();
   s.upstream_allocations = a.upstream_allocations + b.upstream_allocations;
   s.upstream_frees = a.upstream_frees + b.upstream_frees;
   s.misses = s.upstream_allocations + a.failed_upstream_allocations + b.failed_upstream_allocations;

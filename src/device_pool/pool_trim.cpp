@@ -7,7 +7,7 @@ namespace vram::detail {
 void DevicePoolCore::drain_bins(ThreadCache& cache) noexcept {
   for (std::size_t index = 0; index < cache.bins.size(); ++index) {
     auto& bin = cache.bins[index];
-    TierArenas& tier = tier_of(index);
+    SegmentTier& tier = tier_of(index);
     const std::size_t bytes = block_bytes_of[index];
     for (std::uint32_t i = 0; i < bin.count; ++i) (void)tier.free(bin.blocks[i], cache.tag, bytes);
     bin.count = 0;

@@ -20,8 +20,8 @@ bool Quiescer::quiesce_since(std::uint64_t seen) noexcept {
 void Quiescer::quiesce_locked() noexcept {
   generation_.fetch_add(1, std::memory_order_relaxed);
   quiesces_.fetch_add(1, std::memory_order_relaxed);
-  const TierArenas::Marks small_mark = small_.mark_frees();
-  const TierArenas::Marks large_mark = large_.mark_frees();
+  const std::uint64_t small_mark = small_.mark_frees();
+  const std::uint64_t large_mark = large_.mark_frees();
   // A failed synchronize (another thread's capture in global mode refuses it, say) proves
   // nothing: every range keeps its stream.
   if (!fence_.try_quiesce()) return;

@@ -10,15 +10,15 @@
 #include <cstdint>
 #include <mutex>
 
+#include "tier/segment_tier.hpp"
 #include "tier/stream_wants.hpp"
-#include "tier/tier_arenas.hpp"
 #include "vram/stream_fence.hpp"
 
 namespace vram::detail {
 
 class Quiescer {
  public:
-  Quiescer(StreamFence& fence, TierArenas& small, TierArenas& large, StreamWants& wants) noexcept
+  Quiescer(StreamFence& fence, SegmentTier& small, SegmentTier& large, StreamWants& wants) noexcept
       : fence_(fence), small_(small), large_(large), wants_(wants) {}
 
   // Quiesces begun so far: read it before looking at the tiers, pass it to quiesce_since().
@@ -35,8 +35,8 @@ class Quiescer {
   void quiesce_locked() noexcept;
 
   StreamFence& fence_;
-  TierArenas& small_;
-  TierArenas& large_;
+  SegmentTier& small_;
+  SegmentTier& large_;
   StreamWants& wants_;
   std::mutex mutex_;  // after the core's slow_mutex, before a tier's and the wants' mutex
   std::atomic<std::uint64_t> generation_{0};  // quiesces begun, written under mutex_

@@ -11,14 +11,14 @@
 
 namespace vram::detail {
 
-class TierArenas;
+class SegmentTier;
 
 struct Request {
   std::size_t bytes = 0;        // as the caller asked: 1 .. SizeClasses::kMaxBytes
   std::size_t block_bytes = 0;  // what the block holds and the counters count: a small
                                 // class's bytes rounded to 256, else the large tier's rounding
   std::size_t index = 0;        // the size class (small requests only)
-  TierArenas* tier = nullptr;   // the tier the block is carved from
+  SegmentTier* tier = nullptr;  // the tier the block is carved from
   StreamKey key = kUntagged;    // the caller's stream; kUntagged: none
   bool small = false;           // bytes <= small_max: cached per class (bins, rings)
 };

@@ -59,21 +59,6 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   return file_used(r, owner);  // reserved above
 }
 
-void* SegmentTier::try_allocate(std::size_t bytes, StreamKey stream, LeaseOwner* owner) {
-  assert(bytes == round(bytes));
-  Lock locked(mutex_, std::try_to_lock);
-  if (!locked.owns_lock()) return nullptr;
-  reserve_spares();  // before any change
-  if (options_.virtual_memory != nullptr && map_.base() == nullptr) return nullptr;
-  bool mapped = false;
-  Range* r = fit(stream, bytes, mapped, /*fence=*/false);
-  if (r == nullptr || (map_.base() != nullptr && !mapped)) return nullptr;
-  ranges_.remove_free(r);
-  ranges_.split(r, bytes);
-  r->state = Range::State::used;
-  return file_used(r, owner);  // reserved above
-}
-
 void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* quiesce,
                                     LeaseOwner* owner) {
   Lock locked = lock();
@@ -245,11 +230,11 @@ std::size_t SegmentTier::empty_bytes_locked() const noexcept {
   return bytes;
 }
 
-std::size_t SegmentTier::release_empty_for(std::size_t bytes) noexcept {
+void SegmentTier::release_empty_for(std::size_t bytes) noexcept {
   const Growth growing(*this);
   Lock locked = lock();
   wait_for_empty_segments(0, locked);
-  return release_empty_segments_for(bytes);
+  release_empty_segments_for(bytes);
 }
 
 bool SegmentTier::owns(void* block) const noexcept {

@@ -150,10 +150,6 @@ class SegmentTier {
   // `owner`: the thread cache the block is handed to, filed with it (lease_owner.hpp).
   void* allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce = nullptr,
                  LeaseOwner* owner = nullptr);
-  // allocate() without may_grow when the mutex is free at once (null: held by another
-  // thread, or no mapped free range fits); fences no stream and polls no marker: a request
-  // that borrows from a sibling arena (tier_arenas.hpp) never waits there.
-  void* try_allocate(std::size_t bytes, StreamKey stream, LeaseOwner* owner = nullptr);
   // The marker protocol of a wanted stream (DevicePoolCore::serve_want): whether `key` has
   // free ranges here; after mark_frees() returned `mark` and `marker` was recorded on the
   // stream, its ranges freed before the mark wait for the marker (false: none, the caller
@@ -216,9 +212,8 @@ class SegmentTier {
     return options_.virtual_memory == nullptr || options_.unmap_before_map;
   }
   // Gives back wholly free segments covering at least `bytes` (waiting first for the
-  // streams of stream-tagged ones): what a sibling tier calls before it grows. Returns the
-  // bytes given back.
-  std::size_t release_empty_for(std::size_t bytes) noexcept;
+  // streams of stream-tagged ones): what a sibling tier calls before it grows.
+  void release_empty_for(std::size_t bytes) noexcept;
   bool owns(void* block) const noexcept;
   // Calls that found the tier's mutex held so far (wraps): whether threads meet here.
   std::uint32_t contentions() const noexcept { return mutex_.contentions(); }

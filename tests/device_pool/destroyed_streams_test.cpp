@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -57,7 +56,6 @@ TEST(DevicePoolDestroyedStreams, AStreamDestroyedAfterSynchronizingIsNeverRecord
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     auto fence = std::make_shared<StreamLifetimeFence>();
     auto options = emulated(fence, virtual_memory);
-    options.mark_young_streams = false;        // the marker protocol of wanted streams alone
     options.large_tier.segment_bytes = 4_MiB;  // a 4 MiB block fills its segment
     {
       DevicePool pool(upstream, options);
@@ -95,8 +93,7 @@ TEST(DevicePoolDestroyedStreams, AWantedMarkerIsRecordedByTheStreamsNextCall) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<StreamLifetimeFence>();
   auto options = emulated(fence, true);
-  options.mark_young_streams = false;  // the marker protocol of wanted streams alone
-  options.growth_headroom = 1.0;       // s2's growth stays within the budget
+  options.growth_headroom = 1.0;  // s2's growth stays within the budget
   DevicePool pool(upstream, options);
   const cudaStream_t s1 = fence->create();
   const cudaStream_t s2 = fence->create();
@@ -135,7 +132,6 @@ TEST(DevicePoolDestroyedStreams, AStreamBeingCapturedNeverMakesThePoolQuiesce) {
   auto fence = std::make_shared<ManualFence>();
   {
     DevicePool::Options options = emulated(fence, true);
-    options.mark_young_streams = false;      // the marker protocol of wanted streams alone
     options.detect_unscoped_capture = true;  // the pool sees the capture (off by default)
     DevicePool pool(upstream, options);
     const auto s1 = reinterpret_cast<cudaStream_t>(0x1000);
@@ -306,9 +302,7 @@ void run_destroyed_streams(bool virtual_memory, bool recycle_handles) {
   EXPECT_LE(stats.peak_bytes_reserved, bound);
   EXPECT_LE(stats.stream_quiesces, stats.quiesces);
   EXPECT_LE(stats.quiesces, fence->quiesces()) << "a quiesce counted that did not happen";
-  // Each young stream's frees record a marker (young_streams.hpp): its blocks reach other
-  // streams without a device synchronize, although no stream is seen again.
-  EXPECT_LE(stats.quiesces, fence->streams_created() / 10) << "a quiesce for many streams";
+  if (!recycle_handles) EXPECT_GT(stats.stream_quiesces, 0U) << "no stream is seen again";
 }
 
 TEST(DevicePoolDestroyedStreams, SixteenThreadsCreateAndDestroyStreamsPerBatchVirtual) {
@@ -428,79 +422,8 @@ TEST(DevicePoolDestroyedStreamsGpu, SixteenThreadsKernelsCheckOwnerTagsOnStreams
   EXPECT_EQ(stats.bytes_in_use, 0U);
   EXPECT_EQ(stats.acquires, stats.releases);
   EXPECT_GT(batches.load(), static_cast<std::uint64_t>(kThreads));
-  // Every stream is young (8 frees or so each, young_streams.hpp): its frees record a
-  // marker, and its blocks reach the other threads' streams once that marker completed.
-  // Without the markers every 50th stream or so cost a device synchronize.
-  EXPECT_LE(stats.quiesces, batches.load() / 500 + 4) << "device synchronizes for streams "
-                                                         "destroyed after their work";
   pool.trim(0);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
-}
-
-// Stream churn with the default options and blocks up to 64 MiB: a request per stream
-// (created, used by kernels that tag and check its blocks, synchronized, destroyed). No
-// block is overwritten while its owner's check is queued, and the pool synchronizes the
-// device for at most a few of the streams.
-TEST(DevicePoolDestroyedStreamsGpu, StreamPerRequestUpTo64MiBRarelySynchronizesTheDevice) {
-  VRAM_GPU_TEST_OR_SKIP();
-  constexpr int kThreads = 16;
-  constexpr int kBlocks = 4;
-  constexpr std::size_t kCheckedBytes = 1_MiB;
-  DevicePool pool(0);
-  std::atomic<bool> stop{false};
-  std::atomic<std::uint64_t> requests{0};
-  std::vector<unsigned long long> mismatches(kThreads, 0);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      std::mt19937_64 random(0xc0de + static_cast<std::uint64_t>(t));
-      std::uniform_real_distribution<double> exponent(8.0, 26.0);  // 256 B .. 64 MiB
-      unsigned long long* counter = nullptr;
-      cuda::check(cudaMalloc(reinterpret_cast<void**>(&counter), sizeof *counter), "cudaMalloc");
-      cuda::check(cudaMemset(counter, 0, sizeof *counter), "cudaMemset");
-      std::uint32_t tag = static_cast<std::uint32_t>(t + 1) << 24;
-      while (!stop.load(std::memory_order_relaxed)) {
-        {
-          cuda::Stream stream;
-          const cudaStream_t s = stream.get();
-          for (int i = 0; i < kBlocks; ++i) {
-            const auto bytes = static_cast<std::size_t>(std::exp2(exponent(random)));
-            void* block = pool.allocate_async(bytes, s);
-            const std::size_t words = std::min(bytes, kCheckedBytes) / 4;
-            ++tag;
-            launch_fill(block, words, tag, s);
-            launch_spin_then_fill(counter, 0, 0, 1'000, s);  // keeps the check queued
-            launch_count_mismatches(block, words, tag, counter, s);
-            pool.deallocate_async(block, bytes, s);  // the check may still be queued
-          }
-          stream.synchronize();
-        }  // destroyed after its work, as a request handler does
-        requests.fetch_add(1, std::memory_order_relaxed);
-      }
-      cuda::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-      cuda::check(cudaMemcpy(&mismatches[t], counter, sizeof *counter, cudaMemcpyDeviceToHost),
-                  "cudaMemcpy");
-      cudaFree(counter);
-    });
-  }
-  std::this_thread::sleep_for(std::chrono::duration<double>(gpu_seconds()));
-  stop = true;
-  for (auto& thread : threads) thread.join();
-  const DevicePoolStats stats = pool.stats();
-  std::printf(
-      "[stream-churn-gpu] %llu requests (a stream each), peak reserved %.1f MiB, %llu "
-      "quiesces (%llu for growth)\n",
-      static_cast<unsigned long long>(requests.load()),
-      static_cast<double>(stats.peak_bytes_reserved) / (1 << 20),
-      static_cast<unsigned long long>(stats.quiesces),
-      static_cast<unsigned long long>(stats.stream_quiesces));
-  for (int t = 0; t < kThreads; ++t) {
-    EXPECT_EQ(mismatches[t], 0U) << "thread " << t << " saw a block overwritten";
-  }
-  EXPECT_EQ(stats.bytes_in_use, 0U);
-  EXPECT_GT(requests.load(), static_cast<std::uint64_t>(kThreads));
-  EXPECT_LE(stats.quiesces, requests.load() / 500 + 4) << "device synchronizes for streams "
-                                                          "destroyed after their work";
 }
 #endif
 

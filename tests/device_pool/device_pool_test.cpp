@@ -626,7 +626,6 @@ TEST(DevicePoolStreams, TrimAndDestructionRecordNothingOnTheFreeingStreams) {
   {
     DevicePool::Options options;
     options.fence = fence;
-    options.mark_young_streams = false;  // the marker protocol of wanted streams alone
     DevicePool pool(upstream, options);
     void* small = pool.allocate_async(4096, fake_stream(1));
     void* large = pool.allocate_async(4_MiB, fake_stream(2));
@@ -710,8 +709,7 @@ TEST(DevicePoolStreams, PlainFreeIsReusableByEveryStream) {
   pool.deallocate(big, 8_MiB);
   EXPECT_EQ(pool.allocate_async(8_MiB, fake_stream(9)), big);
   pool.deallocate(big, 8_MiB);
-  EXPECT_EQ(p.fence->recorded(), 1U)
-      << "no marker needed for completed blocks: only stream 7's free records one (young)";
+  EXPECT_EQ(p.fence->recorded(), 0U) << "no marker needed for completed blocks";
 }
 
 TEST(DevicePoolStreams, ThreadCacheSwitchingStreamsKeepsEachBlocksStream) {
@@ -801,7 +799,6 @@ TEST(DevicePoolVirtualStreams, AStreamFreeDoesNotTakeTheWholeReservationFromOthe
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;
   options.fence = fence;
-  options.mark_young_streams = false;  // the marker protocol of wanted streams alone
   options.large_tier.memory = LargeTierMemory::virtual_memory;
   options.small_tier.max_block_bytes = std::size_t{256} << 10;
   options.large_tier.virtual_reservation_bytes = 1_GiB;

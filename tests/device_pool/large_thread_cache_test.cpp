@@ -304,7 +304,6 @@ TEST(DevicePoolLargeThreadCache, AStreamFreedBlockIsNotHandedToAnotherStream) {
   auto fence = std::make_shared<ManualFence>();
   auto options = cached_options();
   options.fence = fence;
-  options.mark_young_streams = false;  // the marker protocol of wanted streams alone
   DevicePool pool(upstream, options);
   const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
   const auto s2 = reinterpret_cast<cudaStream_t>(0x20);

@@ -209,7 +209,6 @@ TEST(LargeTierSmallClassesStreams, ASmallClassStreamFreeCapturesTheLargeTiersUnt
       auto fence = std::make_shared<ManualFence>();
       auto options = virtual_options();
       options.fence = fence;
-      options.mark_young_streams = false;  // the marker protocol of wanted streams alone
       options.growth_headroom = headroom;
       options.small_tier.segment_max_bytes = segment_max;
       DevicePool pool(upstream, options);
@@ -242,7 +241,6 @@ TEST(LargeTierSmallClassesStreams, ThreadCacheTagSwitchKeepsLargeTierSmallBlocks
   auto fence = std::make_shared<ManualFence>();
   auto options = virtual_options();
   options.fence = fence;
-  options.mark_young_streams = false;  // the marker protocol of wanted streams alone
   options.thread_cache.blocks = 8;
   options.validate_releases = false;
   DevicePool pool(upstream, options);

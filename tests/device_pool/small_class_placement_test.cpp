@@ -95,7 +95,6 @@ TEST(SmallClassPlacement, StreamOrderedFreesOfLargerSmallClassesKeepTheirStream)
     auto fence = std::make_shared<ManualFence>();
     auto options = virtual_options();
     options.fence = fence;
-    options.mark_young_streams = false;  // the marker protocol of wanted streams alone
     options.thread_cache.blocks = thread_cache_blocks;
     DevicePool pool(upstream, options);
     const auto s1 = reinterpret_cast<cudaStream_t>(0x10);

@@ -32,13 +32,6 @@ std::size_t pager_scenario_steps(const BenchConfig& config);
 void run_pager_scenario(const BenchConfig& config, Progress& progress,
                         std::vector<Measurement>& results);
 
-// The `stream-churn` scenario (bench/stream_churn_scenario.cpp): threads whose every request
-// runs on a stream created, used by kernels that tag and check its blocks, synchronized and
-// destroyed; pairs/s, device synchronizes, peak reserved, blocks overwritten.
-std::size_t stream_churn_steps(const BenchConfig& config);
-void run_stream_churn(const BenchConfig& config, Progress& progress,
-                      std::vector<Measurement>& results);
-
 // The `sleep` scenario (bench/sleep_scenario.cpp): DevicePool's sleep and wake of tagged
 // memory against the pinned link of the same run.
 std::size_t sleep_scenario_steps(const BenchConfig& config);

@@ -27,10 +27,7 @@
 #   pairs_batched         the pairs and batched benchmarks
 #   pairs_batched_overhead  the pairs, batched and overhead benchmarks
 #   batched_quick         the batched benchmark (--quick)
-#   batched               the batched benchmark (full length): sizes drawn afresh per batch
-#   batched_repeated      the batched-repeated benchmark (one set of sizes per thread)
-#   stream_churn          the stream-churn benchmark (a stream per request, with the peers)
-#   churn_tests           the destroyed-stream tests, GPU ones for 10 s each (VRAM_REQUIRE_GPU=1)
+#   batched               the batched benchmark (full length)
 #   pager                 the pager benchmark
 #   base_batched          the batched benchmark (full length) of BASE
 #   base_batched_rounds   the batched benchmark (--quick) of BASE and of build/vram,
@@ -201,20 +198,8 @@ run_step() {
         --json "$log/batched.json" --markdown "$log/batched.md"
       ;;
     batched)
-      step new_batched "${limit:-300}" ./build/vram bench --scenario batched \
+      step new_batched "${limit:-150}" ./build/vram bench --scenario batched \
         --json "$log/new_batched.json" --markdown "$log/new_batched.md"
-      ;;
-    batched_repeated)
-      step batched_repeated "${limit:-200}" ./build/vram bench --scenario batched-repeated \
-        --json "$log/batched_repeated.json" --markdown "$log/batched_repeated.md"
-      ;;
-    stream_churn)
-      step stream_churn "${limit:-200}" ./build/vram bench --scenario stream-churn \
-        --json "$log/stream_churn.json" --markdown "$log/stream_churn.md"
-      ;;
-    churn_tests)
-      VRAM_REQUIRE_GPU=1 VRAM_STRESS_SECONDS=10 step churn_tests "${limit:-120}" \
-        ./build/tests/vram_tests --gtest_filter='DevicePoolDestroyedStreams*:TierArenas*'
       ;;
     pager)
       step pager "${limit:-200}" ./build/vram bench --scenario pager --json "$log/pager.json" \
@@ -285,7 +270,7 @@ run_step() {
 known="tests memcheck racecheck replay replay_once torch_build replay_torch streams streams_torch
   bench pairs_batched pairs_batched_overhead batched_quick batched pager base_batched
   base_batched_rounds compare_pairs_batched builds_pairs python python_compare python_offload
-  offload batched_repeated stream_churn churn_tests"
+  offload"
 for entry in "${steps[@]}"; do  # every step checked before anything runs
   name=${entry%%:*}
   if ! [[ " $(echo $known) " == *" $name "* ]]; then
