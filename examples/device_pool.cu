@@ -56,6 +56,16 @@ int main() try {
   vram::cuda::check(cudaGraphExecDestroy(exec), "cudaGraphExecDestroy");
   vram::cuda::check(cudaGraphDestroy(graph), "cudaGraphDestroy");
   pool.release_graph_pool(graph_pool);
+  // [readme:sleep_wake]
+  auto weights = pool.create_tag("weights");
+  auto kv = pool.create_tag("kv", {.discardable = true});  // comes back uninitialised
+  void* w = pool.allocate_tagged(64_MiB, weights);  // or every request under pool.tag_scope(tag)
+  void* cache = pool.allocate_tagged(64_MiB, kv);
+  pool.sleep({weights, kv}, stream.get());  // w to pinned host memory; the GPU memory is freed
+  pool.wake({weights, kv}, stream.get());   // same addresses: pointers and graphs stay valid
+  // [/readme:sleep_wake]
+  pool.deallocate(w, 64_MiB);
+  pool.deallocate(cache, 64_MiB);
   const auto stats = pool.stats();
   std::printf("device_pool example: %llu acquires, %llu from the cache, %llu cudaMalloc calls\n",
               static_cast<unsigned long long>(stats.acquires),

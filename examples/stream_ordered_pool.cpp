@@ -16,7 +16,6 @@ int main() try {
   vram::StreamOrderedPool pool({.device = 0});  // private pool, release threshold: retain all
   vram::cuda::Stream stream, other_stream;
   void* p = pool.allocate_async(64_MiB, stream.get());
-  // ... kernels on `stream` use p ...
   pool.deallocate_async(p, 64_MiB, stream.get());  // reusable at once by later work on `stream`
   vram::StreamOrderedPool::hand_over(stream.get(), other_stream.get());  // before reuse there
   other_stream.synchronize();
