@@ -38,8 +38,9 @@ DevicePoolStats DevicePoolCore::stats() const {
   s.stream_marker_wants = wants.wanted();
   s.invalid_releases = validation.rejected();
   s.bytes_in_use = acquired_bytes > released_bytes ? acquired_bytes - released_bytes : 0;
-  s.sleep_tag_bytes_mapped = sleep_tags.mapped_bytes();
-  s.sleeping_tags = sleep_tags.sleeping();
+  const SleepTags::Totals tags = sleep_tags.totals();
+  s.sleep_tag_bytes_mapped = tags.mapped_bytes;
+  s.sleeping_tags = tags.sleeping;
   s.bytes_reserved = gauge.reserved.load(std::memory_order_relaxed) + s.sleep_tag_bytes_mapped;
   s.peak_bytes_reserved = gauge.peak.load(std::memory_order_relaxed);
   s.bytes_cached = s.bytes_reserved > s.bytes_in_use ? s.bytes_reserved - s.bytes_in_use : 0;

@@ -238,26 +238,16 @@ SleepTagStats SleepTags::stats(Tag& tag) const {
   return s;
 }
 
-std::size_t SleepTags::mapped_bytes() const noexcept {
-  std::size_t bytes = 0;
+SleepTags::Totals SleepTags::totals() const noexcept {
+  Totals totals;
   const std::uint32_t n = count_.load(std::memory_order_acquire);
   for (std::uint32_t i = 0; i < n; ++i) {
     Tag* tag = tags_[i].load(std::memory_order_acquire);
     std::lock_guard lock(tag->mutex);
-    bytes += tag->arena.mapped_bytes();
+    totals.mapped_bytes += tag->arena.mapped_bytes();
+    totals.sleeping += tag->state == SleepState::asleep ? 1 : 0;
   }
-  return bytes;
-}
-
-std::uint64_t SleepTags::sleeping() const noexcept {
-  std::uint64_t n = 0;
-  const std::uint32_t count = count_.load(std::memory_order_acquire);
-  for (std::uint32_t i = 0; i < count; ++i) {
-    Tag* tag = tags_[i].load(std::memory_order_acquire);
-    std::lock_guard lock(tag->mutex);
-    n += tag->state == SleepState::asleep ? 1 : 0;
-  }
-  return n;
+  return totals;
 }
 
 void SleepTags::trim() noexcept {

@@ -103,8 +103,12 @@ class SleepTags {
   void sleep(Tag& tag, cudaStream_t stream);
   void wake(Tag& tag, cudaStream_t stream);
   SleepTagStats stats(Tag& tag) const;
-  std::size_t mapped_bytes() const noexcept;
-  std::uint64_t sleeping() const noexcept;
+  // Over every tag, in one walk (each tag's mutex taken once).
+  struct Totals {
+    std::size_t mapped_bytes = 0;
+    std::uint64_t sleeping = 0;
+  };
+  Totals totals() const noexcept;
   // Unmaps the free runs of awake tags.
   void trim() noexcept;
   // At pool destruction: sleeping tags release their backup; says so on stderr.

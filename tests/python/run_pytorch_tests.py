@@ -24,18 +24,18 @@ import xml.etree.ElementTree as ET
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# (name, file under DIR, pytest -k expression, pytest-xdist workers): the tests of the
-# allocator's concerns. No workers by default: each worker imports Torch and Inductor again,
-# which on a fresh machine took longer than the tests.
+# (name, file under DIR, pytest -k expression): the tests of the allocator's concerns, each
+# file in one process (pytest-xdist workers would import Torch and Inductor again each, which
+# on a fresh machine took longer than the tests).
 SUITES = [
     ("test_cuda",
      "test_cuda.py",
      "(memory or Memory or graph or Graph or stream or Stream or pool or Pool or alloc or "
      "Alloc or oom or OOM or snapshot or fraction or cach or empty or record or stats or "
-     "peak or ipc or IPC) and not expandable", 0),
+     "peak or ipc or IPC) and not expandable"),
     ("cudagraph_trees",
      os.path.join("inductor", "test_cudagraph_trees.py"),
-     "CudaGraphTreeTests", 0),
+     "CudaGraphTreeTests"),
 ]
 
 
@@ -74,7 +74,7 @@ def outcomes(junit_path, suite):
     return result
 
 
-def run_suite(python, tests_dir, out, name, path, expression, workers, allocator, timeout):
+def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout):
     junit = os.path.join(out, f"{name}-{allocator}.xml")
     log = os.path.join(out, f"{name}-{allocator}.log")
     env = dict(os.environ)
@@ -93,13 +93,6 @@ def run_suite(python, tests_dir, out, name, path, expression, workers, allocator
         cmd += ["--timeout", "90"]
     except ImportError:
         pass
-    if workers:
-        try:
-            import xdist  # noqa: F401
-
-            cmd += ["-n", str(workers)]
-        except ImportError:
-            pass
     start = time.time()
     with open(log, "w") as f:
         # At the time limit pytest gets SIGINT: it stops and still writes the junit file with
@@ -140,20 +133,20 @@ def main():
               "failed_runs": []}
     runs = {}  # (suite, allocator): (outcomes, rc, seconds)
     suites = []
-    for name, path, expression, workers in SUITES:
+    for name, path, expression in SUITES:
         if args.only and name not in args.only:
             continue
         if not os.path.exists(os.path.join(args.tests, path)):
             report["failed_runs"].append(f"{name}: {path} not found in {args.tests}")
             continue
-        suites.append((name, path, expression, workers))
+        suites.append((name, path, expression))
 
-    def run(name, path, expression, workers, allocator):
+    def run(name, path, expression, allocator):
         if allocator == "vram" and args.wait_for:
             while not os.path.exists(args.wait_for):
                 time.sleep(1)
         runs[(name, allocator)] = run_suite(args.python, args.tests, args.out, name, path,
-                                            expression, workers, allocator, args.timeout)
+                                            expression, allocator, args.timeout)
 
     if args.together:
         for suite in suites:
@@ -164,7 +157,7 @@ def main():
         for allocator in ("torch", "vram"):
             for suite in suites:
                 run(*suite, allocator)
-    for name, path, expression, workers in SUITES:
+    for name, path, expression in SUITES:
         if (name, "torch") not in runs:
             continue
         torch_res, torch_rc, torch_s = runs[(name, "torch")]
