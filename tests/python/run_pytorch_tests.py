@@ -78,6 +78,9 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
     junit = os.path.join(out, f"{name}-{allocator}.xml")
     log = os.path.join(out, f"{name}-{allocator}.log")
     env = dict(os.environ)
+    # Each run builds the tests' C++ extensions in its own folder: two runs at once sharing
+    # PyTorch's default folder wait on each other's build lock.
+    env["TORCH_EXTENSIONS_DIR"] = os.path.join(os.path.abspath(out), f"extensions-{name}-{allocator}")
     tests_dir = os.path.abspath(tests_dir)
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(ROOT, "python"), HERE, os.path.join(tests_dir, os.path.dirname(path)),
