@@ -328,7 +328,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::size_t first_large_class = 0;  // small classes from here on are carved from `large`
   // The keep_bytes of the latest trim(), for a thread that flushes its cache after it.
   std::atomic<std::size_t> flush_keep_bytes{SIZE_MAX};
-  std::size_t thread_cache_classes = 0;
   static constexpr std::size_t kMaxAlignment =
       DevicePool::kDefaultAlignment;  // see the constructor
   // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
