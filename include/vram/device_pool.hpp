@@ -131,7 +131,7 @@
 namespace vram {
 
 namespace detail {
-struct DevicePoolCore;
+class DevicePoolCore;
 }
 
 struct DevicePoolStats {

@@ -13,7 +13,7 @@
 
 namespace vram::detail {
 
-struct DevicePoolCore;
+class DevicePoolCore;
 
 class OrphanedPool {
  public:

@@ -302,13 +302,6 @@ bool DevicePoolCore::small_deallocate(ThreadCache* cache, void* block,
   return free_to_tier(block, request, cache);
 }
 
-void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
-  const std::int64_t now = in_use_now.fetch_add(delta, std::memory_order_relaxed) + delta;
-  std::int64_t peak = in_use_peak.load(std::memory_order_relaxed);
-  while (now > peak && !in_use_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-  }
-}
-
 [[gnu::noinline, gnu::cold]] void DevicePoolCore::reject_request(std::size_t bytes,
                                                                  std::size_t alignment) const {
   if (bytes == 0) {

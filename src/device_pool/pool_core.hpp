@@ -32,6 +32,7 @@
 
 #include "graph_pools.hpp"
 #include "graph_routing.hpp"
+#include "in_use_peak.hpp"
 #include "orphaned_pool.hpp"
 #include "quiescer.hpp"
 #include "release_validation.hpp"
@@ -68,11 +69,74 @@ static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePool
 // exited thread is kept, empty, and adopted by the next thread that registers), so raw
 // pointers to them stay valid. The core lives while the DevicePool handle lives, and after
 // that while blocks are still leased (orphaned_pool.hpp), see close().
-struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
+class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
+ public:
   // Throws vram::InvalidArgument for a null upstream, one that aligns below 256 bytes, and
   // options that pool_options.hpp refuses.
   DevicePoolCore(std::shared_ptr<Upstream> upstream_in, const DevicePool::Options& options_in);
   ~DevicePoolCore();
+
+  // The calls of the public handle's own helpers (device_pool.cpp) and of the thread's
+  // directory (thread_cache.cpp). Everything else is private; the handle and its capture
+  // scope are friends (device_pool.cpp, graph_routing.cpp, pool_sleep.cpp).
+  void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
+  void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
+  // Graph pools (graph_routing.cpp). The public calls test graphs_on and, while it is set,
+  // go through these (`key`: kUntagged for the calling thread's calls without a
+  // stream): a request under a capture scope gets the graph pool's block; a release of a
+  // graph pool's block, or of any block freed under a scope, goes to that pool.
+  bool graphs_active() const noexcept { return graphs_on.load(std::memory_order_relaxed); }
+  [[gnu::noinline]] void* allocate_with_graphs(std::size_t bytes, std::size_t alignment,
+                                               StreamKey key, cudaStream_t stream);
+  [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
+                                                cudaStream_t stream) noexcept;
+  // A release without a stream (DevicePool::deallocate, Lease::reset, an ended scope's).
+  void deallocate_unstreamed(void* block, std::size_t bytes) noexcept {
+    if (graphs_active()) [[unlikely]]
+      return deallocate_with_graphs(block, bytes, kUntagged, nullptr);
+    deallocate(block, bytes, kUntagged);
+  }
+  // The capture `stream` is in (0: none; the legacy stream is never captured, and with
+  // watch_captures off nothing is asked). One driver query (StreamFence::capture_of).
+  std::uint64_t capture_of(cudaStream_t stream) noexcept {
+    if (!watch_captures || stream == nullptr || stream == cudaStreamLegacy) return 0;
+    return fence->capture_of(stream);
+  }
+  // A request or release on a stream being captured that no scope routes: the block
+  // belongs to that capture's own graph pool for the life of the pool (device_pool.hpp).
+  // `id`: unscoped_pool_of(the capture).
+  [[gnu::noinline]] void* allocate_captured(std::size_t bytes, std::size_t alignment,
+                                            GraphPools::Id id);
+  [[gnu::noinline]] void deallocate_captured(void* block, std::size_t bytes,
+                                             GraphPools::Id id) noexcept;
+  // The graph pool of an unscoped capture: ids with bit 62 set and bit 63 clear, which
+  // new_graph_pool() never returns.
+  static GraphPools::Id unscoped_pool_of(std::uint64_t capture) noexcept {
+    return (GraphPools::Id{1} << 62) | (capture & ((GraphPools::Id{1} << 62) - 1));
+  }
+  static bool is_unscoped_pool(GraphPools::Id id) noexcept { return (id >> 62) == 1; }
+  // A stream-ordered call on `key`'s stream, before its own work: when another stream's
+  // request wanted the stream's marker, records it (the call proves the stream alive).
+  void serve_want_of(StreamKey key) noexcept {
+    if ((wanted_streams.load(std::memory_order_relaxed) & StreamWants::bit_of(key)) != 0)
+        [[unlikely]] {
+      serve_want(key);
+    }
+  }
+  // A stream-ordered call has more to do than the plain warm path: some stream is wanted
+  // (serve_want_of), graph pools or capture scopes exist (graphs_active), or captures are
+  // watched (capture_of). The warm path tests only this (three loads from the cache line
+  // of plain_calls) and does the checks out of line when it holds: a stale clear
+  // wanted_streams delays a marker, as in serve_want_of.
+  bool stream_checks_needed() const noexcept {
+    return graphs_active() || watch_captures || wanted_streams.load(std::memory_order_relaxed) != 0;
+  }
+  // At thread exit: empties the thread's cache and makes it adoptable.
+  void retire(ThreadCache* cache) noexcept;
+
+ private:
+  friend class vram::DevicePool;
+  friend class vram::DevicePool::CaptureScope;
 
   static std::size_t small_block_bytes(std::size_t index) noexcept {
     return (SizeClasses::bytes_of(index) + kSmallGranularity - 1) & ~(kSmallGranularity - 1);
@@ -141,10 +205,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // The calling thread's cache of this pool from its directory, registered (or adopted
   // from an exited thread) on first use; null as for claim_own_cache().
   ThreadCache* find_or_register() noexcept;
-  // At thread exit: empties the thread's cache and makes it adoptable.
-  void retire(ThreadCache* cache) noexcept;
 
-  void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
   // Every request the warm path does not serve: validated, then served (serve()).
   void* allocate_slow(std::size_t bytes, std::size_t alignment, StreamKey key);
   // A warm request (valid, small, class `index`) its thread's cache could not serve;
@@ -154,7 +215,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // the slow path under slow_mutex) and lets the claim go.
   void* serve(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
-  void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Counts a rejected release and says why on stderr; nothing changes (release_validation.hpp).
   [[gnu::cold]] void reject_release(const void* block, std::size_t bytes,
@@ -232,34 +292,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // and the rings back to the segment tiers, then gives wholly free segments back.
   void trim(std::size_t keep_bytes, ThreadCache* claimed, bool wait) noexcept;
   bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
-  // Graph pools (graph_routing.cpp). The public calls test graphs_on and, while it is set,
-  // go through these (`key`: kUntagged for the calling thread's calls without a
-  // stream): a request under a capture scope gets the graph pool's block; a release of a
-  // graph pool's block, or of any block freed under a scope, goes to that pool.
-  bool graphs_active() const noexcept { return graphs_on.load(std::memory_order_relaxed); }
-  [[gnu::noinline]] void* allocate_with_graphs(std::size_t bytes, std::size_t alignment,
-                                               StreamKey key, cudaStream_t stream);
-  [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
-                                                cudaStream_t stream) noexcept;
-  // A release without a stream (DevicePool::deallocate, Lease::reset, an ended scope's).
-  void deallocate_unstreamed(void* block, std::size_t bytes) noexcept {
-    if (graphs_active()) [[unlikely]]
-      return deallocate_with_graphs(block, bytes, kUntagged, nullptr);
-    deallocate(block, bytes, kUntagged);
-  }
-  // The capture `stream` is in (0: none; the legacy stream is never captured, and with
-  // watch_captures off nothing is asked). One driver query (StreamFence::capture_of).
-  std::uint64_t capture_of(cudaStream_t stream) noexcept {
-    if (!watch_captures || stream == nullptr || stream == cudaStreamLegacy) return 0;
-    return fence->capture_of(stream);
-  }
-  // A request or release on a stream being captured that no scope routes: the block
-  // belongs to that capture's own graph pool for the life of the pool (device_pool.hpp).
-  // `id`: unscoped_pool_of(the capture).
-  [[gnu::noinline]] void* allocate_captured(std::size_t bytes, std::size_t alignment,
-                                            GraphPools::Id id);
-  [[gnu::noinline]] void deallocate_captured(void* block, std::size_t bytes,
-                                             GraphPools::Id id) noexcept;
   // The pool a capture scope or an unscoped capture sends `stream`'s calls to.
   std::optional<GraphPools::Id> graph_route(StreamKey key, cudaStream_t stream) noexcept;
   // Into graph pool `id`: a free block of it, else a new one from the shared tiers (in
@@ -273,12 +305,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // block that is no graph pool's made a free block of `id` (false: `id` has no use open).
   bool graph_deallocate_owned(void* block) noexcept;
   bool graph_adopt_freed(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
-  // The graph pool of an unscoped capture: ids with bit 62 set and bit 63 clear, which
-  // new_graph_pool() never returns.
-  static GraphPools::Id unscoped_pool_of(std::uint64_t capture) noexcept {
-    return (GraphPools::Id{1} << 62) | (capture & ((GraphPools::Id{1} << 62) - 1));
-  }
-  static bool is_unscoped_pool(GraphPools::Id id) noexcept { return (id >> 62) == 1; }
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
   // nothing while a capture scope is open (graph_routing.cpp).
   void drain_graph_returns() noexcept;
@@ -291,28 +317,12 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   void reclaim_graph_returns(ThreadCache* claimed) noexcept;
   // The size a graph pool's block is released with: the one that finds its class and tier.
   std::size_t release_size_of(const GraphPools::Block& block) noexcept;
-  // A stream-ordered call on `key`'s stream, before its own work: when another stream's
-  // request wanted the stream's marker, records it (the call proves the stream alive).
-  void serve_want_of(StreamKey key) noexcept {
-    if ((wanted_streams.load(std::memory_order_relaxed) & StreamWants::bit_of(key)) != 0)
-        [[unlikely]] {
-      serve_want(key);
-    }
-  }
-  // A stream-ordered call has more to do than the plain warm path: some stream is wanted
-  // (serve_want_of), graph pools or capture scopes exist (graphs_active), or captures are
-  // watched (capture_of). The warm path tests only this (three loads from the cache line
-  // of plain_calls) and does the checks out of line when it holds: a stale clear
-  // wanted_streams delays a marker, as in serve_want_of.
-  bool stream_checks_needed() const noexcept {
-    return graphs_active() || watch_captures || wanted_streams.load(std::memory_order_relaxed) != 0;
-  }
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
   // capture would invalidate it).
   static inline thread_local bool tl_in_capture = false;
-  void note_in_use(std::int64_t delta) noexcept;
+  void note_in_use(std::int64_t delta) noexcept { in_use.note(delta); }
   DevicePoolStats stats() const;
 
   const std::uint64_t uid;  // unique per core, never 0: names its caches in tl_last
@@ -355,9 +365,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   Quiescer quiescer{*fence, small, large, wants};
   std::atomic<std::uint64_t> oom_retries{0};
   std::atomic<std::uint64_t> unscoped_capture_calls{0};  // blocks kept by unscoped captures
-  // Only with options.track_peak_in_use (a shared counter on every call).
-  alignas(kCacheLine) std::atomic<std::int64_t> in_use_now{0};
-  std::atomic<std::int64_t> in_use_peak{0};
+  // Only with options.track_peak_in_use (in_use_peak.hpp).
+  alignas(kCacheLine) InUsePeak in_use;
 
   // Lock order: slow_mutex, then the registry's steal mutex, then the registry's own lock /
   // a tier's growth mutex, then that tier's mutex (segment_tier.hpp; a grower takes none of

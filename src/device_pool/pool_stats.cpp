@@ -47,8 +47,7 @@ DevicePoolStats DevicePoolCore::stats() const {
   s.bytes_cached_in_threads = thread_cached;
   s.bytes_cached_in_rings = ring_bytes;
   s.segments = a.segments + b.segments;
-  s.peak_bytes_in_use = static_cast<std::size_t>(
-      std::max<std::int64_t>(0, in_use_peak.load(std::memory_order_relaxed)));
+  s.peak_bytes_in_use = in_use.peak();
   const GraphPools::Stats graphs = graph_pools.stats();
   s.graph_pool_bytes = graphs.held_bytes;
   s.graph_pools = graphs.pools;
