@@ -230,7 +230,7 @@ struct DevicePoolOptions {
     // again (at most 32 blocks); flushed to the large tier before any tier grows, before an
     // out-of-memory retry, on trim() and at thread exit. 0 turns it off.
     // By default a thread starts caching large blocks once it has met other threads on the
-    // large tier (its mutex found held): a thread alone places blocks exactly as without the
+    // large tier (its mutex found locked): a thread alone places blocks exactly as without the
     // cache. large_from_start: from its first call.
     std::size_t large_bytes = std::size_t{256} << 20;
     bool large_from_start = false;

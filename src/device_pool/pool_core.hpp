@@ -8,7 +8,7 @@
 //   pool_core.hpp   the core's layout and its warm paths, inline: a warm allocate or
 //                   deallocate is one call into the library, no driver call, no lock.
 //   pool_core.cpp   construction, the slow paths (rings, tiers, growth, out of memory,
-//                   validation) and release after destruction.
+//                   validation) and deallocation after destruction.
 //   pool_trim.cpp   taking cached blocks back: trim() and close().
 //   pool_stats.cpp  stats().
 //   thread_cache.*  the per-thread cache, its handshake and the thread's directory.
@@ -49,7 +49,7 @@
 
 namespace vram::detail {
 
-// A class's ring is made whole on its first release (16 bytes a cell): with
+// A class's ring is made whole on its first deallocation (16 bytes a cell): with
 // max_cached_blocks_per_class unbounded it would be max_cached_bytes / 256 cells (256 MiB
 // of host memory for the smallest class at the default 4 GiB). Beyond this depth blocks
 // wait in the segments, as free ranges, instead.
@@ -63,7 +63,7 @@ static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePool
 // ring. Larger requests go to `large` directly (best fit, split, coalesce; a short mutex).
 // Accounting (when quiescent):
 //   bytes_reserved == sum of segment sizes == bytes_in_use + bytes_cached
-//   bytes_in_use   == sum(acquired_bytes) - sum(released_bytes)  (thread caches + slow path)
+//   bytes_in_use   == sum(acquired_bytes) - sum(deallocated_bytes)  (thread caches + slow path)
 //
 // Lifetime: ThreadCaches are owned by the core and live as long as it does (a cache of an
 // exited thread is kept, empty, and adopted by the next thread that registers), so raw
@@ -83,14 +83,14 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Graph pools (graph_routing.cpp). The public calls test graphs_on and, while it is set,
   // go through these (`key`: kUntagged for the calling thread's calls without a
-  // stream): a request under a capture scope gets the graph pool's block; a release of a
+  // stream): a request under a capture scope gets the graph pool's block; a deallocation of a
   // graph pool's block, or of any block freed under a scope, goes to that pool.
   bool graphs_active() const noexcept { return graphs_on.load(std::memory_order_relaxed); }
   [[gnu::noinline]] void* allocate_with_graphs(std::size_t bytes, std::size_t alignment,
                                                StreamKey key, cudaStream_t stream);
   [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
                                                 cudaStream_t stream) noexcept;
-  // A release without a stream (DevicePool::deallocate, Lease::reset, an ended scope's).
+  // A deallocation without a stream (DevicePool::deallocate, Lease::reset, an ended scope's).
   void deallocate_unstreamed(void* block, std::size_t bytes) noexcept {
     if (graphs_active()) [[unlikely]]
       return deallocate_with_graphs(block, bytes, kUntagged, nullptr);
@@ -102,7 +102,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
     if (!watch_captures || stream == nullptr || stream == cudaStreamLegacy) return 0;
     return fence->capture_of(stream);
   }
-  // A request or release on a stream being captured that no scope routes: the block
+  // A request or deallocation on a stream being captured that no scope routes: the block
   // belongs to that capture's own graph pool for the life of the pool (device_pool.hpp).
   // `id`: unscoped_pool_of(the capture).
   [[gnu::noinline]] void* allocate_captured(std::size_t bytes, std::size_t alignment,
@@ -171,9 +171,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   MpmcRing<void*>* ring_of(std::size_t index) const noexcept {
     return rings[index].load(std::memory_order_acquire);
   }
-  // Creates the class's ring on its first release; null when the class keeps no ring or
+  // Creates the class's ring on its first deallocation; null when the class keeps no ring or
   // the host is out of memory.
-  MpmcRing<void*>* ring_for_release(std::size_t index) noexcept {
+  MpmcRing<void*>* ring_for_deallocate(std::size_t index) noexcept {
     MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
     if (ring != nullptr) [[likely]]
       return ring;
@@ -216,21 +216,21 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   void* serve(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Counts a rejected release and says why on stderr; nothing changes (release_validation.hpp).
-  [[gnu::cold]] void reject_release(const void* block, std::size_t bytes,
-                                    const char* why) noexcept {
+  // Counts a refused deallocation and says why on stderr; nothing changes (release_validation.hpp).
+  [[gnu::cold]] void reject_deallocate(const void* block, std::size_t bytes,
+                                       const char* why) noexcept {
     validation.reject(block, bytes, why);
   }
   // deallocate() after validation.
   void deallocate_valid(void* block, const Request& request) noexcept;
-  // The warm release into `cache` (claimed): room in the bin of class `index` and nothing
+  // The warm deallocation into `cache` (claimed): room in the bin of class `index` and nothing
   // to retag; the claim is let go. False: nothing done, the cache still claimed.
   bool deallocate_to_cache(ThreadCache& cache, void* block, std::size_t index,
                            StreamKey key) noexcept;
-  // A warm release (small) its thread's cache could not take. deallocate_miss_claimed: the
+  // A warm deallocation (small) its thread's cache could not take. deallocate_miss_claimed: the
   // warm path claimed the cache (tl_last.cache), which stays claimed; deallocate_miss: it
   // claimed none. The cache and the class are found again here rather than passed: more
-  // arguments would cost the warm release saved registers on its hit path.
+  // arguments would cost the warm deallocation saved registers on its hit path.
   void deallocate_miss_claimed(void* block, std::size_t bytes, StreamKey key) noexcept;
   void deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Deallocates `block` through `cache` (claimed; null: claimed here, else the slow path) and
@@ -264,7 +264,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // the cache when it may come back there). (large_allocate and large_deallocate: inline into their
   // one caller, pool_core.cpp, the warm large path: no call level of their own.)
   [[gnu::always_inline]] inline void* large_allocate(ThreadCache* cache, const Request& request);
-  // Releases a large block into the holder's cache, else to the tier; false when the block
+  // Deallocates a large block into the holder's cache, else to the tier; false when the block
   // is not this pool's leased block of that size.
   [[gnu::always_inline]] inline bool large_deallocate(ThreadCache& cache, void* block,
                                                       const Request& request) noexcept;
@@ -276,7 +276,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   bool flush_large_caches(ThreadCache* claimed) noexcept;
   bool small_deallocate(ThreadCache* cache, void* block, const Request& request) noexcept;
   // SegmentTier::free() of the request's tier for a thread that claimed `claimed` (or null;
-  // released through its large cache, lease_owner.hpp): only its give-back, which makes
+  // deallocated through its large cache, lease_owner.hpp): only its give-back, which makes
   // upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
   // segment_tier.hpp).
   bool free_to_tier(void* block, const Request& request, ThreadCache* claimed) noexcept;
@@ -313,10 +313,10 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   std::vector<GraphPools::Block> take_graph_returns() noexcept;
   // drain_graph_returns() from inside a request that claimed `claimed` (its cache; null:
   // the caller holds slow_mutex): the blocks go straight to their tiers, counted as
-  // releases of `claimed` (or of the slow path). The out-of-memory retry's, before its trim.
+  // deallocations of `claimed` (or of the slow path). The out-of-memory retry's, before its trim.
   void reclaim_graph_returns(ThreadCache* claimed) noexcept;
-  // The size a graph pool's block is released with: the one that finds its class and tier.
-  std::size_t release_size_of(const GraphPools::Block& block) noexcept;
+  // The size a graph pool's block is deallocated with: the one that finds its class and tier.
+  std::size_t deallocate_size_of(const GraphPools::Block& block) noexcept;
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
@@ -379,9 +379,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // call once the pool is closed. Counters written under slow_mutex.
   std::mutex slow_mutex;
   std::atomic<std::uint64_t> slow_acquires{0};
-  std::atomic<std::uint64_t> slow_releases{0};
+  std::atomic<std::uint64_t> slow_deallocations{0};
   std::atomic<std::uint64_t> slow_acquired_bytes{0};
-  std::atomic<std::uint64_t> slow_released_bytes{0};
+  std::atomic<std::uint64_t> slow_deallocated_bytes{0};
   OrphanedPool orphan;  // guarded by slow_mutex (orphaned_pool.hpp)
 
   // Refused releases, and the leased blocks with validate_releases (release_validation.hpp).
@@ -395,11 +395,11 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // Sleep tags (sleep_tags.hpp); while any exists graphs_on stays raised, so that every call
   // reaches allocate_with_graphs / deallocate_with_graphs, which ask the tags first.
   SleepTags sleep_tags{uid, graph_activity};
-  // A request into `tag` and a release of its block (pool_sleep.cpp): counted as slow-path
+  // A request into `tag` and a deallocation of its block (pool_sleep.cpp): counted as slow-path
   // calls (so that destruction counts tagged blocks as leased).
   void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);
   void tag_deallocate(Tag& tag, void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Tagged blocks freed by a capture into graph pool `id`: held (still live in their tag)
+  // Tagged blocks freed by a capture into graph pool `id`: kept (still live in their tag)
   // until release_graph_pool(id), then released after a device-wide quiesce (none while a
   // capture scope is open: they wait for a later release). False: no host memory to hold it.
   bool hold_for_graph(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
@@ -420,7 +420,7 @@ inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {
 }
 
 inline void DevicePoolCore::end_claim(ThreadCache& cache) noexcept {
-  // The request is honoured before the release of the state word: once kFree is stored,
+  // The request is honoured before the state word is let go: once kFree is stored,
   // close() may take the cache and destroy the pool, so nothing after it may touch them.
   if (cache.flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
     (void)flush_and_end_claim(cache, nullptr);
@@ -472,8 +472,8 @@ inline bool DevicePoolCore::deallocate_to_cache(ThreadCache& cache, void* block,
       (key == cache.tag || key == kUntagged || cached == 0)) [[likely]] {
     if (cached == 0) cache.tag = key;  // an empty cache takes the tag of what it holds
     push_cached(cache, block, index, block_bytes);
-    bump(cache.releases, 1);
-    bump(cache.released_bytes, block_bytes);
+    bump(cache.deallocations, 1);
+    bump(cache.deallocated_bytes, block_bytes);
     end_claim(cache);
     return true;
   }

@@ -130,18 +130,18 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
   // leased blocks is exact.
   std::lock_guard slow(slow_mutex);
   std::uint64_t acquires = slow_acquires.load(std::memory_order_relaxed);
-  std::uint64_t releases = slow_releases.load(std::memory_order_relaxed);
+  std::uint64_t deallocations = slow_deallocations.load(std::memory_order_relaxed);
   std::uint64_t acquired = slow_acquired_bytes.load(std::memory_order_relaxed);
-  std::uint64_t released = slow_released_bytes.load(std::memory_order_relaxed);
+  std::uint64_t deallocated = slow_deallocated_bytes.load(std::memory_order_relaxed);
   for (auto& cache : registry.frozen()) {
     acquires += cache->acquires.load(std::memory_order_relaxed);
-    releases += cache->releases.load(std::memory_order_relaxed);
+    deallocations += cache->deallocations.load(std::memory_order_relaxed);
     acquired += cache->acquired_bytes.load(std::memory_order_relaxed);
-    released += cache->released_bytes.load(std::memory_order_relaxed);
+    deallocated += cache->deallocated_bytes.load(std::memory_order_relaxed);
   }
   trim(0, nullptr, false);
-  blocks = acquires - releases;
-  bytes = acquired - released;
+  blocks = acquires - deallocations;
+  bytes = acquired - deallocated;
   if (blocks == 0) return false;
   orphan.begin(blocks, shared_from_this());
   return true;
