@@ -378,7 +378,7 @@ TEST(DevicePoolLifetime, DestroyWhileOtherThreadsRelease) {
 }  // namespace
 }  // namespace vram::testing
 
-// Stream-ordered release (the header's "When a released block may be handed out again").
+// Stream-ordered deallocation (the header's "When a deallocated block may be handed out again").
 namespace vram::testing {
 namespace {
 
