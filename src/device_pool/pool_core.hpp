@@ -9,13 +9,17 @@
 //                   deallocate is one call into the library, no driver call, no lock.
 //   pool_core.cpp   construction, the slow paths (rings, tiers, growth, out of memory,
 //                   validation) and deallocation after destruction.
-//   pool_trim.cpp   taking cached blocks back: trim() and close().
+//   pool_trim.cpp   taking cached blocks back: trim(), the flush of large caches, close().
 //   pool_stats.cpp  stats().
-//   thread_cache.*  the per-thread cache, its handshake and the thread's directory.
+//   thread_cache.*  the per-thread cache, the owner's side of its handshake and the
+//                   thread's directory.
 //   pool_options.*  what the options decide at construction.
 //   graph_routing.* graph pools: routing under capture scopes (graph_pools.hpp).
-//   request.hpp, quiescer.*, release_validation.*, thread_cache_registry.hpp,
-//   orphaned_pool.hpp: the core's parts, each with its own state.
+//   thread_cache_registry.hpp (every cache, the stealer's side of the handshake),
+//   quiescer.*, release_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_pools.*,
+//   graph_routing.hpp, sleep_tags.*: the core's parts, each with its own private state.
+// The core keeps the options (and what they decide), the upstream, the tiers, the rings,
+// the counters and the flags the warm paths test; all of it private.
 #pragma once
 
 #include <algorithm>
