@@ -79,15 +79,15 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
   while (first_large_class < small_classes && small_block_bytes(first_large_class) <= segment_max) {
     ++first_large_class;
   }
-  registry.set_shape(ThreadCacheRegistry::Shape{
-      .classes = small_classes,
-      .cached_classes =
-          options.thread_cache.blocks == 0 || options.thread_cache.max_block_bytes == 0
-              ? 0
-              : SizeClasses::index_for(std::min(options.thread_cache.max_block_bytes, small_max)) +
-                    1,
-      .depth = options.thread_cache.blocks,
-      .large_from_start = options.thread_cache.large_from_start});
+  const std::size_t cached_classes =
+      options.thread_cache.blocks == 0 || options.thread_cache.max_block_bytes == 0
+          ? 0
+          : SizeClasses::index_for(std::min(options.thread_cache.max_block_bytes, small_max)) + 1;
+  registry.set_shape(
+      ThreadCacheRegistry::Shape{.classes = small_classes,
+                                 .cached_classes = cached_classes,
+                                 .depth = options.thread_cache.blocks,
+                                 .large_from_start = options.thread_cache.large_from_start});
   for (std::size_t index = 0; index < small_classes; ++index) {
     block_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
   }
