@@ -188,7 +188,7 @@ bool DevicePoolCore::graph_deallocate_owned(void* block) noexcept {
         if (graph_pools.closed()) drain_graph_returns();
         return true;
       case GraphPools::Deallocation::double_free:
-        reject_deallocate(block, 0, "a free block of a graph pool, released already");
+        reject_deallocate(block, 0, "a free block of a graph pool, deallocated already");
         return true;
       case GraphPools::Deallocation::not_ours:
         return false;
@@ -340,9 +340,9 @@ void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexce
     return core->deallocate_unstreamed(block, bytes);
   }
   std::fprintf(stderr,
-               "vram::DevicePool::CaptureScope::deallocate: %p was not released: the scope "
+               "vram::DevicePool::CaptureScope::deallocate: %p was not deallocated: the scope "
                "names no live pool (moved from, never opened, or ended with its pool destroyed "
-               "and every block of it released already). Fix: release it through the "
+               "and every block of it deallocated already). Fix: deallocate it through the "
                "DevicePool or the scope it was moved to.\n",
                block);
 }

@@ -16,7 +16,7 @@ namespace {
 
 std::atomic<std::uint64_t> next_pool_uid{1};
 constexpr const char* kNotLive =
-    "the pool has no block leased at that address and size (released already, on this or "
+    "the pool has no block leased at that address and size (deallocated already, on this or "
     "another thread; a foreign pointer; or another size)";
 
 }  // namespace

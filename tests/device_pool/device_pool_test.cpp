@@ -44,7 +44,7 @@ TEST(DevicePool, DoubleReleaseIsRejectedAndCounted) {
   ::testing::internal::CaptureStderr();
   pool.deallocate(block, 4096);
   const std::string message = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(message.find("double release"), std::string::npos) << message;
+  EXPECT_NE(message.find("double deallocation"), std::string::npos) << message;
   EXPECT_EQ(pool.stats().invalid_releases, 1U);
   // The block was cached once, not twice: two acquires give two different blocks.
   void* a = pool.allocate(4096);
