@@ -10,9 +10,9 @@
 //   void* raw = pool.allocate(4096);           // raw form, CCCL cuda::mr::resource style
 //   pool.deallocate(raw, 4096);
 //
-// When a released block may be handed out again
-//   deallocate() / a Lease's return: at once, to any caller. Release means "no work uses
-//   this block any more"; a block still used by queued GPU work must not be released that
+// When a deallocated block may be handed out again
+//   deallocate() / a Lease's return: at once, to any caller. Deallocating means "no work uses
+//   this block any more"; a block still used by queued GPU work must not be deallocated that
 //   way (give its lease to a vram::PendingWork, or use deallocate_async).
 //   deallocate_async(block, bytes, S): at once to later allocate_async(..., S) calls (stream
 //   order on S makes that safe); to any other stream, or to allocate(), only after the work
@@ -79,34 +79,34 @@
 //   nothing allocated (whatever alignment the upstream promises: blocks are 256-byte
 //   aligned; an upstream that promises less than 256 is refused at construction, and one
 //   that returns null gives vram::OutOfMemory). Above 1 TiB: vram::OutOfMemory. Null
-//   release: no-op. A moved-from pool: allocate, acquire and allocate_async throw
-//   vram::InvalidArgument; releases, trim and reset_peak do nothing (the block stays leased
+//   deallocation: no-op. A moved-from pool: allocate, acquire and allocate_async throw
+//   vram::InvalidArgument; deallocations, trim and reset_peak do nothing (the block stays leased
 //   from the pool it was moved to); stats() is all zero.
-//   Foreign pointer, double release or wrong size: with validate_releases (default in
-//   debug builds) the release is rejected with a message on stderr and counted in
-//   invalid_releases, and nothing is cached; without it (release builds) a release under a
+//   Foreign pointer, double deallocation or wrong size: with validate_releases (default in
+//   debug builds) the deallocation is rejected with a message on stderr and counted in
+//   invalid_releases, and nothing is cached; without it (release builds) a deallocation under a
 //   large size (above small_block_max_bytes) of a block unknown to the large tier, of one
-//   allocated with another size (rounded to 512 bytes), or of one released already (on
-//   this or any other thread, before this release began) is still rejected, said on stderr
+//   allocated with another size (rounded to 512 bytes), or of one deallocated already (on
+//   this or any other thread, before this deallocation began) is still rejected, said on stderr
 //   and counted, but a small one is undefined behaviour: it would be cached and handed out
-//   again. Without validate_releases, two releases of one block that race each other on two
-//   threads are undefined, and a second release after another request got the same block
-//   at the same size is taken for a release of that request's block. A release of zero bytes, or of
-//   more than 1 TiB, is rejected, said and counted whatever the options. cudaDeviceReset()
-//   invalidates every cached block, and the warm path (no driver call) cannot notice: destroy the
-//   pool before a reset (with segments, trim(0) before it also works; a virtual-memory large tier
-//   keeps its reserved address range after trim(0)). Destroying the pool with blocks still leased:
-//   the cache is freed, a warning names the bytes still leased, and the pool's bookkeeping stays
-//   alive until the last of them is released (each then goes straight back to the upstream), so no
-//   lease dangles. Destruction may race releases on other threads: it closes every thread cache
-//   (waiting for calls in progress), after which all calls are serialised by a pool mutex, so the
-//   count of leased blocks is exact and every block reaches the upstream exactly once
-//   (tests/device_pool_test.cpp DevicePoolLifetime.*, run under ASan and TSan). A release
-//   of a graph pool's block keeps the pool's bookkeeping alive until it returns.
-//   Allocating from a pool while another thread destroys it is undefined.
+//   again. Without validate_releases, two deallocations of one block that race each other on two
+//   threads are undefined, and a second deallocation after another request got the same block
+//   at the same size is taken for a deallocation of that request's block. A deallocation of zero
+//   bytes, or of more than 1 TiB, is rejected, said and counted whatever the options.
+//   cudaDeviceReset() invalidates every cached block, and the warm path (no driver call) cannot
+//   notice: destroy the pool before a reset (with segments, trim(0) before it also works; a
+//   virtual-memory large tier keeps its reserved address range after trim(0)). Destroying the pool
+//   with blocks still leased: the cache is freed, a warning names the bytes still leased, and the
+//   pool's bookkeeping stays alive until the last of them is deallocated (each then goes straight
+//   back to the upstream), so no lease dangles. Destruction may race deallocations on other
+//   threads: it closes every thread cache (waiting for calls in progress), after which all calls
+//   are serialised by a pool mutex, so the count of leased blocks is exact and every block reaches
+//   the upstream exactly once (tests/device_pool_test.cpp DevicePoolLifetime.*, run under ASan and
+//   TSan). A deallocation of a graph pool's block keeps the pool's bookkeeping alive until it
+//   returns. Allocating from a pool while another thread destroys it is undefined.
 //
 // Counters are per thread, written with plain stores by their owner and summed by
-// stats(), which is exact when no acquire or release runs at the same moment.
+// stats(), which is exact when no allocation or deallocation runs at the same moment.
 // peak_bytes_in_use is kept only with Options::track_peak_in_use (one shared atomic add
 // per call; exact, including concurrent calls).
 #pragma once
@@ -131,7 +131,7 @@
 namespace vram {
 
 namespace detail {
-struct DevicePoolCore;
+class DevicePoolCore;
 }
 
 struct DevicePoolStats {
@@ -154,7 +154,7 @@ struct DevicePoolStats {
   std::uint64_t stream_quiesces = 0;
   std::uint64_t stream_marker_wants = 0;
   std::uint64_t invalid_releases = 0;  // rejected by validate_releases
-  std::size_t bytes_in_use = 0;        // block bytes handed out (block_bytes()) and not released
+  std::size_t bytes_in_use = 0;        // block bytes handed out (block_bytes()) and not deallocated
   std::size_t bytes_cached = 0;        // reserved and not in use: caches, rings, free ranges
   std::size_t bytes_cached_in_threads = 0;
   std::size_t bytes_cached_in_rings = 0;
@@ -230,7 +230,7 @@ struct DevicePoolOptions {
     // again (at most 32 blocks); flushed to the large tier before any tier grows, before an
     // out-of-memory retry, on trim() and at thread exit. 0 turns it off.
     // By default a thread starts caching large blocks once it has met other threads on the
-    // large tier (its mutex found held): a thread alone places blocks exactly as without the
+    // large tier (its mutex found locked): a thread alone places blocks exactly as without the
     // cache. large_from_start: from its first call.
     std::size_t large_bytes = std::size_t{256} << 20;
     bool large_from_start = false;
@@ -365,8 +365,8 @@ class DevicePool {
                   std::size_t alignment = kDefaultAlignment) noexcept;
   [[nodiscard]] Lease acquire(std::size_t bytes);
 
-  // Stream-ordered forms (see "When a released block may be handed out again"). Blocks
-  // from either allocate form may be released with either deallocate form.
+  // Stream-ordered forms (see "When a deallocated block may be handed out again"). Blocks
+  // from either allocate form may be deallocated with either deallocate form.
   // cudaStreamPerThread is the calling thread's own stream: a block freed on it is taken
   // by another thread's cudaStreamPerThread only after a stream marker (recorded on the legacy
   // default stream). The null stream is the legacy default stream, one for all threads.
@@ -424,7 +424,7 @@ class DevicePool {
   // a graph's use: called more often than capture_into was (while a scope is open, its
   // own use stays), it is refused, said on stderr, counted in invalid_releases and changes
   // nothing.
-  // Destroying the pool while a scope is open: the scope stays safe to end (and to release
+  // Destroying the pool while a scope is open: the scope stays safe to end (and to deallocate
   // through); the graph pools' memory goes back when it ends.
   using GraphPoolId = std::uint64_t;
   class CaptureScope {
@@ -440,17 +440,17 @@ class DevicePool {
     // A block of the scope's pool (reused, or new from the shared tiers).
     [[nodiscard]] void* allocate(std::size_t bytes);
     // `block` becomes a free block of the scope's pool (a graph pool's block goes back to
-    // its own pool); after end(), an ordinary release (DevicePool::deallocate's), also
+    // its own pool); after end(), an ordinary deallocation (DevicePool::deallocate's), also
     // after the pool was destroyed while blocks are leased (an ended scope does not keep
     // the pool's bookkeeping alive). A moved-from or default scope, or an ended one whose
-    // pool is gone with every block released, releases nothing and says so on stderr.
+    // pool is gone with every block deallocated, deallocates nothing and says so on stderr.
     void deallocate(void* block, std::size_t bytes) noexcept;
 
    private:
     friend class DevicePool;
     CaptureScope(std::shared_ptr<detail::DevicePoolCore> core, GraphPoolId pool) noexcept;
     std::shared_ptr<detail::DevicePoolCore> core_;  // while open
-    std::weak_ptr<detail::DevicePoolCore> ended_;   // after end(): releases go on
+    std::weak_ptr<detail::DevicePoolCore> ended_;   // after end(): deallocations go on
     GraphPoolId pool_ = 0;
   };
   static GraphPoolId new_graph_pool() noexcept;
@@ -465,7 +465,7 @@ class DevicePool {
   // Sleep and wake (vram/sleep_tag.hpp: where a tag's memory comes from, the ordering of
   // sleep and wake, the misuse rules). A pool whose large tier runs over virtual memory only.
   // While any tag exists every call of the pool leaves its warm path (as while a graph pool
-  // exists): a release asks which tag's range holds the block.
+  // exists): a deallocation asks which tag's range holds the block.
   //   create_tag: a new tag named `name` (unique in the pool); throws vram::InvalidArgument.
   //   tag_scope: until the scope ends (on the thread that opened it), this thread's requests
   //     to this pool (allocate, acquire, allocate_async; also under a capture scope: a graph

@@ -50,7 +50,7 @@ const char* barrier_mode_name(BarrierMode mode) noexcept {
     case BarrierMode::membarrier:
       return "membarrier";
     case BarrierMode::full_barrier:
-      return "fence";
+      return "full barrier";
     case BarrierMode::seq_cst:
       return "seq_cst (TSan)";
   }

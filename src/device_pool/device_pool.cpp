@@ -193,8 +193,7 @@ void DevicePool::reset_peak() noexcept {
   if (!core_) return;
   core_->gauge.peak.store(core_->gauge.reserved.load(std::memory_order_relaxed),
                           std::memory_order_relaxed);
-  core_->in_use_peak.store(core_->in_use_now.load(std::memory_order_relaxed),
-                           std::memory_order_relaxed);
+  core_->in_use.reset();
 }
 
 namespace {

@@ -64,14 +64,14 @@ bool GraphPools::adopt(Id id, Block block) {
   return true;
 }
 
-GraphPools::Release GraphPools::deallocate(void* pointer) {
+GraphPools::Deallocation GraphPools::deallocate(void* pointer) {
   std::lock_guard lock(mutex_);
   auto found = owner_.find(pointer);
-  if (found == owner_.end()) return Release::not_ours;
+  if (found == owner_.end()) return Deallocation::not_ours;
   Owner& owner = found->second;
   if (!owner.live) {
     ++double_frees_;
-    return Release::double_free;
+    return Deallocation::double_free;
   }
   Pool& pool = by_id_.at(owner.pool);
   pool.free.emplace(owner.bytes, pointer);  // first: it may throw, and nothing changed yet
@@ -79,7 +79,7 @@ GraphPools::Release GraphPools::deallocate(void* pointer) {
   --pool.live_blocks;
   pool.live_bytes -= owner.bytes;
   retire_if_unused(owner.pool);
-  return Release::returned;
+  return Deallocation::returned;
 }
 
 std::size_t GraphPools::claim(Id id, const void* pointer) {

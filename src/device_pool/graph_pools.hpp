@@ -47,7 +47,7 @@ class GraphPools {
     void* pointer = nullptr;
     std::size_t bytes = 0;
   };
-  enum class Release { not_ours, returned, double_free };
+  enum class Deallocation { not_ours, returned, double_free };
   struct Stats {
     std::size_t pools = 0;       // pools with a use open or memory held
     std::size_t held_bytes = 0;  // live and free bytes of every pool
@@ -74,7 +74,7 @@ class GraphPools {
   // the block.
   bool adopt(Id id, Block block);
   // A freed block: back to its pool when it is a graph pool's.
-  Release deallocate(void* pointer);
+  Deallocation deallocate(void* pointer);
   // The free block at `pointer` of pool `id`, live again (a checkpoint of the pool's live
   // blocks restored); its bytes, or 0 (nothing changed) when it is no free block of `id`.
   std::size_t claim(Id id, const void* pointer);

@@ -1,5 +1,5 @@
 // DevicePool's graph routing (graph_routing.hpp): the capture routes, then requests and
-// releases routed by them to graph-private pools (graph_pools.hpp), and their memory back
+// deallocations routed by them to graph-private pools (graph_pools.hpp), and their memory back
 // to the shared tiers once a pool is done.
 //
 // Rules:
@@ -11,7 +11,7 @@
 // - Blocks a graph pool gave up rejoin the shared tiers only in drain_graph_returns(),
 //   after a device synchronize (a launch of the graph may still run), and only while no
 //   capture scope is open (a synchronize during a capture invalidates it): on
-//   release_graph_pool, trim and destruction, never inside a release.
+//   release_graph_pool, trim and destruction, never inside a deallocation.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -178,19 +178,19 @@ bool DevicePoolCore::graph_deallocate_owned(void* block) noexcept {
   if (block == nullptr) return true;
   if (!graph_pools.may_own(block)) return false;  // no mutex: the filter says no graph block
   // The block is leased until deallocate() files it pending, so the core is alive here; once
-  // it is pending another thread's drain may release it, and with it the pool's last lease
+  // it is pending another thread's drain may deallocate it, and with it the pool's last lease
   // (pool_core.hpp, Lifetime): this call keeps the core alive until it returns.
   const std::shared_ptr<DevicePoolCore> pin = weak_from_this().lock();
   try {
     switch (graph_pools.deallocate(block)) {
-      case GraphPools::Release::returned:
+      case GraphPools::Deallocation::returned:
         // After the owner's destruction nothing else drains: a live block's return does.
         if (graph_pools.closed()) drain_graph_returns();
         return true;
-      case GraphPools::Release::double_free:
-        reject_release(block, 0, "a free block of a graph pool, released already");
+      case GraphPools::Deallocation::double_free:
+        reject_deallocate(block, 0, "a free block of a graph pool, deallocated already");
         return true;
-      case GraphPools::Release::not_ours:
+      case GraphPools::Deallocation::not_ours:
         return false;
     }
   } catch (...) {
@@ -207,7 +207,7 @@ bool DevicePoolCore::graph_adopt_freed(GraphPools::Id id, void* block, std::size
     // Freed during a capture: captured work may use it at every launch. It becomes a free
     // block of the capture's pool (refused when the pool has no use: then the ordinary path).
     if (!graph_pools.adopt(id, {block, block_bytes(bytes)})) return false;
-    return graph_pools.deallocate(block) == GraphPools::Release::returned;
+    return graph_pools.deallocate(block) == GraphPools::Deallocation::returned;
   } catch (...) {
     return true;  // as in graph_deallocate_owned: kept out of every tier
   }
@@ -238,34 +238,34 @@ std::vector<GraphPools::Block> DevicePoolCore::take_graph_returns() noexcept {
 
 void DevicePoolCore::drain_graph_returns() noexcept {
   for (const GraphPools::Block& block : take_graph_returns()) {
-    deallocate(block.pointer, release_size_of(block), kUntagged);
+    deallocate(block.pointer, deallocate_size_of(block), kUntagged);
   }
 }
 
-std::size_t DevicePoolCore::release_size_of(const GraphPools::Block& block) noexcept {
+std::size_t DevicePoolCore::deallocate_size_of(const GraphPools::Block& block) noexcept {
   // A small class's block bytes may pass small_max (a small_max between two classes): such
-  // a block of the small tier is released as the largest small request, which has its class.
+  // a block of the small tier is deallocated as the largest small request, which has its class.
   return block.bytes > small_max && small.owns(block.pointer) ? small_max : block.bytes;
 }
 
 void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
   for (const GraphPools::Block& block : take_graph_returns()) {
     // block.bytes: block_bytes() of the request, what its acquire counted.
-    const Request request = request_of(release_size_of(block), kUntagged);
+    const Request request = request_of(deallocate_size_of(block), kUntagged);
     const bool known = request.tier->free(block.pointer, kUntagged, block.bytes);
     if (!known) {
-      reject_release(block.pointer, block.bytes, "a graph pool's block the tiers do not know");
+      reject_deallocate(block.pointer, block.bytes, "a graph pool's block the tiers do not know");
       continue;
     }
     if (options.validate_releases) {
       validation.forget(block.pointer);
     }
     if (claimed != nullptr) {
-      bump(claimed->releases, 1);
-      bump(claimed->released_bytes, block.bytes);
+      bump(claimed->deallocations, 1);
+      bump(claimed->deallocated_bytes, block.bytes);
     } else {
-      bump(slow_releases, 1);
-      bump(slow_released_bytes, block.bytes);
+      bump(slow_deallocations, 1);
+      bump(slow_deallocated_bytes, block.bytes);
     }
     if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(block.bytes));
   }
@@ -294,7 +294,7 @@ DevicePool::CaptureScope& DevicePool::CaptureScope::operator=(CaptureScope&& oth
 
 void DevicePool::CaptureScope::end() noexcept {
   if (!core_) return;
-  // Kept alive until the end of this call (the drain may release the last lease of a
+  // Kept alive until the end of this call (the drain may deallocate the last lease of a
   // destroyed pool); from then on only watched.
   const std::shared_ptr<detail::DevicePoolCore> core = std::move(core_);
   ended_ = core;
@@ -303,7 +303,7 @@ void DevicePool::CaptureScope::end() noexcept {
     (void)core->graph_pools.release(pool_, detail::GraphPools::Use::scope);
   }
   // Memory graph pools gave up waits for a moment with no scope open (graph_routing.cpp):
-  // this may be one. After the pool's destruction it is the last: the drain releases the
+  // this may be one. After the pool's destruction it is the last: the drain deallocates the
   // pool's leases.
   core->drain_graph_returns();
 }
@@ -335,14 +335,14 @@ void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexce
     if (core_->graph_deallocate_into(pool_, block, bytes)) return;
     return core_->deallocate(block, bytes, detail::kUntagged);
   }
-  // Ended: an ordinary release, as DevicePool::deallocate makes it.
+  // Ended: an ordinary deallocation, as DevicePool::deallocate makes it.
   if (const std::shared_ptr<detail::DevicePoolCore> core = ended_.lock()) {
     return core->deallocate_unstreamed(block, bytes);
   }
   std::fprintf(stderr,
-               "vram::DevicePool::CaptureScope::deallocate: %p was not released: the scope "
+               "vram::DevicePool::CaptureScope::deallocate: %p was not deallocated: the scope "
                "names no live pool (moved from, never opened, or ended with its pool destroyed "
-               "and every block of it released already). Fix: release it through the "
+               "and every block of it deallocated already). Fix: deallocate it through the "
                "DevicePool or the scope it was moved to.\n",
                block);
 }

@@ -33,14 +33,14 @@
 //
 // Validation without the tier's mutex (release builds, no validate_releases): the record
 // (`leases_`) holds the blocks this thread got from the tier, with their rounded size and
-// whether they are cached now. A release on this thread is cached only when the record
-// says the block is leased at that size; a block recorded as cached is a double release
+// whether they are cached now. A deallocation on this thread is cached only when the record
+// says the block is leased at that size; a block recorded as cached is a double deallocation
 // (rejected); a size that differs, or a block not recorded, goes to the tier, which
 // decides as before. The tier files this cache as the owner of each block it hands out
-// here (lease_owner.hpp): a release of such a block on any other path is checked against
-// the cached blocks (a double release there is rejected too) and revokes that block's
+// here (lease_owner.hpp): a deallocation of such a block on any other path is checked against
+// the cached blocks (a double deallocation there is refused too) and revokes that block's
 // record, so a record is never trusted after its block left by another path. When the record is
-// full the leased entries are forgotten (their releases then go through the tier); cached
+// full the leased entries are forgotten (their deallocations then go through the tier); cached
 // ones stay.
 //
 // Not thread-safe: touched only under the owning ThreadCache's handshake
@@ -66,7 +66,7 @@ class LargeBlockCache : public LeaseOwner {
     std::size_t bytes = 0;  // the tier's rounded size
     StreamKey tag = kUntagged;
   };
-  enum class Put { cached, double_release, to_tier, no_room };
+  enum class Put { cached, double_deallocate, to_tier, no_room };
 
   // Whether this cache keeps blocks (see above).
   bool active() const noexcept { return active_; }
@@ -113,11 +113,11 @@ class LargeBlockCache : public LeaseOwner {
     leases_[i] = Lease{block, bytes, false};
     ++leases_used_;
   }
-  // A release on this thread of `block` (rounded size `bytes`, at most `cap`) on `key`:
-  // cached; a double release; for the tier (then no longer recorded here); or no room
-  // (nothing changed: make room with give_oldest() and put it again).
+  // A deallocation on this thread of `block` (rounded size `bytes`, at most `cap`) on `key`:
+  // cached; a double deallocation; for the tier (then no longer recorded here); or no room
+  // (nothing changed: make room with free_oldest() and put it again).
   Put put(void* block, std::size_t bytes, StreamKey key, std::size_t cap) noexcept {
-    // Records of blocks released elsewhere since (lease_owner.hpp) go first: their blocks
+    // Records of blocks deallocated elsewhere since (lease_owner.hpp) go first: their blocks
     // may be another request's now.
     read_mail([this] { forget_leased(); },
               [this](const void* revoked) {
@@ -125,7 +125,7 @@ class LargeBlockCache : public LeaseOwner {
               });
     Lease* lease = find(block);
     if (lease == nullptr) return Put::to_tier;
-    if (lease->cached) return Put::double_release;
+    if (lease->cached) return Put::double_deallocate;
     if (lease->bytes != bytes) {
       erase(lease);
       return Put::to_tier;
@@ -140,14 +140,14 @@ class LargeBlockCache : public LeaseOwner {
   bool has_room(std::size_t bytes, std::size_t cap) const noexcept {
     return count_ < kMaxCached && cached_bytes_.load(std::memory_order_relaxed) + bytes <= cap;
   }
-  // The oldest cached block to `give(const Cached&)` (the tier's free), then out of the
+  // The oldest cached block to `to_tier(const Cached&)` (the tier's free), then out of the
   // cache (its record dropped; its slot cleared only now: lease_owner.hpp); false when none
   // is cached.
-  template <class Give>
-  bool give_oldest(Give give) noexcept {
+  template <class ToTier>
+  bool free_oldest(ToTier to_tier) noexcept {
     if (count_ == 0) return false;
     const Cached out = entry(0);
-    give(out);
+    to_tier(out);
     for (std::size_t i = 1; i < count_; ++i) set(i - 1, entry(i));  // downwards (LeaseOwner)
     --count_;
     slots_[count_].store(nullptr, std::memory_order_release);
@@ -156,10 +156,10 @@ class LargeBlockCache : public LeaseOwner {
     if (Lease* lease = find(out.block)) erase(lease);
     return true;
   }
-  // Every cached block to `give`, oldest first.
-  template <class Give>
-  void drain(Give give) noexcept {
-    while (give_oldest(give)) {
+  // Every cached block to `to_tier`, oldest first.
+  template <class ToTier>
+  void drain(ToTier to_tier) noexcept {
+    while (free_oldest(to_tier)) {
     }
   }
   std::size_t cached_count() const noexcept { return count_; }
@@ -204,7 +204,7 @@ class LargeBlockCache : public LeaseOwner {
     leases_[hole] = Lease{};
     --leases_used_;
   }
-  // Drops every leased (not cached) record; their releases then go through the tier.
+  // Drops every leased (not cached) record; their deallocations then go through the tier.
   void forget_leased() noexcept {
     std::array<Cached, kMaxCached> keep{};
     for (std::size_t i = 0; i < count_; ++i) keep[i] = entry(i);

@@ -16,7 +16,7 @@ namespace {
 
 std::atomic<std::uint64_t> next_pool_uid{1};
 constexpr const char* kNotLive =
-    "the pool has no block leased at that address and size (released already, on this or "
+    "the pool has no block leased at that address and size (deallocated already, on this or "
     "another thread; a foreign pointer; or another size)";
 
 }  // namespace
@@ -79,10 +79,15 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
   while (first_large_class < small_classes && small_block_bytes(first_large_class) <= segment_max) {
     ++first_large_class;
   }
-  thread_cache_classes =
+  const std::size_t cached_classes =
       options.thread_cache.blocks == 0 || options.thread_cache.max_block_bytes == 0
           ? 0
           : SizeClasses::index_for(std::min(options.thread_cache.max_block_bytes, small_max)) + 1;
+  registry.set_shape(
+      ThreadCacheRegistry::Shape{.classes = small_classes,
+                                 .cached_classes = cached_classes,
+                                 .depth = options.thread_cache.blocks,
+                                 .large_from_start = options.thread_cache.large_from_start});
   for (std::size_t index = 0; index < small_classes; ++index) {
     block_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
   }
@@ -116,7 +121,7 @@ DevicePoolCore::~DevicePoolCore() {
 
 void DevicePoolCore::serve_want(StreamKey key) noexcept {
   if (!wants.take(key)) return;  // another key's bit, or another call on it took the want
-  // One marker per tier that holds the stream's ranges, recorded with no tier mutex held.
+  // One marker per tier that holds the stream's ranges, recorded with no tier mutex locked.
   // mark_frees() before the record: a free that reaches a tier after the mark (on another
   // thread) may be used by work queued after the marker, so it keeps its tag.
   for (SegmentTier* tier : {&small, &large}) {
@@ -241,15 +246,15 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);
-      auto give = [this, &cache](const LargeBlockCache::Cached& oldest) {
+      auto to_tier = [this, &cache](const LargeBlockCache::Cached& oldest) {
         (void)large.free(oldest.block, oldest.tag, oldest.bytes, &cache.large);
       };
-      while (!cache.large.has_room(need, cap) && cache.large.give_oldest(give)) {
+      while (!cache.large.has_room(need, cap) && cache.large.free_oldest(to_tier)) {
       }
       put = cache.large.put(block, need, request.key, cap);
     }
     if (put == LargeBlockCache::Put::cached) return true;
-    if (put == LargeBlockCache::Put::double_release) return false;
+    if (put == LargeBlockCache::Put::double_deallocate) return false;
   }
   const bool known = free_to_tier(block, request, &cache);
   cache.large.note_contentions(large.contentions());
@@ -290,18 +295,12 @@ bool DevicePoolCore::small_deallocate(ThreadCache* cache, void* block,
     return true;
   }
   if (key == kUntagged) {
-    if (MpmcRing<void*>* ring = ring_for_release(index); ring != nullptr && ring->try_push(block)) {
+    if (MpmcRing<void*>* ring = ring_for_deallocate(index);
+        ring != nullptr && ring->try_push(block)) {
       return true;
     }
   }
   return free_to_tier(block, request, cache);
-}
-
-void DevicePoolCore::note_in_use(std::int64_t delta) noexcept {
-  const std::int64_t now = in_use_now.fetch_add(delta, std::memory_order_relaxed) + delta;
-  std::int64_t peak = in_use_peak.load(std::memory_order_relaxed);
-  while (now > peak && !in_use_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-  }
 }
 
 [[gnu::noinline, gnu::cold]] void DevicePoolCore::reject_request(std::size_t bytes,
@@ -374,9 +373,9 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
 [[gnu::noinline]] void DevicePoolCore::deallocate_checked(void* block, std::size_t bytes,
                                                           StreamKey key) noexcept {
   if (block == nullptr) return;
-  if (bytes == 0) return reject_release(block, bytes, "zero bytes (no block has zero bytes)");
+  if (bytes == 0) return reject_deallocate(block, bytes, "zero bytes (no block has zero bytes)");
   if (bytes > SizeClasses::kMaxBytes) {
-    return reject_release(block, bytes, "more bytes than the largest block (1 TiB)");
+    return reject_deallocate(block, bytes, "more bytes than the largest block (1 TiB)");
   }
   const Request request = request_of(bytes, key);
   if (options.validate_releases && !validation.check(block, request.block_bytes)) return;
@@ -410,19 +409,19 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
     const bool known = request.small ? small_deallocate(cache, block, request)
                                      : large_deallocate(*cache, block, request);
     if (known) [[likely]] {
-      bump(cache->releases, 1);
-      bump(cache->released_bytes, block_bytes);
+      bump(cache->deallocations, 1);
+      bump(cache->deallocated_bytes, block_bytes);
     }
     end_claim(*cache);
     if (!known) {
-      reject_release(block, request.bytes, kNotLive);
+      reject_deallocate(block, request.bytes, kNotLive);
     } else if (track) {
       note_in_use(-static_cast<std::int64_t>(block_bytes));
     }
     return;
   }
-  // Slow path. When orphaned, the last release drops the self-reference after the lock is
-  // released (declared first, destroyed last): that may destroy *this.
+  // Slow path. When orphaned, the last deallocation drops the self-reference after the lock
+  // is unlocked (declared first, destroyed last): that may destroy *this.
   std::shared_ptr<DevicePoolCore> last;
   std::lock_guard lock(slow_mutex);
   bool known = true;
@@ -434,9 +433,9 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
     small.trim(0, false);  // give wholly free segments straight back
     large.trim(0, false);
   }
-  if (!known) return reject_release(block, request.bytes, kNotLive);
-  bump(slow_releases, 1);
-  bump(slow_released_bytes, block_bytes);
+  if (!known) return reject_deallocate(block, request.bytes, kNotLive);
+  bump(slow_deallocations, 1);
+  bump(slow_deallocated_bytes, block_bytes);
   if (track) note_in_use(-static_cast<std::int64_t>(block_bytes));
   if (orphan.active()) last = orphan.block_returned();
 }

@@ -8,14 +8,18 @@
 //   pool_core.hpp   the core's layout and its warm paths, inline: a warm allocate or
 //                   deallocate is one call into the library, no driver call, no lock.
 //   pool_core.cpp   construction, the slow paths (rings, tiers, growth, out of memory,
-//                   validation) and release after destruction.
-//   pool_trim.cpp   taking cached blocks back: trim() and close().
+//                   validation) and deallocation after destruction.
+//   pool_trim.cpp   taking cached blocks back: trim(), the flush of large caches, close().
 //   pool_stats.cpp  stats().
-//   thread_cache.*  the per-thread cache, its handshake and the thread's directory.
+//   thread_cache.*  the per-thread cache, the owner's side of its handshake and the
+//                   thread's directory.
 //   pool_options.*  what the options decide at construction.
 //   graph_routing.* graph pools: routing under capture scopes (graph_pools.hpp).
-//   request.hpp, quiescer.*, release_validation.*, thread_cache_registry.hpp,
-//   orphaned_pool.hpp: the core's parts, each with its own state.
+//   thread_cache_registry.hpp (every cache, the stealer's side of the handshake),
+//   quiescer.*, release_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_pools.*,
+//   graph_routing.hpp, sleep_tags.*: the core's parts, each with its own private state.
+// The core keeps the options (and what they decide), the upstream, the tiers, the rings,
+// the counters and the flags the warm paths test; all of it private.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +36,7 @@
 
 #include "graph_pools.hpp"
 #include "graph_routing.hpp"
+#include "in_use_peak.hpp"
 #include "orphaned_pool.hpp"
 #include "quiescer.hpp"
 #include "release_validation.hpp"
@@ -48,7 +53,7 @@
 
 namespace vram::detail {
 
-// A class's ring is made whole on its first release (16 bytes a cell): with
+// A class's ring is made whole on its first deallocation (16 bytes a cell): with
 // max_cached_blocks_per_class unbounded it would be max_cached_bytes / 256 cells (256 MiB
 // of host memory for the smallest class at the default 4 GiB). Beyond this depth blocks
 // wait in the segments, as free ranges, instead.
@@ -62,17 +67,80 @@ static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePool
 // ring. Larger requests go to `large` directly (best fit, split, coalesce; a short mutex).
 // Accounting (when quiescent):
 //   bytes_reserved == sum of segment sizes == bytes_in_use + bytes_cached
-//   bytes_in_use   == sum(acquired_bytes) - sum(released_bytes)  (thread caches + slow path)
+//   bytes_in_use   == sum(acquired_bytes) - sum(deallocated_bytes)  (thread caches + slow path)
 //
 // Lifetime: ThreadCaches are owned by the core and live as long as it does (a cache of an
 // exited thread is kept, empty, and adopted by the next thread that registers), so raw
 // pointers to them stay valid. The core lives while the DevicePool handle lives, and after
 // that while blocks are still leased (orphaned_pool.hpp), see close().
-struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
+class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
+ public:
   // Throws vram::InvalidArgument for a null upstream, one that aligns below 256 bytes, and
   // options that pool_options.hpp refuses.
   DevicePoolCore(std::shared_ptr<Upstream> upstream_in, const DevicePool::Options& options_in);
   ~DevicePoolCore();
+
+  // The calls of the public handle's own helpers (device_pool.cpp) and of the thread's
+  // directory (thread_cache.cpp). Everything else is private; the handle and its capture
+  // scope are friends (device_pool.cpp, graph_routing.cpp, pool_sleep.cpp).
+  void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
+  void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
+  // Graph pools (graph_routing.cpp). The public calls test graphs_on and, while it is set,
+  // go through these (`key`: kUntagged for the calling thread's calls without a
+  // stream): a request under a capture scope gets the graph pool's block; a deallocation of a
+  // graph pool's block, or of any block freed under a scope, goes to that pool.
+  bool graphs_active() const noexcept { return graphs_on.load(std::memory_order_relaxed); }
+  [[gnu::noinline]] void* allocate_with_graphs(std::size_t bytes, std::size_t alignment,
+                                               StreamKey key, cudaStream_t stream);
+  [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
+                                                cudaStream_t stream) noexcept;
+  // A deallocation without a stream (DevicePool::deallocate, Lease::reset, an ended scope's).
+  void deallocate_unstreamed(void* block, std::size_t bytes) noexcept {
+    if (graphs_active()) [[unlikely]]
+      return deallocate_with_graphs(block, bytes, kUntagged, nullptr);
+    deallocate(block, bytes, kUntagged);
+  }
+  // The capture `stream` is in (0: none; the legacy stream is never captured, and with
+  // watch_captures off nothing is asked). One driver query (StreamFence::capture_of).
+  std::uint64_t capture_of(cudaStream_t stream) noexcept {
+    if (!watch_captures || stream == nullptr || stream == cudaStreamLegacy) return 0;
+    return fence->capture_of(stream);
+  }
+  // A request or deallocation on a stream being captured that no scope routes: the block
+  // belongs to that capture's own graph pool for the life of the pool (device_pool.hpp).
+  // `id`: unscoped_pool_of(the capture).
+  [[gnu::noinline]] void* allocate_captured(std::size_t bytes, std::size_t alignment,
+                                            GraphPools::Id id);
+  [[gnu::noinline]] void deallocate_captured(void* block, std::size_t bytes,
+                                             GraphPools::Id id) noexcept;
+  // The graph pool of an unscoped capture: ids with bit 62 set and bit 63 clear, which
+  // new_graph_pool() never returns.
+  static GraphPools::Id unscoped_pool_of(std::uint64_t capture) noexcept {
+    return (GraphPools::Id{1} << 62) | (capture & ((GraphPools::Id{1} << 62) - 1));
+  }
+  static bool is_unscoped_pool(GraphPools::Id id) noexcept { return (id >> 62) == 1; }
+  // A stream-ordered call on `key`'s stream, before its own work: when another stream's
+  // request wanted the stream's marker, records it (the call proves the stream alive).
+  void serve_want_of(StreamKey key) noexcept {
+    if ((wanted_streams.load(std::memory_order_relaxed) & StreamWants::bit_of(key)) != 0)
+        [[unlikely]] {
+      serve_want(key);
+    }
+  }
+  // A stream-ordered call has more to do than the plain warm path: some stream is wanted
+  // (serve_want_of), graph pools or capture scopes exist (graphs_active), or captures are
+  // watched (capture_of). The warm path tests only this (three loads from the cache line
+  // of plain_calls) and does the checks out of line when it holds: a stale clear
+  // wanted_streams delays a marker, as in serve_want_of.
+  bool stream_checks_needed() const noexcept {
+    return graphs_active() || watch_captures || wanted_streams.load(std::memory_order_relaxed) != 0;
+  }
+  // At thread exit: empties the thread's cache and makes it adoptable.
+  void retire(ThreadCache* cache) noexcept;
+
+ private:
+  friend class vram::DevicePool;
+  friend class vram::DevicePool::CaptureScope;
 
   static std::size_t small_block_bytes(std::size_t index) noexcept {
     return (SizeClasses::bytes_of(index) + kSmallGranularity - 1) & ~(kSmallGranularity - 1);
@@ -107,9 +175,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   MpmcRing<void*>* ring_of(std::size_t index) const noexcept {
     return rings[index].load(std::memory_order_acquire);
   }
-  // Creates the class's ring on its first release; null when the class keeps no ring or
+  // Creates the class's ring on its first deallocation; null when the class keeps no ring or
   // the host is out of memory.
-  MpmcRing<void*>* ring_for_release(std::size_t index) noexcept {
+  MpmcRing<void*>* ring_for_deallocate(std::size_t index) noexcept {
     MpmcRing<void*>* ring = rings[index].load(std::memory_order_acquire);
     if (ring != nullptr) [[likely]]
       return ring;
@@ -141,10 +209,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // The calling thread's cache of this pool from its directory, registered (or adopted
   // from an exited thread) on first use; null as for claim_own_cache().
   ThreadCache* find_or_register() noexcept;
-  // At thread exit: empties the thread's cache and makes it adoptable.
-  void retire(ThreadCache* cache) noexcept;
 
-  void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
   // Every request the warm path does not serve: validated, then served (serve()).
   void* allocate_slow(std::size_t bytes, std::size_t alignment, StreamKey key);
   // A warm request (valid, small, class `index`) its thread's cache could not serve;
@@ -154,23 +219,22 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // the slow path under slow_mutex) and lets the claim go.
   void* serve(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
-  void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Counts a rejected release and says why on stderr; nothing changes (release_validation.hpp).
-  [[gnu::cold]] void reject_release(const void* block, std::size_t bytes,
-                                    const char* why) noexcept {
+  // Counts a refused deallocation and says why on stderr; nothing changes (release_validation.hpp).
+  [[gnu::cold]] void reject_deallocate(const void* block, std::size_t bytes,
+                                       const char* why) noexcept {
     validation.reject(block, bytes, why);
   }
   // deallocate() after validation.
   void deallocate_valid(void* block, const Request& request) noexcept;
-  // The warm release into `cache` (claimed): room in the bin of class `index` and nothing
+  // The warm deallocation into `cache` (claimed): room in the bin of class `index` and nothing
   // to retag; the claim is let go. False: nothing done, the cache still claimed.
   bool deallocate_to_cache(ThreadCache& cache, void* block, std::size_t index,
                            StreamKey key) noexcept;
-  // A warm release (small) its thread's cache could not take. deallocate_miss_claimed: the
+  // A warm deallocation (small) its thread's cache could not take. deallocate_miss_claimed: the
   // warm path claimed the cache (tl_last.cache), which stays claimed; deallocate_miss: it
   // claimed none. The cache and the class are found again here rather than passed: more
-  // arguments would cost the warm release saved registers on its hit path.
+  // arguments would cost the warm deallocation saved registers on its hit path.
   void deallocate_miss_claimed(void* block, std::size_t bytes, StreamKey key) noexcept;
   void deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Deallocates `block` through `cache` (claimed; null: claimed here, else the slow path) and
@@ -204,7 +268,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // the cache when it may come back there). (large_allocate and large_deallocate: inline into their
   // one caller, pool_core.cpp, the warm large path: no call level of their own.)
   [[gnu::always_inline]] inline void* large_allocate(ThreadCache* cache, const Request& request);
-  // Releases a large block into the holder's cache, else to the tier; false when the block
+  // Deallocates a large block into the holder's cache, else to the tier; false when the block
   // is not this pool's leased block of that size.
   [[gnu::always_inline]] inline bool large_deallocate(ThreadCache& cache, void* block,
                                                       const Request& request) noexcept;
@@ -216,7 +280,7 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   bool flush_large_caches(ThreadCache* claimed) noexcept;
   bool small_deallocate(ThreadCache* cache, void* block, const Request& request) noexcept;
   // SegmentTier::free() of the request's tier for a thread that claimed `claimed` (or null;
-  // released through its large cache, lease_owner.hpp): only its give-back, which makes
+  // deallocated through its large cache, lease_owner.hpp): only its give-back, which makes
   // upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
   // segment_tier.hpp).
   bool free_to_tier(void* block, const Request& request, ThreadCache* claimed) noexcept;
@@ -232,34 +296,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // and the rings back to the segment tiers, then gives wholly free segments back.
   void trim(std::size_t keep_bytes, ThreadCache* claimed, bool wait) noexcept;
   bool close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept;
-  // Graph pools (graph_routing.cpp). The public calls test graphs_on and, while it is set,
-  // go through these (`key`: kUntagged for the calling thread's calls without a
-  // stream): a request under a capture scope gets the graph pool's block; a release of a
-  // graph pool's block, or of any block freed under a scope, goes to that pool.
-  bool graphs_active() const noexcept { return graphs_on.load(std::memory_order_relaxed); }
-  [[gnu::noinline]] void* allocate_with_graphs(std::size_t bytes, std::size_t alignment,
-                                               StreamKey key, cudaStream_t stream);
-  [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
-                                                cudaStream_t stream) noexcept;
-  // A release without a stream (DevicePool::deallocate, Lease::reset, an ended scope's).
-  void deallocate_unstreamed(void* block, std::size_t bytes) noexcept {
-    if (graphs_active()) [[unlikely]]
-      return deallocate_with_graphs(block, bytes, kUntagged, nullptr);
-    deallocate(block, bytes, kUntagged);
-  }
-  // The capture `stream` is in (0: none; the legacy stream is never captured, and with
-  // watch_captures off nothing is asked). One driver query (StreamFence::capture_of).
-  std::uint64_t capture_of(cudaStream_t stream) noexcept {
-    if (!watch_captures || stream == nullptr || stream == cudaStreamLegacy) return 0;
-    return fence->capture_of(stream);
-  }
-  // A request or release on a stream being captured that no scope routes: the block
-  // belongs to that capture's own graph pool for the life of the pool (device_pool.hpp).
-  // `id`: unscoped_pool_of(the capture).
-  [[gnu::noinline]] void* allocate_captured(std::size_t bytes, std::size_t alignment,
-                                            GraphPools::Id id);
-  [[gnu::noinline]] void deallocate_captured(void* block, std::size_t bytes,
-                                             GraphPools::Id id) noexcept;
   // The pool a capture scope or an unscoped capture sends `stream`'s calls to.
   std::optional<GraphPools::Id> graph_route(StreamKey key, cudaStream_t stream) noexcept;
   // Into graph pool `id`: a free block of it, else a new one from the shared tiers (in
@@ -273,12 +309,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // block that is no graph pool's made a free block of `id` (false: `id` has no use open).
   bool graph_deallocate_owned(void* block) noexcept;
   bool graph_adopt_freed(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
-  // The graph pool of an unscoped capture: ids with bit 62 set and bit 63 clear, which
-  // new_graph_pool() never returns.
-  static GraphPools::Id unscoped_pool_of(std::uint64_t capture) noexcept {
-    return (GraphPools::Id{1} << 62) | (capture & ((GraphPools::Id{1} << 62) - 1));
-  }
-  static bool is_unscoped_pool(GraphPools::Id id) noexcept { return (id >> 62) == 1; }
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
   // nothing while a capture scope is open (graph_routing.cpp).
   void drain_graph_returns() noexcept;
@@ -287,32 +317,16 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::vector<GraphPools::Block> take_graph_returns() noexcept;
   // drain_graph_returns() from inside a request that claimed `claimed` (its cache; null:
   // the caller holds slow_mutex): the blocks go straight to their tiers, counted as
-  // releases of `claimed` (or of the slow path). The out-of-memory retry's, before its trim.
+  // deallocations of `claimed` (or of the slow path). The out-of-memory retry's, before its trim.
   void reclaim_graph_returns(ThreadCache* claimed) noexcept;
-  // The size a graph pool's block is released with: the one that finds its class and tier.
-  std::size_t release_size_of(const GraphPools::Block& block) noexcept;
-  // A stream-ordered call on `key`'s stream, before its own work: when another stream's
-  // request wanted the stream's marker, records it (the call proves the stream alive).
-  void serve_want_of(StreamKey key) noexcept {
-    if ((wanted_streams.load(std::memory_order_relaxed) & StreamWants::bit_of(key)) != 0)
-        [[unlikely]] {
-      serve_want(key);
-    }
-  }
-  // A stream-ordered call has more to do than the plain warm path: some stream is wanted
-  // (serve_want_of), graph pools or capture scopes exist (graphs_active), or captures are
-  // watched (capture_of). The warm path tests only this (three loads from the cache line
-  // of plain_calls) and does the checks out of line when it holds: a stale clear
-  // wanted_streams delays a marker, as in serve_want_of.
-  bool stream_checks_needed() const noexcept {
-    return graphs_active() || watch_captures || wanted_streams.load(std::memory_order_relaxed) != 0;
-  }
+  // The size a graph pool's block is deallocated with: the one that finds its class and tier.
+  std::size_t deallocate_size_of(const GraphPools::Block& block) noexcept;
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
   // capture would invalidate it).
   static inline thread_local bool tl_in_capture = false;
-  void note_in_use(std::int64_t delta) noexcept;
+  void note_in_use(std::int64_t delta) noexcept { in_use.note(delta); }
   DevicePoolStats stats() const;
 
   const std::uint64_t uid;  // unique per core, never 0: names its caches in tl_last
@@ -328,7 +342,6 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   std::size_t first_large_class = 0;  // small classes from here on are carved from `large`
   // The keep_bytes of the latest trim(), for a thread that flushes its cache after it.
   std::atomic<std::size_t> flush_keep_bytes{SIZE_MAX};
-  std::size_t thread_cache_classes = 0;
   static constexpr std::size_t kMaxAlignment =
       DevicePool::kDefaultAlignment;  // see the constructor
   // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
@@ -356,9 +369,8 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   Quiescer quiescer{*fence, small, large, wants};
   std::atomic<std::uint64_t> oom_retries{0};
   std::atomic<std::uint64_t> unscoped_capture_calls{0};  // blocks kept by unscoped captures
-  // Only with options.track_peak_in_use (a shared counter on every call).
-  alignas(kCacheLine) std::atomic<std::int64_t> in_use_now{0};
-  std::atomic<std::int64_t> in_use_peak{0};
+  // Only with options.track_peak_in_use (in_use_peak.hpp).
+  alignas(kCacheLine) InUsePeak in_use;
 
   // Lock order: slow_mutex, then the registry's steal mutex, then the registry's own lock /
   // a tier's growth mutex, then that tier's mutex (segment_tier.hpp; a grower takes none of
@@ -371,9 +383,9 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // call once the pool is closed. Counters written under slow_mutex.
   std::mutex slow_mutex;
   std::atomic<std::uint64_t> slow_acquires{0};
-  std::atomic<std::uint64_t> slow_releases{0};
+  std::atomic<std::uint64_t> slow_deallocations{0};
   std::atomic<std::uint64_t> slow_acquired_bytes{0};
-  std::atomic<std::uint64_t> slow_released_bytes{0};
+  std::atomic<std::uint64_t> slow_deallocated_bytes{0};
   OrphanedPool orphan;  // guarded by slow_mutex (orphaned_pool.hpp)
 
   // Refused releases, and the leased blocks with validate_releases (release_validation.hpp).
@@ -387,11 +399,11 @@ struct DevicePoolCore : std::enable_shared_from_this<DevicePoolCore> {
   // Sleep tags (sleep_tags.hpp); while any exists graphs_on stays raised, so that every call
   // reaches allocate_with_graphs / deallocate_with_graphs, which ask the tags first.
   SleepTags sleep_tags{uid, graph_activity};
-  // A request into `tag` and a release of its block (pool_sleep.cpp): counted as slow-path
+  // A request into `tag` and a deallocation of its block (pool_sleep.cpp): counted as slow-path
   // calls (so that destruction counts tagged blocks as leased).
   void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);
   void tag_deallocate(Tag& tag, void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Tagged blocks freed by a capture into graph pool `id`: held (still live in their tag)
+  // Tagged blocks freed by a capture into graph pool `id`: kept (still live in their tag)
   // until release_graph_pool(id), then released after a device-wide quiesce (none while a
   // capture scope is open: they wait for a later release). False: no host memory to hold it.
   bool hold_for_graph(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
@@ -412,7 +424,7 @@ inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {
 }
 
 inline void DevicePoolCore::end_claim(ThreadCache& cache) noexcept {
-  // The request is honoured before the release of the state word: once kFree is stored,
+  // The request is honoured before the state word is let go: once kFree is stored,
   // close() may take the cache and destroy the pool, so nothing after it may touch them.
   if (cache.flush_requested.load(std::memory_order_seq_cst)) [[unlikely]] {
     (void)flush_and_end_claim(cache, nullptr);
@@ -464,8 +476,8 @@ inline bool DevicePoolCore::deallocate_to_cache(ThreadCache& cache, void* block,
       (key == cache.tag || key == kUntagged || cached == 0)) [[likely]] {
     if (cached == 0) cache.tag = key;  // an empty cache takes the tag of what it holds
     push_cached(cache, block, index, block_bytes);
-    bump(cache.releases, 1);
-    bump(cache.released_bytes, block_bytes);
+    bump(cache.deallocations, 1);
+    bump(cache.deallocated_bytes, block_bytes);
     end_claim(cache);
     return true;
   }

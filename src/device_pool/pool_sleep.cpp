@@ -38,19 +38,19 @@ void DevicePoolCore::tag_deallocate(Tag& tag, void* block, std::size_t bytes,
   std::size_t block_bytes = 0;
   switch (SleepTags::free(tag, block, bytes, key, block_bytes)) {
     case SleepTags::Release::not_live:
-      return reject_release(block, bytes,
-                            "no live block of its sleep tag at that address and size");
+      return reject_deallocate(block, bytes,
+                               "no live block of its sleep tag at that address and size");
     case SleepTags::Release::asleep:
-      return reject_release(block, bytes,
-                            "its sleep tag is asleep (the block stays live and is restored at "
-                            "wake; release it after wake())");
+      return reject_deallocate(block, bytes,
+                               "its sleep tag is asleep (the block stays live and is restored at "
+                               "wake; release it after wake())");
     case SleepTags::Release::taken:
       break;
   }
   std::shared_ptr<DevicePoolCore> last;  // destroyed after the lock: may destroy *this
   std::lock_guard lock(slow_mutex);
-  bump(slow_releases, 1);
-  bump(slow_released_bytes, block_bytes);
+  bump(slow_deallocations, 1);
+  bump(slow_deallocated_bytes, block_bytes);
   if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(block_bytes));
   if (orphan.active()) last = orphan.block_returned();
 }

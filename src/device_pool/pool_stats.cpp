@@ -8,15 +8,15 @@ namespace vram::detail {
 DevicePoolStats DevicePoolCore::stats() const {
   DevicePoolStats s;
   std::uint64_t acquired_bytes = slow_acquired_bytes.load(std::memory_order_relaxed);
-  std::uint64_t released_bytes = slow_released_bytes.load(std::memory_order_relaxed);
+  std::uint64_t deallocated_bytes = slow_deallocated_bytes.load(std::memory_order_relaxed);
   s.acquires = slow_acquires.load(std::memory_order_relaxed);
-  s.releases = slow_releases.load(std::memory_order_relaxed);
+  s.releases = slow_deallocations.load(std::memory_order_relaxed);
   std::size_t thread_cached = 0;
   registry.for_each([&](const ThreadCache& cache) {
     s.acquires += cache.acquires.load(std::memory_order_relaxed);
-    s.releases += cache.releases.load(std::memory_order_relaxed);
+    s.releases += cache.deallocations.load(std::memory_order_relaxed);
     acquired_bytes += cache.acquired_bytes.load(std::memory_order_relaxed);
-    released_bytes += cache.released_bytes.load(std::memory_order_relaxed);
+    deallocated_bytes += cache.deallocated_bytes.load(std::memory_order_relaxed);
     thread_cached += cache.cached_bytes.load(std::memory_order_relaxed);
     thread_cached += cache.large.cached_bytes();
   });
@@ -37,7 +37,7 @@ DevicePoolStats DevicePoolCore::stats() const {
   s.stream_quiesces = quiescer.quiesces_for_streams();
   s.stream_marker_wants = wants.wanted();
   s.invalid_releases = validation.rejected();
-  s.bytes_in_use = acquired_bytes > released_bytes ? acquired_bytes - released_bytes : 0;
+  s.bytes_in_use = acquired_bytes > deallocated_bytes ? acquired_bytes - deallocated_bytes : 0;
   const SleepTags::Totals tags = sleep_tags.totals();
   s.sleep_tag_bytes_mapped = tags.mapped_bytes;
   s.sleeping_tags = tags.sleeping;
@@ -47,8 +47,7 @@ DevicePoolStats DevicePoolCore::stats() const {
   s.bytes_cached_in_threads = thread_cached;
   s.bytes_cached_in_rings = ring_bytes;
   s.segments = a.segments + b.segments;
-  s.peak_bytes_in_use = static_cast<std::size_t>(
-      std::max<std::int64_t>(0, in_use_peak.load(std::memory_order_relaxed)));
+  s.peak_bytes_in_use = in_use.peak();
   const GraphPools::Stats graphs = graph_pools.stats();
   s.graph_pool_bytes = graphs.held_bytes;
   s.graph_pools = graphs.pools;

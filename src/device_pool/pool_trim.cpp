@@ -45,21 +45,13 @@ bool DevicePoolCore::flush_large_caches(ThreadCache* claimed) noexcept {
   std::erase_if(snapshot, [](ThreadCache* cache) {
     return cache->steal.load(std::memory_order_relaxed) == ThreadCache::kClosed;
   });
-  for (ThreadCache* cache : snapshot) cache->steal.store(ThreadCache::kStealing, kDekkerStore);
-  if (!snapshot.empty()) dekker.heavy();
-  for (ThreadCache* cache : snapshot) {
-    Backoff backoff;
-    for (;;) {
-      if (cache->state.load(kDekkerLoad) == ThreadCache::kFree) {
-        any = any || cache->large.cached_count() > 0;
-        drain_large(*cache);
-        break;
-      }
-      if (cache->in_slow_call.load(std::memory_order_seq_cst)) break;
-      backoff.pause();
-    }
-    cache->steal.store(ThreadCache::kNoSteal, std::memory_order_release);
-  }
+  registry.steal(
+      snapshot, dekker,
+      [this, &any](ThreadCache& cache) {
+        any = any || cache.large.cached_count() > 0;
+        drain_large(cache);
+      },
+      [](ThreadCache&) { return true; });
   return any;
 }
 
@@ -93,28 +85,20 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* claimed, bool wai
       }
     }
     snapshot.resize(kept);
-    for (ThreadCache* cache : snapshot) cache->steal.store(ThreadCache::kStealing, kDekkerStore);
-    if (!snapshot.empty()) dekker.heavy();
-    for (ThreadCache* cache : snapshot) {
-      // Waits for an owner inside a short call; an owner inside a call that may block (an
-      // upstream call, its own trim) is asked to flush before it returns instead. The
-      // seq_cst store/load pairs here and in SlowSection guarantee one side sees the other.
-      Backoff backoff;
-      for (;;) {
-        if (cache->state.load(kDekkerLoad) == ThreadCache::kFree) {
-          drain_bins(*cache);
-          cache->flush_requested.store(false, std::memory_order_relaxed);
-          break;
-        }
-        if (cache->in_slow_call.load(std::memory_order_seq_cst)) {
-          cache->flush_requested.store(true, std::memory_order_seq_cst);
-          if (cache->in_slow_call.load(std::memory_order_seq_cst)) break;  // it will see it
-          continue;
-        }
-        backoff.pause();
-      }
-      cache->steal.store(ThreadCache::kNoSteal, std::memory_order_release);
-    }
+    // Waits for an owner inside a short call; an owner inside a call that may block (an
+    // upstream call, its own trim) is asked to flush before it returns instead: left once it
+    // is seen inside that call after the request (it will see the request), looked at again
+    // otherwise (it may have returned before the request).
+    registry.steal(
+        snapshot, dekker,
+        [this](ThreadCache& cache) {
+          drain_bins(cache);
+          cache.flush_requested.store(false, std::memory_order_relaxed);
+        },
+        [](ThreadCache& cache) {
+          cache.flush_requested.store(true, std::memory_order_seq_cst);
+          return cache.in_slow_call.load(std::memory_order_seq_cst);
+        });
   }
   drain_rings();
   // Wait for every stream's work instead of recording a marker on each stream that freed
@@ -146,18 +130,18 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
   // leased blocks is exact.
   std::lock_guard slow(slow_mutex);
   std::uint64_t acquires = slow_acquires.load(std::memory_order_relaxed);
-  std::uint64_t releases = slow_releases.load(std::memory_order_relaxed);
+  std::uint64_t deallocations = slow_deallocations.load(std::memory_order_relaxed);
   std::uint64_t acquired = slow_acquired_bytes.load(std::memory_order_relaxed);
-  std::uint64_t released = slow_released_bytes.load(std::memory_order_relaxed);
+  std::uint64_t deallocated = slow_deallocated_bytes.load(std::memory_order_relaxed);
   for (auto& cache : registry.frozen()) {
     acquires += cache->acquires.load(std::memory_order_relaxed);
-    releases += cache->releases.load(std::memory_order_relaxed);
+    deallocations += cache->deallocations.load(std::memory_order_relaxed);
     acquired += cache->acquired_bytes.load(std::memory_order_relaxed);
-    released += cache->released_bytes.load(std::memory_order_relaxed);
+    deallocated += cache->deallocated_bytes.load(std::memory_order_relaxed);
   }
   trim(0, nullptr, false);
-  blocks = acquires - releases;
-  bytes = acquired - released;
+  blocks = acquires - deallocations;
+  bytes = acquired - deallocated;
   if (blocks == 0) return false;
   orphan.begin(blocks, shared_from_this());
   return true;

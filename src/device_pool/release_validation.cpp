@@ -14,7 +14,8 @@ bool ReleaseValidation::check(void* block, std::size_t block_bytes) noexcept {
   auto it = live_.find(block);
   const char* problem = nullptr;
   if (it == live_.end()) {
-    problem = "it was never handed out by this pool or was already released (double release)";
+    problem =
+        "it was never handed out by this pool or was already deallocated (double deallocation)";
   } else if (it->second != block_bytes) {
     problem = "the byte count does not match the one it was allocated with";
   } else {
@@ -23,7 +24,7 @@ bool ReleaseValidation::check(void* block, std::size_t block_bytes) noexcept {
   }
   count_rejected();
   std::fprintf(stderr,
-               "vram::DevicePool: release of %p (%zu block bytes) rejected: %s. The block was "
+               "vram::DevicePool: deallocation of %p (%zu block bytes) rejected: %s. The block was "
                "not cached.\n",
                block, block_bytes, problem);
   return false;
@@ -39,8 +40,8 @@ void ReleaseValidation::reject(const void* block, std::size_t bytes, const char*
   char size[40] = "";
   if (bytes != 0) std::snprintf(size, sizeof size, " (%zu bytes)", bytes);
   std::fprintf(stderr,
-               "vram::DevicePool: release of %p%s rejected: %s. Nothing was released. Fix: "
-               "release each block once, with the size it was allocated with, to the pool it "
+               "vram::DevicePool: deallocation of %p%s rejected: %s. Nothing was deallocated. Fix: "
+               "deallocate each block once, with the size it was allocated with, to the pool it "
                "came from.\n",
                block, size, why);
 }

@@ -1,10 +1,10 @@
-// src/device_pool/release_validation.hpp: the refused releases of one DevicePool, and with
-// Options::validate_releases the record of every leased block that lets a release be
-// checked before it touches the pool.
+// src/device_pool/release_validation.hpp: the refused deallocations of one DevicePool, and with
+// Options::validate_releases (the part is named after that public option) the record of every
+// leased block that lets a deallocation be checked before it touches the pool.
 //
-// Rule: a refused release changes nothing in the pool; it is counted (rejected(), the
+// Rule: a refused deallocation changes nothing in the pool; it is counted (rejected(), the
 // stats' invalid_releases) and said on stderr. The record holds a block from its hand-out
-// (record()) until its release is checked (check()) or it returns by another way (forget()).
+// (record()) until its deallocation is checked (check()) or it returns by another way (forget()).
 #pragma once
 
 #include <atomic>
@@ -21,11 +21,11 @@ class ReleaseValidation {
   // the hand-out).
   void record(void* block, std::size_t block_bytes);
   // True when `block` is filed with `block_bytes`; it is then forgotten. Otherwise the
-  // release is refused (counted, said) and false returned.
+  // deallocation is refused (counted, said) and false returned.
   bool check(void* block, std::size_t block_bytes) noexcept;
-  // A filed block that came back by another way than a checked release.
+  // A filed block that came back by another way than a checked deallocation.
   void forget(void* block) noexcept;
-  // Counts a refused release of `block` (`bytes`: as the caller gave them, 0: unknown) and
+  // Counts a refused deallocation of `block` (`bytes`: as the caller gave them, 0: unknown) and
   // says why on stderr.
   void reject(const void* block, std::size_t bytes, const char* why) noexcept;
   // Counts a refusal the caller says itself.

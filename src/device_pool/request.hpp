@@ -1,4 +1,4 @@
-// src/device_pool/request.hpp: one DevicePool allocate or release, computed once where the call
+// src/device_pool/request.hpp: one DevicePool allocate or deallocate, computed once where the call
 // enters the core (DevicePoolCore::request_of) and carried down unchanged.
 //
 // Rule: nothing below the entry recomputes a size class, a rounding or a tier; a tier is

@@ -71,11 +71,7 @@ ThreadCache* DevicePoolCore::find_or_register() noexcept {
     }
     std::erase_if(entries, [](const ThreadDirectory::Entry& e) { return e.core.expired(); });
     entries.reserve(entries.size() + 1);  // the push_back below cannot throw
-    // Whether it caches large blocks is this thread's own (large_block_cache.hpp), not
-    // an exited thread's whose cache it adopts.
-    ThreadCache* cache =
-        registry.adopt_or_create(small_classes, thread_cache_classes, options.thread_cache.blocks,
-                                 options.thread_cache.large_from_start);
+    ThreadCache* cache = registry.adopt_or_create();
     if (cache == nullptr) return nullptr;  // closed
     entries.push_back({uid, weak_from_this(), cache});
     tl_last = LastPool{uid, cache};

@@ -7,10 +7,10 @@
 // why at least one side always sees the other).
 //   `state` is written only by the owner thread (its thread; at thread exit retire(), on
 //   that thread; later the thread that adopts the cache): kOwner for the length of one
-//   pool call, kFree otherwise (release).
+//   pool call, kFree otherwise (a release store).
 //   `steal` is written only by a stealer holding the registry's steal mutex (trim(), close();
 //   thread_cache_registry.hpp):
-//   kStealing for the length of a steal, kNoSteal after it (release), kClosed for good
+//   kStealing for the length of a steal, kNoSteal after it (a release store), kClosed for good
 //   once the pool is being destroyed.
 // Invariant: the bins, the tag and cached_bytes are touched only by
 //   - the owner, between a claim (state = kOwner, light barrier, steal read as kNoSteal)
@@ -116,9 +116,9 @@ struct ThreadCache {
   StreamKey tag = kUntagged;
   std::vector<Bin> bins;
   std::atomic<std::uint64_t> acquires{0};
-  std::atomic<std::uint64_t> releases{0};
+  std::atomic<std::uint64_t> deallocations{0};
   std::atomic<std::uint64_t> acquired_bytes{0};
-  std::atomic<std::uint64_t> released_bytes{0};
+  std::atomic<std::uint64_t> deallocated_bytes{0};
   std::atomic<std::uint64_t> cached_bytes{0};
   LargeBlockCache large;
 };
@@ -163,7 +163,7 @@ inline ThreadCache* claim(ThreadCache& cache, const AsymmetricBarrier& barrier) 
 }
 
 // The warm paths' claim: only the cache of pool `uid` when this thread used it last, only
-// when no stealer is about. Null: nothing is held (the state word is back to kFree) and the
+// when no stealer is about. Null: nothing is claimed (the state word is back to kFree) and the
 // caller takes its slow path, which registers, waits for a stealer or finds the pool
 // closed. Calls nothing, so the warm paths need no stack frame.
 inline ThreadCache* claim_warm(std::uint64_t uid, const AsymmetricBarrier& barrier) noexcept {

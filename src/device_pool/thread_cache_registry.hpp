@@ -19,12 +19,21 @@ namespace vram::detail {
 
 class ThreadCacheRegistry {
  public:
-  // A cache for the calling thread: a parked one, else a new one with `classes` bins of
-  // which the first `cached_classes` hold up to `depth` blocks; null once closed. Its large
-  // blocks' cache restarts with `large_from_start` (it is the new thread's own). Throws
-  // std::bad_alloc.
-  ThreadCache* adopt_or_create(std::size_t classes, std::size_t cached_classes, std::size_t depth,
-                               bool large_from_start) {
+  // What a new cache holds: `classes` bins, of which the first `cached_classes` keep up to
+  // `depth` blocks; whether its large blocks' cache starts on (large_block_cache.hpp).
+  struct Shape {
+    std::size_t classes = 0;
+    std::size_t cached_classes = 0;
+    std::size_t depth = 0;
+    bool large_from_start = false;
+  };
+  // Set once, before any thread registers (the core's constructor).
+  void set_shape(const Shape& shape) noexcept { shape_ = shape; }
+
+  // A cache for the calling thread: a parked one, else a new one of the registry's shape;
+  // null once closed. Its large blocks' cache restarts (it is the new thread's own, not
+  // the exited thread's whose cache it adopts). Throws std::bad_alloc.
+  ThreadCache* adopt_or_create() {
     std::lock_guard lock(mutex_);
     if (closed_) return nullptr;
     ThreadCache* cache = nullptr;
@@ -32,10 +41,11 @@ class ThreadCacheRegistry {
       cache = spare_.back();
       spare_.pop_back();
     } else {
-      caches_.push_back(std::make_unique<ThreadCache>(classes, cached_classes, depth));
+      caches_.push_back(
+          std::make_unique<ThreadCache>(shape_.classes, shape_.cached_classes, shape_.depth));
       cache = caches_.back().get();
     }
-    cache->large.restart(large_from_start);
+    cache->large.restart(shape_.large_from_start);
     return cache;
   }
   // An exited thread's cache, emptied by its owner: adoptable from now on.
@@ -74,11 +84,46 @@ class ThreadCacheRegistry {
   // the registry's own lock and a tier's growth mutex.
   std::mutex& steal_mutex() noexcept { return steal_mutex_; }
 
+  // The stealer's side of the handshake (thread_cache.hpp) for trim() and the flush of large
+  // caches, the caller holding steal_mutex(): raises `steal` on every cache of `caches` (none
+  // closed: close() owns those), then one heavy barrier for all of them, then per cache waits
+  // until its owner is out (state read kFree: take(cache)) or, while the owner is inside a
+  // call that may block (in_slow_call), asks busy(cache) whether to leave the cache (true) or
+  // look again at once (false); then clears the flag.
+  // Invariant: a cache's blocks are touched by take() only between the flag's store and its
+  // clear, after state read kFree following the heavy barrier: an owner that claims later
+  // sees the flag (its light barrier pairs with the heavy one) and steps back, one that
+  // claimed earlier is seen as kOwner. busy() may touch only the atomics the owner reads on
+  // its way out; the seq_cst stores and loads of in_slow_call here and in SlowSection make
+  // one side see the other.
+  template <class Take, class Busy>
+  void steal(const std::vector<ThreadCache*>& caches, const AsymmetricBarrier& barrier, Take take,
+             Busy busy) noexcept {
+    for (ThreadCache* cache : caches) cache->steal.store(ThreadCache::kStealing, kDekkerStore);
+    if (!caches.empty()) barrier.heavy();
+    for (ThreadCache* cache : caches) {
+      Backoff backoff;
+      for (;;) {
+        if (cache->state.load(kDekkerLoad) == ThreadCache::kFree) {
+          take(*cache);
+          break;
+        }
+        if (cache->in_slow_call.load(std::memory_order_seq_cst)) {
+          if (busy(*cache)) break;
+          continue;
+        }
+        backoff.pause();
+      }
+      cache->steal.store(ThreadCache::kNoSteal, std::memory_order_release);
+    }
+  }
+
  private:
   std::mutex steal_mutex_;
   mutable std::mutex mutex_;  // guards caches_, spare_, closed_
   std::vector<std::unique_ptr<ThreadCache>> caches_;
   std::vector<ThreadCache*> spare_;  // of exited threads, empty, adoptable
+  Shape shape_;
   bool closed_ = false;
 };
 

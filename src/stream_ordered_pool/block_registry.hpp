@@ -1,7 +1,7 @@
 // src/stream_ordered_pool/block_registry.hpp: the blocks a pool handed out and the size of each, so
-// that a release can be checked before the memory goes anywhere: a pointer the pool never
-// handed out (another pool's, cudaMalloc's, or one already released) is unknown, and one
-// released under another size is refused and stays handed out. Thread-safe: the pointers
+// that a deallocation can be checked before the memory goes anywhere: a pointer the pool never
+// handed out (another pool's, cudaMalloc's, or one already deallocated) is unknown, and one
+// deallocated under another size is refused and stays handed out. Thread-safe: the pointers
 // are spread over shards, each a mutex and a flat map (no allocation per entry; adding can
 // throw only when a shard's table grows, with nothing recorded).
 #pragma once
@@ -18,7 +18,7 @@ namespace vram::detail {
 
 class BlockRegistry {
  public:
-  enum class Release { taken, unknown, wrong_size };
+  enum class Deallocation { taken, unknown, wrong_size };
 
   // Records `block` (non-null, not recorded) as `bytes` (> 0) bytes. Throws std::bad_alloc
   // with nothing recorded.
@@ -30,15 +30,15 @@ class BlockRegistry {
   }
 
   // Takes `block` out when it is recorded as `bytes` bytes. `recorded`: its recorded size
-  // (0 when unknown); a block released under another size stays recorded.
-  Release take(const void* block, std::size_t bytes, std::size_t& recorded) noexcept {
+  // (0 when unknown); a block deallocated under another size stays recorded.
+  Deallocation take(const void* block, std::size_t bytes, std::size_t& recorded) noexcept {
     Shard& shard = shard_of(block);
     std::lock_guard lock(shard.mutex);
     recorded = decode(shard.sizes.find(block));
-    if (recorded == 0) return Release::unknown;
-    if (recorded != bytes) return Release::wrong_size;
+    if (recorded == 0) return Deallocation::unknown;
+    if (recorded != bytes) return Deallocation::wrong_size;
     shard.sizes.erase(block);
-    return Release::taken;
+    return Deallocation::taken;
   }
 
   std::size_t size() noexcept {

@@ -184,23 +184,23 @@ void* StreamOrderedPool::allocate_async(std::size_t bytes, cudaStream_t stream) 
 void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes,
                                          cudaStream_t stream) noexcept {
   if (block == nullptr || !blocks_) return;  // null, or a moved-from object
-  // Taken out of the record before the driver frees it, so that two racing releases of
+  // Taken out of the record before the driver frees it, so that two racing deallocations of
   // one block cannot both reach cuMemFreeAsync.
   std::size_t recorded = 0;
   switch (blocks_->take(block, bytes, recorded)) {
-    case detail::BlockRegistry::Release::taken:
+    case detail::BlockRegistry::Deallocation::taken:
       break;
-    case detail::BlockRegistry::Release::unknown:
+    case detail::BlockRegistry::Deallocation::unknown:
       invalid_releases_.fetch_add(1, std::memory_order_relaxed);
       std::fprintf(stderr,
-                   "vram::StreamOrderedPool: release of %p refused: this pool did not hand it "
-                   "out, or it was released already\n",
+                   "vram::StreamOrderedPool: deallocation of %p refused: this pool did not hand "
+                   "it out, or it was deallocated already\n",
                    block);
       return;
-    case detail::BlockRegistry::Release::wrong_size:
+    case detail::BlockRegistry::Deallocation::wrong_size:
       invalid_releases_.fetch_add(1, std::memory_order_relaxed);
       std::fprintf(stderr,
-                   "vram::StreamOrderedPool: release of %p refused: %zu bytes given, it was "
+                   "vram::StreamOrderedPool: deallocation of %p refused: %zu bytes given, it was "
                    "allocated with %zu (it stays allocated)\n",
                    block, bytes, recorded);
       return;
@@ -216,7 +216,7 @@ void StreamOrderedPool::deallocate_async(void* block, std::size_t bytes,
                  cuda::driver_error_name(result).c_str());
     try {  // not freed: still allocated, and counted in use
       blocks_->add(block, recorded);
-    } catch (...) {  // no host memory: it can no longer be released through this object
+    } catch (...) {  // no host memory: it can no longer be deallocated through this object
     }
     return;
   }

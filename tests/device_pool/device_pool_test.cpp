@@ -44,7 +44,7 @@ TEST(DevicePool, DoubleReleaseIsRejectedAndCounted) {
   ::testing::internal::CaptureStderr();
   pool.deallocate(block, 4096);
   const std::string message = ::testing::internal::GetCapturedStderr();
-  EXPECT_NE(message.find("double release"), std::string::npos) << message;
+  EXPECT_NE(message.find("double deallocation"), std::string::npos) << message;
   EXPECT_EQ(pool.stats().invalid_releases, 1U);
   // The block was cached once, not twice: two acquires give two different blocks.
   void* a = pool.allocate(4096);
@@ -378,7 +378,7 @@ TEST(DevicePoolLifetime, DestroyWhileOtherThreadsRelease) {
 }  // namespace
 }  // namespace vram::testing
 
-// Stream-ordered release (the header's "When a released block may be handed out again").
+// Stream-ordered deallocation (the header's "When a deallocated block may be handed out again").
 namespace vram::testing {
 namespace {
 

@@ -24,7 +24,7 @@ TEST(GraphPools, FreedBlockIsReusedOnlyByItsOwnPool) {
   pools.retain(2);
   ASSERT_TRUE(pools.adopt(1, {fake(1), 4096}));
   EXPECT_TRUE(pools.may_own(fake(1)));
-  EXPECT_EQ(pools.deallocate(fake(1)), GraphPools::Release::returned);
+  EXPECT_EQ(pools.deallocate(fake(1)), GraphPools::Deallocation::returned);
   EXPECT_TRUE(pools.take_pending().empty());        // pool 1 still has a use open
   EXPECT_EQ(pools.take(2, 4096).pointer, nullptr);  // never to another pool
   const auto again = pools.take(1, 4096);
@@ -38,8 +38,8 @@ TEST(GraphPools, BestFitAtMostAQuarterLarger) {
   pools.retain(7);
   ASSERT_TRUE(pools.adopt(7, {fake(1), 8192}));
   ASSERT_TRUE(pools.adopt(7, {fake(2), 5000}));
-  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Release::returned);
-  ASSERT_EQ(pools.deallocate(fake(2)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Deallocation::returned);
+  ASSERT_EQ(pools.deallocate(fake(2)), GraphPools::Deallocation::returned);
   EXPECT_EQ(pools.take(7, 3000).pointer, nullptr);  // 5000 > 3000 * 5/4
   EXPECT_EQ(pools.take(7, 4500).pointer, fake(2));
   EXPECT_EQ(pools.take(7, 8000).pointer, fake(1));
@@ -54,9 +54,9 @@ TEST(GraphPools, AClaimTakesBackExactlyThatFreeBlockOfThatPool) {
   ASSERT_TRUE(pools.adopt(1, {fake(2), 4096}));
   ASSERT_TRUE(pools.adopt(2, {fake(3), 4096}));
   EXPECT_EQ(pools.claim(1, fake(1)), 0U);  // live: nothing to claim
-  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Release::returned);
-  ASSERT_EQ(pools.deallocate(fake(2)), GraphPools::Release::returned);
-  ASSERT_EQ(pools.deallocate(fake(3)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Deallocation::returned);
+  ASSERT_EQ(pools.deallocate(fake(2)), GraphPools::Deallocation::returned);
+  ASSERT_EQ(pools.deallocate(fake(3)), GraphPools::Deallocation::returned);
   EXPECT_EQ(pools.claim(2, fake(2)), 0U);     // another pool's block
   EXPECT_EQ(pools.claim(1, fake(9)), 0U);     // no block at all
   EXPECT_EQ(pools.claim(1, fake(2)), 4096U);  // the second block, not the first of its size
@@ -64,7 +64,7 @@ TEST(GraphPools, AClaimTakesBackExactlyThatFreeBlockOfThatPool) {
   EXPECT_EQ(pools.claim(1, fake(2)), 0U);  // live again: a second claim finds nothing
   EXPECT_EQ(pools.take(1, 4096).pointer, fake(1));
   EXPECT_EQ(pools.take(1, 4096).pointer, nullptr);
-  EXPECT_EQ(pools.deallocate(fake(2)), GraphPools::Release::returned);
+  EXPECT_EQ(pools.deallocate(fake(2)), GraphPools::Deallocation::returned);
 }
 
 TEST(GraphPools, MemoryIsPendingOnlyWhenNoUseAndNothingLive) {
@@ -73,7 +73,7 @@ TEST(GraphPools, MemoryIsPendingOnlyWhenNoUseAndNothingLive) {
   pools.retain(3);  // graph B shares it (pool=)
   ASSERT_TRUE(pools.adopt(3, {fake(1), 1 << 20}));
   ASSERT_TRUE(pools.adopt(3, {fake(2), 1 << 20}));
-  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Deallocation::returned);
   EXPECT_TRUE(pools.release(3));  // graph A gone: B still uses the pool
   EXPECT_TRUE(pools.take_pending().empty());
   EXPECT_EQ(pools.stats().held_bytes, 2U << 20);
@@ -81,7 +81,7 @@ TEST(GraphPools, MemoryIsPendingOnlyWhenNoUseAndNothingLive) {
   EXPECT_TRUE(pools.take_pending().empty());
   EXPECT_FALSE(pools.empty());
   EXPECT_EQ(pools.stats().live_bytes, 1U << 20);
-  ASSERT_EQ(pools.deallocate(fake(2)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.deallocate(fake(2)), GraphPools::Deallocation::returned);
   EXPECT_TRUE(pools.empty());
   EXPECT_EQ(pools.stats().held_bytes, 2U << 20) << "pending bytes still count";
   const auto pending = pools.take_pending();
@@ -90,7 +90,7 @@ TEST(GraphPools, MemoryIsPendingOnlyWhenNoUseAndNothingLive) {
   EXPECT_EQ(back, (std::set<void*>{fake(1), fake(2)}));
   EXPECT_EQ(pools.stats().held_bytes, 0U);
   EXPECT_FALSE(pools.may_own(fake(1)));
-  EXPECT_EQ(pools.deallocate(fake(1)), GraphPools::Release::not_ours);
+  EXPECT_EQ(pools.deallocate(fake(1)), GraphPools::Deallocation::not_ours);
 }
 
 TEST(GraphPools, DoubleFreeAndExtraReleaseAreRefusedAndCounted) {
@@ -98,15 +98,15 @@ TEST(GraphPools, DoubleFreeAndExtraReleaseAreRefusedAndCounted) {
   pools.retain(4);
   ASSERT_TRUE(pools.adopt(4, {fake(9), 512}));
   EXPECT_FALSE(pools.adopt(4, {fake(9), 512})) << "a block the pool knows is not adopted twice";
-  ASSERT_EQ(pools.deallocate(fake(9)), GraphPools::Release::returned);
-  EXPECT_EQ(pools.deallocate(fake(9)), GraphPools::Release::double_free);
+  ASSERT_EQ(pools.deallocate(fake(9)), GraphPools::Deallocation::returned);
+  EXPECT_EQ(pools.deallocate(fake(9)), GraphPools::Deallocation::double_free);
   EXPECT_EQ(pools.stats().double_frees, 1U);
   EXPECT_TRUE(pools.release(4));
   EXPECT_EQ(pools.take_pending().size(), 1U);
   EXPECT_FALSE(pools.release(4));   // no use open: counted, nothing changes
   EXPECT_FALSE(pools.release(99));  // unknown
   EXPECT_EQ(pools.stats().double_frees, 3U);
-  EXPECT_EQ(pools.deallocate(fake(5)), GraphPools::Release::not_ours);
+  EXPECT_EQ(pools.deallocate(fake(5)), GraphPools::Deallocation::not_ours);
 }
 
 TEST(GraphPools, APoolWithNoUseTakesAndAdoptsNothing) {
@@ -115,7 +115,7 @@ TEST(GraphPools, APoolWithNoUseTakesAndAdoptsNothing) {
   pools.retain(5);
   ASSERT_TRUE(pools.adopt(5, {fake(1), 4096}));
   ASSERT_TRUE(pools.adopt(5, {fake(2), 4096}));
-  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Deallocation::returned);
   EXPECT_TRUE(pools.release(5));                    // fake(2) live: the pool stays
   EXPECT_EQ(pools.take(5, 4096).pointer, nullptr);  // but no capture may draw from it
   EXPECT_FALSE(pools.adopt(5, {fake(3), 4096}));
@@ -126,15 +126,15 @@ TEST(GraphPools, CloseEndsEveryUseAndKeepsLiveBlocksTheirPools) {
   pools.retain(1);
   ASSERT_TRUE(pools.adopt(1, {fake(1), 256}));
   ASSERT_TRUE(pools.adopt(1, {fake(2), 256}));
-  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Deallocation::returned);
   pools.retain(2);
   ASSERT_TRUE(pools.adopt(2, {fake(3), 256}));
-  ASSERT_EQ(pools.deallocate(fake(3)), GraphPools::Release::returned);
+  ASSERT_EQ(pools.deallocate(fake(3)), GraphPools::Deallocation::returned);
   pools.close();
   auto pending = pools.take_pending();
   EXPECT_EQ(pending.size(), 2U) << "the free blocks";
   EXPECT_EQ(pools.stats().pools, 1U) << "pool 1 keeps its live block";
-  EXPECT_EQ(pools.deallocate(fake(2)), GraphPools::Release::returned);
+  EXPECT_EQ(pools.deallocate(fake(2)), GraphPools::Deallocation::returned);
   pending = pools.take_pending();
   ASSERT_EQ(pending.size(), 1U);
   EXPECT_EQ(pending[0].pointer, fake(2));
@@ -160,7 +160,7 @@ TEST(GraphPoolsThreads, ConcurrentPoolsNeverShareBlocks) {
         // Every block of pool `id` was made by thread t.
         const auto n = reinterpret_cast<std::uintptr_t>(block.pointer) >> 12;
         if ((n - 1) / kRounds != static_cast<std::uintptr_t>(t)) crossed.fetch_add(1);
-        if (pools.deallocate(block.pointer) != GraphPools::Release::returned) {
+        if (pools.deallocate(block.pointer) != GraphPools::Deallocation::returned) {
           crossed.fetch_add(1);
         }
       }

@@ -51,7 +51,7 @@ TEST(DevicePoolLargeThreadCacheRecord, OnlyALeasedBlockOfItsSizeIsCached) {
   cache.note_leased(fake(1), 4_MiB);
   EXPECT_EQ(cache.put(fake(1), 4_MiB, kAny, 64_MiB), Put::cached);
   EXPECT_EQ(cache.cached_bytes(), 4_MiB);
-  EXPECT_EQ(cache.put(fake(1), 4_MiB, kAny, 64_MiB), Put::double_release);
+  EXPECT_EQ(cache.put(fake(1), 4_MiB, kAny, 64_MiB), Put::double_deallocate);
   EXPECT_EQ(cache.take(8_MiB, kAny), nullptr) << "exact sizes only";
   EXPECT_EQ(cache.take(4_MiB, kAny), fake(1));
   EXPECT_EQ(cache.cached_bytes(), 0U);
@@ -80,7 +80,7 @@ TEST(DevicePoolLargeThreadCacheRecord, TheByteCapAndTheCountBoundWhatIsCached) {
   ASSERT_EQ(cache.put(fake(2), 4_MiB, detail::kUntagged, 8_MiB), Put::cached);
   EXPECT_EQ(cache.put(fake(3), 4_MiB, detail::kUntagged, 8_MiB), Put::no_room);
   LargeBlockCache::Cached oldest;
-  ASSERT_TRUE(cache.give_oldest([&](const LargeBlockCache::Cached& c) {
+  ASSERT_TRUE(cache.free_oldest([&](const LargeBlockCache::Cached& c) {
     EXPECT_TRUE(cache.holds(c.block)) << "still in its slot while it goes back";
     oldest = c;
   }));
@@ -124,10 +124,10 @@ TEST(DevicePoolLargeThreadCacheRecord, TheRecordAgreesWithAModelThroughFillsAndE
       auto it = leased.begin();
       std::advance(it, random() % leased.size());
       const Put put = cache.put(it->first, it->second, detail::kUntagged, 1_GiB);
-      ASSERT_NE(put, Put::double_release);
+      ASSERT_NE(put, Put::double_deallocate);
       if (put == Put::no_room) {
         LargeBlockCache::Cached oldest;
-        ASSERT_TRUE(cache.give_oldest([&](const LargeBlockCache::Cached& c) { oldest = c; }));
+        ASSERT_TRUE(cache.free_oldest([&](const LargeBlockCache::Cached& c) { oldest = c; }));
         ASSERT_EQ(cached.erase(oldest.block), 1U);
       } else if (put == Put::cached) {
         cached[it->first] = it->second;
@@ -148,7 +148,7 @@ TEST(DevicePoolLargeThreadCacheRecord, TheRecordAgreesWithAModelThroughFillsAndE
     ASSERT_EQ(cache.cached_count(), cached.size());
   }
   for (const auto& [block, bytes] : cached) {
-    EXPECT_EQ(cache.put(block, bytes, detail::kUntagged, 1_GiB), Put::double_release)
+    EXPECT_EQ(cache.put(block, bytes, detail::kUntagged, 1_GiB), Put::double_deallocate)
         << "a cached block stays recorded as cached";
   }
 }
@@ -498,12 +498,12 @@ TEST(DevicePoolLargeThreadCache, AReleaseOnAnotherThreadKeepsTheOwnersOtherBlock
 }
 
 // LeaseOwner::holds() on another thread finds a block that stays cached while the owner
-// moves its other cached blocks (take() and give_oldest() move slots down). `generation` is
+// moves its other cached blocks (take() and free_oldest() move slots down). `generation` is
 // odd while the block is cached; a check that saw one odd value throughout must find it.
 TEST(DevicePoolLargeThreadCacheRecord, AStayingCachedBlockIsAlwaysSeenWhileOthersMove) {
   LargeBlockCache cache;
   void* const staying = fake(1000);
-  std::vector<void*> order;  // the cache's slots, bottom first, as take and give_oldest move them
+  std::vector<void*> order;  // the cache's slots, bottom first, as take and free_oldest move them
   auto put = [&](void* block, std::size_t bytes) {
     cache.note_leased(block, bytes);
     ASSERT_EQ(cache.put(block, bytes, detail::kUntagged, 1_GiB), Put::cached);
@@ -533,7 +533,7 @@ TEST(DevicePoolLargeThreadCacheRecord, AStayingCachedBlockIsAlwaysSeenWhileOther
     LargeBlockCache::Cached oldest;
     const bool leaving = order.front() == staying;
     if (leaving) generation.fetch_add(1, std::memory_order_acq_rel);  // even: out
-    ASSERT_TRUE(cache.give_oldest([&](const LargeBlockCache::Cached& c) { oldest = c; }));
+    ASSERT_TRUE(cache.free_oldest([&](const LargeBlockCache::Cached& c) { oldest = c; }));
     ASSERT_EQ(oldest.block, order.front());
     order.erase(order.begin());
     put(oldest.block, oldest.bytes);

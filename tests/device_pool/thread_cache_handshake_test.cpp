@@ -51,7 +51,7 @@ class ForcedMode {
 #define VRAM_FORCE_MODE_OR_SKIP(mode)                                        \
   ForcedMode forced_mode(mode);                                              \
   if (!forced_mode.applied()) {                                              \
-    GTEST_SKIP() << "fence mode " << detail::barrier_mode_name(mode)         \
+    GTEST_SKIP() << "barrier mode " << detail::barrier_mode_name(mode)       \
                  << " is not available in this build/kernel (default here: " \
                  << detail::asymmetric_barrier_mode() << ")";                \
   }                                                                          \
@@ -71,7 +71,7 @@ std::string mode_test_name(const ::testing::TestParamInfo<BarrierMode>& info) {
 
 TEST(ThreadCacheHandshake, DefaultModeIsNamedAndFixed) {
   const std::string name = detail::asymmetric_barrier_mode();
-  std::printf("[fence] default mode here: %s\n", name.c_str());
+  std::printf("[barrier] default mode here: %s\n", name.c_str());
   EXPECT_EQ(name, detail::barrier_mode_name(detail::default_barrier_mode()));
   EXPECT_EQ(name, detail::asymmetric_barrier_mode());
 #if VRAM_DETAIL_TSAN
@@ -81,7 +81,7 @@ TEST(ThreadCacheHandshake, DefaultModeIsNamedAndFixed) {
   EXPECT_NE(detail::default_barrier_mode(), BarrierMode::seq_cst);
   EXPECT_FALSE(detail::force_barrier_mode_for_testing(BarrierMode::seq_cst));
   ASSERT_TRUE(detail::force_barrier_mode_for_testing(BarrierMode::full_barrier));  // always usable
-  EXPECT_STREQ(detail::asymmetric_barrier_mode(), "fence");
+  EXPECT_STREQ(detail::asymmetric_barrier_mode(), "full barrier");
   detail::reset_barrier_mode_for_testing();
 #endif
   EXPECT_EQ(std::string(detail::asymmetric_barrier_mode()), name);

@@ -56,10 +56,10 @@ TEST(BlockRegistry, RacingTakesOfOneBlockTakeItOnce) {
   std::size_t recorded = 0;
   registry.add(reinterpret_cast<void*>(0x100000), SIZE_MAX);
   EXPECT_EQ(registry.take(reinterpret_cast<void*>(0x100000), 1, recorded),
-            detail::BlockRegistry::Release::wrong_size);
+            detail::BlockRegistry::Deallocation::wrong_size);
   EXPECT_EQ(recorded, SIZE_MAX);
   EXPECT_EQ(registry.take(reinterpret_cast<void*>(0x100000), SIZE_MAX, recorded),
-            detail::BlockRegistry::Release::taken);
+            detail::BlockRegistry::Deallocation::taken);
   for (int round = 0; round < 200; ++round) {
     std::vector<void*> blocks;
     for (std::uintptr_t i = 1; i <= 64; ++i) {
@@ -72,7 +72,7 @@ TEST(BlockRegistry, RacingTakesOfOneBlockTakeItOnce) {
       threads.emplace_back([&] {
         for (void* b : blocks) {
           std::size_t r = 0;
-          if (registry.take(b, 4096, r) == detail::BlockRegistry::Release::taken) ++taken;
+          if (registry.take(b, 4096, r) == detail::BlockRegistry::Deallocation::taken) ++taken;
         }
       });
     }

@@ -28,7 +28,7 @@
 //    kOwner or a later value. If P falls before A, then B (after A in program order, the
 //    signal fence keeps the compiler from hoisting it) executes after P and so after C
 //    became visible: B sees the flag. Either way at least one side sees the other.
-//  - full_barrier, printed "fence" (membarrier unavailable: old kernel, seccomp, not Linux):
+//  - full_barrier, printed "full barrier" (membarrier unavailable: old kernel, seccomp, not Linux):
 //    light() and heavy() are both std::atomic_thread_fence(seq_cst): the classic symmetric
 //    Dekker, correct by the C++ fence rules (two seq_cst fences order a store-load pair on
 //    each side). The owner then pays one full fence per call, about what a locked
@@ -73,7 +73,7 @@ namespace vram::detail {
 
 enum class BarrierMode : std::uint8_t { membarrier, full_barrier, seq_cst };
 
-// "membarrier", "fence" or "seq_cst (TSan)".
+// "membarrier", "full barrier" or "seq_cst (TSan)".
 const char* barrier_mode_name(BarrierMode mode) noexcept;
 
 // The mode this process gives new pools: membarrier when it could be registered (tried

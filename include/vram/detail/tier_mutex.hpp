@@ -44,7 +44,7 @@ class TierMutex {
     return state_.compare_exchange_strong(expected, kHeld, std::memory_order_acquire,
                                           std::memory_order_relaxed);
   }
-  // How many lock() calls found the lock held (relaxed; wraps): whether threads meet here.
+  // How many lock() calls found it already locked (relaxed; wraps): whether threads meet here.
   std::uint32_t contentions() const noexcept {
     return contentions_.load(std::memory_order_relaxed);
   }
