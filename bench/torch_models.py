@@ -1,7 +1,7 @@
 """Real models over each allocator: peak reserved memory and step time, each run in its own
 interpreter (the allocator is chosen before CUDA starts):
 
-    python3 bench/torch_models.py OUT.json [--lib NAME=PATH ...] [--rounds 2]
+    python3 bench/torch_models.py OUT.json [--lib NAME=PATH[,PYTHON_DIR] ...] [--rounds 2]
 
 Models, built from transformers configs with random weights (nothing downloaded): Llama
 (training with AdamW, then generation with a growing KV cache), Mixtral (training, 8
@@ -26,10 +26,10 @@ ROOT = os.path.dirname(HERE)
 
 CHILD = r"""
 import json, os, statistics, sys, time
-model_name, lib, root = sys.argv[1], sys.argv[2], sys.argv[3]
+model_name, lib, pydir = sys.argv[1], sys.argv[2], sys.argv[3]
 import torch
 if lib:
-    sys.path.insert(0, os.path.join(root, "python"))
+    sys.path.insert(0, pydir)
     import vram_torch
     vram_torch.enable(lib)
 import transformers
@@ -104,7 +104,8 @@ else:
                                  pad_token_id=0)
         values.append(int(out.sum().item()))
     times, _ = timed(step, 8, 2)
-if lib and vram_torch.mode() != "native":  # the pluggable route has no torch.cuda stats
+if lib and getattr(vram_torch, "mode", lambda: "pluggable")() != "native":
+    # the pluggable route (and builds before the native one) has no torch.cuda stats
     stats = vram_torch.stats()
 else:
     stats = torch.cuda.memory_stats()
@@ -120,24 +121,28 @@ MODELS = ["llama", "llama_generate", "mixtral", "vit"]
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
-    p.add_argument("--lib", action="append", default=[], metavar="NAME=PATH")
+    p.add_argument("--lib", action="append", default=[], metavar="NAME=PATH[,PYTHON_DIR]",
+                   help="a libvram_torch.so; PYTHON_DIR: the vram_torch package of its build "
+                   "(default: this tree's python/)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--no-expandable", action="store_true")
     args = p.parse_args()
-    allocators = [("torch", "", {})]
+    allocators = [("torch", "", {}, "")]
     if not args.no_expandable:
         allocators.append(("torch-expandable", "",
-                           {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}))
+                           {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, ""))
     for item in args.lib:
-        name, _, path = item.partition("=")
-        allocators.append((name, os.path.abspath(path), {}))
+        name, _, rest = item.partition("=")
+        path, _, pydir = rest.partition(",")
+        allocators.append((name, os.path.abspath(path), {},
+                           os.path.abspath(pydir) if pydir else os.path.join(ROOT, "python")))
     runs = {}
     for r in range(args.rounds):
         for m in args.models.split(","):
             order = allocators if r % 2 == 0 else list(reversed(allocators))
-            for name, lib, env in order:
-                proc = subprocess.run([sys.executable, "-c", CHILD, m, lib, ROOT],
+            for name, lib, env, pydir in order:
+                proc = subprocess.run([sys.executable, "-c", CHILD, m, lib, pydir],
                                       capture_output=True, text=True, timeout=600,
                                       env=dict(os.environ, **env))
                 rows = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -154,7 +159,7 @@ def main():
              "(max over rounds) | results equal PyTorch's |", "|---|---|---|---|---|"]
     for m in args.models.split(","):
         reference = [r.get("values") for r in runs.get(f"{m}/torch", [])]
-        for name, _, _ in allocators:
+        for name, _, _, _ in allocators:
             rows = [r for r in runs.get(f"{m}/{name}", []) if "error" not in r]
             if not rows:
                 lines.append(f"| {m} | {name} | failed | | |")
