@@ -155,6 +155,8 @@ def main():
                 runs.setdefault(key, []).append(row)
                 print(f"{key} round {r}: {row['median_ms']:.1f} ms, peak reserved "
                       f"{row['peak_reserved'] / 2**30:.2f} GiB", flush=True)
+                with open(args.out, "w") as f:  # what ran so far, should a limit cut the run
+                    json.dump({"rounds": args.rounds, "runs": runs}, f, indent=1)
     lines = ["| model | allocator | step ms median over rounds (range) | peak reserved GiB "
              "(max over rounds) | results equal PyTorch's |", "|---|---|---|---|---|"]
     for m in args.models.split(","):
