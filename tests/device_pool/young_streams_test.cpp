@@ -7,7 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu_test_policy.hpp"
@@ -155,6 +158,60 @@ TEST(YoungStreams, AYoungStreamsFreeReachesAnotherStreamAfterItsWorkWithNoQuiesc
     EXPECT_EQ(upstream->bad_frees(), 0U);
     detail::thread_young_streams().clear();
   }
+}
+
+// Threads free on streams young for them (a stream per round, destroyed after its work),
+// with block sizes of both tiers: every block comes back once, nothing is lost, hardly any
+// free waits for a quiesce; then a second release of a large block, on another thread and
+// stream, is refused.
+TEST(YoungStreams, ThreadsFencingTheirFreesLoseNoBlockAndRefuseSecondReleases) {
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 200;
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<StreamLifetimeFence>(/*recycle_handles=*/false);
+  {
+    DevicePool pool(upstream, emulated(fence));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        detail::thread_young_streams().clear();
+        for (int round = 0; round < kRounds; ++round) {
+          const cudaStream_t s = fence->create();
+          const std::size_t bytes = (round % 3 == 0 ? 1_MiB : 4096) * (1 + (t + round) % 4);
+          void* a = pool.allocate_async(bytes, s);
+          void* b = pool.allocate_async(bytes, s);
+          fence->enqueue(s, [] {});  // the request's work, run when s is synchronized
+          pool.deallocate_async(a, bytes, s);
+          pool.deallocate_async(b, bytes, s);
+          fence->synchronize(s);
+          fence->destroy(s);
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    const DevicePoolStats stats = pool.stats();
+    EXPECT_EQ(stats.bytes_in_use, 0U);
+    EXPECT_EQ(stats.acquires, stats.releases);
+    EXPECT_LE(stats.stream_quiesces, 4U);
+    // A second release of a large block on a young stream is refused (the tier finds it
+    // free), whichever thread makes it.
+    const cudaStream_t s = fence->create();
+    void* big = pool.allocate_async(4_MiB, s);
+    pool.deallocate_async(big, 4_MiB, s);
+    const std::uint64_t refused = pool.stats().invalid_releases;
+    std::thread([&] {
+      detail::thread_young_streams().clear();
+      const cudaStream_t s2 = fence->create();
+      pool.deallocate_async(big, 4_MiB, s2);
+      fence->destroy(s2);
+    }).join();
+    EXPECT_EQ(pool.stats().invalid_releases, refused + 1);
+    fence->destroy(s);
+    pool.trim(0);
+  }
+  EXPECT_EQ(fence->records_on_destroyed(), 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
 #ifdef VRAM_HAVE_TEST_KERNELS
