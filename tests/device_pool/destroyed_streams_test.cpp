@@ -322,10 +322,11 @@ void run_destroyed_streams(bool virtual_memory, bool recycle_handles) {
   EXPECT_LE(stats.stream_quiesces, stats.quiesces);
   EXPECT_LE(stats.quiesces, fence->quiesces()) << "a quiesce counted that did not happen";
   // No stream is seen again, but each frees fewer than kYoungFrees blocks on its thread: every
-  // free is fenced at once (young_streams.hpp), so hardly any waits for a quiesce (a range
-  // another thread finds between its filing and its marker may still ask for one; without
-  // the fence at the free this loop quiesced some 300 to 950 times).
-  if (!recycle_handles) EXPECT_LE(stats.stream_quiesces, 16U) << "fenced frees waited for quiesces";
+  // free is fenced at once (young_streams.hpp), so hardly any waits for a quiesce: a range
+  // another thread finds between its filing and its marker may still ask for one (0 to 10
+  // in a Release build, up to about 20 under ThreadSanitizer; without the fence at the free
+  // this loop quiesced some 220 to 950 times).
+  if (!recycle_handles) EXPECT_LE(stats.stream_quiesces, 64U) << "fenced frees waited for quiesces";
 }
 
 TEST(DevicePoolDestroyedStreams, SixteenThreadsCreateAndDestroyStreamsPerBatchVirtual) {

@@ -192,7 +192,9 @@ TEST(YoungStreams, ThreadsFencingTheirFreesLoseNoBlockAndRefuseSecondReleases) {
     const DevicePoolStats stats = pool.stats();
     EXPECT_EQ(stats.bytes_in_use, 0U);
     EXPECT_EQ(stats.acquires, stats.releases);
-    EXPECT_LE(stats.stream_quiesces, 4U);
+    // A range found between its filing and its marker may still ask for one (a few, 800
+    // streams).
+    EXPECT_LE(stats.stream_quiesces, 32U);
     // A second release of a large block on a young stream is refused (the tier finds it
     // free), whichever thread makes it.
     const cudaStream_t s = fence->create();
