@@ -41,7 +41,53 @@ TEST(YoungStreams, AStreamAgesAfterItsFirstFrees) {
   }
   EXPECT_TRUE(table.aged_front(s));
   EXPECT_FALSE(table.note_free(s));
-  EXPECT_EQ(table.frees_of(s), YoungStreams::kYoungFrees);
+  EXPECT_EQ(table.frees_of(s), YoungStreams::kYoungFrees + 1);
+}
+
+TEST(YoungStreams, AnAgedStreamReadsItsIdentityEveryFewFreesOnly) {
+  YoungStreams table;
+  const StreamKey s = 0x1000;
+  int reads = 0;
+  auto identity = [&reads] {
+    ++reads;
+    return std::uint64_t{7};
+  };
+  for (std::uint32_t i = 0; i < YoungStreams::kYoungFrees; ++i) table.note_free(s, identity);
+  EXPECT_EQ(reads, static_cast<int>(YoungStreams::kYoungFrees)) << "read at every young free";
+  reads = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (std::uint32_t i = 1; i < YoungStreams::kCheckEvery; ++i) {
+      EXPECT_TRUE(table.aged_front(s)) << "warm free " << i;
+    }
+    EXPECT_FALSE(table.aged_front(s)) << "a check is due";
+    EXPECT_FALSE(table.note_free(s, identity)) << "the same stream: still aged";
+  }
+  EXPECT_EQ(reads, 3);
+}
+
+TEST(YoungStreams, ANewStreamOnAnAgedHandleIsYoungAndTheHandleChurns) {
+  YoungStreams table;
+  const StreamKey s = 0x1000;
+  std::uint64_t id = 1;
+  auto identity = [&id] { return id; };
+  for (std::uint32_t i = 0; i < YoungStreams::kYoungFrees; ++i) table.note_free(s, identity);
+  EXPECT_FALSE(table.note_free(s, identity));
+  id = 2;  // the stream was destroyed and a new one got its handle
+  // The pool's order: the warm test, else the table. An aged handle is found out at its
+  // next identity check, at most kCheckEvery frees later.
+  std::uint32_t warm = 0;
+  while (table.aged_front(s)) ++warm;
+  EXPECT_LT(warm, YoungStreams::kCheckEvery);
+  EXPECT_TRUE(table.note_free(s, identity)) << "the new stream is young";
+  EXPECT_TRUE(table.churning(s));
+  for (std::uint32_t i = 1; i < YoungStreams::kYoungFrees; ++i) table.note_free(s, identity);
+  EXPECT_FALSE(table.aged_front(s)) << "a churning handle reads the identity at every free";
+  EXPECT_FALSE(table.note_free(s, identity)) << "aged on its own identity";
+  id = 3;
+  EXPECT_TRUE(table.note_free(s, identity)) << "the next stream on the handle is young at once";
+  for (std::uint32_t i = 1; i < YoungStreams::kSettledFrees; ++i) table.note_free(s, identity);
+  EXPECT_FALSE(table.churning(s)) << "settled after kSettledFrees frees of one stream";
+  EXPECT_TRUE(table.aged_front(s));
 }
 
 TEST(YoungStreams, TheWarmTestSeesOnlyTheLastStreamButAStreamKeepsItsCount) {
