@@ -1,0 +1,13 @@
+#include "cuda/stream_identity.hpp"
+
+#include "cuda/status.hpp"
+
+namespace vram::cuda {
+
+std::uint64_t stream_identity(cudaStream_t stream) noexcept {
+  unsigned long long id = 0;
+  if (!succeeded(cudaStreamGetId(stream, &id))) return 0;
+  return id;
+}
+
+}  // namespace vram::cuda
