@@ -165,7 +165,7 @@ def load_library(path=None):
         lib.vram_torch_region_enter.argtypes = (ctypes.c_char_p, ctypes.c_int, ctypes.c_int)
         lib.vram_torch_region_exit.restype = ctypes.c_int
         lib.vram_torch_region_exit.argtypes = ()
-        for name in ("vram_torch_sleep", "vram_torch_wake"):
+        for name in ("vram_torch_sleep", "vram_torch_sleep_discard", "vram_torch_wake"):
             getattr(lib, name).restype = ctypes.c_int
             getattr(lib, name).argtypes = (ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p)
         lib.vram_torch_tag_stats.restype = ctypes.c_int
@@ -571,12 +571,14 @@ def sleep(tags=None, level=1, stream=None, device=None, path=None):
     host memory (pinned at the first sleep and reused), then the GPU memory is released;
     addresses stay reserved. stream=None synchronizes the device first; with a stream
     (torch.cuda.Stream or a handle) the copies follow the work queued on it.
-    level: vLLM's sleep level; 1 (the default) keeps what each tag's kind keeps; 2 (discard
-    the weights too) is not offered: make such tensors discardable=True instead."""
-    if level != 1:
-        raise ValueError("vram_torch.sleep: level 2 is not offered; declare tensors whose "
-                         "contents may be dropped with region(tag, discardable=True)")
-    _each("sleep", tags, stream, device, path)
+    level: vLLM's sleep level. 1 (the default): each tag keeps what its kind keeps (the
+    contents of discardable tags are dropped, the others' copied to host memory). 2: every
+    tag's contents are dropped, nothing is copied; after wake the memory is uninitialised
+    and the caller reloads the weights (the tags' pinned backups, if any, are kept)."""
+    if level not in (1, 2) or isinstance(level, bool):
+        raise ValueError(f"vram_torch.sleep: level is 1 (keep the contents of tags that keep "
+                         f"them) or 2 (drop every tag's contents), not {level!r}")
+    _each("sleep" if level == 1 else "sleep_discard", tags, stream, device, path)
 
 
 def wake(tags=None, stream=None, device=None, path=None):

@@ -505,9 +505,13 @@ class DevicePool {
   [[nodiscard]] TagScope tag_scope(SleepTag tag);
   [[nodiscard]] void* allocate_tagged(std::size_t bytes, SleepTag tag,
                                       cudaStream_t stream = nullptr);
-  void sleep(SleepTag tag, cudaStream_t stream = nullptr);
+  //   contents: SleepContents::discard drops the tags' contents even where they keep a
+  //     backup (the next wake maps uninitialised memory).
+  void sleep(SleepTag tag, cudaStream_t stream = nullptr,
+             SleepContents contents = SleepContents::keep);
   void wake(SleepTag tag, cudaStream_t stream = nullptr);
-  void sleep(const std::vector<SleepTag>& tags, cudaStream_t stream = nullptr);
+  void sleep(const std::vector<SleepTag>& tags, cudaStream_t stream = nullptr,
+             SleepContents contents = SleepContents::keep);
   void wake(const std::vector<SleepTag>& tags, cudaStream_t stream = nullptr);
   SleepTagStats tag_stats(SleepTag tag) const;
 

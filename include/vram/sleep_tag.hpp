@@ -14,6 +14,8 @@
 //   ... the GPU memory is free for other work ...
 //   pool.wake(weights, stream);               // mapped at the same addresses, copied back
 //   pool.wake(kv, stream);                    // mapped; contents uninitialised
+//   pool.sleep(weights, stream, vram::SleepContents::discard);  // unmapped, nothing copied
+//   pool.wake(weights, stream);               // mapped; contents uninitialised (reload them)
 //
 // Where a tag's memory comes from
 //   Each tag owns its own reserved address range of the pool's virtual memory: every
@@ -82,6 +84,14 @@ struct SleepTag {
 };
 
 enum class SleepState : std::uint8_t { awake, asleep };
+
+// What sleep does with a tag's contents.
+enum class SleepContents : std::uint8_t {
+  keep,     // copied to the backup and back at wake (a discardable tag: dropped)
+  discard,  // dropped, backup or not: nothing is copied either way and the memory mapped at
+            // wake is uninitialised (vLLM's sleep level 2); a backup already pinned is kept
+            // for a later sleep that keeps
+};
 
 struct SleepTagStats {
   std::string name;

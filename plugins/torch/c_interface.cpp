@@ -214,7 +214,12 @@ VRAM_TORCH_API int vram_torch_region_enter(const char* tag, int discardable, int
 VRAM_TORCH_API int vram_torch_region_exit(void) { return vram_torch::region_exit(); }
 
 VRAM_TORCH_API int vram_torch_sleep(const char* tag, int device, vram_torch_stream_t stream) {
-  return vram_torch::sleep_tag(tag, device, stream);
+  return vram_torch::sleep_tag(tag, device, stream, false);
+}
+
+VRAM_TORCH_API int vram_torch_sleep_discard(const char* tag, int device,
+                                            vram_torch_stream_t stream) {
+  return vram_torch::sleep_tag(tag, device, stream, true);
 }
 
 VRAM_TORCH_API int vram_torch_wake(const char* tag, int device, vram_torch_stream_t stream) {

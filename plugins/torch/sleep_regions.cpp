@@ -100,9 +100,9 @@ int region_exit() noexcept {
   return 0;
 }
 
-int sleep_tag(const char* tag, int device, cudaStream_t stream) noexcept {
+int sleep_tag(const char* tag, int device, cudaStream_t stream, bool discard) noexcept {
   return each_device_with(tag, device, "sleep", [&](vram::DevicePool& pool, vram::SleepTag handle) {
-    pool.sleep(handle, stream);
+    pool.sleep(handle, stream, discard ? vram::SleepContents::discard : vram::SleepContents::keep);
   });
 }
 

@@ -20,7 +20,9 @@ namespace vram_torch {
 int region_enter(const char* tag, int discardable, int device) noexcept;
 int region_exit() noexcept;
 // `device` -1: every device whose pool has the tag (at least one must).
-int sleep_tag(const char* tag, int device, cudaStream_t stream) noexcept;
+// `discard`: the contents are dropped even when the tag keeps a backup (uninitialised after
+// wake).
+int sleep_tag(const char* tag, int device, cudaStream_t stream, bool discard) noexcept;
 int wake_tag(const char* tag, int device, cudaStream_t stream) noexcept;
 
 }  // namespace vram_torch

@@ -148,10 +148,13 @@ size_t vram_torch_last_error(char* buffer, size_t size);
  * sleep / wake: `device` -1 for every device whose pool has the tag; `stream` NULL: the
  * device is synchronized first, else the copies follow the work queued on `stream` (work on
  * other streams that uses the tag must be ordered before it by the caller). Both return
- * after their copies completed. */
+ * after their copies completed.
+ * sleep_discard: sleep that drops the contents even of a tag that keeps them (nothing is
+ * copied; the memory mapped at the next wake is uninitialised): vLLM's sleep level 2. */
 int vram_torch_region_enter(const char* tag, int discardable, int device);
 int vram_torch_region_exit(void);
 int vram_torch_sleep(const char* tag, int device, vram_torch_stream_t stream);
+int vram_torch_sleep_discard(const char* tag, int device, vram_torch_stream_t stream);
 int vram_torch_wake(const char* tag, int device, vram_torch_stream_t stream);
 typedef struct vram_torch_tag_stats_t {
   uint64_t asleep; /* 1 while the tag sleeps */

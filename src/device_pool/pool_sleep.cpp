@@ -154,9 +154,9 @@ void* DevicePool::allocate_tagged(std::size_t bytes, SleepTag tag, cudaStream_t 
   return core.tag_allocate(target, bytes, kDefaultAlignment, key);
 }
 
-void DevicePool::sleep(SleepTag tag, cudaStream_t stream) {
+void DevicePool::sleep(SleepTag tag, cudaStream_t stream, SleepContents contents) {
   detail::DevicePoolCore& core = live_core("sleep");
-  core.sleep_tags.sleep(core.sleep_tags.tag_of(tag, "sleep"), stream);
+  core.sleep_tags.sleep(core.sleep_tags.tag_of(tag, "sleep"), stream, contents);
 }
 
 void DevicePool::wake(SleepTag tag, cudaStream_t stream) {
@@ -164,10 +164,13 @@ void DevicePool::wake(SleepTag tag, cudaStream_t stream) {
   core.sleep_tags.wake(core.sleep_tags.tag_of(tag, "wake"), stream);
 }
 
-void DevicePool::sleep(const std::vector<SleepTag>& tags, cudaStream_t stream) {
+void DevicePool::sleep(const std::vector<SleepTag>& tags, cudaStream_t stream,
+                       SleepContents contents) {
   detail::DevicePoolCore& core = live_core("sleep");
   for (SleepTag tag : tags) (void)core.sleep_tags.tag_of(tag, "sleep");
-  for (SleepTag tag : tags) core.sleep_tags.sleep(core.sleep_tags.tag_of(tag, "sleep"), stream);
+  for (SleepTag tag : tags) {
+    core.sleep_tags.sleep(core.sleep_tags.tag_of(tag, "sleep"), stream, contents);
+  }
 }
 
 void DevicePool::wake(const std::vector<SleepTag>& tags, cudaStream_t stream) {

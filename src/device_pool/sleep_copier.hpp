@@ -4,8 +4,9 @@
 // Rule: a tag's physical memory is unmapped (sleep) and its backup counted reusable (wake)
 // only with a CopiesCompleted of the copier that queued the copies: the witness comes only
 // out of wait(), after the host observed an event recorded behind the last copy (over
-// host memory, after the last memcpy returned). A witness names its batch; a tag accepts
-// only the one of the batch it started.
+// host memory, after the last memcpy returned). A witness names its batch and is minted
+// once per copier; check() accepts only the copier's own (not one of another copier or an
+// earlier cycle, not a moved-from one), so a witness can be neither forged nor reused.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <utility>
 
 #include "vram/cuda/event.hpp"
@@ -59,10 +61,27 @@ class SleepCopier {
   virtual void to_host(void* host, const void* device, std::size_t bytes) = 0;
   virtual void to_device(void* device, const void* host, std::size_t bytes) = 0;
   // Blocks until every copy queued so far (and the work queued before them) completed.
-  // Throws vram::CudaError when that cannot be observed (nothing is then proven).
+  // Throws vram::CudaError when that cannot be observed (nothing is then proven; wait may be
+  // called again). One witness per copier: a second wait after one succeeded throws
+  // std::logic_error.
   CopiesCompleted wait() {
+    if (witnessed_) {
+      throw std::logic_error(
+          "vram sleep copier: wait() called again after its copies were proven complete "
+          "(one witness per batch)");
+    }
     wait_for_copies();
+    witnessed_ = true;
     return CopiesCompleted(batch_);
+  }
+  // Throws std::logic_error unless `proof` is this copier's witness (a moved-from one names
+  // no batch); nothing changes either way.
+  void check(const CopiesCompleted& proof) const {
+    if (proof.batch() == 0 || proof.batch() != batch_) {
+      throw std::logic_error(
+          "vram sleep copier: the witness does not prove this batch's copies (another "
+          "copier's, an earlier cycle's, or moved from)");
+    }
   }
 
  protected:
@@ -71,6 +90,7 @@ class SleepCopier {
 
  private:
   std::uint64_t batch_;
+  bool witnessed_ = false;
 };
 
 }  // namespace vram::detail

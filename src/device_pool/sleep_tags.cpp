@@ -146,7 +146,7 @@ std::unique_ptr<SleepCopier> SleepTags::copier(cudaStream_t stream) {
   return SleepCopier::for_device(device_, stream, own_stream_);
 }
 
-void SleepTags::sleep(Tag& tag, cudaStream_t stream) {
+void SleepTags::sleep(Tag& tag, cudaStream_t stream, SleepContents contents) {
   std::lock_guard lock(tag.mutex);
   if (tag.state == SleepState::asleep) {
     throw InvalidArgument("vram::DevicePool::sleep: the tag " + quoted(tag.name) +
@@ -156,7 +156,7 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream) {
   // contents where they were.
   std::vector<Tag::Saved> saved;
   std::size_t total = 0;
-  if (!tag.options.discardable) {
+  if (!tag.options.discardable && contents == SleepContents::keep) {
     for (const TagArena::Range& range : tag.arena.live_ranges(kMaxCopyGap)) {
       saved.push_back({range.offset, range.bytes, total});
       total += range.bytes;
@@ -176,11 +176,8 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream) {
     wait_quietly(*copies);  // the copies queued so far end before the backup is reused
     throw;
   }
-  const std::uint64_t batch = copies->batch();
-  CopiesCompleted proof = copies->wait();
-  if (proof.batch() != batch) {  // a witness of another batch proves nothing: unmap nothing
-    throw std::logic_error("vram::DevicePool::sleep: the copies' proof names another batch");
-  }
+  const CopiesCompleted proof = copies->wait();
+  copies->check(proof);  // a witness of another batch proves nothing: unmap nothing
   tag.arena.unmap_all();
   tag.arena.untag_free();  // no stream's work uses the range any more
   tag.copied_ranges = saved.size();
@@ -207,8 +204,8 @@ void SleepTags::wake(Tag& tag, cudaStream_t stream) {
                                   copies->to_device(base + range.offset + done, host, n);
                                 });
     }
-    CopiesCompleted proof = copies->wait();  // the backup is reusable from here on
-    (void)proof;
+    const CopiesCompleted proof = copies->wait();  // the backup is reusable from here on
+    copies->check(proof);
   } catch (...) {
     if (copies) wait_quietly(*copies);  // no copy still writes what is unmapped next
     tag.arena.unmap_all();              // asleep again, the backup intact

@@ -100,7 +100,7 @@ class SleepTags {
   static Release free(Tag& tag, void* block, std::size_t bytes, StreamKey key,
                       std::size_t& block_bytes) noexcept;
 
-  void sleep(Tag& tag, cudaStream_t stream);
+  void sleep(Tag& tag, cudaStream_t stream, SleepContents contents);
   void wake(Tag& tag, cudaStream_t stream);
   SleepTagStats stats(Tag& tag) const;
   // Over every tag, in one walk (each tag's mutex taken once).

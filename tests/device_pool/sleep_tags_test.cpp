@@ -6,14 +6,24 @@
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
 #include <thread>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "device_pool/sleep_copier.hpp"
 #include "gpu_test_policy.hpp"
 #include "test_kernels.hpp"
 #include "test_upstreams.hpp"
@@ -216,6 +226,103 @@ TEST(SleepTags, DiscardableTagCopiesNothingAndComesBackMapped) {
   EXPECT_GE(h.pool.tag_stats(kv).mapped_bytes, 20 * kMiB);
   std::memset(cache, 0x5a, 20 * kMiB);  // mapped and writable, contents undefined before
   h.pool.deallocate(cache, 20 * kMiB);
+}
+
+TEST(SleepTags, SleepThatDiscardsCopiesNothingEvenWithABackupAndKeepsTheBackupForLater) {
+  auto backup = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag(false, backup));
+  void* block = h.pool.allocate_tagged(12 * kMiB, weights);
+  fill(block, 12 * kMiB, 7);
+  h.pool.sleep(weights);  // a first cycle that keeps: the backup is pinned
+  h.pool.wake(weights);
+  const std::size_t pinned = backup->live_bytes();
+  ASSERT_GE(pinned, 12 * kMiB);
+  const std::size_t mapped = h.pool.tag_stats(weights).mapped_bytes;
+  const std::size_t physical = h.physical->live_bytes();
+
+  h.pool.sleep(weights, nullptr, SleepContents::discard);
+  const SleepTagStats asleep = h.pool.tag_stats(weights);
+  EXPECT_EQ(asleep.state, SleepState::asleep);
+  EXPECT_EQ(asleep.backed_up_bytes, 0U);
+  EXPECT_EQ(asleep.copies, 0U);
+  EXPECT_EQ(asleep.mapped_bytes, 0U);
+  EXPECT_EQ(h.physical->live_bytes(), physical - mapped);
+  EXPECT_EQ(backup->live_bytes(), pinned);  // kept for a later sleep that keeps
+  EXPECT_EQ(asleep.live_blocks, 1U);        // the block stays leased at its address
+
+  h.pool.wake(weights);
+  EXPECT_EQ(h.pool.tag_stats(weights).state, SleepState::awake);
+  EXPECT_GE(h.pool.tag_stats(weights).mapped_bytes, 12 * kMiB);
+  fill(block, 12 * kMiB, 9);  // mapped and writable: the caller reloads the contents
+  h.pool.sleep(weights);      // keeps again, through the same backup
+  EXPECT_EQ(backup->live_bytes(), pinned);
+  h.pool.wake(weights);
+  EXPECT_EQ(mismatches(block, 12 * kMiB, 9), 0U);
+  h.pool.deallocate(block, 12 * kMiB);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
+TEST(SleepTags, SleepThatDiscardsSeveralTagsAndIsRefusedForASleepingOne) {
+  HostPool h;
+  const SleepTag a = h.pool.create_tag("a", small_tag());
+  const SleepTag b = h.pool.create_tag("b", small_tag(true));
+  void* pa = h.pool.allocate_tagged(3 * kMiB, a);
+  void* pb = h.pool.allocate_tagged(3 * kMiB, b);
+  h.pool.sleep({a, b}, nullptr, SleepContents::discard);
+  EXPECT_EQ(h.pool.tag_stats(a).state, SleepState::asleep);
+  EXPECT_EQ(h.pool.tag_stats(b).state, SleepState::asleep);
+  EXPECT_EQ(h.pool.tag_stats(a).backed_up_bytes, 0U);
+  EXPECT_THROW(h.pool.sleep(a, nullptr, SleepContents::discard), InvalidArgument);
+  EXPECT_EQ(h.pool.tag_stats(a).state, SleepState::asleep);
+  h.pool.wake({a, b});
+  h.pool.deallocate(pa, 3 * kMiB);
+  h.pool.deallocate(pb, 3 * kMiB);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
+// The proof that unmaps a tag's memory: only a copier's wait() mints it, once.
+using detail::CopiesCompleted;
+using detail::SleepCopier;
+static_assert(!std::is_default_constructible_v<CopiesCompleted>);
+static_assert(!std::is_copy_constructible_v<CopiesCompleted>);
+static_assert(!std::is_copy_assignable_v<CopiesCompleted>);
+static_assert(!std::is_constructible_v<CopiesCompleted, std::uint64_t>);
+static_assert(!std::is_convertible_v<std::uint64_t, CopiesCompleted>);
+static_assert(std::is_nothrow_move_constructible_v<CopiesCompleted>);
+
+TEST(CopiesCompletedWitness, OnlyTheCopiersOwnWitnessIsAccepted) {
+  const auto first = SleepCopier::for_host();
+  const auto second = SleepCopier::for_host();
+  const CopiesCompleted proof = first->wait();
+  EXPECT_EQ(proof.batch(), first->batch());
+  EXPECT_NO_THROW(first->check(proof));
+  EXPECT_THROW(second->check(proof), std::logic_error);  // another copier's
+}
+
+TEST(CopiesCompletedWitness, AWitnessOfAnEarlierCycleProvesNothingNow) {
+  const auto earlier = SleepCopier::for_host();
+  const CopiesCompleted stale = earlier->wait();
+  const auto now = SleepCopier::for_host();
+  EXPECT_NE(now->batch(), earlier->batch());
+  EXPECT_THROW(now->check(stale), std::logic_error);
+  EXPECT_NO_THROW(now->check(now->wait()));
+}
+
+TEST(CopiesCompletedWitness, ASecondWaitIsRefusedAndTheFirstWitnessStaysValid) {
+  const auto copier = SleepCopier::for_host();
+  const CopiesCompleted proof = copier->wait();
+  EXPECT_THROW((void)copier->wait(), std::logic_error);
+  EXPECT_NO_THROW(copier->check(proof));
+}
+
+TEST(CopiesCompletedWitness, AMovedFromWitnessProvesNothing) {
+  const auto copier = SleepCopier::for_host();
+  CopiesCompleted proof = copier->wait();
+  CopiesCompleted moved = std::move(proof);
+  EXPECT_EQ(proof.batch(), 0U);  // NOLINT(bugprone-use-after-move): the moved-from state
+  EXPECT_THROW(copier->check(proof), std::logic_error);
+  EXPECT_NO_THROW(copier->check(moved));
 }
 
 TEST(SleepTags, TwentyCyclesGrowNeitherHostNorMappedMemory) {
@@ -691,6 +798,129 @@ TEST(SleepTagsGpu, ACaptureScopeInsideATagScopeKeepsTheGraphValidAcrossSleep) {
   pool.release_graph_pool(id);
   pool.deallocate(out[0].pointer, out[0].bytes);
   EXPECT_EQ(pool.tag_stats(weights).live_blocks, 0U);
+}
+
+// The free bytes of device 0 as a second process sees them: vram_free_memory_probe (built
+// beside this executable) run through posix_spawn (no CUDA after a plain fork). Empty, with
+// the test failed, when the probe is missing or cannot say.
+std::optional<std::size_t> free_bytes_seen_by_another_process() {
+  std::error_code error;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::string probe = (self.parent_path() / "vram_free_memory_probe").string();
+  if (error || ::access(probe.c_str(), X_OK) != 0) {
+    ADD_FAILURE() << "no executable " << probe
+                  << ": build the vram_free_memory_probe target beside vram_tests";
+    return std::nullopt;
+  }
+  int pipe_ends[2];
+  if (::pipe(pipe_ends) != 0) {
+    ADD_FAILURE() << "pipe() failed";
+    return std::nullopt;
+  }
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, pipe_ends[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&actions, pipe_ends[0]);
+  std::string path_arg = probe;
+  std::string device_arg = "0";
+  char* argv[] = {path_arg.data(), device_arg.data(), nullptr};
+  pid_t child = 0;
+  const int spawned = posix_spawn(&child, probe.c_str(), &actions, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&actions);
+  ::close(pipe_ends[1]);
+  std::string out;
+  if (spawned == 0) {
+    char buffer[64];
+    for (ssize_t n; (n = ::read(pipe_ends[0], buffer, sizeof buffer)) > 0;) {
+      out.append(buffer, static_cast<std::size_t>(n));
+    }
+  }
+  ::close(pipe_ends[0]);
+  if (spawned != 0) {
+    ADD_FAILURE() << "posix_spawn(" << probe << ") failed: " << std::strerror(spawned);
+    return std::nullopt;
+  }
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    ADD_FAILURE() << probe << " failed (status " << status << "), output: " << out;
+    return std::nullopt;
+  }
+  try {
+    return static_cast<std::size_t>(std::stoull(out));
+  } catch (...) {
+    ADD_FAILURE() << probe << " printed no number: " << out;
+    return std::nullopt;
+  }
+}
+
+TEST(SleepTagsGpu, FreeMemorySeenFromASecondProcessFollowsSleepAndWake) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  std::vector<Block> blocks;
+  {
+    auto scope = pool.tag_scope(weights);
+    for (int i = 0; i < 32; ++i) blocks.push_back({pool.allocate(32 * kMiB), 32 * kMiB});
+  }
+  device_fill(blocks, 0xB0000000u, stream.get());
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  const SleepTagStats awake = pool.tag_stats(weights);
+  ASSERT_GE(awake.mapped_bytes, 32 * 32 * kMiB);
+  const std::optional<std::size_t> free_awake = free_bytes_seen_by_another_process();
+  ASSERT_TRUE(free_awake.has_value());
+
+  pool.sleep(weights, stream.get());
+  const std::optional<std::size_t> free_asleep = free_bytes_seen_by_another_process();
+  ASSERT_TRUE(free_asleep.has_value());
+  EXPECT_GE(*free_asleep, *free_awake + awake.mapped_bytes / 100 * 99)
+      << "another process must see at least 99% of the tag's mapped bytes free while it sleeps";
+
+  pool.wake(weights, stream.get());
+  const SleepTagStats woken = pool.tag_stats(weights);
+  const std::optional<std::size_t> free_woken = free_bytes_seen_by_another_process();
+  ASSERT_TRUE(free_woken.has_value());
+  // Every byte under live blocks is mapped again (wake skips the free granules mapped ahead).
+  ASSERT_LE(woken.mapped_bytes, awake.mapped_bytes);
+  ASSERT_GE(woken.mapped_bytes, 32 * 32 * kMiB);
+  constexpr std::size_t kTolerance = 64 * kMiB;  // other tenants of the device, the driver
+  EXPECT_GE(*free_asleep, *free_woken + woken.mapped_bytes / 100 * 99);
+  EXPECT_LE(*free_woken, *free_awake + (awake.mapped_bytes - woken.mapped_bytes) + kTolerance);
+  EXPECT_EQ(device_mismatches(blocks, 0xB0000000u, stream.get()), 0U);
+  for (const Block& b : blocks) pool.deallocate(b.pointer, b.bytes);
+  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+}
+
+TEST(SleepTagsGpu, SleepThatDiscardsFreesTheMemoryCopiesNothingAndWakeGivesWritableMemory) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool pool(0, device_virtual());
+  const SleepTag weights = pool.create_tag("weights");
+  std::vector<Block> blocks;
+  {
+    auto scope = pool.tag_scope(weights);
+    for (int i = 0; i < 8; ++i) blocks.push_back({pool.allocate(64 * kMiB), 64 * kMiB});
+  }
+  device_fill(blocks, 0xC0000000u, stream.get());
+  ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
+  const SleepTagStats awake = pool.tag_stats(weights);
+  const std::size_t free_awake = device_free_bytes();
+  pool.sleep(weights, stream.get(), SleepContents::discard);
+  const SleepTagStats asleep = pool.tag_stats(weights);
+  EXPECT_EQ(asleep.state, SleepState::asleep);
+  EXPECT_EQ(asleep.backed_up_bytes, 0U);
+  EXPECT_EQ(asleep.copies, 0U);
+  EXPECT_EQ(asleep.backup_bytes, 0U);  // nothing was ever pinned for it
+  EXPECT_GE(device_free_bytes(), free_awake + awake.mapped_bytes / 100 * 99);
+  pool.wake(weights, stream.get());
+  EXPECT_EQ(pool.tag_stats(weights).base, awake.base);
+  device_fill(blocks, 0xD0000000u, stream.get());  // the reload
+  EXPECT_EQ(device_mismatches(blocks, 0xD0000000u, stream.get()), 0U);
+  pool.sleep(weights, stream.get());  // a later sleep keeps the reloaded contents
+  pool.wake(weights, stream.get());
+  EXPECT_EQ(device_mismatches(blocks, 0xD0000000u, stream.get()), 0U);
+  for (const Block& b : blocks) pool.deallocate_async(b.pointer, b.bytes, stream.get());
+  EXPECT_EQ(pool.stats().invalid_releases, 0U);
 }
 
 #endif  // VRAM_HAVE_TEST_KERNELS

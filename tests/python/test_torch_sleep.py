@@ -161,6 +161,33 @@ def test_twenty_cycles_grow_neither_gpu_nor_host_memory():
     del tensors, kv
 
 
+def test_level_2_drops_the_weights_too_and_wake_gives_writable_memory_at_the_same_addresses():
+    with vram_torch.region("t_level2_weights"):
+        w = torch.full((64 << 20,), 7, dtype=torch.uint8, device="cuda")
+    with vram_torch.region("t_level2_kv", discardable=True):
+        kv = torch.empty((64 << 20,), dtype=torch.uint8, device="cuda")
+    pointers = (w.data_ptr(), kv.data_ptr())
+    mapped = (vram_torch.tag_stats("t_level2_weights")["mapped_bytes"]
+              + vram_torch.tag_stats("t_level2_kv")["mapped_bytes"])
+    before = _free()
+    vram_torch.sleep(["t_level2_weights", "t_level2_kv"], level=2)
+    assert _free() - before >= mapped * 99 // 100, (before, mapped)
+    stats = vram_torch.tag_stats("t_level2_weights")
+    assert stats["asleep"] == 1 and stats["backed_up_bytes"] == 0 and stats["copies"] == 0, stats
+    vram_torch.wake_up(["t_level2_weights", "t_level2_kv"])
+    assert (w.data_ptr(), kv.data_ptr()) == pointers
+    # Uninitialised after wake: the caller reloads the weights.
+    w.copy_(torch.full((64 << 20,), 9, dtype=torch.uint8, device="cuda"))
+    kv.fill_(1)
+    assert int(w.min()) == 9 and int(w.max()) == 9
+    assert int(kv.sum()) == 64 << 20
+    # Level 1 afterwards keeps the reloaded weights again.
+    vram_torch.sleep("t_level2_weights", level=1)
+    vram_torch.wake("t_level2_weights")
+    assert int(w.min()) == 9 and int(w.max()) == 9
+    del w, kv
+
+
 def test_misuse_raises_and_changes_nothing():
     with vram_torch.region("t_misuse"):
         x = torch.full((1 << 20,), 5, dtype=torch.int32, device="cuda")
@@ -180,12 +207,16 @@ def test_misuse_raises_and_changes_nothing():
     _expect_error(vram_torch.sleep, "t_never_made")
     _expect_error(vram_torch.sleep, "")
     _expect_error(vram_torch.sleep, 42)
-    _expect_error(vram_torch.sleep, "t_misuse", level=2)
+    _expect_error(vram_torch.sleep, "t_misuse", level=3)
+    _expect_error(vram_torch.sleep, "t_misuse", level=0)
+    assert vram_torch.tag_stats("t_misuse")["asleep"] == 0
     _expect_error(lambda: vram_torch.region("t_misuse", discardable=True).__enter__())
     assert vram_torch.tag_stats("t_never_made") is None
     # The C entry points never crash on bad arguments.
     lib = vram_torch.load_library()
     assert lib.vram_torch_sleep(None, 0, None) == -1
+    assert lib.vram_torch_sleep_discard(None, 0, None) == -1
+    assert lib.vram_torch_sleep_discard(b"t_never_made", -1, None) == -1
     assert lib.vram_torch_wake(b"t_misuse", 9999, None) == -1
     assert lib.vram_torch_region_exit() == -1
     assert lib.vram_torch_region_enter(None, 0, 0) == -1
