@@ -898,17 +898,15 @@ TEST(DevicePoolStreamsGpu, StreamDestroyedBeforeThePoolIsSafe) {
 }
 
 // Allocating on a stream while this thread captures it in global mode (PyTorch's default),
-// under a capture scope: the request finds only another stream's freed memory, freed with no
-// marker (the stream is aged: a young stream's free records its own marker, which would
-// prove the block free, young_streams_test.cpp). No marker may be recorded on that stream
-// outside a call on it, and a quiesce (a device synchronize) would invalidate the capture,
-// so the pool grows, in relaxed capture mode: the capture stays valid and the graph runs.
+// under a capture scope: the request finds only another stream's freed memory. No marker may
+// be recorded on that stream outside a call on it, and a quiesce (a device synchronize)
+// would invalidate the capture, so the pool grows, in relaxed capture mode: the capture
+// stays valid and the graph runs.
 TEST(DevicePoolStreamsGpu, AllocatingDuringAGlobalModeCaptureKeepsTheCaptureValid) {
   VRAM_GPU_TEST_OR_SKIP();
   DevicePool pool(0);
   cuda::Stream capturing;
   cuda::Stream other;
-  age_streams({other.get()});
   void* keep = pool.allocate_async(2_MiB, other.get());  // keeps a off the unmapped tail
   void* a = pool.allocate_async(8_MiB, other.get());
   void* keep2 = pool.allocate_async(2_MiB, other.get());
