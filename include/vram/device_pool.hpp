@@ -21,9 +21,7 @@
 //   (a device synchronize) began after it. A free records nothing, but on a caller's stream
 //   young for the calling thread (among its first 64 frees on that stream; the thread
 //   remembers its 16 streams freed on last, and tells a new stream that got a destroyed
-//   one's handle by cudaStreamGetId, read at its young frees and at every 64th free on it
-//   after: the one driver call, without GPU work, a warm deallocate_async on a caller's
-//   stream makes): that free goes straight to its tier and records one
+//   one's handle by cudaStreamGetId): that free goes straight to its tier and records one
 //   marker on S inside the call, so a stream destroyed after a few requests leaves nothing
 //   that waits for a quiesce. When another stream needs the memory (its tier would otherwise
 //   grow), the pool wants a marker on S: on the
