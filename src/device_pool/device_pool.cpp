@@ -129,7 +129,9 @@ namespace {
 // fenced at once, out of line; else the core's release.
 [[gnu::noinline]] void deallocate_young(detail::DevicePoolCore& core, void* block,
                                         std::size_t bytes, detail::StreamKey key) noexcept {
-  const auto identity = [&core, key] { return core.stream_identity(key); };
+  const auto identity = [&core, key] {
+    return core.fence->identity_of(detail::fence_stream_of(key));
+  };
   if (detail::tl_young_streams.note_free(key, identity)) {
     return core.deallocate_fenced(block, bytes, key);
   }

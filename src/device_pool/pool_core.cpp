@@ -413,11 +413,11 @@ void DevicePoolCore::deallocate_fenced(void* block, std::size_t bytes, StreamKey
   if (ThreadCache* cache = claim_own_cache(); cache != nullptr) [[likely]] {
     const bool known = free_to_tier(block, request, cache);
     if (known) [[likely]] {
-      bump(cache->deallocations, 1);
-      bump(cache->deallocated_bytes, request.block_bytes);
+      bump(cache->releases, 1);
+      bump(cache->released_bytes, request.block_bytes);
     }
     end_claim(*cache);
-    if (!known) return reject_deallocate(block, request.bytes, kNotLive);
+    if (!known) return reject_release(block, request.bytes, kNotLive);
     if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(request.block_bytes));
   } else {
     deallocate_slow(block, request, nullptr);  // no cache: the slow path files it in the tier

@@ -85,14 +85,6 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // scope are friends (device_pool.cpp, graph_routing.cpp, pool_sleep.cpp).
   void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
   void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // A stream-ordered deallocation on a stream young for the calling thread
-  // (young_streams.hpp): the block goes straight to its tier (no thread cache keeps it), then
-  // fence_stream_frees.
-  [[gnu::cold]] void deallocate_fenced(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // The identity of `key`'s stream that is never reused while the process lives (0: unknown).
-  std::uint64_t stream_identity(StreamKey key) const noexcept {
-    return fence->identity_of(fence_stream_of(key));
-  }
   // Graph pools (graph_routing.cpp). The public calls test graphs_on and, while it is set,
   // go through these (`key`: kUntagged for the calling thread's calls without a
   // stream): a request under a capture scope gets the graph pool's block; a deallocation of a
@@ -334,6 +326,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // mutex held; the ranges freed before it wait for it (the caller's call passes the stream,
   // which proves it alive).
   void fence_stream_frees(StreamKey key) noexcept;
+  // A stream-ordered release on a stream young for the calling thread (young_streams.hpp):
+  // the block goes straight to its tier (no thread cache keeps it), then fence_stream_frees.
+  [[gnu::cold]] void deallocate_fenced(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
   // capture would invalidate it).
