@@ -53,7 +53,6 @@ class StreamLifetimeFence final : public StreamFence {
     }
     streams_[handle].alive = true;  // a recycled node keeps its counts: old markers stay done
     ++created_;
-    streams_[handle].identity = created_;  // never reused, as cudaStreamGetId's
     return reinterpret_cast<cudaStream_t>(handle);
   }
   // Like cudaStreamDestroy after cudaStreamSynchronize: its work has run.
@@ -76,12 +75,6 @@ class StreamLifetimeFence final : public StreamFence {
     run(s, s.queued);
   }
 
-  // The stream's identity (a new one for each created stream, also on a recycled handle).
-  std::uint64_t identity_of(cudaStream_t stream) noexcept override {
-    std::lock_guard lock(mutex_);
-    auto it = streams_.find(key(stream));
-    return it != streams_.end() && it->second.alive ? it->second.identity : 0;
-  }
   std::uint64_t record(cudaStream_t stream) override {
     std::lock_guard lock(mutex_);
     ++records_;
@@ -140,7 +133,6 @@ class StreamLifetimeFence final : public StreamFence {
     std::deque<std::function<void()>> work;
     std::uint64_t queued = 0;  // work items ever enqueued
     std::uint64_t ran = 0;     // of those, run
-    std::uint64_t identity = 0;
   };
   struct Marker {
     Stream* stream = nullptr;

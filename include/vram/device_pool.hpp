@@ -18,13 +18,8 @@
 //   order on S makes that safe); to any other stream, or to allocate(), only after the work
 //   queued on S at the free has completed: a marker (a recycled CUDA event, see
 //   stream_fence.hpp) recorded on S after the free has completed, or a device-wide quiesce
-//   (a device synchronize) began after it. A free records nothing, but on a caller's stream
-//   young for the calling thread (among its first 64 frees on that stream; the thread
-//   remembers its 16 streams freed on last, and tells a new stream that got a destroyed
-//   one's handle by cudaStreamGetId): that free goes straight to its tier and records one
-//   marker on S inside the call, so a stream destroyed after a few requests leaves nothing
-//   that waits for a quiesce. When another stream needs the memory (its tier would otherwise
-//   grow), the pool wants a marker on S: on the
+//   (a device synchronize) began after it. A free records nothing. When another stream
+//   needs the memory (its tier would otherwise grow), the pool wants a marker on S: on the
 //   legacy default stream (the null stream, cudaStreamLegacy, every thread's
 //   cudaStreamPerThread) it records one at once; on any other stream the next
 //   allocate_async or deallocate_async that passes S records one, covering every free on S
@@ -59,11 +54,10 @@
 //   the driver gives the handle of a destroyed S takes S's freed blocks as its own at once,
 //   which is safe because S's work has completed; so do not destroy S with work still queued
 //   that uses blocks freed on it. The cost of destroying: the blocks of a stream not seen
-//   again after its thread's first 64 frees on it wait for the next quiesce (growth past
-//   the budget or to a new peak, the out-of-memory retry, trim()); a workload whose streams
-//   free blocks that other streams then need pays a device synchronize for each such growth
-//   (bench/RESULTS.md has the counts on the recorded traces). Destroying the pool after S is
-//   safe.
+//   again wait for the next quiesce (growth past the budget or to a new peak, the
+//   out-of-memory retry, trim()); a workload whose streams free blocks that other streams
+//   then need pays a device synchronize for each such growth (bench/RESULTS.md has the
+//   counts on the recorded traces). Destroying the pool after S is safe.
 //   CUDA graphs: a stream being captured never gets a stream marker (its freed blocks stay
 //   its own until the capture ends and another request records one), and the pool's event calls
 //   run in relaxed capture mode (as PyTorch's allocator's do), so they do not invalidate a

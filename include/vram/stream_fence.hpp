@@ -68,11 +68,6 @@ class StreamFence {
   // the fence cannot tell): DevicePool keeps blocks a capture without a scope touches out
   // of the shared tiers (device_pool.hpp, "CUDA graphs"). Never called for the legacy stream.
   virtual std::uint64_t capture_of(cudaStream_t /*stream*/) noexcept { return 0; }
-  // An identity of `stream` never given to another stream of the process (unlike its
-  // handle, which a stream created after another's destruction may get again), 0 when the
-  // fence cannot tell. DevicePool asks it only inside a call that passes the stream (alive),
-  // never for the legacy stream or cudaStreamPerThread.
-  virtual std::uint64_t identity_of(cudaStream_t /*stream*/) noexcept { return 0; }
 };
 
 class ImmediateFence final : public StreamFence {
@@ -171,8 +166,6 @@ class CudaEventFence final : public StreamFence {
   void quiesce() noexcept override;
   bool try_quiesce() noexcept override;
   std::uint64_t capture_of(cudaStream_t stream) noexcept override;
-  // cudaStreamGetId.
-  std::uint64_t identity_of(cudaStream_t stream) noexcept override;
 
  private:
   int device_;

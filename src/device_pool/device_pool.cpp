@@ -8,7 +8,6 @@
 
 #include "pool_core.hpp"
 #include "vram/cuda/error.hpp"
-#include "young_streams.hpp"
 
 namespace vram {
 
@@ -116,32 +115,7 @@ DevicePool::Lease DevicePool::acquire(std::size_t bytes) {
   return Lease(core_.get(), block, bytes);
 }
 
-namespace detail {
 namespace {
-constinit thread_local YoungStreams tl_young_streams VRAM_DETAIL_TLS_MODEL;
-}  // namespace
-
-YoungStreams& thread_young_streams() noexcept { return tl_young_streams; }
-}  // namespace detail
-
-namespace {
-// A stream-ordered release: on a caller's stream young for this thread (young_streams.hpp)
-// fenced at once, out of line; else the core's release.
-[[gnu::noinline]] void deallocate_young(detail::DevicePoolCore& core, void* block,
-                                        std::size_t bytes, detail::StreamKey key) noexcept {
-  const auto identity = [&core, key] {
-    return core.fence->identity_of(detail::fence_stream_of(key));
-  };
-  if (detail::tl_young_streams.note_free(key, identity)) {
-    return core.deallocate_fenced(block, bytes, key);
-  }
-  core.deallocate(block, bytes, key);
-}
-
-inline bool young_for_thread(detail::StreamKey key) noexcept {
-  return !detail::always_recordable(key) && !detail::tl_young_streams.aged_front(key);
-}
-
 // The stream-ordered calls when stream_checks_needed(), in this order: the marker another
 // stream's request wants on `stream` (this call proves it alive, stream_wants.hpp), the
 // graph pools, then one driver query (no GPU work): a block a capture without a scope
@@ -165,7 +139,6 @@ inline bool young_for_thread(detail::StreamKey key) noexcept {
   if (core.graphs_active()) return core.deallocate_with_graphs(block, bytes, key, stream);
   if (const std::uint64_t capture = core.capture_of(stream); capture != 0) [[unlikely]]
     return core.deallocate_captured(block, bytes, core.unscoped_pool_of(capture));
-  if (young_for_thread(key)) return deallocate_young(core, block, bytes, key);
   core.deallocate(block, bytes, key);
 }
 }  // namespace
@@ -183,8 +156,6 @@ void DevicePool::deallocate_async(void* block, std::size_t bytes, cudaStream_t s
     const detail::StreamKey key = detail::stream_key(stream);
     if (core_->stream_checks_needed()) [[unlikely]]
       return deallocate_async_checked(*core_, block, bytes, key, stream);
-    if (young_for_thread(key)) [[unlikely]]
-      return deallocate_young(*core_, block, bytes, key);
     core_->deallocate(block, bytes, key);
   }
 }

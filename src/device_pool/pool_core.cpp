@@ -121,10 +121,6 @@ DevicePoolCore::~DevicePoolCore() {
 
 void DevicePoolCore::serve_want(StreamKey key) noexcept {
   if (!wants.take(key)) return;  // another key's bit, or another call on it took the want
-  fence_stream_frees(key);
-}
-
-void DevicePoolCore::fence_stream_frees(StreamKey key) noexcept {
   // One marker per tier that holds the stream's ranges, recorded with no tier mutex locked.
   // mark_frees() before the record: a free that reaches a tier after the mark (on another
   // thread) may be used by work queued after the marker, so it keeps its tag.
@@ -402,27 +398,6 @@ void DevicePoolCore::deallocate_miss_claimed(void* block, std::size_t bytes,
 
 void DevicePoolCore::deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept {
   deallocate_slow(block, small_request(bytes, SizeClasses::index_for(bytes), key), nullptr);
-}
-
-void DevicePoolCore::deallocate_fenced(void* block, std::size_t bytes, StreamKey key) noexcept {
-  if (block == nullptr || bytes - 1 >= SizeClasses::kMaxBytes) [[unlikely]] {
-    return deallocate(block, bytes, key);  // rejected or ignored there
-  }
-  const Request request = request_of(bytes, key);
-  if (options.validate_releases && !validation.check(block, request.block_bytes)) return;
-  if (ThreadCache* cache = claim_own_cache(); cache != nullptr) [[likely]] {
-    const bool known = free_to_tier(block, request, cache);
-    if (known) [[likely]] {
-      bump(cache->releases, 1);
-      bump(cache->released_bytes, request.block_bytes);
-    }
-    end_claim(*cache);
-    if (!known) return reject_release(block, request.bytes, kNotLive);
-    if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(request.block_bytes));
-  } else {
-    deallocate_slow(block, request, nullptr);  // no cache: the slow path files it in the tier
-  }
-  fence_stream_frees(key);
 }
 
 void DevicePoolCore::deallocate_slow(void* block, const Request& request,

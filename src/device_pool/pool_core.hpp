@@ -322,13 +322,6 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // The size a graph pool's block is deallocated with: the one that finds its class and tier.
   std::size_t deallocate_size_of(const GraphPools::Block& block) noexcept;
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
-  // One marker on `key`'s stream per tier that holds its free ranges, recorded with no tier
-  // mutex held; the ranges freed before it wait for it (the caller's call passes the stream,
-  // which proves it alive).
-  void fence_stream_frees(StreamKey key) noexcept;
-  // A stream-ordered release on a stream young for the calling thread (young_streams.hpp):
-  // the block goes straight to its tier (no thread cache keeps it), then fence_stream_frees.
-  [[gnu::cold]] void deallocate_fenced(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
   // capture would invalidate it).

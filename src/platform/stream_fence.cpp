@@ -5,7 +5,6 @@
 #include "cuda/capture.hpp"
 #include "cuda/event_pool.hpp"
 #include "cuda/memory.hpp"
-#include "cuda/stream_identity.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 
@@ -75,10 +74,6 @@ bool CudaEventFence::try_quiesce() noexcept {
   // the synchronize nor is invalidated by it (work being captured is not queued yet).
   const cuda::RelaxedCaptureMode relaxed;
   return cuda::synchronize_device(device_);
-}
-
-std::uint64_t CudaEventFence::identity_of(cudaStream_t stream) noexcept {
-  return cuda::stream_identity(stream);
 }
 
 std::uint64_t CudaEventFence::capture_of(cudaStream_t stream) noexcept {

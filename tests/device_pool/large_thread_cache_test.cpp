@@ -17,7 +17,6 @@
 #include <thread>
 #include <vector>
 
-#include "aged_streams.hpp"
 #include "device_pool/large_block_cache.hpp"
 #include "gpu_test_policy.hpp"
 #include "test_upstreams.hpp"
@@ -308,7 +307,6 @@ TEST(DevicePoolLargeThreadCache, AStreamFreedBlockIsNotHandedToAnotherStream) {
   DevicePool pool(upstream, options);
   const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
   const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
-  age_streams({s1, s2});  // streams that stay: no marker at their frees
   void* a = pool.allocate_async(4_MiB, s1);
   pool.deallocate_async(a, 4_MiB, s1);
   ASSERT_EQ(pool.stats().bytes_cached_in_threads, 4_MiB);

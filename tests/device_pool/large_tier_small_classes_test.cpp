@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "aged_streams.hpp"
 #include "small_class_helpers.hpp"
 #include "test_upstreams.hpp"
 #include "vram/device_pool.hpp"
@@ -215,7 +214,6 @@ TEST(LargeTierSmallClassesStreams, ASmallClassStreamFreeCapturesTheLargeTiersUnt
       DevicePool pool(upstream, options);
       const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
       const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
-      age_streams({s1, s2});  // streams that stay: no marker at their frees
       char* x = static_cast<char*>(pool.allocate_async(512_KiB, s1));
       void* big = pool.allocate(64_MiB);
       pool.deallocate(big, 64_MiB);  // plain free: usable by any stream
@@ -248,7 +246,6 @@ TEST(LargeTierSmallClassesStreams, ThreadCacheTagSwitchKeepsLargeTierSmallBlocks
   DevicePool pool(upstream, options);
   const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
   const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
-  age_streams({s1, s2});  // streams that stay: no marker at their frees
   std::vector<void*> on_s1;
   for (int i = 0; i < 4; ++i) on_s1.push_back(pool.allocate_async(512_KiB, s1));
   for (void* b : on_s1) pool.deallocate_async(b, 512_KiB, s1);  // cache tagged s1

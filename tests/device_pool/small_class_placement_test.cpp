@@ -10,7 +10,6 @@
 #include <set>
 #include <vector>
 
-#include "aged_streams.hpp"
 #include "small_class_helpers.hpp"
 #include "test_upstreams.hpp"
 #include "vram/device_pool.hpp"
@@ -100,7 +99,6 @@ TEST(SmallClassPlacement, StreamOrderedFreesOfLargerSmallClassesKeepTheirStream)
     DevicePool pool(upstream, options);
     const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
     const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
-    age_streams({s1, s2});  // streams that stay: no marker at their frees
     void* a = pool.allocate_async(768_KiB, s1);
     pool.deallocate_async(a, 768_KiB, s1);
     void* c = pool.allocate_async(768_KiB, s1);

@@ -6,15 +6,12 @@
 // per trace stream; the pool's host fence completes at once, so the driver's emulated
 // completion (`stream_lag`) holds cross-stream frees back instead (stream_ordered() ==
 // false there), and its upstream hands out addresses only (address_only_upstream.hpp): the
-// figures are the same in every run and process. Every replay starts with the replaying
-// thread's streams young (young_streams.hpp), as on a fresh thread, so a second replay on
-// the same thread gives the first one's figures.
+// figures are the same in every run and process.
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 
-#include "device_pool/young_streams.hpp"
 #include "replay/address_only_upstream.hpp"
 #include "replay/replay_allocator.hpp"
 #include "vram/device_pool.hpp"
@@ -42,9 +39,7 @@ class DevicePoolAdapter final : public ReplayAllocator {
                              : std::shared_ptr<Upstream>(
                                    std::make_shared<AddressOnlyUpstream>(context.capacity_bytes)),
               mirror_device(options, context)),
-        device_(context.device) {
-    detail::thread_young_streams().clear();
-  }
+        device_(context.device) {}
   void* allocate(std::size_t bytes, ReplayStream stream) override {
     return pool_.allocate_async(bytes, handle(stream));
   }
