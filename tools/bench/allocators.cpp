@@ -57,6 +57,7 @@ class OurDevicePool final : public BenchAllocator {
     pool_.reset_peak();
   }
   void release_cache() override { pool_.trim(0); }
+  double device_synchronizes() override { return static_cast<double>(pool_.stats().quiesces); }
 
  private:
   DevicePool pool_;

@@ -27,6 +27,9 @@ class BenchAllocator {
   virtual void reset_peak() {}
   // Returns cached memory to the system (between scenarios).
   virtual void release_cache() {}
+  // Device-wide synchronizes the allocator made so far, where it counts them (DevicePool:
+  // its quiesces); -1: not known.
+  virtual double device_synchronizes() { return -1; }
 };
 
 std::vector<std::unique_ptr<BenchAllocator>> make_device_allocators(int device);

@@ -84,6 +84,22 @@ BatchedPlan batched_plan(unsigned t, int max_exponent, std::size_t live) {
   return plan;
 }
 
+std::vector<BatchedPlan> batched_fresh_plans(unsigned t, int max_exponent, std::size_t live,
+                                             std::size_t batches) {
+  std::vector<BatchedPlan> plans(batches);
+  std::mt19937_64 random(4321 + t);
+  std::uniform_real_distribution<double> exponent(8.0, max_exponent);
+  for (BatchedPlan& plan : plans) {
+    for (std::size_t i = 0; i < live; ++i) {
+      plan.sizes.push_back(static_cast<std::size_t>(std::exp2(exponent(random))));
+    }
+    plan.free_order.resize(live);
+    std::iota(plan.free_order.begin(), plan.free_order.end(), std::size_t{0});
+    std::shuffle(plan.free_order.begin(), plan.free_order.end(), random);
+  }
+  return plans;
+}
+
 std::vector<double> threaded_pair_rates(
     unsigned threads, std::size_t repetitions, double seconds,
     const std::function<std::uint64_t(unsigned t, const std::atomic<bool>& stop)>& worker) {

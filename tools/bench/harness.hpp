@@ -44,6 +44,12 @@ struct BatchedPlan {
   std::vector<std::size_t> free_order;
 };
 BatchedPlan batched_plan(unsigned t, int max_exponent, std::size_t live);
+// The fresh form: `batches` plans for thread `t`, each batch's sizes and order drawn afresh
+// (seed 4321 + t); the thread goes through them in turn, so sizes seldom repeat within a
+// thread's caches' reach.
+inline constexpr std::size_t kFreshBatches = 256;
+std::vector<BatchedPlan> batched_fresh_plans(unsigned t, int max_exponent, std::size_t live,
+                                             std::size_t batches = kFreshBatches);
 
 // One progress line on a terminal (stderr), rewritten in place; silent otherwise.
 class Progress {

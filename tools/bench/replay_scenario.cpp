@@ -133,7 +133,8 @@ std::size_t batched_steps(const BenchConfig& config, std::size_t host_allocators
 
 void run_batched(const BenchConfig& config,
                  std::vector<std::unique_ptr<BenchAllocator>>& allocators, Progress& progress,
-                 std::vector<Measurement>& results) {
+                 std::vector<Measurement>& results, bool fresh) {
+  const std::string scenario = fresh ? "batched" : "batched-repeated";
   constexpr std::size_t kLive = 32;
   const double seconds = config.quick ? 0.05 : 0.3;
   const std::size_t repetitions = config.quick ? 3 : 5;
@@ -146,21 +147,28 @@ void run_batched(const BenchConfig& config,
     streams.push_back(std::make_unique<cuda::Stream>());
   }
   for (const int max_exponent : kBatchedMaxExponents) {
-    std::vector<BatchedPlan> plans;
-    for (unsigned t = 0; t < most; ++t) plans.push_back(batched_plan(t, max_exponent, kLive));
+    // Per thread: one plan repeated, or kFreshBatches plans gone through in turn.
+    std::vector<std::vector<BatchedPlan>> plans;
+    for (unsigned t = 0; t < most; ++t) {
+      plans.push_back(fresh ? batched_fresh_plans(t, max_exponent, kLive)
+                            : std::vector<BatchedPlan>{batched_plan(t, max_exponent, kLive)});
+    }
     const std::string range = "to " + format_bytes(std::size_t{1} << max_exponent);
     std::vector<double> one_thread(measured.size(), 0.0);
     for (unsigned threads : batched_thread_counts()) {
       for (std::size_t k = 0; k < measured.size(); ++k) {
         auto& a = measured[k];
-        progress.step("batched " + range + " " + std::to_string(threads) + " " + a->name());
+        progress.step(scenario + " " + range + " " + std::to_string(threads) + " " + a->name());
         const auto samples = threaded_pair_rates(
             threads, repetitions, seconds, [&](unsigned t, const std::atomic<bool>& stop) {
               cudaStream_t s = config.gpu ? streams[t]->get() : nullptr;
-              const BatchedPlan& plan = plans[t];
+              const std::vector<BatchedPlan>& mine = plans[t];
+              std::size_t next = 0;
               void* blocks[kLive];
               std::uint64_t pairs = 0;
               while (!stop.load(std::memory_order_relaxed)) {
+                const BatchedPlan& plan = mine[next];
+                next = next + 1 == mine.size() ? 0 : next + 1;
                 for (std::size_t i = 0; i < kLive; ++i) blocks[i] = a->allocate(plan.sizes[i], s);
                 for (std::size_t i : plan.free_order) a->deallocate(blocks[i], plan.sizes[i], s);
                 pairs += kLive;
@@ -169,9 +177,10 @@ void run_batched(const BenchConfig& config,
               return pairs;
             });
         Measurement m =
-            make_measurement("batched", range + ", " + std::to_string(threads) + " threads",
-                             threads, a->name(), a->ours(), "M pairs/s", false, samples);
+            make_measurement(scenario, range + ", " + std::to_string(threads) + " threads", threads,
+                             a->name(), a->ours(), "M pairs/s", false, samples);
         m.extra["live_blocks_per_thread"] = kLive;
+        m.extra["size_sets_per_thread"] = static_cast<double>(plans[0].size());
         if (threads == 1) one_thread[k] = m.value.median;
         if (one_thread[k] > 0) m.extra["x_1_thread"] = m.value.median / one_thread[k];
         results.push_back(m);

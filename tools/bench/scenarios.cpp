@@ -360,17 +360,19 @@ void run_overhead(const BenchConfig& c, Progress& progress, std::vector<Measurem
 }  // namespace
 
 const std::vector<std::string>& known_scenarios() {
-  static const std::vector<std::string> names = {"pairs",  "threads", "mixed",   "overhead",
-                                                 "pagein", "pinning", "batched", "replay",
-                                                 "driver", "pager",   "sleep"};
+  static const std::vector<std::string> names = {
+      "pairs",   "threads",          "mixed",        "overhead", "pagein", "pinning",
+      "batched", "batched-repeated", "stream-churn", "replay",   "driver", "pager",
+      "sleep"};
   return names;
 }
 
 std::vector<std::string> default_scenarios() {
   std::vector<std::string> names = known_scenarios();
-  // Named only: pager (about a minute), driver (GiB-sized cudaMalloc and maps) and sleep
-  // (16 GiB of device memory and 8 GiB pinned).
-  for (const char* named_only : {"pager", "driver", "sleep"}) {
+  // Named only: pager (about a minute), driver (GiB-sized cudaMalloc and maps), sleep (16
+  // GiB of device memory and 8 GiB pinned), and the forms measured for a question of their
+  // own (batched-repeated, stream-churn).
+  for (const char* named_only : {"pager", "driver", "sleep", "batched-repeated", "stream-churn"}) {
     names.erase(std::remove(names.begin(), names.end(), named_only), names.end());
   }
   return names;
@@ -378,7 +380,7 @@ std::vector<std::string> default_scenarios() {
 
 bool scenario_needs_gpu(const std::string& name) {
   return name == "pagein" || name == "pinning" || name == "overhead" || name == "pager" ||
-         name == "driver" || name == "sleep";
+         name == "driver" || name == "sleep" || name == "stream-churn";
 }
 
 std::vector<Measurement> run_scenarios(const BenchConfig& config) {
@@ -394,6 +396,8 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("threads")) steps += thread_counts(config).size() * per_scenario;
   if (wanted("mixed")) steps += per_scenario;
   if (wanted("batched")) steps += batched_steps(config, per_scenario);
+  if (wanted("batched-repeated")) steps += batched_steps(config, per_scenario);
+  if (wanted("stream-churn") && config.gpu) steps += stream_churn_steps(config);
   if (wanted("replay")) steps += replay_steps(config);
   if (wanted("overhead") && config.gpu) steps += 3;
   if (wanted("pagein") && config.gpu) steps += 5 * pagein_chunks(config).size();
@@ -405,7 +409,10 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   if (wanted("pairs")) run_pairs(config, allocators, progress, results);
   if (wanted("threads")) run_threads(config, allocators, progress, results);
   if (wanted("mixed")) run_mixed(config, allocators, progress, results);
-  if (wanted("batched")) run_batched(config, allocators, progress, results);
+  if (wanted("batched")) run_batched(config, allocators, progress, results, /*fresh=*/true);
+  if (wanted("batched-repeated")) {
+    run_batched(config, allocators, progress, results, /*fresh=*/false);
+  }
   allocators.clear();
   if (wanted("replay")) run_replay(config, progress, results);
   if (config.gpu && wanted("overhead")) run_overhead(config, progress, results);
@@ -414,6 +421,7 @@ std::vector<Measurement> run_scenarios(const BenchConfig& config) {
   }
   if (config.gpu && wanted("pinning")) run_pinning(config, progress, results);
   if (config.gpu && wanted("driver")) run_driver(config, progress, results);
+  if (config.gpu && wanted("stream-churn")) run_stream_churn(config, progress, results);
   if (config.gpu && wanted("pager")) run_pager_scenario(config, progress, results);
   if (config.gpu && wanted("sleep")) run_sleep_scenario(config, progress, results);
   progress.finish();

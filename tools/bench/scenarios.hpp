@@ -38,4 +38,11 @@ std::size_t sleep_scenario_steps(const BenchConfig& config);
 void run_sleep_scenario(const BenchConfig& config, Progress& progress,
                         std::vector<Measurement>& results);
 
+// The `stream-churn` scenario (bench/stream_churn_scenario.cpp): threads whose every request
+// runs on a stream created, used by kernels that tag and check its blocks, synchronized and
+// destroyed; pairs/s, device synchronizes, peak reserved, blocks overwritten.
+std::size_t stream_churn_steps(const BenchConfig& config);
+void run_stream_churn(const BenchConfig& config, Progress& progress,
+                      std::vector<Measurement>& results);
+
 }  // namespace vram::bench
