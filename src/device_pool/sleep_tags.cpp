@@ -1,6 +1,7 @@
 // The sleep tags of one DevicePool (sleep_tags.hpp): creation, routing, sleep and wake.
 #include "sleep_tags.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -193,16 +194,33 @@ void SleepTags::wake(Tag& tag, cudaStream_t stream) {
     throw InvalidArgument("vram::DevicePool::wake: the tag " + quoted(tag.name) +
                           " is awake (wake without sleep). Fix: call wake() only after sleep().");
   }
-  tag.arena.map_live();  // throws with nothing mapped: the tag stays asleep
+  // Each run's copies are queued as soon as it is mapped: the copies of one run overlap the
+  // mapping of the next. The saved ranges are in address order, as the runs are mapped.
   std::unique_ptr<SleepCopier> copies;
   try {
     copies = copier(stream);
     char* base = tag.arena.base();
-    for (const Tag::Saved& range : tag.saved) {
-      tag.backup.for_each_piece(range.backup_offset, range.bytes,
-                                [&](std::byte* host, std::size_t done, std::size_t n) {
-                                  copies->to_device(base + range.offset + done, host, n);
-                                });
+    std::size_t next = 0;    // the first saved range not wholly queued
+    std::size_t queued = 0;  // its bytes queued
+    tag.arena.map_live([&](std::size_t mapped_end) {
+      for (; next < tag.saved.size(); ++next, queued = 0) {
+        const Tag::Saved& range = tag.saved[next];
+        const std::size_t stop =
+            std::min(range.bytes, mapped_end - std::min(mapped_end, range.offset));
+        if (stop > queued) {
+          tag.backup.for_each_piece(range.backup_offset + queued, stop - queued,
+                                    [&](std::byte* host, std::size_t done, std::size_t n) {
+                                      copies->to_device(base + range.offset + queued + done, host,
+                                                        n);
+                                    });
+          queued = stop;
+        }
+        if (queued < range.bytes) return;  // the rest lies in runs not mapped yet
+      }
+    });
+    if (next != tag.saved.size()) {
+      throw std::logic_error(
+          "vram::DevicePool::wake: a saved range lies outside the live granules");
     }
     const CopiesCompleted proof = copies->wait();  // the backup is reusable from here on
     copies->check(proof);

@@ -177,24 +177,23 @@ void TagArena::unmap_all() noexcept {
   while (!runs_.empty()) unmap_run(runs_.begin());
 }
 
-void TagArena::map_live() {
+void TagArena::map_live(const std::function<void(std::size_t end)>& mapped_below) {
   std::vector<std::size_t> made;
-  try {
-    const std::size_t granules = users_.size();
-    std::size_t g = 0;
-    while (g < granules) {
-      if (users_[g] == 0 || mapped_[g] != 0) {
-        ++g;
-        continue;
-      }
-      std::size_t end = g;
-      while (end + 1 < granules && users_[end + 1] != 0 && mapped_[end + 1] == 0) ++end;
-      map_span(g, end, 0, made);  // exactly the live granules
-      g = end + 1;
+  const std::size_t granules = users_.size();
+  std::size_t g = 0;
+  while (g < granules) {
+    if (users_[g] == 0 || mapped_[g] != 0) {
+      ++g;
+      continue;
     }
-  } catch (...) {
-    for (std::size_t start : made) unmap_run(runs_.find(start));
-    throw;
+    std::size_t end = g;  // inclusive: one run, exactly live granules
+    while (end + 1 < granules && users_[end + 1] != 0 && mapped_[end + 1] == 0 &&
+           end + 1 - g < max_run_granules_) {
+      ++end;
+    }
+    map_span(g, end, 0, made);
+    g = end + 1;
+    mapped_below(g * granularity_);
   }
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <tuple>
@@ -66,9 +67,12 @@ class TagArena {
   std::vector<Range> live_ranges(std::size_t max_gap) const;
   // Takes back every run (the caller holds the proof that no work uses them).
   void unmap_all() noexcept;
-  // Maps the granules under live blocks, in runs of at most max_run_bytes. On failure
-  // nothing mapped here stays mapped, and the error is thrown.
-  void map_live();
+  // Maps the granules under live blocks in address order, in runs of at most
+  // max_run_bytes; after each run, mapped_below(end) says that every live granule below
+  // byte offset `end` is mapped (work may be queued into them while the next run maps). On
+  // failure the runs mapped so far stay mapped and the error is thrown: the caller waits
+  // for what it queued into them, then unmap_all().
+  void map_live(const std::function<void(std::size_t end)>& mapped_below);
   // Takes back the runs no live block touches; returns their bytes.
   std::size_t unmap_free_runs() noexcept;
   // Every free range becomes free for all (after a proof that no stream uses them).

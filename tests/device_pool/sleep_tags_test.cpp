@@ -472,6 +472,62 @@ TEST(SleepTags, DeviceMemoryExhaustedAtWakeLeavesTheTagAsleepAndIntact) {
   h.pool.deallocate(block, 24 * kMiB);
 }
 
+// Runs of 4 MiB: a wake maps a tag in several runs and queues each run's copies once it is
+// mapped, so ranges straddle runs.
+DevicePool::Options four_mib_runs() {
+  DevicePool::Options o = HostPool::options();
+  o.large_tier.virtual_run_bytes = 4 * kMiB;
+  return o;
+}
+
+TEST(SleepTags, WakeInRunsRestoresRangesThatStraddleRuns) {
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(physical, four_mib_runs());
+  const SleepTag weights = pool.create_tag("weights", small_tag());
+  std::vector<Block> blocks;
+  for (std::size_t i = 0; i < kMixedSizes.size(); ++i) {
+    blocks.push_back({pool.allocate_tagged(kMixedSizes[i], weights), kMixedSizes[i]});
+    fill(blocks.back().pointer, kMixedSizes[i], static_cast<std::uint32_t>(i + 1));
+  }
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    pool.sleep(weights);
+    ASSERT_EQ(pool.tag_stats(weights).mapped_bytes, 0U);
+    pool.wake(weights);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      EXPECT_EQ(mismatches(blocks[i].pointer, blocks[i].bytes, static_cast<std::uint32_t>(i + 1)),
+                0U)
+          << "block " << i << " cycle " << cycle;
+    }
+  }
+  EXPECT_GT(pool.tag_stats(weights).mapped_bytes, 4 * kMiB);  // more than one run
+  for (const Block& b : blocks) pool.deallocate(b.pointer, b.bytes);
+  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+}
+
+TEST(SleepTags, WakeFailingAtALaterRunLeavesTheTagAsleepAndIntact) {
+  auto physical = std::make_shared<TestUpstream>(
+      std::make_shared<HostMemoryUpstream>(), TestUpstream::Options{.capacity_bytes = 64 * kMiB});
+  DevicePool pool(physical, four_mib_runs());
+  const SleepTag weights = pool.create_tag("weights", small_tag());
+  void* block = pool.allocate_tagged(24 * kMiB, weights);
+  fill(block, 24 * kMiB, 17);
+  pool.sleep(weights);
+  void* hog = pool.allocate(48 * kMiB);  // 16 MiB left: the first runs map, a later one fails
+  const std::uint64_t allocations = physical->allocations();
+  const std::size_t live = physical->live_bytes();
+  EXPECT_THROW(pool.wake(weights), OutOfMemory);
+  EXPECT_GT(physical->allocations(), allocations);  // some runs were mapped (and copied into)
+  EXPECT_EQ(physical->live_bytes(), live);          // and every one given back
+  EXPECT_EQ(pool.tag_stats(weights).state, SleepState::asleep);
+  EXPECT_EQ(pool.tag_stats(weights).mapped_bytes, 0U);
+  pool.deallocate(hog, 48 * kMiB);
+  pool.trim();
+  pool.wake(weights);
+  EXPECT_EQ(mismatches(block, 24 * kMiB, 17), 0U);
+  pool.deallocate(block, 24 * kMiB);
+  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+}
+
 TEST(SleepTags, DestroyingThePoolWithATaggedLeaseKeepsTheLeaseSafe) {
   auto backup = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
