@@ -12,11 +12,12 @@ Each allocator runs in a fresh interpreter (the allocator is chosen before CUDA 
   tms    torch_memory_saver (hook_mode "torch"), the same tensors with
          region(tag, enable_cpu_backup=True/False), pause/resume; reported absent when it is
          not installed (pip download torch-memory-saver==0.0.10, then pip install the wheel)
-Each sleep/pause and wake/resume is timed on the host around the call after a
-torch.cuda.synchronize(), and checked: the weights' contents after each wake equal those
+Each sleep/pause is timed on the host around the call after a torch.cuda.synchronize(), each
+wake/resume from its call to a torch.cuda.synchronize() after it, and checked: the weights' contents after each wake equal those
 before (a checksum per tensor), and torch.cuda.mem_get_info() shows the memory freed while
 asleep. The table gives GB/s (weights, many) and ms per GiB (KV), with the fraction of the
-link and vram's speed-up over torch_memory_saver.
+link and vram's speed-up over torch_memory_saver. `vram bench --scenario sleep` runs this
+file's tms child (--child tms --lines --many-sizes FILE) as its peer, with its own sizes.
 """
 import argparse
 import json
@@ -47,6 +48,14 @@ def _sizes_many(count, cap_bytes):
     return sizes
 
 
+def _many(args, cap_bytes):
+    """The sizes of the many-tensor tag: --many-sizes FILE (one per line) or drawn here."""
+    if args.many_sizes:
+        with open(args.many_sizes) as f:
+            return [int(line) for line in f if line.strip()]
+    return _sizes_many(args.many, cap_bytes)
+
+
 def _checksums(tensors):
     import torch
 
@@ -63,7 +72,8 @@ def _cycle(torch, go_sleep, go_wake, tensors, cycles):
         start = time.perf_counter()
         go_sleep()
         slept = time.perf_counter()
-        free_asleep = torch.cuda.mem_get_info()[0]
+        free_asleep = torch.cuda.mem_get_info()[0]  # between the timed calls, in neither
+        waking = time.perf_counter()
         go_wake()
         torch.cuda.synchronize()
         woke = time.perf_counter()
@@ -72,7 +82,7 @@ def _cycle(torch, go_sleep, go_wake, tensors, cycles):
         if cycle == 0:
             continue
         sleep_s.append(slept - start)
-        wake_s.append(woke - slept)
+        wake_s.append(woke - waking)
         freed.append(free_asleep - free_before)
     return {"sleep_s": sleep_s, "wake_s": wake_s, "freed_bytes": freed}
 
@@ -123,7 +133,7 @@ def child_vram(args):
                         None, args.cycles)}
     del weights, kv
     torch.cuda.empty_cache()
-    sizes = _sizes_many(args.many, torch.cuda.mem_get_info()[0] // 3)
+    sizes = _many(args, torch.cuda.mem_get_info()[0] // 3)
     with vram_torch.region("many"):
         many = _make_tensors(torch, sizes)
     out["many"] = _cycle(torch, lambda: vram_torch.sleep("many"),
@@ -154,7 +164,7 @@ def child_tms(args):
                         lambda: torch_memory_saver.resume("kv"), None, args.cycles)}
     del weights, kv
     torch.cuda.empty_cache()
-    sizes = _sizes_many(args.many, torch.cuda.mem_get_info()[0] // 3)
+    sizes = _many(args, torch.cuda.mem_get_info()[0] // 3)
     with torch_memory_saver.region(tag="many", enable_cpu_backup=True):
         many = _make_tensors(torch, sizes)
     out["many"] = _cycle(torch, lambda: torch_memory_saver.pause("many"),
@@ -163,6 +173,23 @@ def child_tms(args):
     out["many_count"] = len(sizes)
     out["weights_bytes"] = weights_bytes
     return out
+
+
+def _print_lines(result):
+    """`vram bench --scenario sleep` reads these: ABSENT/ERROR <text>, BYTES <part> <n>,
+    SECONDS <part> <sleep|wake> <s> <s> ..."""
+    if "absent" in result or "error" in result:
+        kind = "ABSENT" if "absent" in result else "ERROR"
+        text = result.get("absent") or result.get("error")
+        print(kind, " ".join(str(text).split()), flush=True)
+        return
+    print("BYTES weights", result["weights_bytes"])
+    print("BYTES kv", result["weights_bytes"])
+    print("BYTES many", result["many_bytes"])
+    for part in ("weights", "kv", "many"):
+        for step in ("sleep", "wake"):
+            print("SECONDS", part, step, *(f"{s:.9f}" for s in result[part][step + "_s"]))
+    sys.stdout.flush()
 
 
 # ---- parent side ---------------------------------------------------------------------------
@@ -191,6 +218,9 @@ def main():
     parser.add_argument("--gib", type=float, default=8)
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--many", type=int, default=10000)
+    parser.add_argument("--many-sizes", help="a file of sizes, one per line (instead of --many)")
+    parser.add_argument("--lines", action="store_true",
+                        help="with --child: the result as plain lines (for `vram bench`)")
     parser.add_argument("--json")
     args = parser.parse_args()
     if args.child:
@@ -201,7 +231,10 @@ def main():
             import traceback
 
             result = {"error": repr(e), "trace": traceback.format_exc()}
-        print("RESULT " + json.dumps(result), flush=True)
+        if args.lines:
+            _print_lines(result)
+        else:
+            print("RESULT " + json.dumps(result), flush=True)
         return 0
 
     results = {name: _run_child(name, args) for name in ("link", "vram", "tms")}
