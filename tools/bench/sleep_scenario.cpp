@@ -9,14 +9,26 @@
 // the proof of their end, the unmaps and maps). Then "many": 10,000 blocks of 64 KiB to
 // 4 MiB (log-uniform, fixed seed) in one tag, the same cycles. Sizes shrink to fit the
 // device's free memory (and --quick divides them by 8).
+//
+// The peer: torch_memory_saver, whose only interface is its Python package. After vram's
+// pools are gone, bench/torch_sleep.py (carried in the binary) runs its tms child in a
+// separate process with $VRAM_BENCH_PYTHON (else python3): the same parts, the same sizes
+// (the many blocks' list is handed over), one untimed and three timed cycles, host wall
+// clock around pause and from resume to a synchronize after it. Each step is its own
+// parameter, so each gets its own verdict.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <map>
+#include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "bench/python_peer.hpp"
 #include "bench/scenarios.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
@@ -68,6 +80,13 @@ std::pair<std::vector<double>, std::vector<double>> pinned_link(std::size_t byte
   return {to_host, to_device};
 }
 
+constexpr const char* kOurs = "vram DevicePool";
+constexpr const char* kPeer = "torch_memory_saver (Python)";
+
+std::string many_parameter(std::size_t count, std::size_t bytes) {
+  return std::to_string(count) + " blocks, " + format_bytes(bytes);
+}
+
 struct CycleTimes {
   std::vector<double> sleep_s;
   std::vector<double> wake_s;
@@ -89,35 +108,86 @@ CycleTimes cycles(DevicePool& pool, SleepTag tag, cudaStream_t stream, std::size
   return times;
 }
 
-void add_rate_rows(std::vector<Measurement>& results, const std::string& parameter,
-                   std::size_t bytes, const std::string& what, const CycleTimes& times,
-                   double link_to_host, double link_to_device) {
+// Rows of one allocator's cycles of one part: GB/s (`rates`) or ms and ms per GiB, sleep
+// and wake as separate parameters (each its own verdict).
+void add_rows(std::vector<Measurement>& results, const std::string& parameter, std::size_t bytes,
+              const std::string& allocator, bool ours, const CycleTimes& times, bool rates,
+              double link_to_host, double link_to_device) {
+  const double gib = static_cast<double>(bytes) / static_cast<double>(1_GiB);
   for (int direction = 0; direction < 2; ++direction) {
-    std::vector<double> rates;
-    for (double s : direction == 0 ? times.sleep_s : times.wake_s)
-      rates.push_back(gb_per_s(bytes, s));
-    Measurement m =
-        make_measurement("sleep", parameter, static_cast<double>(bytes),
-                         std::string("vram ") + (direction == 0 ? "sleep " : "wake ") + what, true,
-                         "GB/s", false, rates);
-    const double link = direction == 0 ? link_to_host : link_to_device;
-    m.extra["fraction_of_link"] = link > 0 ? m.value.median / link : 0;
+    std::vector<double> samples;
+    for (double s : direction == 0 ? times.sleep_s : times.wake_s) {
+      samples.push_back(rates ? gb_per_s(bytes, s) : s * 1e3);
+    }
+    if (samples.empty()) continue;
+    Measurement m = make_measurement("sleep", parameter + (direction == 0 ? ", sleep" : ", wake"),
+                                     static_cast<double>(bytes), allocator, ours,
+                                     rates ? "GB/s" : "ms", !rates, samples);
+    if (rates) {
+      const double link = direction == 0 ? link_to_host : link_to_device;
+      m.extra["fraction_of_link"] = link > 0 ? m.value.median / link : 0;
+    } else {
+      m.extra["ms_per_gib"] = gib > 0 ? m.value.median / gib : 0;
+    }
     results.push_back(m);
   }
 }
 
-void add_time_rows(std::vector<Measurement>& results, const std::string& parameter,
-                   std::size_t bytes, const std::string& what, const CycleTimes& times) {
-  const double gib = static_cast<double>(bytes) / static_cast<double>(1_GiB);
-  for (int direction = 0; direction < 2; ++direction) {
-    std::vector<double> ms;
-    for (double s : direction == 0 ? times.sleep_s : times.wake_s) ms.push_back(s * 1e3);
-    Measurement m = make_measurement(
-        "sleep", parameter, static_cast<double>(bytes),
-        std::string("vram ") + (direction == 0 ? "sleep " : "wake ") + what, true, "ms", true, ms);
-    m.extra["ms_per_gib"] = gib > 0 ? m.value.median / gib : 0;
-    results.push_back(m);
+// torch_memory_saver through its Python package (bench/torch_sleep.py's tms child, in its own
+// process, after vram's pools are gone): the same parts, sizes and cycles. Absent when
+// Python or the package is missing (said on stderr).
+struct PeerParts {
+  std::map<std::string, CycleTimes> parts;
+  std::map<std::string, std::size_t> bytes;
+};
+
+std::optional<PeerParts> torch_memory_saver(std::size_t each, std::size_t timed,
+                                            const std::vector<std::size_t>& many_sizes) {
+  std::string sizes_text;
+  for (std::size_t bytes : many_sizes) sizes_text += std::to_string(bytes) + "\n";
+  TemporaryFile sizes(sizes_text, ".txt");
+  const std::string python = bench_python();
+  auto absent = [&](const std::string& why) -> std::optional<PeerParts> {
+    std::fprintf(stderr, "vram bench: sleep: torch_memory_saver not measured: %s\n", why.c_str());
+    return std::nullopt;
+  };
+  if (sizes.path().empty()) return absent(sizes.error());
+  char gib[64];
+  std::snprintf(gib, sizeof gib, "%.17g", static_cast<double>(each) / static_cast<double>(1_GiB));
+  const PythonRun run = run_python(python, torch_sleep_script(),
+                                   {"--child", "tms", "--lines", "--gib", gib, "--cycles",
+                                    std::to_string(timed), "--many-sizes", sizes.path()},
+                                   1800);
+  if (!run.ran) return absent(run.error);
+  PeerParts peer;
+  std::string last;
+  for (const std::string& line : run.lines) {
+    std::istringstream in(line);
+    std::string kind;
+    in >> kind;
+    if (kind == "ABSENT" || kind == "ERROR") {
+      std::string rest;
+      std::getline(in, rest);
+      return absent(kind == "ABSENT" ? rest : "its run failed:" + rest);
+    }
+    std::string part;
+    std::string step;
+    if (kind == "BYTES") {
+      std::size_t bytes = 0;
+      if (in >> part >> bytes) peer.bytes[part] = bytes;
+    } else if (kind == "SECONDS" && in >> part >> step) {
+      std::vector<double>& into =
+          step == "sleep" ? peer.parts[part].sleep_s : peer.parts[part].wake_s;
+      for (double seconds = 0; in >> seconds;) into.push_back(seconds);
+    } else if (!line.empty()) {
+      last = line;
+    }
   }
+  if (run.exit_code != 0 || peer.parts.size() != 3 || peer.bytes.size() != 3) {
+    return absent(python + " exited " + std::to_string(run.exit_code) + " without results" +
+                  (last.empty() ? "" : " (last line: " + last + ")"));
+  }
+  return peer;
 }
 
 std::size_t free_device_bytes() {
@@ -129,7 +199,7 @@ std::size_t free_device_bytes() {
 
 }  // namespace
 
-std::size_t sleep_scenario_steps(const BenchConfig&) { return 4; }
+std::size_t sleep_scenario_steps(const BenchConfig&) { return 5; }
 
 void run_sleep_scenario(const BenchConfig& config, Progress& progress,
                         std::vector<Measurement>& results) {
@@ -154,6 +224,8 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
   // what is free, leaving room for the maps).
   std::size_t each = config.quick ? 1_GiB : 8_GiB;
   each = std::min(each, free_device_bytes() / 4 / 32_MiB * 32_MiB);
+  const std::string weights_parameter = "weights " + format_bytes(each) + " in 32 blocks";
+  const std::string kv_parameter = "KV " + format_bytes(each) + " discardable";
   cuda::Stream stream;
   {
     DevicePool::Options options;
@@ -170,22 +242,21 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
     void* cache = pool.allocate_tagged(each, kv);
     progress.step("sleep: weights");
     const CycleTimes w = cycles(pool, weights, stream.get(), timed);
-    const std::string parameter = format_bytes(each) + " in 32 blocks";
-    add_rate_rows(results, parameter, each, "weights", w, to_host, to_device);
+    add_rows(results, weights_parameter, each, kOurs, true, w, true, to_host, to_device);
     progress.step("sleep: kv (discardable)");
     const CycleTimes k = cycles(pool, kv, stream.get(), timed);
-    add_time_rows(results, format_bytes(each) + " discardable", each, "kv", k);
+    add_rows(results, kv_parameter, each, kOurs, true, k, false, to_host, to_device);
     for (void* b : blocks) pool.deallocate(b, block);
     pool.deallocate(cache, each);
   }
 
   // Many blocks: 10,000 of 64 KiB to 4 MiB, log-uniform.
   progress.step("sleep: 10,000 blocks");
+  std::vector<std::size_t> sizes;
   {
     const std::size_t count = config.quick ? 1000 : 10000;
     std::mt19937_64 random(42);
     std::uniform_real_distribution<double> exponent(std::log(64.0 * 1024), std::log(4.0 * 1048576));
-    std::vector<std::size_t> sizes;
     std::size_t total = 0;
     const std::size_t cap = free_device_bytes() / 3;
     for (std::size_t i = 0; i < count; ++i) {
@@ -204,12 +275,23 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
       for (std::size_t bytes : sizes) blocks.push_back(pool.allocate_async(bytes, stream.get()));
     }
     const CycleTimes m = cycles(pool, many, stream.get(), timed);
-    const std::string parameter = std::to_string(sizes.size()) + " blocks, " + format_bytes(total);
-    add_rate_rows(results, parameter, total, "blocks", m, to_host, to_device);
+    add_rows(results, many_parameter(sizes.size(), total), total, kOurs, true, m, true, to_host,
+             to_device);
     results.back().extra["copies"] = static_cast<double>(pool.tag_stats(many).copies);
     for (std::size_t i = 0; i < blocks.size(); ++i) {
       pool.deallocate_async(blocks[i], sizes[i], stream.get());
     }
+  }
+  cuda::check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
+
+  progress.step("sleep: torch_memory_saver");
+  if (const std::optional<PeerParts> peer = torch_memory_saver(each, timed, sizes)) {
+    add_rows(results, weights_parameter, peer->bytes.at("weights"), kPeer, false,
+             peer->parts.at("weights"), true, to_host, to_device);
+    add_rows(results, kv_parameter, peer->bytes.at("kv"), kPeer, false, peer->parts.at("kv"), false,
+             to_host, to_device);
+    add_rows(results, many_parameter(sizes.size(), peer->bytes.at("many")), peer->bytes.at("many"),
+             kPeer, false, peer->parts.at("many"), true, to_host, to_device);
   }
 }
 
