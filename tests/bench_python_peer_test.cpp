@@ -15,12 +15,12 @@
 namespace vram::bench {
 namespace {
 
-bool has_line(const PythonRun& run, const std::string& line) {
+bool has_line(const ChildRun& run, const std::string& line) {
   return std::find(run.lines.begin(), run.lines.end(), line) != run.lines.end();
 }
 
 TEST(BenchPythonPeer, OutputErrorAndExitStatusComeBack) {
-  const PythonRun run =
+  const ChildRun run =
       run_python("sh", "echo out \"$1\"\necho err >&2\nprintf 'no newline'\nexit 3\n", {"arg"}, 30);
   ASSERT_TRUE(run.ran) << run.error;
   EXPECT_EQ(run.exit_code, 3);
@@ -31,7 +31,7 @@ TEST(BenchPythonPeer, OutputErrorAndExitStatusComeBack) {
 }
 
 TEST(BenchPythonPeer, TheScriptFileIsGoneAfterTheRun) {
-  const PythonRun run = run_python("sh", "echo \"$0\"\n", {}, 30);
+  const ChildRun run = run_python("sh", "echo \"$0\"\n", {}, 30);
   ASSERT_TRUE(run.ran) << run.error;
   ASSERT_EQ(run.lines.size(), 1U);
   EXPECT_NE(run.lines[0].find("vram-bench-"), std::string::npos);
@@ -39,14 +39,14 @@ TEST(BenchPythonPeer, TheScriptFileIsGoneAfterTheRun) {
 }
 
 TEST(BenchPythonPeer, AMissingInterpreterIsSaidNotThrown) {
-  const PythonRun run = run_python("/nonexistent/python-for-vram-tests", "print(1)\n", {}, 30);
+  const ChildRun run = run_python("/nonexistent/python-for-vram-tests", "print(1)\n", {}, 30);
   EXPECT_FALSE(run.ran);
   EXPECT_NE(run.error.find("/nonexistent/python-for-vram-tests"), std::string::npos) << run.error;
 }
 
 TEST(BenchPythonPeer, AChildPastItsTimeLimitIsStopped) {
   const double start = now_seconds();
-  const PythonRun run = run_python("sh", "echo started\nsleep 30\necho never\n", {}, 1);
+  const ChildRun run = run_python("sh", "echo started\nsleep 30\necho never\n", {}, 1);
   EXPECT_LT(now_seconds() - start, 20.0);
   EXPECT_FALSE(run.ran);
   EXPECT_NE(run.error.find("stopped after 1 s"), std::string::npos) << run.error;

@@ -6,8 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -23,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "bench/child_process.hpp"
 #include "device_pool/sleep_copier.hpp"
 #include "gpu_test_policy.hpp"
 #include "test_kernels.hpp"
@@ -857,8 +856,8 @@ TEST(SleepTagsGpu, ACaptureScopeInsideATagScopeKeepsTheGraphValidAcrossSleep) {
 }
 
 // The free bytes of device 0 as a second process sees them: vram_free_memory_probe (built
-// beside this executable) run through posix_spawn (no CUDA after a plain fork). Empty, with
-// the test failed, when the probe is missing or cannot say.
+// beside this executable), a child process of its own (no CUDA after a plain fork) stopped
+// after 60 s. Empty, with the test failed, when the probe is missing or cannot say.
 std::optional<std::size_t> free_bytes_seen_by_another_process() {
   std::error_code error;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
@@ -868,41 +867,17 @@ std::optional<std::size_t> free_bytes_seen_by_another_process() {
                   << ": build the vram_free_memory_probe target beside vram_tests";
     return std::nullopt;
   }
-  int pipe_ends[2];
-  if (::pipe(pipe_ends) != 0) {
-    ADD_FAILURE() << "pipe() failed";
-    return std::nullopt;
-  }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_ends[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&actions, pipe_ends[0]);
-  std::string path_arg = probe;
-  std::string device_arg = "0";
-  char* argv[] = {path_arg.data(), device_arg.data(), nullptr};
-  pid_t child = 0;
-  const int spawned = posix_spawn(&child, probe.c_str(), &actions, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&actions);
-  ::close(pipe_ends[1]);
+  const bench::ChildRun run = bench::run_child({probe, "0"}, 60);
   std::string out;
-  if (spawned == 0) {
-    char buffer[64];
-    for (ssize_t n; (n = ::read(pipe_ends[0], buffer, sizeof buffer)) > 0;) {
-      out.append(buffer, static_cast<std::size_t>(n));
-    }
-  }
-  ::close(pipe_ends[0]);
-  if (spawned != 0) {
-    ADD_FAILURE() << "posix_spawn(" << probe << ") failed: " << std::strerror(spawned);
-    return std::nullopt;
-  }
-  int status = 0;
-  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    ADD_FAILURE() << probe << " failed (status " << status << "), output: " << out;
+  for (const std::string& line : run.lines) out += line + "\n";
+  if (!run.ran || run.exit_code != 0 || run.lines.size() != 1) {
+    ADD_FAILURE() << probe << " failed ("
+                  << (run.ran ? "exit " + std::to_string(run.exit_code) : run.error)
+                  << "), output: " << out;
     return std::nullopt;
   }
   try {
-    return static_cast<std::size_t>(std::stoull(out));
+    return static_cast<std::size_t>(std::stoull(run.lines.front()));
   } catch (...) {
     ADD_FAILURE() << probe << " printed no number: " << out;
     return std::nullopt;

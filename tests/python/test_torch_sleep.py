@@ -209,6 +209,9 @@ def test_misuse_raises_and_changes_nothing():
     _expect_error(vram_torch.sleep, 42)
     _expect_error(vram_torch.sleep, "t_misuse", level=3)
     _expect_error(vram_torch.sleep, "t_misuse", level=0)
+    _expect_error(vram_torch.sleep, "t_misuse", level=2.0)  # whole numbers only, as vLLM's
+    _expect_error(vram_torch.sleep, "t_misuse", level=True)
+    _expect_error(vram_torch.sleep, "t_misuse", level="2")
     assert vram_torch.tag_stats("t_misuse")["asleep"] == 0
     _expect_error(lambda: vram_torch.region("t_misuse", discardable=True).__enter__())
     assert vram_torch.tag_stats("t_never_made") is None

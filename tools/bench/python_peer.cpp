@@ -1,43 +1,15 @@
 // Python peers in a child process (python_peer.hpp).
 #include "bench/python_peer.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "bench/harness.hpp"
-
-extern char** environ;
-
 namespace vram::bench {
-namespace {
-
-void split_lines(std::string& pending, std::vector<std::string>& lines, bool flush) {
-  std::size_t start = 0;
-  for (std::size_t at = pending.find('\n'); at != std::string::npos;
-       at = pending.find('\n', start)) {
-    lines.push_back(pending.substr(start, at - start));
-    start = at + 1;
-  }
-  pending.erase(0, start);
-  if (flush && !pending.empty()) {
-    lines.push_back(pending);
-    pending.clear();
-  }
-}
-
-}  // namespace
 
 TemporaryFile::TemporaryFile(const std::string& text, const std::string& suffix) {
   const char* dir = std::getenv("TMPDIR");
@@ -71,82 +43,17 @@ std::string bench_python() {
   return python != nullptr && *python != '\0' ? python : "python3";
 }
 
-PythonRun run_python(const std::string& python, const std::string& script,
-                     const std::vector<std::string>& arguments, int timeout_s) {
-  PythonRun run;
+ChildRun run_python(const std::string& python, const std::string& script,
+                    const std::vector<std::string>& arguments, int timeout_s) {
   TemporaryFile file(script, ".py");
-  if (!file.error().empty() || file.path().empty()) {
+  if (file.path().empty() || !file.error().empty()) {
+    ChildRun run;
     run.error = file.error();
     return run;
   }
-  int pipe_fds[2];
-  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    run.error = std::string("pipe2: ") + std::strerror(errno);
-    return run;
-  }
-  std::vector<std::string> argv_text = {python, file.path()};
-  argv_text.insert(argv_text.end(), arguments.begin(), arguments.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_text) argv.push_back(a.data());
-  argv.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  // Its own process group: a child stopped at its limit takes what it started with it.
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
-  posix_spawnattr_setpgroup(&attributes, 0);
-  pid_t pid = -1;
-  const int spawned =
-      posix_spawnp(&pid, python.c_str(), &actions, &attributes, argv.data(), environ);
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
-  close(pipe_fds[1]);
-  if (spawned != 0) {
-    close(pipe_fds[0]);
-    run.error = "cannot start " + python + ": " + std::strerror(spawned);
-    return run;
-  }
-
-  std::string pending;
-  const double deadline = now_seconds() + timeout_s;
-  bool timed_out = false;
-  for (;;) {
-    const double left = deadline - now_seconds();
-    if (left <= 0) {
-      timed_out = true;
-      break;
-    }
-    pollfd p{pipe_fds[0], POLLIN, 0};
-    const int ready = poll(&p, 1, static_cast<int>(std::min(left, 1.0) * 1000) + 1);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;  // 0: no output yet; <0 other than EINTR: read below decides
-    char buffer[4096];
-    const ssize_t n = read(pipe_fds[0], buffer, sizeof buffer);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) break;  // end of output: the child closed it (exited)
-    pending.append(buffer, static_cast<std::size_t>(n));
-    split_lines(pending, run.lines, false);
-  }
-  close(pipe_fds[0]);
-  split_lines(pending, run.lines, true);
-  if (timed_out) kill(-pid, SIGKILL);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (timed_out) {
-    run.error = python + " was stopped after " + std::to_string(timeout_s) + " s";
-  } else if (WIFEXITED(status)) {
-    run.ran = true;
-    run.exit_code = WEXITSTATUS(status);
-  } else {
-    run.error = python + " ended by signal " + std::to_string(WTERMSIG(status));
-  }
-  return run;
+  std::vector<std::string> argv = {python, file.path()};
+  argv.insert(argv.end(), arguments.begin(), arguments.end());
+  return run_child(argv, timeout_s);
 }
 
 }  // namespace vram::bench

@@ -2,21 +2,15 @@
 // peers whose only supported interface is a Python package (torch_memory_saver).
 //
 // The script's text is carried inside the binary (written to a private temporary file for
-// the run), so `vram bench` needs no source tree. The child's standard output and error are
-// read back as lines; nothing the child prints reaches the bench's own output.
+// the run), so `vram bench` needs no source tree.
 #pragma once
 
 #include <string>
 #include <vector>
 
-namespace vram::bench {
+#include "bench/child_process.hpp"
 
-struct PythonRun {
-  bool ran = false;                // the interpreter started and exited by itself
-  int exit_code = -1;              // its exit status when it ran
-  std::vector<std::string> lines;  // standard output and error, in arrival order
-  std::string error;               // why it did not run or was stopped; empty otherwise
-};
+namespace vram::bench {
 
 // A file under $TMPDIR (or /tmp) holding `text`, removed with the object; path() is empty
 // and error() says why when it could not be written.
@@ -34,10 +28,10 @@ class TemporaryFile {
   std::string error_;
 };
 
-// Runs `python` (a path or a name looked up in PATH) on `script` with `arguments`; stops it
-// after `timeout_s` seconds. Never throws for a failure of the child: see PythonRun.
-PythonRun run_python(const std::string& python, const std::string& script,
-                     const std::vector<std::string>& arguments, int timeout_s);
+// Runs `python` (a path or a name looked up in PATH) on a temporary file holding `script`,
+// with `arguments` (run_child: the same limits and results).
+ChildRun run_python(const std::string& python, const std::string& script,
+                    const std::vector<std::string>& arguments, int timeout_s);
 
 // The interpreter `vram bench` runs Python peers with: $VRAM_BENCH_PYTHON, else python3.
 std::string bench_python();

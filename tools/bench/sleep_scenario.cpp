@@ -154,7 +154,7 @@ std::optional<PeerParts> torch_memory_saver(std::size_t each, std::size_t timed,
   if (sizes.path().empty()) return absent(sizes.error());
   char gib[64];
   std::snprintf(gib, sizeof gib, "%.17g", static_cast<double>(each) / static_cast<double>(1_GiB));
-  const PythonRun run = run_python(python, torch_sleep_script(),
+  const ChildRun run = run_python(python, torch_sleep_script(),
                                    {"--child", "tms", "--lines", "--gib", gib, "--cycles",
                                     std::to_string(timed), "--many-sizes", sizes.path()},
                                    1800);
