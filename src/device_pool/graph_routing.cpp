@@ -101,8 +101,9 @@ std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
 
 void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignment, StreamKey key,
                                            cudaStream_t stream) {
-  if (Tag* tag = sleep_tags.any() ? sleep_tags.route() : nullptr) [[unlikely]]
-    return tag_allocate(*tag, bytes, alignment, key);
+  if (Tag* tag = sleep_tags.any() ? sleep_tags.route() : nullptr) [[unlikely]] {
+    return graph_tag_allocate(*tag, bytes, alignment, key, graph_route(key, stream));
+  }
   const auto id = graph_route(key, stream);
   if (!id) return allocate(bytes, alignment, key);
   if (is_unscoped_pool(*id)) return allocate_captured(bytes, alignment, *id);
@@ -112,10 +113,9 @@ void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignm
 void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
                                             cudaStream_t stream) noexcept {
   if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block) : nullptr) [[unlikely]] {
-    // Freed by a capture: the graph's launches write it, so it stays out of its tag until
-    // the graph pool is released (pool_sleep.cpp).
-    if (const auto id = graph_route(key, stream); id && hold_for_graph(*id, block, bytes)) return;
-    return tag_deallocate(*tag, block, bytes, key);
+    // A graph's block, or freed by a capture: the graph's launches write it, so it stays out
+    // of its tag until the graph pool is released (pool_core.hpp).
+    return deallocate_tagged(*tag, block, bytes, key, graph_route(key, stream));
   }
   // A graph pool's block goes back to its pool whatever the stream.
   if (graph_deallocate_owned(block)) return;
@@ -319,6 +319,10 @@ void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
         "vram::DevicePool::CaptureScope::allocate: the pool was destroyed while the scope was "
         "open. Fix: end the scope (and the capture) before the DevicePool is destroyed.");
   }
+  // Inside a tag scope the block is the tag's (it sleeps with it) and the graph's.
+  if (detail::Tag* tag = core_->sleep_tags.any() ? core_->sleep_tags.route() : nullptr) {
+    return core_->graph_tag_allocate(*tag, bytes, kDefaultAlignment, detail::kUntagged, pool_);
+  }
   return core_->graph_allocate_into(pool_, bytes, kDefaultAlignment);
 }
 
@@ -327,10 +331,7 @@ void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexce
   if (core_) {
     // A tagged block stays its tag's, held until the graph pool is released (pool_sleep.cpp).
     if (detail::Tag* tag = core_->sleep_tags.any() ? core_->sleep_tags.owner_of(block) : nullptr) {
-      if (!core_->hold_for_graph(pool_, block, bytes)) {
-        core_->tag_deallocate(*tag, block, bytes, detail::kUntagged);
-      }
-      return;
+      return core_->deallocate_tagged(*tag, block, bytes, detail::kUntagged, pool_);
     }
     if (core_->graph_deallocate_into(pool_, block, bytes)) return;
     return core_->deallocate(block, bytes, detail::kUntagged);

@@ -403,18 +403,35 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // calls (so that destruction counts tagged blocks as leased).
   void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);
   void tag_deallocate(Tag& tag, void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Tagged blocks freed by a capture into graph pool `id`: kept (still live in their tag)
-  // until release_graph_pool(id), then released after a device-wide quiesce (none while a
-  // capture scope is open: they wait for a later release). False: no host memory to hold it.
-  bool hold_for_graph(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
+  // Tagged blocks and CUDA graphs (pool_sleep.cpp). A tagged block taken for graph pool `id`
+  // (a capture, or a capture scope, inside a tag scope) is noted as the graph's; a tagged
+  // block freed by a capture into `id` is held. Rules:
+  // - a noted block, whoever deallocates it and on whatever stream, is held for its graph,
+  //   as a graph pool's own blocks stay their pool's (the graph's launches may write it);
+  // - a held block stays live in its tag (it sleeps and wakes with it) until
+  //   release_graph_pool(id), then is released after a device-wide quiesce (none while a
+  //   capture scope is open: it waits for a later release of its pool);
+  // - deallocating a held block again is a double free, refused;
+  // - release_graph_pool(id) forgets the noted blocks still live: plain tagged blocks now.
+  void note_graph_block(GraphPools::Id id, void* block);  // throws std::bad_alloc
+  // tag_allocate, the block noted as graph `graph`'s when there is one.
+  void* graph_tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key,
+                           std::optional<GraphPools::Id> graph);
+  enum class GraphHold { held, not_a_graphs, double_free, no_memory };
+  // `route`: the graph pool a capture on the deallocating stream goes to, if any.
+  GraphHold hold_for_graph(std::optional<GraphPools::Id> route, void* block,
+                           std::size_t bytes) noexcept;
   void release_graph_holds(GraphPools::Id id) noexcept;
-  struct GraphHold {
+  // The deallocation of a tagged block with graphs about: held, refused, or given back.
+  void deallocate_tagged(Tag& tag, void* block, std::size_t bytes, StreamKey key,
+                         std::optional<GraphPools::Id> route) noexcept;
+  struct GraphBlock {
     GraphPools::Id id;
-    void* block;
     std::size_t bytes;
+    bool held;
   };
   std::mutex graph_holds_mutex;
-  std::vector<GraphHold> graph_holds;  // guarded by graph_holds_mutex
+  std::unordered_map<void*, GraphBlock> graph_blocks;  // guarded by graph_holds_mutex
 };
 
 inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {

@@ -55,42 +55,80 @@ void DevicePoolCore::tag_deallocate(Tag& tag, void* block, std::size_t bytes,
   if (orphan.active()) last = orphan.block_returned();
 }
 
-bool DevicePoolCore::hold_for_graph(GraphPools::Id id, void* block, std::size_t bytes) noexcept {
+void DevicePoolCore::note_graph_block(GraphPools::Id id, void* block) {
+  std::lock_guard lock(graph_holds_mutex);
+  graph_blocks.insert_or_assign(block, GraphBlock{id, 0, false});
+}
+
+void* DevicePoolCore::graph_tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment,
+                                         StreamKey key, std::optional<GraphPools::Id> graph) {
+  void* block = tag_allocate(tag, bytes, alignment, key);
+  if (!graph) return block;
   try {
-    std::lock_guard lock(graph_holds_mutex);
-    graph_holds.push_back({id, block, bytes});
-    return true;
+    note_graph_block(*graph, block);
   } catch (...) {
-    return false;
+    tag_deallocate(tag, block, bytes, key);
+    throw;
+  }
+  return block;
+}
+
+DevicePoolCore::GraphHold DevicePoolCore::hold_for_graph(std::optional<GraphPools::Id> route,
+                                                         void* block, std::size_t bytes) noexcept {
+  std::lock_guard lock(graph_holds_mutex);
+  if (const auto it = graph_blocks.find(block); it != graph_blocks.end()) {
+    if (it->second.held) return GraphHold::double_free;
+    it->second.held = true;
+    it->second.bytes = bytes;
+    return GraphHold::held;
+  }
+  if (!route) return GraphHold::not_a_graphs;
+  try {
+    graph_blocks.emplace(block, GraphBlock{*route, bytes, true});
+    return GraphHold::held;
+  } catch (...) {
+    return GraphHold::no_memory;
+  }
+}
+
+void DevicePoolCore::deallocate_tagged(Tag& tag, void* block, std::size_t bytes, StreamKey key,
+                                       std::optional<GraphPools::Id> route) noexcept {
+  switch (hold_for_graph(route, block, bytes)) {
+    case GraphHold::held:
+      return;
+    case GraphHold::double_free:
+      return reject_deallocate(block, bytes,
+                               "a tagged block held for its CUDA graph (until "
+                               "release_graph_pool) was deallocated again");
+    case GraphHold::not_a_graphs:
+    case GraphHold::no_memory:  // given back: no host memory to hold it
+      return tag_deallocate(tag, block, bytes, key);
   }
 }
 
 void DevicePoolCore::release_graph_holds(GraphPools::Id id) noexcept {
-  std::vector<GraphHold> released;
+  std::vector<std::pair<void*, std::size_t>> released;
   {
     std::lock_guard lock(graph_holds_mutex);
     if (capture_routes.any()) return;  // a quiesce would invalidate the open capture
     try {
-      released.reserve(graph_holds.size());
+      released.reserve(graph_blocks.size());
     } catch (...) {
       return;  // no host memory: a later release takes them
     }
-    for (std::size_t i = 0; i < graph_holds.size();) {
-      if (graph_holds[i].id == id) {
-        released.push_back(graph_holds[i]);
-        graph_holds[i] = graph_holds.back();
-        graph_holds.pop_back();
-      } else {
-        ++i;
+    for (auto it = graph_blocks.begin(); it != graph_blocks.end();) {
+      if (it->second.id != id) {
+        ++it;
+        continue;
       }
+      if (it->second.held) released.emplace_back(it->first, it->second.bytes);
+      it = graph_blocks.erase(it);  // live ones are plain tagged blocks from here on
     }
   }
   if (released.empty()) return;
   quiescer.quiesce();  // the graph's last launch may still run
-  for (const GraphHold& hold : released) {
-    if (Tag* tag = sleep_tags.owner_of(hold.block)) {
-      tag_deallocate(*tag, hold.block, hold.bytes, kUntagged);
-    }
+  for (const auto& [block, bytes] : released) {
+    if (Tag* tag = sleep_tags.owner_of(block)) tag_deallocate(*tag, block, bytes, kUntagged);
   }
 }
 

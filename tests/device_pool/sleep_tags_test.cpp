@@ -628,6 +628,61 @@ TEST(SleepTags, ATaggedBlockReleasedThroughACaptureScopeStaysItsTags) {
   EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
 }
 
+TEST(SleepTags, ATaggedBlockACaptureTookStaysItsGraphsWhenDeallocatedAfterTheCapture) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const auto stream = reinterpret_cast<cudaStream_t>(0x300);
+  const auto graph = DevicePool::new_graph_pool();
+  void* block = nullptr;
+  {
+    auto tag_scope = h.pool.tag_scope(weights);
+    auto capture = h.pool.capture_into(graph, stream);
+    block = h.pool.allocate_async(3 * kMiB, stream);  // the graph's output, say
+  }
+  EXPECT_TRUE(inside(h.pool.tag_stats(weights), block));
+  h.pool.deallocate_async(block, 3 * kMiB, stream);  // after the capture: the graph writes it
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);
+  void* other = h.pool.allocate_tagged(3 * kMiB, weights);
+  EXPECT_NE(other, block);             // never handed out while the graph may write it
+  h.pool.deallocate(block, 3 * kMiB);  // again: a double free, refused
+  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 2U);
+  h.pool.release_graph_pool(graph);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // the held block is the tag's again
+  h.pool.deallocate(other, 3 * kMiB);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+}
+
+TEST(SleepTags, AnUnroutedCaptureScopeInsideATagScopeTakesTaggedBlocksForItsGraph) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const auto graph = DevicePool::new_graph_pool();
+  void* kept = nullptr;
+  void* freed = nullptr;
+  {
+    auto tag_scope = h.pool.tag_scope(weights);
+    auto capture = h.pool.capture_into(graph);  // as the PyTorch plug-in opens it
+    kept = capture.allocate(2 * kMiB);
+    freed = capture.allocate(5 * kMiB);
+    capture.deallocate(freed, 5 * kMiB);
+  }
+  const SleepTagStats s = h.pool.tag_stats(weights);
+  EXPECT_TRUE(inside(s, kept));
+  EXPECT_TRUE(inside(s, freed));
+  EXPECT_EQ(s.live_blocks, 2U);  // the freed one held for the graph
+  EXPECT_EQ(h.pool.stats().graph_pool_bytes, 0U);
+  fill(kept, 2 * kMiB, 23);
+  h.pool.sleep(weights);
+  h.pool.wake(weights);
+  EXPECT_EQ(mismatches(kept, 2 * kMiB, 23), 0U);
+  h.pool.release_graph_pool(graph);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);
+  h.pool.deallocate(kept, 2 * kMiB);  // the graph is gone: a plain tagged block
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+}
+
 TEST(SleepTagsThreads, ConcurrentRequestsAndReleasesInOneTag) {
   HostPool h;
   const SleepTag weights = h.pool.create_tag("weights", small_tag());
