@@ -102,24 +102,31 @@ void copy_stat(SplitTally& from, cda::StatArray& to) noexcept {
 
 void delete_block(void* ptr);
 
-// The stream of the request the calling thread is serving, while trace events are wanted:
-// the stream of a SEGMENT_ALLOC the request's growth makes (PyTorch's segment stream).
-thread_local cudaStream_t t_request_stream = nullptr;
+// What the calling thread is doing while trace events are wanted: the stream and stack of
+// the request it serves (a SEGMENT_ALLOC its growth makes carries them, as PyTorch's does;
+// so does a SEGMENT_FREE of growth past the budget), or the stack of the empty_cache it
+// runs (a SEGMENT_FREE carries it, with RecordContext::ALL, as PyTorch's does).
+struct RequestTrace {
+  cudaStream_t stream = nullptr;
+  const std::shared_ptr<c10::GatheredContext>* context = nullptr;
+};
+thread_local RequestTrace t_request;
 
-class RequestStream {
+class RequestScope {
  public:
-  explicit RequestStream(bool tracing, cudaStream_t stream) noexcept
-      : saved_(t_request_stream), set_(tracing) {
-    if (set_) t_request_stream = stream;
+  RequestScope(bool tracing, cudaStream_t stream,
+               const std::shared_ptr<c10::GatheredContext>* context) noexcept
+      : saved_(t_request), set_(tracing) {
+    if (set_) t_request = {stream, context};
   }
-  ~RequestStream() {
-    if (set_) t_request_stream = saved_;
+  ~RequestScope() {
+    if (set_) t_request = saved_;
   }
-  RequestStream(const RequestStream&) = delete;
-  RequestStream& operator=(const RequestStream&) = delete;
+  RequestScope(const RequestScope&) = delete;
+  RequestScope& operator=(const RequestScope&) = delete;
 
  private:
-  cudaStream_t saved_;
+  RequestTrace saved_;
   bool set_;
 };
 
@@ -179,6 +186,11 @@ class NativeAllocator final : public cca::CUDAAllocator {
   }
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    // The stack of this call for the SEGMENT_FREE events of the trim (RecordContext::ALL).
+    const bool tracing = history_.wanted();
+    MemoryHistory::Context context;
+    if (tracing) context = history_.context_for_free();
+    const RequestScope request(tracing, nullptr, &context);
     // A private pool's free blocks stay its own while it has a use; once released they are
     // among the memory any trim gives back.
     for_each_state(-1, [](DeviceState& state) {
@@ -451,15 +463,16 @@ void NativeAllocator::segment_event(int device, const vram::ReservedSpan& span,
                                     bool reserved) noexcept {
   if (!history_.wanted()) return;
   try {
-    // PyTorch's own: a segment's whole span, the stream of the request that grew it (none
-    // is known for a give-back), the shared pool (a unit of vram's tiers may hold blocks of
-    // several private pools). Mapped runs of virtual memory are reported as segments too:
-    // each is one physical allocation, mapped and unmapped whole, which is what NCCL's
-    // registration hooks act on (they ignore SEGMENT_MAP and SEGMENT_UNMAP).
+    // PyTorch's own: a segment's whole span, the stream and stack of the request that grew
+    // it (a give-back: the stack of empty_cache under RecordContext::ALL), the shared pool (a unit
+    // of vram's tiers may hold blocks of several private pools). Mapped runs of virtual memory are
+    // reported as segments too: each is one physical allocation, mapped and unmapped whole, which
+    // is what NCCL's registration hooks act on (they ignore SEGMENT_MAP and SEGMENT_UNMAP).
     history_.record_noexcept(
         cda::TraceEntry(reserved ? TraceAction::SEGMENT_ALLOC : TraceAction::SEGMENT_FREE,
                         static_cast<c10::DeviceIndex>(device), span.address, span.bytes,
-                        reserved ? t_request_stream : nullptr, {0, 0}, c10::getApproximateTime()));
+                        reserved ? t_request.stream : nullptr, {0, 0}, c10::getApproximateTime(),
+                        t_request.context != nullptr ? *t_request.context : nullptr));
   } catch (...) {
     note_error("memory history: a segment event could not be recorded", false);
   }
@@ -526,7 +539,11 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
   // otherwise.
   const bool routing = state->graphs.active();
   GraphRoutes::Routed routed;
-  const RequestStream request_stream(history_.wanted(), stream);
+  // The stack is gathered before the pool is called: its growth's SEGMENT_ALLOC carries it.
+  const bool tracing = history_.wanted();
+  MemoryHistory::Context context;
+  if (tracing) context = history_.context_for_allocation();
+  const RequestScope request(tracing, stream, &context);
   for (int attempt = 0;; ++attempt) {
     try {
       if (routing) routed = state->graphs.allocate(size, stream);
@@ -554,9 +571,8 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
   block.stream = stream;
   block.pool = routed.id;
   block.allocator = std::move(routed.allocator);
-  const bool tracing = history_.wanted();
   try {
-    if (tracing) block.context = history_.context_for_allocation();
+    if (tracing) block.context = context;
     live_.insert(routed.ptr, block);
   } catch (...) {
     if (block.allocator) {
