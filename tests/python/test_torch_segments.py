@@ -109,6 +109,18 @@ def _check(before, trace, after, stats_before, stats_after, counted=True):
     return allocs, frees
 
 
+def _grow_pool(times=1):
+    """Tensors allocated until the pool grew `times` times (cached memory may serve the
+    first ones)."""
+    start = torch.cuda.memory_stats()["num_device_alloc"]
+    kept = []
+    for _ in range(64):
+        kept.append(torch.empty(64 * MiB, dtype=torch.uint8, device="cuda"))
+        if torch.cuda.memory_stats()["num_device_alloc"] >= start + times:
+            return kept
+    raise AssertionError("64 tensors of 64 MiB did not grow the pool")
+
+
 def test_enable_is_native():
     assert MODE == "native", MODE
 
@@ -118,12 +130,9 @@ def test_growth_makes_segment_alloc_and_empty_cache_segment_free():
     kept = []
 
     def grow():
-        # Until the pool grew at least twice (cached memory may serve the first requests).
-        start = torch.cuda.memory_stats()["num_device_alloc"]
-        for n in [3000, 700 * 1024, 3 * MiB, 24 * MiB] + [64 * MiB] * 40:
+        for n in [3000, 700 * 1024, 3 * MiB, 24 * MiB]:
             kept.append(torch.empty(n, dtype=torch.uint8, device="cuda"))
-            if torch.cuda.memory_stats()["num_device_alloc"] >= start + 2 and n == 64 * MiB:
-                break
+        kept.extend(_grow_pool(2))
 
     allocs, frees = _check(*_record(grow))
     assert len(allocs) >= 2, allocs
@@ -138,6 +147,27 @@ def test_growth_makes_segment_alloc_and_empty_cache_segment_free():
     allocs, frees = _check(*_record(shrink))
     assert len(frees) >= 1, "empty_cache gave nothing back"
     assert not allocs, allocs
+
+
+def test_segment_events_carry_the_stacks_pytorch_records():
+    """As PyTorch's: a segment_alloc carries the stack of the request that grew the pool; a
+    segment_free of empty_cache carries empty_cache's stack with context="all" only."""
+    for context in ("alloc", "all"):
+        torch.cuda.empty_cache()
+        torch.cuda.memory._record_memory_history(context=context)
+        try:
+            x = _grow_pool()
+            del x
+            torch.cuda.empty_cache()
+            trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        allocs = [e for e in trace if e["action"] == "segment_alloc"]
+        frees = [e for e in trace if e["action"] == "segment_free"]
+        assert allocs and frees, [e["action"] for e in trace][-10:]
+        assert all(e["frames"] for e in allocs), context
+        in_frees = "empty_cache" in json.dumps([e["frames"] for e in frees])
+        assert in_frees == (context == "all"), (context, frees[-1]["frames"][:3])
 
 
 def test_private_pool_blocks_keep_events_whole():
