@@ -9,7 +9,9 @@ exactly as it was added or listed, and the result is the segments of the last sn
 events' bytes account for every change of memory_reserved and their counts for
 num_device_alloc / num_device_free. A child process (segments_child.py) runs NCCL's
 all_reduce with TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1 over tensors allocated after
-init_process_group, across empty_cache, and checks the results and that no tracker failed.
+init_process_group, across empty_cache, and checks the results and that no tracker failed;
+once over virtual memory (where supported) and once over cudaMalloc segments
+(VRAM_TORCH_VIRTUAL_MEMORY=0). The other tests run in the mode the environment selects.
 """
 import gc
 import json
@@ -223,20 +225,28 @@ def _free_port():
         return str(s.getsockname()[1])
 
 
-def test_nccl_registered_all_reduce_over_memory_grown_after_init():
-    proc = util.run_child("segments_child.py", _free_port(), timeout=300)
+def _nccl_child(env):
+    proc = util.run_child("segments_child.py", _free_port(), timeout=300, env=env)
     rows = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
             if line.startswith("RESULT ")]
-    assert rows, f"no result, rc {proc.returncode}\n{proc.stderr[-3000:]}"
+    assert rows, f"{env}: no result, rc {proc.returncode}\n{proc.stderr[-3000:]}"
     row = rows[-1]
-    assert "error" not in row, f"{row['error']}\n{row.get('trace', '')}"
+    assert "error" not in row, f"{env}: {row['error']}\n{row.get('trace', '')}"
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "trace tracker failed" not in proc.stderr, proc.stderr[-3000:]
     assert row["mode"] == "native"
     assert row["wrong"] == 0, row
     assert row["segment_alloc_after_init"] > 0, row
     assert row["segment_free"] > 0, row
-    assert not row["last_error"] or "tracker" not in row["last_error"], row["last_error"]
+    assert "tracker" not in row["last_error"], row["last_error"]
+
+
+def test_nccl_registered_all_reduce_over_memory_grown_after_init():
+    _nccl_child(None)  # virtual memory where the device supports it
+
+
+def test_nccl_registered_all_reduce_over_cudamalloc_segments():
+    _nccl_child({"VRAM_TORCH_VIRTUAL_MEMORY": "0"})
 
 
 if __name__ == "__main__":
