@@ -116,8 +116,10 @@ class RequestScope {
  public:
   RequestScope(bool tracing, cudaStream_t stream,
                const std::shared_ptr<c10::GatheredContext>* context) noexcept
-      : saved_(t_request), set_(tracing) {
-    if (set_) t_request = {stream, context};
+      : set_(tracing) {
+    if (!set_) return;  // no thread-local access on the warm path
+    saved_ = t_request;
+    t_request = {stream, context};
   }
   ~RequestScope() {
     if (set_) t_request = saved_;
@@ -127,7 +129,7 @@ class RequestScope {
 
  private:
   RequestTrace saved_;
-  bool set_;
+  bool set_ = false;
 };
 
 class NativeAllocator final : public cca::CUDAAllocator {
