@@ -124,6 +124,7 @@
 #include <cuda_runtime_api.h>
 
 #include "vram/memory_map.hpp"
+#include "vram/reserve_observer.hpp"
 #include "vram/sleep_tag.hpp"
 #include "vram/stream_fence.hpp"
 #include "vram/upstream.hpp"
@@ -314,6 +315,12 @@ struct DevicePoolOptions {
   // legacy stream), so it is off by default: warm calls make no driver call, and a capture
   // without a scope is then undefined. The PyTorch plug-in turns it on.
   bool detect_unscoped_capture = false;
+  // Told of every unit of memory the pool reserves and, before it goes, of its give-back
+  // (vram/reserve_observer.hpp): segments from the upstream, runs of granules the
+  // virtual-memory large tier and the sleep tags map. Null: nothing is told (no cost). With
+  // an observer, upstream() is still the upstream given, and the pool picks virtual memory
+  // as without one.
+  std::shared_ptr<ReserveObserver> observer;
 };
 
 class DevicePool {

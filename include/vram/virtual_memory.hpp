@@ -65,8 +65,9 @@ class HostVirtualMemory final : public VirtualMemory {
   std::size_t granularity_;
 };
 
-// CUDA virtual memory management on `device`.
-class CudaVirtualMemory final : public VirtualMemory {
+// CUDA virtual memory management on `device`. Not final: a DevicePool with an observer
+// maps through a subclass that tells it of each map and unmap.
+class CudaVirtualMemory : public VirtualMemory {
  public:
   explicit CudaVirtualMemory(int device);
   ~CudaVirtualMemory() override;

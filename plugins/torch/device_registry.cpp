@@ -14,8 +14,44 @@ namespace {
 
 std::mutex g_create_mutex;           // serializes the creation of states and configure_pools
 std::size_t g_max_cached_bytes = 0;  // under g_create_mutex
+std::atomic<SegmentListener> g_segment_listener{nullptr};
+
+void tell(int device, const vram::ReservedSpan& span, bool reserved) noexcept {
+  if (SegmentListener listener = g_segment_listener.load(std::memory_order_acquire)) {
+    listener(device, span, reserved);
+  }
+}
 
 }  // namespace
+
+void set_segment_listener(SegmentListener listener) noexcept {
+  g_segment_listener.store(listener, std::memory_order_release);
+}
+
+void SegmentUnits::reserved(const vram::ReservedSpan& span) noexcept {
+  try {
+    std::lock_guard lock(mutex_);
+    units_[span.address] = Unit{span.address, span.bytes, span.virtual_memory, next_order_++};
+  } catch (...) {  // no host memory: snapshots miss this unit; its events still go out
+  }
+  tell(device_, span, true);
+}
+
+void SegmentUnits::giving_back(const vram::ReservedSpan& span) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    units_.erase(span.address);
+  }
+  tell(device_, span, false);
+}
+
+std::vector<SegmentUnits::Unit> SegmentUnits::units() const {
+  std::lock_guard lock(mutex_);
+  std::vector<Unit> out;
+  out.reserve(units_.size());
+  for (const auto& [address, unit] : units_) out.push_back(unit);
+  return out;
+}
 
 DeviceState& state_for(int device) {
   if (DeviceState* state = find_state(device)) return *state;

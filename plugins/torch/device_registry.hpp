@@ -12,21 +12,67 @@
 #include <array>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include "graph_routes.hpp"
 #include "stats.hpp"
 #include "stream_tracking.hpp"
 #include "vram/device_pool.hpp"
+#include "vram/reserve_observer.hpp"
 
 namespace vram_torch {
 
 inline constexpr int kMaxDevices = 64;
 
+// Told of a unit of a device's pool: `reserved` after it joined the pool, else before it
+// goes back (vram/reserve_observer.hpp). The native allocator's SEGMENT_ALLOC and
+// SEGMENT_FREE trace events (native_allocator.hpp). Runs under the pool's locks: must not
+// call the pool.
+using SegmentListener = void (*)(int device, const vram::ReservedSpan& span,
+                                 bool reserved) noexcept;
+void set_segment_listener(SegmentListener listener) noexcept;
+
+// The units of memory a device's pool holds (the pool's observer): what PyTorch is told of
+// as segments, one segment per unit, so that a segment PyTorch saw (an event or a
+// snapshot) is always one that a SEGMENT_FREE later names whole.
+class SegmentUnits final : public vram::ReserveObserver {
+ public:
+  struct Unit {
+    std::uintptr_t address = 0;
+    std::size_t bytes = 0;
+    bool virtual_memory = false;
+    std::int32_t order = 0;  // counts the units of the device in the order they came
+  };
+  explicit SegmentUnits(int device) noexcept : device_(device) {}
+  // Recorded first, then told: a snapshot taken meanwhile already lists the unit.
+  void reserved(const vram::ReservedSpan& span) noexcept override;
+  // Forgotten first, then told (the memory still valid): a snapshot taken meanwhile no
+  // longer lists it, so nothing registers it after its SEGMENT_FREE.
+  void giving_back(const vram::ReservedSpan& span) noexcept override;
+  // The units held now, in address order. Throws std::bad_alloc.
+  std::vector<Unit> units() const;
+
+ private:
+  const int device_;
+  mutable std::mutex mutex_;
+  std::map<std::uintptr_t, Unit> units_;  // by address
+  std::int32_t next_order_ = 0;
+};
+
 struct DeviceState {
-  DeviceState(int device_index, const vram::DevicePool::Options& options)
-      : device(device_index), pool(device, options), streams(device, pool), graphs(pool) {}
+  DeviceState(int device_index, vram::DevicePool::Options options)
+      : device(device_index),
+        units(std::make_shared<SegmentUnits>(device_index)),
+        pool(device, observed(std::move(options), units)),
+        streams(device, pool),
+        graphs(pool) {}
 
   const int device;
+  std::shared_ptr<SegmentUnits> units;  // the pool's observer, declared before the pool
   vram::DevicePool pool;
   Counters counters;
   StreamTracking streams;  // refers to `pool`, so declared after it
@@ -45,6 +91,13 @@ struct DeviceState {
     } catch (...) {  // the retry tells
     }
     return true;
+  }
+
+ private:
+  static vram::DevicePool::Options observed(vram::DevicePool::Options options,
+                                            std::shared_ptr<SegmentUnits> observer) {
+    options.observer = std::move(observer);
+    return options;
   }
 };
 

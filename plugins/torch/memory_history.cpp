@@ -1,8 +1,12 @@
 #include "memory_history.hpp"
 
 #include <algorithm>
+#include <exception>
+#include <string>
 #include <string_view>
 #include <utility>
+
+#include "errors.hpp"
 
 namespace vram_torch {
 
@@ -105,6 +109,10 @@ MemoryHistory::Context MemoryHistory::context_for_free() const {
 void MemoryHistory::record(TraceEntry entry) {
   const std::size_t trackers = trackers_.count.load(std::memory_order_acquire);
   for (std::size_t i = 0; i < trackers; ++i) trackers_.fns[i](entry);
+  append(std::move(entry));
+}
+
+void MemoryHistory::append(TraceEntry entry) {
   if (!enabled()) return;
   std::lock_guard lock(mutex_);
   if (max_entries_ == 0 || entry.device_ < 0) return;
@@ -122,6 +130,25 @@ void MemoryHistory::record(TraceEntry entry) {
   } else {
     ring.entries[ring.next] = std::move(entry);
     ring.next = (ring.next + 1) % max_entries_;
+  }
+}
+
+void MemoryHistory::record_noexcept(TraceEntry entry) noexcept {
+  const std::size_t trackers = trackers_.count.load(std::memory_order_acquire);
+  for (std::size_t i = 0; i < trackers; ++i) {
+    try {
+      trackers_.fns[i](entry);
+    } catch (const std::exception& e) {
+      note_error(std::string("an allocator trace tracker failed on a segment event: ") + e.what(),
+                 false);
+    } catch (...) {
+      note_error("an allocator trace tracker failed on a segment event", false);
+    }
+  }
+  try {
+    append(std::move(entry));
+  } catch (...) {
+    note_error("memory history: a segment event could not be recorded", false);
   }
 }
 

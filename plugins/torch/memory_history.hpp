@@ -10,7 +10,8 @@
 // - The trace of each device keeps the last `max_entries` events (a ring); clearing the
 //   history empties it.
 // - Trackers and observers run on the allocating thread, outside this file's mutex, in the
-//   order they were attached; they are never detached (as in PyTorch).
+//   order they were attached; they are never detached (as in PyTorch). Segment events run
+//   them on the thread that grows or gives back, inside the pool (record_noexcept).
 // Thread safety: one mutex for the trace and the settings; wanted() is a relaxed load.
 #pragma once
 
@@ -45,6 +46,10 @@ class MemoryHistory {
 
   // Appends `entry` to its device's trace (when history is on) and gives it to the trackers.
   void record(TraceEntry entry);
+  // record() for the pool's segment events, which run where nothing may throw: an exception
+  // of one tracker (NCCL's deregistration hook checks its own books) is noted and the
+  // trackers after it still run.
+  void record_noexcept(TraceEntry entry) noexcept;
 
   void attach_tracker(c10::CachingDeviceAllocator::AllocatorTraceTracker tracker);
   void attach_oom_observer(c10::cuda::CUDACachingAllocator::OutOfMemoryObserver observer);
@@ -66,6 +71,7 @@ class MemoryHistory {
     std::size_t next = 0;  // where the next entry goes once the ring is full
   };
   void update_wanted() noexcept;  // under mutex_
+  void append(TraceEntry entry);  // to the device's ring, when history is on
 
   mutable std::mutex mutex_;
   std::atomic<bool> enabled_{false};

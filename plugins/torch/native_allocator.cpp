@@ -102,6 +102,36 @@ void copy_stat(SplitTally& from, cda::StatArray& to) noexcept {
 
 void delete_block(void* ptr);
 
+// What the calling thread is doing while trace events are wanted: the stream and stack of
+// the request it serves (a SEGMENT_ALLOC its growth makes carries them, as PyTorch's does;
+// so does a SEGMENT_FREE of growth past the budget), or the stack of the empty_cache it
+// runs (a SEGMENT_FREE carries it, with RecordContext::ALL, as PyTorch's does).
+struct RequestTrace {
+  cudaStream_t stream = nullptr;
+  const std::shared_ptr<c10::GatheredContext>* context = nullptr;
+};
+thread_local RequestTrace t_request;
+
+class RequestScope {
+ public:
+  RequestScope(bool tracing, cudaStream_t stream,
+               const std::shared_ptr<c10::GatheredContext>* context) noexcept
+      : set_(tracing) {
+    if (!set_) return;  // no thread-local access on the warm path
+    saved_ = t_request;
+    t_request = {stream, context};
+  }
+  ~RequestScope() {
+    if (set_) t_request = saved_;
+  }
+  RequestScope(const RequestScope&) = delete;
+  RequestScope& operator=(const RequestScope&) = delete;
+
+ private:
+  RequestTrace saved_;
+  bool set_ = false;
+};
+
 class NativeAllocator final : public cca::CUDAAllocator {
  public:
   c10::DataPtr allocate(std::size_t size) override {
@@ -158,6 +188,11 @@ class NativeAllocator final : public cca::CUDAAllocator {
   }
 
   void emptyCache(c10::MempoolId_t /*mempool_id*/) override {
+    // The stack of this call for the SEGMENT_FREE events of the trim (RecordContext::ALL).
+    const bool tracing = history_.wanted();
+    MemoryHistory::Context context;
+    if (tracing) context = history_.context_for_free();
+    const RequestScope request(tracing, nullptr, &context);
     // A private pool's free blocks stay its own while it has a use; once released they are
     // among the memory any trim gives back.
     for_each_state(-1, [](DeviceState& state) {
@@ -371,6 +406,9 @@ class NativeAllocator final : public cca::CUDAAllocator {
   void* malloc_block(std::size_t size, c10::DeviceIndex device, cudaStream_t stream);
   // The free path: false when `ptr` is no live block (nothing changed).
   bool free_block(void* ptr) noexcept;
+  // A unit of `device`'s pool reserved or about to go back (SegmentUnits): SEGMENT_ALLOC or
+  // SEGMENT_FREE to the trackers and the history.
+  void segment_event(int device, const vram::ReservedSpan& span, bool reserved) noexcept;
 
  private:
   void check_device(c10::DeviceIndex device) const {
@@ -416,6 +454,29 @@ void delete_block(void* ptr) {
   if (ptr == nullptr) return;
   if (!installed()->free_block(ptr)) {
     note_error("free of a pointer that is no live block of vram (ignored)", false);
+  }
+}
+
+void on_segment(int device, const vram::ReservedSpan& span, bool reserved) noexcept {
+  if (const auto& allocator = installed()) allocator->segment_event(device, span, reserved);
+}
+
+void NativeAllocator::segment_event(int device, const vram::ReservedSpan& span,
+                                    bool reserved) noexcept {
+  if (!history_.wanted()) return;
+  try {
+    // PyTorch's own: a segment's whole span, the stream and stack of the request that grew
+    // it (a give-back: the stack of empty_cache under RecordContext::ALL), the shared pool (a unit
+    // of vram's tiers may hold blocks of several private pools). Mapped runs of virtual memory are
+    // reported as segments too: each is one physical allocation, mapped and unmapped whole, which
+    // is what NCCL's registration hooks act on (they ignore SEGMENT_MAP and SEGMENT_UNMAP).
+    history_.record_noexcept(
+        cda::TraceEntry(reserved ? TraceAction::SEGMENT_ALLOC : TraceAction::SEGMENT_FREE,
+                        static_cast<c10::DeviceIndex>(device), span.address, span.bytes,
+                        reserved ? t_request.stream : nullptr, {0, 0}, c10::getApproximateTime(),
+                        t_request.context != nullptr ? *t_request.context : nullptr));
+  } catch (...) {
+    note_error("memory history: a segment event could not be recorded", false);
   }
 }
 
@@ -480,6 +541,11 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
   // otherwise.
   const bool routing = state->graphs.active();
   GraphRoutes::Routed routed;
+  // The stack is gathered before the pool is called: its growth's SEGMENT_ALLOC carries it.
+  const bool tracing = history_.wanted();
+  MemoryHistory::Context context;
+  if (tracing) context = history_.context_for_allocation();
+  const RequestScope request(tracing, stream, &context);
   for (int attempt = 0;; ++attempt) {
     try {
       if (routing) routed = state->graphs.allocate(size, stream);
@@ -507,9 +573,8 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
   block.stream = stream;
   block.pool = routed.id;
   block.allocator = std::move(routed.allocator);
-  const bool tracing = history_.wanted();
   try {
-    if (tracing) block.context = history_.context_for_allocation();
+    if (tracing) block.context = context;
     live_.insert(routed.ptr, block);
   } catch (...) {
     if (block.allocator) {
@@ -675,56 +740,91 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
     b.context_when_allocated = std::static_pointer_cast<c10::GatheredContext>(l.block.context);
     return b;
   };
-  // vram's segments, cut where the owner changes: a private pool's live blocks lie among
-  // the shared tiers' ranges, and PyTorch reads a segment's pool (segment_pool_id) to find
-  // them. Free ranges and blocks vram keeps cached are the shared pool's.
+  // One segment per unit of the pool (a cudaMalloc segment, a mapped run of virtual memory,
+  // a sleep tag's run: SegmentUnits), the units PyTorch's SEGMENT_ALLOC and SEGMENT_FREE
+  // name, so that what NCCL registers from a snapshot is what a SEGMENT_FREE deregisters.
+  // Cut further where the owner changes: a private pool's live blocks lie among the shared
+  // tiers' ranges, and PyTorch reads a segment's pool (segment_pool_id) to find them. Free
+  // ranges and blocks vram keeps cached are the shared pool's. A block that spans two runs
+  // of virtual memory is cut at the run's end; its part in the later run is the shared
+  // pool's (a graph tree counts the block once, where it begins).
   for_each_state(-1, [&](DeviceState& state) {
     const int device = state.device;
-    for (const vram::DevicePoolSegment& segment : state.pool.memory_map()) {
+    std::vector<vram::DevicePoolSegment> map = state.pool.memory_map();
+    std::sort(map.begin(), map.end(),
+              [](const vram::DevicePoolSegment& a, const vram::DevicePoolSegment& b) {
+                return a.address < b.address;
+              });
+    // The large tier's units; a sleep tag's (in no segment of the map) count as large.
+    auto is_large = [&map](std::uintptr_t address) {
+      auto after = std::upper_bound(map.begin(), map.end(), address,
+                                    [](std::uintptr_t a, const vram::DevicePoolSegment& segment) {
+                                      return a < segment.address;
+                                    });
+      if (after == map.begin()) return true;
+      const vram::DevicePoolSegment& segment = *std::prev(after);
+      return address >= segment.address + segment.bytes || segment.large;
+    };
+    for (const SegmentUnits::Unit& unit : state.units->units()) {
+      const std::uintptr_t end = unit.address + unit.bytes;
+      const bool large = is_large(unit.address);
       cda::SegmentInfo* open = nullptr;
       auto add = [&](cda::BlockInfo block, std::uintptr_t address, LiveBlock::PoolId pool,
-                     const Live* live_block) {
+                     const Live* live_block, std::size_t requested) {
         const c10::MempoolId_t owner{static_cast<c10::CaptureId_t>(pool.first),
                                      static_cast<c10::CaptureId_t>(pool.second)};
         if (open == nullptr || open->owner_private_pool_id != owner) {
           open = &info.segments.emplace_back();
           open->device = static_cast<c10::DeviceIndex>(device);
+          open->registration_counter = unit.order;
           open->address = address;
-          open->is_large = segment.large;
-          open->is_expandable = segment.virtual_memory;
+          open->is_large = large;
+          open->is_expandable = unit.virtual_memory;
           open->owner_private_pool_id = owner;
         }
         open->total_size += block.size;
         if (live_block != nullptr) {
           open->allocated_size += block.size;
           open->active_size += block.size;
-          open->requested_size += live_block->block.size;
+          open->requested_size += requested;
           open->stream = live_block->block.stream;
         }
         open->blocks.push_back(std::move(block));
       };
       auto next = std::lower_bound(
-          live.begin(), live.end(), segment.address,
+          live.begin(), live.end(), unit.address,
           [](const Live& l, std::uintptr_t address) { return l.address < address; });
-      for (const auto& range : segment.ranges) {
-        std::uintptr_t at = range.address;
-        const std::uintptr_t end = range.address + range.bytes;
-        // A used range holds live blocks (of this device) or blocks vram keeps cached.
-        for (; range.used && next != live.end() && next->address < end; ++next) {
-          if (next->block.device != device || next->address < at) continue;
-          if (next->address > at) {
-            cda::BlockInfo gap;
-            gap.size = next->address - at;
-            add(std::move(gap), at, {0, 0}, nullptr);
-          }
-          add(block_info(*next), next->address, next->block.pool, &*next);
-          at = next->address + next->block.block_bytes;
+      std::uintptr_t at = unit.address;
+      if (next != live.begin()) {  // a block begun in the run before may reach into this one
+        const Live& before = *std::prev(next);
+        const std::uintptr_t before_end = before.address + before.block.block_bytes;
+        if (before.block.device == device && !before.block.uncached && !before.block.allocator &&
+            before_end > at) {
+          const std::size_t bytes = std::min(before_end, end) - at;
+          cda::BlockInfo part = block_info(before);
+          part.size = bytes;
+          part.requested_size = 0;
+          add(std::move(part), at, {0, 0}, &before, 0);
+          at += bytes;
         }
-        if (at < end) {
-          cda::BlockInfo rest;
-          rest.size = end - at;
-          add(std::move(rest), at, {0, 0}, nullptr);
+      }
+      for (; next != live.end() && next->address < end; ++next) {
+        if (next->block.device != device || next->address < at) continue;
+        if (next->address > at) {
+          cda::BlockInfo gap;
+          gap.size = next->address - at;
+          add(std::move(gap), at, {0, 0}, nullptr, 0);
         }
+        const std::uintptr_t block_end = std::min(next->address + next->block.block_bytes, end);
+        cda::BlockInfo block = block_info(*next);
+        block.size = block_end - next->address;
+        add(std::move(block), next->address, next->block.pool, &*next, next->block.size);
+        at = block_end;
+      }
+      if (at < end) {
+        cda::BlockInfo rest;
+        rest.size = end - at;
+        add(std::move(rest), at, {0, 0}, nullptr, 0);
       }
     }
   });
@@ -761,6 +861,7 @@ int install_native_allocator() noexcept {
     // table, which changeCurrentAllocator leaves at PyTorch's own.
     c10::SetAllocator(c10::DeviceType::CUDA, made.get());
     allocator = std::move(made);
+    set_segment_listener(&on_segment);
     return 1;
   } catch (const std::exception& e) {
     note_error(std::string("cannot install vram as PyTorch's CUDA allocator: ") + e.what(), false);

@@ -6,7 +6,9 @@
 #include <string>
 #include <utility>
 
+#include "platform/observed_memory.hpp"
 #include "pool_core.hpp"
+#include "pool_options.hpp"
 #include "vram/cuda/error.hpp"
 
 namespace vram {
@@ -43,7 +45,8 @@ DevicePool::DevicePool(int device, Options options)
     : DevicePool(std::make_shared<DeviceMemoryUpstream>(device), options) {}
 
 DevicePool::DevicePool(std::shared_ptr<Upstream> upstream, Options options)
-    : core_(std::make_shared<detail::DevicePoolCore>(std::move(upstream), options)) {}
+    : core_(std::make_shared<detail::DevicePoolCore>(
+          detail::observed_upstream(std::move(upstream), options), options)) {}
 
 DevicePool& DevicePool::operator=(DevicePool&& other) noexcept {
   if (this != &other) {
@@ -219,7 +222,8 @@ const DevicePool::Options& DevicePool::options() const noexcept {
 
 Upstream& DevicePool::upstream() const noexcept {
   static MovedFromUpstream none;
-  return core_ ? *core_->upstream : none;
+  // The upstream given, also when an observer wraps it (pool_options.hpp).
+  return core_ ? detail::underlying(*core_->upstream) : none;
 }
 
 }  // namespace vram

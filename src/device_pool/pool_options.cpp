@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cuda/memory.hpp"
+#include "platform/observed_memory.hpp"
 #include "tier/segment_tier.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
@@ -25,35 +26,55 @@ bool virtual_memory_by_default(int device) noexcept {
 // The device a device upstream allocates on: vram's DeviceMemoryUpstream names it; any
 // other device upstream is taken to allocate on the current device.
 int device_of(const Upstream& upstream) {
-  const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(&upstream);
+  const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(&underlying(upstream));
   return device_upstream != nullptr ? device_upstream->device() : cuda::Device::current();
 }
 
+// CUDA virtual memory on `device`, observed when `observer` is set.
+std::shared_ptr<VirtualMemory> cuda_virtual_memory(int device,
+                                                   std::shared_ptr<ReserveObserver> observer) {
+  if (observer) return std::make_shared<ObservedCudaVirtualMemory>(device, std::move(observer));
+  return std::make_shared<CudaVirtualMemory>(device);
+}
+
 }  // namespace
+
+std::shared_ptr<Upstream> observed_upstream(std::shared_ptr<Upstream> upstream,
+                                            const DevicePoolOptions& options) {
+  if (!options.observer || !upstream) return upstream;
+  return std::make_shared<ObservedUpstream>(std::move(upstream), options.observer);
+}
 
 std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePoolOptions& options,
                                                    const std::shared_ptr<Upstream>& upstream) {
   if (options.large_tier.memory == LargeTierMemory::segments) return nullptr;
   const bool automatic = options.large_tier.memory == LargeTierMemory::automatic;
+  const auto* observed = dynamic_cast<const ObservedUpstream*>(upstream.get());
+  const std::shared_ptr<Upstream>& given = observed != nullptr ? observed->inner() : upstream;
   // automatic: only over vram's own device upstream. The granules come from cuMemCreate,
   // not from the upstream, and a custom upstream (a budget, a counter) must not be bypassed.
-  if (automatic && dynamic_cast<const DeviceMemoryUpstream*>(upstream.get()) == nullptr) {
+  if (automatic && dynamic_cast<const DeviceMemoryUpstream*>(given.get()) == nullptr) {
     return nullptr;
   }
-  if (upstream->kind() != MemoryKind::device) return std::make_shared<HostVirtualMemory>(upstream);
-  const int device = device_of(*upstream);
+  if (given->kind() != MemoryKind::device) {
+    // The emulation charges the upstream given, not the observed one: each map is told once.
+    auto host = std::make_shared<HostVirtualMemory>(given);
+    if (!options.observer) return host;
+    return std::make_shared<ObservedVirtualMemory>(std::move(host), options.observer);
+  }
+  const int device = device_of(*given);
   const bool usable =
       automatic ? virtual_memory_by_default(device) : CudaVirtualMemory::supported(device);
   if (!usable) return nullptr;  // segments instead
-  return std::make_shared<CudaVirtualMemory>(device);
+  return cuda_virtual_memory(device, options.observer);
 }
 
 std::shared_ptr<VirtualMemory> make_tag_virtual_memory(const Upstream& upstream) {
-  const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(&upstream);
+  const auto* device_upstream = dynamic_cast<const DeviceMemoryUpstream*>(&underlying(upstream));
   if (device_upstream == nullptr || !CudaVirtualMemory::supported(device_upstream->device())) {
     return nullptr;
   }
-  return std::make_shared<CudaVirtualMemory>(device_upstream->device());
+  return cuda_virtual_memory(device_upstream->device(), observer_of(upstream));
 }
 
 std::size_t reservation_for(const DevicePoolOptions& options, const Upstream& upstream) {

@@ -20,15 +20,21 @@ inline constexpr std::size_t kAutoSmallSegmentMax = std::size_t{256} << 10;
 // multiple of the large tier's 512-byte rounding.
 inline constexpr std::size_t kMinLargeTierBlock = 2048;
 
+// The upstream the pool's tiers call: `upstream` itself, or with Options::observer an
+// ObservedUpstream over it (platform/observed_memory.hpp). Every function below looks
+// through that wrapper to the upstream given (underlying()).
+std::shared_ptr<Upstream> observed_upstream(std::shared_ptr<Upstream> upstream,
+                                            const DevicePoolOptions& options);
+
 // What backs the large tier (Options::large_tier.memory): virtual memory, or null for
-// segments from the upstream.
+// segments from the upstream. With an observer it tells it of every map and unmap.
 std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePoolOptions& options,
                                                    const std::shared_ptr<Upstream>& upstream);
 // The address range a virtual-memory large tier reserves; throws vram::InvalidArgument above
 // 16 TiB.
 // The virtual memory sleep tags use when the large tier has none: CUDA virtual memory on the
 // device of vram's DeviceMemoryUpstream where supported (mapped for that device only), else
-// null.
+// null. Observed like the upstream.
 std::shared_ptr<VirtualMemory> make_tag_virtual_memory(const Upstream& upstream);
 std::size_t reservation_for(const DevicePoolOptions& options, const Upstream& upstream);
 // Options::growth_headroom as the tiers' fixed point (1024ths); throws vram::InvalidArgument
