@@ -113,8 +113,8 @@ void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, Stre
                                             cudaStream_t stream) noexcept {
   if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block) : nullptr) [[unlikely]] {
     // Freed by a capture: the graph's launches write it, so it stays out of its tag until
-    // the graph pool is released (pool_sleep.cpp).
-    if (const auto id = graph_route(key, stream); id && hold_for_graph(*id, block, bytes)) return;
+    // the graph pool is released (graph_holds.hpp).
+    if (const auto id = graph_route(key, stream); id && graph_holds.hold(*id, block, bytes)) return;
     return tag_deallocate(*tag, block, bytes, key);
   }
   // A graph pool's block goes back to its pool whatever the stream.
@@ -264,8 +264,7 @@ void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
       bump(claimed->deallocations, 1);
       bump(claimed->deallocated_bytes, block.bytes);
     } else {
-      bump(slow_deallocations, 1);
-      bump(slow_deallocated_bytes, block.bytes);
+      slow_path.count_deallocation(block.bytes);
     }
     if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(block.bytes));
   }
@@ -325,9 +324,9 @@ void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
 void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexcept {
   if (block == nullptr) return;
   if (core_) {
-    // A tagged block stays its tag's, held until the graph pool is released (pool_sleep.cpp).
+    // A tagged block stays its tag's, held until the graph pool is released (graph_holds.hpp).
     if (detail::Tag* tag = core_->sleep_tags.any() ? core_->sleep_tags.owner_of(block) : nullptr) {
-      if (!core_->hold_for_graph(pool_, block, bytes)) {
+      if (!core_->graph_holds.hold(pool_, block, bytes)) {
         core_->tag_deallocate(*tag, block, bytes, detail::kUntagged);
       }
       return;

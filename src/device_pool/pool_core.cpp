@@ -348,15 +348,14 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     bump(cache->acquired_bytes, block_bytes);
     end_claim(*cache);
   } else {
-    std::lock_guard lock(slow_mutex);
+    std::lock_guard lock(slow_path);
     if (orphan.active()) [[unlikely]] {
       throw InvalidArgument(
           "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
           "while it is used.");
     }
     block = request.small ? small_allocate(nullptr, request) : tier_allocate(request, nullptr);
-    bump(slow_acquires, 1);
-    bump(slow_acquired_bytes, block_bytes);
+    slow_path.count_acquire(block_bytes);
   }
   if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(block_bytes));
   if (options.validate_releases) {
@@ -423,7 +422,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   // Slow path. When orphaned, the last deallocation drops the self-reference after the lock
   // is unlocked (declared first, destroyed last): that may destroy *this.
   std::shared_ptr<DevicePoolCore> last;
-  std::lock_guard lock(slow_mutex);
+  std::lock_guard lock(slow_path);
   bool known = true;
   if (!orphan.active()) {
     known = request.small ? small_deallocate(nullptr, block, request)
@@ -434,8 +433,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
     large.trim(0, false);
   }
   if (!known) return reject_deallocate(block, request.bytes, kNotLive);
-  bump(slow_deallocations, 1);
-  bump(slow_deallocated_bytes, block_bytes);
+  slow_path.count_deallocation(block_bytes);
   if (track) note_in_use(-static_cast<std::int64_t>(block_bytes));
   if (orphan.active()) last = orphan.block_returned();
 }

@@ -34,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "graph_holds.hpp"
 #include "graph_pools.hpp"
 #include "graph_routing.hpp"
 #include "in_use_peak.hpp"
@@ -42,6 +43,7 @@
 #include "release_validation.hpp"
 #include "request.hpp"
 #include "sleep_tags.hpp"
+#include "slow_path.hpp"
 #include "thread_cache.hpp"
 #include "thread_cache_registry.hpp"
 #include "tier/segment_tier.hpp"
@@ -216,7 +218,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // `cache`: that cache, still claimed, or null when the warm claim failed.
   void* allocate_miss(std::size_t bytes, std::size_t index, StreamKey key, ThreadCache* cache);
   // Serves `request` through `cache` (claimed; null: claimed here, claim_own_cache(), else
-  // the slow path under slow_mutex) and lets the claim go.
+  // the slow path under slow_path's lock) and lets the claim go.
   void* serve(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
@@ -316,7 +318,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // none while a scope is open or this thread serves a captured request.
   std::vector<GraphPools::Block> take_graph_returns() noexcept;
   // drain_graph_returns() from inside a request that claimed `claimed` (its cache; null:
-  // the caller holds slow_mutex): the blocks go straight to their tiers, counted as
+  // the caller holds slow_path's lock): the blocks go straight to their tiers, counted as
   // deallocations of `claimed` (or of the slow path). The out-of-memory retry's, before its trim.
   void reclaim_graph_returns(ThreadCache* claimed) noexcept;
   // The size a graph pool's block is deallocated with: the one that finds its class and tier.
@@ -372,21 +374,17 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // Only with options.track_peak_in_use (in_use_peak.hpp).
   alignas(kCacheLine) InUsePeak in_use;
 
-  // Lock order: slow_mutex, then the registry's steal mutex, then the registry's own lock /
-  // a tier's growth mutex, then that tier's mutex (segment_tier.hpp; a grower takes none of
-  // the others). Only a holder of the steal mutex waits for a cache's state word (trim(),
-  // which never waits for an owner inside a call that may block), and close() (holding
-  // none of them).
+  // Lock order: the slow path's mutex, then the registry's steal mutex, then the registry's
+  // own lock / a tier's growth mutex, then that tier's mutex (segment_tier.hpp; a grower
+  // takes none of the others); slow_path.hpp has the whole order. Only a holder of the steal
+  // mutex waits for a cache's state word (trim(), which never waits for an owner inside a
+  // call that may block), and close() (holding none of them).
   ThreadCacheRegistry registry;
 
-  // The slow path: calls on threads without a usable cache (see claim_own_cache) and every
-  // call once the pool is closed. Counters written under slow_mutex.
-  std::mutex slow_mutex;
-  std::atomic<std::uint64_t> slow_acquires{0};
-  std::atomic<std::uint64_t> slow_deallocations{0};
-  std::atomic<std::uint64_t> slow_acquired_bytes{0};
-  std::atomic<std::uint64_t> slow_deallocated_bytes{0};
-  OrphanedPool orphan;  // guarded by slow_mutex (orphaned_pool.hpp)
+  // Calls on threads without a usable cache and every call once the pool is closed, under
+  // one mutex, and their counters (slow_path.hpp).
+  SlowPath slow_path;
+  OrphanedPool orphan;  // under slow_path's lock (orphaned_pool.hpp)
 
   // Refused releases, and the leased blocks with validate_releases (release_validation.hpp).
   ReleaseValidation validation;
@@ -403,18 +401,12 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // calls (so that destruction counts tagged blocks as leased).
   void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);
   void tag_deallocate(Tag& tag, void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Tagged blocks freed by a capture into graph pool `id`: kept (still live in their tag)
-  // until release_graph_pool(id), then released after a device-wide quiesce (none while a
-  // capture scope is open: they wait for a later release). False: no host memory to hold it.
-  bool hold_for_graph(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
+  // Tagged blocks freed by a capture into a graph pool, kept (still live in their tag) until
+  // release_graph_pool (graph_holds.hpp).
+  GraphHolds graph_holds;
+  // At release_graph_pool(id): the blocks held for `id` deallocated into their tags after a
+  // device-wide quiesce (none while a capture scope is open: they wait for a later release).
   void release_graph_holds(GraphPools::Id id) noexcept;
-  struct GraphHold {
-    GraphPools::Id id;
-    void* block;
-    std::size_t bytes;
-  };
-  std::mutex graph_holds_mutex;
-  std::vector<GraphHold> graph_holds;  // guarded by graph_holds_mutex
 };
 
 inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {

@@ -17,7 +17,7 @@ void* DevicePoolCore::tag_allocate(Tag& tag, std::size_t bytes, std::size_t alig
     reject_request(bytes, alignment);
   }
   {
-    std::lock_guard lock(slow_mutex);
+    std::lock_guard lock(slow_path);
     if (orphan.active()) {
       throw InvalidArgument(
           "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
@@ -26,9 +26,8 @@ void* DevicePoolCore::tag_allocate(Tag& tag, std::size_t bytes, std::size_t alig
   }
   void* block = sleep_tags.allocate(tag, bytes, key);
   const std::size_t block_bytes = TagArena::round(bytes);
-  std::lock_guard lock(slow_mutex);
-  bump(slow_acquires, 1);
-  bump(slow_acquired_bytes, block_bytes);
+  std::lock_guard lock(slow_path);
+  slow_path.count_acquire(block_bytes);
   if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(block_bytes));
   return block;
 }
@@ -48,46 +47,17 @@ void DevicePoolCore::tag_deallocate(Tag& tag, void* block, std::size_t bytes,
       break;
   }
   std::shared_ptr<DevicePoolCore> last;  // destroyed after the lock: may destroy *this
-  std::lock_guard lock(slow_mutex);
-  bump(slow_deallocations, 1);
-  bump(slow_deallocated_bytes, block_bytes);
+  std::lock_guard lock(slow_path);
+  slow_path.count_deallocation(block_bytes);
   if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(block_bytes));
   if (orphan.active()) last = orphan.block_returned();
 }
 
-bool DevicePoolCore::hold_for_graph(GraphPools::Id id, void* block, std::size_t bytes) noexcept {
-  try {
-    std::lock_guard lock(graph_holds_mutex);
-    graph_holds.push_back({id, block, bytes});
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
 void DevicePoolCore::release_graph_holds(GraphPools::Id id) noexcept {
-  std::vector<GraphHold> released;
-  {
-    std::lock_guard lock(graph_holds_mutex);
-    if (capture_routes.any()) return;  // a quiesce would invalidate the open capture
-    try {
-      released.reserve(graph_holds.size());
-    } catch (...) {
-      return;  // no host memory: a later release takes them
-    }
-    for (std::size_t i = 0; i < graph_holds.size();) {
-      if (graph_holds[i].id == id) {
-        released.push_back(graph_holds[i]);
-        graph_holds[i] = graph_holds.back();
-        graph_holds.pop_back();
-      } else {
-        ++i;
-      }
-    }
-  }
+  const std::vector<GraphHolds::Hold> released = graph_holds.take(id, capture_routes);
   if (released.empty()) return;
   quiescer.quiesce();  // the graph's last launch may still run
-  for (const GraphHold& hold : released) {
+  for (const GraphHolds::Hold& hold : released) {
     if (Tag* tag = sleep_tags.owner_of(hold.block)) {
       tag_deallocate(*tag, hold.block, hold.bytes, kUntagged);
     }

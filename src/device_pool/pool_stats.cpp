@@ -1,16 +1,17 @@
 // DevicePool's counters summed over the thread caches, the slow path, the rings and the
 // tiers. Exact when no call runs at the same moment: each counter has one writer (its
-// cache's owner, or the holder of slow_mutex) and is read here with relaxed loads.
+// cache's owner, or the holder of the slow path's mutex) and is read here with relaxed loads.
 #include "pool_core.hpp"
 
 namespace vram::detail {
 
 DevicePoolStats DevicePoolCore::stats() const {
   DevicePoolStats s;
-  std::uint64_t acquired_bytes = slow_acquired_bytes.load(std::memory_order_relaxed);
-  std::uint64_t deallocated_bytes = slow_deallocated_bytes.load(std::memory_order_relaxed);
-  s.acquires = slow_acquires.load(std::memory_order_relaxed);
-  s.releases = slow_deallocations.load(std::memory_order_relaxed);
+  const SlowPath::Totals slow = slow_path.totals();
+  std::uint64_t acquired_bytes = slow.acquired_bytes;
+  std::uint64_t deallocated_bytes = slow.deallocated_bytes;
+  s.acquires = slow.acquires;
+  s.releases = slow.deallocations;
   std::size_t thread_cached = 0;
   registry.for_each([&](const ThreadCache& cache) {
     s.acquires += cache.acquires.load(std::memory_order_relaxed);
