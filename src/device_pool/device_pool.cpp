@@ -65,7 +65,7 @@ DevicePool::~DevicePool() {
   core_->drain_graph_returns();
   std::uint64_t blocks = 0;
   std::uint64_t bytes = 0;
-  const bool scope_open = core_->capture_routes.any();
+  const bool scope_open = core_->graph_routing.any();
   if (core_->close(blocks, bytes)) {
     std::fprintf(stderr,
                  "vram::DevicePool destroyed with %llu block(s), %llu bytes, still leased%s; the "
@@ -93,7 +93,7 @@ detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
   return *core_;
 }
 
-// Each call tests graph_activity first (graph_routing.cpp): while no graph pool exists and no
+// Each call tests graphs_on first (graph_routing.hpp): while no graph pool exists and no
 // capture scope is open, one load from the cache line the warm path reads anyway.
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
   detail::DevicePoolCore& core = live_core("allocate");

@@ -13,7 +13,7 @@ bool GraphHolds::hold(Id id, void* block, std::size_t bytes) noexcept {
   }
 }
 
-std::vector<GraphHolds::Hold> GraphHolds::take(Id id, const CaptureRoutes& routes) noexcept {
+std::vector<GraphHolds::Hold> GraphHolds::take(Id id, const GraphRouting& routes) noexcept {
   std::vector<Hold> taken;
   std::lock_guard lock(mutex_);
   if (routes.any()) return {};  // a quiesce would invalidate the open capture

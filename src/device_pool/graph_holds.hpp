@@ -35,7 +35,7 @@ class GraphHolds {
   bool hold(Id id, void* block, std::size_t bytes) noexcept;
   // The blocks held for `id`, held no more; none while `routes` has a scope open, or when
   // there is no host memory to take them (they stay held).
-  std::vector<Hold> take(Id id, const CaptureRoutes& routes) noexcept;
+  std::vector<Hold> take(Id id, const GraphRouting& routes) noexcept;
 
  private:
   std::mutex mutex_;

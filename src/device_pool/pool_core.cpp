@@ -151,7 +151,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
   // request or go back only after a device-wide quiesce: once per request, never while a
   // capture scope is open or this thread serves a captured request (it would synchronize
   // the device during the capture).
-  const bool capturing = capture_routes.any() || tl_in_capture;
+  const bool capturing = graph_routing.any() || tl_in_capture;
   bool may_quiesce = !capturing;
   for (;;) {
     // Read before the tier looks: a quiesce that begins after it covers what it finds.

@@ -391,12 +391,13 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
 
   // Last: the graph pools' state (its address filter is 64 KiB) stays out of the lines the
   // warm paths and the tiers use.
-  GraphActivity graph_activity{graphs_on};
-  GraphPools graph_pools{&graph_activity};
-  CaptureRoutes capture_routes{&graph_activity};
+  // The capture routes and the count behind graphs_on (graph_routing.hpp), then the graph
+  // pools, which count themselves there.
+  GraphRouting graph_routing{&graphs_on};
+  GraphPools graph_pools{&graph_routing};
   // Sleep tags (sleep_tags.hpp); while any exists graphs_on stays raised, so that every call
   // reaches allocate_with_graphs / deallocate_with_graphs, which ask the tags first.
-  SleepTags sleep_tags{uid, graph_activity};
+  SleepTags sleep_tags{uid, graph_routing};
   // A request into `tag` and a deallocation of its block (pool_sleep.cpp): counted as slow-path
   // calls (so that destruction counts tagged blocks as leased).
   void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);

@@ -54,7 +54,7 @@ void DevicePoolCore::tag_deallocate(Tag& tag, void* block, std::size_t bytes,
 }
 
 void DevicePoolCore::release_graph_holds(GraphPools::Id id) noexcept {
-  const std::vector<GraphHolds::Hold> released = graph_holds.take(id, capture_routes);
+  const std::vector<GraphHolds::Hold> released = graph_holds.take(id, graph_routing);
   if (released.empty()) return;
   quiescer.quiesce();  // the graph's last launch may still run
   for (const GraphHolds::Hold& hold : released) {
