@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
       for (const unsigned threads : thread_counts) {
         vram::DevicePool::Options options;
         options.max_cached_bytes = std::size_t{16} << 30;
-        options.validate_releases = false;
+        options.validate_deallocations = false;
         vram::DevicePool pool(std::make_shared<vram::DeviceMemoryUpstream>(0), options);
         std::vector<double> rates = vram::bench::threaded_pair_rates(
             threads, kReps, kSeconds, [&](unsigned t, const std::atomic<bool>& stop) {

@@ -69,7 +69,7 @@ DevicePool::~DevicePool() {
   if (core_->close(blocks, bytes)) {
     std::fprintf(stderr,
                  "vram::DevicePool destroyed with %llu block(s), %llu bytes, still leased%s; the "
-                 "pool's bookkeeping stays alive until they are released, and each then goes "
+                 "pool's bookkeeping stays alive until they are deallocated, and each then goes "
                  "straight back to the upstream.\n",
                  static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(bytes),
                  scope_open ? " or held by graph pools until the open capture scope ends" : "");

@@ -257,7 +257,7 @@ void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
       reject_deallocate(block.pointer, block.bytes, "a graph pool's block the tiers do not know");
       continue;
     }
-    if (options.validate_releases) {
+    if (options.validate_deallocations) {
       validation.forget(block.pointer);
     }
     if (claimed != nullptr) {

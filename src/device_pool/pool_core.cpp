@@ -67,7 +67,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
   options.small_tier.max_block_bytes = small_max;
   small_classes = SizeClasses::index_for(small_max) + 1;
   // 0: automatic (kAutoSmallSegmentMax over virtual memory; segments: every small class).
-  // By block bytes, so classes that share a block size share a tier (validate_releases
+  // By block bytes, so classes that share a block size share a tier (validate_deallocations
   // tells blocks apart by block bytes); at least kMinLargeTierBlock, above which every
   // class is a multiple of the large tier's 512-byte rounding.
   const std::size_t asked = options.small_tier.segment_max_bytes != 0
@@ -91,7 +91,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
   for (std::size_t index = 0; index < small_classes; ++index) {
     block_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
   }
-  plain_calls = !options.validate_releases && !options.track_peak_in_use;
+  plain_calls = !options.validate_deallocations && !options.track_peak_in_use;
   watch_captures = options.detect_unscoped_capture;
 }
 
@@ -358,7 +358,7 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     slow_path.count_acquire(block_bytes);
   }
   if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(block_bytes));
-  if (options.validate_releases) {
+  if (options.validate_deallocations) {
     try {
       validation.record(block, block_bytes);
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
@@ -377,7 +377,7 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     return reject_deallocate(block, bytes, "more bytes than the largest block (1 TiB)");
   }
   const Request request = request_of(bytes, key);
-  if (options.validate_releases && !validation.check(block, request.block_bytes)) return;
+  if (options.validate_deallocations && !validation.check(block, request.block_bytes)) return;
   deallocate_valid(block, request);
 }
 

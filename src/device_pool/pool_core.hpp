@@ -16,7 +16,7 @@
 //   pool_options.*  what the options decide at construction.
 //   graph_routing.* graph pools: routing under capture scopes (graph_pools.hpp).
 //   thread_cache_registry.hpp (every cache, the stealer's side of the handshake),
-//   quiescer.*, release_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_pools.*,
+//   quiescer.*, deallocation_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_pools.*,
 //   graph_routing.hpp, sleep_tags.*: the core's parts, each with its own private state.
 // The core keeps the options (and what they decide), the upstream, the tiers, the rings,
 // the counters and the flags the warm paths test; all of it private.
@@ -34,13 +34,13 @@
 #include <unordered_map>
 #include <vector>
 
+#include "deallocation_validation.hpp"
 #include "graph_holds.hpp"
 #include "graph_pools.hpp"
 #include "graph_routing.hpp"
 #include "in_use_peak.hpp"
 #include "orphaned_pool.hpp"
 #include "quiescer.hpp"
-#include "release_validation.hpp"
 #include "request.hpp"
 #include "sleep_tags.hpp"
 #include "slow_path.hpp"
@@ -222,7 +222,8 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   void* serve(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Counts a refused deallocation and says why on stderr; nothing changes (release_validation.hpp).
+  // Counts a refused deallocation and says why on stderr; nothing changes
+  // (deallocation_validation.hpp).
   [[gnu::cold]] void reject_deallocate(const void* block, std::size_t bytes,
                                        const char* why) noexcept {
     validation.reject(block, bytes, why);
@@ -346,7 +347,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   std::atomic<std::size_t> flush_keep_bytes{SIZE_MAX};
   static constexpr std::size_t kMaxAlignment =
       DevicePool::kDefaultAlignment;  // see the constructor
-  // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
+  // Neither validate_deallocations nor track_peak_in_use: the warm paths below may serve a call.
   bool plain_calls = false;
   // True while a graph pool exists or a capture scope is open (graph_routing.hpp): every
   // public call tests it, in the cache line of plain_calls, before it asks the graph pools.
@@ -386,8 +387,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   SlowPath slow_path;
   OrphanedPool orphan;  // under slow_path's lock (orphaned_pool.hpp)
 
-  // Refused releases, and the leased blocks with validate_releases (release_validation.hpp).
-  ReleaseValidation validation;
+  // Refused deallocations, and the leased blocks with validate_deallocations
+  // (deallocation_validation.hpp).
+  DeallocationValidation validation;
 
   // Last: the graph pools' state (its address filter is 64 KiB) stays out of the lines the
   // warm paths and the tiers use.

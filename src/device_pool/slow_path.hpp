@@ -7,7 +7,7 @@
 // - Lock order (the pool's): this mutex first, then the registry's steal mutex, then the
 //   registry's own lock / a tier's growth mutex, then that tier's mutex (segment_tier.hpp);
 //   the quiescer's mutex (quiescer.hpp) after this one, before a tier's and the wants' mutex;
-//   the validation's (release_validation.hpp) after every other.
+//   the validation's (deallocation_validation.hpp) after every other.
 // - The counters are written only under this mutex: one writer at a time, so an update is a
 //   relaxed load and store (bump(), thread_cache.hpp). totals() reads them with relaxed loads:
 //   exact under the mutex (close()), exact when no call runs at the same moment (stats()).
