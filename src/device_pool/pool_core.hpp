@@ -14,12 +14,16 @@
 //   thread_cache.*  the per-thread cache, the owner's side of its handshake and the
 //                   thread's directory.
 //   pool_options.*  what the options decide at construction.
-//   graph_routing.* graph pools: routing under capture scopes (graph_pools.hpp).
+//   graph_routing.cpp the core's graph calls: routing under capture scopes into graph pools.
+//   pool_sleep.cpp  the core's tagged requests and deallocations.
 //   thread_cache_registry.hpp (every cache, the stealer's side of the handshake),
-//   quiescer.*, deallocation_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_pools.*,
-//   graph_routing.hpp, sleep_tags.*: the core's parts, each with its own private state.
+//   slow_path.hpp (the slow path's mutex and counters; the lock order), quiescer.*,
+//   deallocation_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_routing.hpp
+//   (capture routes and the count behind graphs_on), graph_pools.*, graph_holds.*,
+//   sleep_tags.*: the core's parts, each with its own private state.
 // The core keeps the options (and what they decide), the upstream, the tiers, the rings,
-// the counters and the flags the warm paths test; all of it private.
+// its own counters (out-of-memory retries, unscoped capture calls) and the flags the warm
+// paths test; all of it private.
 #pragma once
 
 #include <algorithm>
