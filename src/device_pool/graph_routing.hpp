@@ -19,7 +19,7 @@
 // allocations pay one load while no scope is open. A scope's own thread sees its scope at
 // once (program order); another thread allocating on S sees it from the first lookup after
 // the open that it is ordered after (a racing allocation is racing the capture's start).
-// Lock order: the routes' mutex, GraphPools' mutex or the sleep tags' locks, then the
+// Lock order: the routes' mutex, GraphPools' mutex or SleepTags' create mutex, then the
 // count's mutex (taken last, nothing taken under it).
 //
 // DevicePoolCore's routing calls (graph_routing.cpp) combine the routes with the graph pools.
