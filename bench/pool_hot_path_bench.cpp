@@ -14,7 +14,7 @@ namespace {
 
 vram::DevicePool& shared_pool() {
   static vram::DevicePool pool(std::make_shared<vram::HostMemoryUpstream>(),
-                               vram::DevicePoolOptions{.validate_releases = false});
+                               vram::DevicePoolOptions{.validate_deallocations = false});
   return pool;
 }
 
@@ -43,7 +43,7 @@ BENCHMARK(BM_DevicePoolPair)
 vram::DevicePool* pool_with_mode(vram::detail::BarrierMode mode) {
   if (!vram::detail::force_barrier_mode_for_testing(mode)) return nullptr;
   auto* pool = new vram::DevicePool(std::make_shared<vram::HostMemoryUpstream>(),
-                                    vram::DevicePoolOptions{.validate_releases = false});
+                                    vram::DevicePoolOptions{.validate_deallocations = false});
   vram::detail::reset_barrier_mode_for_testing();
   return pool;  // lives until exit
 }

@@ -20,14 +20,14 @@ using namespace vram::literals;
 TEST(BadInput, ReleaseIntoTheWrongPoolIsRejectedWhenValidating) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   DevicePool first(upstream, options);
   DevicePool second(upstream, options);
   void* block = first.allocate(4096);
   ::testing::internal::CaptureStderr();
   second.deallocate(block, 4096);
   (void)::testing::internal::GetCapturedStderr();
-  EXPECT_EQ(second.stats().invalid_releases, 1U);
+  EXPECT_EQ(second.stats().invalid_deallocations, 1U);
   EXPECT_EQ(second.stats().bytes_cached, 0U);
   first.deallocate(block, 4096);
   EXPECT_EQ(first.stats().bytes_in_use, 0U);
@@ -38,7 +38,7 @@ TEST(BadInput, ReleaseWithZeroOrAbsurdBytesIsIgnoredAndCounted) {
   int local = 0;
   pool.deallocate(&local, 0);
   pool.deallocate(&local, SIZE_MAX);
-  EXPECT_EQ(pool.stats().invalid_releases, 2U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
   EXPECT_EQ(pool.stats().bytes_cached, 0U);
 }
 

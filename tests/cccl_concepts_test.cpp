@@ -23,7 +23,7 @@ TEST(CcclConcepts, DevicePoolWorksThroughAResourceRef) {
   ASSERT_NE(block, nullptr);
   ref.deallocate(block, 4096, 256);
   EXPECT_EQ(pool.stats().acquires, 1U);
-  EXPECT_EQ(pool.stats().releases, 1U);
+  EXPECT_EQ(pool.stats().deallocations, 1U);
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ inline DevicePool::Options virtual_host_options() {
       0;                            // granules mapped only under blocks (unless a test sets it)
   options.thread_cache.blocks = 0;  // blocks straight back to their tier
   options.max_cached_blocks_per_class = 0;
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   return options;
 }
 

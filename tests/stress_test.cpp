@@ -70,14 +70,14 @@ bool tag_intact(const Tagged& t) {
 // Segments (a host upstream's default): blocks up to 64 KiB. Virtual memory (the H200's
 // default, emulated): sizes across the small classes carved out of the large tier (above
 // 256 KiB) and into the large tier, which also unmaps past max_cached_bytes as blocks go.
-void run_host_stress(bool validate_releases, bool virtual_memory = false) {
+void run_host_stress(bool validate_deallocations, bool virtual_memory = false) {
   const std::uint64_t seed = stress_seed();
   std::printf("[stress] seed %llu (VRAM_STRESS_SEED=%llu replays it), validation %s\n",
               static_cast<unsigned long long>(seed), static_cast<unsigned long long>(seed),
-              validate_releases ? "on" : "off");
+              validate_deallocations ? "on" : "off");
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
-  options.validate_releases = validate_releases;
+  options.validate_deallocations = validate_deallocations;
   options.max_cached_bytes = 8_MiB;  // small: exercise upstream frees too
   if (virtual_memory) {
     options.large_tier.memory = LargeTierMemory::virtual_memory;
@@ -142,9 +142,9 @@ void run_host_stress(bool validate_releases, bool virtual_memory = false) {
               static_cast<unsigned long long>(operations.load()), kThreads);
   EXPECT_EQ(corruptions.load(), 0U) << "a block was handed to two owners (seed " << seed << ")";
   const auto s = pool.stats();
-  EXPECT_EQ(s.invalid_releases, 0U);
+  EXPECT_EQ(s.invalid_deallocations, 0U);
   EXPECT_EQ(s.bytes_in_use, 0U);
-  EXPECT_EQ(s.acquires, s.releases);
+  EXPECT_EQ(s.acquires, s.deallocations);
   EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
   EXPECT_EQ(upstream->bad_frees(), 0U);
   EXPECT_GT(operations.load(), 1000U);

@@ -30,6 +30,17 @@
 
 namespace {
 
+// Deallocations unchecked, as release builds ship: the option is validate_releases in
+// libraries built before it was renamed validate_deallocations (this file builds against both).
+template <class Options>
+void without_validation(Options& options) {
+  if constexpr (requires { options.validate_deallocations; }) {
+    options.validate_deallocations = false;
+  } else {
+    options.validate_releases = false;
+  }
+}
+
 constexpr std::size_t kLive = 32;
 constexpr int kReps = 7;
 constexpr double kSeconds = 0.1;
@@ -57,7 +68,7 @@ int main(int argc, char** argv) {
       for (const unsigned threads : thread_counts) {
         vram::DevicePool::Options options;
         options.max_cached_bytes = std::size_t{16} << 30;
-        options.validate_releases = false;
+        without_validation(options);
         vram::DevicePool pool(std::make_shared<vram::DeviceMemoryUpstream>(0), options);
         std::vector<double> rates = vram::bench::threaded_pair_rates(
             threads, kReps, kSeconds, [&](unsigned t, const std::atomic<bool>& stop) {

@@ -20,7 +20,8 @@
 //   - A lease id is drawn from a process-wide counter on every acquire(), so it names one
 //     buffer for one loan: the same buffer handed out again (or a new pin at a reused
 //     address) gets a new id, and a witness of the old loan names nothing current.
-//   - retire()/release() accept a witness only if it names the buffer's current lease AND
+//   - retire() (of a lease or of its raw buffer) accepts a witness only if it names the buffer's
+//   current lease AND
 //     no copy issued from that lease is still unobserved. A witness of one copy while
 //     another copy from the same buffer is in flight is refused (vram::InvalidArgument;
 //     the lease stays with the caller, intact; the refusal is counted).

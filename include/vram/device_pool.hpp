@@ -82,15 +82,15 @@
 //   deallocation: no-op. A moved-from pool: allocate, acquire and allocate_async throw
 //   vram::InvalidArgument; deallocations, trim and reset_peak do nothing (the block stays leased
 //   from the pool it was moved to); stats() is all zero.
-//   Foreign pointer, double deallocation or wrong size: with validate_releases (default in
+//   Foreign pointer, double deallocation or wrong size: with validate_deallocations (default in
 //   debug builds) the deallocation is rejected with a message on stderr and counted in
-//   invalid_releases, and nothing is cached; without it (release builds) a deallocation under a
-//   large size (above small_block_max_bytes) of a block unknown to the large tier, of one
+//   invalid_deallocations, and nothing is cached; without it (release builds) a deallocation under
+//   a large size (above small_block_max_bytes) of a block unknown to the large tier, of one
 //   allocated with another size (rounded to 512 bytes), or of one deallocated already (on
 //   this or any other thread, before this deallocation began) is still rejected, said on stderr
 //   and counted, but a small one is undefined behaviour: it would be cached and handed out
-//   again. Without validate_releases, two deallocations of one block that race each other on two
-//   threads are undefined, and a second deallocation after another request got the same block
+//   again. Without validate_deallocations, two deallocations of one block that race each other on
+//   two threads are undefined, and a second deallocation after another request got the same block
 //   at the same size is taken for a deallocation of that request's block. A deallocation of zero
 //   bytes, or of more than 1 TiB, is rejected, said and counted whatever the options.
 //   cudaDeviceReset() invalidates every cached block, and the warm path (no driver call) cannot
@@ -135,11 +135,12 @@ namespace detail {
 class DevicePoolCore;
 }
 
+// Renamed fields (releases, invalid_releases): see "Renamed" above DevicePoolOptions.
 struct DevicePoolStats {
-  std::uint64_t acquires = 0;  // successful allocate()/acquire() calls
-  std::uint64_t hits = 0;      // acquires served from a free list
-  std::uint64_t misses = 0;    // acquires that went to the upstream
-  std::uint64_t releases = 0;  // accepted deallocate()/lease returns
+  std::uint64_t acquires = 0;       // successful allocate()/acquire() calls
+  std::uint64_t hits = 0;           // acquires served from a free list
+  std::uint64_t misses = 0;         // acquires that went to the upstream
+  std::uint64_t deallocations = 0;  // accepted deallocate()/lease returns
   // Driver-side growth and give-back: segments taken from / given to the upstream, and with
   // a virtual-memory large tier its runs mapped / unmapped (cuMemCreate+cuMemMap, not
   // through the upstream).
@@ -154,9 +155,9 @@ struct DevicePoolStats {
   std::uint64_t quiesces = 0;
   std::uint64_t stream_quiesces = 0;
   std::uint64_t stream_marker_wants = 0;
-  std::uint64_t invalid_releases = 0;  // rejected by validate_releases
-  std::size_t bytes_in_use = 0;        // block bytes handed out (block_bytes()) and not deallocated
-  std::size_t bytes_cached = 0;        // reserved and not in use: caches, rings, free ranges
+  std::uint64_t invalid_deallocations = 0;  // refused (with or without validate_deallocations)
+  std::size_t bytes_in_use = 0;  // block bytes handed out (block_bytes()) and not deallocated
+  std::size_t bytes_cached = 0;  // reserved and not in use: caches, rings, free ranges
   std::size_t bytes_cached_in_threads = 0;
   std::size_t bytes_cached_in_rings = 0;
   std::size_t bytes_reserved = 0;       // segments held, plus granules mapped: in use + cached
@@ -219,8 +220,14 @@ enum class LargeTierMemory : std::uint8_t { automatic, segments, virtual_memory 
 //   unmap_before_map               large_tier.unmap_before_map
 //   virtual_run_bytes              large_tier.virtual_run_bytes
 //   virtual_map_ahead_bytes        large_tier.virtual_map_ahead_bytes
-//   the others (max_cached_bytes, max_cached_blocks_per_class, validate_releases,
-//   growth_headroom, track_peak_in_use, fence, detect_unscoped_capture) stay at the top.
+//   the others (max_cached_bytes, max_cached_blocks_per_class, validate_releases, now
+//   validate_deallocations, growth_headroom, track_peak_in_use, fence, detect_unscoped_capture)
+//   stay at the top.
+// Renamed (a block back in its pool is "deallocated", as deallocate() says; a data member of
+// an aggregate has no alias, so the old names are gone):
+//   DevicePoolOptions::validate_releases   DevicePoolOptions::validate_deallocations
+//   DevicePoolStats::releases              DevicePoolStats::deallocations
+//   DevicePoolStats::invalid_releases      DevicePoolStats::invalid_deallocations
 struct DevicePoolOptions {
   // Tier 1: per thread, a few blocks of each small class, no lock on the warm path.
   struct ThreadCacheOptions {
@@ -291,9 +298,9 @@ struct DevicePoolOptions {
   std::size_t max_cached_blocks_per_class = 64;         // ring of a class, made on first use
   ThreadCacheOptions thread_cache;
 #ifdef NDEBUG
-  bool validate_releases = false;
+  bool validate_deallocations = false;
 #else
-  bool validate_releases = true;
+  bool validate_deallocations = true;
 #endif
   SmallTierOptions small_tier;
   LargeTierOptions large_tier;
@@ -429,7 +436,7 @@ class DevicePool {
   // has an open scope, and on a moved-from pool; CaptureScope::allocate throws it on an
   // ended or moved-from scope and once the pool was destroyed. release_graph_pool ends only
   // a graph's use: called more often than capture_into was (while a scope is open, its
-  // own use stays), it is refused, said on stderr, counted in invalid_releases and changes
+  // own use stays), it is refused, said on stderr, counted in invalid_deallocations and changes
   // nothing.
   // Destroying the pool while a scope is open: the scope stays safe to end (and to deallocate
   // through); the graph pools' memory goes back when it ends.

@@ -12,7 +12,7 @@
 //   staging.retire(std::move(done.completed));       // reusable from now on
 //
 // When a buffer may be handed out again
-//   Only after retire(CopyCompleted) or release(buffer, CopyCompleted) with a witness that
+//   Only after retire(CopyCompleted) or retire(buffer, CopyCompleted) with a witness that
 //   names the buffer's current lease, and only once every copy issued from that lease
 //   (copy_to_device[_async] on the PooledStaging) has been observed complete (see copy.hpp
 //   for why this is sound). Every acquire() is a new lease with a process-unique id, so a
@@ -20,8 +20,8 @@
 //   address, names nothing current.
 //   A refused witness (empty/moved-from, another lease, a stale lease, or copies from the
 //   lease still unobserved) throws vram::InvalidArgument and loses nothing: the lease (or
-//   the PinnedBuffer given to release()) stays with the caller, intact, and can be retired
-//   later with a valid witness. witness_mismatches counts refusals. release() of a buffer
+//   the PinnedBuffer given to retire()) stays with the caller, intact, and can be retired
+//   later with a valid witness. witness_mismatches counts refusals. retire() of a buffer
 //   that is not a lease of this pool (another pool's, or a PinnedBuffer made by hand over
 //   any upstream, pageable or not) throws vram::InvalidArgument, leaves the buffer with the
 //   caller, and counts foreign_buffers.
@@ -30,7 +30,7 @@
 //   reuses it; if copies issued from it are still unobserved, the memory is freed only once
 //   the last of their PendingCopy objects has waited for its copy and gone.
 //   Handles: a copy of a PinnedStagingPool is another handle of the same pool. A moved-from
-//   one throws vram::InvalidArgument from acquire, release (the buffer stays with the
+//   one throws vram::InvalidArgument from acquire, retire (the buffer stays with the
 //   caller), reserve and stats; clear and reset_counters do nothing. An upstream of device
 //   memory is refused at construction (the host fills staging buffers).
 //
@@ -62,7 +62,7 @@ struct StagingLease;      // the ledger of one loan (src/staging/staging_lease.h
 
 // An owning pinned buffer (move-only). Destruction frees it to its upstream (deferred while
 // copies issued from its lease are unobserved). A buffer made with this constructor is no
-// pool's lease: no PinnedStagingPool::release() accepts it.
+// pool's lease: no PinnedStagingPool::retire() accepts it.
 class PinnedBuffer {
  public:
   PinnedBuffer() = default;
@@ -98,8 +98,8 @@ struct PinnedStagingStats {
   std::uint64_t retired = 0;    // buffers returned with a witness and kept
   std::uint64_t freed_over_bounds = 0;
   std::uint64_t freed_without_witness = 0;
-  std::uint64_t witness_mismatches = 0;  // witnesses refused by retire()/release()
-  std::uint64_t foreign_buffers = 0;     // release() of a buffer not leased from this pool
+  std::uint64_t witness_mismatches = 0;  // witnesses refused by retire()
+  std::uint64_t foreign_buffers = 0;     // retire() of a buffer not leased from this pool
   std::size_t free_buffers = 0;
   std::size_t free_bytes = 0;
 };
@@ -127,13 +127,18 @@ class PinnedStagingPool {
   // Throws vram::InvalidArgument, leaving `buffer` with the caller intact, when the buffer
   // is not this pool's lease or the witness does not prove it idle (see the class comment).
   // An empty buffer is a no-op.
-  void release(PinnedBuffer&& buffer, CopyCompleted completed);
+  void retire(PinnedBuffer&& buffer, CopyCompleted completed);
+  // The earlier name of retire(buffer, witness).
+  [[deprecated("use PinnedStagingPool::retire(buffer, witness)")]] void release(
+      PinnedBuffer&& buffer, CopyCompleted completed) {
+    retire(std::move(buffer), std::move(completed));
+  }
   // Pins `count` buffers of `len` bytes into the free list now (as the bounds allow).
   void reserve(std::size_t count, std::size_t len);
   // Frees every retained buffer.
   void clear();
   // Whether the bounds can retain `count` live buffers of `len` bytes at once (a
-  // look-ahead prefetch needs two) without freeing one of them on release.
+  // look-ahead prefetch needs two) without freeing one of them on retire.
   bool can_retain_concurrent(std::size_t len, std::size_t count) const noexcept;
 
   PinnedStagingStats stats() const;
@@ -186,7 +191,7 @@ class PooledStaging {
   // empty (moved-from, already returned) lease.
   void retire(CopyCompleted completed);
   // Hands out the raw buffer, still on this lease, for a path that returns it later with
-  // release(). Copies issued before stay counted on it.
+  // PinnedStagingPool::retire(buffer, witness). Copies issued before stay counted on it.
   [[nodiscard]] PinnedBuffer into_inner() noexcept;
 
  private:

@@ -44,7 +44,7 @@
 // Misuse (each leaves the tag as it was, nothing lost)
 //   sleep of a sleeping tag, wake of an awake one, a tag of another pool or never created:
 //   vram::InvalidArgument. A request into a sleeping tag: vram::InvalidArgument. A release
-//   of a sleeping tag's block: refused, said on stderr and counted in invalid_releases; the
+//   of a sleeping tag's block: refused, said on stderr and counted in invalid_deallocations; the
 //   block stays live and is restored at wake. Host memory for the backup exhausted:
 //   vram::PinningError or vram::OutOfMemory from the pin; the tag stays awake and intact.
 //   Device memory exhausted at wake: vram::OutOfMemory; the tag stays asleep, its backup

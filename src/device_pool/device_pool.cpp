@@ -68,11 +68,11 @@ DevicePool::~DevicePool() {
   core_->drain_graph_returns();
   std::uint64_t blocks = 0;
   std::uint64_t bytes = 0;
-  const bool scope_open = core_->capture_routes.any();
+  const bool scope_open = core_->graph_routing.any();
   if (core_->close(blocks, bytes)) {
     std::fprintf(stderr,
                  "vram::DevicePool destroyed with %llu block(s), %llu bytes, still leased%s; the "
-                 "pool's bookkeeping stays alive until they are released, and each then goes "
+                 "pool's bookkeeping stays alive until they are deallocated, and each then goes "
                  "straight back to the upstream.\n",
                  static_cast<unsigned long long>(blocks), static_cast<unsigned long long>(bytes),
                  scope_open ? " or held by graph pools until the open capture scope ends" : "");
@@ -96,7 +96,7 @@ detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
   return *core_;
 }
 
-// Each call tests graph_activity first (graph_routing.cpp): while no graph pool exists and no
+// Each call tests graphs_on first (graph_routing.hpp): while no graph pool exists and no
 // capture scope is open, one load from the cache line the warm path reads anyway.
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
   detail::DevicePoolCore& core = live_core("allocate");

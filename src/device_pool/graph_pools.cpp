@@ -163,9 +163,8 @@ void GraphPools::free_to_pending(Pool& pool) {
 
 void GraphPools::note_pools() noexcept {
   const std::size_t before = std::exchange(counted_pools_, by_id_.size());
-  if (activity_ != nullptr && before != by_id_.size()) {
-    activity_->add(static_cast<std::ptrdiff_t>(by_id_.size()) -
-                   static_cast<std::ptrdiff_t>(before));
+  if (routing_ != nullptr && before != by_id_.size()) {
+    routing_->add(static_cast<std::ptrdiff_t>(by_id_.size()) - static_cast<std::ptrdiff_t>(before));
   }
 }
 

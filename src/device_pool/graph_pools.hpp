@@ -22,7 +22,7 @@
 // filter over the blocks' addresses: false means the block is no graph pool's, so frees of
 // other blocks never take the mutex while graph pools exist. A block's slot is counted up
 // before the block is handed out and down after it left every pool.
-// `activity` (optional): raised by one for each pool that exists (graph_routing.hpp).
+// `routing` (optional): its count (GraphRouting::add) raised by one for each pool that exists.
 #pragma once
 
 #include <array>
@@ -41,7 +41,7 @@ namespace vram::detail {
 
 class GraphPools {
  public:
-  explicit GraphPools(GraphActivity* activity = nullptr) noexcept : activity_(activity) {}
+  explicit GraphPools(GraphRouting* routing = nullptr) noexcept : routing_(routing) {}
   using Id = std::uint64_t;
   struct Block {
     void* pointer = nullptr;
@@ -120,7 +120,7 @@ class GraphPools {
   // Under mutex_: the pool's free blocks become pending (reserves first: may throw before
   // anything changed).
   void free_to_pending(Pool& pool);
-  // Under mutex_: keeps counted_pools_ and the owner's activity count in step with by_id_.
+  // Under mutex_: keeps counted_pools_ and the routing's count in step with by_id_.
   void note_pools() noexcept;
   static std::size_t slot_of(const void* pointer) noexcept {
     const auto bits = reinterpret_cast<std::uintptr_t>(pointer) >> 8;  // blocks: 256-aligned
@@ -131,8 +131,8 @@ class GraphPools {
   mutable std::mutex mutex_;
   std::unordered_map<Id, Pool> by_id_;
   std::unordered_map<const void*, Owner> owner_;
-  std::size_t counted_pools_ = 0;  // by_id_.size() as last told to activity_
-  GraphActivity* activity_;
+  std::size_t counted_pools_ = 0;  // by_id_.size() as last told to routing_
+  GraphRouting* routing_;
   std::uint64_t double_frees_ = 0;
   std::vector<Block> pending_;
   std::atomic<bool> closed_{false};

@@ -26,7 +26,7 @@
 
 namespace vram::detail {
 
-bool CaptureRoutes::add(const Route& route) {
+bool GraphRouting::insert(const Route& route) {
   std::lock_guard lock(mutex_);
   const bool taken = std::any_of(routes_.begin(), routes_.end(), [&](const Route& r) {
     return r.pool == route.pool || (route.key != kNoStream && r.key == route.key) ||
@@ -35,30 +35,30 @@ bool CaptureRoutes::add(const Route& route) {
   if (taken) return false;
   routes_.push_back(route);
   open_.store(routes_.size(), std::memory_order_relaxed);
-  if (activity_ != nullptr) activity_->add(1);
+  add(1);
   return true;
 }
 
-bool CaptureRoutes::open(PoolId pool, StreamKey key, cudaStream_t stream, std::thread::id thread) {
-  return add({pool, key, stream, thread});
+bool GraphRouting::open(PoolId pool, StreamKey key, cudaStream_t stream, std::thread::id thread) {
+  return insert({pool, key, stream, thread});
 }
 
-bool CaptureRoutes::open_unrouted(PoolId pool) {
-  return add({pool, kNoStream, nullptr, std::thread::id{}});
+bool GraphRouting::open_unrouted(PoolId pool) {
+  return insert({pool, kNoStream, nullptr, std::thread::id{}});
 }
 
-bool CaptureRoutes::close(PoolId pool) {
+bool GraphRouting::close(PoolId pool) {
   std::lock_guard lock(mutex_);
   const auto it =
       std::find_if(routes_.begin(), routes_.end(), [&](const Route& r) { return r.pool == pool; });
   if (it == routes_.end()) return false;
   routes_.erase(it);
   open_.store(routes_.size(), std::memory_order_relaxed);
-  if (activity_ != nullptr) activity_->add(-1);
+  add(-1);
   return true;
 }
 
-std::optional<CaptureRoutes::PoolId> CaptureRoutes::for_stream(StreamKey key) const {
+std::optional<GraphRouting::PoolId> GraphRouting::for_stream(StreamKey key) const {
   if (!any()) return std::nullopt;
   std::lock_guard lock(mutex_);
   for (const Route& r : routes_) {
@@ -67,7 +67,7 @@ std::optional<CaptureRoutes::PoolId> CaptureRoutes::for_stream(StreamKey key) co
   return std::nullopt;
 }
 
-std::optional<CaptureRoutes::PoolId> CaptureRoutes::for_thread(std::thread::id thread) const {
+std::optional<GraphRouting::PoolId> GraphRouting::for_thread(std::thread::id thread) const {
   if (!any()) return std::nullopt;
   std::lock_guard lock(mutex_);
   for (const Route& r : routes_) {
@@ -79,15 +79,15 @@ std::optional<CaptureRoutes::PoolId> CaptureRoutes::for_thread(std::thread::id t
 std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
                                                           cudaStream_t stream) noexcept {
   try {
-    if (key == kUntagged) return capture_routes.for_thread(std::this_thread::get_id());
-    if (auto id = capture_routes.for_stream(key)) return id;
+    if (key == kUntagged) return graph_routing.for_thread(std::this_thread::get_id());
+    if (auto id = graph_routing.for_stream(key)) return id;
     // While a scope is open, a stream forked into its capture is found by the capture's id,
     // whatever watch_captures says: the query is paid only while scopes are open.
     const bool legacy = stream == nullptr || stream == cudaStreamLegacy;
     const std::uint64_t capture =
-        capture_routes.any() && !legacy ? fence->capture_of(stream) : capture_of(stream);
+        graph_routing.any() && !legacy ? fence->capture_of(stream) : capture_of(stream);
     if (capture == 0) return std::nullopt;
-    if (auto id = capture_routes.for_capture(
+    if (auto id = graph_routing.for_capture(
             capture, [this](cudaStream_t s) { return fence->capture_of(s); })) {
       return id;
     }
@@ -114,7 +114,7 @@ void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, Stre
                                             cudaStream_t stream) noexcept {
   if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block) : nullptr) [[unlikely]] {
     // A graph's block, or freed by a capture: the graph's launches write it, so it stays out
-    // of its tag until the graph pool is released (pool_core.hpp).
+    // of its tag until the graph pool is released (graph_holds.hpp).
     return deallocate_tagged(*tag, block, bytes, key, graph_route(key, stream));
   }
   // A graph pool's block goes back to its pool whatever the stream.
@@ -220,7 +220,7 @@ bool DevicePoolCore::graph_deallocate_into(std::optional<GraphPools::Id> id, voi
 }
 
 std::vector<GraphPools::Block> DevicePoolCore::take_graph_returns() noexcept {
-  if (capture_routes.any() || tl_in_capture) return {};  // a synchronize would invalidate it
+  if (graph_routing.any() || tl_in_capture) return {};  // a synchronize would invalidate it
   std::vector<GraphPools::Block> blocks;
   try {
     blocks = graph_pools.take_pending();
@@ -257,15 +257,14 @@ void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
       reject_deallocate(block.pointer, block.bytes, "a graph pool's block the tiers do not know");
       continue;
     }
-    if (options.validate_releases) {
+    if (options.validate_deallocations) {
       validation.forget(block.pointer);
     }
     if (claimed != nullptr) {
       bump(claimed->deallocations, 1);
       bump(claimed->deallocated_bytes, block.bytes);
     } else {
-      bump(slow_deallocations, 1);
-      bump(slow_deallocated_bytes, block.bytes);
+      slow_path.count_deallocation(block.bytes);
     }
     if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(block.bytes));
   }
@@ -299,7 +298,7 @@ void DevicePool::CaptureScope::end() noexcept {
   const std::shared_ptr<detail::DevicePoolCore> core = std::move(core_);
   ended_ = core;
   // The scope's own use; the graph's stays (after the pool's destruction: none is left).
-  if (core->capture_routes.close(pool_) && !core->graph_pools.closed()) {
+  if (core->graph_routing.close(pool_) && !core->graph_pools.closed()) {
     (void)core->graph_pools.release(pool_, detail::GraphPools::Use::scope);
   }
   // Memory graph pools gave up waits for a moment with no scope open (graph_routing.cpp):
@@ -329,7 +328,7 @@ void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
 void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexcept {
   if (block == nullptr) return;
   if (core_) {
-    // A tagged block stays its tag's, held until the graph pool is released (pool_sleep.cpp).
+    // A tagged block stays its tag's, held until the graph pool is released (graph_holds.hpp).
     if (detail::Tag* tag = core_->sleep_tags.any() ? core_->sleep_tags.owner_of(block) : nullptr) {
       return core_->deallocate_tagged(*tag, block, bytes, detail::kUntagged, pool_);
     }
@@ -371,9 +370,9 @@ DevicePool::CaptureScope DevicePool::open_scope(GraphPoolId graph_pool, cudaStre
   core.graph_pools.retain(graph_pool);
   bool opened = false;
   try {
-    opened = routed ? core.capture_routes.open(graph_pool, detail::stream_key(stream), stream,
-                                               std::this_thread::get_id())
-                    : core.capture_routes.open_unrouted(graph_pool);
+    opened = routed ? core.graph_routing.open(graph_pool, detail::stream_key(stream), stream,
+                                              std::this_thread::get_id())
+                    : core.graph_routing.open_unrouted(graph_pool);
   } catch (...) {
   }
   if (!opened) {

@@ -1,24 +1,28 @@
-// src/device_pool/graph_routing.hpp: which DevicePool calls go to a graph pool (graph_pools.hpp).
+// src/device_pool/graph_routing.hpp: GraphRouting, which DevicePool calls go to a graph pool
+// (graph_pools.hpp), and the flag every call tests before it asks.
 //
-// GraphActivity: the one word every call tests before graph pools are asked. Rule: the
-// flag is true while any graph pool exists or any capture scope is open (a count of both,
-// kept under a mutex by the rare calls that change it); while it is false no call is
-// routed to a graph pool. The flag lives in the pool's hot cache line, beside plain_calls,
-// so the test costs no extra line.
+// The flag. Rule: it is true while any graph pool exists, any capture scope is open or any
+// sleep tag exists (a count of all three, kept under a mutex of its own by the rare calls that
+// change it: open() and close() count the routes, GraphPools and SleepTags call add()); while
+// it is false no call is routed. The flag lives in the pool's hot cache line, beside
+// plain_calls, so the test costs no extra line; GraphRouting keeps a pointer to it.
 //
-// CaptureRoutes: which allocations a capture scope sends to a graph pool. Rule: while a capture
+// The routes: which allocations a capture scope sends to a graph pool. Rule: while a capture
 // scope into pool P is open on stream S by thread T, allocations on S (allocate_async(..., S)) and
 // T's allocations without a stream (allocate, acquire) come from P, and so do those on any other
 // stream in the same capture as S (fork and join through events): the capture's id is learned from
 // S. A stream is captured by one scope at a time, a thread opens one scope at a time, and a pool
 // has one open scope at a time (CUDA captures a stream once; captures into one pool follow each
 // other). An unrouted scope (no stream, no thread) routes nothing: its host picks the requests.
+//
 // Thread safety: one mutex for open/close and lookups; any() is a relaxed load, so
 // allocations pay one load while no scope is open. A scope's own thread sees its scope at
 // once (program order); another thread allocating on S sees it from the first lookup after
 // the open that it is ordered after (a racing allocation is racing the capture's start).
+// Lock order: the routes' mutex, GraphPools' mutex or SleepTags' create mutex, then the
+// count's mutex (taken last, nothing taken under it).
 //
-// DevicePoolCore's routing calls (graph_routing.cpp) combine them with the graph pools.
+// DevicePoolCore's routing calls (graph_routing.cpp) combine the routes with the graph pools.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,28 +37,21 @@
 
 namespace vram::detail {
 
-class GraphActivity {
+class GraphRouting {
  public:
-  explicit GraphActivity(std::atomic<bool>& flag) noexcept : flag_(flag) {}
-  void add(std::ptrdiff_t delta) noexcept {
-    std::lock_guard lock(mutex_);
-    count_ += delta;
-    flag_.store(count_ != 0, std::memory_order_relaxed);
-  }
-
- private:
-  std::mutex mutex_;
-  std::ptrdiff_t count_ = 0;
-  std::atomic<bool>& flag_;
-};
-
-class CaptureRoutes {
- public:
-  // `activity` (optional): raised by one for each open route (see GraphPools).
-  explicit CaptureRoutes(GraphActivity* activity = nullptr) noexcept : activity_(activity) {}
+  // `flag` (optional; the unit tests run without): raised while the count is not zero.
+  explicit GraphRouting(std::atomic<bool>* flag = nullptr) noexcept : flag_(flag) {}
   using PoolId = std::uint64_t;
   using StreamKey = std::uintptr_t;
   static constexpr StreamKey kNoStream = 0;
+
+  // The count behind the flag, for the other parts that keep it raised: GraphPools (one for
+  // each pool that exists) and SleepTags (one for each tag).
+  void add(std::ptrdiff_t delta) noexcept {
+    std::lock_guard lock(count_mutex_);
+    count_ += delta;
+    if (flag_ != nullptr) flag_->store(count_ != 0, std::memory_order_relaxed);
+  }
 
   // Opens a route for `stream` (its key and its handle) and `thread`; false when the
   // stream, the thread or the pool already has one (nothing changed).
@@ -82,6 +79,7 @@ class CaptureRoutes {
     }
     return std::nullopt;
   }
+  // Whether a route (a capture scope) is open.
   bool any() const noexcept { return open_.load(std::memory_order_relaxed) != 0; }
 
  private:
@@ -92,11 +90,13 @@ class CaptureRoutes {
     std::thread::id thread;     // default: none
     std::uint64_t capture = 0;  // the capture `stream` is in, once learned
   };
-  bool add(const Route& route);
+  bool insert(const Route& route);
   mutable std::mutex mutex_;
   std::vector<Route> routes_;  // a handful at most: one per capturing stream
   std::atomic<std::size_t> open_{0};
-  GraphActivity* activity_;
+  std::mutex count_mutex_;
+  std::ptrdiff_t count_ = 0;  // routes open, graph pools and sleep tags that exist
+  std::atomic<bool>* flag_;
 };
 
 }  // namespace vram::detail

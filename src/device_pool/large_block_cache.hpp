@@ -31,7 +31,7 @@
 // work, any stream) and handed out only for that stream's requests, or any request when
 // untagged; it goes back to the tier under that tag.
 //
-// Validation without the tier's mutex (release builds, no validate_releases): the record
+// Validation without the tier's mutex (release builds, no validate_deallocations): the record
 // (`leases_`) holds the blocks this thread got from the tier, with their rounded size and
 // whether they are cached now. A deallocation on this thread is cached only when the record
 // says the block is leased at that size; a block recorded as cached is a double deallocation

@@ -4,7 +4,7 @@
 // The core then keeps itself alive (a reference to itself) until the last leased block is
 // back. Every call takes the slow path (the thread caches are closed): a request throws, a
 // deallocation gives wholly free segments straight back to the upstream. Every member function
-// is called under the core's slow_mutex.
+// is called under the lock of the core's slow path (slow_path.hpp).
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,7 @@ class OrphanedPool {
     self_ = std::move(self);
   }
   // One leased block is back: the self reference when it was the last. The caller drops it
-  // after it unlocked slow_mutex (that may destroy the core).
+  // after it unlocked the slow path (that may destroy the core).
   std::shared_ptr<DevicePoolCore> block_returned() noexcept {
     return --outstanding_ == 0 ? std::move(self_) : nullptr;
   }

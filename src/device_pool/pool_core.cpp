@@ -67,7 +67,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
   options.small_tier.max_block_bytes = small_max;
   small_classes = SizeClasses::index_for(small_max) + 1;
   // 0: automatic (kAutoSmallSegmentMax over virtual memory; segments: every small class).
-  // By block bytes, so classes that share a block size share a tier (validate_releases
+  // By block bytes, so classes that share a block size share a tier (validate_deallocations
   // tells blocks apart by block bytes); at least kMinLargeTierBlock, above which every
   // class is a multiple of the large tier's 512-byte rounding.
   const std::size_t asked = options.small_tier.segment_max_bytes != 0
@@ -91,7 +91,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
   for (std::size_t index = 0; index < small_classes; ++index) {
     block_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
   }
-  plain_calls = !options.validate_releases && !options.track_peak_in_use;
+  plain_calls = !options.validate_deallocations && !options.track_peak_in_use;
   watch_captures = options.detect_unscoped_capture;
 }
 
@@ -151,7 +151,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
   // request or go back only after a device-wide quiesce: once per request, never while a
   // capture scope is open or this thread serves a captured request (it would synchronize
   // the device during the capture).
-  const bool capturing = capture_routes.any() || tl_in_capture;
+  const bool capturing = graph_routing.any() || tl_in_capture;
   bool may_quiesce = !capturing;
   for (;;) {
     // Read before the tier looks: a quiesce that begins after it covers what it finds.
@@ -348,18 +348,17 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     bump(cache->acquired_bytes, block_bytes);
     end_claim(*cache);
   } else {
-    std::lock_guard lock(slow_mutex);
+    std::lock_guard lock(slow_path);
     if (orphan.active()) [[unlikely]] {
       throw InvalidArgument(
           "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
           "while it is used.");
     }
     block = request.small ? small_allocate(nullptr, request) : tier_allocate(request, nullptr);
-    bump(slow_acquires, 1);
-    bump(slow_acquired_bytes, block_bytes);
+    slow_path.count_acquire(block_bytes);
   }
   if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(block_bytes));
-  if (options.validate_releases) {
+  if (options.validate_deallocations) {
     try {
       validation.record(block, block_bytes);
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
@@ -378,7 +377,7 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     return reject_deallocate(block, bytes, "more bytes than the largest block (1 TiB)");
   }
   const Request request = request_of(bytes, key);
-  if (options.validate_releases && !validation.check(block, request.block_bytes)) return;
+  if (options.validate_deallocations && !validation.check(block, request.block_bytes)) return;
   deallocate_valid(block, request);
 }
 
@@ -423,7 +422,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   // Slow path. When orphaned, the last deallocation drops the self-reference after the lock
   // is unlocked (declared first, destroyed last): that may destroy *this.
   std::shared_ptr<DevicePoolCore> last;
-  std::lock_guard lock(slow_mutex);
+  std::lock_guard lock(slow_path);
   bool known = true;
   if (!orphan.active()) {
     known = request.small ? small_deallocate(nullptr, block, request)
@@ -434,8 +433,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
     large.trim(0, false);
   }
   if (!known) return reject_deallocate(block, request.bytes, kNotLive);
-  bump(slow_deallocations, 1);
-  bump(slow_deallocated_bytes, block_bytes);
+  slow_path.count_deallocation(block_bytes);
   if (track) note_in_use(-static_cast<std::int64_t>(block_bytes));
   if (orphan.active()) last = orphan.block_returned();
 }

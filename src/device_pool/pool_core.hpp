@@ -14,12 +14,16 @@
 //   thread_cache.*  the per-thread cache, the owner's side of its handshake and the
 //                   thread's directory.
 //   pool_options.*  what the options decide at construction.
-//   graph_routing.* graph pools: routing under capture scopes (graph_pools.hpp).
+//   graph_routing.cpp the core's graph calls: routing under capture scopes into graph pools.
+//   pool_sleep.cpp  the core's tagged requests and deallocations.
 //   thread_cache_registry.hpp (every cache, the stealer's side of the handshake),
-//   quiescer.*, release_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_pools.*,
-//   graph_routing.hpp, sleep_tags.*: the core's parts, each with its own private state.
+//   slow_path.hpp (the slow path's mutex and counters; the lock order), quiescer.*,
+//   deallocation_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_routing.hpp
+//   (capture routes and the count behind graphs_on), graph_pools.*, graph_holds.*,
+//   sleep_tags.*: the core's parts, each with its own private state.
 // The core keeps the options (and what they decide), the upstream, the tiers, the rings,
-// the counters and the flags the warm paths test; all of it private.
+// its own counters (out-of-memory retries, unscoped capture calls) and the flags the warm
+// paths test; all of it private.
 #pragma once
 
 #include <algorithm>
@@ -34,14 +38,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "deallocation_validation.hpp"
+#include "graph_holds.hpp"
 #include "graph_pools.hpp"
 #include "graph_routing.hpp"
 #include "in_use_peak.hpp"
 #include "orphaned_pool.hpp"
 #include "quiescer.hpp"
-#include "release_validation.hpp"
 #include "request.hpp"
 #include "sleep_tags.hpp"
+#include "slow_path.hpp"
 #include "thread_cache.hpp"
 #include "thread_cache_registry.hpp"
 #include "tier/segment_tier.hpp"
@@ -216,11 +222,12 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // `cache`: that cache, still claimed, or null when the warm claim failed.
   void* allocate_miss(std::size_t bytes, std::size_t index, StreamKey key, ThreadCache* cache);
   // Serves `request` through `cache` (claimed; null: claimed here, claim_own_cache(), else
-  // the slow path under slow_mutex) and lets the claim go.
+  // the slow path under slow_path's lock) and lets the claim go.
   void* serve(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Counts a refused deallocation and says why on stderr; nothing changes (release_validation.hpp).
+  // Counts a refused deallocation and says why on stderr; nothing changes
+  // (deallocation_validation.hpp).
   [[gnu::cold]] void reject_deallocate(const void* block, std::size_t bytes,
                                        const char* why) noexcept {
     validation.reject(block, bytes, why);
@@ -316,7 +323,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // none while a scope is open or this thread serves a captured request.
   std::vector<GraphPools::Block> take_graph_returns() noexcept;
   // drain_graph_returns() from inside a request that claimed `claimed` (its cache; null:
-  // the caller holds slow_mutex): the blocks go straight to their tiers, counted as
+  // the caller holds slow_path's lock): the blocks go straight to their tiers, counted as
   // deallocations of `claimed` (or of the slow path). The out-of-memory retry's, before its trim.
   void reclaim_graph_returns(ThreadCache* claimed) noexcept;
   // The size a graph pool's block is deallocated with: the one that finds its class and tier.
@@ -344,7 +351,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   std::atomic<std::size_t> flush_keep_bytes{SIZE_MAX};
   static constexpr std::size_t kMaxAlignment =
       DevicePool::kDefaultAlignment;  // see the constructor
-  // Neither validate_releases nor track_peak_in_use: the warm paths below may serve a call.
+  // Neither validate_deallocations nor track_peak_in_use: the warm paths below may serve a call.
   bool plain_calls = false;
   // True while a graph pool exists or a capture scope is open (graph_routing.hpp): every
   // public call tests it, in the cache line of plain_calls, before it asks the graph pools.
@@ -372,66 +379,49 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // Only with options.track_peak_in_use (in_use_peak.hpp).
   alignas(kCacheLine) InUsePeak in_use;
 
-  // Lock order: slow_mutex, then the registry's steal mutex, then the registry's own lock /
-  // a tier's growth mutex, then that tier's mutex (segment_tier.hpp; a grower takes none of
-  // the others). Only a holder of the steal mutex waits for a cache's state word (trim(),
-  // which never waits for an owner inside a call that may block), and close() (holding
-  // none of them).
+  // Lock order: the slow path's mutex, then the registry's steal mutex, then the registry's
+  // own lock / a tier's growth mutex, then that tier's mutex (segment_tier.hpp; a grower
+  // takes none of the others); slow_path.hpp has the whole order. Only a holder of the steal
+  // mutex waits for a cache's state word (trim(), which never waits for an owner inside a
+  // call that may block), and close() (holding none of them).
   ThreadCacheRegistry registry;
 
-  // The slow path: calls on threads without a usable cache (see claim_own_cache) and every
-  // call once the pool is closed. Counters written under slow_mutex.
-  std::mutex slow_mutex;
-  std::atomic<std::uint64_t> slow_acquires{0};
-  std::atomic<std::uint64_t> slow_deallocations{0};
-  std::atomic<std::uint64_t> slow_acquired_bytes{0};
-  std::atomic<std::uint64_t> slow_deallocated_bytes{0};
-  OrphanedPool orphan;  // guarded by slow_mutex (orphaned_pool.hpp)
+  // Calls on threads without a usable cache and every call once the pool is closed, under
+  // one mutex, and their counters (slow_path.hpp).
+  SlowPath slow_path;
+  OrphanedPool orphan;  // under slow_path's lock (orphaned_pool.hpp)
 
-  // Refused releases, and the leased blocks with validate_releases (release_validation.hpp).
-  ReleaseValidation validation;
+  // Refused deallocations, and the leased blocks with validate_deallocations
+  // (deallocation_validation.hpp).
+  DeallocationValidation validation;
 
   // Last: the graph pools' state (its address filter is 64 KiB) stays out of the lines the
   // warm paths and the tiers use.
-  GraphActivity graph_activity{graphs_on};
-  GraphPools graph_pools{&graph_activity};
-  CaptureRoutes capture_routes{&graph_activity};
+  // The capture routes and the count behind graphs_on (graph_routing.hpp), then the graph
+  // pools, which count themselves there.
+  GraphRouting graph_routing{&graphs_on};
+  GraphPools graph_pools{&graph_routing};
   // Sleep tags (sleep_tags.hpp); while any exists graphs_on stays raised, so that every call
   // reaches allocate_with_graphs / deallocate_with_graphs, which ask the tags first.
-  SleepTags sleep_tags{uid, graph_activity};
+  SleepTags sleep_tags{uid, graph_routing};
   // A request into `tag` and a deallocation of its block (pool_sleep.cpp): counted as slow-path
   // calls (so that destruction counts tagged blocks as leased).
   void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);
   void tag_deallocate(Tag& tag, void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Tagged blocks and CUDA graphs (pool_sleep.cpp). A tagged block taken for graph pool `id`
-  // (a capture, or a capture scope, inside a tag scope) is noted as the graph's; a tagged
-  // block freed by a capture into `id` is held. Rules:
-  // - a noted block, whoever deallocates it and on whatever stream, is held for its graph,
-  //   as a graph pool's own blocks stay their pool's (the graph's launches may write it);
-  // - a held block stays live in its tag (it sleeps and wakes with it) until
-  //   release_graph_pool(id), then is released after a device-wide quiesce (none while a
-  //   capture scope is open: it waits for a later release of its pool);
-  // - deallocating a held block again is a double free, refused;
-  // - release_graph_pool(id) forgets the noted blocks still live: plain tagged blocks now.
-  void note_graph_block(GraphPools::Id id, void* block);  // throws std::bad_alloc
-  // tag_allocate, the block noted as graph `graph`'s when there is one.
+  // Tagged blocks of CUDA graphs (graph_holds.hpp): taken for a graph pool, or freed by a
+  // capture into one, they stay live in their tag until release_graph_pool.
+  GraphHolds graph_holds;
+  // tag_allocate, the block noted as graph pool `graph`'s when there is one.
   void* graph_tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key,
                            std::optional<GraphPools::Id> graph);
-  enum class GraphHold { held, not_a_graphs, double_free, no_memory };
-  // `route`: the graph pool a capture on the deallocating stream goes to, if any.
-  GraphHold hold_for_graph(std::optional<GraphPools::Id> route, void* block,
-                           std::size_t bytes) noexcept;
-  void release_graph_holds(GraphPools::Id id) noexcept;
-  // The deallocation of a tagged block with graphs about: held, refused, or given back.
+  // The deallocation of a tagged block with graphs about (`route`: the graph pool a capture
+  // on the deallocating stream goes to): held for its graph, refused as a double free, or
+  // deallocated into its tag.
   void deallocate_tagged(Tag& tag, void* block, std::size_t bytes, StreamKey key,
                          std::optional<GraphPools::Id> route) noexcept;
-  struct GraphBlock {
-    GraphPools::Id id;
-    std::size_t bytes;
-    bool held;
-  };
-  std::mutex graph_holds_mutex;
-  std::unordered_map<void*, GraphBlock> graph_blocks;  // guarded by graph_holds_mutex
+  // At release_graph_pool(id): the blocks held for `id` deallocated into their tags after a
+  // device-wide quiesce (none while a capture scope is open: they wait for a later release).
+  void release_graph_holds(GraphPools::Id id) noexcept;
 };
 
 inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {

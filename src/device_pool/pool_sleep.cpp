@@ -1,5 +1,5 @@
 // DevicePool's sleep and wake (vram/sleep_tag.hpp): the public calls, tag scopes, and the
-// core's tagged requests and releases.
+// core's tagged requests and deallocations.
 #include <string>
 #include <utility>
 
@@ -17,7 +17,7 @@ void* DevicePoolCore::tag_allocate(Tag& tag, std::size_t bytes, std::size_t alig
     reject_request(bytes, alignment);
   }
   {
-    std::lock_guard lock(slow_mutex);
+    std::lock_guard lock(slow_path);
     if (orphan.active()) {
       throw InvalidArgument(
           "vram::DevicePool::allocate: the pool was destroyed. Fix: keep the DevicePool alive "
@@ -26,9 +26,8 @@ void* DevicePoolCore::tag_allocate(Tag& tag, std::size_t bytes, std::size_t alig
   }
   void* block = sleep_tags.allocate(tag, bytes, key);
   const std::size_t block_bytes = TagArena::round(bytes);
-  std::lock_guard lock(slow_mutex);
-  bump(slow_acquires, 1);
-  bump(slow_acquired_bytes, block_bytes);
+  std::lock_guard lock(slow_path);
+  slow_path.count_acquire(block_bytes);
   if (options.track_peak_in_use) note_in_use(static_cast<std::int64_t>(block_bytes));
   return block;
 }
@@ -48,16 +47,10 @@ void DevicePoolCore::tag_deallocate(Tag& tag, void* block, std::size_t bytes,
       break;
   }
   std::shared_ptr<DevicePoolCore> last;  // destroyed after the lock: may destroy *this
-  std::lock_guard lock(slow_mutex);
-  bump(slow_deallocations, 1);
-  bump(slow_deallocated_bytes, block_bytes);
+  std::lock_guard lock(slow_path);
+  slow_path.count_deallocation(block_bytes);
   if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(block_bytes));
   if (orphan.active()) last = orphan.block_returned();
-}
-
-void DevicePoolCore::note_graph_block(GraphPools::Id id, void* block) {
-  std::lock_guard lock(graph_holds_mutex);
-  graph_blocks.insert_or_assign(block, GraphBlock{id, 0, false});
 }
 
 void* DevicePoolCore::graph_tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment,
@@ -65,7 +58,7 @@ void* DevicePoolCore::graph_tag_allocate(Tag& tag, std::size_t bytes, std::size_
   void* block = tag_allocate(tag, bytes, alignment, key);
   if (!graph) return block;
   try {
-    note_graph_block(*graph, block);
+    graph_holds.note(*graph, block);
   } catch (...) {
     tag_deallocate(tag, block, bytes, key);
     throw;
@@ -73,62 +66,29 @@ void* DevicePoolCore::graph_tag_allocate(Tag& tag, std::size_t bytes, std::size_
   return block;
 }
 
-DevicePoolCore::GraphHold DevicePoolCore::hold_for_graph(std::optional<GraphPools::Id> route,
-                                                         void* block, std::size_t bytes) noexcept {
-  std::lock_guard lock(graph_holds_mutex);
-  if (const auto it = graph_blocks.find(block); it != graph_blocks.end()) {
-    if (it->second.held) return GraphHold::double_free;
-    it->second.held = true;
-    it->second.bytes = bytes;
-    return GraphHold::held;
-  }
-  if (!route) return GraphHold::not_a_graphs;
-  try {
-    graph_blocks.emplace(block, GraphBlock{*route, bytes, true});
-    return GraphHold::held;
-  } catch (...) {
-    return GraphHold::no_memory;
-  }
-}
-
 void DevicePoolCore::deallocate_tagged(Tag& tag, void* block, std::size_t bytes, StreamKey key,
                                        std::optional<GraphPools::Id> route) noexcept {
-  switch (hold_for_graph(route, block, bytes)) {
-    case GraphHold::held:
+  switch (graph_holds.hold(route, block, bytes)) {
+    case GraphHolds::Hold::held:
       return;
-    case GraphHold::double_free:
+    case GraphHolds::Hold::double_free:
       return reject_deallocate(block, bytes,
                                "a tagged block held for its CUDA graph (until "
                                "release_graph_pool) was deallocated again");
-    case GraphHold::not_a_graphs:
-    case GraphHold::no_memory:  // given back: no host memory to hold it
+    case GraphHolds::Hold::not_a_graphs:
+    case GraphHolds::Hold::no_memory:  // given back: no host memory to hold it
       return tag_deallocate(tag, block, bytes, key);
   }
 }
 
 void DevicePoolCore::release_graph_holds(GraphPools::Id id) noexcept {
-  std::vector<std::pair<void*, std::size_t>> released;
-  {
-    std::lock_guard lock(graph_holds_mutex);
-    if (capture_routes.any()) return;  // a quiesce would invalidate the open capture
-    try {
-      released.reserve(graph_blocks.size());
-    } catch (...) {
-      return;  // no host memory: a later release takes them
-    }
-    for (auto it = graph_blocks.begin(); it != graph_blocks.end();) {
-      if (it->second.id != id) {
-        ++it;
-        continue;
-      }
-      if (it->second.held) released.emplace_back(it->first, it->second.bytes);
-      it = graph_blocks.erase(it);  // live ones are plain tagged blocks from here on
-    }
-  }
+  const std::vector<GraphHolds::Held> released = graph_holds.take(id, graph_routing);
   if (released.empty()) return;
   quiescer.quiesce();  // the graph's last launch may still run
-  for (const auto& [block, bytes] : released) {
-    if (Tag* tag = sleep_tags.owner_of(block)) tag_deallocate(*tag, block, bytes, kUntagged);
+  for (const GraphHolds::Held& held : released) {
+    if (Tag* tag = sleep_tags.owner_of(held.block)) {
+      tag_deallocate(*tag, held.block, held.bytes, kUntagged);
+    }
   }
 }
 

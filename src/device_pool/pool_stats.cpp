@@ -1,20 +1,21 @@
 // DevicePool's counters summed over the thread caches, the slow path, the rings and the
 // tiers. Exact when no call runs at the same moment: each counter has one writer (its
-// cache's owner, or the holder of slow_mutex) and is read here with relaxed loads.
+// cache's owner, or the holder of the slow path's mutex) and is read here with relaxed loads.
 #include "pool_core.hpp"
 
 namespace vram::detail {
 
 DevicePoolStats DevicePoolCore::stats() const {
   DevicePoolStats s;
-  std::uint64_t acquired_bytes = slow_acquired_bytes.load(std::memory_order_relaxed);
-  std::uint64_t deallocated_bytes = slow_deallocated_bytes.load(std::memory_order_relaxed);
-  s.acquires = slow_acquires.load(std::memory_order_relaxed);
-  s.releases = slow_deallocations.load(std::memory_order_relaxed);
+  const SlowPath::Totals slow = slow_path.totals();
+  std::uint64_t acquired_bytes = slow.acquired_bytes;
+  std::uint64_t deallocated_bytes = slow.deallocated_bytes;
+  s.acquires = slow.acquires;
+  s.deallocations = slow.deallocations;
   std::size_t thread_cached = 0;
   registry.for_each([&](const ThreadCache& cache) {
     s.acquires += cache.acquires.load(std::memory_order_relaxed);
-    s.releases += cache.deallocations.load(std::memory_order_relaxed);
+    s.deallocations += cache.deallocations.load(std::memory_order_relaxed);
     acquired_bytes += cache.acquired_bytes.load(std::memory_order_relaxed);
     deallocated_bytes += cache.deallocated_bytes.load(std::memory_order_relaxed);
     thread_cached += cache.cached_bytes.load(std::memory_order_relaxed);
@@ -36,7 +37,7 @@ DevicePoolStats DevicePoolCore::stats() const {
   s.quiesces = quiescer.quiesces();
   s.stream_quiesces = quiescer.quiesces_for_streams();
   s.stream_marker_wants = wants.wanted();
-  s.invalid_releases = validation.rejected();
+  s.invalid_deallocations = validation.rejected();
   s.bytes_in_use = acquired_bytes > deallocated_bytes ? acquired_bytes - deallocated_bytes : 0;
   const SleepTags::Totals tags = sleep_tags.totals();
   s.sleep_tag_bytes_mapped = tags.mapped_bytes;

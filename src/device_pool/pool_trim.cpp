@@ -126,13 +126,14 @@ bool DevicePoolCore::close(std::uint64_t& blocks, std::uint64_t& bytes) noexcept
     while (cache->state.load(kDekkerLoad) != ThreadCache::kFree) backoff.pause();
     drain_bins(*cache);
   }
-  // Every call from now on takes the slow path, serialised by slow_mutex: the count of
+  // Every call from now on takes the slow path, serialised by its mutex: the count of
   // leased blocks is exact.
-  std::lock_guard slow(slow_mutex);
-  std::uint64_t acquires = slow_acquires.load(std::memory_order_relaxed);
-  std::uint64_t deallocations = slow_deallocations.load(std::memory_order_relaxed);
-  std::uint64_t acquired = slow_acquired_bytes.load(std::memory_order_relaxed);
-  std::uint64_t deallocated = slow_deallocated_bytes.load(std::memory_order_relaxed);
+  std::lock_guard slow(slow_path);
+  const SlowPath::Totals slow_totals = slow_path.totals();
+  std::uint64_t acquires = slow_totals.acquires;
+  std::uint64_t deallocations = slow_totals.deallocations;
+  std::uint64_t acquired = slow_totals.acquired_bytes;
+  std::uint64_t deallocated = slow_totals.deallocated_bytes;
   for (auto& cache : registry.frozen()) {
     acquires += cache->acquires.load(std::memory_order_relaxed);
     deallocations += cache->deallocations.load(std::memory_order_relaxed);

@@ -38,7 +38,7 @@ class Quiescer {
   SegmentTier& small_;
   SegmentTier& large_;
   StreamWants& wants_;
-  std::mutex mutex_;  // after the core's slow_mutex, before a tier's and the wants' mutex
+  std::mutex mutex_;  // after the slow path's mutex, before a tier's and the wants' mutex
   std::atomic<std::uint64_t> generation_{0};  // quiesces begun, written under mutex_
   std::atomic<std::uint64_t> quiesces_{0};
   std::atomic<std::uint64_t> for_streams_{0};

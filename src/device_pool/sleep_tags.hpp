@@ -7,7 +7,7 @@
 //     the slots below it without a lock.
 //   - Each tag's mutex guards its arena, backup and state; sleep and wake hold it across
 //     their copies, so a request or release of that tag waits for them.
-//   - While any tag exists the pool's graph flag stays raised (GraphActivity), so every
+//   - While any tag exists the pool's graph flag stays raised (GraphRouting), so every
 //     call leaves the warm path and asks route() / owner_of() first.
 //   - A thread's tag scope is one thread-local route (which pool, which tag); a scope saves
 //     the route it replaced and restores it when it ends.
@@ -68,7 +68,7 @@ class SleepTags {
   // Neighbouring live blocks closer than this are copied as one range.
   static constexpr std::size_t kMaxCopyGap = std::size_t{256} << 10;
 
-  SleepTags(std::uint64_t pool_uid, GraphActivity& activity) noexcept
+  SleepTags(std::uint64_t pool_uid, GraphRouting& activity) noexcept
       : pool_uid_(pool_uid), activity_(activity) {}
   ~SleepTags();
 
@@ -118,7 +118,7 @@ class SleepTags {
   std::unique_ptr<SleepCopier> copier(cudaStream_t stream);
 
   std::uint64_t pool_uid_;
-  GraphActivity& activity_;
+  GraphRouting& activity_;
   std::mutex create_mutex_;
   std::atomic<std::uint32_t> count_{0};
   std::array<std::atomic<Tag*>, kMaxTags> tags_{};

@@ -63,8 +63,8 @@ namespace vram::detail {
 inline constexpr std::size_t kMaxThreadCacheDepth = 16;
 
 // Update of a counter written only by the holder of its cache's state word (or under
-// slow_mutex): a relaxed load + store is exact and needs no locked instruction; stats()
-// reads it concurrently.
+// the slow path's mutex, slow_path.hpp): a relaxed load + store is exact and needs no locked
+// instruction; stats() reads it concurrently.
 inline void bump(std::atomic<std::uint64_t>& counter, std::uint64_t delta) noexcept {
   counter.store(counter.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
 }

@@ -56,7 +56,7 @@ struct StagingPoolState {
     return fresh;
   }
 
-  const std::uint64_t id = StagingLease::next_id();  // identity checked by release()
+  const std::uint64_t id = StagingLease::next_id();  // identity checked by retire()
   std::shared_ptr<Upstream> upstream;
   PinnedStagingPool::Options options;
   mutable std::mutex mutex;
@@ -216,18 +216,18 @@ void PinnedStagingPool::take_back(detail::StagingPoolState& pool, PinnedBuffer& 
   }  // else `kept` is freed here, outside the lock
 }
 
-void PinnedStagingPool::release(PinnedBuffer&& buffer, CopyCompleted completed) {
+void PinnedStagingPool::retire(PinnedBuffer&& buffer, CopyCompleted completed) {
   if (!buffer) return;
-  auto& s = live_state("release");  // moved from: the buffer stays with the caller
+  auto& s = live_state("retire");  // moved from: the buffer stays with the caller
   if (!buffer.lease_ || buffer.lease_->pool_id != s.id) {
     s.foreign_buffers.fetch_add(1, std::memory_order_relaxed);
     throw InvalidArgument(
-        "vram::PinnedStagingPool::release: this PinnedBuffer is not a lease of this pool (" +
+        "vram::PinnedStagingPool::retire: this PinnedBuffer is not a lease of this pool (" +
         std::string(buffer.lease_ ? "another pool's" : "made outside any pool") +
-        "). The buffer stays with the caller. Fix: release a buffer to the pool it was "
+        "). The buffer stays with the caller. Fix: retire a buffer to the pool it was "
         "acquired from; a buffer made by hand is freed by destroying it.");
   }
-  take_back(s, buffer, completed, "release");
+  take_back(s, buffer, completed, "retire");
 }
 
 void PinnedStagingPool::reserve(std::size_t count, std::size_t len) {

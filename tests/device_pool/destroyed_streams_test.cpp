@@ -44,7 +44,7 @@ DevicePool::Options emulated(std::shared_ptr<StreamFence> fence, bool virtual_me
   options.small_tier.max_block_bytes = std::size_t{256} << 10;
   options.large_tier.virtual_reservation_bytes = 1_GiB;
   options.large_tier.virtual_map_ahead_bytes = 0;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   return options;
 }
 
@@ -272,7 +272,7 @@ void run_destroyed_streams(bool virtual_memory, bool recycle_handles) {
     }
     stats = pool.stats();
     EXPECT_EQ(stats.bytes_in_use, 0U);
-    EXPECT_EQ(stats.acquires, stats.releases);
+    EXPECT_EQ(stats.acquires, stats.deallocations);
     pool.trim(0);
     EXPECT_EQ(pool.stats().bytes_reserved, 0U);
   }
@@ -420,7 +420,7 @@ TEST(DevicePoolDestroyedStreamsGpu, SixteenThreadsKernelsCheckOwnerTagsOnStreams
     EXPECT_EQ(mismatches[t], 0U) << "thread " << t << " saw a block overwritten";
   }
   EXPECT_EQ(stats.bytes_in_use, 0U);
-  EXPECT_EQ(stats.acquires, stats.releases);
+  EXPECT_EQ(stats.acquires, stats.deallocations);
   EXPECT_GT(batches.load(), static_cast<std::uint64_t>(kThreads));
   pool.trim(0);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);

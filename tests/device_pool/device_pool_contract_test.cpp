@@ -33,7 +33,7 @@ class DevicePoolContract : public ::testing::Test {
   }
   static DevicePool::Options options() {
     DevicePool::Options o;
-    o.validate_releases = true;
+    o.validate_deallocations = true;
     return o;
   }
 };
@@ -62,7 +62,7 @@ TYPED_TEST(DevicePoolContract, SameClassGetsTheSameBlockBack) {
 TYPED_TEST(DevicePoolContract, TenThousandWarmCyclesMakeNoUpstreamCall) {
   auto upstream = this->make_upstream();
   auto options = this->options();
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   DevicePool pool(upstream, options);
   const std::vector<std::size_t> sizes = {256, 4_KiB, 64_KiB, 1_MiB, 16_MiB};
   for (auto bytes : sizes) pool.deallocate(pool.allocate(bytes), bytes);  // warm up
@@ -113,7 +113,7 @@ TYPED_TEST(DevicePoolContract, AccountingAddsUp) {
   EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
   EXPECT_EQ(s.peak_bytes_reserved, s.bytes_reserved);
   EXPECT_EQ(s.acquires, 3U);
-  EXPECT_EQ(s.releases, 1U);
+  EXPECT_EQ(s.deallocations, 1U);
 }
 
 TYPED_TEST(DevicePoolContract, RetentionIsBoundedByMaxCachedBytes) {
@@ -247,7 +247,7 @@ TYPED_TEST(DevicePoolContract, ManyThreadsGetDistinctBlocks) {
   EXPECT_EQ(overlaps.load(), 0);
   const auto s = pool.stats();
   EXPECT_EQ(s.acquires, static_cast<std::uint64_t>(kThreads * kRounds));
-  EXPECT_EQ(s.releases, s.acquires);
+  EXPECT_EQ(s.deallocations, s.acquires);
   EXPECT_EQ(s.bytes_in_use, 0U);
   EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
   EXPECT_LE(upstream->allocations(), static_cast<std::uint64_t>(kThreads * 2));

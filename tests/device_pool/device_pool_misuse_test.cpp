@@ -109,7 +109,7 @@ TEST(DevicePoolMisuse, MovedFromPoolRefusesToAllocateAndIgnoresTheRest) {
   target.deallocate(block, 4096);
   target.deallocate(large, 4_MiB);
   EXPECT_EQ(target.stats().bytes_in_use, 0U);
-  EXPECT_EQ(target.stats().invalid_releases, 0U);
+  EXPECT_EQ(target.stats().invalid_deallocations, 0U);
   // Move-assigning into the moved-from handle makes it a pool again.
   source = std::move(target);
   void* again = source.allocate(4096);
@@ -161,7 +161,7 @@ TEST(DevicePoolMisuse, UpstreamWithSmallerAlignmentIsRefusedAtConstruction) {
 
 DevicePool::Options virtual_options(std::size_t reservation) {
   DevicePool::Options options;
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   options.large_tier.memory = LargeTierMemory::virtual_memory;
   options.large_tier.virtual_reservation_bytes = reservation;
   return options;
@@ -236,7 +236,7 @@ TEST(DevicePoolMisuse, AbsurdLargeSegmentBytesIsRejectedOrStillServes) {
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
                                                    TestUpstream::Options{.capacity_bytes = 1_GiB});
     DevicePool::Options options;
-    options.validate_releases = true;
+    options.validate_deallocations = true;
     options.large_tier.memory = LargeTierMemory::segments;
     options.large_tier.segment_bytes = segment;
     std::unique_ptr<DevicePool> pool;
@@ -269,7 +269,7 @@ TEST(DevicePoolMisuse, PerThreadDefaultStreamFreesAreNotHandedToAnotherThreadsSt
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   options.fence = fence;
   DevicePool pool(upstream, options);
   void* keep = pool.allocate(8_MiB);  // so the freed block is not a wholly free segment
@@ -295,7 +295,7 @@ TEST(DevicePoolMisuse, PerThreadDefaultStreamSmallFreesAreNotHandedToAnotherThre
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<ManualFence>();
   DevicePool::Options options;
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   options.thread_cache.blocks = 0;  // the free reaches the shared tier at once
   options.fence = fence;
   DevicePool pool(upstream, options);
@@ -323,7 +323,7 @@ TEST(DevicePoolMisuse, PerThreadDefaultStreamSmallFreesAreNotHandedToAnotherThre
 TEST(DevicePoolMisuse, LargeBlockInteriorAndDoubleReleaseAreRejectedWithoutValidation) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   for (const auto memory : {LargeTierMemory::segments, LargeTierMemory::virtual_memory}) {
     options.large_tier.memory = memory;
     options.large_tier.virtual_reservation_bytes = 1_GiB;
@@ -331,11 +331,11 @@ TEST(DevicePoolMisuse, LargeBlockInteriorAndDoubleReleaseAreRejectedWithoutValid
     char* block = static_cast<char*>(pool.allocate(4_MiB));
     pool.deallocate(block + 4096, 4_MiB - 4096);  // interior pointer
     pool.deallocate(block + 512, 4_MiB);          // interior pointer, the right size
-    EXPECT_EQ(pool.stats().invalid_releases, 2U);
+    EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
     pool.trim(0);
     pool.deallocate(block, 4_MiB);  // release after trim: accepted once
     pool.deallocate(block, 4_MiB);  // double release: rejected
-    EXPECT_EQ(pool.stats().invalid_releases, 3U);
+    EXPECT_EQ(pool.stats().invalid_deallocations, 3U);
     void* a = pool.allocate(4_MiB);
     void* b = pool.allocate(4_MiB);
     EXPECT_NE(a, b) << "the double release handed one block out twice";
@@ -351,7 +351,7 @@ TEST(DevicePoolMisuse, ZeroAndAbsurdByteReleasesAreRefusedCountedAndSaid) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   for (const bool validate : {false, true}) {
     DevicePool::Options options;
-    options.validate_releases = validate;
+    options.validate_deallocations = validate;
     DevicePool pool(upstream, options);
     void* block = pool.allocate(4096);
     ::testing::internal::CaptureStderr();
@@ -360,7 +360,7 @@ TEST(DevicePoolMisuse, ZeroAndAbsurdByteReleasesAreRefusedCountedAndSaid) {
     const std::string said = ::testing::internal::GetCapturedStderr();
     EXPECT_NE(said.find("zero bytes"), std::string::npos) << said;
     EXPECT_NE(said.find("largest block"), std::string::npos) << said;
-    EXPECT_EQ(pool.stats().invalid_releases, 2U);
+    EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
     EXPECT_EQ(pool.stats().bytes_in_use, pool.block_bytes(4096)) << "nothing was released";
     pool.deallocate(block, 4096);
     EXPECT_EQ(pool.stats().bytes_in_use, 0U);
@@ -419,7 +419,7 @@ TEST(DevicePoolMisuse, UpstreamCudaErrorWhileGrowingLeavesThePoolUsableAndExact)
   };
   auto upstream = std::make_shared<FailingUpstream>();
   DevicePool::Options options;
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   DevicePool pool(upstream, options);
   void* a = pool.allocate(4096);
   void* big = pool.allocate(4_MiB);
@@ -439,7 +439,7 @@ TEST(DevicePoolMisuse, UpstreamCudaErrorWhileGrowingLeavesThePoolUsableAndExact)
   pool.deallocate(a, 4096);
   const auto s = pool.stats();
   EXPECT_EQ(s.bytes_in_use, 0U);
-  EXPECT_EQ(s.invalid_releases, 0U);
+  EXPECT_EQ(s.invalid_deallocations, 0U);
   pool.trim(0);
   EXPECT_EQ(upstream->inner.live_bytes(), 0U);
 }

@@ -32,7 +32,7 @@ using namespace vram::literals;
 
 DevicePool::Options validating() {
   DevicePool::Options o;
-  o.validate_releases = true;
+  o.validate_deallocations = true;
   return o;
 }
 
@@ -45,7 +45,7 @@ TEST(DevicePool, DoubleReleaseIsRejectedAndCounted) {
   pool.deallocate(block, 4096);
   const std::string message = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(message.find("double deallocation"), std::string::npos) << message;
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   // The block was cached once, not twice: two acquires give two different blocks.
   void* a = pool.allocate(4096);
   void* b = pool.allocate(4096);
@@ -64,7 +64,7 @@ TEST(DevicePool, ForeignPointerAndWrongSizeAreRejected) {
   const std::string message = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(message.find("never handed out"), std::string::npos) << message;
   EXPECT_NE(message.find("does not match"), std::string::npos) << message;
-  EXPECT_EQ(pool.stats().invalid_releases, 2U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
   EXPECT_EQ(pool.stats().bytes_cached_in_threads + pool.stats().bytes_cached_in_rings, 0U);
   pool.deallocate(block, 4096);  // the right release still works
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
@@ -208,7 +208,7 @@ namespace {
 
 TEST(DevicePool, ThreadCacheIsBoundedInBytes) {
   DevicePool::Options options;
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   options.thread_cache.max_bytes = 8192;
   DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
   std::vector<DevicePool::Lease> leases;
@@ -254,7 +254,7 @@ class IdleThread {
 
 TEST(DevicePoolLifetime, TrimReachesTheCachesOfIdleLiveThreads) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
-  DevicePool pool(upstream);  // validate_releases as shipped in this build type
+  DevicePool pool(upstream);  // validate_deallocations as shipped in this build type
   IdleThread first(pool, 64_KiB, 3);
   IdleThread second(pool, 1_MiB, 2);
   ASSERT_EQ(pool.stats().bytes_cached_in_threads, 3 * 64_KiB + 2 * 1_MiB);
@@ -291,7 +291,7 @@ TEST(DevicePoolLifetime, ReleasesDuringThreadLocalTeardownAreNotStranded) {
   }).join();
   const auto s = pool.stats();
   EXPECT_EQ(s.bytes_in_use, 0U);
-  EXPECT_EQ(s.acquires, s.releases);
+  EXPECT_EQ(s.acquires, s.deallocations);
   pool.trim(0);
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
@@ -304,7 +304,7 @@ TEST(DevicePoolLifetime, ExitedThreadCachesAreReusedNotAccumulated) {
   }
   const auto s = pool.stats();
   EXPECT_EQ(s.acquires, 50U);
-  EXPECT_EQ(s.releases, 50U);
+  EXPECT_EQ(s.deallocations, 50U);
   EXPECT_EQ(s.bytes_cached_in_threads, 0U);
   EXPECT_EQ(upstream->allocations(), 1U);  // one block went round all 50 threads
 }
@@ -350,7 +350,7 @@ TEST(DevicePoolLifetime, DestroyWhileOtherThreadsRelease) {
   std::uint64_t warnings = 0;
   for (std::uint64_t round = 1; round <= rounds; ++round) {
     auto options = DevicePool::Options{};
-    options.validate_releases = round % 2 == 0;
+    options.validate_deallocations = round % 2 == 0;
     auto pool = std::make_unique<DevicePool>(upstream, options);
     for (int t = 0; t < kReleasers; ++t) {
       for (int i = 0; i < kLeasesEach; ++i) handed[t].push_back(pool->acquire(256 << (i % 4)));
@@ -389,7 +389,7 @@ cudaStream_t fake_stream(std::uintptr_t id) { return reinterpret_cast<cudaStream
 struct StreamPool {
   explicit StreamPool(std::size_t large_segment_bytes = std::size_t{20} << 20) {
     DevicePool::Options options;
-    options.validate_releases = true;
+    options.validate_deallocations = true;
     options.large_tier.segment_bytes = large_segment_bytes;
     options.fence = fence;
     pool = std::make_unique<DevicePool>(upstream, options);
@@ -748,7 +748,7 @@ TEST(DevicePoolStreams, PeakInUseIsTrackedWhenAsked) {
 TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   options.large_tier.memory = LargeTierMemory::virtual_memory;
   options.large_tier.virtual_reservation_bytes = 1_GiB;
   {

@@ -97,7 +97,7 @@ TEST(DevicePoolTraces, HostOnlyReplayOfRecordedTraces) {
     ASSERT_FALSE(events.empty());
     auto upstream = std::make_shared<AddressOnlyUpstream>();
     DevicePool::Options options;
-    options.validate_releases = false;
+    options.validate_deallocations = false;
     options.track_peak_in_use = true;
     const bool tuned = std::getenv("VRAM_TRACE_LARGE_SEGMENT") ||
                        std::getenv("VRAM_TRACE_SMALL_MAX") ||

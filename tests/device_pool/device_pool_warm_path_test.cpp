@@ -59,7 +59,7 @@ TEST(WarmPathCaches, OptionSweepKeepsAccountingExactForEverySmallSize) {
     for (std::size_t blocks : {0, 1, 16, 17}) {
       for (std::size_t max_block :
            {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{1} << 40}) {
-        for (int flags : {0, 1, 2}) {  // plain; validate_releases; track_peak_in_use
+        for (int flags : {0, 1, 2}) {  // plain; validate_deallocations; track_peak_in_use
           cases.push_back({small_max, blocks, max_block, (flags & 1) != 0, (flags & 2) != 0});
         }
       }
@@ -75,7 +75,7 @@ TEST(WarmPathCaches, OptionSweepKeepsAccountingExactForEverySmallSize) {
     options.thread_cache.blocks = c.cache_blocks;
     options.thread_cache.max_block_bytes = c.cache_max_block;
     options.thread_cache.max_bytes = 64_MiB;  // the depth, not the byte bound, limits here
-    options.validate_releases = c.validate;
+    options.validate_deallocations = c.validate;
     options.track_peak_in_use = c.track;
     DevicePool pool(upstream, options);
     const std::size_t small_max = pool.options().small_tier.max_block_bytes;
@@ -97,8 +97,8 @@ TEST(WarmPathCaches, OptionSweepKeepsAccountingExactForEverySmallSize) {
         for (void* block : blocks) pool.deallocate(block, bytes);
         s = pool.stats();
         ASSERT_EQ(s.bytes_in_use, 0U);
-        ASSERT_EQ(s.acquires, s.releases);
-        ASSERT_EQ(s.invalid_releases, 0U);
+        ASSERT_EQ(s.acquires, s.deallocations);
+        ASSERT_EQ(s.invalid_deallocations, 0U);
         const bool kept = bytes <= small_max && kept_max != 0 &&
                           SizeClasses::index_for(bytes) <= SizeClasses::index_for(kept_max);
         ASSERT_EQ(s.bytes_cached_in_threads, kept ? depth * pool.block_bytes(bytes) : 0U);
@@ -123,7 +123,7 @@ TEST(WarmPathCaches, OptionSweepKeepsAccountingExactForEverySmallSize) {
 // both stay exact.
 TEST(WarmPathCaches, AlternatingPoolsAndReplacedPoolsKeepTheirOwnCaches) {
   DevicePool::Options options;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   auto upstream_a = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool a(upstream_a, options);
   for (int round = 0; round < 50; ++round) {
@@ -149,14 +149,14 @@ TEST(WarmPathCaches, AlternatingPoolsAndReplacedPoolsKeepTheirOwnCaches) {
     }
     const auto sb = b->stats();
     EXPECT_EQ(sb.acquires, 20U);
-    EXPECT_EQ(sb.releases, 20U);
+    EXPECT_EQ(sb.deallocations, 20U);
     EXPECT_EQ(sb.bytes_in_use, 0U);
     b.reset();  // the next round's pool is likely at this one's address
     EXPECT_EQ(upstream_b->live_bytes(), 0U);
     EXPECT_EQ(upstream_b->bad_frees(), 0U);
   }
   const auto sa = a.stats();
-  EXPECT_EQ(sa.acquires, sa.releases);
+  EXPECT_EQ(sa.acquires, sa.deallocations);
   EXPECT_EQ(sa.bytes_in_use, 0U);
   a.trim(0);
   EXPECT_EQ(upstream_a->live_bytes(), 0U);
@@ -217,7 +217,7 @@ TEST(WarmPathCaches, TrimRacingAnOwnerBlockedInTheUpstreamIsHonoured) {
     auto counted = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     auto gated = std::make_shared<GatedUpstream>(counted);
     DevicePool::Options options;
-    options.validate_releases = validate;
+    options.validate_deallocations = validate;
     DevicePool pool(gated, options);
     std::atomic<int> phase{0};
     std::thread owner([&] {
@@ -254,7 +254,7 @@ TEST(WarmPathCaches, TrimRacingAnOwnerBlockedInTheUpstreamIsHonoured) {
     owner.join();
     auto s = pool.stats();
     EXPECT_EQ(s.bytes_in_use, 0U);
-    EXPECT_EQ(s.acquires, s.releases);
+    EXPECT_EQ(s.acquires, s.deallocations);
     pool.trim(0);
     EXPECT_EQ(counted->live_bytes(), 0U);
     EXPECT_EQ(counted->bad_frees(), 0U);
@@ -266,7 +266,7 @@ TEST(WarmPathCaches, TrimRacingAnOwnerBlockedInTheUpstreamIsHonoured) {
 // that never used this pool (tl_last names another pool) too.
 TEST(WarmPathCaches, UnkeptClassAndForeignThreadReleasesBypassTheBins) {
   DevicePool::Options options;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   options.thread_cache.max_block_bytes = 4096;
   DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);
   DevicePool other(std::make_shared<HostMemoryUpstream>(), options);
@@ -284,7 +284,7 @@ TEST(WarmPathCaches, UnkeptClassAndForeignThreadReleasesBypassTheBins) {
   foreign.join();
   s = pool.stats();
   EXPECT_EQ(s.bytes_in_use, 0U);
-  EXPECT_EQ(s.acquires, s.releases);
+  EXPECT_EQ(s.acquires, s.deallocations);
   EXPECT_EQ(s.bytes_cached_in_rings, 8192U);
   EXPECT_EQ(s.bytes_cached_in_threads, 0U);  // the foreign thread's cache was retired
 }
@@ -293,7 +293,7 @@ TEST(WarmPathCaches, UnkeptClassAndForeignThreadReleasesBypassTheBins) {
 // per-class limits (bins sized for every small class, limits for the kept ones).
 TEST(WarmPathCaches, AdoptedCachesKeepTheirLimits) {
   DevicePool::Options options;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   options.thread_cache.blocks = 3;
   options.thread_cache.max_block_bytes = 1024;
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -312,21 +312,21 @@ TEST(WarmPathCaches, AdoptedCachesKeepTheirLimits) {
   const auto s = pool.stats();
   EXPECT_EQ(s.bytes_cached_in_threads, 0U);
   EXPECT_EQ(s.bytes_in_use, 0U);
-  EXPECT_EQ(s.acquires, s.releases);
+  EXPECT_EQ(s.acquires, s.deallocations);
   pool.trim(0);
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
 // Threads that switch pools on every call (tl_last churn: the warm paths' claim fails and
 // the slow path re-registers), with trims of both pools racing them and short-lived threads
-// exiting (retire), in every call mode (plain, validate_releases, track_peak_in_use): no
+// exiting (retire), in every call mode (plain, validate_deallocations, track_peak_in_use): no
 // block is handed out twice and the accounting of both pools balances. (The name matches
 // .ci/run's TSan filter, *Thread*.)
 TEST(WarmPathCaches, TwoPoolThreadsRacingTrimsKeepAccountingExact) {
   for (int mode = 0; mode < 3; ++mode) {
-    SCOPED_TRACE(mode == 0 ? "plain" : mode == 1 ? "validate_releases" : "track_peak_in_use");
+    SCOPED_TRACE(mode == 0 ? "plain" : mode == 1 ? "validate_deallocations" : "track_peak_in_use");
     DevicePool::Options options;
-    options.validate_releases = mode == 1;
+    options.validate_deallocations = mode == 1;
     options.track_peak_in_use = mode == 2;
     options.thread_cache.blocks = 2;
     auto upstream_a = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -374,8 +374,8 @@ TEST(WarmPathCaches, TwoPoolThreadsRacingTrimsKeepAccountingExact) {
     for (DevicePool* pool : {&a, &b}) {
       const auto s = pool->stats();
       EXPECT_EQ(s.bytes_in_use, 0U);
-      EXPECT_EQ(s.acquires, s.releases);
-      EXPECT_EQ(s.invalid_releases, 0U);
+      EXPECT_EQ(s.acquires, s.deallocations);
+      EXPECT_EQ(s.invalid_deallocations, 0U);
       pool->trim(0);
       EXPECT_EQ(pool->stats().bytes_reserved, 0U);
     }

@@ -28,7 +28,7 @@ TEST(FaultInjection, EveryNthUpstreamCallFails) {
   for (std::uint64_t every : {2u, 3u, 7u}) {
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
                                                    TestUpstream::Options{.fail_every = every});
-    DevicePool pool(upstream, {.max_cached_bytes = 1_MiB, .validate_releases = true});
+    DevicePool pool(upstream, {.max_cached_bytes = 1_MiB, .validate_deallocations = true});
     std::mt19937 random(static_cast<unsigned>(every));
     std::vector<DevicePool::Lease> live;
     std::uint64_t thrown = 0;
@@ -60,7 +60,7 @@ TEST(FaultInjection, EveryNthUpstreamCallFails) {
 TEST(FaultInjection, FailureOnceAtAByteTotalIsAbsorbedByTheRetry) {
   auto upstream = std::make_shared<TestUpstream>(
       std::make_shared<HostMemoryUpstream>(), TestUpstream::Options{.fail_once_at_total = 10_MiB});
-  DevicePool pool(upstream, {.validate_releases = true});
+  DevicePool pool(upstream, {.validate_deallocations = true});
   std::vector<DevicePool::Lease> live;
   for (int i = 0; i < 20; ++i) live.push_back(pool.acquire(1_MiB));  // 11th call fails once
   EXPECT_EQ(upstream->injected_failures(), 1U);

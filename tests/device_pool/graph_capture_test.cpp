@@ -36,7 +36,7 @@ DevicePool host_pool(std::shared_ptr<TestUpstream>& upstream) {
   upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
   options.fence = std::make_shared<ManualFence>();
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   return DevicePool(upstream, options);
 }
 
@@ -163,14 +163,14 @@ TEST(GraphPoolsDevicePool, ScopesAreRefusedTwiceAndMovable) {
   moved.end();  // twice: nothing
   auto again = pool.capture_into(graph_pool, host_stream(0x10));
   again.end();
-  const std::uint64_t invalid = pool.stats().invalid_releases;
+  const std::uint64_t invalid = pool.stats().invalid_deallocations;
   pool.release_graph_pool(graph_pool);  // the first graph
   pool.release_graph_pool(graph_pool);  // the second
-  EXPECT_EQ(pool.stats().invalid_releases, invalid);
+  EXPECT_EQ(pool.stats().invalid_deallocations, invalid);
   EXPECT_EQ(pool.stats().graph_pools, 0U);
   pool.release_graph_pool(graph_pool);  // one too many
   pool.release_graph_pool(12345);       // unknown
-  EXPECT_EQ(pool.stats().invalid_releases, invalid + 2);
+  EXPECT_EQ(pool.stats().invalid_deallocations, invalid + 2);
   DevicePool moved_from(std::move(pool));
   EXPECT_THROW((void)pool.capture_into(graph_pool, host_stream(0x10)), InvalidArgument);
   pool.release_graph_pool(graph_pool);  // moved-from: nothing
@@ -249,7 +249,7 @@ DevicePool fenced_pool(std::shared_ptr<TestUpstream>& upstream, std::shared_ptr<
   fence = std::make_shared<ManualFence>();
   DevicePool::Options options;
   options.fence = fence;
-  options.validate_releases = true;
+  options.validate_deallocations = true;
   options.detect_unscoped_capture = detect;
   return DevicePool(upstream, options);
 }
@@ -423,7 +423,7 @@ TEST(GraphPoolsDevicePool, AReleaseThroughAnEndedScopeIsAnOrdinaryRelease) {
   pool.trim(0);
   EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
@@ -453,7 +453,7 @@ TEST(GraphPoolsDevicePool, DestroyingThePoolWithAScopeOpenGivesEverythingBackWhe
   {
     DevicePool::Options options;
     options.fence = std::make_shared<ManualFence>();
-    options.validate_releases = false;
+    options.validate_deallocations = false;
     DevicePool pool(upstream, options);
     scope = pool.capture_into(DevicePool::new_graph_pool(), host_stream(0x10));
     pool.deallocate(pool.allocate(3_MiB), 3_MiB);  // routed: the graph pool's
@@ -493,7 +493,7 @@ TEST(GraphPoolsDevicePool, ReleasingAGraphPoolTwiceWhileItsScopeIsOpenKeepsTheSc
   pool.release_graph_pool(id);  // refused: only the scope's use is left
   const std::string said = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(said.find("release_graph_pool"), std::string::npos) << said;
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   void* second = scope.allocate(1_MiB);  // still the graph pool's
   EXPECT_EQ(pool.stats().graph_pool_bytes, 2 * pool.block_bytes(1_MiB));
   scope.deallocate(first, 1_MiB);
@@ -583,7 +583,7 @@ TEST(GraphPoolsDevicePoolThreads, GraphBlockReleasesRacingThePoolsDestructionLos
     {
       DevicePool::Options options;
       options.fence = std::make_shared<ManualFence>();
-      options.validate_releases = false;
+      options.validate_deallocations = false;
       DevicePool pool(upstream, options);
       const auto id = DevicePool::new_graph_pool();
       {

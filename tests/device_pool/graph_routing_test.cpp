@@ -1,6 +1,6 @@
-// Capture routes (src/device_pool/graph_routing.hpp): which graph pool a capture scope's
-// stream, thread and capture send allocations to, one scope per stream, thread and pool. Host
-// only; the threaded case runs under TSan in CI.
+// Capture routes (GraphRouting, src/device_pool/graph_routing.hpp): which graph pool a capture
+// scope's stream, thread and capture send allocations to, one scope per stream, thread and pool.
+// Host only; the threaded case runs under TSan in CI.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -13,16 +13,18 @@
 namespace vram::testing {
 namespace {
 
-using detail::CaptureRoutes;
+using detail::GraphRouting;
 
 cudaStream_t fake_stream(std::uintptr_t key) { return reinterpret_cast<cudaStream_t>(key); }
 
 TEST(CaptureRoutes, StreamAndThreadRouteToThePool) {
-  CaptureRoutes routes;
+  std::atomic<bool> flag{false};  // the pool's graphs_on
+  GraphRouting routes(&flag);
   EXPECT_FALSE(routes.any());
   const auto me = std::this_thread::get_id();
   ASSERT_TRUE(routes.open(11, 0x100, fake_stream(0x100), me));
   EXPECT_TRUE(routes.any());
+  EXPECT_TRUE(flag.load());
   EXPECT_EQ(routes.for_stream(0x100), 11U);
   EXPECT_EQ(routes.for_thread(me), 11U);
   EXPECT_FALSE(routes.for_stream(0x200).has_value());
@@ -31,18 +33,22 @@ TEST(CaptureRoutes, StreamAndThreadRouteToThePool) {
   EXPECT_FALSE(routes.open(11, 0x300, fake_stream(0x300), std::thread::id{}));  // pool taken
   EXPECT_FALSE(routes.open_unrouted(11));                                       // pool taken
   EXPECT_FALSE(routes.close(12));  // no route of that pool
+  routes.add(1);                   // another part (a graph pool, a sleep tag) keeps the flag raised
   EXPECT_TRUE(routes.close(11));
   EXPECT_FALSE(routes.any());
+  EXPECT_TRUE(flag.load());
+  routes.add(-1);
+  EXPECT_FALSE(flag.load());
   EXPECT_FALSE(routes.for_thread(me).has_value());
 }
 
 TEST(CaptureRoutes, UnroutedRoutesMatchNoStreamOrThread) {
-  CaptureRoutes routes;
+  GraphRouting routes;
   ASSERT_TRUE(routes.open_unrouted(21));
   ASSERT_TRUE(routes.open_unrouted(22));  // several hosts' captures at once
   EXPECT_TRUE(routes.any());
   EXPECT_FALSE(routes.for_thread(std::this_thread::get_id()).has_value());
-  EXPECT_FALSE(routes.for_stream(CaptureRoutes::kNoStream).has_value());
+  EXPECT_FALSE(routes.for_stream(GraphRouting::kNoStream).has_value());
   int asked = 0;
   EXPECT_FALSE(routes.for_capture(5, [&](cudaStream_t) { return ++asked, 5ULL; }).has_value());
   EXPECT_EQ(asked, 0);  // unrouted routes have no stream to ask
@@ -52,7 +58,7 @@ TEST(CaptureRoutes, UnroutedRoutesMatchNoStreamOrThread) {
 }
 
 TEST(CaptureRoutes, StreamsOfTheSameCaptureRouteToTheScopesPool) {
-  CaptureRoutes routes;
+  GraphRouting routes;
   ASSERT_TRUE(routes.open(31, 0x100, fake_stream(0x100), std::this_thread::get_id()));
   ASSERT_TRUE(routes.open(32, 0x200, fake_stream(0x200), std::thread::id{}));
   int asked = 0;
@@ -68,14 +74,14 @@ TEST(CaptureRoutes, StreamsOfTheSameCaptureRouteToTheScopesPool) {
 }
 
 TEST(CaptureRoutesThreads, EachThreadSeesItsOwnRoute) {
-  CaptureRoutes routes;
+  GraphRouting routes;
   std::atomic<int> wrong{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       const auto me = std::this_thread::get_id();
-      const auto stream = static_cast<CaptureRoutes::StreamKey>(0x1000 + t);
-      const auto pool = static_cast<CaptureRoutes::PoolId>(t + 1);
+      const auto stream = static_cast<GraphRouting::StreamKey>(0x1000 + t);
+      const auto pool = static_cast<GraphRouting::PoolId>(t + 1);
       for (int i = 0; i < 500; ++i) {
         if (!routes.open(pool, stream, fake_stream(stream), me)) wrong.fetch_add(1);
         if (routes.for_thread(me) != pool) wrong.fetch_add(1);

@@ -36,7 +36,7 @@ void* fake(std::uintptr_t n) { return reinterpret_cast<void*>(n << 20); }
 
 DevicePool::Options cached_options() {
   DevicePool::Options options;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   options.large_tier.memory = LargeTierMemory::segments;
   options.thread_cache.large_from_start = true;
   return options;
@@ -184,7 +184,7 @@ TEST(DevicePoolLargeThreadCache, AFreedBlockServesTheSameSizeAgainFromTheThread)
   pool.trim(0);
   EXPECT_EQ(pool.stats().bytes_cached_in_threads, 0U);
   EXPECT_EQ(upstream->live_bytes(), 0U);
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(DevicePoolLargeThreadCache, WrongSizeAndDoubleReleasesAreStillRejected) {
@@ -192,12 +192,12 @@ TEST(DevicePoolLargeThreadCache, WrongSizeAndDoubleReleasesAreStillRejected) {
   DevicePool pool(upstream, cached_options());
   void* p = pool.allocate(4_MiB);
   pool.deallocate(p, 8_MiB);
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   EXPECT_EQ(pool.stats().bytes_in_use, 4_MiB);
   pool.deallocate(p, 4_MiB);
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   pool.deallocate(p, 4_MiB);  // double release of a cached block
-  EXPECT_EQ(pool.stats().invalid_releases, 2U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
   void* a = pool.allocate(4_MiB);
   void* b = pool.allocate(4_MiB);
   EXPECT_NE(a, b) << "the block was cached once, not twice";
@@ -329,14 +329,14 @@ TEST(DevicePoolLargeThreadCache, ABlockReleasedOnAnotherThreadGoesBackToTheTier)
   void* a = pool.allocate(4_MiB);
   std::thread([&] { pool.deallocate(a, 4_MiB); }).join();
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
   // This thread's record of `a` is stale: a new block at that address is still released
   // correctly, here or there.
   void* b = pool.allocate(4_MiB);
   pool.deallocate(b, 4_MiB);
   void* c = pool.allocate(4_MiB);
   std::thread([&] { pool.deallocate(c, 4_MiB); }).join();
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
   pool.trim(0);
   EXPECT_EQ(upstream->live_bytes(), 0U);
@@ -352,16 +352,16 @@ TEST(DevicePoolLargeThreadCache, ASecondReleaseAfterAnotherThreadsIsRejectedAndS
   void* a = pool.allocate(4_MiB);
   std::thread([&] { pool.deallocate(a, 4_MiB); }).join();
   pool.deallocate(a, 4_MiB);  // here, where the block was allocated
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   std::thread([&] { pool.deallocate(a, 4_MiB); }).join();  // there, again
-  EXPECT_EQ(pool.stats().invalid_releases, 2U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
   void* b = pool.allocate(4_MiB);
   void* c = pool.allocate(4_MiB);
   EXPECT_NE(b, c) << "one block handed to two owners";
   pool.deallocate(b, 4_MiB);
   pool.deallocate(c, 4_MiB);
-  EXPECT_EQ(pool.stats().invalid_releases, 2U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
   pool.trim(0);
   EXPECT_EQ(upstream->live_bytes(), 0U);
   EXPECT_EQ(upstream->bad_frees(), 0U);
@@ -374,7 +374,7 @@ TEST(DevicePoolLargeThreadCache, AnotherThreadsReleaseOfABlockCachedByItsOwnerIs
   pool.deallocate(a, 4_MiB);  // cached here
   ASSERT_EQ(pool.stats().bytes_cached_in_threads, 4_MiB);
   std::thread([&] { pool.deallocate(a, 4_MiB); }).join();
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
   void* b = pool.allocate(4_MiB);  // the cached block
   void* c = nullptr;
@@ -384,7 +384,7 @@ TEST(DevicePoolLargeThreadCache, AnotherThreadsReleaseOfABlockCachedByItsOwnerIs
   // A block taken out of the cache is live again: another thread may release it.
   std::thread([&] { pool.deallocate(b, 4_MiB); }).join();
   pool.deallocate(c, 4_MiB);
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
   pool.trim(0);
   EXPECT_EQ(upstream->live_bytes(), 0U);
@@ -399,7 +399,7 @@ TEST(DevicePoolLargeThreadCache, ADoubleReleaseThroughAnAdoptedCacheIsRejected) 
   std::thread([&] { a = pool.allocate(4_MiB); }).join();  // recorded in that thread's cache
   pool.deallocate(a, 4_MiB);
   std::thread([&] { pool.deallocate(a, 4_MiB); }).join();  // this thread adopts the cache
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   void* b = pool.allocate(4_MiB);
   void* c = pool.allocate(4_MiB);
   EXPECT_NE(b, c);
@@ -415,7 +415,7 @@ TEST(DevicePoolLargeThreadCache, ADoubleReleaseThroughAnAdoptedCacheIsRejected) 
 TEST(DevicePoolLargeThreadCache, DoubleReleasesAcrossThreadsAreRejectedOnceThreadsHaveMet) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   DevicePool pool(upstream, options);
   constexpr int kThreads = 4;
   constexpr int kRounds = 200;
@@ -451,7 +451,7 @@ TEST(DevicePoolLargeThreadCache, DoubleReleasesAcrossThreadsAreRejectedOnceThrea
     });
   }
   for (auto& thread : threads) thread.join();
-  EXPECT_EQ(pool.stats().invalid_releases, expected_invalid.load());
+  EXPECT_EQ(pool.stats().invalid_deallocations, expected_invalid.load());
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
   // No block is held twice: live blocks at once are all distinct.
   std::vector<void*> live;
@@ -492,7 +492,7 @@ TEST(DevicePoolLargeThreadCache, AReleaseOnAnotherThreadKeepsTheOwnersOtherBlock
     pool.deallocate(scratch, 4_MiB);
     EXPECT_EQ(pool.stats().bytes_cached_in_threads, 4_MiB) << "step " << step;
   }
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
   pool.trim(0);
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
@@ -567,7 +567,7 @@ TEST(DevicePoolLargeThreadCacheGpu, DoubleReleasesAcrossThreadsAreRejectedAndSha
     void* b = pool.allocate(4_MiB);
     pool.deallocate(b, 4_MiB);                               // cached here
     std::thread([&] { pool.deallocate(b, 4_MiB); }).join();  // there, after here
-    EXPECT_EQ(pool.stats().invalid_releases, 2U);
+    EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
     EXPECT_EQ(pool.stats().bytes_in_use, 0U);
     void* c = pool.allocate(4_MiB);
     void* d = nullptr;
@@ -675,7 +675,7 @@ TEST(DevicePoolLargeThreadCache, ThreadsHandingBlocksAroundWithTrimsLoseNothing)
     for (auto& thread : threads) thread.join();
     for (auto [block, bytes] : handoff) pool.deallocate(block, bytes);
     const DevicePoolStats stats = pool.stats();
-    EXPECT_EQ(stats.invalid_releases, 0U);
+    EXPECT_EQ(stats.invalid_deallocations, 0U);
     EXPECT_EQ(stats.bytes_in_use, 0U);
     pool.trim(0);
     EXPECT_EQ(pool.stats().bytes_cached_in_threads, 0U);

@@ -56,7 +56,7 @@ TEST(LargeTierSmallClassesPlacement, ClassEdgesAroundTheThresholdAndSmallBlockMa
     DevicePool pool(upstream, options);
     hold_free_large_memory(pool);
     EXPECT_EQ(carved_from_small_tier(pool, *upstream, c.bytes), c.small);
-    EXPECT_EQ(pool.stats().invalid_releases, 0U);
+    EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
     expect_everything_back(pool, *upstream);
   }
 }
@@ -101,7 +101,7 @@ TEST(LargeTierSmallClassesPlacement, LargeTierClassesAreCarvedAtTheirBlockBytes)
 // ---- release validation across the tier boundary -----------------------------------------
 
 // Rule: the boundary between the tiers is a block size, so classes that share a block size
-// share a tier. validate_releases checks a release against block_bytes(bytes), and several
+// share a tier. validate_deallocations checks a release against block_bytes(bytes), and several
 // classes share one block size (320, 384, 448 and 512 B are all 512-byte blocks; 640/768;
 // 896/1024): a release naming another class of the same block size must reach the tier that
 // holds the block. With small_tier.segment_max_bytes between two such classes (320 here), a
@@ -126,7 +126,7 @@ TEST(LargeTierSmallClassesValidation, ASameBlockSizeReleaseAcrossTheTierBoundary
         pool.deallocate(block, 300);  // the right size
         pool.trim(0);
         const auto stats = pool.stats();
-        EXPECT_EQ(stats.invalid_releases, 1U) << "one of the two releases is rejected";
+        EXPECT_EQ(stats.invalid_deallocations, 1U) << "one of the two releases is rejected";
         EXPECT_EQ(stats.bytes_in_use, 0U);
         EXPECT_EQ(stats.bytes_reserved, 0U) << "the block stranded its small segment";
         EXPECT_EQ(upstream->live_bytes(), 0U);
@@ -137,7 +137,7 @@ TEST(LargeTierSmallClassesValidation, ASameBlockSizeReleaseAcrossTheTierBoundary
 }
 
 // Rule: SegmentTier::free checks the size the block was allocated with. Without
-// validate_releases a release naming a size above small_tier.max_block_bytes goes to the large
+// validate_deallocations a release naming a size above small_tier.max_block_bytes goes to the large
 // tier, which carves the classes above 256 KiB: a double release of such a block under a large size
 // (the block cached in this thread) is rejected, so the next two requests never get the same
 // memory.
@@ -148,14 +148,14 @@ TEST(LargeTierSmallClassesValidation, ALargeSizedDoubleReleaseOfALargeTierSmallB
     auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
     {
       auto options = virtual_options();
-      options.validate_releases = false;  // release builds
+      options.validate_deallocations = false;  // release builds
       options.thread_cache.blocks = 8;
       options.small_tier.segment_max_bytes = segment_max;
       DevicePool pool(upstream, options);
       void* p = pool.allocate(512_KiB);
       pool.deallocate(p, 512_KiB);  // cached in this thread
       pool.deallocate(p, 2_MiB);    // double release under a large size
-      EXPECT_EQ(pool.stats().invalid_releases, 1U) << "a large-sized double release accepted";
+      EXPECT_EQ(pool.stats().invalid_deallocations, 1U) << "a large-sized double release accepted";
       void* a = pool.allocate(512_KiB);
       void* b = pool.allocate(2_MiB);
       EXPECT_NE(a, b) << "one block handed out twice";
@@ -171,20 +171,20 @@ TEST(LargeTierSmallClassesValidation, ALargeSizedDoubleReleaseOfALargeTierSmallB
 
 // ---- 1c92c56: stream tags --------------------------------------------------------------
 
-// Release builds (no validate_releases): the large tier takes a block back only under the
+// Release builds (no validate_deallocations): the large tier takes a block back only under the
 // size it was allocated with (rounded to 512 B), so a wrong-size release of a large block
 // is rejected and counted, and the block stays leased until its right release.
 TEST(LargeTierSmallClassesValidation, AWrongSizeReleaseOfALargeBlockIsRejectedWithoutValidation) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = virtual_options();
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   DevicePool pool(upstream, options);
   void* p = pool.allocate(4_MiB);
   pool.deallocate(p, 8_MiB);
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   EXPECT_EQ(pool.stats().bytes_in_use, 4_MiB);
   pool.deallocate(p, 4_MiB - 100);  // the same size once rounded to 512 B
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
   pool.trim(0);
   EXPECT_EQ(upstream->live_bytes(), 0U);
@@ -242,7 +242,7 @@ TEST(LargeTierSmallClassesStreams, ThreadCacheTagSwitchKeepsLargeTierSmallBlocks
   auto options = virtual_options();
   options.fence = fence;
   options.thread_cache.blocks = 8;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   DevicePool pool(upstream, options);
   const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
   const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
@@ -279,7 +279,7 @@ TEST(LargeTierSmallClassesLifetime, OrphanedBlocksOfBothTiersGoBackExactlyOnce) 
     auto options = virtual_options();
     options.thread_cache.blocks = 8;
     options.max_cached_blocks_per_class = 64;
-    options.validate_releases = false;
+    options.validate_deallocations = false;
     options.large_tier.virtual_map_ahead_bytes = 128_MiB;
     auto pool = std::make_unique<DevicePool>(upstream, options);
     std::atomic<bool> stop{false};

@@ -23,7 +23,7 @@ std::uint64_t walk_seed() {
   return text ? std::strtoull(text, nullptr, 10) : 20261130;
 }
 
-// `validate`: Options::validate_releases. Without it (release builds' default) the warm
+// `validate`: Options::validate_deallocations. Without it (release builds' default) the warm
 // paths serve the calls; the model must hold either way. Size-class options vary per run,
 // and a second pool's calls interleave on the thread (the warm paths serve only the pool a
 // thread used last; the others register or switch).
@@ -37,7 +37,7 @@ void walk_device_pool(bool validate) {
     auto upstream = std::make_shared<TestUpstream>(
         std::make_shared<HostMemoryUpstream>(), TestUpstream::Options{.capacity_bytes = capacity});
     DevicePool::Options options;
-    options.validate_releases = validate;
+    options.validate_deallocations = validate;
     options.max_cached_bytes = (random() % 8) * 1_MiB;
     options.max_cached_blocks_per_class = 1 + random() % 8;
     options.thread_cache.blocks = random() % 18;  // above 16: capped
@@ -48,7 +48,7 @@ void walk_device_pool(bool validate) {
     options.thread_cache.max_bytes = (random() % 3) * 4_MiB;
     DevicePool pool(upstream, options);
     DevicePool other(std::make_shared<HostMemoryUpstream>(),
-                     DevicePool::Options{.validate_releases = validate});
+                     DevicePool::Options{.validate_deallocations = validate});
     std::map<void*, std::size_t> model;  // live block -> class bytes
     std::size_t model_in_use = 0;
     for (int step = 0; step < 1500; ++step) {
@@ -97,13 +97,13 @@ void walk_device_pool(bool validate) {
       ASSERT_EQ(s.bytes_reserved, upstream->live_bytes()) << "step " << step;
       ASSERT_EQ(s.bytes_reserved, s.bytes_in_use + s.bytes_cached) << "step " << step;
       ASSERT_LE(s.bytes_cached_in_threads, options.thread_cache.max_bytes);
-      ASSERT_EQ(s.invalid_releases, 0U);
+      ASSERT_EQ(s.invalid_deallocations, 0U);
     }
     for (auto& [block, bytes] : model) pool.deallocate(block, bytes);
     pool.trim(0);
     ASSERT_EQ(upstream->live_bytes(), 0U);
     ASSERT_EQ(other.stats().bytes_in_use, 0U);
-    ASSERT_EQ(other.stats().invalid_releases, 0U);
+    ASSERT_EQ(other.stats().invalid_deallocations, 0U);
   }
 }
 

@@ -153,7 +153,7 @@ TEST(SleepTags, ScopeRoutesThisThreadsRequestsOnly) {
   h.pool.deallocate(tagged, 1000);
   EXPECT_EQ(h.pool.tag_stats(a).live_blocks, 0U);
   EXPECT_EQ(h.pool.tag_stats(b).live_blocks, 0U);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
   EXPECT_EQ(h.pool.stats().bytes_in_use, 0U);
 }
 
@@ -191,7 +191,7 @@ TEST(SleepTags, SleepReleasesTheMappedMemoryAndWakeRestoresContentsAtTheSameAddr
     EXPECT_EQ(mismatches(blocks[i].pointer, blocks[i].bytes, std::uint32_t(i + 1)), 0U) << i;
   }
   for (const Block& b : blocks) h.pool.deallocate(b.pointer, b.bytes);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTags, AdjacentBlocksAreCopiedAsOneRange) {
@@ -259,7 +259,7 @@ TEST(SleepTags, SleepThatDiscardsCopiesNothingEvenWithABackupAndKeepsTheBackupFo
   h.pool.wake(weights);
   EXPECT_EQ(mismatches(block, 12 * kMiB, 9), 0U);
   h.pool.deallocate(block, 12 * kMiB);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTags, SleepThatDiscardsSeveralTagsAndIsRefusedForASleepingOne) {
@@ -277,7 +277,7 @@ TEST(SleepTags, SleepThatDiscardsSeveralTagsAndIsRefusedForASleepingOne) {
   h.pool.wake({a, b});
   h.pool.deallocate(pa, 3 * kMiB);
   h.pool.deallocate(pb, 3 * kMiB);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
 }
 
 // The proof that unmaps a tag's memory: only a copier's wait() mints it, once.
@@ -398,13 +398,13 @@ TEST(SleepTags, AReleaseIntoASleepingTagIsRefusedAndTheBlockSurvives) {
   fill(block, 3 * kMiB, 9);
   h.pool.sleep(weights);
   h.pool.deallocate(block, 3 * kMiB);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);
   h.pool.wake(weights);
   EXPECT_EQ(mismatches(block, 3 * kMiB, 9), 0U);
   h.pool.deallocate(block, 3 * kMiB);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
 }
 
 TEST(SleepTags, WrongSizeOrDoubleReleaseOfATaggedBlockIsRefused) {
@@ -412,10 +412,10 @@ TEST(SleepTags, WrongSizeOrDoubleReleaseOfATaggedBlockIsRefused) {
   const SleepTag weights = h.pool.create_tag("weights", small_tag());
   void* block = h.pool.allocate_tagged(3 * kMiB, weights);
   h.pool.deallocate(block, 5 * kMiB);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
   h.pool.deallocate(block, 3 * kMiB);
   h.pool.deallocate(block, 3 * kMiB);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 2U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 2U);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
 }
 
@@ -451,7 +451,7 @@ TEST(SleepTags, BackupMemoryExhaustedLeavesTheTagAwakeAndIntact) {
   EXPECT_EQ(s.mapped_bytes, mapped);
   EXPECT_EQ(mismatches(block, 6 * kMiB, 11), 0U);
   h.pool.deallocate(block, 6 * kMiB);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTags, DeviceMemoryExhaustedAtWakeLeavesTheTagAsleepAndIntact) {
@@ -500,7 +500,7 @@ TEST(SleepTags, WakeInRunsRestoresRangesThatStraddleRuns) {
   }
   EXPECT_GT(pool.tag_stats(weights).mapped_bytes, 4 * kMiB);  // more than one run
   for (const Block& b : blocks) pool.deallocate(b.pointer, b.bytes);
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTags, WakeFailingAtALaterRunLeavesTheTagAsleepAndIntact) {
@@ -524,7 +524,7 @@ TEST(SleepTags, WakeFailingAtALaterRunLeavesTheTagAsleepAndIntact) {
   pool.wake(weights);
   EXPECT_EQ(mismatches(block, 24 * kMiB, 17), 0U);
   pool.deallocate(block, 24 * kMiB);
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTags, DestroyingThePoolWithATaggedLeaseKeepsTheLeaseSafe) {
@@ -609,7 +609,7 @@ TEST(SleepTags, CaptureScopeInsideATagScopeTakesTaggedBlocksAndHoldsTheFreedOnes
   h.pool.wake(weights);
   h.pool.release_graph_pool(graph);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTags, ATaggedBlockReleasedThroughACaptureScopeStaysItsTags) {
@@ -625,7 +625,7 @@ TEST(SleepTags, ATaggedBlockReleasedThroughACaptureScopeStaysItsTags) {
   EXPECT_EQ(h.pool.stats().graph_pool_bytes, 0U);
   h.pool.release_graph_pool(graph);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTags, ATaggedBlockACaptureTookStaysItsGraphsWhenDeallocatedAfterTheCapture) {
@@ -645,13 +645,13 @@ TEST(SleepTags, ATaggedBlockACaptureTookStaysItsGraphsWhenDeallocatedAfterTheCap
   void* other = h.pool.allocate_tagged(3 * kMiB, weights);
   EXPECT_NE(other, block);             // never handed out while the graph may write it
   h.pool.deallocate(block, 3 * kMiB);  // again: a double free, refused
-  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 2U);
   h.pool.release_graph_pool(graph);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // the held block is the tag's again
   h.pool.deallocate(other, 3 * kMiB);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
 }
 
 TEST(SleepTags, AnUnroutedCaptureScopeInsideATagScopeTakesTaggedBlocksForItsGraph) {
@@ -680,7 +680,7 @@ TEST(SleepTags, AnUnroutedCaptureScopeInsideATagScopeTakesTaggedBlocksForItsGrap
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);
   h.pool.deallocate(kept, 2 * kMiB);  // the graph is gone: a plain tagged block
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTagsThreads, ConcurrentRequestsAndReleasesInOneTag) {
@@ -713,7 +713,7 @@ TEST(SleepTagsThreads, ConcurrentRequestsAndReleasesInOneTag) {
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(bad.load(), 0);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
-  EXPECT_EQ(h.pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
 }
 
 // ---- Gpu: CUDA virtual memory on device 0 -----------------------------------------------
@@ -784,7 +784,7 @@ TEST(SleepTagsGpu, ContentsWordByWordAtTheSameAddressesAndTheMemoryIsFreeWhileAs
   EXPECT_EQ(pool.tag_stats(weights).base, awake.base);
   EXPECT_EQ(device_mismatches(blocks, 0xA0000000u, stream.get()), 0U);
   for (const Block& b : blocks) pool.deallocate_async(b.pointer, b.bytes, stream.get());
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTagsGpu, SleepIsOrderedAfterTheWorkQueuedOnItsStream) {
@@ -974,7 +974,7 @@ TEST(SleepTagsGpu, FreeMemorySeenFromASecondProcessFollowsSleepAndWake) {
   EXPECT_LE(*free_woken, *free_awake + (awake.mapped_bytes - woken.mapped_bytes) + kTolerance);
   EXPECT_EQ(device_mismatches(blocks, 0xB0000000u, stream.get()), 0U);
   for (const Block& b : blocks) pool.deallocate(b.pointer, b.bytes);
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTagsGpu, SleepThatDiscardsFreesTheMemoryCopiesNothingAndWakeGivesWritableMemory) {
@@ -1006,7 +1006,7 @@ TEST(SleepTagsGpu, SleepThatDiscardsFreesTheMemoryCopiesNothingAndWakeGivesWrita
   pool.wake(weights, stream.get());
   EXPECT_EQ(device_mismatches(blocks, 0xD0000000u, stream.get()), 0U);
   for (const Block& b : blocks) pool.deallocate_async(b.pointer, b.bytes, stream.get());
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
 }
 
 #endif  // VRAM_HAVE_TEST_KERNELS

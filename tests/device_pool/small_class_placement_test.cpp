@@ -57,7 +57,7 @@ TEST(SmallClassPlacement, LargerSmallClassesReuseTheLargeTiersFreeMemoryAndGiveI
   EXPECT_EQ(upstream->allocations(), calls + 1);
   EXPECT_EQ(upstream->live_bytes(), 66_MiB);
   pool.deallocate(small, 200_KiB);
-  EXPECT_EQ(pool.stats().invalid_releases, 0U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
   expect_everything_back(pool, *upstream);
 }
 
@@ -146,7 +146,7 @@ TEST(SmallClassPlacement, ADoubleFreeOfALargerSmallClassIsRejected) {
   void* a = pool.allocate(512_KiB);
   pool.deallocate(a, 512_KiB);
   pool.deallocate(a, 512_KiB);
-  EXPECT_EQ(pool.stats().invalid_releases, 1U);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
   void* b = pool.allocate(512_KiB);
   void* c = pool.allocate(512_KiB);
   EXPECT_NE(b, c) << "the block was cached once";

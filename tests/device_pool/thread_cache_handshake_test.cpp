@@ -1,7 +1,7 @@
 // The thread caches' Dekker handshake (detail/asymmetric_barrier.hpp) in each fence mode this
 // build and kernel offer: the bare store-buffering litmus, and DevicePool's warm small
 // pairs racing trim() in a loop and thread exits, with the shipped options
-// (validate_releases off). A block handed to two threads at once is caught by a host-side
+// (validate_deallocations off). A block handed to two threads at once is caught by a host-side
 // set of held blocks, and a holder's tag written into the block is checked on release.
 #include <gtest/gtest.h>
 
@@ -181,12 +181,12 @@ class BlockCheck {
 
 // N threads run warm acquire/release pairs on small classes (holding a few blocks at a
 // time) while one thread trims in a loop and short-lived threads register, work and exit
-// (their caches are retired and adopted). The shipped path: validate_releases off.
+// (their caches are retired and adopted). The shipped path: validate_deallocations off.
 TEST_P(ThreadCacheHandshakeModes, WarmPairsRacingTrimLoopNeverShareABlock) {
   VRAM_FORCE_MODE_OR_SKIP(GetParam());
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   DevicePool::Options options;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   DevicePool pool(upstream, options);
   const std::array<std::size_t, 5> sizes{256, 512, 4_KiB, 64_KiB, 1_MiB};
 
@@ -265,8 +265,8 @@ TEST_P(ThreadCacheHandshakeModes, WarmPairsRacingTrimLoopNeverShareABlock) {
 
   DevicePoolStats s = pool.stats();
   EXPECT_EQ(s.bytes_in_use, 0U);
-  EXPECT_EQ(s.acquires, s.releases);
-  EXPECT_EQ(s.invalid_releases, 0U);
+  EXPECT_EQ(s.acquires, s.deallocations);
+  EXPECT_EQ(s.invalid_deallocations, 0U);
   EXPECT_EQ(s.bytes_reserved, upstream->live_bytes());
   pool.trim(0);  // every cache (of live, idle and exited threads) and ring back
   s = pool.stats();
@@ -284,7 +284,7 @@ TEST_P(ThreadCacheHandshakeModes, DestructionRacingWarmReleasesLosesNothing) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   for (int round = 0; round < 20; ++round) {
     DevicePool::Options options;
-    options.validate_releases = false;
+    options.validate_deallocations = false;
     auto pool = std::make_unique<DevicePool>(upstream, options);
     constexpr int kThreads = 3;
     std::vector<std::vector<DevicePool::Lease>> leases(kThreads);

@@ -212,19 +212,19 @@ TEST(CopyWitness, ForeignBuffersAreRefusedAndLeftIntact) {
   // Made by hand over a pageable upstream: no pool's lease.
   PinnedBuffer by_hand(std::make_shared<HostMemoryUpstream>(), 4096);
   EXPECT_EQ(by_hand.lease_id(), 0U);
-  EXPECT_THROW(pool.release(std::move(by_hand), WitnessMint::completed_copy_of(by_hand)),
+  EXPECT_THROW(pool.retire(std::move(by_hand), WitnessMint::completed_copy_of(by_hand)),
                InvalidArgument);
   ASSERT_TRUE(by_hand) << "a refused release must leave the buffer with the caller";
   std::memset(by_hand.data(), 0x3C, by_hand.capacity());  // still ours, still valid
   // Another pool's lease, with a witness of that very lease.
   PinnedBuffer theirs = other_pool.acquire(4096).into_inner();
-  EXPECT_THROW(pool.release(std::move(theirs), WitnessMint::completed_copy_of(theirs)),
+  EXPECT_THROW(pool.retire(std::move(theirs), WitnessMint::completed_copy_of(theirs)),
                InvalidArgument);
   ASSERT_TRUE(theirs);
   EXPECT_EQ(pool.stats().foreign_buffers, 2U);
   EXPECT_EQ(pool.stats().free_buffers, 0U);
   EXPECT_EQ(upstream->allocations(), 0U);
-  other_pool.release(std::move(theirs), WitnessMint::completed_copy_of(theirs));
+  other_pool.retire(std::move(theirs), WitnessMint::completed_copy_of(theirs));
   EXPECT_EQ(other_pool.stats().free_buffers, 1U);
   // A witness of another buffer of this pool proves nothing about this one.
   auto mine = pool.acquire(4096);
@@ -242,10 +242,10 @@ TEST(CopyWitness, IntoInnerKeepsTheLeaseAndItsCopies) {
   PinnedBuffer raw = staging.into_inner();
   EXPECT_EQ(raw.lease_id(), lease);
   EXPECT_EQ(raw.copies_in_flight(), 1U);
-  EXPECT_THROW(pool.release(std::move(raw), WitnessMint::completed_copy_of(raw)), InvalidArgument);
+  EXPECT_THROW(pool.retire(std::move(raw), WitnessMint::completed_copy_of(raw)), InvalidArgument);
   ASSERT_TRUE(raw);
   fence.fire();
-  pool.release(std::move(raw), std::move(copy).wait());
+  pool.retire(std::move(raw), std::move(copy).wait());
   EXPECT_FALSE(raw);
   EXPECT_EQ(pool.stats().free_buffers, 1U);
 }
@@ -485,7 +485,7 @@ TEST(CopyWitnessGpu, ForeignPinnedBufferIsRefused) {
   VRAM_GPU_TEST_OR_SKIP();
   PinnedStagingPool pool;
   PinnedBuffer by_hand(std::make_shared<PinnedHostUpstream>(), 1_MiB);
-  EXPECT_THROW(pool.release(std::move(by_hand), WitnessMint::completed_copy_of(by_hand)),
+  EXPECT_THROW(pool.retire(std::move(by_hand), WitnessMint::completed_copy_of(by_hand)),
                InvalidArgument);
   EXPECT_TRUE(by_hand);
   EXPECT_EQ(pool.stats().free_buffers, 0U);

@@ -25,8 +25,8 @@ std::shared_ptr<TestUpstream> counted_host() {
 }
 
 // A moved-from PinnedStagingPool (its only member a shared_ptr, moved): the calls that
-// need the pool throw InvalidArgument, release() leaving the buffer with the caller, and
-// the rest do nothing; none dereferences the empty state.
+// need the pool throw InvalidArgument, retire(buffer, witness) leaving the buffer with the caller,
+// and the rest do nothing; none dereferences the empty state.
 TEST(PinnedStagingPoolMisuse, MovedFromPoolRefusesAndLosesNothing) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
@@ -44,7 +44,7 @@ TEST(PinnedStagingPoolMisuse, MovedFromPoolRefusesAndLosesNothing) {
   CopyCompleted witness = WitnessMint::completed_copy_of(staging);
   PinnedBuffer raw = staging.into_inner();
   try {
-    pool.release(std::move(raw), std::move(witness));
+    pool.retire(std::move(raw), std::move(witness));
     ADD_FAILURE() << "a moved-from pool took a buffer back";
   } catch (const InvalidArgument& error) {
     EXPECT_NE(std::string(error.what()).find("moved from"), std::string::npos) << error.what();
@@ -54,7 +54,7 @@ TEST(PinnedStagingPoolMisuse, MovedFromPoolRefusesAndLosesNothing) {
   EXPECT_EQ(static_cast<unsigned char>(raw.data()[4095]), 0x5A);
   // The pool it was moved to takes it back with a witness minted for it.
   CopyCompleted fresh = WitnessMint::completed_copy_of(raw);
-  other.release(std::move(raw), std::move(fresh));
+  other.retire(std::move(raw), std::move(fresh));
   EXPECT_EQ(other.stats().free_buffers, 1U);
   EXPECT_EQ(other.stats().retired, 1U);
 }
@@ -100,14 +100,14 @@ TEST(PinnedStagingPoolMisuse, DeviceMemoryUpstreamIsRefusedAtConstruction) {
 }
 
 // Copies of a PinnedStagingPool are handles of ONE pool (shared state): a lease of one is
-// accepted by the other's release(), and clear() on either empties both.
+// accepted by the other's retire(buffer, witness), and clear() on either empties both.
 TEST(PinnedStagingPoolMisuse, CopiedPoolIsAnAliasOfTheSamePool) {
   auto upstream = counted_host();
   PinnedStagingPool pool(upstream);
   PinnedStagingPool alias = pool;  // compiles
   auto staging = pool.acquire(4096);
   CopyCompleted witness = WitnessMint::completed_copy_of(staging);
-  alias.release(staging.into_inner(), std::move(witness));  // not "foreign"
+  alias.retire(staging.into_inner(), std::move(witness));  // not "foreign"
   EXPECT_EQ(pool.stats().free_buffers, 1U);
   EXPECT_EQ(pool.stats().foreign_buffers, 0U);
   alias.clear();
@@ -136,7 +136,8 @@ TEST(PinnedStagingPoolMisuse, WitnessFollowsAMovedLeaseAndTheSourceRefuses) {
   EXPECT_EQ(pool.stats().freed_without_witness, 0U);
 }
 
-// A witness of another pool's lease is refused by both retire() and release(); both
+// A witness of another pool's lease is refused by both retires (of the lease, of its raw
+// buffer); both
 // leases stay intact and retire later with their own witnesses.
 TEST(PinnedStagingPoolMisuse, WitnessOfAnotherPoolsLeaseIsRefusedByRetireAndRelease) {
   auto upstream = counted_host();
@@ -148,7 +149,7 @@ TEST(PinnedStagingPoolMisuse, WitnessOfAnotherPoolsLeaseIsRefusedByRetireAndRele
   EXPECT_THROW(from_a.retire(WitnessMint::completed_copy_of(from_b)), InvalidArgument);
   PinnedBuffer raw = from_a.into_inner();
   try {
-    a.release(std::move(raw), WitnessMint::completed_copy_of(from_b));
+    a.retire(std::move(raw), WitnessMint::completed_copy_of(from_b));
     FAIL() << "a witness of another pool's lease was accepted";
   } catch (const InvalidArgument& error) {
     EXPECT_NE(std::string(error.what()).find("Fix:"), std::string::npos) << error.what();
@@ -157,7 +158,7 @@ TEST(PinnedStagingPoolMisuse, WitnessOfAnotherPoolsLeaseIsRefusedByRetireAndRele
   EXPECT_EQ(static_cast<unsigned char>(raw.data()[0]), 0x11);
   EXPECT_EQ(a.stats().witness_mismatches, 2U);
   CopyCompleted own = WitnessMint::completed_copy_of(raw);
-  a.release(std::move(raw), std::move(own));
+  a.retire(std::move(raw), std::move(own));
   from_b.retire(WitnessMint::completed_copy_of(from_b));
   EXPECT_EQ(a.stats().retired + b.stats().retired, 2U);
 }

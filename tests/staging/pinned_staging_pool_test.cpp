@@ -109,7 +109,7 @@ TEST(PinnedStagingPool, IntoInnerThenReleaseReturnsTheBuffer) {
   PinnedBuffer raw = staging.into_inner();
   EXPECT_FALSE(staging);
   auto witness = WitnessMint::completed_copy_of(raw);
-  pool.release(std::move(raw), std::move(witness));
+  pool.retire(std::move(raw), std::move(witness));
   EXPECT_EQ(pool.stats().free_buffers, 1U);
   EXPECT_EQ(pool.acquire(1_MiB).data(), data);
 }

@@ -83,7 +83,7 @@ TEST(PerThreadStreamKey, PoolFencesPerThreadFreesOnTheLegacyStream) {
     SCOPED_TRACE(bytes);
     auto fence = std::make_shared<RecordingFence>();
     DevicePool::Options options;
-    options.validate_releases = true;
+    options.validate_deallocations = true;
     options.thread_cache.blocks = 0;
     options.fence = fence;
     DevicePool pool(std::make_shared<HostMemoryUpstream>(), options);

@@ -21,7 +21,7 @@ using namespace vram::literals;
 DevicePool::Options bench_pool_options() {
   DevicePool::Options options;
   options.max_cached_bytes = 16_GiB;
-  options.validate_releases = false;
+  options.validate_deallocations = false;
   return options;
 }
 

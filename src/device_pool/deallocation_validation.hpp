@@ -1,9 +1,9 @@
-// src/device_pool/release_validation.hpp: the refused deallocations of one DevicePool, and with
-// Options::validate_releases (the part is named after that public option) the record of every
-// leased block that lets a deallocation be checked before it touches the pool.
+// src/device_pool/deallocation_validation.hpp: the refused deallocations of one DevicePool, and
+// with Options::validate_deallocations (the part is named after that public option) the record of
+// every leased block that lets a deallocation be checked before it touches the pool.
 //
 // Rule: a refused deallocation changes nothing in the pool; it is counted (rejected(), the
-// stats' invalid_releases) and said on stderr. The record holds a block from its hand-out
+// stats' invalid_deallocations) and said on stderr. The record holds a block from its hand-out
 // (record()) until its deallocation is checked (check()) or it returns by another way (forget()).
 #pragma once
 
@@ -15,7 +15,7 @@
 
 namespace vram::detail {
 
-class ReleaseValidation {
+class DeallocationValidation {
  public:
   // Files a leased block with its block bytes; throws std::bad_alloc (the caller undoes
   // the hand-out).

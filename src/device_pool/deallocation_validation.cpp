@@ -1,15 +1,15 @@
-#include "release_validation.hpp"
+#include "deallocation_validation.hpp"
 
 #include <cstdio>
 
 namespace vram::detail {
 
-void ReleaseValidation::record(void* block, std::size_t block_bytes) {
+void DeallocationValidation::record(void* block, std::size_t block_bytes) {
   std::lock_guard lock(mutex_);
   live_[block] = block_bytes;
 }
 
-bool ReleaseValidation::check(void* block, std::size_t block_bytes) noexcept {
+bool DeallocationValidation::check(void* block, std::size_t block_bytes) noexcept {
   std::lock_guard lock(mutex_);
   auto it = live_.find(block);
   const char* problem = nullptr;
@@ -30,12 +30,13 @@ bool ReleaseValidation::check(void* block, std::size_t block_bytes) noexcept {
   return false;
 }
 
-void ReleaseValidation::forget(void* block) noexcept {
+void DeallocationValidation::forget(void* block) noexcept {
   std::lock_guard lock(mutex_);
   live_.erase(block);
 }
 
-void ReleaseValidation::reject(const void* block, std::size_t bytes, const char* why) noexcept {
+void DeallocationValidation::reject(const void* block, std::size_t bytes,
+                                    const char* why) noexcept {
   count_rejected();
   char size[40] = "";
   if (bytes != 0) std::snprintf(size, sizeof size, " (%zu bytes)", bytes);
