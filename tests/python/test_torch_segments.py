@@ -167,9 +167,10 @@ def test_segment_events_carry_the_stacks_pytorch_records():
         allocs = [e for e in trace if e["action"] == "segment_alloc"]
         frees = [e for e in trace if e["action"] == "segment_free"]
         assert allocs and frees, [e["action"] for e in trace][-10:]
-        assert all(e["frames"] for e in allocs), context
-        in_frees = "empty_cache" in json.dumps([e["frames"] for e in frees])
-        assert in_frees == (context == "all"), (context, frees[-1]["frames"][:3])
+        assert all(e.get("frames") for e in allocs), context
+        # PyTorch leaves "frames" out of an entry that has none.
+        in_frees = "empty_cache" in json.dumps([e.get("frames", []) for e in frees])
+        assert in_frees == (context == "all"), (context, frees[-1].get("frames", [])[:3])
 
 
 def test_private_pool_blocks_keep_events_whole():
