@@ -588,11 +588,20 @@ TEST(SleepTags, TrimUnmapsTheFreeGranulesOfAwakeTags) {
   EXPECT_EQ(h.pool.tag_stats(weights).mapped_bytes, 0U);
 }
 
-TEST(SleepTags, CaptureScopeInsideATagScopeTakesTaggedBlocksAndHoldsTheFreedOnes) {
+// A pool with a tag, a stream and a graph pool to capture into inside the tag's scope.
+struct CaptureInTag {
   HostPool h;
-  const SleepTag weights = h.pool.create_tag("weights", small_tag());
-  const auto stream = reinterpret_cast<cudaStream_t>(0x300);
-  const auto graph = DevicePool::new_graph_pool();
+  SleepTag weights = h.pool.create_tag("weights", small_tag());
+  cudaStream_t stream = reinterpret_cast<cudaStream_t>(0x300);
+  DevicePool::GraphPoolId graph = DevicePool::new_graph_pool();
+};
+
+TEST(SleepTags, CaptureScopeInsideATagScopeTakesTaggedBlocksAndHoldsTheFreedOnes) {
+  CaptureInTag c;
+  HostPool& h = c.h;
+  const SleepTag weights = c.weights;
+  const cudaStream_t stream = c.stream;
+  const auto graph = c.graph;
   void* block = nullptr;
   {
     auto tag_scope = h.pool.tag_scope(weights);
@@ -629,14 +638,14 @@ TEST(SleepTags, ATaggedBlockReleasedThroughACaptureScopeStaysItsTags) {
 }
 
 TEST(SleepTags, ATaggedBlockACaptureTookStaysItsGraphsWhenDeallocatedAfterTheCapture) {
-  HostPool h;
-  const SleepTag weights = h.pool.create_tag("weights", small_tag());
-  const auto stream = reinterpret_cast<cudaStream_t>(0x300);
-  const auto graph = DevicePool::new_graph_pool();
+  CaptureInTag c;
+  HostPool& h = c.h;
+  const SleepTag weights = c.weights;
+  const cudaStream_t stream = c.stream;
   void* block = nullptr;
   {
     auto tag_scope = h.pool.tag_scope(weights);
-    auto capture = h.pool.capture_into(graph, stream);
+    auto capture = h.pool.capture_into(c.graph, stream);
     block = h.pool.allocate_async(3 * kMiB, stream);  // the graph's output, say
   }
   EXPECT_TRUE(inside(h.pool.tag_stats(weights), block));
@@ -647,7 +656,7 @@ TEST(SleepTags, ATaggedBlockACaptureTookStaysItsGraphsWhenDeallocatedAfterTheCap
   h.pool.deallocate(block, 3 * kMiB);  // again: a double free, refused
   EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 2U);
-  h.pool.release_graph_pool(graph);
+  h.pool.release_graph_pool(c.graph);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // the held block is the tag's again
   h.pool.deallocate(other, 3 * kMiB);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);

@@ -2,7 +2,6 @@
 with world size 1 and TORCH_NCCL_USE_TENSOR_REGISTER_ALLOCATOR_HOOK=1, a DDP and an FSDP2
 training run (distributed_child.py, one process per allocator); the losses must equal those
 of PyTorch's own allocator."""
-import json
 import socket
 
 import vram_test_util as util
@@ -18,13 +17,7 @@ def _free_port():
 
 def _run(mode, kind):
     proc = util.run_child("distributed_child.py", mode, kind, _free_port(), timeout=240)
-    rows = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
-            if line.startswith("RESULT ")]
-    assert rows, f"{kind} ({mode}): no result, rc {proc.returncode}\n{proc.stderr[-3000:]}"
-    row = rows[-1]
-    assert "error" not in row, f"{kind} ({mode}): {row['error']}\n{row.get('trace', '')}"
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return row
+    return util.child_result(proc, f"{kind} ({mode})")
 
 
 def _compare(kind):

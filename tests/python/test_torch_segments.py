@@ -228,12 +228,7 @@ def _free_port():
 
 def _nccl_child(env):
     proc = util.run_child("segments_child.py", _free_port(), timeout=300, env=env)
-    rows = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
-            if line.startswith("RESULT ")]
-    assert rows, f"{env}: no result, rc {proc.returncode}\n{proc.stderr[-3000:]}"
-    row = rows[-1]
-    assert "error" not in row, f"{env}: {row['error']}\n{row.get('trace', '')}"
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = util.child_result(proc, env)
     assert "trace tracker failed" not in proc.stderr, proc.stderr[-3000:]
     assert row["mode"] == "native"
     assert row["wrong"] == 0, row

@@ -23,6 +23,16 @@ def _free():
     return torch.cuda.mem_get_info()[0]
 
 
+def _warm_up(fn):
+    """Runs fn twice on a side stream before a capture, as torch.cuda.graph's docs ask."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
 def _expect_error(fn, *args, **kwargs):
     try:
         fn(*args, **kwargs)
@@ -77,12 +87,7 @@ def test_a_graph_captured_before_sleep_replays_after_wake():
     with vram_torch.region("t_graph"):
         weight = torch.randn(512, 512, device="cuda")
         static_in = torch.randn(64, 512, device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            (static_in @ weight).relu()
-    torch.cuda.current_stream().wait_stream(stream)
+    _warm_up(lambda: (static_in @ weight).relu())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = (static_in @ weight).relu()
@@ -125,12 +130,7 @@ def test_a_graph_captured_inside_a_region_sleeps_with_its_own_memory():
     with vram_torch.region("t_graph_memory"):
         weight = torch.randn(1024, 1024, device="cuda")
         static_in = torch.randn(256, 1024, device="cuda")
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                ((static_in @ weight).relu() @ weight).sum(dim=1)
-        torch.cuda.current_stream().wait_stream(stream)
+        _warm_up(lambda: ((static_in @ weight).relu() @ weight).sum(dim=1))
         torch.cuda.synchronize()
         before = vram_torch.tag_stats("t_graph_memory")
         graph = torch.cuda.CUDAGraph()

@@ -5,6 +5,7 @@ Run a file directly (`python3 test_x.py`) or with pytest. Without a usable GPU a
 skipped, unless VRAM_REQUIRE_GPU=1, where that is a failure (a GPU run never passes by
 skipping).
 """
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +75,15 @@ def run_child(script, *args, timeout=180, env=None):
     print(f"--- {script} {' '.join(args)}: rc {result.returncode}\n--- stdout:\n{result.stdout}"
           f"--- stderr:\n{result.stderr}", flush=True)
     return result
+
+
+def child_result(proc, label):
+    """The last `RESULT {json}` line of a child run by run_child, asserted present, error-free
+    and from a child that exited 0."""
+    rows = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
+            if line.startswith("RESULT ")]
+    assert rows, f"{label}: no result, rc {proc.returncode}\n{proc.stderr[-3000:]}"
+    row = rows[-1]
+    assert "error" not in row, f"{label}: {row['error']}\n{row.get('trace', '')}"
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return row
