@@ -29,6 +29,7 @@ import contextlib
 import ctypes
 import warnings
 import glob
+import operator
 import os
 import threading
 
@@ -575,9 +576,14 @@ def sleep(tags=None, level=1, stream=None, device=None, path=None):
     contents of discardable tags are dropped, the others' copied to host memory). 2: every
     tag's contents are dropped, nothing is copied; after wake the memory is uninitialised
     and the caller reloads the weights (the tags' pinned backups, if any, are kept)."""
-    if isinstance(level, bool) or not isinstance(level, int) or level not in (1, 2):
+    try:
+        whole = None if isinstance(level, bool) else operator.index(level)  # numpy ints too
+    except TypeError:
+        whole = None
+    if whole not in (1, 2):
         raise ValueError(f"vram_torch.sleep: level is 1 (keep the contents of tags that keep "
                          f"them) or 2 (drop every tag's contents), not {level!r}")
+    level = whole
     _each("sleep" if level == 1 else "sleep_discard", tags, stream, device, path)
 
 

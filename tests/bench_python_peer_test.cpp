@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -36,6 +37,16 @@ TEST(BenchPythonPeer, TheScriptFileIsGoneAfterTheRun) {
   ASSERT_EQ(run.lines.size(), 1U);
   EXPECT_NE(run.lines[0].find("vram-bench-"), std::string::npos);
   EXPECT_FALSE(std::ifstream(run.lines[0]).good());
+  const std::string folder = run.lines[0].substr(0, run.lines[0].rfind('/'));
+  EXPECT_FALSE(std::filesystem::exists(folder)) << folder;
+}
+
+TEST(BenchPythonPeer, AChildThatClosesItsOutputAndRunsOnIsStoppedAtItsLimit) {
+  const double start = now_seconds();
+  const ChildRun run = run_python("sh", "exec >&- 2>&-\nsleep 30\n", {}, 1);
+  EXPECT_LT(now_seconds() - start, 20.0);
+  EXPECT_FALSE(run.ran);
+  EXPECT_NE(run.error.find("stopped after 1 s"), std::string::npos) << run.error;
 }
 
 TEST(BenchPythonPeer, AMissingInterpreterIsSaidNotThrown) {

@@ -801,10 +801,15 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         if (before.block.device == device && !before.block.uncached && !before.block.allocator &&
             before_end > at) {
           const std::size_t bytes = std::min(before_end, end) - at;
+          // The requested bytes that lie in this piece (memory_viz walks a block's
+          // requested bytes inside its segment).
+          const std::size_t offset = at - before.address;
+          const std::size_t requested =
+              before.block.size > offset ? std::min(before.block.size - offset, bytes) : 0;
           cda::BlockInfo part = block_info(before);
           part.size = bytes;
-          part.requested_size = 0;
-          add(std::move(part), at, {0, 0}, &before, 0);
+          part.requested_size = requested;
+          add(std::move(part), at, {0, 0}, &before, requested);
           at += bytes;
         }
       }
@@ -818,7 +823,10 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         const std::uintptr_t block_end = std::min(next->address + next->block.block_bytes, end);
         cda::BlockInfo block = block_info(*next);
         block.size = block_end - next->address;
-        add(std::move(block), next->address, next->block.pool, &*next, next->block.size);
+        // Cut at the run's end: only the requested bytes of this piece (the rest: the tail's).
+        const std::size_t requested = std::min(next->block.size, block.size);
+        block.requested_size = requested;
+        add(std::move(block), next->address, next->block.pool, &*next, requested);
         at = block_end;
       }
       if (at < end) {

@@ -35,12 +35,16 @@ bool GraphPools::release(Id id, Use use) {
   return true;
 }
 
-GraphPools::Block GraphPools::take(Id id, std::size_t bytes) {
+GraphPools::Block GraphPools::take(Id id, std::size_t bytes,
+                                   const std::function<bool(const void*)>& accept) {
   std::lock_guard lock(mutex_);
   auto it = by_id_.find(id);
   if (it == by_id_.end() || it->second.uses == 0) return {};
   Pool& pool = it->second;
-  const auto fit = pool.free.lower_bound(bytes);
+  auto fit = pool.free.lower_bound(bytes);
+  if (accept) {
+    while (fit != pool.free.end() && fit->first - bytes <= bytes / 4 && !accept(fit->second)) ++fit;
+  }
   if (fit == pool.free.end() || fit->first - bytes > bytes / 4) return {};
   const Block block{fit->second, fit->first};
   pool.free.erase(fit);

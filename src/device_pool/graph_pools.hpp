@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -66,9 +67,10 @@ class GraphPools {
   // Ends a use of pool `id`; false (counted as a double free, nothing changed) when the
   // pool has no open use of that kind.
   bool release(Id id, Use use = Use::graph);
-  // A free block of pool `id` that serves `bytes` (best fit, at most a quarter larger),
-  // now live; a null block when there is none or the pool has no open use.
-  Block take(Id id, std::size_t bytes);
+  // A free block of pool `id` that serves `bytes` (best fit, at most a quarter larger) and
+  // that `accept` accepts (none given: any), now live; a null block when there is none or
+  // the pool has no open use. `accept` runs under the pool's mutex.
+  Block take(Id id, std::size_t bytes, const std::function<bool(const void*)>& accept = {});
   // Makes `block`, just taken from the shared tiers (or freed under a scope), a live block
   // of pool `id`. False, nothing changed, when the pool has no open use or already knows
   // the block.

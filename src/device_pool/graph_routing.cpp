@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -102,7 +103,13 @@ std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
 void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignment, StreamKey key,
                                            cudaStream_t stream) {
   if (Tag* tag = sleep_tags.any() ? sleep_tags.route() : nullptr) [[unlikely]] {
-    return graph_tag_allocate(*tag, bytes, alignment, key, graph_route(key, stream));
+    const auto id = graph_route(key, stream);
+    if (!id) return tag_allocate(*tag, bytes, alignment, key);
+    if (is_unscoped_pool(*id)) {
+      graph_pools.retain_once(*id);  // the pool's own use, for the life of the pool
+      unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
+    }
+    return graph_tag_allocate(*tag, bytes, alignment, key, *id);
   }
   const auto id = graph_route(key, stream);
   if (!id) return allocate(bytes, alignment, key);
@@ -113,8 +120,8 @@ void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignm
 void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
                                             cudaStream_t stream) noexcept {
   if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block) : nullptr) [[unlikely]] {
-    // A graph's block, or freed by a capture: the graph's launches write it, so it stays out
-    // of its tag until the graph pool is released (graph_holds.hpp).
+    // A graph's block, or freed by a capture: the graph's launches write it, so it stays its
+    // graph pool's until the pool gives it up (pool_core.hpp).
     return deallocate_tagged(*tag, block, bytes, key, graph_route(key, stream));
   }
   // A graph pool's block goes back to its pool whatever the stream.
@@ -149,7 +156,12 @@ void* DevicePoolCore::graph_allocate_into(GraphPools::Id id, std::size_t bytes,
   const bool valid =
       bytes != 0 && alignment - 1 < kMaxAlignment && (alignment & (alignment - 1)) == 0;
   if (valid) {
-    if (const GraphPools::Block reused = graph_pools.take(id, bytes); reused.pointer != nullptr) {
+    // A tag's free block serves only that tag's requests (graph_tag_allocate).
+    std::function<bool(const void*)> untagged;
+    if (sleep_tags.any())
+      untagged = [this](const void* p) { return sleep_tags.owner_of(p) == nullptr; };
+    if (const GraphPools::Block reused = graph_pools.take(id, bytes, untagged);
+        reused.pointer != nullptr) {
       return reused.pointer;
     }
   }
@@ -237,8 +249,22 @@ std::vector<GraphPools::Block> DevicePoolCore::take_graph_returns() noexcept {
 }
 
 void DevicePoolCore::drain_graph_returns() noexcept {
+  std::vector<GraphPools::Block> asleep;  // of sleeping tags: pending until a drain after wake
   for (const GraphPools::Block& block : take_graph_returns()) {
+    if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block.pointer) : nullptr) {
+      if (!return_to_tag(*tag, block)) keep_pending(asleep, block);
+      continue;
+    }
     deallocate(block.pointer, deallocate_size_of(block), kUntagged);
+  }
+  if (!asleep.empty()) graph_pools.restore_pending(std::move(asleep));
+}
+
+void DevicePoolCore::keep_pending(std::vector<GraphPools::Block>& blocks,
+                                  const GraphPools::Block& block) noexcept {
+  try {
+    blocks.push_back(block);
+  } catch (...) {  // no host memory: the block stays out of every tier (leaked), safe
   }
 }
 
@@ -249,7 +275,12 @@ std::size_t DevicePoolCore::deallocate_size_of(const GraphPools::Block& block) n
 }
 
 void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
+  std::vector<GraphPools::Block> asleep;  // as in drain_graph_returns
   for (const GraphPools::Block& block : take_graph_returns()) {
+    if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block.pointer) : nullptr) {
+      if (!return_to_tag(*tag, block)) keep_pending(asleep, block);
+      continue;
+    }
     // block.bytes: block_bytes() of the request, what its acquire counted.
     const Request request = request_of(deallocate_size_of(block), kUntagged);
     const bool known = request.tier->free(block.pointer, kUntagged, block.bytes);
@@ -268,6 +299,7 @@ void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
     }
     if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(block.bytes));
   }
+  if (!asleep.empty()) graph_pools.restore_pending(std::move(asleep));
 }
 
 }  // namespace vram::detail
@@ -328,7 +360,7 @@ void* DevicePool::CaptureScope::allocate(std::size_t bytes) {
 void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexcept {
   if (block == nullptr) return;
   if (core_) {
-    // A tagged block stays its tag's, held until the graph pool is released (graph_holds.hpp).
+    // A tagged block: back to its graph pool, or this pool's (pool_core.hpp).
     if (detail::Tag* tag = core_->sleep_tags.any() ? core_->sleep_tags.owner_of(block) : nullptr) {
       return core_->deallocate_tagged(*tag, block, bytes, detail::kUntagged, pool_);
     }
@@ -418,7 +450,6 @@ void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {
   } catch (...) {  // out of host memory: the pool keeps its memory
   }
   core_->drain_graph_returns();
-  core_->release_graph_holds(graph_pool);
 }
 
 }  // namespace vram

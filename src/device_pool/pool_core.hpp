@@ -19,7 +19,7 @@
 //   thread_cache_registry.hpp (every cache, the stealer's side of the handshake),
 //   slow_path.hpp (the slow path's mutex and counters; the lock order), quiescer.*,
 //   deallocation_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_routing.hpp
-//   (capture routes and the count behind graphs_on), graph_pools.*, graph_holds.*,
+//   (capture routes and the count behind graphs_on), graph_pools.*,
 //   sleep_tags.*: the core's parts, each with its own private state.
 // The core keeps the options (and what they decide), the upstream, the tiers, the rings,
 // its own counters (out-of-memory retries, unscoped capture calls) and the flags the warm
@@ -39,7 +39,6 @@
 #include <vector>
 
 #include "deallocation_validation.hpp"
-#include "graph_holds.hpp"
 #include "graph_pools.hpp"
 #include "graph_routing.hpp"
 #include "in_use_peak.hpp"
@@ -408,20 +407,24 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // calls (so that destruction counts tagged blocks as leased).
   void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);
   void tag_deallocate(Tag& tag, void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Tagged blocks of CUDA graphs (graph_holds.hpp): taken for a graph pool, or freed by a
-  // capture into one, they stay live in their tag until release_graph_pool.
-  GraphHolds graph_holds;
-  // tag_allocate, the block noted as graph pool `graph`'s when there is one.
+  void count_tag_deallocation(std::size_t block_bytes) noexcept;
+  // Tagged blocks of CUDA graphs (pool_sleep.cpp). A request inside a tag scope that a graph
+  // pool serves (a capture, or a capture scope) gets a block of the tag that is the graph
+  // pool's too, under the graph pools' rules (graph_pools.hpp): freed, whoever frees it, it
+  // goes back to its pool, where only requests of the same tag into the pool reuse it; it
+  // rejoins its tag when the pool gives it up (drain_graph_returns: while the tag sleeps it
+  // waits, pending, for a drain after the wake). Its contents sleep and wake with the tag.
   void* graph_tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key,
-                           std::optional<GraphPools::Id> graph);
-  // The deallocation of a tagged block with graphs about (`route`: the graph pool a capture
-  // on the deallocating stream goes to): held for its graph, refused as a double free, or
-  // deallocated into its tag.
+                           GraphPools::Id graph);
+  // A tagged block deallocated with graphs about (`route`: the graph pool a capture on the
+  // deallocating stream goes to): back to its graph pool, a free block of the capture's pool,
+  // or deallocated into its tag.
   void deallocate_tagged(Tag& tag, void* block, std::size_t bytes, StreamKey key,
                          std::optional<GraphPools::Id> route) noexcept;
-  // At release_graph_pool(id): the blocks held for `id` deallocated into their tags after a
-  // device-wide quiesce (none while a capture scope is open: they wait for a later release).
-  void release_graph_holds(GraphPools::Id id) noexcept;
+  // A block a graph pool gave up, back to its tag; false (nothing changed) while it sleeps.
+  bool return_to_tag(Tag& tag, const GraphPools::Block& block) noexcept;
+  static void keep_pending(std::vector<GraphPools::Block>& blocks,
+                           const GraphPools::Block& block) noexcept;
 };
 
 inline ThreadCache* DevicePoolCore::claim_own_cache() noexcept {

@@ -46,6 +46,10 @@ void DevicePoolCore::tag_deallocate(Tag& tag, void* block, std::size_t bytes,
     case SleepTags::Release::taken:
       break;
   }
+  count_tag_deallocation(block_bytes);
+}
+
+void DevicePoolCore::count_tag_deallocation(std::size_t block_bytes) noexcept {
   std::shared_ptr<DevicePoolCore> last;  // destroyed after the lock: may destroy *this
   std::lock_guard lock(slow_path);
   slow_path.count_deallocation(block_bytes);
@@ -54,42 +58,59 @@ void DevicePoolCore::tag_deallocate(Tag& tag, void* block, std::size_t bytes,
 }
 
 void* DevicePoolCore::graph_tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment,
-                                         StreamKey key, std::optional<GraphPools::Id> graph) {
-  void* block = tag_allocate(tag, bytes, alignment, key);
-  if (!graph) return block;
+                                         StreamKey key, GraphPools::Id graph) {
+  if (bytes != 0 && bytes <= SizeClasses::kMaxBytes && !sleep_tags.asleep(tag)) {
+    // A free block of the pool that is this tag's (never another tag's or an untagged one).
+    const GraphPools::Block reused =
+        graph_pools.take(graph, TagArena::round(bytes),
+                         [&](const void* p) { return sleep_tags.owner_of(p) == &tag; });
+    if (reused.pointer != nullptr) return reused.pointer;
+  }
+  void* block = tag_allocate(tag, bytes, alignment, key);  // throws for bad requests, asleep
   try {
-    graph_holds.note(*graph, block);
+    if (graph_pools.adopt(graph, {block, TagArena::round(bytes)})) return block;
   } catch (...) {
     tag_deallocate(tag, block, bytes, key);
     throw;
   }
-  return block;
+  return block;  // the pool lost its last use meanwhile: a plain tagged block
 }
 
 void DevicePoolCore::deallocate_tagged(Tag& tag, void* block, std::size_t bytes, StreamKey key,
                                        std::optional<GraphPools::Id> route) noexcept {
-  switch (graph_holds.hold(route, block, bytes)) {
-    case GraphHolds::Hold::held:
-      return;
-    case GraphHolds::Hold::double_free:
-      return reject_deallocate(block, bytes,
-                               "a tagged block held for its CUDA graph (until "
-                               "release_graph_pool) was deallocated again");
-    case GraphHolds::Hold::not_a_graphs:
-    case GraphHolds::Hold::no_memory:  // given back: no host memory to hold it
-      return tag_deallocate(tag, block, bytes, key);
-  }
-}
-
-void DevicePoolCore::release_graph_holds(GraphPools::Id id) noexcept {
-  const std::vector<GraphHolds::Held> released = graph_holds.take(id, graph_routing);
-  if (released.empty()) return;
-  quiescer.quiesce();  // the graph's last launch may still run
-  for (const GraphHolds::Held& held : released) {
-    if (Tag* tag = sleep_tags.owner_of(held.block)) {
-      tag_deallocate(*tag, held.block, held.bytes, kUntagged);
+  if (graph_deallocate_owned(block)) return;  // a graph pool's block: back to its pool
+  // Freed during a capture: captured work may use it at every launch, so it becomes a free
+  // block of the capture's pool, if it is a live block of its tag of that size.
+  if (route && sleep_tags.is_live(tag, block, bytes)) {
+    try {
+      if (is_unscoped_pool(*route)) {
+        graph_pools.retain_once(*route);
+        unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
+      }
+      if (graph_pools.adopt(*route, {block, TagArena::round(bytes)}) &&
+          graph_pools.deallocate(block) == GraphPools::Deallocation::returned) {
+        return;
+      }
+    } catch (...) {
+      return;  // no host memory for the bookkeeping: kept out of its tag (leaked), safe
     }
   }
+  tag_deallocate(tag, block, bytes, key);
+}
+
+bool DevicePoolCore::return_to_tag(Tag& tag, const GraphPools::Block& block) noexcept {
+  std::size_t block_bytes = 0;
+  switch (SleepTags::free(tag, block.pointer, block.bytes, kUntagged, block_bytes)) {
+    case SleepTags::Release::asleep:
+      return false;
+    case SleepTags::Release::not_live:
+      reject_deallocate(block.pointer, block.bytes, "a graph pool's block its tag does not know");
+      return true;
+    case SleepTags::Release::taken:
+      break;
+  }
+  count_tag_deallocation(block_bytes);
+  return true;
 }
 
 }  // namespace detail
@@ -157,9 +178,11 @@ void DevicePool::sleep(SleepTag tag, cudaStream_t stream, SleepContents contents
   core.sleep_tags.sleep(core.sleep_tags.tag_of(tag, "sleep"), stream, contents);
 }
 
+// A wake drains the graph pools' returns: blocks they gave up while their tag slept.
 void DevicePool::wake(SleepTag tag, cudaStream_t stream) {
   detail::DevicePoolCore& core = live_core("wake");
   core.sleep_tags.wake(core.sleep_tags.tag_of(tag, "wake"), stream);
+  core.drain_graph_returns();
 }
 
 void DevicePool::sleep(const std::vector<SleepTag>& tags, cudaStream_t stream,
@@ -175,6 +198,7 @@ void DevicePool::wake(const std::vector<SleepTag>& tags, cudaStream_t stream) {
   detail::DevicePoolCore& core = live_core("wake");
   for (SleepTag tag : tags) (void)core.sleep_tags.tag_of(tag, "wake");
   for (SleepTag tag : tags) core.sleep_tags.wake(core.sleep_tags.tag_of(tag, "wake"), stream);
+  core.drain_graph_returns();
 }
 
 SleepTagStats DevicePool::tag_stats(SleepTag tag) const {

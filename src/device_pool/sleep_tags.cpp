@@ -131,6 +131,17 @@ void* SleepTags::allocate(Tag& tag, std::size_t bytes, StreamKey key) {
   return tag.arena.allocate(TagArena::round(bytes), key);
 }
 
+bool SleepTags::asleep(Tag& tag) noexcept {
+  std::lock_guard lock(tag.mutex);
+  return tag.state == SleepState::asleep;
+}
+
+bool SleepTags::is_live(Tag& tag, const void* block, std::size_t bytes) noexcept {
+  std::lock_guard lock(tag.mutex);
+  const std::size_t block_bytes = tag.arena.block_bytes_of(block);
+  return block_bytes != 0 && block_bytes == TagArena::round(bytes);
+}
+
 SleepTags::Release SleepTags::free(Tag& tag, void* block, std::size_t bytes, StreamKey key,
                                    std::size_t& block_bytes) noexcept {
   std::lock_guard lock(tag.mutex);

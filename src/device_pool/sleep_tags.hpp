@@ -95,6 +95,9 @@ class SleepTags {
   // A block of `tag`; throws vram::InvalidArgument while it sleeps, vram::OutOfMemory. Maps
   // in relaxed capture mode (a global-mode capture on any thread stays valid).
   void* allocate(Tag& tag, std::size_t bytes, StreamKey key);
+  // Whether `tag` sleeps now; whether `block` is a live block of `tag` requested with `bytes`.
+  static bool asleep(Tag& tag) noexcept;
+  static bool is_live(Tag& tag, const void* block, std::size_t bytes) noexcept;
   enum class Release { taken, asleep, not_live };
   // Frees `block` of `tag` (released with `bytes`); nothing changes unless taken.
   static Release free(Tag& tag, void* block, std::size_t bytes, StreamKey key,

@@ -178,7 +178,7 @@ void TagArena::unmap_all() noexcept {
 }
 
 void TagArena::map_live(const std::function<void(std::size_t end)>& mapped_below) {
-  std::vector<std::size_t> made;
+  std::vector<std::size_t> made;  // map_span's record; the caller undoes runs by unmap_all()
   const std::size_t granules = users_.size();
   std::size_t g = 0;
   while (g < granules) {

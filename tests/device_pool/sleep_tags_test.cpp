@@ -596,27 +596,27 @@ struct CaptureInTag {
   DevicePool::GraphPoolId graph = DevicePool::new_graph_pool();
 };
 
-TEST(SleepTags, CaptureScopeInsideATagScopeTakesTaggedBlocksAndHoldsTheFreedOnes) {
+TEST(SleepTags, CaptureScopeInsideATagScopeTakesTaggedBlocksThatStayItsGraphPools) {
   CaptureInTag c;
   HostPool& h = c.h;
   const SleepTag weights = c.weights;
   const cudaStream_t stream = c.stream;
-  const auto graph = c.graph;
   void* block = nullptr;
   {
     auto tag_scope = h.pool.tag_scope(weights);
-    auto capture = h.pool.capture_into(graph, stream);
+    auto capture = h.pool.capture_into(c.graph, stream);
     block = h.pool.allocate_async(3 * kMiB, stream);
-    h.pool.deallocate_async(block, 3 * kMiB, stream);  // the graph still writes it
+    h.pool.deallocate_async(block, 3 * kMiB, stream);  // back to the graph pool
     void* next = h.pool.allocate_async(3 * kMiB, stream);
-    EXPECT_NE(next, block);
+    EXPECT_EQ(next, block);  // reused inside the pool, as its untagged blocks are
     h.pool.deallocate_async(next, 3 * kMiB, stream);
   }
   EXPECT_TRUE(inside(h.pool.tag_stats(weights), block));
-  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 2U);
-  h.pool.sleep(weights);  // held blocks sleep and wake with their tag
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // the pool's: live in the tag
+  EXPECT_EQ(h.pool.stats().graph_pool_bytes, 3 * kMiB);
+  h.pool.sleep(weights);  // a graph pool's tagged blocks sleep and wake with their tag
   h.pool.wake(weights);
-  h.pool.release_graph_pool(graph);
+  h.pool.release_graph_pool(c.graph);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
   EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
 }
@@ -630,8 +630,8 @@ TEST(SleepTags, ATaggedBlockReleasedThroughACaptureScopeStaysItsTags) {
     auto capture = h.pool.capture_into(graph);  // unrouted: its host picks the releases
     capture.deallocate(block, 3 * kMiB);
   }
-  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // held for the graph
-  EXPECT_EQ(h.pool.stats().graph_pool_bytes, 0U);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // a free block of the graph pool
+  EXPECT_EQ(h.pool.stats().graph_pool_bytes, 3 * kMiB);
   h.pool.release_graph_pool(graph);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
   EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
@@ -657,7 +657,7 @@ TEST(SleepTags, ATaggedBlockACaptureTookStaysItsGraphsWhenDeallocatedAfterTheCap
   EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 2U);
   h.pool.release_graph_pool(c.graph);
-  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // the held block is the tag's again
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // the pool's block is the tag's again
   h.pool.deallocate(other, 3 * kMiB);
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
   EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
@@ -679,17 +679,126 @@ TEST(SleepTags, AnUnroutedCaptureScopeInsideATagScopeTakesTaggedBlocksForItsGrap
   const SleepTagStats s = h.pool.tag_stats(weights);
   EXPECT_TRUE(inside(s, kept));
   EXPECT_TRUE(inside(s, freed));
-  EXPECT_EQ(s.live_blocks, 2U);  // the freed one held for the graph
-  EXPECT_EQ(h.pool.stats().graph_pool_bytes, 0U);
+  EXPECT_EQ(s.live_blocks, 2U);  // the freed one: a free block of the graph pool
+  EXPECT_EQ(h.pool.stats().graph_pool_bytes, 7 * kMiB);
   fill(kept, 2 * kMiB, 23);
   h.pool.sleep(weights);
   h.pool.wake(weights);
   EXPECT_EQ(mismatches(kept, 2 * kMiB, 23), 0U);
   h.pool.release_graph_pool(graph);
-  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);
-  h.pool.deallocate(kept, 2 * kMiB);  // the graph is gone: a plain tagged block
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 2U);  // a block of the pool still live
+  h.pool.deallocate(kept, 2 * kMiB);  // back to its pool, which gives everything up
+  h.pool.trim();                      // the returns are drained
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
   EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
+}
+
+TEST(SleepTags, RequestsOfOneScopeReuseTheirFreedTaggedBlocks) {
+  HostPool h;
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const auto pool_id = DevicePool::new_graph_pool();  // a torch.cuda.MemPool, say
+  {
+    auto tag_scope = h.pool.tag_scope(weights);
+    auto scope = h.pool.capture_into(pool_id);
+    for (int i = 0; i < 100; ++i) scope.deallocate(scope.allocate(1 * kMiB), 1 * kMiB);
+  }
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // one block, reused 99 times
+  h.pool.release_graph_pool(pool_id);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
+}
+
+TEST(SleepTags, AnUntaggedRequestIntoAGraphPoolNeverTakesATaggedBlock) {
+  CaptureInTag c;
+  HostPool& h = c.h;
+  auto capture = h.pool.capture_into(c.graph, c.stream);
+  {
+    auto tag_scope = h.pool.tag_scope(c.weights);
+    h.pool.deallocate_async(h.pool.allocate_async(3 * kMiB, c.stream), 3 * kMiB, c.stream);
+  }
+  void* untagged = h.pool.allocate_async(3 * kMiB, c.stream);
+  EXPECT_FALSE(inside(h.pool.tag_stats(c.weights), untagged));
+  h.pool.deallocate_async(untagged, 3 * kMiB, c.stream);
+  capture.end();
+  h.pool.release_graph_pool(c.graph);
+  EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
+}
+
+TEST(SleepTags, AGraphPoolOfTwoGraphsKeepsTaggedBlocksUntilItsLastRelease) {
+  CaptureInTag c;
+  HostPool& h = c.h;
+  void* blocks[2] = {nullptr, nullptr};
+  for (void*& block : blocks) {  // two graphs share the pool
+    auto tag_scope = h.pool.tag_scope(c.weights);
+    auto capture = h.pool.capture_into(c.graph, c.stream);
+    block = h.pool.allocate_async(3 * kMiB, c.stream);
+  }
+  h.pool.deallocate_async(blocks[1], 3 * kMiB, c.stream);
+  h.pool.release_graph_pool(c.graph);  // the first graph's use: the second may still run
+  void* other = h.pool.allocate_tagged(3 * kMiB, c.weights);
+  EXPECT_NE(other, blocks[1]);
+  h.pool.deallocate(other, 3 * kMiB);
+  EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 2U);  // both graphs' blocks
+  h.pool.release_graph_pool(c.graph);
+  EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 2U);  // one of the pool's is live
+  h.pool.deallocate_async(blocks[0], 3 * kMiB, c.stream);  // the pool's last live block
+  h.pool.trim();
+  EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
+}
+
+TEST(SleepTags, AGraphPoolReleasedWhileAnotherScopeIsOpenGivesItsBlocksBackWhenItEnds) {
+  CaptureInTag c;
+  HostPool& h = c.h;
+  void* block = nullptr;
+  {
+    auto tag_scope = h.pool.tag_scope(c.weights);
+    auto capture = h.pool.capture_into(c.graph, c.stream);
+    block = h.pool.allocate_async(3 * kMiB, c.stream);
+  }
+  h.pool.deallocate_async(block, 3 * kMiB, c.stream);
+  {
+    auto other = h.pool.capture_into(DevicePool::new_graph_pool());  // a MemPool in use, say
+    h.pool.release_graph_pool(c.graph);
+    EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 1U);  // no quiesce during a scope
+  }
+  EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 0U);  // the scope's end drained it
+}
+
+TEST(SleepTags, AGraphPoolReleasedWhileItsTagSleepsGivesItsBlocksBackAtWake) {
+  CaptureInTag c;
+  HostPool& h = c.h;
+  void* block = nullptr;
+  {
+    auto tag_scope = h.pool.tag_scope(c.weights);
+    auto capture = h.pool.capture_into(c.graph, c.stream);
+    block = h.pool.allocate_async(3 * kMiB, c.stream);
+  }
+  h.pool.deallocate_async(block, 3 * kMiB, c.stream);
+  h.pool.sleep(c.weights);
+  h.pool.release_graph_pool(c.graph);  // the graph is gone while its memory sleeps
+  EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 1U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
+  h.pool.wake(c.weights);
+  EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
+}
+
+TEST(SleepTags, DestroyingThePoolGivesBackTheTaggedBlocksOfItsGraphPools) {
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  {
+    DevicePool pool(physical, HostPool::options());
+    const SleepTag weights = pool.create_tag("weights", small_tag());
+    const auto graph = DevicePool::new_graph_pool();
+    const auto stream = reinterpret_cast<cudaStream_t>(0x300);
+    auto tag_scope = pool.tag_scope(weights);
+    {
+      auto capture = pool.capture_into(graph, stream);
+      pool.deallocate_async(pool.allocate_async(3 * kMiB, stream), 3 * kMiB, stream);
+    }
+    tag_scope.end();
+  }  // the graph pool never released
+  EXPECT_EQ(physical->live_bytes(), 0U);
 }
 
 TEST(SleepTagsThreads, ConcurrentRequestsAndReleasesInOneTag) {

@@ -79,7 +79,8 @@ ChildRun run_child(const std::vector<std::string>& command, int timeout_s) {
   std::string pending;
   const double deadline = now_seconds() + timeout_s;
   bool timed_out = false;
-  for (;;) {
+  std::string failure;
+  for (;;) {  // its output, until the end of it (the child exited or closed it)
     const double left = deadline - now_seconds();
     if (left <= 0) {
       timed_out = true;
@@ -87,23 +88,46 @@ ChildRun run_child(const std::vector<std::string>& command, int timeout_s) {
     }
     pollfd p{pipe_fds[0], POLLIN, 0};
     const int ready = poll(&p, 1, static_cast<int>(std::min(left, 1.0) * 1000) + 1);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready <= 0) continue;  // 0: no output yet; <0 other than EINTR: read below decides
+    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+    if (ready < 0) {
+      failure = std::string("poll: ") + std::strerror(errno);
+      break;
+    }
     char buffer[4096];
     const ssize_t n = read(pipe_fds[0], buffer, sizeof buffer);
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) break;  // end of output: the child closed it (exited)
+    if (n < 0) failure = std::string("read: ") + std::strerror(errno);
+    if (n <= 0) break;
     pending.append(buffer, static_cast<std::size_t>(n));
     split_lines(pending, run.lines, false);
   }
   close(pipe_fds[0]);
   split_lines(pending, run.lines, true);
-  if (timed_out) kill(-pid, SIGKILL);
+  // Its exit, within the same limit (it may have closed its output and run on).
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  pid_t reaped = 0;
+  while (!timed_out && failure.empty()) {
+    reaped = waitpid(pid, &status, WNOHANG);
+    if (reaped == pid) break;
+    if (reaped < 0 && errno != EINTR) {
+      failure = std::string("waitpid: ") + std::strerror(errno);
+      break;
+    }
+    if (now_seconds() >= deadline) {
+      timed_out = true;
+      break;
+    }
+    usleep(10000);
+  }
+  if (reaped != pid) {  // stopped at its limit, or lost: the whole group goes
+    kill(-pid, SIGKILL);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
   }
   if (timed_out) {
     run.error = program + " was stopped after " + std::to_string(timeout_s) + " s";
+  } else if (!failure.empty()) {
+    run.error = program + ": " + failure + " (stopped)";
   } else if (WIFEXITED(status)) {
     run.ran = true;
     run.exit_code = WEXITSTATUS(status);

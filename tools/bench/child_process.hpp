@@ -3,8 +3,9 @@
 //
 // The child's standard output and error come back as lines, nothing it prints reaches ours;
 // its standard input is /dev/null. It runs in a process group of its own: stopped at its
-// limit, the whole group is killed. No descriptor of ours leaks into it (the pipe is
-// close-on-exec); a signal that interrupts a wait is waited through.
+// limit (its output and its exit both count), the whole group is killed. The pipe is
+// close-on-exec (other descriptors are the caller's to mark); a signal that interrupts a
+// wait is waited through.
 #pragma once
 
 #include <string>

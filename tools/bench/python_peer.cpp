@@ -1,6 +1,7 @@
 // Python peers in a child process (python_peer.hpp).
 #include "bench/python_peer.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,12 +13,20 @@
 namespace vram::bench {
 
 TemporaryFile::TemporaryFile(const std::string& text, const std::string& suffix) {
+  // A private directory (mode 0700): Python puts a script's directory first on its path, so
+  // nothing another user left in a shared temporary directory is imported.
   const char* dir = std::getenv("TMPDIR");
-  std::string path =
-      std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/vram-bench-XXXXXX" + suffix;
-  const int fd = mkstemps(path.data(), static_cast<int>(suffix.size()));
+  std::string base =
+      std::string(dir != nullptr && *dir != '\0' ? dir : "/tmp") + "/vram-bench-XXXXXX";
+  if (mkdtemp(base.data()) == nullptr) {
+    error_ = "cannot create a temporary folder " + base + ": " + std::strerror(errno);
+    return;
+  }
+  directory_ = base;
+  const std::string path = directory_ + "/file" + suffix;
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
-    error_ = "cannot create a temporary file " + path + ": " + std::strerror(errno);
+    error_ = "cannot create " + path + ": " + std::strerror(errno);
     return;
   }
   path_ = path;
@@ -26,7 +35,7 @@ TemporaryFile::TemporaryFile(const std::string& text, const std::string& suffix)
     const ssize_t n = write(fd, text.data() + written, text.size() - written);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      error_ = "cannot write " + path_ + ": " + std::strerror(errno);
+      error_ = "cannot write " + path_ + (n < 0 ? std::string(": ") + std::strerror(errno) : "");
       break;
     }
     written += static_cast<std::size_t>(n);
@@ -36,6 +45,7 @@ TemporaryFile::TemporaryFile(const std::string& text, const std::string& suffix)
 
 TemporaryFile::~TemporaryFile() {
   if (!path_.empty()) unlink(path_.c_str());
+  if (!directory_.empty()) rmdir(directory_.c_str());
 }
 
 std::string bench_python() {

@@ -12,8 +12,9 @@
 
 namespace vram::bench {
 
-// A file under $TMPDIR (or /tmp) holding `text`, removed with the object; path() is empty
-// and error() says why when it could not be written.
+// A file holding `text` in a private folder (mode 0700) under $TMPDIR (or /tmp), both removed
+// with the object; error() says why when it could not be written (path() empty when it
+// could not be made).
 class TemporaryFile {
  public:
   TemporaryFile(const std::string& text, const std::string& suffix);
@@ -24,6 +25,7 @@ class TemporaryFile {
   const std::string& error() const { return error_; }
 
  private:
+  std::string directory_;
   std::string path_;
   std::string error_;
 };
