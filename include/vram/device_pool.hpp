@@ -155,7 +155,9 @@ struct DevicePoolStats {
   std::uint64_t quiesces = 0;
   std::uint64_t stream_quiesces = 0;
   std::uint64_t stream_marker_wants = 0;
-  std::uint64_t invalid_deallocations = 0;  // refused (with or without validate_deallocations)
+  // Refused deallocations (with or without validate_deallocations), and refused
+  // release_graph_pool calls (a release with no graph use open).
+  std::uint64_t invalid_deallocations = 0;
   std::size_t bytes_in_use = 0;  // block bytes handed out (block_bytes()) and not deallocated
   std::size_t bytes_cached = 0;  // reserved and not in use: caches, rings, free ranges
   std::size_t bytes_cached_in_threads = 0;
