@@ -111,6 +111,12 @@ void GraphPools::restore_pending(std::vector<Block> blocks) noexcept {
     return;  // leaked, which is safe: a launch of the graph may still use them
   }
   for (const Block& block : blocks) {
+    try {
+      owner_.try_emplace(block.pointer, Owner{kPending, block.bytes, false});
+    } catch (...) {
+      continue;  // leaked, which is safe (as above)
+    }
+    filter_[slot_of(block.pointer)].fetch_add(1, std::memory_order_relaxed);
     pending_.push_back(block);
     pending_bytes_ += block.bytes;
   }
@@ -119,7 +125,12 @@ void GraphPools::restore_pending(std::vector<Block> blocks) noexcept {
 std::vector<GraphPools::Block> GraphPools::take_pending() {
   std::lock_guard lock(mutex_);
   pending_bytes_ = 0;
-  return std::exchange(pending_, {});
+  std::vector<Block> taken = std::exchange(pending_, {});
+  for (const Block& block : taken) {
+    owner_.erase(block.pointer);
+    filter_[slot_of(block.pointer)].fetch_sub(1, std::memory_order_relaxed);
+  }
+  return taken;
 }
 
 void GraphPools::close() {
@@ -159,8 +170,11 @@ void GraphPools::free_to_pending(Pool& pool) {
     pending_.push_back({pointer, bytes});
     pending_bytes_ += bytes;
     pool.held_bytes -= bytes;
-    owner_.erase(pointer);
-    filter_[slot_of(pointer)].fetch_sub(1, std::memory_order_relaxed);
+    // Known until taken: a free of a pending block is a double free, never a block of the
+    // tiers (take_pending forgets it).
+    Owner& owner = owner_.at(pointer);
+    owner.pool = kPending;
+    owner.live = false;
   }
   pool.free.clear();
 }
@@ -181,7 +195,7 @@ GraphPools::Stats GraphPools::stats() const {
     s.live_bytes += pool.live_bytes;
   }
   s.held_bytes += pending_bytes_;
-  s.blocks = owner_.size() + pending_.size();
+  s.blocks = owner_.size();  // pending ones included
   s.double_frees = double_frees_;
   return s;
 }

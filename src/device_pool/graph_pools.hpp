@@ -12,8 +12,9 @@
 // - P's use count is the number of open uses (a capture scope, a graph that keeps P);
 //   retain() opens one, release() ends one. Once no use is open and none of P's blocks is
 //   live, P's blocks wait in `pending` until the owner takes them (take_pending()) at a
-//   moment when it may wait for the device: they rejoin the shared tiers only after the
-//   graph's last launch has run.
+//   moment when it may wait for the device: they rejoin the shared tiers (a sleep tag's
+//   block: its tag) only after the graph's last launch has run. A pending block is still
+//   known: its free is a double free.
 // - adopt() and take() never make a pool: a pool with no open use takes no block.
 // - A free of a block that is P's but not live (a double free) is refused and counted; the
 //   block stays free in P.
@@ -111,6 +112,7 @@ class GraphPools {
     std::size_t live_bytes = 0;
     std::multimap<std::size_t, void*> free;  // bytes -> block
   };
+  static constexpr Id kPending = 0;  // Owner::pool of a pending block (no pool's id is 0)
   struct Owner {
     Id pool = 0;
     std::size_t bytes = 0;

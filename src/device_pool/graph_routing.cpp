@@ -8,10 +8,11 @@
 //   launch of the graph, on any stream, reaches it.
 // - Growing while a capture is open runs in relaxed capture mode: the capturing thread's
 //   own mode would refuse the driver allocation and invalidate its capture.
-// - Blocks a graph pool gave up rejoin the shared tiers only in drain_graph_returns(),
-//   after a device synchronize (a launch of the graph may still run), and only while no
-//   capture scope is open (a synchronize during a capture invalidates it): on
-//   release_graph_pool, trim and destruction, never inside a deallocation.
+// - Blocks a graph pool gave up rejoin the shared tiers (a sleep tag's block: its tag) only
+//   in drain_graph_returns(), after a device synchronize (a launch of the graph may still
+//   run), and only while no capture scope is open (a synchronize during a capture
+//   invalidates it): on release_graph_pool, a scope's end, trim, sleep, wake and
+//   destruction, never inside a deallocation. A sleeping tag's blocks wait for its wake.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -239,6 +240,18 @@ std::vector<GraphPools::Block> DevicePoolCore::take_graph_returns() noexcept {
   } catch (...) {
     return {};
   }
+  // Blocks of sleeping tags wait, pending, for the drain of their wake: no synchronize for
+  // them.
+  if (sleep_tags.any() && !blocks.empty()) {
+    std::vector<GraphPools::Block> asleep;
+    std::erase_if(blocks, [&](const GraphPools::Block& block) {
+      Tag* tag = sleep_tags.owner_of(block.pointer);
+      if (tag == nullptr || !SleepTags::asleep(*tag)) return false;
+      keep_pending(asleep, block);
+      return true;
+    });
+    if (!asleep.empty()) graph_pools.restore_pending(std::move(asleep));
+  }
   // Only after the graph's last launch has run: a synchronize that failed (another thread's
   // capture refused it, the driver shut down) leaves them pending.
   if (!blocks.empty() && !fence->try_quiesce()) {
@@ -275,10 +288,12 @@ std::size_t DevicePoolCore::deallocate_size_of(const GraphPools::Block& block) n
 }
 
 void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
-  std::vector<GraphPools::Block> asleep;  // as in drain_graph_returns
+  // Tagged blocks stay pending: they free nothing a tier could grow into, and their return
+  // takes the slow path's lock, which the caller may hold (claimed == null).
+  std::vector<GraphPools::Block> tagged;
   for (const GraphPools::Block& block : take_graph_returns()) {
-    if (Tag* tag = sleep_tags.any() ? sleep_tags.owner_of(block.pointer) : nullptr) {
-      if (!return_to_tag(*tag, block)) keep_pending(asleep, block);
+    if (sleep_tags.any() && sleep_tags.owner_of(block.pointer) != nullptr) {
+      keep_pending(tagged, block);
       continue;
     }
     // block.bytes: block_bytes() of the request, what its acquire counted.
@@ -299,7 +314,7 @@ void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
     }
     if (options.track_peak_in_use) note_in_use(-static_cast<std::int64_t>(block.bytes));
   }
-  if (!asleep.empty()) graph_pools.restore_pending(std::move(asleep));
+  if (!tagged.empty()) graph_pools.restore_pending(std::move(tagged));
 }
 
 }  // namespace vram::detail

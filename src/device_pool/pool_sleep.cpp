@@ -59,7 +59,9 @@ void DevicePoolCore::count_tag_deallocation(std::size_t block_bytes) noexcept {
 
 void* DevicePoolCore::graph_tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment,
                                          StreamKey key, GraphPools::Id graph) {
-  if (bytes != 0 && bytes <= SizeClasses::kMaxBytes && !sleep_tags.asleep(tag)) {
+  const bool valid = bytes != 0 && bytes <= SizeClasses::kMaxBytes && alignment != 0 &&
+                     alignment <= kMaxAlignment && (alignment & (alignment - 1)) == 0;
+  if (valid && !SleepTags::asleep(tag)) {
     // A free block of the pool that is this tag's (never another tag's or an untagged one).
     const GraphPools::Block reused =
         graph_pools.take(graph, TagArena::round(bytes),
@@ -173,12 +175,15 @@ void* DevicePool::allocate_tagged(std::size_t bytes, SleepTag tag, cudaStream_t 
   return core.tag_allocate(target, bytes, kDefaultAlignment, key);
 }
 
+// A sleep first drains the graph pools' returns: blocks of graphs that are gone leave their
+// tag before it is copied. A wake drains those that waited while their tag slept.
 void DevicePool::sleep(SleepTag tag, cudaStream_t stream, SleepContents contents) {
   detail::DevicePoolCore& core = live_core("sleep");
-  core.sleep_tags.sleep(core.sleep_tags.tag_of(tag, "sleep"), stream, contents);
+  detail::Tag& target = core.sleep_tags.tag_of(tag, "sleep");
+  core.drain_graph_returns();
+  core.sleep_tags.sleep(target, stream, contents);
 }
 
-// A wake drains the graph pools' returns: blocks they gave up while their tag slept.
 void DevicePool::wake(SleepTag tag, cudaStream_t stream) {
   detail::DevicePoolCore& core = live_core("wake");
   core.sleep_tags.wake(core.sleep_tags.tag_of(tag, "wake"), stream);
@@ -189,6 +194,7 @@ void DevicePool::sleep(const std::vector<SleepTag>& tags, cudaStream_t stream,
                        SleepContents contents) {
   detail::DevicePoolCore& core = live_core("sleep");
   for (SleepTag tag : tags) (void)core.sleep_tags.tag_of(tag, "sleep");
+  core.drain_graph_returns();
   for (SleepTag tag : tags) {
     core.sleep_tags.sleep(core.sleep_tags.tag_of(tag, "sleep"), stream, contents);
   }

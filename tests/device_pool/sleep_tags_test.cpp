@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -799,6 +801,80 @@ TEST(SleepTags, DestroyingThePoolGivesBackTheTaggedBlocksOfItsGraphPools) {
     tag_scope.end();
   }  // the graph pool never released
   EXPECT_EQ(physical->live_bytes(), 0U);
+}
+
+TEST(SleepTags, ADoubleFreeOfAGraphPoolsPendingTaggedBlockIsRefused) {
+  CaptureInTag c;
+  HostPool& h = c.h;
+  void* block = nullptr;
+  {
+    auto tag_scope = h.pool.tag_scope(c.weights);
+    auto capture = h.pool.capture_into(c.graph, c.stream);
+    block = h.pool.allocate_async(3 * kMiB, c.stream);
+  }
+  h.pool.deallocate_async(block, 3 * kMiB, c.stream);  // free in its graph pool
+  void* other = nullptr;
+  {
+    auto scope = h.pool.capture_into(DevicePool::new_graph_pool());  // returns wait
+    h.pool.release_graph_pool(c.graph);  // the pool retires: its block is pending
+    h.pool.deallocate(block, 3 * kMiB);  // a double free
+    EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
+    other = h.pool.allocate_tagged(3 * kMiB, c.weights);
+    EXPECT_NE(other, block);  // the pending block is not the tag's yet
+  }                           // the scope's end drains: the block back to its tag
+  EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 1U);  // `other`
+  h.pool.deallocate(other, 3 * kMiB);
+  EXPECT_EQ(h.pool.tag_stats(c.weights).live_blocks, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 1U);
+}
+
+// Runs `f` when the calling thread's thread-locals are destroyed, after those the pool made
+// for it (a thread cache): the pool then serves the thread without a cache.
+struct AtThreadExit {
+  std::function<void()> f;
+  ~AtThreadExit() {
+    if (f) f();
+  }
+};
+thread_local AtThreadExit tl_at_thread_exit;
+
+TEST(SleepTags, AnOutOfMemoryRetryWithoutACacheLeavesAPendingTaggedBlockPending) {
+  HostPool h(64 * kMiB);
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  const auto graph = DevicePool::new_graph_pool();
+  const auto stream = reinterpret_cast<cudaStream_t>(0x300);
+  void* block = nullptr;
+  {
+    auto tag_scope = h.pool.tag_scope(weights);
+    auto capture = h.pool.capture_into(graph, stream);
+    block = h.pool.allocate_async(3 * kMiB, stream);
+  }
+  h.pool.release_graph_pool(graph);
+  h.pool.deallocate_async(block, 3 * kMiB, stream);  // the pool retires: pending, not drained
+  std::atomic<int> outcome{0};                       // 1: refused as it should be
+  std::thread t([&] {
+    tl_at_thread_exit.f = [&] {
+      try {
+        h.pool.deallocate(h.pool.allocate(200 * kMiB), 200 * kMiB);
+        outcome = 2;
+      } catch (const OutOfMemory&) {
+        outcome = 1;
+      }
+    };
+    h.pool.deallocate(h.pool.allocate(4096), 4096);  // the pool makes this thread's cache
+  });
+  for (int i = 0; i < 400 && outcome == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  if (outcome == 0) {
+    ADD_FAILURE() << "an out-of-memory retry without a cache hung";
+    std::_Exit(1);  // a hung thread holds the pool's lock: nothing can be torn down
+  }
+  t.join();
+  EXPECT_EQ(outcome.load(), 1);
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);  // still pending
+  h.pool.trim();
+  EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 0U);
 }
 
 TEST(SleepTagsThreads, ConcurrentRequestsAndReleasesInOneTag) {
