@@ -596,6 +596,12 @@ struct CaptureInTag {
   SleepTag weights = h.pool.create_tag("weights", small_tag());
   cudaStream_t stream = reinterpret_cast<cudaStream_t>(0x300);
   DevicePool::GraphPoolId graph = DevicePool::new_graph_pool();
+  // A block a capture into `graph` inside the tag's scope took (the graph's output, say).
+  void* captured_block(std::size_t bytes) {
+    auto tag_scope = h.pool.tag_scope(weights);
+    auto capture = h.pool.capture_into(graph, stream);
+    return h.pool.allocate_async(bytes, stream);
+  }
 };
 
 TEST(SleepTags, CaptureScopeInsideATagScopeTakesTaggedBlocksThatStayItsGraphPools) {
@@ -644,12 +650,7 @@ TEST(SleepTags, ATaggedBlockACaptureTookStaysItsGraphsWhenDeallocatedAfterTheCap
   HostPool& h = c.h;
   const SleepTag weights = c.weights;
   const cudaStream_t stream = c.stream;
-  void* block = nullptr;
-  {
-    auto tag_scope = h.pool.tag_scope(weights);
-    auto capture = h.pool.capture_into(c.graph, stream);
-    block = h.pool.allocate_async(3 * kMiB, stream);  // the graph's output, say
-  }
+  void* block = c.captured_block(3 * kMiB);  // the graph's output, say
   EXPECT_TRUE(inside(h.pool.tag_stats(weights), block));
   h.pool.deallocate_async(block, 3 * kMiB, stream);  // after the capture: the graph writes it
   EXPECT_EQ(h.pool.tag_stats(weights).live_blocks, 1U);
@@ -752,12 +753,7 @@ TEST(SleepTags, AGraphPoolOfTwoGraphsKeepsTaggedBlocksUntilItsLastRelease) {
 TEST(SleepTags, AGraphPoolReleasedWhileAnotherScopeIsOpenGivesItsBlocksBackWhenItEnds) {
   CaptureInTag c;
   HostPool& h = c.h;
-  void* block = nullptr;
-  {
-    auto tag_scope = h.pool.tag_scope(c.weights);
-    auto capture = h.pool.capture_into(c.graph, c.stream);
-    block = h.pool.allocate_async(3 * kMiB, c.stream);
-  }
+  void* block = c.captured_block(3 * kMiB);
   h.pool.deallocate_async(block, 3 * kMiB, c.stream);
   {
     auto other = h.pool.capture_into(DevicePool::new_graph_pool());  // a MemPool in use, say
@@ -770,12 +766,7 @@ TEST(SleepTags, AGraphPoolReleasedWhileAnotherScopeIsOpenGivesItsBlocksBackWhenI
 TEST(SleepTags, AGraphPoolReleasedWhileItsTagSleepsGivesItsBlocksBackAtWake) {
   CaptureInTag c;
   HostPool& h = c.h;
-  void* block = nullptr;
-  {
-    auto tag_scope = h.pool.tag_scope(c.weights);
-    auto capture = h.pool.capture_into(c.graph, c.stream);
-    block = h.pool.allocate_async(3 * kMiB, c.stream);
-  }
+  void* block = c.captured_block(3 * kMiB);
   h.pool.deallocate_async(block, 3 * kMiB, c.stream);
   h.pool.sleep(c.weights);
   h.pool.release_graph_pool(c.graph);  // the graph is gone while its memory sleeps
@@ -806,12 +797,7 @@ TEST(SleepTags, DestroyingThePoolGivesBackTheTaggedBlocksOfItsGraphPools) {
 TEST(SleepTags, ADoubleFreeOfAGraphPoolsPendingTaggedBlockIsRefused) {
   CaptureInTag c;
   HostPool& h = c.h;
-  void* block = nullptr;
-  {
-    auto tag_scope = h.pool.tag_scope(c.weights);
-    auto capture = h.pool.capture_into(c.graph, c.stream);
-    block = h.pool.allocate_async(3 * kMiB, c.stream);
-  }
+  void* block = c.captured_block(3 * kMiB);
   h.pool.deallocate_async(block, 3 * kMiB, c.stream);  // free in its graph pool
   void* other = nullptr;
   {
