@@ -484,9 +484,11 @@ class DevicePool {
   // exists): a deallocation asks which tag's range holds the block.
   //   create_tag: a new tag named `name` (unique in the pool); throws vram::InvalidArgument.
   //   tag_scope: until the scope ends (on the thread that opened it), this thread's requests
-  //     to this pool (allocate, acquire, allocate_async; also under a capture scope: a graph
-  //     captured over them stays valid across sleep and wake) come from `tag`. Scopes nest;
-  //     the inner one wins until it ends.
+  //     to this pool (allocate, acquire, allocate_async) come from `tag`. Scopes nest; the
+  //     inner one wins until it ends. Under a capture scope too: such a block is also the
+  //     graph pool's, by the graph pools' rules (freed, it goes back to that pool, reused
+  //     only by the same tag's requests into it), sleeps and wakes with the tag, and rejoins
+  //     the tag when the pool gives it up (after the wake, if the tag sleeps then).
   //   allocate_tagged: one block from `tag`, whatever scope is open.
   //   sleep / wake: see vram/sleep_tag.hpp; the span forms take several tags in order
   //     (on an error the tags before the failing one stay as they were put, it and the
