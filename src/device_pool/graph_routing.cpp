@@ -106,10 +106,7 @@ void* DevicePoolCore::allocate_with_graphs(std::size_t bytes, std::size_t alignm
   if (Tag* tag = sleep_tags.any() ? sleep_tags.route() : nullptr) [[unlikely]] {
     const auto id = graph_route(key, stream);
     if (!id) return tag_allocate(*tag, bytes, alignment, key);
-    if (is_unscoped_pool(*id)) {
-      graph_pools.retain_once(*id);  // the pool's own use, for the life of the pool
-      unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
-    }
+    if (is_unscoped_pool(*id)) retain_unscoped(*id);
     return graph_tag_allocate(*tag, bytes, alignment, key, *id);
   }
   const auto id = graph_route(key, stream);
@@ -129,26 +126,28 @@ void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, Stre
   if (graph_deallocate_owned(block)) return;
   const auto id = graph_route(key, stream);
   if (id && is_unscoped_pool(*id)) return deallocate_captured(block, bytes, *id);
-  if (!id || !graph_adopt_freed(*id, block, bytes)) deallocate(block, bytes, key);
+  if (!id || !graph_adopt_freed(*id, block, block_bytes(bytes))) deallocate(block, bytes, key);
+}
+
+void DevicePoolCore::retain_unscoped(GraphPools::Id id) {
+  graph_pools.retain_once(id);  // the pool's own use, for the life of the pool
+  unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
 void* DevicePoolCore::allocate_captured(std::size_t bytes, std::size_t alignment,
                                         GraphPools::Id id) {
-  graph_pools.retain_once(id);  // the pool's own use, for the life of the pool
-  void* block = graph_allocate_into(id, bytes, alignment);
-  unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
-  return block;
+  retain_unscoped(id);
+  return graph_allocate_into(id, bytes, alignment);
 }
 
 void DevicePoolCore::deallocate_captured(void* block, std::size_t bytes,
                                          GraphPools::Id id) noexcept {
   if (block == nullptr) return;
   try {
-    graph_pools.retain_once(id);
+    retain_unscoped(id);
   } catch (...) {
     return;  // no host memory for the bookkeeping: the block stays out of every tier
   }
-  unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
   if (!graph_deallocate_into(id, block, bytes)) deallocate(block, bytes, kUntagged);
 }
 
@@ -214,12 +213,13 @@ bool DevicePoolCore::graph_deallocate_owned(void* block) noexcept {
   return false;
 }
 
-bool DevicePoolCore::graph_adopt_freed(GraphPools::Id id, void* block, std::size_t bytes) noexcept {
+bool DevicePoolCore::graph_adopt_freed(GraphPools::Id id, void* block,
+                                       std::size_t held_bytes) noexcept {
   const std::shared_ptr<DevicePoolCore> pin = weak_from_this().lock();  // as graph_deallocate_owned
   try {
     // Freed during a capture: captured work may use it at every launch. It becomes a free
     // block of the capture's pool (refused when the pool has no use: then the ordinary path).
-    if (!graph_pools.adopt(id, {block, block_bytes(bytes)})) return false;
+    if (!graph_pools.adopt(id, {block, held_bytes})) return false;
     return graph_pools.deallocate(block) == GraphPools::Deallocation::returned;
   } catch (...) {
     return true;  // as in graph_deallocate_owned: kept out of every tier
@@ -229,7 +229,7 @@ bool DevicePoolCore::graph_adopt_freed(GraphPools::Id id, void* block, std::size
 bool DevicePoolCore::graph_deallocate_into(std::optional<GraphPools::Id> id, void* block,
                                            std::size_t bytes) noexcept {
   if (graph_deallocate_owned(block)) return true;
-  return id && graph_adopt_freed(*id, block, bytes);
+  return id && graph_adopt_freed(*id, block, block_bytes(bytes));
 }
 
 std::vector<GraphPools::Block> DevicePoolCore::take_graph_returns() noexcept {

@@ -114,6 +114,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // A request or deallocation on a stream being captured that no scope routes: the block
   // belongs to that capture's own graph pool for the life of the pool (device_pool.hpp).
   // `id`: unscoped_pool_of(the capture).
+  // Opens the unscoped pool's own use once (for the life of the pool) and counts the call;
+  // throws std::bad_alloc.
+  void retain_unscoped(GraphPools::Id id);
   [[gnu::noinline]] void* allocate_captured(std::size_t bytes, std::size_t alignment,
                                             GraphPools::Id id);
   [[gnu::noinline]] void deallocate_captured(void* block, std::size_t bytes,
@@ -314,7 +317,8 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // Its two halves: a graph pool's block back to its pool (false: no graph pool's), and a
   // block that is no graph pool's made a free block of `id` (false: `id` has no use open).
   bool graph_deallocate_owned(void* block) noexcept;
-  bool graph_adopt_freed(GraphPools::Id id, void* block, std::size_t bytes) noexcept;
+  // `held_bytes`: what the pool records (block_bytes() of the request; a tag's round()).
+  bool graph_adopt_freed(GraphPools::Id id, void* block, std::size_t held_bytes) noexcept;
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
   // nothing while a capture scope is open (graph_routing.cpp).
   void drain_graph_returns() noexcept;

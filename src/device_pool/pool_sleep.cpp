@@ -85,17 +85,11 @@ void DevicePoolCore::deallocate_tagged(Tag& tag, void* block, std::size_t bytes,
   // block of the capture's pool, if it is a live block of its tag of that size.
   if (route && sleep_tags.is_live(tag, block, bytes)) {
     try {
-      if (is_unscoped_pool(*route)) {
-        graph_pools.retain_once(*route);
-        unscoped_capture_calls.fetch_add(1, std::memory_order_relaxed);
-      }
-      if (graph_pools.adopt(*route, {block, TagArena::round(bytes)}) &&
-          graph_pools.deallocate(block) == GraphPools::Deallocation::returned) {
-        return;
-      }
+      if (is_unscoped_pool(*route)) retain_unscoped(*route);
     } catch (...) {
       return;  // no host memory for the bookkeeping: kept out of its tag (leaked), safe
     }
+    if (graph_adopt_freed(*route, block, TagArena::round(bytes))) return;
   }
   tag_deallocate(tag, block, bytes, key);
 }

@@ -1090,6 +1090,19 @@ TEST(SleepTagsGpu, ACaptureScopeInsideATagScopeKeepsTheGraphValidAcrossSleep) {
   EXPECT_EQ(pool.tag_stats(weights).live_blocks, 0U);
 }
 
+// `count` blocks of `bytes` taken under a scope of `tag`, filled from `seed` on `stream`.
+std::vector<Block> filled_tagged_blocks(DevicePool& pool, SleepTag tag, int count,
+                                        std::size_t bytes, std::uint32_t seed,
+                                        cudaStream_t stream) {
+  std::vector<Block> blocks;
+  {
+    auto scope = pool.tag_scope(tag);
+    for (int i = 0; i < count; ++i) blocks.push_back({pool.allocate(bytes), bytes});
+  }
+  device_fill(blocks, seed, stream);
+  return blocks;
+}
+
 // The free bytes of device 0 as a second process sees them: vram_free_memory_probe (built
 // beside this executable), a child process of its own (no CUDA after a plain fork) stopped
 // after 60 s. Empty, with the test failed, when the probe is missing or cannot say.
@@ -1124,12 +1137,8 @@ TEST(SleepTagsGpu, FreeMemorySeenFromASecondProcessFollowsSleepAndWake) {
   cuda::Stream stream;
   DevicePool pool(0, device_virtual());
   const SleepTag weights = pool.create_tag("weights");
-  std::vector<Block> blocks;
-  {
-    auto scope = pool.tag_scope(weights);
-    for (int i = 0; i < 32; ++i) blocks.push_back({pool.allocate(32 * kMiB), 32 * kMiB});
-  }
-  device_fill(blocks, 0xB0000000u, stream.get());
+  const std::vector<Block> blocks =
+      filled_tagged_blocks(pool, weights, 32, 32 * kMiB, 0xB0000000u, stream.get());
   ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
   const SleepTagStats awake = pool.tag_stats(weights);
   ASSERT_GE(awake.mapped_bytes, 32 * 32 * kMiB);
@@ -1162,12 +1171,8 @@ TEST(SleepTagsGpu, SleepThatDiscardsFreesTheMemoryCopiesNothingAndWakeGivesWrita
   cuda::Stream stream;
   DevicePool pool(0, device_virtual());
   const SleepTag weights = pool.create_tag("weights");
-  std::vector<Block> blocks;
-  {
-    auto scope = pool.tag_scope(weights);
-    for (int i = 0; i < 8; ++i) blocks.push_back({pool.allocate(64 * kMiB), 64 * kMiB});
-  }
-  device_fill(blocks, 0xC0000000u, stream.get());
+  const std::vector<Block> blocks =
+      filled_tagged_blocks(pool, weights, 8, 64 * kMiB, 0xC0000000u, stream.get());
   ASSERT_EQ(cudaStreamSynchronize(stream.get()), cudaSuccess);
   const SleepTagStats awake = pool.tag_stats(weights);
   const std::size_t free_awake = device_free_bytes();

@@ -71,9 +71,11 @@ void Progress::finish() {
   if (terminal_) std::fprintf(stderr, "\r\033[K");
 }
 
-BatchedPlan batched_plan(unsigned t, int max_exponent, std::size_t live) {
+namespace {
+// One batch: `live` sizes log-uniform from 256 B to 2^max_exponent, then a shuffled free order,
+// both drawn from `random`.
+BatchedPlan draw_plan(std::mt19937_64& random, int max_exponent, std::size_t live) {
   BatchedPlan plan;
-  std::mt19937_64 random(1234 + t);
   std::uniform_real_distribution<double> exponent(8.0, max_exponent);
   for (std::size_t i = 0; i < live; ++i) {
     plan.sizes.push_back(static_cast<std::size_t>(std::exp2(exponent(random))));
@@ -83,20 +85,19 @@ BatchedPlan batched_plan(unsigned t, int max_exponent, std::size_t live) {
   std::shuffle(plan.free_order.begin(), plan.free_order.end(), random);
   return plan;
 }
+}  // namespace
+
+BatchedPlan batched_plan(unsigned t, int max_exponent, std::size_t live) {
+  std::mt19937_64 random(1234 + t);
+  return draw_plan(random, max_exponent, live);
+}
 
 std::vector<BatchedPlan> batched_fresh_plans(unsigned t, int max_exponent, std::size_t live,
                                              std::size_t batches) {
-  std::vector<BatchedPlan> plans(batches);
+  std::vector<BatchedPlan> plans;
+  plans.reserve(batches);
   std::mt19937_64 random(4321 + t);
-  std::uniform_real_distribution<double> exponent(8.0, max_exponent);
-  for (BatchedPlan& plan : plans) {
-    for (std::size_t i = 0; i < live; ++i) {
-      plan.sizes.push_back(static_cast<std::size_t>(std::exp2(exponent(random))));
-    }
-    plan.free_order.resize(live);
-    std::iota(plan.free_order.begin(), plan.free_order.end(), std::size_t{0});
-    std::shuffle(plan.free_order.begin(), plan.free_order.end(), random);
-  }
+  for (std::size_t b = 0; b < batches; ++b) plans.push_back(draw_plan(random, max_exponent, live));
   return plans;
 }
 
