@@ -3,7 +3,12 @@
 // the peers; bench/RESULTS.md has both.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <mutex>
+#include <random>
+#include <vector>
 
 #include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/detail/mpmc_ring.hpp"
@@ -36,6 +41,48 @@ BENCHMARK(BM_DevicePoolPair)
     ->Arg(1 << 20)
     ->Arg(16 << 20)
     ->ThreadRange(1, 8);
+
+// Fresh sizes (micro-benchmark, host memory): each thread keeps 32 blocks live, their
+// sizes drawn afresh for every batch (log-uniform from 256 B to the maximum, the argument in
+// MiB), and deallocates them in shuffled order; the items are allocate/deallocate pairs.
+// The host form of `vram bench --scenario batched`: what threads meeting on the large tier
+// cost without a device (the large tier here is in segments over host memory).
+vram::DevicePool& fresh_pool(std::size_t max_mib) {
+  static vram::DevicePool* pools[65] = {};
+  static std::once_flag once[65];
+  std::call_once(once[max_mib], [max_mib] {
+    pools[max_mib] = new vram::DevicePool(std::make_shared<vram::HostMemoryUpstream>(),
+                                          vram::DevicePoolOptions{.validate_deallocations = false});
+  });
+  return *pools[max_mib];  // lives until exit
+}
+
+void BM_DevicePoolFreshSizes(benchmark::State& state) {
+  const auto max_mib = static_cast<std::size_t>(state.range(0));
+  auto& pool = fresh_pool(max_mib);
+  constexpr std::size_t kLive = 32;
+  constexpr std::size_t kBatches = 256;
+  std::mt19937_64 random(0x5eed + static_cast<std::uint64_t>(state.thread_index()));
+  const double lo = std::log(256.0);
+  const double hi = std::log(static_cast<double>(max_mib << 20));
+  std::uniform_real_distribution<double> draw(lo, hi);
+  std::vector<std::size_t> sizes(kBatches * kLive);
+  for (std::size_t& bytes : sizes) bytes = static_cast<std::size_t>(std::exp(draw(random)));
+  std::vector<std::size_t> order(kLive);
+  for (std::size_t i = 0; i < kLive; ++i) order[i] = i;
+  std::vector<std::vector<std::size_t>> orders(kBatches, order);
+  for (auto& o : orders) std::shuffle(o.begin(), o.end(), random);
+  void* blocks[kLive];
+  std::size_t batch = 0;
+  for (auto _ : state) {
+    const std::size_t* batch_sizes = &sizes[batch * kLive];
+    for (std::size_t i = 0; i < kLive; ++i) blocks[i] = pool.allocate(batch_sizes[i]);
+    for (std::size_t i : orders[batch]) pool.deallocate(blocks[i], batch_sizes[i]);
+    batch = (batch + 1) % kBatches;
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(kLive));
+}
+BENCHMARK(BM_DevicePoolFreshSizes)->Arg(1)->Arg(4)->Arg(64)->ThreadRange(1, 2)->UseRealTime();
 
 // The 256-byte warm pair in a pool whose thread caches use the given handshake mode
 // (detail/asymmetric_barrier.hpp): 0 membarrier, 1 fence. The default mode is printed in

@@ -161,6 +161,9 @@ struct DevicePoolStats {
   std::size_t bytes_in_use = 0;  // block bytes handed out (block_bytes()) and not deallocated
   std::size_t bytes_cached = 0;  // reserved and not in use: caches, rings, free ranges
   std::size_t bytes_cached_in_threads = 0;
+  // Of bytes_cached_in_threads: free bytes in the chunks of the threads' heaps
+  // (thread_cache.large_chunk_bytes).
+  std::size_t bytes_cached_in_thread_heaps = 0;
   std::size_t bytes_cached_in_rings = 0;
   std::size_t bytes_reserved = 0;       // segments held, plus granules mapped: in use + cached
   std::size_t peak_bytes_reserved = 0;  // high-water mark of bytes_reserved
@@ -244,6 +247,14 @@ struct DevicePoolOptions {
     // cache. large_from_start: from its first call.
     std::size_t large_bytes = std::size_t{256} << 20;
     bool large_from_start = false;
+    // Per thread, once its large-block cache is on: large requests up to large_bytes / 4 of
+    // any size are placed by best fit in chunks of at least this many bytes that the thread
+    // takes from the large tier, under a mutex of its own, so threads whose sizes change from
+    // request to request do not meet on the large tier's mutex (src/device_pool/
+    // thread_heap.hpp). A chunk goes back to the large tier once wholly free (wholly free
+    // ones up to large_bytes are kept, and flushed as cached large blocks are). 0 turns it
+    // off (then the cache keeps exact sizes only).
+    std::size_t large_chunk_bytes = std::size_t{64} << 20;
   };
   // The size classes and the tier of 2 MiB segments they are carved from.
   struct SmallTierOptions {

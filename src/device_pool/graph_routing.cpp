@@ -298,7 +298,8 @@ void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
     }
     // block.bytes: block_bytes() of the request, what its acquire counted.
     const Request request = request_of(deallocate_size_of(block), kUntagged);
-    const bool known = request.tier->free(block.pointer, kUntagged, block.bytes);
+    const bool known = free_block(*request.tier, block.pointer, kUntagged, block.bytes, claimed,
+                                  claimed != nullptr);
     if (!known) {
       reject_deallocate(block.pointer, block.bytes, "a graph pool's block the tiers do not know");
       continue;

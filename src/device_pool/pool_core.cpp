@@ -52,7 +52,9 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
                 .max_run_bytes = options.large_tier.virtual_run_bytes,
                 .map_ahead_bytes = options.large_tier.virtual_map_ahead_bytes,
                 .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom),
-                .wants = &wants}) {
+                .wants = &wants}),
+      heaps(ThreadHeap::Options{.chunk_bytes = options.thread_cache.large_chunk_bytes,
+                                .keep_idle = options.thread_cache.large_bytes}) {
   // Blocks are carved at 256-byte multiples of the upstream's allocations: they are
   // 256-byte aligned only if those are (and never more than that, whatever the upstream
   // promises: alignment above 256 is refused, not silently missed).
@@ -92,6 +94,8 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
     block_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
   }
   plain_calls = !options.validate_deallocations && !options.track_peak_in_use;
+  with_heaps = options.thread_cache.large_chunk_bytes != 0 &&
+               options.thread_cache.large_bytes / 4 > small_max;
   watch_captures = options.detect_unscoped_capture;
 }
 
@@ -137,7 +141,8 @@ void DevicePoolCore::serve_want(StreamKey key) noexcept {
   }
 }
 
-void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, LeaseOwner* owner) {
+void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, LeaseOwner* owner,
+                                StreamKey* served) {
   SegmentTier& tier = *request.tier;
   const std::size_t bytes = request.block_bytes;
   const StreamKey key = request.key;
@@ -145,7 +150,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
   // Cached large blocks never make a tier grow: they go back first (large_block_cache.hpp),
   // and the request tries the large tier again without growing.
   if (flush_large_caches(claimed) && &tier == &large) {
-    if (void* block = tier.allocate(bytes, key, false, nullptr, owner)) return block;
+    if (void* block = tier.allocate(bytes, key, false, nullptr, owner, served)) return block;
   }
   // Past the budget, free memory of wanted streams (stream_wants.hpp) could serve the
   // request or go back only after a device-wide quiesce: once per request, never while a
@@ -179,7 +184,8 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
     }
     bool quiesce = false;
     try {
-      if (void* block = tier.allocate(bytes, key, true, may_quiesce ? &quiesce : nullptr, owner)) {
+      if (void* block =
+              tier.allocate(bytes, key, true, may_quiesce ? &quiesce : nullptr, owner, served)) {
         return block;
       }
     } catch (const OutOfMemory&) {
@@ -199,7 +205,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
   if (!capturing) reclaim_graph_returns(claimed);
   trim(0, claimed, /*wait=*/true);
   try {
-    return tier.allocate(bytes, key, true, nullptr, owner);
+    return tier.allocate(bytes, key, true, nullptr, owner, served);
   } catch (const OutOfMemory& second) {
     const DevicePoolStats now = stats();
     const std::string source = &tier == &large && virtual_memory != nullptr
@@ -222,6 +228,11 @@ void* DevicePoolCore::small_allocate(ThreadCache* cache, const Request& request)
   if (MpmcRing<void*>* ring = ring_of(request.index); ring != nullptr && ring->try_pop(block)) {
     return block;
   }
+  // A class carved from the large tier: the thread's heap when it has one.
+  if (cache != nullptr && cache->heap != nullptr && request.tier == &large &&
+      heap_serves(*cache, request.key)) {
+    return heap_allocate(*cache, request);
+  }
   return tier_allocate(request, cache);
 }
 
@@ -229,25 +240,36 @@ void* DevicePoolCore::large_allocate(ThreadCache* cache, const Request& request)
   const std::size_t cap = options.thread_cache.large_bytes;
   const std::size_t bytes = request.block_bytes;
   if (cache == nullptr || bytes > cap) return tier_allocate(request, cache);
+  if (cache->heap != nullptr && bytes <= cache->heap->max_block() &&
+      heap_serves(*cache, request.key)) {
+    return heap_allocate(*cache, request);
+  }
   if (cache->large.active()) {
     if (void* block = cache->large.take(bytes, request.key)) return block;
   }
   // Filed with its owner even while the cache is inactive: the call may turn it on.
   void* block = tier_allocate(request, cache, &cache->large);
   cache->large.note_contentions(large.contentions());
-  if (cache->large.active()) cache->large.note_leased(block, bytes);
+  if (cache->large.active()) {
+    cache->large.note_leased(block, bytes);
+    if (with_heaps && cache->heap == nullptr) [[unlikely]]
+      start_heap(*cache);
+  }
   return block;
 }
 
 bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
                                       const Request& request) noexcept {
   const std::size_t cap = options.thread_cache.large_bytes;
-  if (const std::size_t need = request.block_bytes; cache.large.active() && need <= cap) {
+  const std::size_t need = request.block_bytes;
+  // A heap's block never enters the cache of exact sizes: it goes back to its heap.
+  const bool heap_block = cache.heap != nullptr && cache.heap->contains(block);
+  if (cache.large.active() && need <= cap && !heap_block) {
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);
       auto to_tier = [this, &cache](const LargeBlockCache::Cached& oldest) {
-        (void)large.free(oldest.block, oldest.tag, oldest.bytes, &cache.large);
+        (void)free_block(large, oldest.block, oldest.tag, oldest.bytes, &cache, false);
       };
       while (!cache.large.has_room(need, cap) && cache.large.free_oldest(to_tier)) {
       }
@@ -261,16 +283,101 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
   return known;
 }
 
-bool DevicePoolCore::free_to_tier(void* block, const Request& request,
-                                  ThreadCache* claimed) noexcept {
-  SegmentTier& tier = *request.tier;
-  const SegmentTier::Freed freed = tier.free_keeping(
-      block, request.key, request.block_bytes, claimed != nullptr ? &claimed->large : nullptr);
+bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
+                                ThreadCache* via, bool claimed) noexcept {
+  ThreadCache* const holder = claimed ? via : nullptr;
+  if (&tier == &large && heaps.any()) {
+    // The heaps first: a heap's block never starts where its chunk does (thread_heap.hpp), so
+    // the order decides speed only. A contains() that says yes wrongly costs a look.
+    ThreadHeap* own = via != nullptr ? via->heap : nullptr;
+    if (own != nullptr && own->contains(block) &&
+        heap_deallocate(*own, block, tag, bytes, holder)) {
+      return true;
+    }
+    bool found = false;
+    heaps.for_each([&](ThreadHeap& heap) {
+      if (!found && &heap != own && heap.contains(block)) {
+        found = heap_deallocate(heap, block, tag, bytes, holder);
+      }
+    });
+    if (found) return true;
+  }
+  const SegmentTier::Freed freed =
+      tier.free_keeping(block, tag, bytes, via != nullptr ? &via->large : nullptr);
   if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
-    SlowSection slow(claimed);
+    SlowSection slow(holder);
     tier.give_back_over_cap();
   }
   return freed != SegmentTier::Freed::foreign;
+}
+
+void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request) {
+  ThreadHeap& heap = *cache.heap;
+  const std::size_t need = request.block_bytes;
+  if (void* block = heap.allocate(need, request.key)) [[likely]] {
+    return block;
+  }
+  // Wholly free chunks this request cannot use (other streams' ranges) go back first: in
+  // the tier they wait for their streams' markers instead of holding memory here.
+  (void)return_idle_chunks(&cache, &heap, request.key);
+  const std::size_t chunk_bytes = heap.chunk_bytes_for(need);
+  const Request chunk_request{
+      .bytes = chunk_bytes, .block_bytes = chunk_bytes, .tier = &large, .key = request.key};
+  void* chunk = nullptr;
+  StreamKey served = request.key;
+  try {
+    chunk = tier_allocate(chunk_request, &cache, nullptr, &served);
+  } catch (const OutOfMemory&) {
+    return tier_allocate(request, &cache);  // the request alone may still fit
+  }
+  if (void* block = heap.allocate_in_new_chunk(chunk, chunk_bytes, need, request.key, served)) {
+    return block;
+  }
+  // No slot for another chunk (or no host memory for its books): the tier serves it.
+  (void)free_block(large, chunk, served, chunk_bytes, &cache, true);
+  return tier_allocate(request, &cache);
+}
+
+bool DevicePoolCore::heap_deallocate(ThreadHeap& heap, void* block, StreamKey tag,
+                                     std::size_t bytes, ThreadCache* claimed) noexcept {
+  ThreadHeap::Returned chunk;
+  if (heap.deallocate(block, bytes, tag, chunk) == ThreadHeap::Freed::foreign) return false;
+  if (chunk.block != nullptr) return_chunk(chunk, claimed);
+  return true;
+}
+
+void DevicePoolCore::return_chunk(const ThreadHeap::Returned& chunk,
+                                  ThreadCache* claimed) noexcept {
+  const SegmentTier::Freed freed =
+      large.free_pieces(chunk.block, chunk.bytes, chunk.pieces.data(), chunk.count);
+  // foreign: no host memory for the cuts; the chunk stays a block of the tier, unused, until
+  // the tier's end (as a range left unfiled for want of host memory, free_ranges.hpp).
+  if (freed == SegmentTier::Freed::over_cap) {
+    SlowSection slow(claimed);
+    large.give_back_over_cap();
+  }
+}
+
+bool DevicePoolCore::return_idle_chunks(ThreadCache* claimed, ThreadHeap* only,
+                                        std::optional<StreamKey> keep_for) noexcept {
+  bool any = false;
+  auto drain = [this, claimed, keep_for, &any](ThreadHeap& heap) {
+    ThreadHeap::Returned chunks[4];
+    for (std::size_t n; (n = heap.take_idle(chunks, 4, keep_for)) != 0;) {
+      for (std::size_t i = 0; i < n; ++i) return_chunk(chunks[i], claimed);
+      any = true;
+    }
+  };
+  if (only != nullptr) {
+    drain(*only);
+  } else {
+    heaps.for_each(drain);
+  }
+  return any;
+}
+
+void DevicePoolCore::start_heap(ThreadCache& cache) noexcept {
+  cache.heap = heaps.make();  // null when none is left: the exact-size cache goes on alone
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).
@@ -426,9 +533,10 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   bool known = true;
   if (!orphan.active()) {
     known = request.small ? small_deallocate(nullptr, block, request)
-                          : large.free(block, request.key, block_bytes);
+                          : free_block(large, block, request.key, block_bytes, nullptr, false);
   } else {
-    known = request.tier->free(block, request.key, block_bytes);
+    known = free_block(*request.tier, block, request.key, block_bytes, nullptr, false);
+    (void)return_idle_chunks(nullptr);
     small.trim(0, false);  // give wholly free segments straight back
     large.trim(0, false);
   }

@@ -292,12 +292,57 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // deallocated through its large cache, lease_owner.hpp): only its give-back, which makes
   // upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
   // segment_tier.hpp).
-  bool free_to_tier(void* block, const Request& request, ThreadCache* claimed) noexcept;
+  bool free_to_tier(void* block, const Request& request, ThreadCache* claimed) noexcept {
+    return free_block(*request.tier, block, request.key, request.block_bytes, claimed, true);
+  }
+  // The one way a block of `bytes` (rounded) goes back to `tier` on `tag`: a thread heap's
+  // block to its heap (the deallocating thread's own first, then any other: thread_heap.hpp),
+  // any other to the tier. `via`: the thread cache the block comes back through (its large
+  // cache is the tier's `by`, lease_owner.hpp; its heap is asked first), or null; `claimed`:
+  // the caller holds `via` (a give-back's upstream calls then run in its SlowSection).
+  // False when no heap and not the tier hold the block at that size (nothing changed).
+  bool free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
+                  ThreadCache* via, bool claimed) noexcept;
+  // Thread heaps (thread_heap.hpp). heap_allocate: `request` (of the large tier, at most the
+  // heap's max_block()) from the holder's heap, which takes a chunk of the large tier when
+  // nothing free fits. heap_deallocate: false when `heap` does not hold the block.
+  // return_chunk: a chunk a heap let go, back to the large tier. return_idle_chunks: every
+  // heap's wholly free chunks back (a flush, trim(), a thread's exit: `only`, that heap's;
+  // `keep_for`: but those a request on that stream could use); true when any went back.
+  void* heap_allocate(ThreadCache& cache, const Request& request);
+  // Whether the holder's heap serves a request on `key`: one without a stream, or on the
+  // thread's steady stream, the one it asked on kHeapStreak times in a row. A thread that
+  // makes a stream for a few requests and destroys it (stream churn) never has one: its
+  // requests go to the tier as without a heap, where its streams' frees reach other streams
+  // by the tier's markers and quiesces, and no chunk holds them.
+  static constexpr std::uint32_t kHeapStreak = 16;
+  static bool heap_serves(ThreadCache& cache, StreamKey key) noexcept {
+    if (key == kUntagged || key == cache.heap_home) return true;
+    if (key != cache.heap_candidate) {
+      cache.heap_candidate = key;
+      cache.heap_streak = 0;
+    }
+    if (++cache.heap_streak < kHeapStreak) return false;
+    cache.heap_home = key;
+    return true;
+  }
+  bool heap_deallocate(ThreadHeap& heap, void* block, StreamKey tag, std::size_t bytes,
+                       ThreadCache* claimed) noexcept;
+  void return_chunk(const ThreadHeap::Returned& chunk, ThreadCache* claimed) noexcept;
+  bool return_idle_chunks(ThreadCache* claimed, ThreadHeap* only = nullptr,
+                          std::optional<StreamKey> keep_for = std::nullopt) noexcept;
+  // A cache whose large-block cache turned on gets its heap (when heaps are on): from now on
+  // its large requests up to the heap's max_block() that heap_serves() are the heap's; the
+  // others, and the tier's blocks it holds, keep the cache of exact sizes.
+  void start_heap(ThreadCache& cache) noexcept;
   // A block from the request's tier. `owner`: the large cache the block is handed to
   // (lease_owner.hpp), or null.
-  void* tier_allocate(const Request& request, ThreadCache* claimed, LeaseOwner* owner = nullptr);
+  // `served`: as SegmentTier::allocate's.
+  void* tier_allocate(const Request& request, ThreadCache* claimed, LeaseOwner* owner = nullptr,
+                      StreamKey* served = nullptr);
   // tier_allocate() when no free range fits: grows the tier (trimming and retrying on OOM).
-  void* tier_grow(const Request& request, ThreadCache* claimed, LeaseOwner* owner);
+  void* tier_grow(const Request& request, ThreadCache* claimed, LeaseOwner* owner,
+                  StreamKey* served);
   // Moves a cache's blocks (its holder calls this) to their tiers under the cache's tag.
   void drain_bins(ThreadCache& cache) noexcept;
   void drain_rings() noexcept;
@@ -376,7 +421,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
 
   // Device-wide quiesces after which stream frees are free for all (quiescer.hpp).
-  Quiescer quiescer{*fence, small, large, wants};
+  Quiescer quiescer{*fence, small, large, wants, heaps};
   std::atomic<std::uint64_t> oom_retries{0};
   std::atomic<std::uint64_t> unscoped_capture_calls{0};  // blocks kept by unscoped captures
   // Only with options.track_peak_in_use (in_use_peak.hpp).
@@ -388,6 +433,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // mutex waits for a cache's state word (trim(), which never waits for an owner inside a
   // call that may block), and close() (holding none of them).
   ThreadCacheRegistry registry;
+  // The thread heaps (thread_heap.hpp); with_heaps: options.thread_cache.large_chunk_bytes.
+  ThreadHeaps heaps;
+  bool with_heaps = false;
 
   // Calls on threads without a usable cache and every call once the pool is closed, under
   // one mutex, and their counters (slow_path.hpp).
@@ -449,12 +497,12 @@ inline void DevicePoolCore::end_claim(ThreadCache& cache) noexcept {
 
 // Inline: every large request takes this path (the growing part is out of line).
 inline void* DevicePoolCore::tier_allocate(const Request& request, ThreadCache* claimed,
-                                           LeaseOwner* owner) {
+                                           LeaseOwner* owner, StreamKey* served) {
   if (void* block = request.tier->allocate(request.block_bytes, request.key, /*may_grow=*/false,
-                                           nullptr, owner)) [[likely]] {
+                                           nullptr, owner, served)) [[likely]] {
     return block;
   }
-  return tier_grow(request, claimed, owner);
+  return tier_grow(request, claimed, owner, served);
 }
 
 inline void* DevicePoolCore::allocate(std::size_t bytes, std::size_t alignment, StreamKey key) {

@@ -9,7 +9,9 @@ void DevicePoolCore::drain_bins(ThreadCache& cache) noexcept {
     auto& bin = cache.bins[index];
     SegmentTier& tier = tier_of(index);
     const std::size_t bytes = block_bytes_of[index];
-    for (std::uint32_t i = 0; i < bin.count; ++i) (void)tier.free(bin.blocks[i], cache.tag, bytes);
+    for (std::uint32_t i = 0; i < bin.count; ++i) {
+      (void)free_block(tier, bin.blocks[i], cache.tag, bytes, &cache, false);
+    }
     bin.count = 0;
   }
   cache.tag = kUntagged;
@@ -19,13 +21,16 @@ void DevicePoolCore::drain_bins(ThreadCache& cache) noexcept {
 
 void DevicePoolCore::drain_large(ThreadCache& cache) noexcept {
   cache.large.drain([this, &cache](const LargeBlockCache::Cached& c) {
-    (void)large.free(c.block, c.tag, c.bytes, &cache.large);
+    (void)free_block(large, c.block, c.tag, c.bytes, &cache, false);
   });
 }
 
 bool DevicePoolCore::flush_large_caches(ThreadCache* claimed) noexcept {
   if (options.thread_cache.large_bytes == 0) return false;
   bool any = false;
+  // The heaps' wholly free chunks first: their mutexes are taken one at a time, no cache
+  // is stolen for them.
+  if (heaps.any()) any = return_idle_chunks(claimed);
   if (claimed != nullptr && claimed->large.cached_count() > 0) {
     drain_large(*claimed);
     any = true;
@@ -60,7 +65,7 @@ void DevicePoolCore::drain_rings() noexcept {
     MpmcRing<void*>* ring = ring_of(index);
     void* block = nullptr;
     while (ring != nullptr && ring->try_pop(block)) {
-      (void)tier_of(index).free(block, kUntagged, block_bytes_of[index]);
+      (void)free_block(tier_of(index), block, kUntagged, block_bytes_of[index], nullptr, false);
     }
   }
 }
@@ -101,6 +106,7 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* claimed, bool wai
         });
   }
   drain_rings();
+  (void)return_idle_chunks(claimed);  // after the caches and rings gave theirs back
   // Wait for every stream's work instead of recording a marker on each stream that freed
   // blocks: that stream may have been destroyed since (a marker on it would be undefined
   // behaviour), and trim gives memory back with cudaFree, which synchronizes anyway. Only

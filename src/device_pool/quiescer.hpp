@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <mutex>
 
+#include "thread_heap.hpp"
 #include "tier/segment_tier.hpp"
 #include "tier/stream_wants.hpp"
 #include "vram/stream_fence.hpp"
@@ -18,8 +19,11 @@ namespace vram::detail {
 
 class Quiescer {
  public:
-  Quiescer(StreamFence& fence, SegmentTier& small, SegmentTier& large, StreamWants& wants) noexcept
-      : fence_(fence), small_(small), large_(large), wants_(wants) {}
+  // `heaps`: the thread heaps, whose stream ranges a quiesce frees too (only its address is
+  // kept: the core makes it after this).
+  Quiescer(StreamFence& fence, SegmentTier& small, SegmentTier& large, StreamWants& wants,
+           ThreadHeaps& heaps) noexcept
+      : fence_(fence), small_(small), large_(large), wants_(wants), heaps_(heaps) {}
 
   // Quiesces begun so far: read it before looking at the tiers, pass it to quiesce_since().
   std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_relaxed); }
@@ -38,6 +42,7 @@ class Quiescer {
   SegmentTier& small_;
   SegmentTier& large_;
   StreamWants& wants_;
+  ThreadHeaps& heaps_;
   std::mutex mutex_;  // after the slow path's mutex, before a tier's and the wants' mutex
   std::atomic<std::uint64_t> generation_{0};  // quiesces begun, written under mutex_
   std::atomic<std::uint64_t> quiesces_{0};

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "large_block_cache.hpp"
+#include "thread_heap.hpp"
 #include "tier/segment_tier.hpp"
 #include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/detail/mpmc_ring.hpp"
@@ -121,6 +122,14 @@ struct ThreadCache {
   std::atomic<std::uint64_t> deallocated_bytes{0};
   std::atomic<std::uint64_t> cached_bytes{0};
   LargeBlockCache large;
+  // The thread's heap of large blocks (thread_heap.hpp), once it has one; owned by the
+  // pool's ThreadHeaps, kept with the cache when another thread adopts it.
+  ThreadHeap* heap = nullptr;
+  // The stream the heap serves (besides requests without a stream): the one the thread has
+  // asked on kHeapStreak times in a row (DevicePoolCore::heap_serves).
+  StreamKey heap_home = kUntagged;
+  StreamKey heap_candidate = kUntagged;
+  std::uint32_t heap_streak = 0;
 };
 
 // Marks the holder of `cache` as inside a call that may block (see ThreadCache).

@@ -46,6 +46,9 @@ class ThreadCacheRegistry {
       cache = caches_.back().get();
     }
     cache->large.restart(shape_.large_from_start);
+    cache->heap_home = kUntagged;  // the heap stays; its steady stream is the new thread's
+    cache->heap_candidate = kUntagged;
+    cache->heap_streak = 0;
     return cache;
   }
   // An exited thread's cache, emptied by its owner: adoptable from now on.

@@ -197,6 +197,19 @@ class FreeRanges {
     file(rest);  // r was maximal: rest has no free same-tag neighbour
   }
 
+  // Cuts the used, unfiled range `r` at `at` bytes (0 < at < r->size, a multiple of the
+  // granularity): r keeps the first `at` bytes, the returned range (used, unfiled, r's
+  // owner cleared) the rest. Takes a kept spare node.
+  Range* cut_used(Range* r, std::size_t at) noexcept {
+    Range* rest = take_range();
+    *rest =
+        Range{r->addr + at, r->size - at, r->segment, r, r->next, Range::State::used, kUntagged, 0};
+    if (r->next != nullptr) r->next->prev = rest;
+    r->next = rest;
+    r->size = at;
+    return rest;
+  }
+
   // Splits `last` (free or pending, the last range of its segment) at `at`: the bytes from
   // `at` on become an untagged free range, which is returned (null: no host memory for the
   // node, nothing changed). Only for bytes no work can use whatever their tag (never mapped).

@@ -38,12 +38,12 @@ SegmentTier::~SegmentTier() {
 // upstream calls (segment_tier.hpp).
 
 void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce,
-                            LeaseOwner* owner) {
+                            LeaseOwner* owner, StreamKey* served) {
   assert(bytes == round(bytes));
   const std::size_t need = bytes;
   if (may_grow) {
     const Growth growing(*this);  // also when growing throws or asks for a quiesce
-    return allocate_growing(need, stream, quiesce, owner);
+    return allocate_growing(need, stream, quiesce, owner, served);
   }
   Lock locked = lock();
   poll_unlocked(locked);
@@ -56,11 +56,11 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   ranges_.remove_free(r);
   ranges_.split(r, need);
   r->state = Range::State::used;
-  return file_used(r, owner);  // reserved above
+  return file_used(r, owner, served);  // reserved above
 }
 
 void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* quiesce,
-                                    LeaseOwner* owner) {
+                                    LeaseOwner* owner, StreamKey* served) {
   Lock locked = lock();
   poll_unlocked(locked);
   reserve_spares();  // before any change (again after each release of the mutex)
@@ -120,7 +120,7 @@ void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* qu
       throw;
     }
   }
-  return file_used(r, owner);  // reserved (again, after the mutex was released)
+  return file_used(r, owner, served);  // reserved (again, after the mutex was released)
 }
 
 SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::size_t bytes,
@@ -143,6 +143,34 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
   ranges_.insert_free(r);
   return tag == kUntagged && budget_.free_bytes() > options_.max_free_bytes ? Freed::over_cap
                                                                             : Freed::kept;
+}
+
+SegmentTier::Freed SegmentTier::free_pieces(void* block, std::size_t bytes, const Piece* pieces,
+                                            std::size_t count) noexcept {
+  assert(bytes == round(bytes) && count > 0);
+  const Lock locked = lock();
+  try {
+    ranges_.keep_spares(count + 2);  // a node per cut, the merges recycle theirs
+  } catch (...) {
+    return Freed::foreign;
+  }
+  Range* r = live_.erase_if(
+      block, [bytes](const Range* live) { return live->size == bytes && live->owner == nullptr; });
+  if (r == nullptr) return Freed::foreign;
+  budget_.give(r->size);
+  bool untagged_free = false;
+  for (std::size_t i = 0; i < count; ++i) {
+    assert(pieces[i].bytes == round(pieces[i].bytes));
+    // The last piece is what is left of r; the others are cut off its front.
+    Range* rest = i + 1 < count ? ranges_.cut_used(r, pieces[i].bytes) : nullptr;
+    r->tag = pieces[i].tag;
+    r->epoch = tags_.epoch();
+    untagged_free = untagged_free || pieces[i].tag == kUntagged;
+    ranges_.insert_free(r);  // merges with the piece before it by the coalescing rule
+    r = rest;
+  }
+  return untagged_free && budget_.free_bytes() > options_.max_free_bytes ? Freed::over_cap
+                                                                         : Freed::kept;
 }
 
 void SegmentTier::give_back_over_cap() noexcept {

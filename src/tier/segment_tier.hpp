@@ -148,8 +148,10 @@ class SegmentTier {
   // done, *quiesce is set and null returned, so that the caller quiesces the device
   // (outside any tier mutex) and asks again without it.
   // `owner`: the thread cache the block is handed to, filed with it (lease_owner.hpp).
+  // `served`, when given: the tag of the free range the block was cut from (`stream`, or
+  // kUntagged: memory any stream may use).
   void* allocate(std::size_t bytes, StreamKey stream, bool may_grow, bool* quiesce = nullptr,
-                 LeaseOwner* owner = nullptr);
+                 LeaseOwner* owner = nullptr, StreamKey* served = nullptr);
   // The marker protocol of a wanted stream (DevicePoolCore::serve_want): whether `key` has
   // free ranges here; after mark_frees() returned `mark` and `marker` was recorded on the
   // stream, its ranges freed before the mark wait for the marker (false: none, the caller
@@ -186,6 +188,18 @@ class SegmentTier {
   enum class Freed { foreign, kept, over_cap };
   Freed free_keeping(void* block, StreamKey tag, std::size_t bytes = 0,
                      const LeaseOwner* by = nullptr) noexcept;
+  // A block handed out whole and returned in pieces that each carry their own tag (a
+  // thread heap's chunk, thread_heap.hpp): `pieces` cover the block in address order, each a
+  // multiple of the granularity. Each piece is freed as free_keeping() frees a block with its
+  // tag (merging with its free neighbours by the coalescing rule, free_ranges.hpp). As
+  // free_keeping() otherwise; foreign also when no host memory is left for the cuts (nothing
+  // changed: the caller keeps the block).
+  struct Piece {
+    std::size_t bytes;
+    StreamKey tag;
+  };
+  Freed free_pieces(void* block, std::size_t bytes, const Piece* pieces,
+                    std::size_t count) noexcept;
   // Gives free memory back down to max_free_bytes (the upstream calls with the mutex
   // released); when a growth is under way, its holder does it before it lets go.
   void give_back_over_cap() noexcept;
@@ -305,7 +319,8 @@ class SegmentTier {
     live_.reserve_one();
   }
   // A used range `r` (split to its block) filed as a live block: its address. live_ reserved.
-  void* file_used(Range* r, LeaseOwner* owner) noexcept {
+  void* file_used(Range* r, LeaseOwner* owner, StreamKey* served) noexcept {
+    if (served != nullptr) *served = r->tag;
     live_.insert(r->addr, r);
     r->tag = kUntagged;
     r->owner = owner;
@@ -313,7 +328,8 @@ class SegmentTier {
     return r->addr;
   }
   // allocate() with may_grow, the growth mutex held.
-  void* allocate_growing(std::size_t need, StreamKey stream, bool* quiesce, LeaseOwner* owner);
+  void* allocate_growing(std::size_t need, StreamKey stream, bool* quiesce, LeaseOwner* owner,
+                         StreamKey* served);
   // Bytes of the segment (virtual mode: the granules) a request of `need` bytes grows by.
   std::size_t growth_bytes(std::size_t need) const noexcept {
     const std::size_t granule = map_.granule();

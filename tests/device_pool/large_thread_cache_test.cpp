@@ -39,6 +39,7 @@ DevicePool::Options cached_options() {
   options.validate_deallocations = false;
   options.large_tier.memory = LargeTierMemory::segments;
   options.thread_cache.large_from_start = true;
+  options.thread_cache.large_chunk_bytes = 0;  // exact sizes only (thread heaps: their own suite)
   return options;
 }
 

@@ -1,0 +1,215 @@
+// src/device_pool/thread_heap.hpp: one thread's large blocks of any size, placed by best fit
+// in chunks the thread takes from the large tier, under a mutex of its own.
+//
+// Why: a large request that misses the thread's cache of exact sizes (large_block_cache.hpp)
+// takes the large tier's mutex. When sizes change from request to request (variable
+// sequence lengths, dynamic shapes) the exact-size cache rarely hits, and threads convoy on
+// that one mutex: 16 threads got less done than one. A heap gives each thread its own
+// best-fit ranges (FreeRanges, the tier's own structure: split, coalesce, a free index per
+// stream tag) over chunks of the large tier, so a request and a deallocation on the thread
+// that made them take only the heap's mutex, which no other thread takes but for a
+// deallocation of the heap's block on another thread, a flush, trim() and destruction. Its
+// lock is one compare-exchange when uncontended and no cache line of the tier moves.
+// (mimalloc's thread-local heaps over segments, snmalloc's per-thread allocators, here with a
+// mutex in place of a message queue for the rare deallocation from another thread.)
+//
+// When: like the exact-size cache, a heap exists only for a thread that has met other
+// threads on the large tier (LargeBlockCache::active()): a thread alone places its blocks
+// in the tier exactly as without heaps, so single-threaded workloads (the recorded traces)
+// reserve what they reserved. Only requests of the large tier up to max_block() go to the
+// heap; larger ones go to the tier.
+//
+// Chunks: a chunk is one block of the large tier, of max(chunk_bytes, twice the request
+// rounded to 2 MiB) bytes, taken with the request's stream (the tier may serve it from that
+// stream's ranges: so the chunk's bytes start tagged with it). Its first kGuard bytes are
+// never handed out, so no heap block starts where its chunk starts: a deallocation the
+// tier is asked about never mistakes a heap's block for the chunk it lies in. A chunk goes
+// back to the tier only wholly free (no block of it handed out), as pieces that keep their
+// tags (SegmentTier::free_pieces): at once when it holds another stream's free ranges than
+// the deallocating one's (they wait for their stream's marker there, stream_tags.hpp) or
+// when the heap's wholly free chunks pass keep_idle bytes; otherwise kept for the thread's
+// next requests until a flush (before any tier grows, DevicePoolCore::flush_large_caches),
+// trim(), or the thread's exit takes it. Memory in a chunk that still holds a block stays
+// with the heap: that is the cost of a heap, bounded by the thread's own fragmentation.
+//
+// Reuse rule: a free range tagged with stream S (freed on S, or a chunk taken on S) serves
+// only requests on S; an untagged one any request (completed work only); as in the tiers.
+//
+// Finding a block's heap without a lock: each heap publishes its chunks' address ranges in
+// kMaxChunks slots of atomics, read by contains(). A slot may be read torn while it changes,
+// so contains() is a hint: deallocate() checks the block under the mutex and answers
+// foreign for a block it does not hold. A block's chunk is published before the block is
+// handed out and unpublished only when no block of it is, so a deallocation of a block still
+// handed out always finds its heap.
+//
+// Lock order: the heap's mutex is a leaf. No call into a tier, a fence or the upstream is
+// made under it: chunks leave a heap as a Returned record, given to the tier by the caller
+// after the heap's mutex is unlocked.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "tier/free_ranges.hpp"
+#include "tier/segment_tier.hpp"
+#include "vram/detail/pointer_map.hpp"
+#include "vram/detail/tier_mutex.hpp"
+
+namespace vram::detail {
+
+class ThreadHeap {
+ public:
+  static constexpr std::size_t kGuard = 512;     // the large tier's granularity
+  static constexpr std::size_t kMaxChunks = 16;  // chunks published at once
+  static constexpr std::size_t kMaxPieces = 16;  // tagged pieces of a returned chunk
+  static constexpr std::size_t kChunkRounding = std::size_t{2} << 20;
+
+  struct Options {
+    std::size_t chunk_bytes = std::size_t{64} << 20;  // a chunk's least size
+    std::size_t keep_idle = std::size_t{256} << 20;   // wholly free chunks kept
+  };
+  // A chunk leaving the heap, for SegmentTier::free_pieces (the caller's, after the heap's
+  // mutex is unlocked).
+  struct Returned {
+    void* block = nullptr;  // the chunk as the tier handed it out
+    std::size_t bytes = 0;
+    std::array<SegmentTier::Piece, kMaxPieces + 1> pieces{};
+    std::size_t count = 0;
+  };
+
+  explicit ThreadHeap(Options options) noexcept : options_(options) {}
+  ~ThreadHeap();
+  ThreadHeap(const ThreadHeap&) = delete;
+  ThreadHeap& operator=(const ThreadHeap&) = delete;
+
+  // Requests of at most this many (rounded) bytes are the heap's.
+  std::size_t max_block() const noexcept { return options_.keep_idle / 4; }
+  // The chunk a request of `need` bytes takes when nothing free fits: twice the request,
+  // else as many bytes as the heap's chunks hold already (a heap's chunks grow
+  // geometrically with what its thread uses), at most chunk_bytes (rounded to 2 MiB).
+  std::size_t chunk_bytes_for(std::size_t need) const noexcept {
+    const std::size_t held = chunk_total_.load(std::memory_order_relaxed);
+    const std::size_t grown = held < options_.chunk_bytes ? held : options_.chunk_bytes;
+    const std::size_t twice = 2 * need + kGuard;
+    const std::size_t bytes = twice > grown ? twice : grown;
+    return (bytes + kChunkRounding - 1) & ~(kChunkRounding - 1);
+  }
+
+  // A block of `need` bytes (rounded to 512) usable on `key` from the free ranges; null when
+  // none fits.
+  void* allocate(std::size_t need, StreamKey key) noexcept;
+  // Files `chunk` (a block of `chunk_bytes` the large tier handed out for a request on `key`,
+  // cut from a range tagged `served`: `key`, or kUntagged) and serves `need` bytes from it;
+  // null (the chunk not taken: the caller gives it back) when every slot is taken or no host
+  // memory is left for the books.
+  void* allocate_in_new_chunk(void* chunk, std::size_t chunk_bytes, std::size_t need, StreamKey key,
+                              StreamKey served) noexcept;
+  // Whether `block` may lie in one of this heap's chunks (a hint, see above).
+  bool contains(const void* block) const noexcept {
+    const auto at = reinterpret_cast<std::uintptr_t>(block);
+    for (std::size_t i = 0; i < kMaxChunks; ++i) {
+      const std::uintptr_t begin = slots_[i].begin.load(std::memory_order_acquire);
+      if (at - begin < slots_[i].bytes.load(std::memory_order_acquire)) return true;
+    }
+    return false;
+  }
+  enum class Freed { foreign, kept };
+  // A block this heap handed out, back on stream `tag` (kUntagged: completed work).
+  // foreign (nothing changed): not a block of this heap handed out at that size (`need`: the
+  // rounded size it was asked with). When its chunk is then wholly free and goes back (see
+  // above), it is detached into `out` (out.block null otherwise).
+  Freed deallocate(void* block, std::size_t need, StreamKey tag, Returned& out) noexcept;
+  // Detaches up to `most` wholly free chunks into `out` (flush, trim, thread exit; with
+  // `keep_for`, only those holding free ranges of other streams than it); returns how many.
+  std::size_t take_idle(Returned* out, std::size_t most,
+                        std::optional<StreamKey> keep_for = std::nullopt) noexcept;
+  // The quiesce protocol, as the tiers' (SegmentTier::mark_frees, forget_streams): after
+  // a device-wide quiesce that began after mark_frees() returned `mark`, every range freed
+  // on a stream before the mark is free for every stream (its stream may be gone).
+  std::uint64_t mark_frees() noexcept;
+  void forget_streams(std::uint64_t mark) noexcept;
+  // Free bytes of the heap's chunks (relaxed; stats()).
+  std::size_t free_bytes() const noexcept { return free_bytes_.load(std::memory_order_relaxed); }
+  std::size_t chunk_count() const noexcept { return chunks_.load(std::memory_order_relaxed); }
+
+ private:
+  using Range = FreeRanges::Range;
+  using Segment = FreeRanges::Segment;
+  using Lock = std::unique_lock<TierMutex>;
+  struct Slot {
+    std::atomic<std::uintptr_t> begin{0};
+    std::atomic<std::size_t> bytes{0};
+  };
+  struct Chunk {
+    Segment* segment = nullptr;  // its ranges start kGuard bytes into the chunk
+    std::size_t used = 0;        // blocks handed out; 0: wholly free
+  };
+
+  // The smaller fit of `key`'s own ranges and the untagged ones (under the mutex).
+  Range* fit(StreamKey key, std::size_t need) noexcept;
+  // Hands out `need` bytes of the free range `r` (under the mutex; spares kept).
+  void* take(Range* r, std::size_t need) noexcept;
+  std::size_t slot_of(const Segment* segment) const noexcept;
+  // Whether the wholly free chunk of `segment` has free ranges of another stream than `tag`.
+  static bool holds_others(const Segment* segment, StreamKey tag) noexcept {
+    for (const Range* p = segment->first; p != nullptr; p = p->next) {
+      if (p->tag != kUntagged && p->tag != tag) return true;
+    }
+    return false;
+  }
+  // A wholly free chunk's pieces into `out`, its ranges unfiled and deleted, its slot
+  // cleared; false (nothing changed) when it has more tagged pieces than fit.
+  bool detach(std::size_t slot, Returned& out) noexcept;
+
+  const Options options_;
+  mutable TierMutex mutex_;
+  FreeRanges ranges_{kGuard};
+  PointerMap<Range> live_;
+  std::array<Chunk, kMaxChunks> chunk_books_{};  // by slot; segment null: free slot
+  std::array<Slot, kMaxChunks> slots_{};
+  std::size_t idle_bytes_ = 0;  // bytes of wholly free chunks (under the mutex)
+  std::uint64_t epoch_ = 0;  // mark_frees() so far; a freed range keeps the epoch it was freed in
+  std::atomic<std::size_t> free_bytes_{0};
+  std::atomic<std::size_t> chunks_{0};
+  std::atomic<std::size_t> chunk_total_{0};  // bytes of the chunks held
+};
+
+// Every heap of one pool, for a deallocation that is not its own thread's and for the
+// flushes. Heaps are made once, kept for the life of the pool (a thread's heap goes with its
+// cache to the thread that adopts it) and never removed, so a walk needs no lock.
+class ThreadHeaps {
+ public:
+  static constexpr std::size_t kMaxHeaps = 256;
+
+  explicit ThreadHeaps(ThreadHeap::Options options) noexcept : options_(options) {}
+  // A new heap; null when kMaxHeaps exist or no host memory is left.
+  ThreadHeap* make() noexcept;
+  // Every heap's mark_frees() and forget_streams() (Quiescer: under its mutex).
+  struct Marks {
+    std::array<std::uint64_t, kMaxHeaps> mark{};
+    std::size_t count = 0;
+  };
+  Marks mark_frees() noexcept;
+  void forget_streams(const Marks& marks) noexcept;
+  bool any() const noexcept { return count_.load(std::memory_order_acquire) != 0; }
+  template <class Visit>
+  void for_each(Visit visit) const noexcept {
+    const std::size_t n = count_.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n; ++i) visit(*heaps_[i].load(std::memory_order_acquire));
+  }
+
+ private:
+  const ThreadHeap::Options options_;
+  std::mutex mutex_;  // make()'s
+  std::vector<std::unique_ptr<ThreadHeap>> owned_;
+  std::array<std::atomic<ThreadHeap*>, kMaxHeaps> heaps_{};
+  std::atomic<std::size_t> count_{0};
+};
+
+}  // namespace vram::detail

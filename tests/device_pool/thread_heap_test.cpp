@@ -1,0 +1,552 @@
+// Thread heaps (src/device_pool/thread_heap.hpp): a thread's large blocks of any size by best
+// fit in chunks of the large tier, under a mutex of its own. The heap alone (its books, what
+// it keeps and what it gives back, with which tags), then in a pool: only where threads meet,
+// deallocations on other threads, streams, the flush before a tier grows, trim, thread exit,
+// a pool destroyed with heap blocks leased, and threads with fresh sizes handing blocks to
+// each other. Host memory; validation off, as in release builds.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "device_pool/thread_heap.hpp"
+#include "test_fences.hpp"
+#include "test_upstreams.hpp"
+#include "vram/device_pool.hpp"
+#include "vram/units.hpp"
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+using detail::kUntagged;
+using detail::StreamKey;
+using detail::ThreadHeap;
+
+char* fake_chunk(std::uintptr_t n) { return reinterpret_cast<char*>(n << 30); }
+constexpr StreamKey kS1 = 0x1001;
+constexpr StreamKey kS2 = 0x2002;
+
+std::size_t pieces_bytes(const ThreadHeap::Returned& r) {
+  std::size_t sum = 0;
+  for (std::size_t i = 0; i < r.count; ++i) sum += r.pieces[i].bytes;
+  return sum;
+}
+
+// ---- the heap alone --------------------------------------------------------------------
+
+TEST(ThreadHeap, BlocksComeFromTheChunkByBestFitButNeverItsFirstBytes) {
+  ThreadHeap heap({.chunk_bytes = 64_MiB, .keep_idle = 256_MiB});
+  char* chunk = fake_chunk(1);
+  EXPECT_EQ(heap.allocate(1_MiB, kUntagged), nullptr) << "no chunk yet";
+  void* a = heap.allocate_in_new_chunk(chunk, 64_MiB, 1_MiB, kUntagged, kUntagged);
+  EXPECT_EQ(a, chunk + ThreadHeap::kGuard) << "no block starts where its chunk starts";
+  void* b = heap.allocate(2_MiB, kUntagged);
+  EXPECT_EQ(b, chunk + ThreadHeap::kGuard + 1_MiB);
+  EXPECT_TRUE(heap.contains(a));
+  EXPECT_TRUE(heap.contains(chunk + 64_MiB - 1));
+  EXPECT_FALSE(heap.contains(chunk + 64_MiB));
+  EXPECT_FALSE(heap.contains(chunk - 1));
+  EXPECT_EQ(heap.free_bytes(), 64_MiB - ThreadHeap::kGuard - 3_MiB);
+  ThreadHeap::Returned out;
+  EXPECT_EQ(heap.deallocate(a, 1_MiB, kUntagged, out), ThreadHeap::Freed::kept);
+  EXPECT_EQ(out.block, nullptr);
+  // The freed 1 MiB at the front is the best fit for 512 KiB (smaller than the rest).
+  EXPECT_EQ(heap.allocate(512_KiB, kUntagged), a);
+}
+
+TEST(ThreadHeap, ADeallocationIsCheckedAgainstWhatWasHandedOut) {
+  ThreadHeap heap({.chunk_bytes = 64_MiB, .keep_idle = 256_MiB});
+  char* chunk = fake_chunk(2);
+  void* a = heap.allocate_in_new_chunk(chunk, 64_MiB, 4_MiB, kUntagged, kUntagged);
+  ThreadHeap::Returned out;
+  EXPECT_EQ(heap.deallocate(a, 8_MiB, kUntagged, out), ThreadHeap::Freed::foreign)
+      << "another size";
+  EXPECT_EQ(heap.deallocate(chunk, 4_MiB, kUntagged, out), ThreadHeap::Freed::foreign)
+      << "the chunk's own address is no block";
+  EXPECT_EQ(heap.deallocate(static_cast<char*>(a) + 512, 4_MiB, kUntagged, out),
+            ThreadHeap::Freed::foreign)
+      << "inside a block";
+  EXPECT_EQ(heap.free_bytes(), 64_MiB - ThreadHeap::kGuard - 4_MiB) << "nothing changed";
+  EXPECT_EQ(heap.deallocate(a, 4_MiB, kUntagged, out), ThreadHeap::Freed::kept);
+  EXPECT_EQ(heap.deallocate(a, 4_MiB, kUntagged, out), ThreadHeap::Freed::foreign)
+      << "a double deallocation";
+}
+
+TEST(ThreadHeap, WhollyFreeChunksAreKeptUpToKeepIdleThenGoBackWhole) {
+  ThreadHeap heap({.chunk_bytes = 32_MiB, .keep_idle = 64_MiB});
+  void* a = heap.allocate_in_new_chunk(fake_chunk(3), 32_MiB, 8_MiB, kUntagged, kUntagged);
+  void* b = heap.allocate_in_new_chunk(fake_chunk(4), 32_MiB, 30_MiB, kUntagged, kUntagged);
+  void* c = heap.allocate_in_new_chunk(fake_chunk(5), 32_MiB, 30_MiB, kUntagged, kUntagged);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(heap.chunk_count(), 3U);
+  ThreadHeap::Returned out;
+  heap.deallocate(a, 8_MiB, kUntagged, out);
+  EXPECT_EQ(out.block, nullptr) << "the first idle chunk is kept";
+  heap.deallocate(b, 30_MiB, kUntagged, out);
+  EXPECT_EQ(out.block, nullptr) << "64 MiB idle: still within keep_idle";
+  heap.deallocate(c, 30_MiB, kUntagged, out);
+  ASSERT_EQ(out.block, fake_chunk(5)) << "past keep_idle the chunk goes back";
+  EXPECT_EQ(out.bytes, 32_MiB);
+  EXPECT_EQ(pieces_bytes(out), 32_MiB) << "its pieces cover it exactly";
+  EXPECT_EQ(out.count, 2U) << "the guard and one untagged range";
+  EXPECT_FALSE(heap.contains(c));
+  EXPECT_EQ(heap.chunk_count(), 2U);
+  ThreadHeap::Returned idle[4];
+  EXPECT_EQ(heap.take_idle(idle, 4), 2U);
+  EXPECT_EQ(heap.chunk_count(), 0U);
+  EXPECT_EQ(heap.free_bytes(), 0U);
+}
+
+TEST(ThreadHeap, AStreamsFreedRangeServesOnlyThatStreamUntilItsChunkGoesBack) {
+  ThreadHeap heap({.chunk_bytes = 32_MiB, .keep_idle = 256_MiB});
+  void* a = heap.allocate_in_new_chunk(fake_chunk(6), 32_MiB, 4_MiB, kS1, kUntagged);
+  void* keep = heap.allocate(4_MiB, kS1);  // keeps the chunk in use
+  ThreadHeap::Returned out;
+  heap.deallocate(a, 4_MiB, kS1, out);
+  // The rest of the chunk is untagged (it came from untagged memory) but larger: a
+  // request of 4 MiB on S1 takes S1's own range, on S2 or without a stream the rest.
+  void* on_s2 = heap.allocate(4_MiB, kS2);
+  EXPECT_NE(on_s2, a) << "S1's range serves no other stream";
+  void* plain = heap.allocate(4_MiB, kUntagged);
+  EXPECT_NE(plain, a) << "nor a request without a stream";
+  EXPECT_EQ(heap.allocate(4_MiB, kS1), a) << "S1 reuses its own at once";
+  heap.deallocate(a, 4_MiB, kS1, out);
+  heap.deallocate(plain, 4_MiB, kUntagged, out);
+  heap.deallocate(on_s2, 4_MiB, kS2, out);
+  heap.deallocate(keep, 4_MiB, kS1, out);
+  // Wholly free, with S2's range in it, on a deallocation on S1: it goes back at once,
+  // its pieces keeping their streams.
+  ASSERT_EQ(out.block, fake_chunk(6));
+  EXPECT_EQ(pieces_bytes(out), 32_MiB);
+  bool s1 = false;
+  bool s2 = false;
+  for (std::size_t i = 0; i < out.count; ++i) {
+    s1 = s1 || out.pieces[i].tag == kS1;
+    s2 = s2 || out.pieces[i].tag == kS2;
+  }
+  EXPECT_TRUE(s1 && s2) << "each stream's range goes back with its stream";
+  EXPECT_EQ(out.pieces[0].tag, kUntagged) << "the guard was never handed out";
+}
+
+TEST(ThreadHeap, AChunkCutFromAStreamsOwnRangeServesOnlyThatStream) {
+  ThreadHeap heap({.chunk_bytes = 32_MiB, .keep_idle = 256_MiB});
+  void* a = heap.allocate_in_new_chunk(fake_chunk(7), 32_MiB, 4_MiB, kS1, kS1);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(heap.allocate(4_MiB, kS2), nullptr) << "S1's memory is no other stream's";
+  EXPECT_EQ(heap.allocate(4_MiB, kUntagged), nullptr);
+  EXPECT_NE(heap.allocate(4_MiB, kS1), nullptr);
+}
+
+TEST(ThreadHeap, TakeIdleForAStreamLeavesTheChunksThatStreamCanUse) {
+  ThreadHeap heap({.chunk_bytes = 32_MiB, .keep_idle = 256_MiB});
+  void* a = heap.allocate_in_new_chunk(fake_chunk(8), 32_MiB, 4_MiB, kS1, kUntagged);
+  void* b = heap.allocate_in_new_chunk(fake_chunk(9), 32_MiB, 30_MiB, kS2, kUntagged);
+  ThreadHeap::Returned out;
+  heap.deallocate(a, 4_MiB, kS1, out);
+  heap.deallocate(b, 30_MiB, kS2, out);
+  EXPECT_EQ(out.block, nullptr) << "both kept idle";
+  ThreadHeap::Returned idle[4];
+  ASSERT_EQ(heap.take_idle(idle, 4, kS1), 1U) << "S2's chunk is of no use to S1";
+  EXPECT_EQ(idle[0].block, fake_chunk(9));
+  EXPECT_EQ(heap.take_idle(idle, 4, kS1), 0U);
+  EXPECT_EQ(heap.take_idle(idle, 4), 1U);
+}
+
+TEST(ThreadHeap, ChunksGrowWithWhatTheHeapHoldsUpToChunkBytes) {
+  ThreadHeap heap({.chunk_bytes = 64_MiB, .keep_idle = 256_MiB});
+  EXPECT_EQ(heap.chunk_bytes_for(1_MiB), 4_MiB) << "twice the request, rounded to 2 MiB";
+  heap.allocate_in_new_chunk(fake_chunk(10), 4_MiB, 1_MiB, kUntagged, kUntagged);
+  EXPECT_EQ(heap.chunk_bytes_for(1_MiB), 4_MiB) << "as much as the heap holds";
+  heap.allocate_in_new_chunk(fake_chunk(11), 40_MiB, 1_MiB, kUntagged, kUntagged);
+  EXPECT_EQ(heap.chunk_bytes_for(1_MiB), 44_MiB);
+  heap.allocate_in_new_chunk(fake_chunk(12), 44_MiB, 1_MiB, kUntagged, kUntagged);
+  EXPECT_EQ(heap.chunk_bytes_for(1_MiB), 64_MiB) << "at most chunk_bytes";
+  EXPECT_EQ(heap.chunk_bytes_for(40_MiB), 82_MiB) << "but always twice the request";
+}
+
+TEST(ThreadHeap, EverySlotTakenRefusesAChunkAndChangesNothing) {
+  ThreadHeap heap({.chunk_bytes = 4_MiB, .keep_idle = 256_MiB});
+  for (std::uintptr_t i = 0; i < ThreadHeap::kMaxChunks; ++i) {
+    ASSERT_NE(
+        heap.allocate_in_new_chunk(fake_chunk(20 + i), 4_MiB, 4_MiB - 512, kUntagged, kUntagged),
+        nullptr);
+  }
+  EXPECT_EQ(heap.allocate_in_new_chunk(fake_chunk(40), 4_MiB, 1_MiB, kUntagged, kUntagged),
+            nullptr);
+  EXPECT_FALSE(heap.contains(fake_chunk(40) + 512));
+  EXPECT_EQ(heap.chunk_count(), ThreadHeap::kMaxChunks);
+}
+
+// ---- in a pool ---------------------------------------------------------------------------
+
+DevicePool::Options heap_options(bool virtual_memory = false) {
+  DevicePool::Options options;
+  options.validate_deallocations = false;
+  options.large_tier.memory =
+      virtual_memory ? LargeTierMemory::virtual_memory : LargeTierMemory::segments;
+  options.large_tier.virtual_reservation_bytes = 4_GiB;
+  options.large_tier.virtual_map_ahead_bytes = 0;
+  options.thread_cache.large_from_start = true;  // the heap from the first large request
+  return options;
+}
+
+std::size_t fresh_size(std::mt19937_64& random, std::size_t max_bytes) {
+  std::uniform_real_distribution<double> draw(std::log(2_MiB), std::log(max_bytes));
+  return static_cast<std::size_t>(std::exp(draw(random)));
+}
+
+// Owner words at both ends of a block (host memory): a block handed to two owners at once
+// is seen when the first checks its words.
+void stamp(void* block, std::size_t bytes, std::uint64_t word) {
+  std::memcpy(block, &word, sizeof word);
+  std::memcpy(static_cast<char*>(block) + bytes - sizeof word, &word, sizeof word);
+}
+bool stamped(const void* block, std::size_t bytes, std::uint64_t word) {
+  std::uint64_t front = 0;
+  std::uint64_t back = 0;
+  std::memcpy(&front, block, sizeof front);
+  std::memcpy(&back, static_cast<const char*>(block) + bytes - sizeof back, sizeof back);
+  return front == word && back == word;
+}
+
+TEST(DevicePoolThreadHeap, AThreadAloneOnTheLargeTierHasNoHeap) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto options = heap_options();
+  options.thread_cache.large_from_start = false;
+  DevicePool pool(upstream, options);
+  std::mt19937_64 random(1);
+  for (int i = 0; i < 200; ++i) {
+    const std::size_t bytes = fresh_size(random, 32_MiB);
+    pool.deallocate(pool.allocate(bytes), bytes);
+    ASSERT_EQ(pool.stats().bytes_cached_in_threads, 0U) << "nothing held back for the thread";
+  }
+}
+
+struct Live {
+  void* block;
+  std::size_t bytes;
+  std::uint64_t word;
+};
+
+TEST(DevicePoolThreadHeap, FreshSizesOnOneThreadStopGrowingOnceItsChunksAreTaken) {
+  for (const bool virtual_memory : {false, true}) {
+    SCOPED_TRACE(virtual_memory ? "virtual memory" : "segments");
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    std::uint64_t grown_after_warmup = 0;
+    {
+      DevicePool pool(upstream, heap_options(virtual_memory));
+      std::mt19937_64 random(2);
+      std::vector<Live> live;
+      std::uint64_t word = 0;
+      std::uint64_t reserved_after_warmup = 0;
+      for (int batch = 0; batch < 300; ++batch) {
+        if (batch == 50) reserved_after_warmup = pool.stats().peak_bytes_reserved;
+        for (int i = 0; i < 16; ++i) {
+          const std::size_t bytes = fresh_size(random, 16_MiB);
+          void* block = pool.allocate(bytes);
+          stamp(block, bytes, ++word);
+          live.push_back({block, bytes, word});
+        }
+        std::shuffle(live.begin(), live.end(), random);
+        for (const Live& l : live) {
+          ASSERT_TRUE(stamped(l.block, l.bytes, l.word)) << "a block had two owners";
+          pool.deallocate(l.block, l.bytes);
+        }
+        live.clear();
+      }
+      const DevicePoolStats stats = pool.stats();
+      grown_after_warmup = stats.peak_bytes_reserved - reserved_after_warmup;
+      EXPECT_EQ(stats.bytes_in_use, 0U);
+      EXPECT_GT(stats.bytes_cached_in_thread_heaps, 0U) << "the heap keeps its idle chunks";
+      EXPECT_EQ(stats.invalid_deallocations, 0U);
+      pool.trim(0);
+      EXPECT_EQ(pool.stats().bytes_cached_in_threads, 0U) << "trim takes every idle chunk";
+      EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+    }
+    // 16 blocks of at most 16 MiB live: the chunks cover them after a few batches; a later
+    // peak comes only from an unlucky batch, never from chunks piling up.
+    EXPECT_LE(grown_after_warmup, 64_MiB);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+    EXPECT_EQ(upstream->bad_frees(), 0U);
+  }
+}
+
+TEST(DevicePoolThreadHeap, ABlockDeallocatedOnAnotherThreadGoesBackToItsHeapOnce) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  {
+    DevicePool pool(upstream, heap_options());
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
+    void* a = pool.allocate(6_MiB);
+    void* b = pool.allocate(3_MiB);
+    stamp(a, 6_MiB, 1);
+    std::thread([&] {
+      pool.deallocate(a, 6_MiB);
+      pool.deallocate(a, 6_MiB);  // a double deallocation, on the other thread
+      pool.deallocate(b, 5_MiB);  // another size
+    }).join();
+    EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
+    EXPECT_EQ(pool.stats().bytes_in_use, 3_MiB) << "b is still leased";
+    void* c = pool.allocate(6_MiB);
+    EXPECT_EQ(c, a) << "back in the first thread's heap, best fit again";
+    std::thread([&] { pool.deallocate(b, 3_MiB); }).join();
+    pool.deallocate(c, 6_MiB);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+TEST(DevicePoolThreadHeap, AStreamsFreedBlockServesOnlyThatStreamFromTheHeap) {
+  auto fence = std::make_shared<StreamLifetimeFence>();
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto options = heap_options();
+  options.fence = fence;
+  {
+    DevicePool pool(upstream, options);
+    const cudaStream_t s1 = fence->create();
+    const cudaStream_t s2 = fence->create();
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
+    // The heap serves a stream once the thread asked on it kHeapStreak times in a row.
+    for (int i = 0; i < 16; ++i) pool.deallocate_async(pool.allocate_async(3_MiB, s1), 3_MiB, s1);
+    EXPECT_GT(pool.stats().bytes_cached_in_thread_heaps, 0U) << "s1's blocks are the heap's now";
+    void* keep = pool.allocate_async(8_MiB, s1);
+    void* a = pool.allocate_async(4_MiB, s1);
+    std::atomic<bool> ran{false};
+    fence->enqueue(s1, [&ran] { ran = true; });  // s1's work on `a`, queued, not run yet
+    pool.deallocate_async(a, 4_MiB, s1);
+    void* on_s2 = pool.allocate_async(4_MiB, s2);
+    EXPECT_NE(on_s2, a) << "s1's work may still use it";
+    void* plain = pool.allocate(4_MiB);
+    EXPECT_NE(plain, a);
+    void* again = pool.allocate_async(4_MiB, s1);
+    EXPECT_EQ(again, a) << "s1 reuses its own block in stream order";
+    for (auto [block, bytes, stream] :
+         {std::tuple{again, 4_MiB, s1}, {on_s2, 4_MiB, s2}, {keep, 8_MiB, s1}}) {
+      pool.deallocate_async(block, bytes, stream);
+    }
+    pool.deallocate(plain, 4_MiB);
+    fence->synchronize(s1);
+    fence->synchronize(s2);
+    EXPECT_TRUE(ran.load());
+    fence->destroy(s1);
+    fence->destroy(s2);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  EXPECT_EQ(fence->records_on_destroyed(), 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// Stream churn: a stream per four requests, then destroyed. No stream is the thread's
+// steady one, so its blocks stay in the tier: nothing of a destroyed stream waits in a chunk.
+TEST(DevicePoolThreadHeap, AThreadWithAStreamPerFewRequestsKeepsItsStreamsBlocksInTheTier) {
+  auto fence = std::make_shared<StreamLifetimeFence>(/*recycle_handles=*/false);
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto options = heap_options();
+  options.fence = fence;
+  {
+    DevicePool pool(upstream, options);
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the heap exists
+    for (int round = 0; round < 50; ++round) {
+      const cudaStream_t s = fence->create();
+      void* blocks[4];
+      for (void*& b : blocks) b = pool.allocate_async(3_MiB, s);
+      for (void* b : blocks) pool.deallocate_async(b, 3_MiB, s);
+      fence->synchronize(s);
+      fence->destroy(s);
+      ASSERT_EQ(pool.stats().bytes_cached_in_thread_heaps, 0U) << "no chunk holds a stream's range";
+    }
+    // Without a stream the heap still serves the thread.
+    pool.deallocate(pool.allocate(3_MiB), 3_MiB);
+    EXPECT_GT(pool.stats().bytes_cached_in_thread_heaps, 0U);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  EXPECT_EQ(fence->records_on_destroyed(), 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// The upstream holds room for one heap's chunks: another thread's request fits only once
+// the idle chunks went back (the flush before a tier grows).
+TEST(DevicePoolThreadHeap, IdleChunksGoBackBeforeAnotherThreadsRequestGrowsTheTier) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
+                                                 TestUpstream::Options{.capacity_bytes = 96_MiB});
+  auto options = heap_options();
+  options.thread_cache.large_chunk_bytes = 64_MiB;
+  DevicePool pool(upstream, options);
+  std::thread([&] {
+    std::vector<void*> blocks;
+    for (int i = 0; i < 8; ++i) blocks.push_back(pool.allocate(6_MiB));
+    for (void* block : blocks) pool.deallocate(block, 6_MiB);
+  }).join();
+  void* big = nullptr;
+  EXPECT_NO_THROW(big = pool.allocate(80_MiB));
+  if (big != nullptr) pool.deallocate(big, 80_MiB);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+TEST(DevicePoolThreadHeap, AnExitedThreadsHeapIsAdoptedAndItsBlocksStayValid) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  {
+    DevicePool pool(upstream, heap_options());
+    void* kept = nullptr;
+    std::thread([&] {
+      kept = pool.allocate(5_MiB);
+      stamp(kept, 5_MiB, 7);
+      void* gone = pool.allocate(9_MiB);
+      pool.deallocate(gone, 9_MiB);
+    }).join();
+    std::thread([&] {
+      void* next = pool.allocate(9_MiB);  // the adopted cache's heap serves it
+      EXPECT_TRUE(stamped(kept, 5_MiB, 7));
+      pool.deallocate(next, 9_MiB);
+    }).join();
+    EXPECT_TRUE(stamped(kept, 5_MiB, 7));
+    pool.deallocate(kept, 5_MiB);
+    EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+TEST(DevicePoolThreadHeap, APoolDestroyedWithHeapBlocksLeasedTakesThemBackLater) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Lease a;
+  DevicePool::Lease b;
+  {
+    DevicePool pool(upstream, heap_options());
+    a = pool.acquire(7_MiB);
+    b = pool.acquire(3_MiB);
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // something idle in the heap
+    stamp(a.data(), 7_MiB, 11);
+    ::testing::internal::CaptureStderr();
+  }
+  const std::string warning = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warning.find("still leased"), std::string::npos) << warning;
+  EXPECT_GT(upstream->live_bytes(), 0U) << "a and b are still leased";
+  std::thread([&] { b.reset(); }).join();
+  EXPECT_GT(upstream->live_bytes(), 0U);
+  EXPECT_TRUE(stamped(a.data(), 7_MiB, 11));
+  a.reset();  // the last: every chunk and segment back upstream
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// Threads with fresh sizes (2-32 MiB, drawn for every block) keep blocks live, hand some
+// to the next thread, which deallocates them, and check owner words at both ends of every
+// block before it goes: a block handed to two owners, or a chunk going back while a block
+// of it is leased, shows as a changed word. With heaps from the first request and with the
+// default (a heap once a thread meets another on the large tier).
+void run_threads_with_fresh_sizes(bool from_start, bool virtual_memory) {
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 150;
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  std::atomic<std::uint64_t> bad_words{0};
+  {
+    auto options = heap_options(virtual_memory);
+    options.thread_cache.large_from_start = from_start;
+    options.thread_cache.large_chunk_bytes = 32_MiB;  // several chunks per thread
+    DevicePool pool(upstream, options);
+    std::mutex handoff_mutex;
+    std::vector<std::vector<Live>> handoffs(kThreads);
+    std::atomic<int> finished{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        std::mt19937_64 random(100 + static_cast<std::uint64_t>(t));
+        std::uint64_t word = static_cast<std::uint64_t>(t + 1) << 48;
+        std::vector<Live> live;
+        for (int round = 0; round < kRounds; ++round) {
+          for (int i = 0; i < 6; ++i) {
+            const std::size_t bytes = fresh_size(random, 32_MiB);
+            void* block = pool.allocate(bytes);
+            stamp(block, bytes, ++word);
+            live.push_back({block, bytes, word});
+          }
+          std::vector<Live> mine;
+          {
+            const std::lock_guard lock(handoff_mutex);
+            mine.swap(handoffs[static_cast<std::size_t>(t)]);
+          }
+          for (const Live& l : mine) live.push_back(l);
+          std::shuffle(live.begin(), live.end(), random);
+          // Keep a few, hand one on, deallocate the rest.
+          while (live.size() > 3) {
+            const Live l = live.back();
+            live.pop_back();
+            if (!stamped(l.block, l.bytes, l.word)) bad_words.fetch_add(1);
+            if (random() % 6 == 0) {
+              const std::lock_guard lock(handoff_mutex);
+              handoffs[static_cast<std::size_t>((t + 1) % kThreads)].push_back(l);
+            } else {
+              pool.deallocate(l.block, l.bytes);
+            }
+          }
+        }
+        for (const Live& l : live) {
+          if (!stamped(l.block, l.bytes, l.word)) bad_words.fetch_add(1);
+          pool.deallocate(l.block, l.bytes);
+        }
+        // Blocks handed to this thread after its last round: deallocated here until every
+        // thread is done, so that none piles up.
+        finished.fetch_add(1);
+        for (bool last = false; !last;) {
+          last = finished.load() == kThreads;
+          std::vector<Live> mine;
+          {
+            const std::lock_guard lock(handoff_mutex);
+            mine.swap(handoffs[static_cast<std::size_t>(t)]);
+          }
+          for (const Live& l : mine) {
+            if (!stamped(l.block, l.bytes, l.word)) bad_words.fetch_add(1);
+            pool.deallocate(l.block, l.bytes);
+          }
+          std::this_thread::yield();
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    for (auto& list : handoffs) {
+      for (const Live& l : list) {
+        if (!stamped(l.block, l.bytes, l.word)) bad_words.fetch_add(1);
+        pool.deallocate(l.block, l.bytes);
+      }
+    }
+    const DevicePoolStats stats = pool.stats();
+    EXPECT_EQ(stats.bytes_in_use, 0U);
+    EXPECT_EQ(stats.acquires, stats.deallocations);
+    EXPECT_EQ(stats.invalid_deallocations, 0U);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  EXPECT_EQ(bad_words.load(), 0U) << "a block had two owners";
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+TEST(DevicePoolThreadHeapThreads, FreshSizesAndHandoffsNeverGiveABlockTwoOwnersSegments) {
+  run_threads_with_fresh_sizes(true, false);
+  run_threads_with_fresh_sizes(false, false);
+}
+
+TEST(DevicePoolThreadHeapThreads, FreshSizesAndHandoffsNeverGiveABlockTwoOwnersVirtual) {
+  run_threads_with_fresh_sizes(true, true);
+  run_threads_with_fresh_sizes(false, true);
+}
+
+}  // namespace
+}  // namespace vram::testing
