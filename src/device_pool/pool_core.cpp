@@ -54,7 +54,11 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
                 .growth_headroom_1024 = growth_headroom_1024(options.growth_headroom),
                 .wants = &wants}),
       heaps(ThreadHeap::Options{.chunk_bytes = options.thread_cache.large_chunk_bytes,
-                                .keep_idle = options.thread_cache.large_bytes}) {
+                                .keep_idle = options.thread_cache.large_bytes,
+                                .granularity = 512}),
+      small_heaps(ThreadHeap::Options{.chunk_bytes = kSmallHeapChunk,
+                                      .keep_idle = options.thread_cache.max_bytes,
+                                      .granularity = kSmallGranularity}) {
   // Blocks are carved at 256-byte multiples of the upstream's allocations: they are
   // 256-byte aligned only if those are (and never more than that, whatever the upstream
   // promises: alignment above 256 is refused, not silently missed).
@@ -228,12 +232,16 @@ void* DevicePoolCore::small_allocate(ThreadCache* cache, const Request& request)
   if (MpmcRing<void*>* ring = ring_of(request.index); ring != nullptr && ring->try_pop(block)) {
     return block;
   }
-  // A class carved from the large tier: the thread's heap when it has one.
-  if (cache != nullptr && cache->heap != nullptr && request.tier == &large &&
+  // The thread's heap over the class's tier when it has one.
+  if (cache != nullptr && heap_of(*cache, *request.tier) != nullptr &&
       heap_serves(*cache, request.key)) {
     return heap_allocate(*cache, request);
   }
-  return tier_allocate(request, cache);
+  block = tier_allocate(request, cache);
+  if (with_heaps && cache != nullptr && cache->small_heap == nullptr && request.tier == &small) {
+    note_small_contentions(*cache);
+  }
+  return block;
 }
 
 void* DevicePoolCore::large_allocate(ThreadCache* cache, const Request& request) {
@@ -252,7 +260,7 @@ void* DevicePoolCore::large_allocate(ThreadCache* cache, const Request& request)
   cache->large.note_contentions(large.contentions());
   if (cache->large.active()) {
     cache->large.note_leased(block, bytes);
-    if (with_heaps && cache->heap == nullptr) [[unlikely]]
+    if (with_heaps && (cache->heap == nullptr || cache->small_heap == nullptr)) [[unlikely]]
       start_heap(*cache);
   }
   return block;
@@ -286,18 +294,18 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
 bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
                                 ThreadCache* via, bool claimed) noexcept {
   ThreadCache* const holder = claimed ? via : nullptr;
-  if (&tier == &large && heaps.any()) {
+  if (ThreadHeaps& set = heaps_of(tier); set.any()) {
     // The heaps first: a heap's block never starts where its chunk does (thread_heap.hpp), so
     // the order decides speed only. A contains() that says yes wrongly costs a look.
-    ThreadHeap* own = via != nullptr ? via->heap : nullptr;
+    ThreadHeap* own = via != nullptr ? heap_of(*via, tier) : nullptr;
     if (own != nullptr && own->contains(block) &&
-        heap_deallocate(*own, block, tag, bytes, holder)) {
+        heap_deallocate(*own, tier, block, tag, bytes, holder)) {
       return true;
     }
     bool found = false;
-    heaps.for_each([&](ThreadHeap& heap) {
+    set.for_each([&](ThreadHeap& heap) {
       if (!found && &heap != own && heap.contains(block)) {
-        found = heap_deallocate(heap, block, tag, bytes, holder);
+        found = heap_deallocate(heap, tier, block, tag, bytes, holder);
       }
     });
     if (found) return true;
@@ -312,17 +320,18 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
 }
 
 void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request) {
-  ThreadHeap& heap = *cache.heap;
+  SegmentTier& tier = *request.tier;
+  ThreadHeap& heap = *heap_of(cache, tier);
   const std::size_t need = request.block_bytes;
   if (void* block = heap.allocate(need, request.key)) [[likely]] {
     return block;
   }
   // Wholly free chunks this request cannot use (other streams' ranges) go back first: in
   // the tier they wait for their streams' markers instead of holding memory here.
-  (void)return_idle_chunks(&cache, &heap, request.key);
+  (void)return_idle_of(heap, tier, &cache, request.key);
   const std::size_t chunk_bytes = heap.chunk_bytes_for(need);
   const Request chunk_request{
-      .bytes = chunk_bytes, .block_bytes = chunk_bytes, .tier = &large, .key = request.key};
+      .bytes = chunk_bytes, .block_bytes = chunk_bytes, .tier = &tier, .key = request.key};
   void* chunk = nullptr;
   StreamKey served = request.key;
   try {
@@ -334,50 +343,61 @@ void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request) 
     return block;
   }
   // No slot for another chunk (or no host memory for its books): the tier serves it.
-  (void)free_block(large, chunk, served, chunk_bytes, &cache, true);
+  (void)free_block(tier, chunk, served, chunk_bytes, &cache, true);
   return tier_allocate(request, &cache);
 }
 
-bool DevicePoolCore::heap_deallocate(ThreadHeap& heap, void* block, StreamKey tag,
-                                     std::size_t bytes, ThreadCache* claimed) noexcept {
+bool DevicePoolCore::heap_deallocate(ThreadHeap& heap, SegmentTier& tier, void* block,
+                                     StreamKey tag, std::size_t bytes,
+                                     ThreadCache* claimed) noexcept {
   ThreadHeap::Returned chunk;
   if (heap.deallocate(block, bytes, tag, chunk) == ThreadHeap::Freed::foreign) return false;
-  if (chunk.block != nullptr) return_chunk(chunk, claimed);
+  if (chunk.block != nullptr) return_chunk(chunk, tier, claimed);
   return true;
 }
 
-void DevicePoolCore::return_chunk(const ThreadHeap::Returned& chunk,
+void DevicePoolCore::return_chunk(const ThreadHeap::Returned& chunk, SegmentTier& tier,
                                   ThreadCache* claimed) noexcept {
   const SegmentTier::Freed freed =
-      large.free_pieces(chunk.block, chunk.bytes, chunk.pieces.data(), chunk.count);
+      tier.free_pieces(chunk.block, chunk.bytes, chunk.pieces.data(), chunk.count);
   // foreign: no host memory for the cuts; the chunk stays a block of the tier, unused, until
   // the tier's end (as a range left unfiled for want of host memory, free_ranges.hpp).
   if (freed == SegmentTier::Freed::over_cap) {
     SlowSection slow(claimed);
-    large.give_back_over_cap();
+    tier.give_back_over_cap();
   }
 }
 
-bool DevicePoolCore::return_idle_chunks(ThreadCache* claimed, ThreadHeap* only,
-                                        std::optional<StreamKey> keep_for) noexcept {
+bool DevicePoolCore::return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
+                                    std::optional<StreamKey> keep_for) noexcept {
   bool any = false;
-  auto drain = [this, claimed, keep_for, &any](ThreadHeap& heap) {
-    ThreadHeap::Returned chunks[4];
-    for (std::size_t n; (n = heap.take_idle(chunks, 4, keep_for)) != 0;) {
-      for (std::size_t i = 0; i < n; ++i) return_chunk(chunks[i], claimed);
-      any = true;
+  ThreadHeap::Returned chunks[4];
+  for (std::size_t n; (n = heap.take_idle(chunks, 4, keep_for)) != 0;) {
+    for (std::size_t i = 0; i < n; ++i) return_chunk(chunks[i], tier, claimed);
+    any = true;
+  }
+  return any;
+}
+
+bool DevicePoolCore::return_idle_chunks(ThreadCache* claimed, ThreadCache* only) noexcept {
+  bool any = false;
+  for (SegmentTier* tier : {&large, &small}) {
+    if (only != nullptr) {
+      if (ThreadHeap* heap = heap_of(*only, *tier)) {
+        any = return_idle_of(*heap, *tier, claimed, std::nullopt) || any;
+      }
+      continue;
     }
-  };
-  if (only != nullptr) {
-    drain(*only);
-  } else {
-    heaps.for_each(drain);
+    heaps_of(*tier).for_each(
+        [&](ThreadHeap& heap) { any = return_idle_of(heap, *tier, claimed, std::nullopt) || any; });
   }
   return any;
 }
 
 void DevicePoolCore::start_heap(ThreadCache& cache) noexcept {
-  cache.heap = heaps.make();  // null when none is left: the exact-size cache goes on alone
+  // Null when none is left: the caches go on alone.
+  if (cache.heap == nullptr) cache.heap = heaps.make();
+  if (cache.small_heap == nullptr) cache.small_heap = small_heaps.make();
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).

@@ -64,6 +64,8 @@ namespace vram::detail {
 // wait in the segments, as free ranges, instead.
 inline constexpr std::size_t kMaxRingBlocks = 4096;
 inline constexpr std::size_t kSmallGranularity = 256;  // small blocks: class bytes rounded to 256
+// The chunks of a thread's heap over the small tier: one of its segments.
+inline constexpr std::size_t kSmallHeapChunk = std::size_t{2} << 20;
 static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePoolCore::block_bytes_of
 
 // Structure: small requests (<= small_max) round to a size class; their blocks come from
@@ -310,6 +312,13 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // heap's wholly free chunks back (a flush, trim(), a thread's exit: `only`, that heap's;
   // `keep_for`: but those a request on that stream could use); true when any went back.
   void* heap_allocate(ThreadCache& cache, const Request& request);
+  // The holder's heap over `tier` (null: none), and every heap over it.
+  ThreadHeap* heap_of(const ThreadCache& cache, const SegmentTier& tier) const noexcept {
+    return &tier == &large ? cache.heap : cache.small_heap;
+  }
+  ThreadHeaps& heaps_of(const SegmentTier& tier) noexcept {
+    return &tier == &large ? heaps : small_heaps;
+  }
   // Whether the holder's heap serves a request on `key`: one without a stream, or on the
   // thread's steady stream, the one it asked on kHeapStreak times in a row. A thread that
   // makes a stream for a few requests and destroys it (stream churn) never has one: its
@@ -326,11 +335,21 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
     cache.heap_home = key;
     return true;
   }
-  bool heap_deallocate(ThreadHeap& heap, void* block, StreamKey tag, std::size_t bytes,
-                       ThreadCache* claimed) noexcept;
-  void return_chunk(const ThreadHeap::Returned& chunk, ThreadCache* claimed) noexcept;
-  bool return_idle_chunks(ThreadCache* claimed, ThreadHeap* only = nullptr,
-                          std::optional<StreamKey> keep_for = std::nullopt) noexcept;
+  bool heap_deallocate(ThreadHeap& heap, SegmentTier& tier, void* block, StreamKey tag,
+                       std::size_t bytes, ThreadCache* claimed) noexcept;
+  void return_chunk(const ThreadHeap::Returned& chunk, SegmentTier& tier,
+                    ThreadCache* claimed) noexcept;
+  bool return_idle_chunks(ThreadCache* claimed, ThreadCache* only = nullptr) noexcept;
+  bool return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
+                      std::optional<StreamKey> keep_for) noexcept;
+  // A small-tier request of a thread without heaps: whether the small tier's mutex was found
+  // locked since its last one (the heaps then start, as when its large-block cache turns on).
+  void note_small_contentions(ThreadCache& cache) noexcept {
+    const std::uint32_t seen = small.contentions();
+    if (cache.small_seen && seen != cache.small_contentions) start_heap(cache);
+    cache.small_contentions = seen;
+    cache.small_seen = true;
+  }
   // A cache whose large-block cache turned on gets its heap (when heaps are on): from now on
   // its large requests up to the heap's max_block() that heap_serves() are the heap's; the
   // others, and the tier's blocks it holds, keep the cache of exact sizes.
@@ -421,7 +440,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   std::array<std::atomic<MpmcRing<void*>*>, SizeClasses::kCount> rings{};
 
   // Device-wide quiesces after which stream frees are free for all (quiescer.hpp).
-  Quiescer quiescer{*fence, small, large, wants, heaps};
+  Quiescer quiescer{*fence, small, large, wants, heaps, small_heaps};
   std::atomic<std::uint64_t> oom_retries{0};
   std::atomic<std::uint64_t> unscoped_capture_calls{0};  // blocks kept by unscoped captures
   // Only with options.track_peak_in_use (in_use_peak.hpp).
@@ -434,7 +453,8 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // call that may block), and close() (holding none of them).
   ThreadCacheRegistry registry;
   // The thread heaps (thread_heap.hpp); with_heaps: options.thread_cache.large_chunk_bytes.
-  ThreadHeaps heaps;
+  ThreadHeaps heaps;        // over the large tier
+  ThreadHeaps small_heaps;  // over the small tier
   bool with_heaps = false;
 
   // Calls on threads without a usable cache and every call once the pool is closed, under

@@ -21,8 +21,10 @@ DevicePoolStats DevicePoolCore::stats() const {
     thread_cached += cache.cached_bytes.load(std::memory_order_relaxed);
     thread_cached += cache.large.cached_bytes();
   });
-  heaps.for_each(
-      [&](const ThreadHeap& heap) { s.bytes_cached_in_thread_heaps += heap.free_bytes(); });
+  for (const ThreadHeaps* set : {&heaps, &small_heaps}) {
+    set->for_each(
+        [&](const ThreadHeap& heap) { s.bytes_cached_in_thread_heaps += heap.free_bytes(); });
+  }
   thread_cached += s.bytes_cached_in_thread_heaps;
   std::size_t ring_bytes = 0;
   for (std::size_t index = 0; index < small_classes; ++index) {

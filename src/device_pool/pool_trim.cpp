@@ -30,7 +30,7 @@ bool DevicePoolCore::flush_large_caches(ThreadCache* claimed) noexcept {
   bool any = false;
   // The heaps' wholly free chunks first: their mutexes are taken one at a time, no cache
   // is stolen for them.
-  if (heaps.any()) any = return_idle_chunks(claimed);
+  if (heaps.any() || small_heaps.any()) any = return_idle_chunks(claimed);
   if (claimed != nullptr && claimed->large.cached_count() > 0) {
     drain_large(*claimed);
     any = true;
@@ -113,6 +113,9 @@ void DevicePoolCore::trim(std::size_t keep_bytes, ThreadCache* claimed, bool wai
   // frees made before the synchronize began are known complete after it: a free racing it
   // on another thread keeps its stream (mark_frees).
   quiescer.quiesce();
+  // The quiesce freed the heaps' stream ranges for every stream: chunks that were kept for
+  // their streams' sake, or whose ranges merge only now, go back too.
+  (void)return_idle_chunks(claimed);
   small.trim(0, wait);
   large.trim(keep_bytes, wait);
 }

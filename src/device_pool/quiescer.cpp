@@ -22,13 +22,15 @@ void Quiescer::quiesce_locked() noexcept {
   quiesces_.fetch_add(1, std::memory_order_relaxed);
   const std::uint64_t small_mark = small_.mark_frees();
   const std::uint64_t large_mark = large_.mark_frees();
-  const ThreadHeaps::Marks heap_marks = heaps_.mark_frees();
+  const ThreadHeaps::Marks large_heap_marks = large_heaps_.mark_frees();
+  const ThreadHeaps::Marks small_heap_marks = small_heaps_.mark_frees();
   // A failed synchronize (another thread's capture in global mode refuses it, say) proves
   // nothing: every range keeps its stream.
   if (!fence_.try_quiesce()) return;
   small_.forget_streams(small_mark);
   large_.forget_streams(large_mark);
-  heaps_.forget_streams(heap_marks);
+  large_heaps_.forget_streams(large_heap_marks);
+  small_heaps_.forget_streams(small_heap_marks);
   wants_.clear();  // what they were for is free for all now (later frees want again)
 }
 

@@ -19,11 +19,16 @@ namespace vram::detail {
 
 class Quiescer {
  public:
-  // `heaps`: the thread heaps, whose stream ranges a quiesce frees too (only its address is
+  // The thread heaps over each tier, whose stream ranges a quiesce frees too (only its address is
   // kept: the core makes it after this).
   Quiescer(StreamFence& fence, SegmentTier& small, SegmentTier& large, StreamWants& wants,
-           ThreadHeaps& heaps) noexcept
-      : fence_(fence), small_(small), large_(large), wants_(wants), heaps_(heaps) {}
+           ThreadHeaps& large_heaps, ThreadHeaps& small_heaps) noexcept
+      : fence_(fence),
+        small_(small),
+        large_(large),
+        wants_(wants),
+        large_heaps_(large_heaps),
+        small_heaps_(small_heaps) {}
 
   // Quiesces begun so far: read it before looking at the tiers, pass it to quiesce_since().
   std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_relaxed); }
@@ -42,7 +47,8 @@ class Quiescer {
   SegmentTier& small_;
   SegmentTier& large_;
   StreamWants& wants_;
-  ThreadHeaps& heaps_;
+  ThreadHeaps& large_heaps_;
+  ThreadHeaps& small_heaps_;
   std::mutex mutex_;  // after the slow path's mutex, before a tier's and the wants' mutex
   std::atomic<std::uint64_t> generation_{0};  // quiesces begun, written under mutex_
   std::atomic<std::uint64_t> quiesces_{0};

@@ -85,7 +85,7 @@ void DevicePoolCore::retire(ThreadCache* cache) noexcept {
   // The exiting thread still owns its cache: it claims it like any call.
   if (claim(*cache, dekker) == nullptr) return;  // closed: close() took its blocks already
   drain_bins(*cache);                            // its counters stay in the cache
-  if (cache->heap != nullptr) (void)return_idle_chunks(cache, cache->heap);
+  (void)return_idle_chunks(cache, cache);
   cache->flush_requested.store(false, std::memory_order_relaxed);
   cache->state.store(ThreadCache::kFree, std::memory_order_release);
   registry.park(cache);

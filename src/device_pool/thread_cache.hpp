@@ -125,6 +125,11 @@ struct ThreadCache {
   // The thread's heap of large blocks (thread_heap.hpp), once it has one; owned by the
   // pool's ThreadHeaps, kept with the cache when another thread adopts it.
   ThreadHeap* heap = nullptr;
+  // The same over the small tier (its classes' blocks that bins and rings do not serve), and
+  // the small tier's count of contended locks as this thread last saw it.
+  ThreadHeap* small_heap = nullptr;
+  std::uint32_t small_contentions = 0;
+  bool small_seen = false;
   // The stream the heap serves (besides requests without a stream): the one the thread has
   // asked on kHeapStreak times in a row (DevicePoolCore::heap_serves).
   StreamKey heap_home = kUntagged;

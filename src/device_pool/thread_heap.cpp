@@ -30,7 +30,7 @@ void* ThreadHeap::take(Range* r, std::size_t need) noexcept {
   ranges_.split(r, need);
   r->state = Range::State::used;
   live_.insert(r->addr, r);
-  if (chunk.used == 0) idle_bytes_ -= chunk.segment->size + kGuard;  // no longer wholly free
+  if (chunk.used == 0) idle_bytes_ -= chunk.segment->size + guard_;  // no longer wholly free
   ++chunk.used;
   free_bytes_.store(free_bytes_.load(std::memory_order_relaxed) - need, std::memory_order_relaxed);
   return r->addr;
@@ -57,7 +57,7 @@ void* ThreadHeap::allocate(std::size_t need, StreamKey key) noexcept {
 
 void* ThreadHeap::allocate_in_new_chunk(void* chunk, std::size_t chunk_bytes, std::size_t need,
                                         StreamKey key, StreamKey served) noexcept {
-  assert(chunk_bytes >= need + kGuard);
+  assert(chunk_bytes >= need + guard_);
   const Lock locked(mutex_);
   std::size_t slot = 0;
   while (slot < kMaxChunks && chunk_books_[slot].segment != nullptr) ++slot;
@@ -66,7 +66,7 @@ void* ThreadHeap::allocate_in_new_chunk(void* chunk, std::size_t chunk_bytes, st
   try {
     ranges_.keep_spares(2);
     live_.reserve_one();
-    segment = new Segment{static_cast<char*>(chunk) + kGuard, chunk_bytes - kGuard, nullptr};
+    segment = new Segment{static_cast<char*>(chunk) + guard_, chunk_bytes - guard_, nullptr};
   } catch (...) {
     return nullptr;
   }
@@ -109,7 +109,7 @@ ThreadHeap::Freed ThreadHeap::deallocate(void* block, std::size_t need, StreamKe
   if (chunk.used != 0) return Freed::kept;
   // Wholly free: kept for this thread's next requests only while it holds no other stream's
   // ranges than `tag`'s and the heap's wholly free chunks stay within keep_idle.
-  const std::size_t bytes = segment->size + kGuard;
+  const std::size_t bytes = segment->size + guard_;
   if (!holds_others(segment, tag) && idle_bytes_ + bytes <= options_.keep_idle) {
     idle_bytes_ += bytes;
     return Freed::kept;
@@ -124,18 +124,24 @@ bool ThreadHeap::detach(std::size_t slot, Returned& out) noexcept {
   Segment* segment = chunk.segment;
   std::size_t count = 0;
   for (const Range* p = segment->first; p != nullptr; p = p->next) ++count;
-  if (count > kMaxPieces) return false;  // kept until its ranges merge
-  char* const base = segment->base - kGuard;
+  try {
+    out.pieces.clear();
+    out.pieces.reserve(count + 1);
+  } catch (...) {
+    return false;  // kept: a later flush tries again
+  }
+  char* const base = segment->base - guard_;
   out.block = base;
-  out.bytes = segment->size + kGuard;
+  out.bytes = segment->size + guard_;
   out.count = 0;
-  out.pieces[out.count++] = SegmentTier::Piece{kGuard, kUntagged};  // never handed out
+  out.pieces.push_back(SegmentTier::Piece{guard_, kUntagged});  // never handed out
   std::size_t freed = 0;
   for (Range* p = segment->first; p != nullptr; p = p->next) {
-    out.pieces[out.count++] = SegmentTier::Piece{p->size, p->tag};
+    out.pieces.push_back(SegmentTier::Piece{p->size, p->tag});
     freed += p->size;
     ranges_.remove_free(p);
   }
+  out.count = out.pieces.size();
   // Unpublished before the books let go: contains() may still say yes (a hint).
   slots_[slot].bytes.store(0, std::memory_order_release);
   slots_[slot].begin.store(0, std::memory_order_relaxed);

@@ -21,16 +21,16 @@
 //
 // Chunks: a chunk is one block of the large tier, of max(chunk_bytes, twice the request
 // rounded to 2 MiB) bytes, taken with the request's stream (the tier may serve it from that
-// stream's ranges: so the chunk's bytes start tagged with it). Its first kGuard bytes are
-// never handed out, so no heap block starts where its chunk starts: a deallocation the
-// tier is asked about never mistakes a heap's block for the chunk it lies in. A chunk goes
-// back to the tier only wholly free (no block of it handed out), as pieces that keep their
-// tags (SegmentTier::free_pieces): at once when it holds another stream's free ranges than
-// the deallocating one's (they wait for their stream's marker there, stream_tags.hpp) or
-// when the heap's wholly free chunks pass keep_idle bytes; otherwise kept for the thread's
-// next requests until a flush (before any tier grows, DevicePoolCore::flush_large_caches),
-// trim(), or the thread's exit takes it. Memory in a chunk that still holds a block stays
-// with the heap: that is the cost of a heap, bounded by the thread's own fragmentation.
+// stream's ranges: so the chunk's bytes start tagged with it). Its first guard() bytes (the tier's
+// granularity) are never handed out, so no heap block starts where its chunk starts: a deallocation
+// the tier is asked about never mistakes a heap's block for the chunk it lies in. A chunk goes back
+// to the tier only wholly free (no block of it handed out), as pieces that keep their tags
+// (SegmentTier::free_pieces): at once when it holds another stream's free ranges than the
+// deallocating one's (they wait for their stream's marker there, stream_tags.hpp) or when the
+// heap's wholly free chunks pass keep_idle bytes; otherwise kept for the thread's next requests
+// until a flush (before any tier grows, DevicePoolCore::flush_large_caches), trim(), or the
+// thread's exit takes it. Memory in a chunk that still holds a block stays with the heap: that is
+// the cost of a heap, bounded by the thread's own fragmentation.
 //
 // Reuse rule: a free range tagged with stream S (freed on S, or a chunk taken on S) serves
 // only requests on S; an untagged one any request (completed work only); as in the tiers.
@@ -65,25 +65,27 @@ namespace vram::detail {
 
 class ThreadHeap {
  public:
-  static constexpr std::size_t kGuard = 512;     // the large tier's granularity
   static constexpr std::size_t kMaxChunks = 16;  // chunks published at once
-  static constexpr std::size_t kMaxPieces = 16;  // tagged pieces of a returned chunk
   static constexpr std::size_t kChunkRounding = std::size_t{2} << 20;
 
   struct Options {
-    std::size_t chunk_bytes = std::size_t{64} << 20;  // a chunk's least size
+    std::size_t chunk_bytes = std::size_t{64} << 20;  // a chunk's largest size when grown
     std::size_t keep_idle = std::size_t{256} << 20;   // wholly free chunks kept
+    std::size_t granularity = 512;  // the tier's: every range a multiple of it; the guard
   };
   // A chunk leaving the heap, for SegmentTier::free_pieces (the caller's, after the heap's
   // mutex is unlocked).
   struct Returned {
     void* block = nullptr;  // the chunk as the tier handed it out
     std::size_t bytes = 0;
-    std::array<SegmentTier::Piece, kMaxPieces + 1> pieces{};
-    std::size_t count = 0;
+    std::vector<SegmentTier::Piece> pieces;  // the guard, then the chunk's free ranges
+    std::size_t count = 0;                   // pieces.size()
   };
 
-  explicit ThreadHeap(Options options) noexcept : options_(options) {}
+  explicit ThreadHeap(Options options) noexcept
+      : options_(options), guard_(options.granularity), ranges_(options.granularity) {}
+  // Bytes at the front of every chunk never handed out (the tier's granularity).
+  std::size_t guard() const noexcept { return guard_; }
   ~ThreadHeap();
   ThreadHeap(const ThreadHeap&) = delete;
   ThreadHeap& operator=(const ThreadHeap&) = delete;
@@ -96,7 +98,7 @@ class ThreadHeap {
   std::size_t chunk_bytes_for(std::size_t need) const noexcept {
     const std::size_t held = chunk_total_.load(std::memory_order_relaxed);
     const std::size_t grown = held < options_.chunk_bytes ? held : options_.chunk_bytes;
-    const std::size_t twice = 2 * need + kGuard;
+    const std::size_t twice = 2 * need + guard_;
     const std::size_t bytes = twice > grown ? twice : grown;
     return (bytes + kChunkRounding - 1) & ~(kChunkRounding - 1);
   }
@@ -147,7 +149,7 @@ class ThreadHeap {
     std::atomic<std::size_t> bytes{0};
   };
   struct Chunk {
-    Segment* segment = nullptr;  // its ranges start kGuard bytes into the chunk
+    Segment* segment = nullptr;  // its ranges start guard() bytes into the chunk
     std::size_t used = 0;        // blocks handed out; 0: wholly free
   };
 
@@ -164,12 +166,13 @@ class ThreadHeap {
     return false;
   }
   // A wholly free chunk's pieces into `out`, its ranges unfiled and deleted, its slot
-  // cleared; false (nothing changed) when it has more tagged pieces than fit.
+  // cleared; false (nothing changed) when no host memory is left for the list of pieces.
   bool detach(std::size_t slot, Returned& out) noexcept;
 
   const Options options_;
+  const std::size_t guard_;
   mutable TierMutex mutex_;
-  FreeRanges ranges_{kGuard};
+  FreeRanges ranges_;
   PointerMap<Range> live_;
   std::array<Chunk, kMaxChunks> chunk_books_{};  // by slot; segment null: free slot
   std::array<Slot, kMaxChunks> slots_{};

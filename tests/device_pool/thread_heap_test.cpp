@@ -48,14 +48,14 @@ TEST(ThreadHeap, BlocksComeFromTheChunkByBestFitButNeverItsFirstBytes) {
   char* chunk = fake_chunk(1);
   EXPECT_EQ(heap.allocate(1_MiB, kUntagged), nullptr) << "no chunk yet";
   void* a = heap.allocate_in_new_chunk(chunk, 64_MiB, 1_MiB, kUntagged, kUntagged);
-  EXPECT_EQ(a, chunk + ThreadHeap::kGuard) << "no block starts where its chunk starts";
+  EXPECT_EQ(a, chunk + 512) << "no block starts where its chunk starts";
   void* b = heap.allocate(2_MiB, kUntagged);
-  EXPECT_EQ(b, chunk + ThreadHeap::kGuard + 1_MiB);
+  EXPECT_EQ(b, chunk + 512 + 1_MiB);
   EXPECT_TRUE(heap.contains(a));
   EXPECT_TRUE(heap.contains(chunk + 64_MiB - 1));
   EXPECT_FALSE(heap.contains(chunk + 64_MiB));
   EXPECT_FALSE(heap.contains(chunk - 1));
-  EXPECT_EQ(heap.free_bytes(), 64_MiB - ThreadHeap::kGuard - 3_MiB);
+  EXPECT_EQ(heap.free_bytes(), 64_MiB - 512 - 3_MiB);
   ThreadHeap::Returned out;
   EXPECT_EQ(heap.deallocate(a, 1_MiB, kUntagged, out), ThreadHeap::Freed::kept);
   EXPECT_EQ(out.block, nullptr);
@@ -75,7 +75,7 @@ TEST(ThreadHeap, ADeallocationIsCheckedAgainstWhatWasHandedOut) {
   EXPECT_EQ(heap.deallocate(static_cast<char*>(a) + 512, 4_MiB, kUntagged, out),
             ThreadHeap::Freed::foreign)
       << "inside a block";
-  EXPECT_EQ(heap.free_bytes(), 64_MiB - ThreadHeap::kGuard - 4_MiB) << "nothing changed";
+  EXPECT_EQ(heap.free_bytes(), 64_MiB - 512 - 4_MiB) << "nothing changed";
   EXPECT_EQ(heap.deallocate(a, 4_MiB, kUntagged, out), ThreadHeap::Freed::kept);
   EXPECT_EQ(heap.deallocate(a, 4_MiB, kUntagged, out), ThreadHeap::Freed::foreign)
       << "a double deallocation";
@@ -186,6 +186,24 @@ TEST(ThreadHeap, EverySlotTakenRefusesAChunkAndChangesNothing) {
   EXPECT_EQ(heap.chunk_count(), ThreadHeap::kMaxChunks);
 }
 
+TEST(ThreadHeap, OverTheSmallTierRangesAndTheGuardAreItsGranularity) {
+  ThreadHeap heap({.chunk_bytes = 2_MiB, .keep_idle = 8_MiB, .granularity = 256});
+  EXPECT_EQ(heap.guard(), 256U);
+  char* chunk = fake_chunk(50);
+  void* a = heap.allocate_in_new_chunk(chunk, 2_MiB, 768, kUntagged, kUntagged);
+  EXPECT_EQ(a, chunk + 256);
+  void* b = heap.allocate(256, kUntagged);
+  EXPECT_EQ(b, chunk + 256 + 768) << "768-byte blocks pack at 256-byte steps";
+  ThreadHeap::Returned out;
+  heap.deallocate(a, 768, kUntagged, out);
+  heap.deallocate(b, 256, kUntagged, out);
+  EXPECT_EQ(out.block, nullptr) << "kept: within keep_idle";
+  ThreadHeap::Returned idle[2];
+  ASSERT_EQ(heap.take_idle(idle, 2), 1U);
+  EXPECT_EQ(idle[0].pieces[0].bytes, 256U);
+  EXPECT_EQ(pieces_bytes(idle[0]), 2_MiB);
+}
+
 // ---- in a pool ---------------------------------------------------------------------------
 
 DevicePool::Options heap_options(bool virtual_memory = false) {
@@ -199,8 +217,9 @@ DevicePool::Options heap_options(bool virtual_memory = false) {
   return options;
 }
 
-std::size_t fresh_size(std::mt19937_64& random, std::size_t max_bytes) {
-  std::uniform_real_distribution<double> draw(std::log(2_MiB), std::log(max_bytes));
+std::size_t fresh_size(std::mt19937_64& random, std::size_t max_bytes,
+                       std::size_t min_bytes = 2_MiB) {
+  std::uniform_real_distribution<double> draw(std::log(min_bytes), std::log(max_bytes));
   return static_cast<std::size_t>(std::exp(draw(random)));
 }
 
@@ -378,6 +397,47 @@ TEST(DevicePoolThreadHeap, AThreadWithAStreamPerFewRequestsKeepsItsStreamsBlocks
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
+// Small classes on the thread's own stream: what its bins do not hold goes to its heap over
+// the small tier, not to the tier's mutex.
+TEST(DevicePoolThreadHeap, SmallClassesOnTheThreadsStreamThatMissTheBinsUseItsSmallHeap) {
+  auto fence = std::make_shared<StreamLifetimeFence>();
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto options = heap_options();
+  options.fence = fence;
+  options.thread_cache.max_bytes = 256_KiB;  // bins overflow at once
+  {
+    DevicePool pool(upstream, options);
+    const cudaStream_t s = fence->create();
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the heaps start
+    std::mt19937_64 random(5);
+    std::vector<Live> live;
+    std::uint64_t word = 0;
+    for (int round = 0; round < 40; ++round) {
+      for (int i = 0; i < 32; ++i) {
+        const std::size_t bytes = fresh_size(random, 512_KiB, 256);
+        void* block = pool.allocate_async(bytes, s);
+        stamp(block, bytes, ++word);
+        live.push_back({block, bytes, word});
+      }
+      std::shuffle(live.begin(), live.end(), random);
+      for (const Live& l : live) {
+        ASSERT_TRUE(stamped(l.block, l.bytes, l.word));
+        pool.deallocate_async(l.block, l.bytes, s);
+      }
+      live.clear();
+    }
+    EXPECT_GT(pool.stats().bytes_cached_in_thread_heaps, 0U);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    fence->synchronize(s);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_cached_in_thread_heaps, 0U);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+    fence->destroy(s);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
 // The upstream holds room for one heap's chunks: another thread's request fits only once
 // the idle chunks went back (the flush before a tier grows).
 TEST(DevicePoolThreadHeap, IdleChunksGoBackBeforeAnotherThreadsRequestGrowsTheTier) {
@@ -451,16 +511,32 @@ TEST(DevicePoolThreadHeap, APoolDestroyedWithHeapBlocksLeasedTakesThemBackLater)
 // block before it goes: a block handed to two owners, or a chunk going back while a block
 // of it is leased, shows as a changed word. With heaps from the first request and with the
 // default (a heap once a thread meets another on the large tier).
-void run_threads_with_fresh_sizes(bool from_start, bool virtual_memory) {
+void run_threads_with_fresh_sizes(bool from_start, bool virtual_memory, bool on_streams) {
   constexpr int kThreads = 4;
   constexpr int kRounds = 150;
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<StreamLifetimeFence>();
   std::atomic<std::uint64_t> bad_words{0};
   {
     auto options = heap_options(virtual_memory);
     options.thread_cache.large_from_start = from_start;
     options.thread_cache.large_chunk_bytes = 32_MiB;  // several chunks per thread
+    options.fence = fence;
     DevicePool pool(upstream, options);
+    std::vector<cudaStream_t> streams;
+    for (int t = 0; t < kThreads; ++t) streams.push_back(on_streams ? fence->create() : nullptr);
+    // Each thread's own stream (or none): a block goes back on the deallocating thread's.
+    auto allocate = [&](std::size_t bytes, int t) {
+      return on_streams ? pool.allocate_async(bytes, streams[static_cast<std::size_t>(t)])
+                        : pool.allocate(bytes);
+    };
+    auto deallocate = [&](const Live& l, int t) {
+      if (on_streams) {
+        pool.deallocate_async(l.block, l.bytes, streams[static_cast<std::size_t>(t)]);
+      } else {
+        pool.deallocate(l.block, l.bytes);
+      }
+    };
     std::mutex handoff_mutex;
     std::vector<std::vector<Live>> handoffs(kThreads);
     std::atomic<int> finished{0};
@@ -472,8 +548,10 @@ void run_threads_with_fresh_sizes(bool from_start, bool virtual_memory) {
         std::vector<Live> live;
         for (int round = 0; round < kRounds; ++round) {
           for (int i = 0; i < 6; ++i) {
-            const std::size_t bytes = fresh_size(random, 32_MiB);
-            void* block = pool.allocate(bytes);
+            // Small classes too (bins, rings, the small tier's heap), a third large.
+            const std::size_t bytes =
+                i % 3 == 0 ? fresh_size(random, 32_MiB) : fresh_size(random, 1_MiB, 256);
+            void* block = allocate(bytes, t);
             stamp(block, bytes, ++word);
             live.push_back({block, bytes, word});
           }
@@ -493,13 +571,13 @@ void run_threads_with_fresh_sizes(bool from_start, bool virtual_memory) {
               const std::lock_guard lock(handoff_mutex);
               handoffs[static_cast<std::size_t>((t + 1) % kThreads)].push_back(l);
             } else {
-              pool.deallocate(l.block, l.bytes);
+              deallocate(l, t);
             }
           }
         }
         for (const Live& l : live) {
           if (!stamped(l.block, l.bytes, l.word)) bad_words.fetch_add(1);
-          pool.deallocate(l.block, l.bytes);
+          deallocate(l, t);
         }
         // Blocks handed to this thread after its last round: deallocated here until every
         // thread is done, so that none piles up.
@@ -513,7 +591,7 @@ void run_threads_with_fresh_sizes(bool from_start, bool virtual_memory) {
           }
           for (const Live& l : mine) {
             if (!stamped(l.block, l.bytes, l.word)) bad_words.fetch_add(1);
-            pool.deallocate(l.block, l.bytes);
+            deallocate(l, t);
           }
           std::this_thread::yield();
         }
@@ -530,8 +608,14 @@ void run_threads_with_fresh_sizes(bool from_start, bool virtual_memory) {
     EXPECT_EQ(stats.bytes_in_use, 0U);
     EXPECT_EQ(stats.acquires, stats.deallocations);
     EXPECT_EQ(stats.invalid_deallocations, 0U);
+    for (cudaStream_t s : streams) {
+      if (s != nullptr) fence->synchronize(s);
+    }
     pool.trim(0);
     EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+    for (cudaStream_t s : streams) {
+      if (s != nullptr) fence->destroy(s);
+    }
   }
   EXPECT_EQ(bad_words.load(), 0U) << "a block had two owners";
   EXPECT_EQ(upstream->live_bytes(), 0U);
@@ -539,13 +623,24 @@ void run_threads_with_fresh_sizes(bool from_start, bool virtual_memory) {
 }
 
 TEST(DevicePoolThreadHeapThreads, FreshSizesAndHandoffsNeverGiveABlockTwoOwnersSegments) {
-  run_threads_with_fresh_sizes(true, false);
-  run_threads_with_fresh_sizes(false, false);
+  run_threads_with_fresh_sizes(true, false, false);
+  run_threads_with_fresh_sizes(false, false, false);
 }
 
 TEST(DevicePoolThreadHeapThreads, FreshSizesAndHandoffsNeverGiveABlockTwoOwnersVirtual) {
-  run_threads_with_fresh_sizes(true, true);
-  run_threads_with_fresh_sizes(false, true);
+  run_threads_with_fresh_sizes(true, true, false);
+  run_threads_with_fresh_sizes(false, true, false);
+}
+
+// Each thread on its own stream; a handed-over block goes back on the receiver's stream.
+TEST(DevicePoolThreadHeapThreads, FreshSizesAndHandoffsOnEachThreadsStreamSegments) {
+  run_threads_with_fresh_sizes(true, false, true);
+  run_threads_with_fresh_sizes(false, false, true);
+}
+
+TEST(DevicePoolThreadHeapThreads, FreshSizesAndHandoffsOnEachThreadsStreamVirtual) {
+  run_threads_with_fresh_sizes(true, true, true);
+  run_threads_with_fresh_sizes(false, true, true);
 }
 
 }  // namespace
