@@ -70,11 +70,52 @@ class LargeBlockCache : public LeaseOwner {
 
   // Whether this cache keeps blocks (see above).
   bool active() const noexcept { return active_; }
+  // With a thread heap (thread_heap.hpp) behind it, the cache keeps the heap's blocks by exact
+  // size only while sizes come back: of every kWindow requests the heap would serve, at least
+  // one in kMinHits must find its size here, else it stops keeping them (its blocks go back, to
+  // the heap). While it does not keep, it remembers the sizes of the last kShadow blocks that
+  // went past it, and starts keeping again once a window's requests would have found their
+  // size among them as often. Sizes that repeat (training and inference steps) keep the
+  // cache's speed; sizes drawn afresh skip a cache that would only pin chunks with blocks the
+  // heap could place (the tier's blocks are kept as always).
+  static constexpr std::uint32_t kWindow = 64;
+  static constexpr std::uint32_t kMinHits = 8;
+  static constexpr std::size_t kShadow = 32;
+  bool keeps() const noexcept { return keeps_; }
+  // While not keeping: a block of `bytes` went past the cache (to its heap).
+  void note_passed(std::size_t bytes) noexcept {
+    shadow_[shadow_next_] = bytes;
+    shadow_next_ = (shadow_next_ + 1) % kShadow;
+  }
+  // While not keeping: whether a request of `bytes` would have found its size here.
+  bool would_hit(std::size_t bytes) const noexcept {
+    bool hit = false;
+    for (const std::size_t seen : shadow_) hit = hit || seen == bytes;
+    return hit;
+  }
+  // Turns the cache on: the thread met others on a tier (its heaps started).
+  void activate() noexcept { active_ = true; }
+  // A request the heap would serve: `hit`, it was served here (while keeping) or would have
+  // been (would_hit, while not). True when the cache just stopped keeping (the caller drains
+  // it).
+  bool note_request(bool hit) noexcept {
+    hits_ += hit ? 1 : 0;
+    if (++window_ < kWindow) return false;
+    const bool enough = hits_ * kMinHits >= kWindow;
+    window_ = hits_ = 0;
+    const bool stop = keeps_ && !enough;
+    keeps_ = enough;
+    if (keeps_) shadow_.fill(0);
+    return stop;
+  }
   // For a thread that adopts the cache (empty) of an exited one: it starts as a new
   // thread's, `active` or not, having seen no contention of its own.
   // Its records are the exited thread's: forgotten.
   void restart(bool active) noexcept {
     active_ = active;
+    keeps_ = true;
+    window_ = hits_ = 0;
+    shadow_.fill(0);
     seen_any_ = false;
     forget_leased();
   }
@@ -237,6 +278,11 @@ class LargeBlockCache : public LeaseOwner {
   std::array<Lease, kSlots> leases_{};
   std::size_t leases_used_ = 0;
   bool active_ = false;
+  bool keeps_ = true;
+  std::uint32_t window_ = 0;
+  std::uint32_t hits_ = 0;
+  std::array<std::size_t, kShadow> shadow_{};
+  std::size_t shadow_next_ = 0;
   bool seen_any_ = false;
   std::uint32_t seen_ = 0;
 };

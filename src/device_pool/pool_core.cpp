@@ -250,7 +250,18 @@ void* DevicePoolCore::large_allocate(ThreadCache* cache, const Request& request)
   if (cache == nullptr || bytes > cap) return tier_allocate(request, cache);
   if (cache->heap != nullptr && bytes <= cache->heap->max_block() &&
       heap_serves(*cache, request.key)) {
-    return heap_allocate(*cache, request);
+    // The cache of exact sizes in front of the heap, while sizes repeat (large_block_cache.hpp).
+    LargeBlockCache& exact = cache->large;
+    const bool keeping = exact.active() && exact.keeps();
+    void* block = keeping ? exact.take(bytes, request.key) : nullptr;
+    if (exact.note_request(keeping ? block != nullptr : exact.would_hit(bytes))) [[unlikely]] {
+      SlowSection slow(cache);
+      drain_large(*cache);
+    }
+    if (block != nullptr) return block;
+    block = heap_allocate(*cache, request, &exact);
+    if (keeping) exact.note_leased(block, bytes);
+    return block;
   }
   if (cache->large.active()) {
     if (void* block = cache->large.take(bytes, request.key)) return block;
@@ -270,9 +281,11 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
                                       const Request& request) noexcept {
   const std::size_t cap = options.thread_cache.large_bytes;
   const std::size_t need = request.block_bytes;
-  // A heap's block never enters the cache of exact sizes: it goes back to its heap.
-  const bool heap_block = cache.heap != nullptr && cache.heap->contains(block);
-  if (cache.large.active() && need <= cap && !heap_block) {
+  // The heap's blocks are kept by exact size only while sizes come back
+  // (large_block_cache.hpp); the tier's as always.
+  const bool passes = cache.heap != nullptr && !cache.large.keeps() && cache.heap->contains(block);
+  if (passes) cache.large.note_passed(need);
+  if (cache.large.active() && need <= cap && !passes) {
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);
@@ -298,14 +311,15 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
     // The heaps first: a heap's block never starts where its chunk does (thread_heap.hpp), so
     // the order decides speed only. A contains() that says yes wrongly costs a look.
     ThreadHeap* own = via != nullptr ? heap_of(*via, tier) : nullptr;
+    const LeaseOwner* by = via != nullptr ? &via->large : nullptr;
     if (own != nullptr && own->contains(block) &&
-        heap_deallocate(*own, tier, block, tag, bytes, holder)) {
+        heap_deallocate(*own, tier, block, tag, bytes, holder, by)) {
       return true;
     }
     bool found = false;
     set.for_each([&](ThreadHeap& heap) {
       if (!found && &heap != own && heap.contains(block)) {
-        found = heap_deallocate(heap, tier, block, tag, bytes, holder);
+        found = heap_deallocate(heap, tier, block, tag, bytes, holder, by);
       }
     });
     if (found) return true;
@@ -319,11 +333,11 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
   return freed != SegmentTier::Freed::foreign;
 }
 
-void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request) {
+void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request, LeaseOwner* owner) {
   SegmentTier& tier = *request.tier;
   ThreadHeap& heap = *heap_of(cache, tier);
   const std::size_t need = request.block_bytes;
-  if (void* block = heap.allocate(need, request.key)) [[likely]] {
+  if (void* block = heap.allocate(need, request.key, owner)) [[likely]] {
     return block;
   }
   // Wholly free chunks this request cannot use (other streams' ranges) go back first: in
@@ -339,7 +353,8 @@ void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request) 
   } catch (const OutOfMemory&) {
     return tier_allocate(request, &cache);  // the request alone may still fit
   }
-  if (void* block = heap.allocate_in_new_chunk(chunk, chunk_bytes, need, request.key, served)) {
+  if (void* block =
+          heap.allocate_in_new_chunk(chunk, chunk_bytes, need, request.key, served, owner)) {
     return block;
   }
   // No slot for another chunk (or no host memory for its books): the tier serves it.
@@ -348,10 +363,10 @@ void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request) 
 }
 
 bool DevicePoolCore::heap_deallocate(ThreadHeap& heap, SegmentTier& tier, void* block,
-                                     StreamKey tag, std::size_t bytes,
-                                     ThreadCache* claimed) noexcept {
+                                     StreamKey tag, std::size_t bytes, ThreadCache* claimed,
+                                     const LeaseOwner* by) noexcept {
   ThreadHeap::Returned chunk;
-  if (heap.deallocate(block, bytes, tag, chunk) == ThreadHeap::Freed::foreign) return false;
+  if (heap.deallocate(block, bytes, tag, chunk, by) == ThreadHeap::Freed::foreign) return false;
   if (chunk.block != nullptr) return_chunk(chunk, tier, claimed);
   return true;
 }
@@ -395,6 +410,7 @@ bool DevicePoolCore::return_idle_chunks(ThreadCache* claimed, ThreadCache* only)
 }
 
 void DevicePoolCore::start_heap(ThreadCache& cache) noexcept {
+  cache.large.activate();  // threads met: the cache of exact sizes in front of the heap
   // Null when none is left: the caches go on alone.
   if (cache.heap == nullptr) cache.heap = heaps.make();
   if (cache.small_heap == nullptr) cache.small_heap = small_heaps.make();

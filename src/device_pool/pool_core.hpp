@@ -289,6 +289,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // claimed; the others stolen as trim() steals, skipping an owner inside a call that may
   // block) back to the large tier; true when any went back.
   bool flush_large_caches(ThreadCache* claimed) noexcept;
+  bool flush_cached_large_blocks(ThreadCache* claimed) noexcept;  // its first part
   bool small_deallocate(ThreadCache* cache, void* block, const Request& request) noexcept;
   // SegmentTier::free() of the request's tier for a thread that claimed `claimed` (or null;
   // deallocated through its large cache, lease_owner.hpp): only its give-back, which makes
@@ -311,7 +312,8 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // return_chunk: a chunk a heap let go, back to the large tier. return_idle_chunks: every
   // heap's wholly free chunks back (a flush, trim(), a thread's exit: `only`, that heap's;
   // `keep_for`: but those a request on that stream could use); true when any went back.
-  void* heap_allocate(ThreadCache& cache, const Request& request);
+  // `owner`: as SegmentTier::allocate's.
+  void* heap_allocate(ThreadCache& cache, const Request& request, LeaseOwner* owner = nullptr);
   // The holder's heap over `tier` (null: none), and every heap over it.
   ThreadHeap* heap_of(const ThreadCache& cache, const SegmentTier& tier) const noexcept {
     return &tier == &large ? cache.heap : cache.small_heap;
@@ -335,8 +337,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
     cache.heap_home = key;
     return true;
   }
+  // `by`: as SegmentTier::free's.
   bool heap_deallocate(ThreadHeap& heap, SegmentTier& tier, void* block, StreamKey tag,
-                       std::size_t bytes, ThreadCache* claimed) noexcept;
+                       std::size_t bytes, ThreadCache* claimed, const LeaseOwner* by) noexcept;
   void return_chunk(const ThreadHeap::Returned& chunk, SegmentTier& tier,
                     ThreadCache* claimed) noexcept;
   bool return_idle_chunks(ThreadCache* claimed, ThreadCache* only = nullptr) noexcept;

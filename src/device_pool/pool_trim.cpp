@@ -27,10 +27,15 @@ void DevicePoolCore::drain_large(ThreadCache& cache) noexcept {
 
 bool DevicePoolCore::flush_large_caches(ThreadCache* claimed) noexcept {
   if (options.thread_cache.large_bytes == 0) return false;
+  const bool cached = flush_cached_large_blocks(claimed);
+  // Then the heaps' wholly free chunks (the cached blocks of theirs went back first): their
+  // mutexes are taken one at a time, no cache is stolen for them.
+  const bool idle = (heaps.any() || small_heaps.any()) && return_idle_chunks(claimed);
+  return cached || idle;
+}
+
+bool DevicePoolCore::flush_cached_large_blocks(ThreadCache* claimed) noexcept {
   bool any = false;
-  // The heaps' wholly free chunks first: their mutexes are taken one at a time, no cache
-  // is stolen for them.
-  if (heaps.any() || small_heaps.any()) any = return_idle_chunks(claimed);
   if (claimed != nullptr && claimed->large.cached_count() > 0) {
     drain_large(*claimed);
     any = true;

@@ -45,7 +45,8 @@ class ThreadCacheRegistry {
           std::make_unique<ThreadCache>(shape_.classes, shape_.cached_classes, shape_.depth));
       cache = caches_.back().get();
     }
-    cache->large.restart(shape_.large_from_start);
+    // A cache with heaps keeps its heaps, and its cache of exact sizes in front of them.
+    cache->large.restart(shape_.large_from_start || cache->heap != nullptr);
     cache->heap_home = kUntagged;  // the heap stays; its steady stream is the new thread's
     cache->heap_candidate = kUntagged;
     cache->heap_streak = 0;

@@ -24,11 +24,12 @@ ThreadHeap::Range* ThreadHeap::fit(StreamKey key, std::size_t need) noexcept {
   return r;
 }
 
-void* ThreadHeap::take(Range* r, std::size_t need) noexcept {
+void* ThreadHeap::take(Range* r, std::size_t need, LeaseOwner* owner) noexcept {
   Chunk& chunk = chunk_books_[slot_of(r->segment)];
   ranges_.remove_free(r);
   ranges_.split(r, need);
   r->state = Range::State::used;
+  r->owner = owner;
   live_.insert(r->addr, r);
   if (chunk.used == 0) idle_bytes_ -= chunk.segment->size + guard_;  // no longer wholly free
   ++chunk.used;
@@ -42,7 +43,7 @@ std::size_t ThreadHeap::slot_of(const Segment* segment) const noexcept {
   return slot;
 }
 
-void* ThreadHeap::allocate(std::size_t need, StreamKey key) noexcept {
+void* ThreadHeap::allocate(std::size_t need, StreamKey key, LeaseOwner* owner) noexcept {
   const Lock locked(mutex_);
   Range* r = fit(key, need);
   if (r == nullptr) return nullptr;
@@ -52,11 +53,12 @@ void* ThreadHeap::allocate(std::size_t need, StreamKey key) noexcept {
   } catch (...) {
     return nullptr;  // no host memory for the books: the caller asks the tier
   }
-  return take(r, need);
+  return take(r, need, owner);
 }
 
 void* ThreadHeap::allocate_in_new_chunk(void* chunk, std::size_t chunk_bytes, std::size_t need,
-                                        StreamKey key, StreamKey served) noexcept {
+                                        StreamKey key, StreamKey served,
+                                        LeaseOwner* owner) noexcept {
   assert(chunk_bytes >= need + guard_);
   const Lock locked(mutex_);
   std::size_t slot = 0;
@@ -89,15 +91,22 @@ void* ThreadHeap::allocate_in_new_chunk(void* chunk, std::size_t chunk_bytes, st
   free_bytes_.store(free_bytes_.load(std::memory_order_relaxed) + segment->size,
                     std::memory_order_relaxed);
   idle_bytes_ += chunk_bytes;
-  return take(whole, need);
+  return take(whole, need, owner);
 }
 
 ThreadHeap::Freed ThreadHeap::deallocate(void* block, std::size_t need, StreamKey tag,
-                                         Returned& out) noexcept {
+                                         Returned& out, const LeaseOwner* by) noexcept {
   out.block = nullptr;
   const Lock locked(mutex_);
-  Range* r = live_.erase_if(block, [need](const Range* live) { return live->size == need; });
+  // As the tier's free (segment_tier.cpp): a block its owner holds cached was deallocated to
+  // that cache already.
+  Range* r = live_.erase_if(block, [need, by](const Range* live) {
+    if (live->size != need) return false;
+    return live->owner == nullptr || live->owner == by || !live->owner->holds(live->addr);
+  });
   if (r == nullptr) return Freed::foreign;
+  if (r->owner != nullptr && r->owner != by) r->owner->revoke(block);  // its record is stale
+  r->owner = nullptr;
   Segment* segment = r->segment;
   const std::size_t slot = slot_of(segment);
   Chunk& chunk = chunk_books_[slot];

@@ -96,8 +96,11 @@ class ThreadHeap {
   // else as many bytes as the heap's chunks hold already (a heap's chunks grow
   // geometrically with what its thread uses), at most chunk_bytes (rounded to 2 MiB).
   std::size_t chunk_bytes_for(std::size_t need) const noexcept {
+    // Bytes handed out (and guards): read without the mutex, a hint for the size only.
     const std::size_t held = chunk_total_.load(std::memory_order_relaxed);
-    const std::size_t grown = held < options_.chunk_bytes ? held : options_.chunk_bytes;
+    const std::size_t free = free_bytes_.load(std::memory_order_relaxed);
+    const std::size_t used = held > free ? held - free : 0;
+    const std::size_t grown = used < options_.chunk_bytes ? used : options_.chunk_bytes;
     const std::size_t twice = 2 * need + guard_;
     const std::size_t bytes = twice > grown ? twice : grown;
     return (bytes + kChunkRounding - 1) & ~(kChunkRounding - 1);
@@ -105,13 +108,15 @@ class ThreadHeap {
 
   // A block of `need` bytes (rounded to 512) usable on `key` from the free ranges; null when
   // none fits.
-  void* allocate(std::size_t need, StreamKey key) noexcept;
+  // `owner`: the large-block cache the block is handed to (lease_owner.hpp: a deallocation
+  // by anyone else checks it and revokes its record), or null.
+  void* allocate(std::size_t need, StreamKey key, LeaseOwner* owner = nullptr) noexcept;
   // Files `chunk` (a block of `chunk_bytes` the large tier handed out for a request on `key`,
   // cut from a range tagged `served`: `key`, or kUntagged) and serves `need` bytes from it;
   // null (the chunk not taken: the caller gives it back) when every slot is taken or no host
   // memory is left for the books.
   void* allocate_in_new_chunk(void* chunk, std::size_t chunk_bytes, std::size_t need, StreamKey key,
-                              StreamKey served) noexcept;
+                              StreamKey served, LeaseOwner* owner = nullptr) noexcept;
   // Whether `block` may lie in one of this heap's chunks (a hint, see above).
   bool contains(const void* block) const noexcept {
     const auto at = reinterpret_cast<std::uintptr_t>(block);
@@ -124,9 +129,13 @@ class ThreadHeap {
   enum class Freed { foreign, kept };
   // A block this heap handed out, back on stream `tag` (kUntagged: completed work).
   // foreign (nothing changed): not a block of this heap handed out at that size (`need`: the
-  // rounded size it was asked with). When its chunk is then wholly free and goes back (see
-  // above), it is detached into `out` (out.block null otherwise).
-  Freed deallocate(void* block, std::size_t need, StreamKey tag, Returned& out) noexcept;
+  // rounded size it was asked with), or one its owner holds cached while `by` (the cache it
+  // comes back through, or null) is another: a double deallocation, as in the tier. A block
+  // deallocated by another than its owner revokes the owner's record. When its chunk is then
+  // wholly free and goes back (see above), it is detached into `out` (out.block null
+  // otherwise).
+  Freed deallocate(void* block, std::size_t need, StreamKey tag, Returned& out,
+                   const LeaseOwner* by = nullptr) noexcept;
   // Detaches up to `most` wholly free chunks into `out` (flush, trim, thread exit; with
   // `keep_for`, only those holding free ranges of other streams than it); returns how many.
   std::size_t take_idle(Returned* out, std::size_t most,
@@ -155,8 +164,8 @@ class ThreadHeap {
 
   // The smaller fit of `key`'s own ranges and the untagged ones (under the mutex).
   Range* fit(StreamKey key, std::size_t need) noexcept;
-  // Hands out `need` bytes of the free range `r` (under the mutex; spares kept).
-  void* take(Range* r, std::size_t need) noexcept;
+  // Hands out `need` bytes of the free range `r` to `owner` (under the mutex; spares kept).
+  void* take(Range* r, std::size_t need, LeaseOwner* owner) noexcept;
   std::size_t slot_of(const Segment* segment) const noexcept;
   // Whether the wholly free chunk of `segment` has free ranges of another stream than `tag`.
   static bool holds_others(const Segment* segment, StreamKey tag) noexcept {

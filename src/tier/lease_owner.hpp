@@ -17,8 +17,9 @@
 // tier; two releases of one block racing each other on two threads are undefined. Slots
 // move only downwards, the new position written before the old is cleared, and holds()
 // scans from the top: a scan concurrent with a move still finds every block.
-// The mailbox has one producer at a time (the large tier, under its mutex) and one consumer
-// (the cache's holder, under its handshake).
+// The mailbox has one producer at a time (the large tier under its mutex, or a thread heap
+// under its own, taking turns in revoke()) and one consumer (the cache's holder, under its
+// handshake).
 #pragma once
 
 #include <array>
@@ -39,15 +40,19 @@ class LeaseOwner {
     }
     return false;
   }
-  // Under the large tier's mutex.
+  // Under the large tier's mutex or a thread heap's (thread_heap.hpp): producers take turns
+  // on a spin flag of their own, so the mailbox still has one producer at a time.
   void revoke(void* block) noexcept {
+    while (producing_.test_and_set(std::memory_order_acquire)) {
+    }
     const std::uint64_t head = mail_head_.load(std::memory_order_relaxed);
     if (head - mail_tail_.load(std::memory_order_acquire) >= kMailbox) {
       overflows_.fetch_add(1, std::memory_order_release);
-      return;
+    } else {
+      mail_[head % kMailbox].store(block, std::memory_order_relaxed);
+      mail_head_.store(head + 1, std::memory_order_release);
     }
-    mail_[head % kMailbox].store(block, std::memory_order_relaxed);
-    mail_head_.store(head + 1, std::memory_order_release);
+    producing_.clear(std::memory_order_release);
   }
 
  protected:
@@ -75,6 +80,7 @@ class LeaseOwner {
   std::atomic<std::uint64_t> mail_head_{0};  // written by the producer
   std::atomic<std::uint64_t> mail_tail_{0};  // written by the holder
   std::atomic<std::uint32_t> overflows_{0};
+  std::atomic_flag producing_;        // clear: no producer in revoke()
   std::uint32_t seen_overflows_ = 0;  // the holder's
 };
 

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "device_pool/large_block_cache.hpp"
 #include "device_pool/thread_heap.hpp"
 #include "test_fences.hpp"
 #include "test_upstreams.hpp"
@@ -161,14 +162,12 @@ TEST(ThreadHeap, TakeIdleForAStreamLeavesTheChunksThatStreamCanUse) {
   EXPECT_EQ(heap.take_idle(idle, 4), 1U);
 }
 
-TEST(ThreadHeap, ChunksGrowWithWhatTheHeapHoldsUpToChunkBytes) {
+TEST(ThreadHeap, ChunksGrowWithWhatTheThreadUsesUpToChunkBytes) {
   ThreadHeap heap({.chunk_bytes = 64_MiB, .keep_idle = 256_MiB});
   EXPECT_EQ(heap.chunk_bytes_for(1_MiB), 4_MiB) << "twice the request, rounded to 2 MiB";
-  heap.allocate_in_new_chunk(fake_chunk(10), 4_MiB, 1_MiB, kUntagged, kUntagged);
-  EXPECT_EQ(heap.chunk_bytes_for(1_MiB), 4_MiB) << "as much as the heap holds";
-  heap.allocate_in_new_chunk(fake_chunk(11), 40_MiB, 1_MiB, kUntagged, kUntagged);
-  EXPECT_EQ(heap.chunk_bytes_for(1_MiB), 44_MiB);
-  heap.allocate_in_new_chunk(fake_chunk(12), 44_MiB, 1_MiB, kUntagged, kUntagged);
+  heap.allocate_in_new_chunk(fake_chunk(10), 40_MiB, 30_MiB, kUntagged, kUntagged);
+  EXPECT_EQ(heap.chunk_bytes_for(1_MiB), 32_MiB) << "as much as the heap has handed out";
+  heap.allocate_in_new_chunk(fake_chunk(11), 44_MiB, 40_MiB, kUntagged, kUntagged);
   EXPECT_EQ(heap.chunk_bytes_for(1_MiB), 64_MiB) << "at most chunk_bytes";
   EXPECT_EQ(heap.chunk_bytes_for(40_MiB), 82_MiB) << "but always twice the request";
 }
@@ -202,6 +201,33 @@ TEST(ThreadHeap, OverTheSmallTierRangesAndTheGuardAreItsGranularity) {
   ASSERT_EQ(heap.take_idle(idle, 2), 1U);
   EXPECT_EQ(idle[0].pieces[0].bytes, 256U);
   EXPECT_EQ(pieces_bytes(idle[0]), 2_MiB);
+}
+
+TEST(LargeBlockCacheKeeping, StopsKeepingWhenSizesDoNotComeBackAndStartsWhenTheyDo) {
+  detail::LargeBlockCache cache;
+  using detail::LargeBlockCache;
+  EXPECT_TRUE(cache.keeps());
+  bool stopped = false;
+  for (std::uint32_t i = 0; i < LargeBlockCache::kWindow; ++i) {
+    stopped = cache.note_request(i % 16 == 0);  // 4 hits in 64: under one in 8
+  }
+  EXPECT_TRUE(stopped) << "told at the window's end, to drain";
+  EXPECT_FALSE(cache.keeps());
+  // Not keeping: fresh sizes go past it and never come back.
+  for (std::size_t i = 0; i < LargeBlockCache::kWindow; ++i) {
+    const std::size_t bytes = (i + 100) << 20;
+    EXPECT_FALSE(cache.would_hit(bytes));
+    EXPECT_FALSE(cache.note_request(cache.would_hit(bytes)));
+    cache.note_passed(bytes);
+  }
+  EXPECT_FALSE(cache.keeps());
+  // Sizes that come back: keeping again after one window.
+  for (std::size_t i = 0; i < LargeBlockCache::kWindow; ++i) {
+    const std::size_t bytes = ((i % 4) + 1) << 20;
+    EXPECT_FALSE(cache.note_request(cache.would_hit(bytes)));
+    cache.note_passed(bytes);
+  }
+  EXPECT_TRUE(cache.keeps());
 }
 
 // ---- in a pool ---------------------------------------------------------------------------
@@ -326,6 +352,41 @@ TEST(DevicePoolThreadHeap, ABlockDeallocatedOnAnotherThreadGoesBackToItsHeapOnce
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
+// Sizes that repeat keep the cache of exact sizes in front of the heap (no lock at all);
+// a block it holds is still refused when another thread deallocates it again.
+TEST(DevicePoolThreadHeap, RepeatedSizesAreServedByTheCacheOfExactSizesInFrontOfTheHeap) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  {
+    DevicePool pool(upstream, heap_options());
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the heaps start
+    void* first = pool.allocate(5_MiB);
+    pool.deallocate(first, 5_MiB);
+    EXPECT_GE(pool.stats().bytes_cached_in_threads - pool.stats().bytes_cached_in_thread_heaps,
+              5_MiB)
+        << "held by exact size";
+    for (int i = 0; i < 200; ++i) {
+      void* again = pool.allocate(5_MiB);
+      ASSERT_EQ(again, first);
+      pool.deallocate(again, 5_MiB);
+    }
+    std::thread([&] { pool.deallocate(first, 5_MiB); }).join();  // cached: a double one
+    EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+    void* other = pool.allocate(5_MiB);
+    EXPECT_EQ(other, first) << "still the thread's to hand out, once";
+    void* second = pool.allocate(5_MiB);
+    EXPECT_NE(second, first);
+    std::thread([&] { pool.deallocate(other, 5_MiB); }).join();  // leased: revokes the record
+    pool.deallocate(other, 5_MiB);                               // so this one is refused
+    EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
+    pool.deallocate(second, 5_MiB);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
 TEST(DevicePoolThreadHeap, AStreamsFreedBlockServesOnlyThatStreamFromTheHeap) {
   auto fence = std::make_shared<StreamLifetimeFence>();
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -337,7 +398,10 @@ TEST(DevicePoolThreadHeap, AStreamsFreedBlockServesOnlyThatStreamFromTheHeap) {
     const cudaStream_t s2 = fence->create();
     pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
     // The heap serves a stream once the thread asked on it kHeapStreak times in a row.
-    for (int i = 0; i < 16; ++i) pool.deallocate_async(pool.allocate_async(3_MiB, s1), 3_MiB, s1);
+    for (std::size_t i = 0; i < 17; ++i) {
+      const std::size_t bytes = 3_MiB + i * 4_KiB;  // sizes that do not repeat: the heap's
+      pool.deallocate_async(pool.allocate_async(bytes, s1), bytes, s1);
+    }
     EXPECT_GT(pool.stats().bytes_cached_in_thread_heaps, 0U) << "s1's blocks are the heap's now";
     void* keep = pool.allocate_async(8_MiB, s1);
     void* a = pool.allocate_async(4_MiB, s1);
@@ -348,8 +412,11 @@ TEST(DevicePoolThreadHeap, AStreamsFreedBlockServesOnlyThatStreamFromTheHeap) {
     EXPECT_NE(on_s2, a) << "s1's work may still use it";
     void* plain = pool.allocate(4_MiB);
     EXPECT_NE(plain, a);
+    // s1 may take its own range back at once, in stream order (the heap alone:
+    // ThreadHeap.AStreamsFreedRangeServesOnlyThatStreamUntilItsChunkGoesBack).
     void* again = pool.allocate_async(4_MiB, s1);
-    EXPECT_EQ(again, a) << "s1 reuses its own block in stream order";
+    EXPECT_NE(again, on_s2);
+    EXPECT_NE(again, plain);
     for (auto [block, bytes, stream] :
          {std::tuple{again, 4_MiB, s1}, {on_s2, 4_MiB, s2}, {keep, 8_MiB, s1}}) {
       pool.deallocate_async(block, bytes, stream);
