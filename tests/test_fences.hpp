@@ -52,6 +52,7 @@ class StreamLifetimeFence final : public StreamFence {
       next_handle_ += 0x100;
     }
     streams_[handle].alive = true;  // a recycled node keeps its counts: old markers stay done
+    streams_[handle].id = ++created_ids_;
     ++created_;
     return reinterpret_cast<cudaStream_t>(handle);
   }
@@ -96,6 +97,15 @@ class StreamLifetimeFence final : public StreamFence {
     markers_.push_back(m);
     return markers_.size();  // 1, 2, ...
   }
+  // A live stream's id; 0 for the legacy stream and any handle not created here.
+  std::uint64_t stream_id(cudaStream_t stream) noexcept override {
+    std::lock_guard lock(mutex_);
+    const auto it = streams_.find(key(stream));
+    if (it == streams_.end()) return 0;
+    if (!it->second.alive) ++ids_of_destroyed_;
+    return it->second.id;
+  }
+  std::uint64_t ids_of_destroyed() const { return locked(ids_of_destroyed_); }
   bool completed(std::uint64_t marker) noexcept override {
     std::lock_guard lock(mutex_);
     return done(markers_[marker - 1]);
@@ -130,6 +140,7 @@ class StreamLifetimeFence final : public StreamFence {
  private:
   struct Stream {
     bool alive = true;
+    std::uint64_t id = 0;  // stream_id(): a new one for every stream created on the handle
     std::deque<std::function<void()>> work;
     std::uint64_t queued = 0;  // work items ever enqueued
     std::uint64_t ran = 0;     // of those, run
@@ -176,6 +187,8 @@ class StreamLifetimeFence final : public StreamFence {
   std::uint64_t waits_ = 0;
   std::uint64_t released_ = 0;
   std::uint64_t created_ = 0;
+  std::uint64_t created_ids_ = 0;
+  std::uint64_t ids_of_destroyed_ = 0;  // stream_id() asked of a destroyed stream
 };
 
 }  // namespace vram::testing

@@ -68,6 +68,11 @@ class StreamFence {
   // the fence cannot tell): DevicePool keeps blocks a capture without a scope touches out
   // of the shared tiers (device_pool.hpp, "CUDA graphs"). Never called for the legacy stream.
   virtual std::uint64_t capture_of(cudaStream_t /*stream*/) noexcept { return 0; }
+  // Which stream `stream` names now, as a number no later stream gets (a destroyed stream's
+  // handle may name a new one): DevicePool tells a thread's steady stream from streams made
+  // and destroyed around a few requests (thread_heap.hpp). 0: the fence cannot tell. Asked
+  // only during a call on that stream (which proves it alive).
+  virtual std::uint64_t stream_id(cudaStream_t /*stream*/) noexcept { return 0; }
 };
 
 class ImmediateFence final : public StreamFence {
@@ -166,6 +171,7 @@ class CudaEventFence final : public StreamFence {
   void quiesce() noexcept override;
   bool try_quiesce() noexcept override;
   std::uint64_t capture_of(cudaStream_t stream) noexcept override;
+  std::uint64_t stream_id(cudaStream_t stream) noexcept override;
 
  private:
   int device_;

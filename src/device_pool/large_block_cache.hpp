@@ -27,6 +27,11 @@
 // on the tier (one thread, or threads that take turns) caches nothing, so the pool places
 // its blocks, and holds memory, exactly as without the cache.
 //
+// Sizes drawn afresh: a cache of exact sizes rarely hits them. A thread that met others on a
+// tier also has a heap over the large tier (thread_heap.hpp), which places any size by best
+// fit without the tier's mutex; this cache sits in front of it and keeps the heap's blocks
+// only while sizes come back (keeps()), the tier's blocks as always.
+//
 // Reuse rule: a block is cached with the stream it was freed on (kUntagged: completed
 // work, any stream) and handed out only for that stream's requests, or any request when
 // untagged; it goes back to the tier under that tag.

@@ -3,7 +3,8 @@
 //
 // Tiers: 1, per thread (thread_cache.hpp; large blocks apart, large_block_cache.hpp); 2, per
 // class a bounded lock-free ring shared by all threads (mpmc_ring.hpp); 3, the small and
-// large segment tiers (segment_tier.hpp).
+// large segment tiers (segment_tier.hpp), in front of which a thread that met others there
+// has a heap of its own over each (thread_heap.hpp).
 // Where each part lives:
 //   pool_core.hpp   the core's layout and its warm paths, inline: a warm allocate or
 //                   deallocate is one call into the library, no driver call, no lock.
@@ -325,17 +326,40 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // thread's steady stream, the one it asked on kHeapStreak times in a row. A thread that
   // makes a stream for a few requests and destroys it (stream churn) never has one: its
   // requests go to the tier as without a heap, where its streams' frees reach other streams
-  // by the tier's markers and quiesces, and no chunk holds them.
+  // by the tier's markers and quiesces, and no chunk holds them. A destroyed stream's handle
+  // may name the next stream (the driver reuses handles): the stream behind the handle is
+  // named (StreamFence::stream_id) when the handle becomes a candidate, when it becomes the
+  // home and every kIdentityCheck requests on it after; a change means the thread's streams
+  // come and go, and its heaps serve only requests without a stream from then on.
   static constexpr std::uint32_t kHeapStreak = 16;
-  static bool heap_serves(ThreadCache& cache, StreamKey key) noexcept {
-    if (key == kUntagged || key == cache.heap_home) return true;
+  static constexpr std::uint32_t kIdentityCheck = 64;
+  bool heap_serves(ThreadCache& cache, StreamKey key) noexcept {
+    if (key == kUntagged) return true;
+    if (key == cache.heap_home) [[likely]] {
+      if (++cache.heap_checks % kIdentityCheck != 0) [[likely]]
+        return true;
+      return same_stream(cache, key);
+    }
+    if (cache.heap_streams_churn) return false;
     if (key != cache.heap_candidate) {
       cache.heap_candidate = key;
       cache.heap_streak = 0;
+      cache.heap_stream_id = fence->stream_id(fence_stream_of(key));
     }
     if (++cache.heap_streak < kHeapStreak) return false;
+    if (!same_stream(cache, key)) return false;
     cache.heap_home = key;
+    cache.heap_checks = 0;
     return true;
+  }
+  // Whether `key` names the stream it named when heap_stream_id was read; false marks the
+  // thread's streams as churning (no home from now on).
+  [[gnu::cold]] bool same_stream(ThreadCache& cache, StreamKey key) noexcept {
+    if (fence->stream_id(fence_stream_of(key)) == cache.heap_stream_id) return true;
+    cache.heap_streams_churn = true;
+    cache.heap_home = kUntagged;
+    cache.heap_candidate = kUntagged;
+    return false;
   }
   // `by`: as SegmentTier::free's.
   bool heap_deallocate(ThreadHeap& heap, SegmentTier& tier, void* block, StreamKey tag,

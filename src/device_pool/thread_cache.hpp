@@ -135,6 +135,9 @@ struct ThreadCache {
   StreamKey heap_home = kUntagged;
   StreamKey heap_candidate = kUntagged;
   std::uint32_t heap_streak = 0;
+  std::uint32_t heap_checks = 0;     // requests on heap_home since its stream was last named
+  std::uint64_t heap_stream_id = 0;  // StreamFence::stream_id of the candidate, then the home
+  bool heap_streams_churn = false;   // streams came and went behind one handle: no home
 };
 
 // Marks the holder of `cache` as inside a call that may block (see ThreadCache).

@@ -50,6 +50,7 @@ class ThreadCacheRegistry {
     cache->heap_home = kUntagged;  // the heap stays; its steady stream is the new thread's
     cache->heap_candidate = kUntagged;
     cache->heap_streak = 0;
+    cache->heap_streams_churn = false;
     return cache;
   }
   // An exited thread's cache, emptied by its owner: adoptable from now on.

@@ -1,39 +1,53 @@
-// src/device_pool/thread_heap.hpp: one thread's large blocks of any size, placed by best fit
-// in chunks the thread takes from the large tier, under a mutex of its own.
+// src/device_pool/thread_heap.hpp: one thread's blocks of any size from one tier, placed by
+// best fit in chunks the thread takes from that tier, under a mutex of its own.
 //
-// Why: a large request that misses the thread's cache of exact sizes (large_block_cache.hpp)
-// takes the large tier's mutex. When sizes change from request to request (variable
-// sequence lengths, dynamic shapes) the exact-size cache rarely hits, and threads convoy on
-// that one mutex: 16 threads got less done than one. A heap gives each thread its own
-// best-fit ranges (FreeRanges, the tier's own structure: split, coalesce, a free index per
-// stream tag) over chunks of the large tier, so a request and a deallocation on the thread
-// that made them take only the heap's mutex, which no other thread takes but for a
-// deallocation of the heap's block on another thread, a flush, trim() and destruction. Its
-// lock is one compare-exchange when uncontended and no cache line of the tier moves.
-// (mimalloc's thread-local heaps over segments, snmalloc's per-thread allocators, here with a
-// mutex in place of a message queue for the rare deallocation from another thread.)
+// Why: a request that misses the thread's caches (its bins, the rings, its cache of exact
+// large sizes, large_block_cache.hpp) takes the tier's mutex. When sizes change from request
+// to request (variable sequence lengths, dynamic shapes) those caches rarely hit, and threads
+// convoy on the tier's one mutex: 16 threads got less done than one. A heap gives each thread
+// its own best-fit ranges (FreeRanges, the tier's own structure: split, coalesce, a free
+// index per stream tag) over chunks of the tier, so a request and a deallocation on the
+// thread that made them take only the heap's mutex, which no other thread takes but for a
+// deallocation of the heap's block on another thread, a flush, trim(), a quiesce and
+// destruction. Its lock is one compare-exchange when uncontended and no cache line of the
+// tier moves. (mimalloc's thread-local heaps over segments, snmalloc's per-thread
+// allocators, here with a mutex in place of a message queue for the rare deallocation from
+// another thread.) A thread has one heap over the large tier (chunks of up to chunk_bytes,
+// DevicePool::Options::thread_cache.large_chunk_bytes) and one over the small tier (chunks
+// of one 2 MiB segment, for the small classes its bins and the rings do not serve).
 //
-// When: like the exact-size cache, a heap exists only for a thread that has met other
-// threads on the large tier (LargeBlockCache::active()): a thread alone places its blocks
-// in the tier exactly as without heaps, so single-threaded workloads (the recorded traces)
-// reserve what they reserved. Only requests of the large tier up to max_block() go to the
-// heap; larger ones go to the tier.
+// When: a thread gets its heaps once it has met other threads on a tier's mutex (its cache of
+// exact sizes turns on, or the small tier's count of contended locks moved between two of its
+// calls): a thread alone places its blocks in the tiers exactly as without heaps, so
+// single-threaded workloads (the recorded traces) reserve what they reserved. A heap serves a
+// request without a stream, or on the stream the thread asked on 16 times in a row
+// (DevicePoolCore::heap_serves); the others go to the tier. In front of the large heap the
+// cache of exact sizes keeps the heap's blocks while sizes repeat (large_block_cache.hpp).
+// Only requests up to max_block() go to a heap; larger ones go to the tier.
 //
-// Chunks: a chunk is one block of the large tier, of max(chunk_bytes, twice the request
-// rounded to 2 MiB) bytes, taken with the request's stream (the tier may serve it from that
-// stream's ranges: so the chunk's bytes start tagged with it). Its first guard() bytes (the tier's
-// granularity) are never handed out, so no heap block starts where its chunk starts: a deallocation
-// the tier is asked about never mistakes a heap's block for the chunk it lies in. A chunk goes back
-// to the tier only wholly free (no block of it handed out), as pieces that keep their tags
-// (SegmentTier::free_pieces): at once when it holds another stream's free ranges than the
-// deallocating one's (they wait for their stream's marker there, stream_tags.hpp) or when the
-// heap's wholly free chunks pass keep_idle bytes; otherwise kept for the thread's next requests
-// until a flush (before any tier grows, DevicePoolCore::flush_large_caches), trim(), or the
-// thread's exit takes it. Memory in a chunk that still holds a block stays with the heap: that is
-// the cost of a heap, bounded by the thread's own fragmentation.
+// Chunks: a chunk is one block of the tier, of twice the request, or as many bytes as the
+// heap has handed out, at most chunk_bytes (rounded to 2 MiB), taken with the request's
+// stream; when the tier cut it from that stream's own free range, its bytes start tagged with
+// the stream. Its first guard() bytes (the tier's granularity) are never handed out, so no
+// heap block starts where its chunk starts: a deallocation the tier is asked about never
+// mistakes a heap's block for the chunk it lies in. A chunk goes back to the tier only wholly
+// free (no block of it handed out), as pieces that keep their tags (SegmentTier::free_pieces):
+// at once when it holds another stream's free ranges than the deallocating one's (they wait
+// for their stream's marker there, stream_tags.hpp) or when the heap's wholly free chunks pass
+// keep_idle bytes; before a new chunk, the wholly free ones the request's stream cannot use;
+// otherwise kept for the thread's next requests until a flush (before any tier grows,
+// DevicePoolCore::flush_large_caches), trim(), or the thread's exit takes it. Memory in a
+// chunk that still holds a block stays with the heap: that is the cost of a heap, bounded by
+// the thread's own fragmentation.
 //
-// Reuse rule: a free range tagged with stream S (freed on S, or a chunk taken on S) serves
-// only requests on S; an untagged one any request (completed work only); as in the tiers.
+// Reuse rule: a free range tagged with stream S (freed on S, or a chunk cut from S's range)
+// serves only requests on S; an untagged one any request (completed work only); as in the
+// tiers. After a device-wide quiesce every range freed on a stream before it began is
+// untagged (mark_frees, forget_streams: the Quiescer's, as for the tiers).
+//
+// Double deallocations: as in the large tier (lease_owner.hpp), a block handed to a thread's
+// cache of exact sizes carries that cache as its owner; a deallocation by anyone else is
+// refused while the owner holds it cached, and otherwise revokes the owner's record.
 //
 // Finding a block's heap without a lock: each heap publishes its chunks' address ranges in
 // kMaxChunks slots of atomics, read by contains(). A slot may be read torn while it changes,
@@ -44,7 +58,8 @@
 //
 // Lock order: the heap's mutex is a leaf. No call into a tier, a fence or the upstream is
 // made under it: chunks leave a heap as a Returned record, given to the tier by the caller
-// after the heap's mutex is unlocked.
+// after the heap's mutex is unlocked. (A revoke() into an owner's mailbox, a spin flag of its
+// own, is the one thing done under it.)
 #pragma once
 
 #include <array>

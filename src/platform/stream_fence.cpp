@@ -5,6 +5,7 @@
 #include "cuda/capture.hpp"
 #include "cuda/event_pool.hpp"
 #include "cuda/memory.hpp"
+#include "cuda/stream_identity.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/error.hpp"
 
@@ -74,6 +75,10 @@ bool CudaEventFence::try_quiesce() noexcept {
   // the synchronize nor is invalidated by it (work being captured is not queued yet).
   const cuda::RelaxedCaptureMode relaxed;
   return cuda::synchronize_device(device_);
+}
+
+std::uint64_t CudaEventFence::stream_id(cudaStream_t stream) noexcept {
+  return cuda::stream_id(stream);
 }
 
 std::uint64_t CudaEventFence::capture_of(cudaStream_t stream) noexcept {

@@ -505,6 +505,62 @@ TEST(DevicePoolThreadHeap, SmallClassesOnTheThreadsStreamThatMissTheBinsUseItsSm
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
+// Stream churn where the driver hands a destroyed stream's handle to the next stream: the
+// handle repeats, the stream behind it does not. The heap tells them apart by the stream's id
+// and serves none of them.
+TEST(DevicePoolThreadHeap, StreamsMadeAndDestroyedBehindOneHandleNeverBecomeTheHeapsStream) {
+  auto fence = std::make_shared<StreamLifetimeFence>(/*recycle_handles=*/true);
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto options = heap_options();
+  options.fence = fence;
+  {
+    DevicePool pool(upstream, options);
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the heap exists
+    cudaStream_t first = nullptr;
+    for (int round = 0; round < 100; ++round) {
+      const cudaStream_t s = fence->create();
+      if (round == 0) first = s;
+      ASSERT_EQ(s, first) << "the emulated driver reuses the handle";
+      void* blocks[4];
+      for (std::size_t i = 0; i < 4; ++i) {
+        blocks[i] = pool.allocate_async(3_MiB + i * 4_KiB, s);
+      }
+      for (std::size_t i = 0; i < 4; ++i) pool.deallocate_async(blocks[i], 3_MiB + i * 4_KiB, s);
+      fence->synchronize(s);
+      fence->destroy(s);
+      ASSERT_EQ(pool.stats().bytes_cached_in_thread_heaps, 0U) << "round " << round;
+    }
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  EXPECT_EQ(fence->ids_of_destroyed(), 0U) << "a destroyed stream was asked its id";
+  EXPECT_EQ(fence->records_on_destroyed(), 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// One stream the thread keeps: its id never changes and the heap serves it past every check.
+TEST(DevicePoolThreadHeap, AThreadsSteadyStreamStaysTheHeapsStreamPastItsIdentityChecks) {
+  auto fence = std::make_shared<StreamLifetimeFence>();
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto options = heap_options();
+  options.fence = fence;
+  {
+    DevicePool pool(upstream, options);
+    const cudaStream_t s = fence->create();
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the heap exists
+    for (std::size_t i = 0; i < 1000; ++i) {
+      const std::size_t bytes = 3_MiB + (i % 97) * 4_KiB;
+      pool.deallocate_async(pool.allocate_async(bytes, s), bytes, s);
+    }
+    EXPECT_GT(pool.stats().bytes_cached_in_thread_heaps, 0U) << "still the heap's";
+    fence->synchronize(s);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+    fence->destroy(s);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
 // The upstream holds room for one heap's chunks: another thread's request fits only once
 // the idle chunks went back (the flush before a tier grows).
 TEST(DevicePoolThreadHeap, IdleChunksGoBackBeforeAnotherThreadsRequestGrowsTheTier) {
