@@ -78,26 +78,28 @@ class LargeBlockCache : public LeaseOwner {
   // With a thread heap (thread_heap.hpp) behind it, the cache keeps the heap's blocks by exact
   // size only while sizes come back: of every kWindow requests the heap would serve, at least
   // one in kMinHits must find its size here, else it stops keeping them (its blocks go back, to
-  // the heap). While it does not keep, it remembers the sizes of the last kShadow blocks that
-  // went past it, and starts keeping again once a window's requests would have found their
-  // size among them as often. Sizes that repeat (training and inference steps) keep the
+  // the heap). While it does not keep, it remembers the sizes of the blocks that went past it
+  // (about the last kShadow), and starts keeping again once a window's requests would have found
+  // their size among them as often. Sizes that repeat (training and inference steps) keep the
   // cache's speed; sizes drawn afresh skip a cache that would only pin chunks with blocks the
   // heap could place (the tier's blocks are kept as always).
   static constexpr std::uint32_t kWindow = 64;
   static constexpr std::uint32_t kMinHits = 8;
-  static constexpr std::size_t kShadow = 32;
+  static constexpr std::size_t kShadow = 64;  // a power of two
+  static std::size_t shadow_slot(std::size_t bytes) noexcept {
+    return static_cast<std::size_t>(((bytes >> 9) * 0x9E3779B97F4A7C15ULL) >> 58);  // 6 bits
+  }
   bool keeps() const noexcept { return keeps_; }
-  // While not keeping: a block of `bytes` went past the cache (to its heap).
-  void note_passed(std::size_t bytes) noexcept {
-    shadow_[shadow_next_] = bytes;
-    shadow_next_ = (shadow_next_ + 1) % kShadow;
+  // While not keeping: a block of `bytes` went past the cache (to its heap). The shadow is
+  // direct-mapped by size: one load to ask, a later size in the same slot forgets the earlier.
+  // Its record, if any, goes: the block is no longer this thread's.
+  void note_passed(const void* block, std::size_t bytes) noexcept {
+    shadow_[shadow_slot(bytes)] = bytes;
+    if (block == nullptr) return;
+    if (Lease* lease = find(block); lease != nullptr && !lease->cached) erase(lease);
   }
   // While not keeping: whether a request of `bytes` would have found its size here.
-  bool would_hit(std::size_t bytes) const noexcept {
-    bool hit = false;
-    for (const std::size_t seen : shadow_) hit = hit || seen == bytes;
-    return hit;
-  }
+  bool would_hit(std::size_t bytes) const noexcept { return shadow_[shadow_slot(bytes)] == bytes; }
   // Turns the cache on: the thread met others on a tier (its heaps started).
   void activate() noexcept { active_ = true; }
   // A request the heap would serve: `hit`, it was served here (while keeping) or would have
@@ -287,7 +289,6 @@ class LargeBlockCache : public LeaseOwner {
   std::uint32_t window_ = 0;
   std::uint32_t hits_ = 0;
   std::array<std::size_t, kShadow> shadow_{};
-  std::size_t shadow_next_ = 0;
   bool seen_any_ = false;
   std::uint32_t seen_ = 0;
 };

@@ -56,9 +56,10 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
       heaps(ThreadHeap::Options{.chunk_bytes = options.thread_cache.large_chunk_bytes,
                                 .keep_idle = options.thread_cache.large_bytes,
                                 .granularity = 512}),
-      small_heaps(ThreadHeap::Options{.chunk_bytes = kSmallHeapChunk,
-                                      .keep_idle = options.thread_cache.max_bytes,
-                                      .granularity = kSmallGranularity}) {
+      small_heaps(ThreadHeap::Options{
+          .chunk_bytes = kSmallHeapChunk,
+          .keep_idle = std::max(options.thread_cache.max_bytes, 2 * kSmallHeapChunk),
+          .granularity = kSmallGranularity}) {
   // Blocks are carved at 256-byte multiples of the upstream's allocations: they are
   // 256-byte aligned only if those are (and never more than that, whatever the upstream
   // promises: alignment above 256 is refused, not silently missed).
@@ -233,7 +234,8 @@ void* DevicePoolCore::small_allocate(ThreadCache* cache, const Request& request)
     return block;
   }
   // The thread's heap over the class's tier when it has one.
-  if (cache != nullptr && heap_of(*cache, *request.tier) != nullptr &&
+  if (ThreadHeap* heap = cache != nullptr ? heap_of(*cache, *request.tier) : nullptr;
+      heap != nullptr && request.block_bytes <= heap->max_block() &&
       heap_serves(*cache, request.key)) {
     return heap_allocate(*cache, request);
   }
@@ -284,7 +286,7 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
   // The heap's blocks are kept by exact size only while sizes come back
   // (large_block_cache.hpp); the tier's as always.
   const bool passes = cache.heap != nullptr && !cache.large.keeps() && cache.heap->contains(block);
-  if (passes) cache.large.note_passed(need);
+  if (passes) cache.large.note_passed(block, need);
   if (cache.large.active() && need <= cap && !passes) {
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {
@@ -343,23 +345,25 @@ void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request, 
   // Wholly free chunks this request cannot use (other streams' ranges) go back first: in
   // the tier they wait for their streams' markers instead of holding memory here.
   (void)return_idle_of(heap, tier, &cache, request.key);
+  // Every slot taken: the tier serves the request (no chunk taken only to be given back).
+  if (!heap.has_free_slot()) return tier_allocate(request, &cache, owner);
   const std::size_t chunk_bytes = heap.chunk_bytes_for(need);
   const Request chunk_request{
       .bytes = chunk_bytes, .block_bytes = chunk_bytes, .tier = &tier, .key = request.key};
   void* chunk = nullptr;
   StreamKey served = request.key;
   try {
-    chunk = tier_allocate(chunk_request, &cache, nullptr, &served);
+    chunk = tier_allocate(chunk_request, &cache, &LeaseOwner::heap_chunks(), &served);
   } catch (const OutOfMemory&) {
-    return tier_allocate(request, &cache);  // the request alone may still fit
+    return tier_allocate(request, &cache, owner);  // the request alone may still fit
   }
   if (void* block =
           heap.allocate_in_new_chunk(chunk, chunk_bytes, need, request.key, served, owner)) {
     return block;
   }
   // No slot for another chunk (or no host memory for its books): the tier serves it.
-  (void)free_block(tier, chunk, served, chunk_bytes, &cache, true);
-  return tier_allocate(request, &cache);
+  (void)tier.free(chunk, served, chunk_bytes, &LeaseOwner::heap_chunks());
+  return tier_allocate(request, &cache, owner);
 }
 
 bool DevicePoolCore::heap_deallocate(ThreadHeap& heap, SegmentTier& tier, void* block,

@@ -65,7 +65,7 @@ namespace vram::detail {
 // wait in the segments, as free ranges, instead.
 inline constexpr std::size_t kMaxRingBlocks = 4096;
 inline constexpr std::size_t kSmallGranularity = 256;  // small blocks: class bytes rounded to 256
-// The chunks of a thread's heap over the small tier: one of its segments.
+// The least chunk of a thread's heap over the small tier: one of its 2 MiB segments.
 inline constexpr std::size_t kSmallHeapChunk = std::size_t{2} << 20;
 static_assert(SizeClasses::index_for(std::size_t{2} << 20) < 64);  // DevicePoolCore::block_bytes_of
 

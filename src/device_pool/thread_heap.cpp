@@ -38,9 +38,7 @@ void* ThreadHeap::take(Range* r, std::size_t need, LeaseOwner* owner) noexcept {
 }
 
 std::size_t ThreadHeap::slot_of(const Segment* segment) const noexcept {
-  std::size_t slot = 0;
-  while (chunk_books_[slot].segment != segment) ++slot;  // filed: present
-  return slot;
+  return segment->holder_slot;
 }
 
 void* ThreadHeap::allocate(std::size_t need, StreamKey key, LeaseOwner* owner) noexcept {
@@ -68,7 +66,7 @@ void* ThreadHeap::allocate_in_new_chunk(void* chunk, std::size_t chunk_bytes, st
   try {
     ranges_.keep_spares(2);
     live_.reserve_one();
-    segment = new Segment{static_cast<char*>(chunk) + guard_, chunk_bytes - guard_, nullptr};
+    segment = new Segment{static_cast<char*>(chunk) + guard_, chunk_bytes - guard_, nullptr, slot};
   } catch (...) {
     return nullptr;
   }
@@ -76,6 +74,7 @@ void* ThreadHeap::allocate_in_new_chunk(void* chunk, std::size_t chunk_bytes, st
   // Cut from the request's stream's own free range: safe only for that stream.
   *whole = Range{segment->base, segment->size, segment};
   whole->tag = served == key ? key : kUntagged;
+  whole->epoch = epoch_;  // a quiesce marked before now does not cover the stream's work on it
   segment->first = whole;
   if (!ranges_.file(whole)) {  // no host memory for the stream's index
     ranges_.recycle(whole);

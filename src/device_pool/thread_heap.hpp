@@ -14,7 +14,8 @@
 // allocators, here with a mutex in place of a message queue for the rare deallocation from
 // another thread.) A thread has one heap over the large tier (chunks of up to chunk_bytes,
 // DevicePool::Options::thread_cache.large_chunk_bytes) and one over the small tier (chunks
-// of one 2 MiB segment, for the small classes its bins and the rings do not serve).
+// of 2 MiB, twice the class for the largest, for the small classes its bins and the rings
+// do not serve).
 //
 // When: a thread gets its heaps once it has met other threads on a tier's mutex (its cache of
 // exact sizes turns on, or the small tier's count of contended locks moved between two of its
@@ -163,6 +164,8 @@ class ThreadHeap {
   // Free bytes of the heap's chunks (relaxed; stats()).
   std::size_t free_bytes() const noexcept { return free_bytes_.load(std::memory_order_relaxed); }
   std::size_t chunk_count() const noexcept { return chunks_.load(std::memory_order_relaxed); }
+  // A hint (the holder's, without the mutex): allocate_in_new_chunk() may find a slot.
+  bool has_free_slot() const noexcept { return chunk_count() < kMaxChunks; }
 
  private:
   using Range = FreeRanges::Range;

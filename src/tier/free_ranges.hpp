@@ -60,6 +60,7 @@ class FreeRanges {
     char* base;
     std::size_t size;
     Range* first;
+    std::size_t holder_slot = 0;  // the holder's own number for it (a thread heap's chunk slot)
     // Wholly free and untagged: nothing uses it and no stream's queued work may; it can
     // serve any request or go back to the upstream.
     bool idle() const noexcept {

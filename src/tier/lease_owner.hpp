@@ -34,6 +34,13 @@ class LeaseOwner {
   static constexpr std::size_t kCachedSlots = 32;
   static constexpr std::size_t kMailbox = 64;
 
+  // The owner of every thread heap's chunk (thread_heap.hpp): a block of the tier lent whole
+  // to a heap, which only that heap gives back (SegmentTier::free_pieces); a deallocation of
+  // it by anyone else is refused.
+  static LeaseOwner& heap_chunks() noexcept {
+    static LeaseOwner owner;
+    return owner;
+  }
   bool holds(const void* block) const noexcept {
     for (std::size_t i = kCachedSlots; i-- > 0;) {
       if (slots_[i].load(std::memory_order_acquire) == block) return true;

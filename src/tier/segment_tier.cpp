@@ -133,6 +133,7 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
   const std::size_t need = bytes;
   Range* r = live_.erase_if(block, [need, by](const Range* live) {
     if (need != 0 && live->size != need) return false;
+    if (live->owner == &LeaseOwner::heap_chunks()) return by == live->owner;  // a heap's chunk
     return live->owner == nullptr || live->owner == by || !live->owner->holds(live->addr);
   });
   if (r == nullptr) return Freed::foreign;
@@ -154,8 +155,9 @@ SegmentTier::Freed SegmentTier::free_pieces(void* block, std::size_t bytes, cons
   } catch (...) {
     return Freed::foreign;
   }
-  Range* r = live_.erase_if(
-      block, [bytes](const Range* live) { return live->size == bytes && live->owner == nullptr; });
+  Range* r = live_.erase_if(block, [bytes](const Range* live) {
+    return live->size == bytes && live->owner == &LeaseOwner::heap_chunks();
+  });
   if (r == nullptr) return Freed::foreign;
   budget_.give(r->size);
   bool untagged_free = false;

@@ -188,12 +188,12 @@ class SegmentTier {
   enum class Freed { foreign, kept, over_cap };
   Freed free_keeping(void* block, StreamKey tag, std::size_t bytes = 0,
                      const LeaseOwner* by = nullptr) noexcept;
-  // A block handed out whole and returned in pieces that each carry their own tag (a
-  // thread heap's chunk, thread_heap.hpp): `pieces` cover the block in address order, each a
-  // multiple of the granularity. Each piece is freed as free_keeping() frees a block with its
-  // tag (merging with its free neighbours by the coalescing rule, free_ranges.hpp). As
-  // free_keeping() otherwise; foreign also when no host memory is left for the cuts (nothing
-  // changed: the caller keeps the block).
+  // A block handed out whole to LeaseOwner::heap_chunks() and returned in pieces that each
+  // carry their own tag (a thread heap's chunk, thread_heap.hpp): `pieces` cover the block in
+  // address order, each a multiple of the granularity. Each piece is freed as free_keeping() frees
+  // a block with its tag (merging with its free neighbours by the coalescing rule,
+  // free_ranges.hpp). As free_keeping() otherwise; foreign also when no host memory is left for the
+  // cuts (nothing changed: the caller keeps the block).
   struct Piece {
     std::size_t bytes;
     StreamKey tag;

@@ -172,6 +172,16 @@ TEST(ThreadHeap, ChunksGrowWithWhatTheThreadUsesUpToChunkBytes) {
   EXPECT_EQ(heap.chunk_bytes_for(40_MiB), 82_MiB) << "but always twice the request";
 }
 
+TEST(ThreadHeap, AChunkTakenAfterAQuiesceBeganKeepsItsStreamThroughIt) {
+  ThreadHeap heap({.chunk_bytes = 64_MiB, .keep_idle = 256_MiB});
+  const std::uint64_t mark = heap.mark_frees();
+  // Cut from S1's own range, freed on S1 after the quiesce began: S1's only.
+  ASSERT_NE(heap.allocate_in_new_chunk(fake_chunk(60), 32_MiB, 1_MiB, kS1, kS1), nullptr);
+  heap.forget_streams(mark);
+  EXPECT_EQ(heap.allocate(1_MiB, kUntagged), nullptr) << "S1's work may still use it";
+  EXPECT_NE(heap.allocate(1_MiB, kS1), nullptr);
+}
+
 TEST(ThreadHeap, EverySlotTakenRefusesAChunkAndChangesNothing) {
   ThreadHeap heap({.chunk_bytes = 4_MiB, .keep_idle = 256_MiB});
   for (std::uintptr_t i = 0; i < ThreadHeap::kMaxChunks; ++i) {
@@ -218,14 +228,14 @@ TEST(LargeBlockCacheKeeping, StopsKeepingWhenSizesDoNotComeBackAndStartsWhenThey
     const std::size_t bytes = (i + 100) << 20;
     EXPECT_FALSE(cache.would_hit(bytes));
     EXPECT_FALSE(cache.note_request(cache.would_hit(bytes)));
-    cache.note_passed(bytes);
+    cache.note_passed(nullptr, bytes);
   }
   EXPECT_FALSE(cache.keeps());
   // Sizes that come back: keeping again after one window.
   for (std::size_t i = 0; i < LargeBlockCache::kWindow; ++i) {
     const std::size_t bytes = ((i % 4) + 1) << 20;
     EXPECT_FALSE(cache.note_request(cache.would_hit(bytes)));
-    cache.note_passed(bytes);
+    cache.note_passed(nullptr, bytes);
   }
   EXPECT_TRUE(cache.keeps());
 }
@@ -385,6 +395,61 @@ TEST(DevicePoolThreadHeap, RepeatedSizesAreServedByTheCacheOfExactSizesInFrontOf
   }
   EXPECT_EQ(upstream->live_bytes(), 0U);
   EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
+// A chunk's own address (its first block less the guard), at the chunk's size, is no block:
+// refused, and the chunk stays the heap's.
+TEST(DevicePoolThreadHeap, AChunksOwnAddressIsRefusedAndTheChunkStaysTheHeaps) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  {
+    DevicePool pool(upstream, heap_options());
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the heap starts
+    char* a = static_cast<char*>(pool.allocate(6_MiB));
+    stamp(a, 6_MiB, 42);
+    const std::size_t chunk = 14_MiB;  // twice 6 MiB and the guard, rounded to 2 MiB
+    pool.deallocate(a - 512, chunk);
+    EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+    void* b = nullptr;
+    std::thread([&] { b = pool.allocate(chunk); }).join();
+    EXPECT_NE(b, a - 512) << "the chunk was handed out again while a is live";
+    EXPECT_TRUE(stamped(a, 6_MiB, 42));
+    std::thread([&] { pool.deallocate(b, chunk); }).join();
+    pool.deallocate(a, 6_MiB);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+// Every chunk slot taken: the tier serves the thread's requests, still filed with its cache
+// of exact sizes as their owner, so a second deallocation on another thread is refused.
+TEST(DevicePoolThreadHeap, WithEverySlotTakenADoubleDeallocationIsStillRefused) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  {
+    auto options = heap_options();
+    options.thread_cache.large_chunk_bytes = 2_MiB;  // small chunks: the slots fill
+    DevicePool pool(upstream, options);
+    const std::size_t n = 3_MiB / 2;
+    std::vector<void*> live;
+    for (int i = 0; i < 40; ++i) live.push_back(pool.allocate(n));
+    void* x = live.back();
+    live.pop_back();
+    pool.deallocate(x, n);                               // into the cache of exact sizes
+    std::thread([&] { pool.deallocate(x, n); }).join();  // a double deallocation
+    EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+    void* y = pool.allocate(n);
+    void* z = nullptr;
+    std::thread([&] { z = pool.allocate(n); }).join();
+    EXPECT_NE(y, z) << "one block, two owners";
+    std::thread([&] { pool.deallocate(z, n); }).join();
+    pool.deallocate(y, n);
+    for (void* p : live) pool.deallocate(p, n);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
 TEST(DevicePoolThreadHeap, AStreamsFreedBlockServesOnlyThatStreamFromTheHeap) {
