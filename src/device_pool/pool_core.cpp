@@ -234,13 +234,14 @@ void* DevicePoolCore::small_allocate(ThreadCache* cache, const Request& request)
     return block;
   }
   // The thread's heap over the class's tier when it has one.
-  if (ThreadHeap* heap = cache != nullptr ? heap_of(*cache, *request.tier) : nullptr;
+  if (ThreadHeap* heap =
+          cache != nullptr && cache->heaps_on ? heap_of(*cache, *request.tier) : nullptr;
       heap != nullptr && request.block_bytes <= heap->max_block() &&
       heap_serves(*cache, request.key)) {
     return heap_allocate(*cache, request);
   }
   block = tier_allocate(request, cache);
-  if (with_heaps && cache != nullptr && cache->small_heap == nullptr && request.tier == &small) {
+  if (with_heaps && cache != nullptr && !cache->heaps_on && request.tier == &small) {
     note_small_contentions(*cache);
   }
   return block;
@@ -250,7 +251,7 @@ void* DevicePoolCore::large_allocate(ThreadCache* cache, const Request& request)
   const std::size_t cap = options.thread_cache.large_bytes;
   const std::size_t bytes = request.block_bytes;
   if (cache == nullptr || bytes > cap) return tier_allocate(request, cache);
-  if (cache->heap != nullptr && bytes <= cache->heap->max_block() &&
+  if (cache->heaps_on && cache->heap != nullptr && bytes <= cache->heap->max_block() &&
       heap_serves(*cache, request.key)) {
     // The cache of exact sizes in front of the heap, while sizes repeat (large_block_cache.hpp).
     LargeBlockCache& exact = cache->large;
@@ -273,7 +274,7 @@ void* DevicePoolCore::large_allocate(ThreadCache* cache, const Request& request)
   cache->large.note_contentions(large.contentions());
   if (cache->large.active()) {
     cache->large.note_leased(block, bytes);
-    if (with_heaps && (cache->heap == nullptr || cache->small_heap == nullptr)) [[unlikely]]
+    if (with_heaps && !cache->heaps_on) [[unlikely]]
       start_heap(*cache);
   }
   return block;
@@ -309,30 +310,31 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
 bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
                                 ThreadCache* via, bool claimed) noexcept {
   ThreadCache* const holder = claimed ? via : nullptr;
-  if (ThreadHeaps& set = heaps_of(tier); set.any()) {
-    // The heaps first: a heap's block never starts where its chunk does (thread_heap.hpp), so
-    // the order decides speed only. A contains() that says yes wrongly costs a look.
-    ThreadHeap* own = via != nullptr ? heap_of(*via, tier) : nullptr;
-    const LeaseOwner* by = via != nullptr ? &via->large : nullptr;
-    if (own != nullptr && own->contains(block) &&
-        heap_deallocate(*own, tier, block, tag, bytes, holder, by)) {
-      return true;
-    }
-    bool found = false;
-    set.for_each([&](ThreadHeap& heap) {
-      if (!found && &heap != own && heap.contains(block)) {
-        found = heap_deallocate(heap, tier, block, tag, bytes, holder, by);
-      }
-    });
-    if (found) return true;
+  // The deallocating thread's own heap, then the tier, then the other heaps (a block of
+  // another thread's heap). The order decides speed only: no heap block starts where a block
+  // of the tier does (a chunk's guard), and a chunk's own address is refused by the tier
+  // (thread_heap.hpp); a contains() that says yes wrongly costs a look.
+  ThreadHeaps& set = heaps_of(tier);
+  const bool heaps = set.any();
+  ThreadHeap* own = heaps && via != nullptr ? heap_of(*via, tier) : nullptr;
+  const LeaseOwner* by = via != nullptr ? &via->large : nullptr;
+  if (own != nullptr && own->contains(block) &&
+      heap_deallocate(*own, tier, block, tag, bytes, holder, by)) {
+    return true;
   }
-  const SegmentTier::Freed freed =
-      tier.free_keeping(block, tag, bytes, via != nullptr ? &via->large : nullptr);
+  const SegmentTier::Freed freed = tier.free_keeping(block, tag, bytes, by);
   if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
     SlowSection slow(holder);
     tier.give_back_over_cap();
   }
-  return freed != SegmentTier::Freed::foreign;
+  if (freed != SegmentTier::Freed::foreign || !heaps) return freed != SegmentTier::Freed::foreign;
+  bool found = false;
+  set.for_each([&](ThreadHeap& heap) {
+    if (!found && &heap != own && heap.contains(block)) {
+      found = heap_deallocate(heap, tier, block, tag, bytes, holder, by);
+    }
+  });
+  return found;
 }
 
 void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request, LeaseOwner* owner) {
@@ -415,9 +417,10 @@ bool DevicePoolCore::return_idle_chunks(ThreadCache* claimed, ThreadCache* only)
 
 void DevicePoolCore::start_heap(ThreadCache& cache) noexcept {
   cache.large.activate();  // threads met: the cache of exact sizes in front of the heap
-  // Null when none is left: the caches go on alone.
+                           // Null when none is left: the caches go on alone.
   if (cache.heap == nullptr) cache.heap = heaps.make();
   if (cache.small_heap == nullptr) cache.small_heap = small_heaps.make();
+  cache.heaps_on = true;
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).

@@ -128,6 +128,9 @@ struct ThreadCache {
   // The same over the small tier (its classes' blocks that bins and rings do not serve), and
   // the small tier's count of contended locks as this thread last saw it.
   ThreadHeap* small_heap = nullptr;
+  // The heaps serve this thread's requests (it met other threads on a tier); an adopting
+  // thread starts without (its frees still reach them).
+  bool heaps_on = false;
   std::uint32_t small_contentions = 0;
   bool small_seen = false;
   // The stream the heap serves (besides requests without a stream): the one the thread has

@@ -45,9 +45,12 @@ class ThreadCacheRegistry {
           std::make_unique<ThreadCache>(shape_.classes, shape_.cached_classes, shape_.depth));
       cache = caches_.back().get();
     }
-    // A cache with heaps keeps its heaps, and its cache of exact sizes in front of them.
-    cache->large.restart(shape_.large_from_start || cache->heap != nullptr);
-    cache->heap_home = kUntagged;  // the heap stays; its steady stream is the new thread's
+    cache->large.restart(shape_.large_from_start);
+    // Its heaps stay (with the blocks they hold) but serve the new thread only once it, too,
+    // meets other threads on a tier: a thread alone places blocks as without heaps.
+    cache->heaps_on = false;
+    cache->small_seen = false;  // contention counted from the new thread's first call
+    cache->heap_home = kUntagged;
     cache->heap_candidate = kUntagged;
     cache->heap_streak = 0;
     cache->heap_streams_churn = false;

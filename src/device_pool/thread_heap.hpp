@@ -135,6 +135,7 @@ class ThreadHeap {
                               StreamKey served, LeaseOwner* owner = nullptr) noexcept;
   // Whether `block` may lie in one of this heap's chunks (a hint, see above).
   bool contains(const void* block) const noexcept {
+    if (chunks_.load(std::memory_order_relaxed) == 0) return false;
     const auto at = reinterpret_cast<std::uintptr_t>(block);
     for (std::size_t i = 0; i < kMaxChunks; ++i) {
       const std::uintptr_t begin = slots_[i].begin.load(std::memory_order_acquire);
