@@ -273,6 +273,20 @@ bool stamped(const void* block, std::size_t bytes, std::uint64_t word) {
   return front == word && back == word;
 }
 
+// A pool with nothing leased: trim(0) gives every byte back.
+void expect_trimmed_to_nothing(DevicePool& pool) {
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+  EXPECT_EQ(pool.stats().bytes_cached_in_thread_heaps, 0U);
+}
+
+// After the pool: the upstream got every byte back, each once.
+void expect_all_back(const TestUpstream& upstream) {
+  EXPECT_EQ(upstream.live_bytes(), 0U);
+  EXPECT_EQ(upstream.bad_frees(), 0U);
+}
+
 TEST(DevicePoolThreadHeap, AThreadAloneOnTheLargeTierHasNoHeap) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = heap_options();
@@ -354,12 +368,9 @@ TEST(DevicePoolThreadHeap, ABlockDeallocatedOnAnotherThreadGoesBackToItsHeapOnce
     EXPECT_EQ(c, a) << "back in the first thread's heap, best fit again";
     std::thread([&] { pool.deallocate(b, 3_MiB); }).join();
     pool.deallocate(c, 6_MiB);
-    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
-    pool.trim(0);
-    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+    expect_trimmed_to_nothing(pool);
   }
-  EXPECT_EQ(upstream->live_bytes(), 0U);
-  EXPECT_EQ(upstream->bad_frees(), 0U);
+  expect_all_back(*upstream);
 }
 
 // Sizes that repeat keep the cache of exact sizes in front of the heap (no lock at all);
@@ -389,12 +400,9 @@ TEST(DevicePoolThreadHeap, RepeatedSizesAreServedByTheCacheOfExactSizesInFrontOf
     pool.deallocate(other, 5_MiB);                               // so this one is refused
     EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
     pool.deallocate(second, 5_MiB);
-    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
-    pool.trim(0);
-    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+    expect_trimmed_to_nothing(pool);
   }
-  EXPECT_EQ(upstream->live_bytes(), 0U);
-  EXPECT_EQ(upstream->bad_frees(), 0U);
+  expect_all_back(*upstream);
 }
 
 // A chunk's own address (its first block less the guard), at the chunk's size, is no block:
@@ -415,9 +423,7 @@ TEST(DevicePoolThreadHeap, AChunksOwnAddressIsRefusedAndTheChunkStaysTheHeaps) {
     EXPECT_TRUE(stamped(a, 6_MiB, 42));
     std::thread([&] { pool.deallocate(b, chunk); }).join();
     pool.deallocate(a, 6_MiB);
-    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
-    pool.trim(0);
-    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+    expect_trimmed_to_nothing(pool);
   }
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
@@ -445,9 +451,7 @@ TEST(DevicePoolThreadHeap, WithEverySlotTakenADoubleDeallocationIsStillRefused) 
     std::thread([&] { pool.deallocate(z, n); }).join();
     pool.deallocate(y, n);
     for (void* p : live) pool.deallocate(p, n);
-    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
-    pool.trim(0);
-    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+    expect_trimmed_to_nothing(pool);
   }
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
@@ -492,9 +496,7 @@ TEST(DevicePoolThreadHeap, AStreamsFreedBlockServesOnlyThatStreamFromTheHeap) {
     EXPECT_TRUE(ran.load());
     fence->destroy(s1);
     fence->destroy(s2);
-    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
-    pool.trim(0);
-    EXPECT_EQ(pool.stats().bytes_reserved, 0U);
+    expect_trimmed_to_nothing(pool);
   }
   EXPECT_EQ(fence->records_on_destroyed(), 0U);
   EXPECT_EQ(upstream->live_bytes(), 0U);
@@ -566,8 +568,7 @@ TEST(DevicePoolThreadHeap, SmallClassesOnTheThreadsStreamThatMissTheBinsUseItsSm
     EXPECT_EQ(pool.stats().bytes_reserved, 0U);
     fence->destroy(s);
   }
-  EXPECT_EQ(upstream->live_bytes(), 0U);
-  EXPECT_EQ(upstream->bad_frees(), 0U);
+  expect_all_back(*upstream);
 }
 
 // Stream churn where the driver hands a destroyed stream's handle to the next stream: the
@@ -690,8 +691,7 @@ TEST(DevicePoolThreadHeap, APoolDestroyedWithHeapBlocksLeasedTakesThemBackLater)
   EXPECT_GT(upstream->live_bytes(), 0U);
   EXPECT_TRUE(stamped(a.data(), 7_MiB, 11));
   a.reset();  // the last: every chunk and segment back upstream
-  EXPECT_EQ(upstream->live_bytes(), 0U);
-  EXPECT_EQ(upstream->bad_frees(), 0U);
+  expect_all_back(*upstream);
 }
 
 // Threads with fresh sizes (2-32 MiB, drawn for every block) keep blocks live, hand some
@@ -806,8 +806,7 @@ void run_threads_with_fresh_sizes(bool from_start, bool virtual_memory, bool on_
     }
   }
   EXPECT_EQ(bad_words.load(), 0U) << "a block had two owners";
-  EXPECT_EQ(upstream->live_bytes(), 0U);
-  EXPECT_EQ(upstream->bad_frees(), 0U);
+  expect_all_back(*upstream);
 }
 
 TEST(DevicePoolThreadHeapThreads, FreshSizesAndHandoffsNeverGiveABlockTwoOwnersSegments) {
