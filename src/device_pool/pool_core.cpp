@@ -364,7 +364,11 @@ void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request, 
     return block;
   }
   // No slot for another chunk (or no host memory for its books): the tier serves it.
-  (void)tier.free(chunk, served, chunk_bytes, &LeaseOwner::heap_chunks());
+  if (tier.free_keeping(chunk, served, chunk_bytes, &LeaseOwner::heap_chunks()) ==
+      SegmentTier::Freed::over_cap) {
+    SlowSection slow(&cache);  // the give-back's upstream calls
+    tier.give_back_over_cap();
+  }
   return tier_allocate(request, &cache, owner);
 }
 

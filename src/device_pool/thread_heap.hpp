@@ -63,6 +63,7 @@
 // own, is the one thing done under it.)
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -116,7 +117,10 @@ class ThreadHeap {
     const std::size_t held = chunk_total_.load(std::memory_order_relaxed);
     const std::size_t free = free_bytes_.load(std::memory_order_relaxed);
     const std::size_t used = held > free ? held - free : 0;
-    const std::size_t grown = used < options_.chunk_bytes ? used : options_.chunk_bytes;
+    // At most chunk_bytes, and no more than the heap keeps idle (a chunk it could not keep
+    // once wholly free would go back and come again with every batch).
+    const std::size_t cap = std::min(options_.chunk_bytes, options_.keep_idle);
+    const std::size_t grown = used < cap ? used : cap;
     const std::size_t twice = 2 * need + guard_;
     const std::size_t bytes = twice > grown ? twice : grown;
     return (bytes + kChunkRounding - 1) & ~(kChunkRounding - 1);
