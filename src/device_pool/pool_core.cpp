@@ -322,12 +322,8 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
       heap_deallocate(*own, tier, block, tag, bytes, holder, by)) {
     return true;
   }
-  const SegmentTier::Freed freed = tier.free_keeping(block, tag, bytes, by);
-  if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
-    SlowSection slow(holder);
-    tier.give_back_over_cap();
-  }
-  if (freed != SegmentTier::Freed::foreign || !heaps) return freed != SegmentTier::Freed::foreign;
+  if (settle_free(tier, tier.free_keeping(block, tag, bytes, by), holder)) return true;
+  if (!heaps) return false;
   bool found = false;
   set.for_each([&](ThreadHeap& heap) {
     if (!found && &heap != own && heap.contains(block)) {
@@ -364,11 +360,8 @@ void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request, 
     return block;
   }
   // No slot for another chunk (or no host memory for its books): the tier serves it.
-  if (tier.free_keeping(chunk, served, chunk_bytes, &LeaseOwner::heap_chunks()) ==
-      SegmentTier::Freed::over_cap) {
-    SlowSection slow(&cache);  // the give-back's upstream calls
-    tier.give_back_over_cap();
-  }
+  (void)settle_free(tier, tier.free_keeping(chunk, served, chunk_bytes, &LeaseOwner::heap_chunks()),
+                    &cache);
   return tier_allocate(request, &cache, owner);
 }
 
@@ -384,13 +377,19 @@ bool DevicePoolCore::heap_deallocate(ThreadHeap& heap, SegmentTier& tier, void* 
 void DevicePoolCore::return_chunk(const ThreadHeap::Returned& chunk, SegmentTier& tier,
                                   ThreadCache* claimed) noexcept {
   const SegmentTier::Freed freed =
-      tier.free_pieces(chunk.block, chunk.bytes, chunk.pieces.data(), chunk.count);
+      tier.free_pieces(chunk.block, chunk.bytes, chunk.pieces.data(), chunk.pieces.size());
   // foreign: no host memory for the cuts; the chunk stays a block of the tier, unused, until
   // the tier's end (as a range left unfiled for want of host memory, free_ranges.hpp).
-  if (freed == SegmentTier::Freed::over_cap) {
+  (void)settle_free(tier, freed, claimed);
+}
+
+bool DevicePoolCore::settle_free(SegmentTier& tier, SegmentTier::Freed freed,
+                                 ThreadCache* claimed) noexcept {
+  if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
     SlowSection slow(claimed);
     tier.give_back_over_cap();
   }
+  return freed != SegmentTier::Freed::foreign;
 }
 
 bool DevicePoolCore::return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
@@ -421,7 +420,7 @@ bool DevicePoolCore::return_idle_chunks(ThreadCache* claimed, ThreadCache* only)
 
 void DevicePoolCore::start_heap(ThreadCache& cache) noexcept {
   cache.large.activate();  // threads met: the cache of exact sizes in front of the heap
-                           // Null when none is left: the caches go on alone.
+  // A heap is null when none is left: the caches go on alone.
   if (cache.heap == nullptr) cache.heap = heaps.make();
   if (cache.small_heap == nullptr) cache.small_heap = small_heaps.make();
   cache.heaps_on = true;

@@ -307,13 +307,13 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // False when no heap and not the tier hold the block at that size (nothing changed).
   bool free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
                   ThreadCache* via, bool claimed) noexcept;
-  // Thread heaps (thread_heap.hpp). heap_allocate: `request` (of the large tier, at most the
-  // heap's max_block()) from the holder's heap, which takes a chunk of the large tier when
-  // nothing free fits. heap_deallocate: false when `heap` does not hold the block.
-  // return_chunk: a chunk a heap let go, back to the large tier. return_idle_chunks: every
-  // heap's wholly free chunks back (a flush, trim(), a thread's exit: `only`, that heap's;
-  // `keep_for`: but those a request on that stream could use); true when any went back.
-  // `owner`: as SegmentTier::allocate's.
+  // Thread heaps (thread_heap.hpp). heap_allocate: `request` (at most the heap's
+  // max_block()) from the holder's heap over the request's tier, which takes a chunk of that
+  // tier when nothing free fits; `owner`: as SegmentTier::allocate's. heap_deallocate: false
+  // when `heap` does not hold the block. return_chunk: a chunk a heap let go, back to its tier.
+  // return_idle_chunks: every heap's wholly free chunks back (a flush, trim(), a thread's
+  // exit: `only`, that cache's heaps); return_idle_of: one heap's (`keep_for`: but those a
+  // request on that stream could use); true when any went back.
   void* heap_allocate(ThreadCache& cache, const Request& request, LeaseOwner* owner = nullptr);
   // The holder's heap over `tier` (null: none), and every heap over it.
   ThreadHeap* heap_of(const ThreadCache& cache, const SegmentTier& tier) const noexcept {
@@ -366,6 +366,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
                        std::size_t bytes, ThreadCache* claimed, const LeaseOwner* by) noexcept;
   void return_chunk(const ThreadHeap::Returned& chunk, SegmentTier& tier,
                     ThreadCache* claimed) noexcept;
+  // What a tier's free_keeping() said, settled: over its cap, the give-back (its upstream
+  // calls in `claimed`'s SlowSection); true unless the tier did not know the block.
+  bool settle_free(SegmentTier& tier, SegmentTier::Freed freed, ThreadCache* claimed) noexcept;
   bool return_idle_chunks(ThreadCache* claimed, ThreadCache* only = nullptr) noexcept;
   bool return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
                       std::optional<StreamKey> keep_for) noexcept;

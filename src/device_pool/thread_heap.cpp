@@ -141,7 +141,6 @@ bool ThreadHeap::detach(std::size_t slot, Returned& out) noexcept {
   char* const base = segment->base - guard_;
   out.block = base;
   out.bytes = segment->size + guard_;
-  out.count = 0;
   out.pieces.push_back(SegmentTier::Piece{guard_, kUntagged});  // never handed out
   std::size_t freed = 0;
   for (Range* p = segment->first; p != nullptr; p = p->next) {
@@ -149,7 +148,6 @@ bool ThreadHeap::detach(std::size_t slot, Returned& out) noexcept {
     freed += p->size;
     ranges_.remove_free(p);
   }
-  out.count = out.pieces.size();
   // Unpublished before the books let go: contains() may still say yes (a hint).
   slots_[slot].bytes.store(0, std::memory_order_release);
   slots_[slot].begin.store(0, std::memory_order_relaxed);

@@ -96,7 +96,6 @@ class ThreadHeap {
     void* block = nullptr;  // the chunk as the tier handed it out
     std::size_t bytes = 0;
     std::vector<SegmentTier::Piece> pieces;  // the guard, then the chunk's free ranges
-    std::size_t count = 0;                   // pieces.size()
   };
 
   explicit ThreadHeap(Options options) noexcept

@@ -38,7 +38,7 @@ constexpr StreamKey kS2 = 0x2002;
 
 std::size_t pieces_bytes(const ThreadHeap::Returned& r) {
   std::size_t sum = 0;
-  for (std::size_t i = 0; i < r.count; ++i) sum += r.pieces[i].bytes;
+  for (std::size_t i = 0; i < r.pieces.size(); ++i) sum += r.pieces[i].bytes;
   return sum;
 }
 
@@ -98,7 +98,7 @@ TEST(ThreadHeap, WhollyFreeChunksAreKeptUpToKeepIdleThenGoBackWhole) {
   ASSERT_EQ(out.block, fake_chunk(5)) << "past keep_idle the chunk goes back";
   EXPECT_EQ(out.bytes, 32_MiB);
   EXPECT_EQ(pieces_bytes(out), 32_MiB) << "its pieces cover it exactly";
-  EXPECT_EQ(out.count, 2U) << "the guard and one untagged range";
+  EXPECT_EQ(out.pieces.size(), 2U) << "the guard and one untagged range";
   EXPECT_FALSE(heap.contains(c));
   EXPECT_EQ(heap.chunk_count(), 2U);
   ThreadHeap::Returned idle[4];
@@ -130,7 +130,7 @@ TEST(ThreadHeap, AStreamsFreedRangeServesOnlyThatStreamUntilItsChunkGoesBack) {
   EXPECT_EQ(pieces_bytes(out), 32_MiB);
   bool s1 = false;
   bool s2 = false;
-  for (std::size_t i = 0; i < out.count; ++i) {
+  for (std::size_t i = 0; i < out.pieces.size(); ++i) {
     s1 = s1 || out.pieces[i].tag == kS1;
     s2 = s2 || out.pieces[i].tag == kS2;
   }
