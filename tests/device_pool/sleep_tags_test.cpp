@@ -1086,8 +1086,13 @@ TEST(SleepTagsGpu, ACaptureScopeInsideATagScopeKeepsTheGraphValidAcrossSleep) {
   EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
   EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
   pool.release_graph_pool(id);
+  // The graph pool retires at its last block's free; its blocks rejoin the tag at the next
+  // moment that may synchronize the device (here trim), not inside the deallocation.
   pool.deallocate(out[0].pointer, out[0].bytes);
+  EXPECT_EQ(pool.tag_stats(weights).live_blocks, 2U);
+  pool.trim();
   EXPECT_EQ(pool.tag_stats(weights).live_blocks, 0U);
+  EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
 }
 
 // `count` blocks of `bytes` taken under a scope of `tag`, filled from `seed` on `stream`.
