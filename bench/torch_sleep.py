@@ -141,13 +141,6 @@ def child_vram(args):
     out["many_bytes"] = sum(sizes)
     out["many_count"] = len(sizes)
     out["many_copies"] = vram_torch.tag_stats("many")["copies"]
-    # Every second tensor freed (and the cache emptied): the live ones lie apart.
-    del many[1::2]
-    torch.cuda.empty_cache()
-    out["apart"] = _cycle(torch, lambda: vram_torch.sleep("many"),
-                          lambda: vram_torch.wake("many"), many, args.cycles)
-    out["apart_bytes"] = sum(sizes[0::2])
-    out["apart_copies"] = vram_torch.tag_stats("many")["copies"]
     out["weights_bytes"] = weights_bytes
     return out
 
@@ -178,12 +171,6 @@ def child_tms(args):
                          lambda: torch_memory_saver.resume("many"), many, args.cycles)
     out["many_bytes"] = sum(sizes)
     out["many_count"] = len(sizes)
-    # Every second tensor freed (and the cache emptied): the live ones lie apart.
-    del many[1::2]
-    torch.cuda.empty_cache()
-    out["apart"] = _cycle(torch, lambda: torch_memory_saver.pause("many"),
-                          lambda: torch_memory_saver.resume("many"), many, args.cycles)
-    out["apart_bytes"] = sum(sizes[0::2])
     out["weights_bytes"] = weights_bytes
     return out
 
@@ -199,8 +186,7 @@ def _print_lines(result):
     print("BYTES weights", result["weights_bytes"])
     print("BYTES kv", result["weights_bytes"])
     print("BYTES many", result["many_bytes"])
-    print("BYTES apart", result["apart_bytes"])
-    for part in ("weights", "kv", "many", "apart"):
+    for part in ("weights", "kv", "many"):
         for step in ("sleep", "wake"):
             print("SECONDS", part, step, *(f"{s:.9f}" for s in result[part][step + "_s"]))
     sys.stdout.flush()
@@ -263,8 +249,7 @@ def main():
         if "absent" in r or "error" in r:
             rows.append((name, "-", r.get("absent") or r.get("error"), ""))
             continue
-        for part, nbytes in (("weights", r["weights_bytes"]), ("many", r["many_bytes"]),
-                             ("apart", r["apart_bytes"])):
+        for part, nbytes in (("weights", r["weights_bytes"]), ("many", r["many_bytes"])):
             for step, link_rate in (("sleep_s", link_d2h), ("wake_s", link_h2d)):
                 rate = nbytes / _median(r[part][step]) / 1e9
                 summary[f"{name}_{part}_{step[:-2]}_gbs"] = rate
@@ -275,8 +260,7 @@ def main():
             ms = _median(r["kv"][step]) * 1e3
             summary[f"{name}_kv_{step[:-2]}_ms_per_gib"] = ms / gib
             rows.append((name, f"kv {step[:-2]}", f"{ms:.2f} ms", f"{ms / gib:.2f} ms/GiB"))
-    for key in ("weights_sleep", "weights_wake", "many_sleep", "many_wake", "apart_sleep",
-                "apart_wake"):
+    for key in ("weights_sleep", "weights_wake", "many_sleep", "many_wake"):
         mine, peer = summary.get(f"vram_{key}_gbs"), summary.get(f"tms_{key}_gbs")
         if mine and peer:
             summary[f"speedup_{key}"] = mine / peer

@@ -87,18 +87,6 @@ std::string many_parameter(std::size_t count, std::size_t bytes) {
   return std::to_string(count) + " blocks, " + format_bytes(bytes);
 }
 
-// The many blocks with every second one freed: the live ones lie apart (gaps of 64 KiB to
-// 4 MiB between them), so a sleep copies ranges, not one run.
-std::string apart_parameter(std::size_t kept, std::size_t count, std::size_t bytes) {
-  return std::to_string(kept) + " of " + std::to_string(count) + " blocks apart, " +
-         format_bytes(bytes);
-}
-std::size_t bytes_kept_apart(const std::vector<std::size_t>& sizes) {
-  std::size_t bytes = 0;
-  for (std::size_t i = 0; i < sizes.size(); i += 2) bytes += sizes[i];
-  return bytes;
-}
-
 struct CycleTimes {
   std::vector<double> sleep_s;
   std::vector<double> wake_s;
@@ -195,7 +183,7 @@ std::optional<PeerParts> torch_memory_saver(std::size_t each, std::size_t timed,
       last = line;
     }
   }
-  if (peer.parts.size() != 4 || peer.bytes.size() != 4) {
+  if (peer.parts.size() != 3 || peer.bytes.size() != 3) {
     return absent(python + " exited " + std::to_string(run.exit_code) + " without results" +
                   (last.empty() ? "" : " (last line: " + last + ")"));
   }
@@ -296,16 +284,7 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
     add_rows(results, many_parameter(sizes.size(), total), total, kOurs, true, m, true, to_host,
              to_device);
     results.back().extra["copies"] = static_cast<double>(pool.tag_stats(many).copies);
-    // Every second block freed (the torch_memory_saver child frees the same ones).
-    for (std::size_t i = 1; i < blocks.size(); i += 2) {
-      pool.deallocate_async(blocks[i], sizes[i], stream.get());
-    }
-    const CycleTimes a = cycles(pool, many, stream.get(), timed);
-    const std::size_t kept = (sizes.size() + 1) / 2;
-    add_rows(results, apart_parameter(kept, sizes.size(), bytes_kept_apart(sizes)),
-             bytes_kept_apart(sizes), kOurs, true, a, true, to_host, to_device);
-    results.back().extra["copies"] = static_cast<double>(pool.tag_stats(many).copies);
-    for (std::size_t i = 0; i < blocks.size(); i += 2) {
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
       pool.deallocate_async(blocks[i], sizes[i], stream.get());
     }
   }
@@ -319,9 +298,6 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
              to_host, to_device);
     add_rows(results, many_parameter(sizes.size(), peer->bytes.at("many")), peer->bytes.at("many"),
              kPeer, false, peer->parts.at("many"), true, to_host, to_device);
-    add_rows(
-        results, apart_parameter((sizes.size() + 1) / 2, sizes.size(), peer->bytes.at("apart")),
-        peer->bytes.at("apart"), kPeer, false, peer->parts.at("apart"), true, to_host, to_device);
   }
 }
 
