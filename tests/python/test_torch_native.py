@@ -110,7 +110,7 @@ def test_snapshot_shows_vram_segments_and_memory_viz_renders_it():
         for b in s["blocks"]:
             addresses[at] = b
             at += b["size"]
-        for t in keep:
+    for t in keep:
         b = addresses.get(t.data_ptr())
         assert b is not None and b["state"] == "active_allocated", (t.numel(), b)
         assert b["frames"], "no stack recorded for a live block"
