@@ -18,8 +18,13 @@
 //   order on S makes that safe); to any other stream, or to allocate(), only after the work
 //   queued on S at the free has completed: a marker (a recycled CUDA event, see
 //   stream_fence.hpp) recorded on S after the free has completed, or a device-wide quiesce
-//   (a device synchronize) began after it. A free records nothing. When another stream
-//   needs the memory (its tier would otherwise grow), the pool wants a marker on S: on the
+//   (a device synchronize) began after it. A free on a steady stream (one the calling
+//   thread has freed on 32 times outside its thread cache) records nothing and keeps the warm path; a
+//   free on a young stream (a stream per request, or any stream not yet steady) goes to the
+//   shared tiers and records one marker on S before it returns (stats().stream_markers), so
+//   S's blocks reach other streams once its work has run, whatever its caller does with S
+//   next. When another stream needs the memory (its tier would otherwise grow), the pool
+//   wants a marker on a steady S: on the
 //   legacy default stream (the null stream, cudaStreamLegacy, every thread's
 //   cudaStreamPerThread) it records one at once; on any other stream the next
 //   allocate_async or deallocate_async that passes S records one, covering every free on S
@@ -49,15 +54,16 @@
 //   Stream lifetime: S may be destroyed once its work has completed (cudaStreamSynchronize,
 //   then cudaStreamDestroy, as a request handler does when done) with blocks freed on it
 //   still waiting in the pool: no extra call is needed, nothing is recorded on S after the
-//   last call that passed it, and its blocks reach other streams after a quiesce (or after a
-//   marker its last call recorded). The pool tells streams apart by handle: a new stream that
-//   the driver gives the handle of a destroyed S takes S's freed blocks as its own at once,
-//   which is safe because S's work has completed; so do not destroy S with work still queued
-//   that uses blocks freed on it. The cost of destroying: the blocks of a stream not seen
-//   again wait for the next quiesce (growth past the budget or to a new peak, the
-//   out-of-memory retry, trim()); a workload whose streams free blocks that other streams
-//   then need pays a device synchronize for each such growth (bench/RESULTS.md has the
-//   counts on the recorded traces). Destroying the pool after S is safe.
+//   last call that passed it, and its blocks reach other streams after a marker its calls
+//   recorded (a young stream's frees each record one) or after a quiesce. The pool tells
+//   streams apart by handle: a new stream that the driver gives the handle of a destroyed S
+//   takes S's freed blocks as its own at once, which is safe because S's work has completed;
+//   so do not destroy S with work still queued that uses blocks freed on it. The cost of
+//   destroying a steady stream: its blocks freed with no marker since wait for the next
+//   quiesce (growth past the budget or to a new peak, the out-of-memory retry, trim()); a
+//   workload whose steady streams free blocks that other streams then need pays a device
+//   synchronize for each such growth (bench/RESULTS.md has the counts on the recorded
+//   traces). Destroying the pool after S is safe.
 //   CUDA graphs: a stream being captured never gets a stream marker (its freed blocks stay
 //   its own until the capture ends and another request records one), and the pool's event calls
 //   run in relaxed capture mode (as PyTorch's allocator's do), so they do not invalidate a
@@ -155,6 +161,10 @@ struct DevicePoolStats {
   std::uint64_t quiesces = 0;
   std::uint64_t stream_quiesces = 0;
   std::uint64_t stream_marker_wants = 0;
+  // Markers recorded on caller streams for their freed blocks: a want's, and one per
+  // deallocate_async on a young stream (one that has not freed often on the calling thread:
+  // a stream per request), so that its blocks reach other streams after it is destroyed.
+  std::uint64_t stream_markers = 0;
   // Refused deallocations (with or without validate_deallocations), and refused
   // release_graph_pool calls (a release with no graph use open).
   std::uint64_t invalid_deallocations = 0;

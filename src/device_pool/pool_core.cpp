@@ -130,6 +130,10 @@ DevicePoolCore::~DevicePoolCore() {
 
 void DevicePoolCore::serve_want(StreamKey key) noexcept {
   if (!wants.take(key)) return;  // another key's bit, or another call on it took the want
+  record_markers(key);
+}
+
+void DevicePoolCore::record_markers(StreamKey key) noexcept {
   // One marker per tier that holds the stream's ranges, recorded with no tier mutex locked.
   // mark_frees() before the record: a free that reaches a tier after the mark (on another
   // thread) may be used by work queued after the marker, so it keeps its tag.
@@ -142,7 +146,11 @@ void DevicePoolCore::serve_want(StreamKey key) noexcept {
     } catch (...) {  // captured, or a driver error: the ranges keep their tag
       continue;
     }
-    if (!tier->adopt_marker(key, marker, mark)) fence->release(marker);
+    if (!tier->adopt_marker(key, marker, mark)) {
+      fence->release(marker);
+    } else {
+      markers_at_frees.fetch_add(1, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -288,7 +296,8 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
   // (large_block_cache.hpp); the tier's as always.
   const bool passes = cache.heap != nullptr && !cache.large.keeps() && cache.heap->contains(block);
   if (passes) cache.large.note_passed(block, need);
-  if (cache.large.active() && need <= cap && !passes) {
+  // A young stream's free goes to the tier, where the call's marker covers it.
+  if (cache.large.active() && need <= cap && !passes && cache.stream_ages.steady(request.key)) {
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);
@@ -434,6 +443,9 @@ bool DevicePoolCore::small_deallocate(ThreadCache* cache, void* block,
   const std::uint64_t block_bytes = request.block_bytes;
   const std::uint64_t cached =
       cache != nullptr ? cache->cached_bytes.load(std::memory_order_relaxed) : 0;
+  // A young stream's free goes to the tier, where the call's marker covers it.
+  if (cache != nullptr && !cache->stream_ages.steady(key))
+    return free_to_tier(block, request, cache);
   if (cache != nullptr && has_room(*cache, index, cached, block_bytes)) [[likely]] {
     if (cached == 0) {
       cache->tag = key;  // an empty cache takes the tag of what it holds next
@@ -558,6 +570,9 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   const bool track = options.track_peak_in_use;
   if (cache == nullptr) cache = claim_own_cache();
   if (cache != nullptr) [[likely]] {
+    const bool young =
+        StreamAges::caller_stream(request.key) &&
+        cache->stream_ages.note_free(request.key, fence->stream_id(fence_stream_of(request.key)));
     const bool known = request.small ? small_deallocate(cache, block, request)
                                      : large_deallocate(*cache, block, request);
     if (known) [[likely]] {
@@ -567,8 +582,9 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
     end_claim(*cache);
     if (!known) {
       reject_deallocate(block, request.bytes, kNotLive);
-    } else if (track) {
-      note_in_use(-static_cast<std::int64_t>(block_bytes));
+    } else {
+      if (track) note_in_use(-static_cast<std::int64_t>(block_bytes));
+      if (young) record_markers(request.key);  // stream_ages.hpp
     }
     return;
   }
@@ -589,7 +605,11 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   if (!known) return reject_deallocate(block, request.bytes, kNotLive);
   slow_path.count_deallocation(block_bytes);
   if (track) note_in_use(-static_cast<std::int64_t>(block_bytes));
-  if (orphan.active()) last = orphan.block_returned();
+  if (orphan.active()) {
+    last = orphan.block_returned();
+  } else if (StreamAges::caller_stream(request.key)) {
+    record_markers(request.key);  // no cache to tell a young stream: as for one (under the lock)
+  }
 }
 
 }  // namespace vram::detail

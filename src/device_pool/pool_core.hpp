@@ -426,6 +426,10 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // The size a graph pool's block is deallocated with: the one that finds its class and tier.
   std::size_t deallocate_size_of(const GraphPools::Block& block) noexcept;
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
+  // A marker on `key`'s stream (the caller's call passes it: it exists) for its ranges in each
+  // tier that holds some, freed before the record: a want's, or a young stream's free
+  // (stream_ages.hpp). No tier mutex may be held.
+  void record_markers(StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
   // capture would invalidate it).
@@ -457,6 +461,8 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // (stream_wants.hpp): the stream-ordered calls test it, in the same cache line, and the
   // call on such a stream records the marker (serve_want) before its own work.
   std::atomic<std::uint64_t> wanted_streams{0};
+  // Markers record_markers() made pending, a want's or a young stream's (stats).
+  std::atomic<std::uint64_t> markers_at_frees{0};
   // Options::detect_unscoped_capture: stream-ordered calls ask whether their stream is
   // being captured.
   bool watch_captures = true;
@@ -585,7 +591,8 @@ inline bool DevicePoolCore::deallocate_to_cache(ThreadCache& cache, void* block,
   const std::uint64_t block_bytes = block_bytes_of[index];
   const std::uint64_t cached = cache.cached_bytes.load(std::memory_order_relaxed);
   if (has_room(cache, index, cached, block_bytes) &&
-      (key == cache.tag || key == kUntagged || cached == 0)) [[likely]] {
+      (key == cache.tag || key == kUntagged || (cached == 0 && cache.stream_ages.steady(key))))
+      [[likely]] {
     if (cached == 0) cache.tag = key;  // an empty cache takes the tag of what it holds
     push_cached(cache, block, index, block_bytes);
     bump(cache.deallocations, 1);

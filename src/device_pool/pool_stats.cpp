@@ -42,6 +42,7 @@ DevicePoolStats DevicePoolCore::stats() const {
   s.quiesces = quiescer.quiesces();
   s.stream_quiesces = quiescer.quiesces_for_streams();
   s.stream_marker_wants = wants.wanted();
+  s.stream_markers = markers_at_frees.load(std::memory_order_relaxed);
   s.invalid_deallocations = validation.rejected();
   s.bytes_in_use = acquired_bytes > deallocated_bytes ? acquired_bytes - deallocated_bytes : 0;
   const SleepTags::Totals tags = sleep_tags.totals();

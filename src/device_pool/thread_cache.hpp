@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "large_block_cache.hpp"
+#include "stream_ages.hpp"
 #include "thread_heap.hpp"
 #include "tier/segment_tier.hpp"
 #include "vram/detail/asymmetric_barrier.hpp"
@@ -141,6 +142,9 @@ struct ThreadCache {
   std::uint32_t heap_checks = 0;     // requests on heap_home since its stream was last named
   std::uint64_t heap_stream_id = 0;  // StreamFence::stream_id of the candidate, then the home
   bool heap_streams_churn = false;   // streams came and went behind one handle: no home
+  // The caller streams this thread frees on, young or steady (stream_ages.hpp): a young one's
+  // key never tags the cache.
+  StreamAges stream_ages;
 };
 
 // Marks the holder of `cache` as inside a call that may block (see ThreadCache).

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu_test_policy.hpp"
+#include "steady_stream.hpp"
 #include "test_upstreams.hpp"
 #include "vram/cuda/stream.hpp"
 #include "vram/device_pool.hpp"
@@ -623,21 +624,26 @@ TEST(DevicePoolStreams, WhollyFreeSegmentIsNotSplitPastTheWasteLimit) {
 TEST(DevicePoolStreams, TrimAndDestructionRecordNothingOnTheFreeingStreams) {
   auto fence = std::make_shared<ManualFence>();
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  std::uint64_t recorded_before_destruction = 0;
   {
     DevicePool::Options options;
     options.fence = fence;
     DevicePool pool(upstream, options);
     void* small = pool.allocate_async(4096, fake_stream(1));
     void* large = pool.allocate_async(4_MiB, fake_stream(2));
+    // Young streams: each free records a marker on its own stream, inside its own call.
     pool.deallocate_async(small, 4096, fake_stream(1));
     pool.deallocate_async(large, 4_MiB, fake_stream(2));
+    const std::uint64_t recorded = fence->recorded();
     pool.trim(0);
-    EXPECT_EQ(fence->recorded(), 0U) << "trim recorded a marker on a freeing stream";
+    EXPECT_EQ(fence->recorded(), recorded) << "trim recorded a marker on a freeing stream";
     EXPECT_EQ(upstream->live_bytes(), 0U) << "after trim the stream-freed blocks went back";
     void* again = pool.allocate_async(4_MiB, fake_stream(3));
     pool.deallocate_async(again, 4_MiB, fake_stream(3));
+    recorded_before_destruction = fence->recorded();
   }  // destruction with a block freed on stream 3
-  EXPECT_EQ(fence->recorded(), 0U) << "destruction recorded a marker on a freeing stream";
+  EXPECT_EQ(fence->recorded(), recorded_before_destruction)
+      << "destruction recorded a marker on a freeing stream";
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
@@ -704,12 +710,14 @@ TEST(DevicePoolStreams, PlainFreeIsReusableByEveryStream) {
   void* a = pool.allocate(4096);
   pool.deallocate(a, 4096);
   EXPECT_EQ(pool.allocate_async(4096, fake_stream(7)), a);
-  pool.deallocate_async(a, 4096, fake_stream(7));
+  EXPECT_EQ(p.fence->recorded(), 0U) << "no marker needed for completed blocks";
+  pool.deallocate_async(a, 4096, fake_stream(7));  // a young stream's: its own marker
+  const std::uint64_t recorded = p.fence->recorded();
   char* big = static_cast<char*>(pool.allocate(8_MiB));
   pool.deallocate(big, 8_MiB);
   EXPECT_EQ(pool.allocate_async(8_MiB, fake_stream(9)), big);
   pool.deallocate(big, 8_MiB);
-  EXPECT_EQ(p.fence->recorded(), 0U) << "no marker needed for completed blocks";
+  EXPECT_EQ(p.fence->recorded(), recorded) << "no marker needed for completed blocks";
 }
 
 TEST(DevicePoolStreams, ThreadCacheSwitchingStreamsKeepsEachBlocksStream) {
@@ -789,41 +797,53 @@ TEST(DevicePoolVirtual, HostEmulationServesTheContractAndGivesGranulesBack) {
 // In virtual mode the large tier is one range; a block freed on a
 // stream absorbs the untagged free tail of the whole reservation (insert_free's merge rule),
 // so another stream could find nothing untagged and answer each such allocation with
-// trim(0, wait) (a device synchronize, every free run unmapped). Growing wants a marker on
-// s1 (recorded by s1's next call: the pool never records on a caller's stream outside a call
-// that passes it) and, past the growth budget (here: 4 MiB more than the 8 MiB peak of
-// used), with s1 not seen since, quiesces the device once rather than mapping more: no
-// marker on s1, no trim, nothing unmapped.
+// trim(0, wait) (a device synchronize, every free run unmapped). Past the growth budget (here:
+// 4 MiB more than the 8 MiB peak of used) s2 takes s1's range instead of mapping more:
+// - s1 steady: its free recorded nothing; growing wants a marker on s1 (recorded by s1's next
+//   call: the pool never records on a caller's stream outside a call that passes it) and,
+//   with s1 not seen since, quiesces the device once: no marker on s1, no trim;
+// - s1 young: its free recorded a marker on s1; growing waits for that marker (an event, not
+//   the device), no quiesce.
+// Nothing unmapped either way.
 TEST(DevicePoolVirtualStreams, AStreamFreeDoesNotTakeTheWholeReservationFromOtherStreams) {
-  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
-  auto fence = std::make_shared<ManualFence>();
-  DevicePool::Options options;
-  options.fence = fence;
-  options.large_tier.memory = LargeTierMemory::virtual_memory;
-  options.small_tier.max_block_bytes = std::size_t{256} << 10;
-  options.large_tier.virtual_reservation_bytes = 1_GiB;
-  {
-    DevicePool pool(upstream, options);
-    const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
-    const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
-    void* b = pool.allocate_async(4_MiB, s2);
-    void* a = pool.allocate_async(4_MiB, s1);  // beside the untagged free tail
-    pool.deallocate_async(a, 4_MiB, s1);       // s1's work may still use a: a stays s1's
-    const std::size_t reserved = pool.stats().bytes_reserved;
-    void* c = pool.allocate_async(4_MiB, s2);
-    EXPECT_EQ(pool.stats().oom_retries, 0U)
-        << "1 GiB of untagged address space is left: no synchronize-and-trim retry";
-    EXPECT_EQ(fence->recorded(), 0U) << "nothing recorded on s1 outside a call on s1";
-    EXPECT_EQ(pool.stats().stream_marker_wants, 1U) << "s1's marker is wanted";
-    EXPECT_EQ(pool.stats().stream_quiesces, 1U) << "growing past the budget quiesces once";
-    EXPECT_EQ(c, a) << "then s1's range serves s2";
-    EXPECT_EQ(pool.stats().bytes_reserved, reserved) << "nothing new mapped";
-    pool.deallocate(b, 4_MiB);
-    pool.deallocate(c, 4_MiB);
-    pool.trim(0);
-    EXPECT_EQ(upstream->live_bytes(), 0U);
+  for (const bool steady : {true, false}) {
+    SCOPED_TRACE(steady ? "s1 steady" : "s1 young");
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto fence = std::make_shared<ManualFence>();
+    DevicePool::Options options;
+    options.fence = fence;
+    options.large_tier.memory = LargeTierMemory::virtual_memory;
+    options.small_tier.max_block_bytes = std::size_t{256} << 10;
+    options.large_tier.virtual_reservation_bytes = 1_GiB;
+    {
+      DevicePool pool(upstream, options);
+      const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
+      const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
+      if (steady) free_often_on(pool, s1);
+      fence->complete_all();  // the emulated device ran s1's work so far
+      void* b = pool.allocate_async(4_MiB, s2);
+      void* a = pool.allocate_async(4_MiB, s1);  // beside the untagged free tail
+      pool.deallocate_async(a, 4_MiB, s1);       // s1's work may still use a: a stays s1's
+      const std::uint64_t recorded = fence->recorded();
+      const std::uint64_t waits = fence->waits();
+      const std::size_t reserved = pool.stats().bytes_reserved;
+      void* c = pool.allocate_async(4_MiB, s2);
+      EXPECT_EQ(pool.stats().oom_retries, 0U)
+          << "1 GiB of untagged address space is left: no synchronize-and-trim retry";
+      EXPECT_EQ(fence->recorded(), recorded) << "nothing recorded on s1 outside a call on s1";
+      EXPECT_EQ(pool.stats().stream_marker_wants, steady ? 1U : 0U) << "s1's marker is wanted";
+      EXPECT_EQ(pool.stats().stream_quiesces, steady ? 1U : 0U)
+          << "growing past the budget quiesces once, for a steady s1 only";
+      if (!steady) EXPECT_GT(fence->waits(), waits) << "s2 waited for s1's marker";
+      EXPECT_EQ(c, a) << "then s1's range serves s2";
+      EXPECT_EQ(pool.stats().bytes_reserved, reserved) << "nothing new mapped";
+      pool.deallocate(b, 4_MiB);
+      pool.deallocate(c, 4_MiB);
+      pool.trim(0);
+      EXPECT_EQ(upstream->live_bytes(), 0U);
+    }
+    EXPECT_EQ(upstream->bad_frees(), 0U);
   }
-  EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
 #ifdef VRAM_HAVE_TEST_KERNELS
