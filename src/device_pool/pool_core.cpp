@@ -146,11 +146,7 @@ void DevicePoolCore::record_markers(StreamKey key) noexcept {
     } catch (...) {  // captured, or a driver error: the ranges keep their tag
       continue;
     }
-    if (!tier->adopt_marker(key, marker, mark)) {
-      fence->release(marker);
-    } else {
-      markers_at_frees.fetch_add(1, std::memory_order_relaxed);
-    }
+    if (!tier->adopt_marker(key, marker, mark)) fence->release(marker);
   }
 }
 
@@ -288,15 +284,15 @@ void* DevicePoolCore::large_allocate(ThreadCache* cache, const Request& request)
   return block;
 }
 
-bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
-                                      const Request& request) noexcept {
+bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block, const Request& request,
+                                      SegmentTier::FreeMarker* marker) noexcept {
   const std::size_t cap = options.thread_cache.large_bytes;
   const std::size_t need = request.block_bytes;
   // The heap's blocks are kept by exact size only while sizes come back
   // (large_block_cache.hpp); the tier's as always.
   const bool passes = cache.heap != nullptr && !cache.large.keeps() && cache.heap->contains(block);
   if (passes) cache.large.note_passed(block, need);
-  // A young stream's free goes to the tier, where the call's marker covers it.
+  // A young stream's free goes to the tier, pending under the call's marker (stream_ages.hpp).
   if (cache.large.active() && need <= cap && !passes && cache.stream_ages.steady(request.key)) {
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {
@@ -311,13 +307,14 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block,
     if (put == LargeBlockCache::Put::cached) return true;
     if (put == LargeBlockCache::Put::double_deallocate) return false;
   }
-  const bool known = free_to_tier(block, request, &cache);
+  const bool known = free_to_tier(block, request, &cache, marker);
   cache.large.note_contentions(large.contentions());
   return known;
 }
 
 bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
-                                ThreadCache* via, bool claimed) noexcept {
+                                ThreadCache* via, bool claimed,
+                                SegmentTier::FreeMarker* marker) noexcept {
   ThreadCache* const holder = claimed ? via : nullptr;
   // The deallocating thread's own heap, then the tier, then the other heaps (a block of
   // another thread's heap). The order decides speed only: no heap block starts where a block
@@ -331,7 +328,7 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
       heap_deallocate(*own, tier, block, tag, bytes, holder, by)) {
     return true;
   }
-  if (settle_free(tier, tier.free_keeping(block, tag, bytes, by), holder)) return true;
+  if (settle_free(tier, tier.free_keeping(block, tag, bytes, by, marker), holder)) return true;
   if (!heaps) return false;
   bool found = false;
   set.for_each([&](ThreadHeap& heap) {
@@ -436,16 +433,17 @@ void DevicePoolCore::start_heap(ThreadCache& cache) noexcept {
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).
-bool DevicePoolCore::small_deallocate(ThreadCache* cache, void* block,
-                                      const Request& request) noexcept {
+bool DevicePoolCore::small_deallocate(ThreadCache* cache, void* block, const Request& request,
+                                      SegmentTier::FreeMarker* marker) noexcept {
   const std::size_t index = request.index;
   const StreamKey key = request.key;
   const std::uint64_t block_bytes = request.block_bytes;
   const std::uint64_t cached =
       cache != nullptr ? cache->cached_bytes.load(std::memory_order_relaxed) : 0;
-  // A young stream's free goes to the tier, where the call's marker covers it.
-  if (cache != nullptr && !cache->stream_ages.steady(key))
-    return free_to_tier(block, request, cache);
+  // A young stream's free goes to the tier, pending under the call's marker (stream_ages.hpp).
+  if (cache != nullptr && !cache->stream_ages.steady(key)) {
+    return free_to_tier(block, request, cache, marker);
+  }
   if (cache != nullptr && has_room(*cache, index, cached, block_bytes)) [[likely]] {
     if (cached == 0) {
       cache->tag = key;  // an empty cache takes the tag of what it holds next
@@ -570,21 +568,28 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   const bool track = options.track_peak_in_use;
   if (cache == nullptr) cache = claim_own_cache();
   if (cache != nullptr) [[likely]] {
-    const bool young =
-        StreamAges::caller_stream(request.key) &&
-        cache->stream_ages.note_free(request.key, fence->stream_id(fence_stream_of(request.key)));
-    const bool known = request.small ? small_deallocate(cache, block, request)
-                                     : large_deallocate(*cache, block, request);
+    // A young stream's marker, recorded before its block reaches the tier (stream_ages.hpp).
+    SegmentTier::FreeMarker young;
+    SegmentTier::FreeMarker* const marker =
+        record_if_young(*cache, request.key, young) ? &young : nullptr;
+    const bool known = request.small ? small_deallocate(cache, block, request, marker)
+                                     : large_deallocate(*cache, block, request, marker);
     if (known) [[likely]] {
       bump(cache->deallocations, 1);
       bump(cache->deallocated_bytes, block_bytes);
     }
     end_claim(*cache);
+    if (marker != nullptr) {
+      if (!young.taken) {
+        fence->release(young.marker);  // a heap's block, a foreign one, or no entry
+      } else {
+        markers_at_frees.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
     if (!known) {
       reject_deallocate(block, request.bytes, kNotLive);
-    } else {
-      if (track) note_in_use(-static_cast<std::int64_t>(block_bytes));
-      if (young) record_markers(request.key);  // stream_ages.hpp
+    } else if (track) {
+      note_in_use(-static_cast<std::int64_t>(block_bytes));
     }
     return;
   }
@@ -594,7 +599,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   std::lock_guard lock(slow_path);
   bool known = true;
   if (!orphan.active()) {
-    known = request.small ? small_deallocate(nullptr, block, request)
+    known = request.small ? small_deallocate(nullptr, block, request, nullptr)
                           : free_block(large, block, request.key, block_bytes, nullptr, false);
   } else {
     known = free_block(*request.tier, block, request.key, block_bytes, nullptr, false);
@@ -605,11 +610,23 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   if (!known) return reject_deallocate(block, request.bytes, kNotLive);
   slow_path.count_deallocation(block_bytes);
   if (track) note_in_use(-static_cast<std::int64_t>(block_bytes));
-  if (orphan.active()) {
-    last = orphan.block_returned();
-  } else if (StreamAges::caller_stream(request.key)) {
-    record_markers(request.key);  // no cache to tell a young stream: as for one (under the lock)
+  if (orphan.active()) last = orphan.block_returned();
+}
+
+bool DevicePoolCore::record_if_young(ThreadCache& cache, StreamKey key,
+                                     SegmentTier::FreeMarker& young) noexcept {
+  if (!StreamAges::caller_stream(key)) return false;
+  const cudaStream_t stream = fence_stream_of(key);
+  if (!cache.stream_ages.note_free(key, [&] { return fence->stream_id(stream); })) return false;
+  // The call proves the stream alive; the work its caller queued on the block came before.
+  // A driver call: stealers may skip this holder meanwhile.
+  SlowSection slow(&cache);
+  try {
+    young.marker = fence->record(stream);
+  } catch (...) {  // captured, or a driver error: the block keeps its tag (wants, quiesces)
+    return false;
   }
+  return true;
 }
 
 }  // namespace vram::detail

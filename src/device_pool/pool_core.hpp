@@ -282,8 +282,10 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   [[gnu::always_inline]] inline void* large_allocate(ThreadCache* cache, const Request& request);
   // Deallocates a large block into the holder's cache, else to the tier; false when the block
   // is not this pool's leased block of that size.
+  // `marker`: a young stream's (record_if_young), for the tier; null or not taken: none.
   [[gnu::always_inline]] inline bool large_deallocate(ThreadCache& cache, void* block,
-                                                      const Request& request) noexcept;
+                                                      const Request& request,
+                                                      SegmentTier::FreeMarker* marker) noexcept;
   // Every cached large block of `cache` (its holder's, or stolen) back to the large tier.
   void drain_large(ThreadCache& cache) noexcept;
   // Before a tier grows: the cached large blocks of every thread (`claimed`: the caller's own,
@@ -291,13 +293,20 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // block) back to the large tier; true when any went back.
   bool flush_large_caches(ThreadCache* claimed) noexcept;
   bool flush_cached_large_blocks(ThreadCache* claimed) noexcept;  // its first part
-  bool small_deallocate(ThreadCache* cache, void* block, const Request& request) noexcept;
+  bool small_deallocate(ThreadCache* cache, void* block, const Request& request,
+                        SegmentTier::FreeMarker* marker) noexcept;
+  // A slow-path free on `key` through `cache` (claimed): when the stream is young
+  // (stream_ages.hpp, counted here) records a marker on it into `young` (true). No tier mutex
+  // is held; the block has not reached a tier yet.
+  bool record_if_young(ThreadCache& cache, StreamKey key, SegmentTier::FreeMarker& young) noexcept;
   // SegmentTier::free() of the request's tier for a thread that claimed `claimed` (or null;
   // deallocated through its large cache, lease_owner.hpp): only its give-back, which makes
   // upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
   // segment_tier.hpp).
-  bool free_to_tier(void* block, const Request& request, ThreadCache* claimed) noexcept {
-    return free_block(*request.tier, block, request.key, request.block_bytes, claimed, true);
+  bool free_to_tier(void* block, const Request& request, ThreadCache* claimed,
+                    SegmentTier::FreeMarker* marker = nullptr) noexcept {
+    return free_block(*request.tier, block, request.key, request.block_bytes, claimed, true,
+                      marker);
   }
   // The one way a block of `bytes` (rounded) goes back to `tier` on `tag`: a thread heap's
   // block to its heap (the deallocating thread's own first, then any other: thread_heap.hpp),
@@ -305,8 +314,10 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // cache is the tier's `by`, lease_owner.hpp; its heap is asked first), or null; `claimed`:
   // the caller holds `via` (a give-back's upstream calls then run in its SlowSection).
   // False when no heap and not the tier hold the block at that size (nothing changed).
+  // `marker`: as SegmentTier::free_keeping's (a heap's block leaves it not taken).
   bool free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
-                  ThreadCache* via, bool claimed) noexcept;
+                  ThreadCache* via, bool claimed,
+                  SegmentTier::FreeMarker* marker = nullptr) noexcept;
   // Thread heaps (thread_heap.hpp). heap_allocate: `request` (at most the heap's
   // max_block()) from the holder's heap over the request's tier, which takes a chunk of that
   // tier when nothing free fits; `owner`: as SegmentTier::allocate's. heap_deallocate: false
@@ -427,8 +438,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   std::size_t deallocate_size_of(const GraphPools::Block& block) noexcept;
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
   // A marker on `key`'s stream (the caller's call passes it: it exists) for its ranges in each
-  // tier that holds some, freed before the record: a want's, or a young stream's free
-  // (stream_ages.hpp). No tier mutex may be held.
+  // tier that holds some, freed before the record. No tier mutex may be held.
   void record_markers(StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
@@ -461,7 +471,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // (stream_wants.hpp): the stream-ordered calls test it, in the same cache line, and the
   // call on such a stream records the marker (serve_want) before its own work.
   std::atomic<std::uint64_t> wanted_streams{0};
-  // Markers record_markers() made pending, a want's or a young stream's (stats).
+  // Young streams' markers the tiers took (stats().stream_markers).
   std::atomic<std::uint64_t> markers_at_frees{0};
   // Options::detect_unscoped_capture: stream-ordered calls ask whether their stream is
   // being captured.

@@ -198,6 +198,22 @@ class FreeRanges {
     file(rest);  // r was maximal: rest has no free same-tag neighbour
   }
 
+  // Splits the pending range `r` (taken for a block by its own stream) at `need` bytes: the
+  // rest, when at least `granularity` bytes, is returned as a pending range of r's tag and
+  // epoch (its owner files it under r's marker); null: no rest. Takes a kept spare node.
+  Range* split_pending(Range* r, std::size_t need) noexcept {
+    if (r->size - need < granularity_) return nullptr;
+    Range* rest = take_range();
+    *rest = Range{r->addr + need, r->size - need,        r->segment, r,
+                  r->next,        Range::State::pending, r->tag,     r->epoch};
+    rest->index = nullptr;
+    rest->bin_prev = rest->bin_next = nullptr;
+    if (r->next != nullptr) r->next->prev = rest;
+    r->next = rest;
+    r->size = need;
+    return rest;
+  }
+
   // Cuts the used, unfiled range `r` at `at` bytes (0 < at < r->size, a multiple of the
   // granularity): r keeps the first `at` bytes, the returned range (used, unfiled, r's
   // owner cleared) the rest. Takes a kept spare node.

@@ -53,8 +53,7 @@ void* SegmentTier::allocate(std::size_t bytes, StreamKey stream, bool may_grow, 
   Range* r = fit_fenced(stream, need, mapped, locked);
   // A fit over a granule not mapped yet (or one being mapped) would be growing.
   if (r == nullptr || (map_.base() != nullptr && !mapped)) return nullptr;
-  ranges_.remove_free(r);
-  ranges_.split(r, need);
+  claim_fit(r, need);
   r->state = Range::State::used;
   return file_used(r, owner, served);  // reserved above
 }
@@ -103,14 +102,14 @@ void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* qu
     return nullptr;
   }
   if (r != nullptr) {
-    ranges_.remove_free(r);
+    claim_fit(r, need);
   } else if (map_.base() != nullptr) {
     throw OutOfMemory(need, budget_.free_bytes(), budget_.used(),
                       "the pool's reserved address range is exhausted");
   } else {
     r = grow_segment(need, locked);  // the upstream call with the mutex released
+    ranges_.split(r, need);
   }
-  ranges_.split(r, need);
   r->state = Range::State::used;  // before mapping: nothing may merge it meanwhile
   if (needs_map) {                // computed for this r: after the split, r->size == need
     try {
@@ -124,7 +123,7 @@ void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* qu
 }
 
 SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::size_t bytes,
-                                             const LeaseOwner* by) noexcept {
+                                             const LeaseOwner* by, FreeMarker* marker) noexcept {
   const Lock locked = lock();
   // Null for a foreign block, for null itself, for a block of another size than `bytes` (a
   // small class's released under a large size, say) and for a block its owner holds cached
@@ -141,6 +140,10 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
   budget_.give(r->size);
   r->tag = tag;
   r->epoch = tags_.epoch();
+  if (marker != nullptr && tag != kUntagged && tags_.file_pending(r, marker->marker)) {
+    marker->taken = true;
+    return Freed::kept;
+  }
   ranges_.insert_free(r);
   return tag == kUntagged && budget_.free_bytes() > options_.max_free_bytes ? Freed::over_cap
                                                                             : Freed::kept;
@@ -376,6 +379,14 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& m
     return r;
   };
   Range* r = smaller_fit();
+  // The stream's own pending ranges (its frees under a marker not yet complete) first: safe for
+  // it in stream order, and idle for every other stream until the marker completes.
+  if (stream != kUntagged && tags_.any_pending()) {
+    if (Range* own = tags_.own_pending_fit(stream, need)) {
+      mapped = true;  // a pending range was a block: its granules are mapped
+      return own;
+    }
+  }
   // Growing while other streams hold free memory: fence those streams first (their ranges
   // serve any stream once their markers complete; on a device usually by a later request,
   // here only when already complete). In virtual mode a fit over unmapped granules is
@@ -414,6 +425,15 @@ std::size_t SegmentTier::growth_for(const Range* r, std::size_t need) const noex
   if (map_.base() == nullptr) return 0;
   return map_.unmapped_granules(map_.granule_of(r->addr), map_.granule_of(r->addr + need - 1)) *
          map_.granule();
+}
+
+void SegmentTier::claim_fit(Range* r, std::size_t need) noexcept {
+  if (r->state == Range::State::pending) {
+    tags_.take_pending(r, need);  // its rest stays pending under its marker
+    return;
+  }
+  ranges_.remove_free(r);
+  ranges_.split(r, need);
 }
 
 bool SegmentTier::past_budget(const Range* r, std::size_t need) const noexcept {

@@ -185,9 +185,18 @@ class SegmentTier {
   // free() without its give-back, for a caller that must mark the upstream calls of that
   // one (a SlowSection): over_cap when an untagged free left more than max_free_bytes free;
   // the caller then calls give_back_over_cap(). foreign: as free()'s false.
+  // `marker`: one recorded on `tag`'s stream after the work queued on it before the free (the
+  // freeing call recorded it first): the block is filed pending under it at once, with no
+  // moment free under its tag alone (stream_tags.hpp: file_pending()), and the tier owns the
+  // marker (taken); not taken (the caller releases it) when the block is foreign or no host
+  // memory was left for the entry (then freed under its tag, as without a marker).
+  struct FreeMarker {
+    std::uint64_t marker = 0;
+    bool taken = false;
+  };
   enum class Freed { foreign, kept, over_cap };
   Freed free_keeping(void* block, StreamKey tag, std::size_t bytes = 0,
-                     const LeaseOwner* by = nullptr) noexcept;
+                     const LeaseOwner* by = nullptr, FreeMarker* marker = nullptr) noexcept;
   // A block handed out whole to LeaseOwner::heap_chunks() and returned in pieces that each
   // carry their own tag (a thread heap's chunk, thread_heap.hpp): `pieces` cover the block in
   // address order, each a multiple of the granularity. Each piece is freed as free_keeping() frees
@@ -369,6 +378,10 @@ class SegmentTier {
   // granules under it not mapped yet), and whether that passes the growth budget.
   std::size_t growth_for(const Range* r, std::size_t need) const noexcept;
   bool past_budget(const Range* r, std::size_t need) const noexcept;
+  // Takes fit()'s `r` out of the free ranges (a free one split at `need`, its rest filed free)
+  // or out of its stream's pending entry (stream_tags.hpp: take_pending()); the caller marks
+  // it used.
+  void claim_fit(Range* r, std::size_t need) noexcept;
 
   // --- growing and giving back (segment_tier_growth.cpp) ---
   std::size_t segment_size_for(std::size_t bytes) const noexcept;

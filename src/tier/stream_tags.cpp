@@ -173,6 +173,67 @@ void StreamTags::end_record(const std::vector<Record>& records, std::uint64_t ma
   }
 }
 
+bool StreamTags::file_pending(Range* r, std::uint64_t marker) noexcept {
+  Pending* joined = nullptr;
+  for (Pending& p : pending_) {
+    if (p.stream == r->tag) {
+      joined = &p;
+      break;
+    }
+  }
+  try {
+    if (joined != nullptr) {
+      joined->ranges.push_back(r);
+    } else {
+      pending_.push_back(Pending{marker, r->tag, {r}});
+    }
+  } catch (...) {  // no host memory: the caller frees r under its tag
+    return false;
+  }
+  if (joined != nullptr) {
+    release(joined->marker);  // deferred while kept (queried with the mutex released)
+    joined->marker = marker;
+  }
+  r->state = Range::State::pending;
+  r->bin_prev = r->bin_next = nullptr;
+  r->index = nullptr;
+  return true;
+}
+
+StreamTags::Range* StreamTags::own_pending_fit(StreamKey stream, std::size_t need) const noexcept {
+  Range* best = nullptr;
+  for (const Pending& p : pending_) {
+    if (p.stream != stream) continue;
+    for (Range* r : p.ranges) {
+      // Virtual mode: an adopted range may span never-mapped granules (a stream's free merges
+      // with the untagged tail); only one mapped under `need` serves without growing.
+      if (r->size < need || (best != nullptr && r->size >= best->size)) continue;
+      if (map_.base() == nullptr || map_.mapped_under(r, need)) best = r;
+    }
+  }
+  return best;
+}
+
+void StreamTags::take_pending(Range* r, std::size_t need) noexcept {
+  for (std::size_t i = 0; i < pending_.size(); ++i) {
+    Pending& p = pending_[i];
+    if (p.stream != r->tag) continue;
+    auto it = std::find(p.ranges.begin(), p.ranges.end(), r);
+    if (it == p.ranges.end()) continue;
+    if (Range* rest = ranges_.split_pending(r, need)) {
+      *it = rest;  // in r's place: still under the entry's marker
+      return;
+    }
+    *it = p.ranges.back();
+    p.ranges.pop_back();
+    if (p.ranges.empty()) {
+      release(p.marker);
+      drop(i);
+    }
+    return;
+  }
+}
+
 bool StreamTags::adopt(StreamKey key, std::uint64_t marker, std::uint64_t mark) noexcept {
   const std::size_t slot = ranges_.stream_slot(key);
   if (slot == ranges_.streams().size()) return false;

@@ -92,6 +92,21 @@ class StreamTags {
   bool take_listed(std::vector<Record>& out) noexcept;
   void record_outside(std::vector<Record>& records) noexcept;
   void end_record(const std::vector<Record>& records, std::uint64_t mark) noexcept;
+  // `r` (just taken out of the live blocks, tag and epoch set) was freed by a call that first
+  // recorded `marker` on r's stream: r becomes pending under it, joining the stream's pending
+  // entry when it has one (whose older marker is released: the new one completes after it),
+  // so a stream freeing often waits on one marker. False (nothing changed, the caller frees r
+  // as usual and keeps the marker) when no host memory is left for a new entry.
+  bool file_pending(Range* r, std::uint64_t marker) noexcept;
+  // The smallest of `stream`'s pending ranges that spans `need` bytes of mapped memory (null:
+  // none): safe for
+  // the stream itself in stream order, so its own requests use them before its marker
+  // completed.
+  Range* own_pending_fit(StreamKey stream, std::size_t need) const noexcept;
+  // `r` (an own_pending_fit() result) leaves its entry for a block of `need` bytes: its rest
+  // past `need` stays pending in its place (FreeRanges::split_pending); an entry left with no
+  // range releases its marker. The caller marks r used.
+  void take_pending(Range* r, std::size_t need) noexcept;
   // `marker` was recorded on `key`'s stream after mark() returned `mark`: the stream's free
   // ranges freed before the mark become one Pending entry under it. False (the caller
   // releases the marker) when there was none.

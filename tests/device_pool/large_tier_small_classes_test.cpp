@@ -192,47 +192,54 @@ TEST(LargeTierSmallClassesValidation, AWrongSizeReleaseOfALargeBlockIsRejectedWi
 }
 
 // Accepted cost (segment_tier.cpp insert_free/mergeable): a stream-ordered free of a
-// small-class block that reaches the large tier (no thread cache, or its bin full) merges
-// with its untagged free neighbours and takes the stream's tag, as a large block's free
-// always did: one 512 KiB block freed on s1 next to 64 MiB of plain-freed memory makes it
-// s1's, and a 32 MiB request on s2 quiesces the device (past the growth budget: s1 made no
-// call since, so no marker may be recorded on it) or maps more (within it). The alternatives
-// cost memory on the four-stream decode trace (no merging across tags: 1.32x the live bytes
-// instead of 1.04x; merging only neighbours no larger than the freed range: 1.20x). This pins
-// the reuse rule (s2 never gets s1's block without a wait or a quiesce) and the cost (one of
-// them, or a map); the control (the block in the small tier) has none.
+// small-class block that reaches the large tier (no thread cache, or its bin full) on a steady
+// stream merges with its untagged free neighbours and takes the stream's tag, as a large
+// block's free always did: one 512 KiB block freed on s1 next to 64 MiB of plain-freed memory
+// makes it s1's, and a 32 MiB request on s2 quiesces the device (past the growth budget: s1
+// made no call since, so no marker may be recorded on it) or maps more (within it). The
+// alternatives cost memory on the four-stream decode trace (no merging across tags: 1.32x the
+// live bytes instead of 1.04x; merging only neighbours no larger than the freed range:
+// 1.20x). This pins the reuse rule (s2 never gets s1's block without a wait or a quiesce) and
+// the cost (one of them, or a map); the control (the block in the small tier) has none. A
+// young s1's free is filed pending under its own marker, merging with nothing: no cost.
 TEST(LargeTierSmallClassesStreams, ASmallClassStreamFreeCapturesTheLargeTiersUntaggedNeighbour) {
-  for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}})
-    for (const double headroom : {1.0 / 16, 1.0}) {
-      SCOPED_TRACE(::testing::Message() << "small_tier.segment_max_bytes " << segment_max
-                                        << " growth_headroom " << headroom);
-      auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
-      auto fence = std::make_shared<ManualFence>();
-      auto options = virtual_options();
-      options.fence = fence;
-      options.growth_headroom = headroom;
-      options.small_tier.segment_max_bytes = segment_max;
-      DevicePool pool(upstream, options);
-      const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
-      const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
-      char* x = static_cast<char*>(pool.allocate_async(512_KiB, s1));
-      void* big = pool.allocate(64_MiB);
-      pool.deallocate(big, 64_MiB);           // plain free: usable by any stream
-      pool.deallocate_async(x, 512_KiB, s1);  // young s1: a marker on s1 in this call
-      const std::uint64_t recorded = fence->recorded();
-      const std::uint64_t maps = upstream->allocations();
-      const std::uint64_t waits = fence->waits() + fence->quiesces();
-      char* y = static_cast<char*>(pool.allocate_async(32_MiB, s2));
-      const bool overlaps = y < x + 512_KiB && x < y + 32_MiB;
-      const std::uint64_t waits_after = fence->waits() + fence->quiesces();
-      if (overlaps) EXPECT_GT(waits_after, waits) << "s1's block went to s2 without a wait";
-      EXPECT_EQ(fence->recorded(), recorded) << "a marker on s1 outside a call on s1";
-      const bool waited_or_mapped = waits_after != waits || upstream->allocations() != maps;
-      EXPECT_EQ(waited_or_mapped, segment_max == 0) << "the cost, and the control without it";
-      pool.deallocate_async(y, 32_MiB, s2);
-      pool.trim(0);
-      EXPECT_EQ(upstream->live_bytes(), 0U);
-    }
+  for (const bool steady : {true, false})
+    for (const std::size_t segment_max : {std::size_t{0}, std::size_t{1_MiB}})
+      for (const double headroom : {1.0 / 16, 1.0}) {
+        SCOPED_TRACE(::testing::Message()
+                     << (steady ? "s1 steady" : "s1 young") << " small_tier.segment_max_bytes "
+                     << segment_max << " growth_headroom " << headroom);
+        auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+        auto fence = std::make_shared<ManualFence>();
+        auto options = virtual_options();
+        options.fence = fence;
+        options.growth_headroom = headroom;
+        options.small_tier.segment_max_bytes = segment_max;
+        DevicePool pool(upstream, options);
+        const auto s1 = reinterpret_cast<cudaStream_t>(0x10);
+        const auto s2 = reinterpret_cast<cudaStream_t>(0x20);
+        if (steady) free_often_on(pool, s1);
+        fence->complete_all();
+        pool.trim(0);  // what the steady-making frees left
+        char* x = static_cast<char*>(pool.allocate_async(512_KiB, s1));
+        void* big = pool.allocate(64_MiB);
+        pool.deallocate(big, 64_MiB);           // plain free: usable by any stream
+        pool.deallocate_async(x, 512_KiB, s1);  // young s1: a marker on s1 in this call
+        const std::uint64_t recorded = fence->recorded();
+        const std::uint64_t maps = upstream->allocations();
+        const std::uint64_t waits = fence->waits() + fence->quiesces();
+        char* y = static_cast<char*>(pool.allocate_async(32_MiB, s2));
+        const bool overlaps = y < x + 512_KiB && x < y + 32_MiB;
+        const std::uint64_t waits_after = fence->waits() + fence->quiesces();
+        if (overlaps) EXPECT_GT(waits_after, waits) << "s1's block went to s2 without a wait";
+        EXPECT_EQ(fence->recorded(), recorded) << "a marker on s1 outside a call on s1";
+        const bool waited_or_mapped = waits_after != waits || upstream->allocations() != maps;
+        EXPECT_EQ(waited_or_mapped, steady && segment_max == 0)
+            << "the cost, and the controls without it";
+        pool.deallocate_async(y, 32_MiB, s2);
+        pool.trim(0);
+        EXPECT_EQ(upstream->live_bytes(), 0U);
+      }
 }
 
 // Checked: the reuse rule holds for a large-tier small class freed on a stream through a
