@@ -39,8 +39,10 @@ struct FiresWhenWaited {
 class StreamLifetimeFence final : public StreamFence {
  public:
   // recycle_handles: a destroyed stream's handle may name a later stream (else every
-  // stream gets a new one).
-  explicit StreamLifetimeFence(bool recycle_handles = true) : recycle_(recycle_handles) {}
+  // stream gets a new one). names_streams: stream_id() tells the streams behind a handle
+  // apart (else it answers 0, "cannot tell", as a fence without cudaStreamGetId would).
+  explicit StreamLifetimeFence(bool recycle_handles = true, bool names_streams = true)
+      : recycle_(recycle_handles), names_(names_streams) {}
   cudaStream_t create() {
     std::lock_guard lock(mutex_);
     std::uintptr_t handle = 0;
@@ -103,7 +105,7 @@ class StreamLifetimeFence final : public StreamFence {
     const auto it = streams_.find(key(stream));
     if (it == streams_.end()) return 0;
     if (!it->second.alive) ++ids_of_destroyed_;
-    return it->second.id;
+    return names_ ? it->second.id : 0;
   }
   std::uint64_t ids_of_destroyed() const { return locked(ids_of_destroyed_); }
   bool completed(std::uint64_t marker) noexcept override {
@@ -175,6 +177,7 @@ class StreamLifetimeFence final : public StreamFence {
   }
 
   const bool recycle_;
+  const bool names_;
   mutable std::mutex mutex_;
   // Node-based: a Marker's Stream* stays valid (a recycled handle reuses its node).
   std::unordered_map<std::uintptr_t, Stream> streams_;

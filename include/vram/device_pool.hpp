@@ -20,10 +20,10 @@
 //   stream_fence.hpp) recorded on S after the free has completed, or a device-wide quiesce
 //   (a device synchronize) began after it. A free on a steady stream (one the calling
 //   thread has freed on 32 times outside its thread cache) records nothing and keeps the warm path; a
-//   free on a young stream (a stream per request, or any stream not yet steady) goes to the
-//   shared tiers and records one marker on S before it returns (stats().stream_markers), so
-//   S's blocks reach other streams once its work has run, whatever its caller does with S
-//   next. When another stream needs the memory (its tier would otherwise grow), the pool
+//   free on a young stream (a stream per request, or any stream not yet steady) records one
+//   marker on S first and goes to the shared tiers, filed there under that marker
+//   (stats().stream_markers; S's own later requests may use it at once), so S's blocks
+//   reach other streams once its work has run, whatever its caller does with S next. When another stream needs the memory (its tier would otherwise grow), the pool
 //   wants a marker on a steady S: on the
 //   legacy default stream (the null stream, cudaStreamLegacy, every thread's
 //   cudaStreamPerThread) it records one at once; on any other stream the next
@@ -161,9 +161,9 @@ struct DevicePoolStats {
   std::uint64_t quiesces = 0;
   std::uint64_t stream_quiesces = 0;
   std::uint64_t stream_marker_wants = 0;
-  // Markers recorded on caller streams for their freed blocks: a want's, and one per
-  // deallocate_async on a young stream (one that has not freed often on the calling thread:
-  // a stream per request), so that its blocks reach other streams after it is destroyed.
+  // Markers the tiers took from deallocate_async calls on young streams (one each; a stream
+  // the calling thread has not freed on often: a stream per request), so that their blocks
+  // reach other streams after the stream is destroyed. A want's markers are not counted.
   std::uint64_t stream_markers = 0;
   // Refused deallocations (with or without validate_deallocations), and refused
   // release_graph_pool calls (a release with no graph use open).

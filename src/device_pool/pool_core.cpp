@@ -293,7 +293,8 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block, const Req
   const bool passes = cache.heap != nullptr && !cache.large.keeps() && cache.heap->contains(block);
   if (passes) cache.large.note_passed(block, need);
   // A young stream's free goes to the tier, pending under the call's marker (stream_ages.hpp).
-  if (cache.large.active() && need <= cap && !passes && cache.stream_ages.steady(request.key)) {
+  if (cache.large.active() && need <= cap && !passes && marker == nullptr &&
+      cache.stream_ages.steady(request.key)) {
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);
@@ -440,8 +441,9 @@ bool DevicePoolCore::small_deallocate(ThreadCache* cache, void* block, const Req
   const std::uint64_t block_bytes = request.block_bytes;
   const std::uint64_t cached =
       cache != nullptr ? cache->cached_bytes.load(std::memory_order_relaxed) : 0;
-  // A young stream's free goes to the tier, pending under the call's marker (stream_ages.hpp).
-  if (cache != nullptr && !cache->stream_ages.steady(key)) {
+  // A young stream's free goes to the tier, pending under the call's marker (stream_ages.hpp;
+  // the free that turns it steady too: its marker is recorded).
+  if (cache != nullptr && (marker != nullptr || !cache->stream_ages.steady(key))) {
     return free_to_tier(block, request, cache, marker);
   }
   if (cache != nullptr && has_room(*cache, index, cached, block_bytes)) [[likely]] {

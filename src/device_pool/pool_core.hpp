@@ -352,6 +352,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
       return same_stream(cache, key);
     }
     if (cache.heap_streams_churn) return false;
+    // A young stream's blocks stay out of chunks: its frees go pending to the tier
+    // (stream_ages.hpp), which a heap's block cannot.
+    if (!cache.stream_ages.steady(key)) return false;
     if (key != cache.heap_candidate) {
       cache.heap_candidate = key;
       cache.heap_streak = 0;

@@ -54,6 +54,7 @@ class ThreadCacheRegistry {
     cache->heap_candidate = kUntagged;
     cache->heap_streak = 0;
     cache->heap_streams_churn = false;
+    cache->stream_ages.clear();  // the new thread's streams are its own
     return cache;
   }
   // An exited thread's cache, emptied by its owner: adoptable from now on.

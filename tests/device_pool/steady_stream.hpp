@@ -12,10 +12,10 @@
 
 namespace vram::testing {
 
-// kSteadyFrees frees of 256-byte blocks on `s` (young frees: each records a marker on `s`,
-// which completes when the emulated device runs `s`'s work).
+// kLoneSteadyFrees frees of 256-byte blocks on `s` alone (young frees: each records a marker on
+// `s`, which completes when the emulated device runs `s`'s work).
 inline void free_often_on(DevicePool& pool, cudaStream_t s) {
-  for (std::uint32_t i = 0; i < detail::StreamAges::kSteadyFrees; ++i) {
+  for (std::uint32_t i = 0; i < detail::StreamAges::kLoneSteadyFrees; ++i) {
     pool.deallocate_async(pool.allocate_async(256, s), 256, s);
   }
 }

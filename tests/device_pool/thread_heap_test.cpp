@@ -19,6 +19,7 @@
 
 #include "device_pool/large_block_cache.hpp"
 #include "device_pool/thread_heap.hpp"
+#include "steady_stream.hpp"
 #include "test_fences.hpp"
 #include "test_upstreams.hpp"
 #include "vram/device_pool.hpp"
@@ -466,6 +467,8 @@ TEST(DevicePoolThreadHeap, AStreamsFreedBlockServesOnlyThatStreamFromTheHeap) {
     const cudaStream_t s1 = fence->create();
     const cudaStream_t s2 = fence->create();
     pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
+    free_often_on(pool, s1);  // a steady stream (a young one's blocks stay out of chunks)
+    fence->synchronize(s1);
     // The heap serves a stream once the thread asked on it kHeapStreak times in a row.
     for (std::size_t i = 0; i < 17; ++i) {
       const std::size_t bytes = 3_MiB + i * 4_KiB;  // sizes that do not repeat: the heap's
@@ -614,6 +617,8 @@ TEST(DevicePoolThreadHeap, AThreadsSteadyStreamStaysTheHeapsStreamPastItsIdentit
     DevicePool pool(upstream, options);
     const cudaStream_t s = fence->create();
     pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the heap exists
+    free_often_on(pool, s);  // a steady stream (a young one's blocks stay out of chunks)
+    fence->synchronize(s);
     for (std::size_t i = 0; i < 1000; ++i) {
       const std::size_t bytes = 3_MiB + (i % 97) * 4_KiB;
       pool.deallocate_async(pool.allocate_async(bytes, s), bytes, s);
