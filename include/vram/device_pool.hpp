@@ -18,13 +18,16 @@
 //   order on S makes that safe); to any other stream, or to allocate(), only after the work
 //   queued on S at the free has completed: a marker (a recycled CUDA event, see
 //   stream_fence.hpp) recorded on S after the free has completed, or a device-wide quiesce
-//   (a device synchronize) began after it. A free on a steady stream (one the calling
-//   thread has freed on 32 times outside its thread cache) records nothing and keeps the warm path; a
+//   (a device synchronize) began after it. A free on a steady stream (the calling thread
+//   has freed on it 32 times outside its thread cache, while it freed on no other stream or
+//   having come back to it from another; else 64 times) records nothing and keeps the warm
+//   path. A
 //   free on a young stream (a stream per request, or any stream not yet steady) records one
 //   marker on S first and goes to the shared tiers, filed there under that marker
-//   (stats().stream_markers; S's own later requests may use it at once), so S's blocks
-//   reach other streams once its work has run, whatever its caller does with S next. When another stream needs the memory (its tier would otherwise grow), the pool
-//   wants a marker on a steady S: on the
+//   (stats().stream_markers; S's own later requests may use it at once), so S's blocks reach
+//   other streams once its work has run, whatever its caller does with S next. When another
+//   stream needs the memory (its tier would otherwise grow), the pool wants a marker on a
+//   steady S: on the
 //   legacy default stream (the null stream, cudaStreamLegacy, every thread's
 //   cudaStreamPerThread) it records one at once; on any other stream the next
 //   allocate_async or deallocate_async that passes S records one, covering every free on S

@@ -11,10 +11,12 @@
 // wanted when another stream needs the memory and recorded by S's next call,
 // stream_wants.hpp), and only a steady stream may become a thread heap's home.
 //
-// Steady: kSteadyFrees slow-path frees and the thread came back to the stream after freeing on
-// another (a stream pool used in turns), or kLoneSteadyFrees frees (a thread's one stream). A
-// stream per request is not come back to, so one with up to kLoneSteadyFrees frees stays young
-// to its end; a longer one turns steady and its later frees wait for wants or a quiesce.
+// Steady: kSteadyFrees slow-path frees while the thread has freed on no other caller stream (a
+// thread's one stream), or after it came back to the stream from another (a stream pool used
+// in turns); else kLoneSteadyFrees. A stream per request is not come back to, so from the
+// thread's second stream on one with up to kLoneSteadyFrees frees stays young to its end (a
+// longer one turns steady and its later frees wait for wants or a quiesce; so does a first
+// stream past kSteadyFrees).
 //
 // Counted on the slow path only: a young stream's frees all take it (its key cannot tag the
 // thread's cache); a steady one's warm frees are not counted and need not be. Streams that are
@@ -46,7 +48,7 @@ namespace vram::detail {
 class StreamAges {
  public:
   static constexpr std::uint32_t kSteadyFrees = 32;
-  static constexpr std::uint32_t kLoneSteadyFrees = 1024;
+  static constexpr std::uint32_t kLoneSteadyFrees = 64;
   static constexpr std::size_t kTracked = 64;
 
   // A caller's stream that a marker may not be recorded on later (young() may answer true).
@@ -68,7 +70,7 @@ class StreamAges {
         if (e.steady) return false;
         e.last = tick_;
         e.came_back = e.came_back || switched;
-        if (++e.frees >= (e.came_back ? kSteadyFrees : kLoneSteadyFrees)) {
+        if (++e.frees >= (e.came_back || !others_seen_ ? kSteadyFrees : kLoneSteadyFrees)) {
           const std::uint64_t id = id_of();
           if (id != e.id) {
             e = Entry{key, id, 1, tick_, false, false};  // not the stream it counted
@@ -80,6 +82,7 @@ class StreamAges {
       }
       if (victim == nullptr || older_victim(e, *victim)) victim = &e;
     }
+    others_seen_ = others_seen_ || tick_ > 1;  // a caller stream was freed on before
     *victim = Entry{key, id_of(), 1, tick_, false, false};
     return true;
   }
@@ -112,6 +115,7 @@ class StreamAges {
   std::array<Entry, kTracked> entries_{};
   std::uint64_t tick_ = 0;
   StreamKey last_key_ = kUntagged;
+  bool others_seen_ = false;  // frees on more than one caller stream key
 };
 
 }  // namespace vram::detail

@@ -368,8 +368,8 @@ TEST(DevicePoolDestroyedStreams, EightThreadsCreateAndDestroyStreamsOfFortyBlock
 // A fence that cannot name streams, with handles that come back: steady streams destroyed
 // with frees cached, under 16 threads.
 TEST(DevicePoolDestroyedStreams, SixteenThreadsOnHandlesThatComeBackUnnamed) {
-  // 250 batches: a thread that gets its last handle back each time frees past
-  // StreamAges::kLoneSteadyFrees on it.
+  // 250 batches: a thread that gets its last handle back each time frees on it past
+  // StreamAges::kSteadyFrees with no other stream between.
   run_destroyed_streams(
       {.virtual_memory = true, .recycle_handles = true, .names_streams = false, .batches = 250});
 }
