@@ -7,8 +7,9 @@
 // backed up) and "kv" (8 GiB, discardable); one untimed cycle (it pins the backup), then
 // three timed ones: sleep and wake of each tag, host wall clock around the call (the copies,
 // the proof of their end, the unmaps and maps). Then "many": 10,000 blocks of 64 KiB to
-// 4 MiB (log-uniform, fixed seed) in one tag, the same cycles. Sizes shrink to fit the
-// device's free memory (and --quick divides them by 8).
+// 4 MiB (log-uniform, fixed seed) in one tag, the same cycles; then the same blocks apart (a
+// freed 512 KiB block after each in the tag's range: a copy per block, vram's worst case for
+// those bytes). Sizes shrink to fit the device's free memory (and --quick divides them by 8).
 //
 // The peer: torch_memory_saver, whose only interface is its Python package. After vram's
 // pools are gone, bench/torch_sleep.py (carried in the binary) runs its tms child in a
@@ -86,6 +87,16 @@ constexpr const char* kPeer = "torch_memory_saver (Python)";
 std::string many_parameter(std::size_t count, std::size_t bytes) {
   return std::to_string(count) + " blocks, " + format_bytes(bytes);
 }
+// The many blocks again, each followed in the tag's range by a freed 512 KiB block: every
+// live block its own copy (blocks closer than 256 KiB are copied as one range).
+constexpr std::size_t kApartGap = 512_KiB;
+std::string apart_parameter(std::size_t count, std::size_t bytes) {
+  return many_parameter(count, bytes) + " apart (512 KiB freed after each)";
+}
+// torch_memory_saver copies each allocation whatever lies between them, and a freed tensor
+// stays in PyTorch's cache inside its pool (copied too): its rows for the blocks apart are
+// those of the same blocks together, its best case.
+constexpr const char* kPeerTogether = "torch_memory_saver (Python), the blocks together";
 
 struct CycleTimes {
   std::vector<double> sleep_s;
@@ -205,7 +216,7 @@ std::size_t free_device_bytes() {
 
 }  // namespace
 
-std::size_t sleep_scenario_steps(const BenchConfig&) { return 5; }
+std::size_t sleep_scenario_steps(const BenchConfig&) { return 6; }
 
 void run_sleep_scenario(const BenchConfig& config, Progress& progress,
                         std::vector<Measurement>& results) {
@@ -288,6 +299,33 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
       pool.deallocate_async(blocks[i], sizes[i], stream.get());
     }
   }
+  // The same blocks apart: vram's worst case for the same live bytes (a copy per block).
+  progress.step("sleep: 10,000 blocks apart");
+  {
+    DevicePool::Options options;
+    options.large_tier.memory = LargeTierMemory::virtual_memory;
+    DevicePool pool(config.device, options);
+    const SleepTag apart = pool.create_tag("apart");
+    std::vector<void*> blocks;
+    std::vector<void*> gaps;
+    std::size_t total = 0;
+    {
+      auto scope = pool.tag_scope(apart);
+      for (std::size_t bytes : sizes) {
+        blocks.push_back(pool.allocate_async(bytes, stream.get()));
+        gaps.push_back(pool.allocate_async(kApartGap, stream.get()));
+        total += bytes;
+      }
+    }
+    for (void* gap : gaps) pool.deallocate_async(gap, kApartGap, stream.get());
+    const CycleTimes a = cycles(pool, apart, stream.get(), timed);
+    add_rows(results, apart_parameter(sizes.size(), total), total, kOurs, true, a, true, to_host,
+             to_device);
+    results.back().extra["copies"] = static_cast<double>(pool.tag_stats(apart).copies);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      pool.deallocate_async(blocks[i], sizes[i], stream.get());
+    }
+  }
   cuda::check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
 
   progress.step("sleep: torch_memory_saver");
@@ -298,6 +336,8 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
              to_host, to_device);
     add_rows(results, many_parameter(sizes.size(), peer->bytes.at("many")), peer->bytes.at("many"),
              kPeer, false, peer->parts.at("many"), true, to_host, to_device);
+    add_rows(results, apart_parameter(sizes.size(), peer->bytes.at("many")), peer->bytes.at("many"),
+             kPeerTogether, false, peer->parts.at("many"), true, to_host, to_device);
   }
 }
 
