@@ -19,9 +19,8 @@
 //   queued on S at the free has completed: a marker (a recycled CUDA event, see
 //   stream_fence.hpp) recorded on S after the free has completed, or a device-wide quiesce
 //   (a device synchronize) began after it. A free on a steady stream (the calling thread
-//   has freed on it 32 times outside its thread cache, while it freed on no other stream or
-//   having come back to it from another; else 64 times) records nothing and keeps the warm
-//   path. A
+//   has freed on it 32 times outside its thread cache having come back to it from another
+//   stream, else 48 times) records nothing and keeps the warm path. A
 //   free on a young stream (a stream per request, or any stream not yet steady) records one
 //   marker on S first and goes to the shared tiers, filed there under that marker
 //   (stats().stream_markers; S's own later requests may use it at once), so S's blocks reach

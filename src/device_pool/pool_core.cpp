@@ -625,6 +625,7 @@ bool DevicePoolCore::record_if_young(ThreadCache& cache, StreamKey key,
   SlowSection slow(&cache);
   try {
     young.marker = fence->record(stream);
+    young.recorder = &cache;
   } catch (...) {  // captured, or a driver error: the block keeps its tag (wants, quiesces)
     return false;
   }

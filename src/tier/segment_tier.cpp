@@ -140,7 +140,8 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
   budget_.give(r->size);
   r->tag = tag;
   r->epoch = tags_.epoch();
-  if (marker != nullptr && tag != kUntagged && tags_.file_pending(r, marker->marker)) {
+  if (marker != nullptr && tag != kUntagged &&
+      tags_.file_pending(r, marker->marker, marker->recorder)) {
     marker->taken = true;
     return Freed::kept;
   }
@@ -399,10 +400,9 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& m
   const bool grows = r == nullptr || (map_.base() != nullptr && !mapped &&
                                       (tags_.any_pending() || ranges_.others_hold_free(stream)));
   if (fence && grows) {
-    // The requester's own ranges that a marker made pending (another stream's growth, a
-    // trim, its own call's marker) are safe for it in stream order: they become its free
-    // ranges again.
-    const bool changed = stream != kUntagged && tags_.take_back(stream);
+    // The requester's own ranges that a fence made pending (another stream's growth, a
+    // trim) are safe for it in stream order: they become its free ranges again.
+    const bool changed = map_.base() != nullptr && stream != kUntagged && tags_.take_back(stream);
     const bool every_stream = map_.base() == nullptr || past_budget(changed ? nullptr : r, need);
     // Listed for a record (fit_fenced() records them with the mutex released).
     (void)tags_.fence_other_streams(stream, every_stream ? 0 : need);

@@ -192,6 +192,7 @@ class SegmentTier {
   // memory was left for the entry (then freed under its tag, as without a marker).
   struct FreeMarker {
     std::uint64_t marker = 0;
+    const void* recorder = nullptr;  // who recorded it (stream_tags.hpp: file_pending())
     bool taken = false;
   };
   enum class Freed { foreign, kept, over_cap };

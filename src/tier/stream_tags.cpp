@@ -173,10 +173,10 @@ void StreamTags::end_record(const std::vector<Record>& records, std::uint64_t ma
   }
 }
 
-bool StreamTags::file_pending(Range* r, std::uint64_t marker) noexcept {
+bool StreamTags::file_pending(Range* r, std::uint64_t marker, const void* recorder) noexcept {
   Pending* joined = nullptr;
   for (Pending& p : pending_) {
-    if (p.stream == r->tag) {
+    if (p.stream == r->tag && p.recorder == recorder && p.ranges.size() < kMaxJoined) {
       joined = &p;
       break;
     }
@@ -185,7 +185,7 @@ bool StreamTags::file_pending(Range* r, std::uint64_t marker) noexcept {
     if (joined != nullptr) {
       joined->ranges.push_back(r);
     } else {
-      pending_.push_back(Pending{marker, r->tag, {r}});
+      pending_.push_back(Pending{marker, r->tag, {r}, recorder});
     }
   } catch (...) {  // no host memory: the caller frees r under its tag
     return false;
@@ -275,7 +275,7 @@ bool StreamTags::take_back(StreamKey stream) noexcept {
   bool taken = false;
   for (std::size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];
-    if (p.stream != stream) {
+    if (p.stream != stream || p.recorder != nullptr) {
       ++i;
       continue;
     }

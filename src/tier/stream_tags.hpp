@@ -93,11 +93,14 @@ class StreamTags {
   void record_outside(std::vector<Record>& records) noexcept;
   void end_record(const std::vector<Record>& records, std::uint64_t mark) noexcept;
   // `r` (just taken out of the live blocks, tag and epoch set) was freed by a call that first
-  // recorded `marker` on r's stream: r becomes pending under it, joining the stream's pending
-  // entry when it has one (whose older marker is released: the new one completes after it),
-  // so a stream freeing often waits on one marker. False (nothing changed, the caller frees r
+  // recorded `marker` on r's stream; `recorder` names the caller (its thread's cache). r
+  // becomes pending under the marker, joining the entry of an earlier free on the stream by
+  // the same recorder (program order: its marker came earlier on the stream, so it is
+  // released and the new one covers both) while that entry has fewer than kMaxJoined ranges;
+  // else in an entry of its own. Never joins another recorder's entry or adopt()'s: their
+  // markers may have been recorded after this one. False (nothing changed, the caller frees r
   // as usual and keeps the marker) when no host memory is left for a new entry.
-  bool file_pending(Range* r, std::uint64_t marker) noexcept;
+  bool file_pending(Range* r, std::uint64_t marker, const void* recorder) noexcept;
   // The smallest of `stream`'s pending ranges that spans `need` bytes of mapped memory (null:
   // none): safe for
   // the stream itself in stream order, so its own requests use them before its marker
@@ -120,8 +123,10 @@ class StreamTags {
     const std::size_t slot = ranges_.stream_slot(key);
     return slot != ranges_.streams().size() && !ranges_.streams()[slot].index->empty();
   }
-  // The pending ranges of `stream` become its free ranges again (their markers are released
-  // unawaited); false when there were none.
+  // The pending ranges of `stream` that a want's or a fence's marker covers (adopt()'s entries)
+  // become its free ranges again (their markers are released unawaited); false when there
+  // were none. file_pending()'s stay: their stream may be gone by the time another needs them,
+  // and the stream itself takes them through own_pending_fit().
   bool take_back(StreamKey stream) noexcept;
   // `r` (free or pending) with the free or pending ranges beside it, which it merges with
   // once all are untagged, spans `need` bytes (virtual mode: of memory mapped before).
@@ -200,7 +205,13 @@ class StreamTags {
     std::uint64_t marker;
     StreamKey stream;  // the stream the marker was recorded on (the ranges' tag)
     std::vector<Range*> ranges;
+    // file_pending()'s entries: the caller that recorded the marker (its next frees on the
+    // stream may join: their markers come later on it); null for adopt()'s (a want, a fence).
+    const void* recorder = nullptr;
   };
+  // An entry takes at most this many frees before a new one starts: a stream that keeps
+  // freeing does not hold its older ranges back behind ever newer markers.
+  static constexpr std::size_t kMaxJoined = 16;
   // Lists streams()[slot]'s stream in to_record_ (a wanted one: asks for its marker
   // instead, StreamWants); false when it was not listed.
   bool fence_stream(std::size_t slot) noexcept;

@@ -1,0 +1,171 @@
+// Young streams (src/device_pool/stream_ages.hpp): a free on a stream the thread has not freed
+// on often records a marker on it first and files the block pending under that marker. Here:
+// two threads freeing on one stream, a stream's own growth, and a pool of streams used in turns.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "device_pool/stream_ages.hpp"
+#include "test_fences.hpp"
+#include "test_upstreams.hpp"
+#include "vram/device_pool.hpp"
+#include "vram/units.hpp"
+#include "vram/upstream.hpp"
+
+namespace vram::testing {
+namespace {
+
+using namespace vram::literals;
+
+// A StreamLifetimeFence whose record() on the thread named by gate() stops after the record
+// until open(): that free's marker is recorded, its block not yet in its tier.
+class GatedFence final : public StreamFence {
+ public:
+  StreamLifetimeFence inner;
+  std::uint64_t record(cudaStream_t stream) override {
+    const std::uint64_t marker = inner.record(stream);
+    if (gated_.load() == std::this_thread::get_id()) {
+      std::unique_lock lock(mutex_);
+      recorded_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return open_; });
+    }
+    return marker;
+  }
+  bool completed(std::uint64_t marker) noexcept override { return inner.completed(marker); }
+  void wait(std::uint64_t marker) noexcept override { inner.wait(marker); }
+  void release(std::uint64_t marker) noexcept override { inner.release(marker); }
+  void quiesce() noexcept override { inner.quiesce(); }
+  std::uint64_t stream_id(cudaStream_t stream) noexcept override { return inner.stream_id(stream); }
+  void gate(std::thread::id id) { gated_.store(id); }
+  void wait_recorded() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return recorded_; });
+  }
+  void open() {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::atomic<std::thread::id> gated_{};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool recorded_ = false;
+  bool open_ = false;
+};
+
+DevicePool::Options options_for(std::shared_ptr<StreamFence> fence, bool virtual_memory) {
+  DevicePool::Options options;
+  options.fence = std::move(fence);
+  options.large_tier.memory =
+      virtual_memory ? LargeTierMemory::virtual_memory : LargeTierMemory::segments;
+  options.small_tier.max_block_bytes = std::size_t{256} << 10;
+  options.large_tier.virtual_reservation_bytes = 1_GiB;
+  options.large_tier.virtual_map_ahead_bytes = 0;
+  options.large_tier.segment_bytes = 4_MiB;
+  options.validate_deallocations = false;
+  return options;
+}
+
+// Two threads free on one young stream s. A records its marker M_A and stops before its block
+// reaches the tier; B queues work on its block b on s and frees b (M_B, after that work). A's
+// block then lands beside b: M_A was recorded before B's work, so it must not stand for b.
+TEST(DevicePoolYoungStreams, TwoThreadsFreeingOnOneStreamKeepEachOthersMarkers) {
+  for (const bool virtual_memory : {false, true}) {
+    SCOPED_TRACE(virtual_memory ? "virtual memory" : "segments");
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto fence = std::make_shared<GatedFence>();
+    {
+      DevicePool pool(upstream, options_for(fence, virtual_memory));
+      const cudaStream_t s = fence->inner.create();
+      const cudaStream_t s2 = fence->inner.create();
+      void* a = pool.allocate_async(4_MiB, s);
+      void* b = pool.allocate_async(4_MiB, s);
+      std::atomic<bool> b_work_ran{false};
+      std::thread ta([&] {
+        fence->gate(std::this_thread::get_id());
+        pool.deallocate_async(a, 4_MiB, s);  // M_A: nothing queued on s yet, complete
+      });
+      fence->wait_recorded();
+      fence->inner.enqueue(s, [&] { b_work_ran = true; });  // B's work on b, after M_A
+      pool.deallocate_async(b, 4_MiB, s);
+      fence->open();
+      ta.join();
+      std::vector<void*> got;
+      for (int i = 0; i < 2; ++i) got.push_back(pool.allocate_async(4_MiB, s2));
+      for (void* g : got) {
+        EXPECT_FALSE(g == b && !b_work_ran.load())
+            << "b reached s2 while B's work on it was still queued on s";
+      }
+      fence->inner.synchronize(s);
+      for (void* g : got) pool.deallocate_async(g, 4_MiB, s2);
+      fence->inner.synchronize(s2);
+    }
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+  }
+}
+
+// A young stream's own growth takes back only the pending ranges of wants and fences: its frees
+// keep their markers, so once it is synchronized and destroyed they reach another stream with
+// no quiesce.
+TEST(DevicePoolYoungStreams, AStreamsOwnGrowthKeepsItsFreesMarkers) {
+  for (const bool virtual_memory : {false, true}) {
+    SCOPED_TRACE(virtual_memory ? "virtual memory" : "segments");
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto fence = std::make_shared<StreamLifetimeFence>();
+    {
+      DevicePool pool(upstream, options_for(fence, virtual_memory));
+      const cudaStream_t s2 = fence->create();
+      void* keep = pool.allocate_async(4_MiB, s2);
+      const cudaStream_t s = fence->create();
+      void* a = pool.allocate_async(4_MiB, s);
+      fence->enqueue(s, [] {});            // s's work on a: its marker waits for it
+      pool.deallocate_async(a, 4_MiB, s);  // young: pending under its marker
+      void* big = pool.allocate_async(8_MiB, s);
+      pool.deallocate_async(big, 8_MiB, s);
+      fence->synchronize(s);
+      fence->destroy(s);
+      void* c = pool.allocate_async(4_MiB, s2);
+      void* d = pool.allocate_async(8_MiB, s2);
+      EXPECT_EQ(pool.stats().stream_quiesces, 0U) << "a young stream's frees needed a quiesce";
+      EXPECT_EQ(fence->records_on_destroyed(), 0U);
+      for (void* g : {keep, c}) pool.deallocate_async(g, 4_MiB, s2);
+      pool.deallocate_async(d, 8_MiB, s2);
+      fence->synchronize(s2);
+    }
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+  }
+}
+
+// A pool of streams used in turns, up to one more than the thread's table holds: most turn
+// steady (their frees keep the warm path and record nothing).
+TEST(DevicePoolYoungStreams, StreamsUsedInTurnsTurnSteady) {
+  for (const int count : {16, static_cast<int>(detail::StreamAges::kTracked) + 1}) {
+    SCOPED_TRACE(count);
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto fence = std::make_shared<StreamLifetimeFence>();
+    DevicePool pool(upstream, options_for(fence, true));
+    std::vector<cudaStream_t> streams;
+    for (int i = 0; i < count; ++i) streams.push_back(fence->create());
+    constexpr int kRounds = 200;
+    for (int round = 0; round < kRounds; ++round) {
+      for (cudaStream_t s : streams) pool.deallocate_async(pool.allocate_async(256, s), 256, s);
+      if (round % 8 == 0) {
+        for (cudaStream_t s : streams) fence->synchronize(s);
+      }
+    }
+    EXPECT_LT(pool.stats().stream_markers, static_cast<std::uint64_t>(count) * kRounds / 2)
+        << "streams used in turns stayed young";
+    for (cudaStream_t s : streams) fence->synchronize(s);
+  }
+}
+
+}  // namespace
+}  // namespace vram::testing
