@@ -38,8 +38,9 @@
 //   the request (or go back, when growing passes the budget below), holding the tier's
 //   growth mutex but not its mutex (other threads allocate and free meanwhile; upstream
 //   calls, maps and unmaps are made the same way, segment_tier.hpp). The large tier over virtual
-//   memory, before it maps more, takes back the requesting stream's own blocks that a marker
-//   was recorded for (safe for it in stream order), wants markers on the other streams whose
+//   memory, before it maps more, takes back the requesting stream's own blocks that a want's
+//   or a fence's marker was recorded for (safe for it in stream order; a young stream's own
+//   frees it uses directly, each under its marker), wants markers on the other streams whose
 //   freed blocks could serve the request (on every other stream with freed blocks when
 //   mapping would pass the budget below) and, past the budget, waits for those recorded that
 //   could serve (never for a marker on the requesting stream). When growing would pass the

@@ -623,6 +623,11 @@ bool DevicePoolCore::record_if_young(ThreadCache& cache, StreamKey key,
   // The call proves the stream alive; the work its caller queued on the block came before.
   // A driver call: stealers may skip this holder meanwhile.
   SlowSection slow(&cache);
+  // A key young again (a new stream behind a steady one's handle, or its entry replaced) may
+  // still tag the cache or be the heap's home: its cached blocks go to their tiers under the
+  // key, and the heap stops serving it, so its frees from now on are young ones.
+  if (cache.tag == key) drain_bins(cache);
+  if (cache.heap_home == key) cache.heap_home = kUntagged;
   try {
     young.marker = fence->record(stream);
     young.recorder = &cache;

@@ -12,7 +12,8 @@
 // stream_wants.hpp), and only a steady stream may become a thread heap's home.
 //
 // Steady: kSteadyFrees slow-path frees once the thread came back to the stream after freeing
-// on another (a stream pool used in turns), else kLoneSteadyFrees (a thread's one stream). A
+// on another (a stream pool used in turns), else kLoneSteadyFrees (a thread's one stream, a
+// stream per request). A
 // stream per request is not come back to, so one with up to kLoneSteadyFrees frees stays
 // young to its end; a longer one turns steady and its later frees wait for wants or a quiesce.
 //
@@ -26,13 +27,14 @@
 // would turn steady and on every kRenameFrees-th slow-path free once steady, so streams made
 // and destroyed behind one handle do not add up to a steady one, and a steady one's handle
 // given to a new stream makes it young within kRenameFrees slow-path frees (with a fence that
-// cannot name streams, neither holds). Until then the new stream's frees take the steady path:
-// served by wants, which the handle's next call records (its old stream's work has completed:
-// the contract of destroying a stream, device_pool.hpp).
+// cannot name streams, neither holds); then the blocks cached under the key go to their tiers
+// and the thread's heap stops serving it (DevicePoolCore::record_if_young). Until then the new
+// stream's frees take the steady path: served by wants, which the handle's next call records
+// (its old stream's work has completed: the contract of destroying a stream, device_pool.hpp).
 //
-// kTracked entries; a new stream takes an empty or young entry, found from a point that moves
-// pseudo-randomly (a steady one only when all are steady), so streams made per request replace
-// each other and most of a pool of streams used in turns, even past kTracked, turn steady.
+// kTracked entries; a new stream takes an empty entry, else a young one found from a point that
+// moves pseudo-randomly (a steady one only when all are steady), so streams made per request
+// replace each other and most of a pool of streams used in turns, even past kTracked, turn steady.
 //
 // The holder's state only (ThreadCache): no stealer reads or writes it.
 #pragma once
@@ -112,12 +114,16 @@ class StreamAges {
   // pseudo-randomly (streams used in turns past kTracked do not evict each other in the order
   // they come back, so most survive to turn steady); a steady one only when all are.
   Entry* victim() noexcept {
+    for (Entry& e : entries_) {
+      if (e.key == kUntagged) return &e;
+    }
+    static_assert(kTracked == 64, "the start below takes 6 bits of the hash");
     const std::size_t from = static_cast<std::size_t>((tick_ * 0x9E3779B97F4A7C15ull) >> 58);
     for (std::size_t i = 0; i < kTracked; ++i) {
       Entry& e = entries_[(from + i) % kTracked];
       if (!e.steady) return &e;
     }
-    return &entries_[from % kTracked];
+    return &entries_[from];
   }
   std::array<Entry, kTracked> entries_{};
   std::uint64_t tick_ = 0;

@@ -214,6 +214,17 @@ class FreeRanges {
     return rest;
   }
 
+  // `left` absorbs `left->next` (both pending under one marker: one range, the later epoch),
+  // whose node is recycled.
+  void merge_pending(Range* left) noexcept {
+    Range* right = left->next;
+    left->size += right->size;
+    left->epoch = std::max(left->epoch, right->epoch);
+    left->next = right->next;
+    if (right->next != nullptr) right->next->prev = left;
+    recycle(right);
+  }
+
   // Cuts the used, unfiled range `r` at `at` bytes (0 < at < r->size, a multiple of the
   // granularity): r keeps the first `at` bytes, the returned range (used, unfiled, r's
   // owner cleared) the rest. Takes a kept spare node.

@@ -291,9 +291,9 @@ bool SegmentTier::wait_for_empty_segments(std::size_t need, Lock& locked) noexce
   // With the mutex released; a marker complete at once untags its segment already: the
   // caller fits again then too.
   const bool recorded = record_listed(locked);
-  // Only the markers of wholly free segments are waited for (a pending range never merges,
-  // so "wholly free" cannot change while it waits); other pending markers wait for the
-  // next poll.
+  // Only the markers of wholly free segments are waited for (a pending range that fills its
+  // segment has no neighbour to merge with, so "wholly free" cannot change while it waits);
+  // other pending markers wait for the next poll.
   const bool waited = wait_unlocked(locked, kUntagged, [&could_serve](const Range* r) {
     return r->prev == nullptr && r->next == nullptr && could_serve(r);
   });

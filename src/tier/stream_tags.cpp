@@ -176,7 +176,8 @@ void StreamTags::end_record(const std::vector<Record>& records, std::uint64_t ma
 bool StreamTags::file_pending(Range* r, std::uint64_t marker, const void* recorder) noexcept {
   Pending* joined = nullptr;
   for (Pending& p : pending_) {
-    if (p.stream == r->tag && p.recorder == recorder && p.ranges.size() < kMaxJoined) {
+    if (p.stream == r->tag && recorder != nullptr && p.recorder == recorder &&
+        p.ranges.size() < kMaxJoined) {
       joined = &p;
       break;
     }
@@ -197,7 +198,30 @@ bool StreamTags::file_pending(Range* r, std::uint64_t marker, const void* record
   r->state = Range::State::pending;
   r->bin_prev = r->bin_next = nullptr;
   r->index = nullptr;
+  if (joined != nullptr) merge_in_entry(*joined, r);
   return true;
+}
+
+void StreamTags::merge_in_entry(Pending& entry, Range* r) noexcept {
+  // Its neighbours in the same entry are covered by the entry's one marker: one range, so the
+  // stream's own larger requests find it (own_pending_fit()).
+  auto erase = [&entry](Range* gone) {
+    auto it = std::find(entry.ranges.begin(), entry.ranges.end(), gone);
+    *it = entry.ranges.back();
+    entry.ranges.pop_back();
+  };
+  auto in_entry = [&entry, r](const Range* n) {
+    return n != nullptr && n->state == Range::State::pending && n->tag == r->tag &&
+           std::find(entry.ranges.begin(), entry.ranges.end(), n) != entry.ranges.end();
+  };
+  if (in_entry(r->next)) {
+    erase(r->next);
+    ranges_.merge_pending(r);
+  }
+  if (in_entry(r->prev)) {
+    erase(r);
+    ranges_.merge_pending(r->prev);
+  }
 }
 
 StreamTags::Range* StreamTags::own_pending_fit(StreamKey stream, std::size_t need) const noexcept {
@@ -302,7 +326,8 @@ bool StreamTags::could_serve(const Range* r, std::size_t need) const noexcept {
 }
 
 void StreamTags::forget(std::uint64_t mark) noexcept {
-  // Pending ranges are never merged, so each keeps its own epoch.
+  // A pending range keeps its own epoch (the later one of those it merged in its entry: it
+  // stays pending past a mark that one of them came after).
   for (std::size_t i = 0; i < pending_.size();) {
     Pending& p = pending_[i];
     auto older = std::partition(p.ranges.begin(), p.ranges.end(),

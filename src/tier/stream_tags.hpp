@@ -20,7 +20,8 @@
 // stream is recorded on at once.
 //
 // Invariants: a pending range is in exactly one Pending entry, whose stream is its tag;
-// pending ranges never merge (so each keeps its own epoch) until untagged; every marker in
+// pending ranges merge only with neighbours of their own entry (file_pending(): one marker
+// covers both; the merged range keeps the later epoch) until untagged; every marker in
 // pending_ is released exactly once (when its ranges are untagged or taken back, or at
 // release_markers()); a kept marker (kept_: queried or waited for with no mutex held) is
 // not released before its last holder is done (a release meanwhile is deferred to then).
@@ -100,6 +101,7 @@ class StreamTags {
   // else in an entry of its own. Never joins another recorder's entry or adopt()'s: their
   // markers may have been recorded after this one. False (nothing changed, the caller frees r
   // as usual and keeps the marker) when no host memory is left for a new entry.
+  // r merges with its neighbours in that entry (merge_in_entry()).
   bool file_pending(Range* r, std::uint64_t marker, const void* recorder) noexcept;
   // The smallest of `stream`'s pending ranges that spans `need` bytes of mapped memory (null:
   // none): safe for
@@ -218,6 +220,9 @@ class StreamTags {
   // Untags and refiles every range of pending_[i], releases its marker and drops the entry
   // (the last entry moves to i).
   void untag(std::size_t i) noexcept;
+  // `r`, just joined to `entry`, absorbs or is absorbed by its neighbours pending in the same
+  // entry.
+  void merge_in_entry(Pending& entry, Range* r) noexcept;
   // Releases `marker`, or defers that while it is kept.
   void release(std::uint64_t marker) noexcept;
   // One more holder of `marker` (false, nothing kept, when no host memory for the entry).

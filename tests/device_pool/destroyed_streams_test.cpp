@@ -336,12 +336,12 @@ void run_destroyed_streams(const ChurnShape& shape) {
   EXPECT_LE(stats.quiesces, fence->quiesces()) << "a quiesce counted that did not happen";
   if (shape.names_streams) {
     // Each stream is young (a stream per batch): its frees are filed under their own markers,
-    // so other streams take its blocks once its work ran, without a quiesce. A thread's first
-    // stream of more than kSteadyFrees blocks turns steady (the thread's one stream so far):
-    // its last frees may wait for a quiesce (or two, as the threads interleave), once per thread.
-    const std::uint64_t first_streams =
-        kBlocks > static_cast<int>(detail::StreamAges::kSteadyFrees) ? 2 * kThreads : 0;
-    EXPECT_LE(stats.stream_quiesces, fence->streams_created() / 40 + first_streams)
+    // so other streams take its blocks once its work ran, without a quiesce. Streams of more
+    // than kSteadyFrees blocks left a few (0-2 per 200 streams with segments, source not
+    // pinned down): a slack of a quiesce per thread for them.
+    const std::uint64_t long_streams =
+        kBlocks > static_cast<int>(detail::StreamAges::kSteadyFrees) ? kThreads : 0;
+    EXPECT_LE(stats.stream_quiesces, fence->streams_created() / 40 + long_streams)
         << "a quiesce for every 40 streams or more";
   } else {
     // Handles that come back add up to steady streams: their frees are cached and reach
@@ -358,8 +358,9 @@ TEST(DevicePoolDestroyedStreams, SixteenThreadsCreateAndDestroyStreamsPerBatchSe
   run_destroyed_streams({.virtual_memory = false, .recycle_handles = true});
   run_destroyed_streams({.virtual_memory = false, .recycle_handles = false});
 }
-// Streams that free more than kSteadyFrees blocks each (thread heaps would serve a stream asked
-// on 16 times in a row, and a stream that turned steady at 32 frees would cache the rest).
+// Streams that free more than kSteadyFrees blocks each, fewer than kLoneSteadyFrees: young to
+// their end (thread heaps would serve a stream asked on 16 times in a row, and a stream that
+// turned steady at 32 frees would cache the rest).
 TEST(DevicePoolDestroyedStreams, EightThreadsCreateAndDestroyStreamsOfFortyBlocks) {
   for (const bool virtual_memory : {true, false}) {
     run_destroyed_streams({.virtual_memory = virtual_memory,

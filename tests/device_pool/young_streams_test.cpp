@@ -169,3 +169,81 @@ TEST(DevicePoolYoungStreams, StreamsUsedInTurnsTurnSteady) {
 
 }  // namespace
 }  // namespace vram::testing
+
+namespace vram::testing {
+namespace {
+
+// A steady stream destroyed, and the driver gives its handle to a new stream: once the pool
+// names the new stream (a slow-path free every kRenameFrees), the key is young again, the
+// blocks cached under it go to their tiers and the new stream's small frees record markers.
+TEST(DevicePoolYoungStreams, ANewStreamBehindASteadyHandleTurnsYoung) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<StreamLifetimeFence>(/*recycle_handles=*/true);
+  {
+    DevicePool pool(upstream, options_for(fence, true));
+    const cudaStream_t s = fence->create();
+    for (std::uint32_t i = 0; i < detail::StreamAges::kLoneSteadyFrees; ++i) {
+      pool.deallocate_async(pool.allocate_async(256, s), 256, s);
+    }
+    void* cached = pool.allocate_async(256, s);
+    pool.deallocate_async(cached, 256, s);  // steady: into the thread's cache
+    const std::uint64_t markers = pool.stats().stream_markers;
+    EXPECT_GT(pool.stats().bytes_cached_in_threads, 0U);
+    fence->synchronize(s);
+    fence->destroy(s);
+    const cudaStream_t s2 = fence->create();
+    ASSERT_EQ(s2, s) << "the emulated driver gives the handle back";
+    for (std::uint32_t i = 0; i < detail::StreamAges::kRenameFrees; ++i) {
+      pool.deallocate_async(pool.allocate_async(8_MiB, s2), 8_MiB, s2);  // slow-path frees
+    }
+    EXPECT_EQ(pool.stats().bytes_cached_in_threads, 0U) << "the old stream's cached blocks stayed";
+    const std::uint64_t renamed = pool.stats().stream_markers;
+    EXPECT_GT(renamed, markers) << "the new stream's frees took the steady path";
+    pool.deallocate_async(pool.allocate_async(256, s2), 256, s2);
+    EXPECT_GT(pool.stats().stream_markers, renamed) << "a small free on the new stream was cached";
+    EXPECT_EQ(fence->ids_of_destroyed(), 0U);
+    EXPECT_EQ(fence->records_on_destroyed(), 0U);
+    fence->synchronize(s2);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
+}  // namespace
+}  // namespace vram::testing
+
+namespace vram::testing {
+namespace {
+
+// A young stream's frees side by side are one range under its marker: its own larger request
+// takes them at once, with nothing new reserved (its work on them may still be queued: stream
+// order makes that safe).
+TEST(DevicePoolYoungStreams, AStreamsNeighbouringFreesServeItsOwnLargerRequest) {
+  for (const bool virtual_memory : {false, true}) {
+    SCOPED_TRACE(virtual_memory ? "virtual memory" : "segments");
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto fence = std::make_shared<StreamLifetimeFence>();
+    auto options = options_for(fence, virtual_memory);
+    options.large_tier.segment_bytes = 8_MiB;
+    {
+      DevicePool pool(upstream, options);
+      const cudaStream_t s = fence->create();
+      pool.deallocate(pool.allocate(8_MiB), 8_MiB);  // one free 8 MiB range for both
+      char* a = static_cast<char*>(pool.allocate_async(4_MiB, s));
+      char* b = static_cast<char*>(pool.allocate_async(4_MiB, s));
+      ASSERT_EQ(b, a + 4_MiB) << "the test needs them side by side";
+      fence->enqueue(s, [] {});  // s's work on both, still queued
+      pool.deallocate_async(a, 4_MiB, s);
+      pool.deallocate_async(b, 4_MiB, s);
+      const std::size_t reserved = pool.stats().bytes_reserved;
+      void* both = pool.allocate_async(8_MiB, s);
+      EXPECT_EQ(both, a);
+      EXPECT_EQ(pool.stats().bytes_reserved, reserved) << "grew for its own freed memory";
+      pool.deallocate_async(both, 8_MiB, s);
+      fence->synchronize(s);
+    }
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+  }
+}
+
+}  // namespace
+}  // namespace vram::testing
