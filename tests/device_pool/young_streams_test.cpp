@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "device_pool/stream_ages.hpp"
+#include "emulated_device.hpp"
 #include "test_fences.hpp"
 #include "test_upstreams.hpp"
 #include "vram/device_pool.hpp"
@@ -62,15 +63,8 @@ class GatedFence final : public StreamFence {
 };
 
 DevicePool::Options options_for(std::shared_ptr<StreamFence> fence, bool virtual_memory) {
-  DevicePool::Options options;
-  options.fence = std::move(fence);
-  options.large_tier.memory =
-      virtual_memory ? LargeTierMemory::virtual_memory : LargeTierMemory::segments;
-  options.small_tier.max_block_bytes = std::size_t{256} << 10;
-  options.large_tier.virtual_reservation_bytes = 1_GiB;
-  options.large_tier.virtual_map_ahead_bytes = 0;
+  DevicePool::Options options = emulated(std::move(fence), virtual_memory);
   options.large_tier.segment_bytes = 4_MiB;
-  options.validate_deallocations = false;
   return options;
 }
 

@@ -214,6 +214,38 @@ std::size_t free_device_bytes() {
   return free_bytes;
 }
 
+// One tag of `sizes` in a pool of its own (each block followed by a freed block of `gap`
+// bytes when not 0), its cycles, the copies of its last sleep; the blocks freed after.
+struct TagPart {
+  CycleTimes times;
+  std::size_t bytes = 0;
+  std::uint64_t copies = 0;
+};
+TagPart tag_part(int device, cudaStream_t stream, const std::vector<std::size_t>& sizes,
+                 std::size_t gap, std::size_t timed) {
+  DevicePool::Options options;
+  options.large_tier.memory = LargeTierMemory::virtual_memory;
+  DevicePool pool(device, options);
+  const SleepTag tag = pool.create_tag("blocks");
+  std::vector<void*> blocks;
+  std::vector<void*> gaps;
+  TagPart part;
+  {
+    auto scope = pool.tag_scope(tag);
+    for (std::size_t bytes : sizes) {
+      blocks.push_back(pool.allocate_async(bytes, stream));
+      if (gap != 0) gaps.push_back(pool.allocate_async(gap, stream));
+      part.bytes += bytes;
+    }
+  }
+  for (void* g : gaps) pool.deallocate_async(g, gap, stream);
+  part.times = cycles(pool, tag, stream, timed);
+  part.copies = pool.tag_stats(tag).copies;
+  for (std::size_t i = 0; i < blocks.size(); ++i)
+    pool.deallocate_async(blocks[i], sizes[i], stream);
+  return part;
+}
+
 }  // namespace
 
 std::size_t sleep_scenario_steps(const BenchConfig&) { return 6; }
@@ -282,49 +314,18 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
       sizes.push_back(bytes);
       total += bytes;
     }
-    DevicePool::Options options;
-    options.large_tier.memory = LargeTierMemory::virtual_memory;
-    DevicePool pool(config.device, options);
-    const SleepTag many = pool.create_tag("many");
-    std::vector<void*> blocks;
-    {
-      auto scope = pool.tag_scope(many);
-      for (std::size_t bytes : sizes) blocks.push_back(pool.allocate_async(bytes, stream.get()));
-    }
-    const CycleTimes m = cycles(pool, many, stream.get(), timed);
-    add_rows(results, many_parameter(sizes.size(), total), total, kOurs, true, m, true, to_host,
-             to_device);
-    results.back().extra["copies"] = static_cast<double>(pool.tag_stats(many).copies);
-    for (std::size_t i = 0; i < blocks.size(); ++i) {
-      pool.deallocate_async(blocks[i], sizes[i], stream.get());
-    }
+    const TagPart many = tag_part(config.device, stream.get(), sizes, 0, timed);
+    add_rows(results, many_parameter(sizes.size(), total), total, kOurs, true, many.times, true,
+             to_host, to_device);
+    results.back().extra["copies"] = static_cast<double>(many.copies);
   }
   // The same blocks apart: vram's worst case for the same live bytes (a copy per block).
   progress.step("sleep: 10,000 blocks apart");
   {
-    DevicePool::Options options;
-    options.large_tier.memory = LargeTierMemory::virtual_memory;
-    DevicePool pool(config.device, options);
-    const SleepTag apart = pool.create_tag("apart");
-    std::vector<void*> blocks;
-    std::vector<void*> gaps;
-    std::size_t total = 0;
-    {
-      auto scope = pool.tag_scope(apart);
-      for (std::size_t bytes : sizes) {
-        blocks.push_back(pool.allocate_async(bytes, stream.get()));
-        gaps.push_back(pool.allocate_async(kApartGap, stream.get()));
-        total += bytes;
-      }
-    }
-    for (void* gap : gaps) pool.deallocate_async(gap, kApartGap, stream.get());
-    const CycleTimes a = cycles(pool, apart, stream.get(), timed);
-    add_rows(results, apart_parameter(sizes.size(), total), total, kOurs, true, a, true, to_host,
-             to_device);
-    results.back().extra["copies"] = static_cast<double>(pool.tag_stats(apart).copies);
-    for (std::size_t i = 0; i < blocks.size(); ++i) {
-      pool.deallocate_async(blocks[i], sizes[i], stream.get());
-    }
+    const TagPart apart = tag_part(config.device, stream.get(), sizes, kApartGap, timed);
+    add_rows(results, apart_parameter(sizes.size(), apart.bytes), apart.bytes, kOurs, true,
+             apart.times, true, to_host, to_device);
+    results.back().extra["copies"] = static_cast<double>(apart.copies);
   }
   cuda::check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
 
