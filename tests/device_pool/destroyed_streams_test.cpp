@@ -227,8 +227,7 @@ void run_destroyed_streams(const ChurnShape& shape) {
   auto options = emulated(fence, virtual_memory);
   // The threads' caches and heaps kept small: the bound below is on what the destroyed
   // streams' frees hold, not on what each thread may keep for its steady streams
-  // (thread_cache.large_bytes apiece, 256 MiB by default: 16 threads on steady streams then
-  // keep reserved at 4-8x peak live here, 2-3x with 8 MiB).
+  // (thread_cache.large_bytes apiece).
   options.thread_cache.max_bytes = 1_MiB;
   options.thread_cache.large_bytes = 8_MiB;
   std::atomic<std::uint64_t> mismatches{0};
