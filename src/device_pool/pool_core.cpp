@@ -130,10 +130,6 @@ DevicePoolCore::~DevicePoolCore() {
 
 void DevicePoolCore::serve_want(StreamKey key) noexcept {
   if (!wants.take(key)) return;  // another key's bit, or another call on it took the want
-  record_markers(key);
-}
-
-void DevicePoolCore::record_markers(StreamKey key) noexcept {
   // One marker per tier that holds the stream's ranges, recorded with no tier mutex locked.
   // mark_frees() before the record: a free that reaches a tier after the mark (on another
   // thread) may be used by work queued after the marker, so it keeps its tag.
@@ -285,7 +281,7 @@ void* DevicePoolCore::large_allocate(ThreadCache* cache, const Request& request)
 }
 
 bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block, const Request& request,
-                                      SegmentTier::FreeMarker* marker) noexcept {
+                                      SegmentTier::FreeMarker* marker, bool steady) noexcept {
   const std::size_t cap = options.thread_cache.large_bytes;
   const std::size_t need = request.block_bytes;
   // The heap's blocks are kept by exact size only while sizes come back
@@ -293,8 +289,7 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block, const Req
   const bool passes = cache.heap != nullptr && !cache.large.keeps() && cache.heap->contains(block);
   if (passes) cache.large.note_passed(block, need);
   // A young stream's free goes to the tier, pending under the call's marker (stream_ages.hpp).
-  if (cache.large.active() && need <= cap && !passes && marker == nullptr &&
-      cache.stream_ages.steady(request.key)) {
+  if (cache.large.active() && need <= cap && !passes && marker == nullptr && steady) {
     LargeBlockCache::Put put = cache.large.put(block, need, request.key, cap);
     if (put == LargeBlockCache::Put::no_room) {
       SlowSection slow(&cache);
@@ -435,7 +430,7 @@ void DevicePoolCore::start_heap(ThreadCache& cache) noexcept {
 
 // Returns false when the block is not this pool's (only detectable in the tiers).
 bool DevicePoolCore::small_deallocate(ThreadCache* cache, void* block, const Request& request,
-                                      SegmentTier::FreeMarker* marker) noexcept {
+                                      SegmentTier::FreeMarker* marker, bool steady) noexcept {
   const std::size_t index = request.index;
   const StreamKey key = request.key;
   const std::uint64_t block_bytes = request.block_bytes;
@@ -443,7 +438,7 @@ bool DevicePoolCore::small_deallocate(ThreadCache* cache, void* block, const Req
       cache != nullptr ? cache->cached_bytes.load(std::memory_order_relaxed) : 0;
   // A young stream's free goes to the tier, pending under the call's marker (stream_ages.hpp;
   // the free that turns it steady too: its marker is recorded).
-  if (cache != nullptr && (marker != nullptr || !cache->stream_ages.steady(key))) {
+  if (cache != nullptr && (marker != nullptr || !steady)) {
     return free_to_tier(block, request, cache, marker);
   }
   if (cache != nullptr && has_room(*cache, index, cached, block_bytes)) [[likely]] {
@@ -572,10 +567,10 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   if (cache != nullptr) [[likely]] {
     // A young stream's marker, recorded before its block reaches the tier (stream_ages.hpp).
     SegmentTier::FreeMarker young;
-    SegmentTier::FreeMarker* const marker =
-        record_if_young(*cache, request.key, young) ? &young : nullptr;
-    const bool known = request.small ? small_deallocate(cache, block, request, marker)
-                                     : large_deallocate(*cache, block, request, marker);
+    const FreeAge age = record_if_young(*cache, request.key, young);
+    SegmentTier::FreeMarker* const marker = age.marked ? &young : nullptr;
+    const bool known = request.small ? small_deallocate(cache, block, request, marker, age.steady)
+                                     : large_deallocate(*cache, block, request, marker, age.steady);
     if (known) [[likely]] {
       bump(cache->deallocations, 1);
       bump(cache->deallocated_bytes, block_bytes);
@@ -601,7 +596,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   std::lock_guard lock(slow_path);
   bool known = true;
   if (!orphan.active()) {
-    known = request.small ? small_deallocate(nullptr, block, request, nullptr)
+    known = request.small ? small_deallocate(nullptr, block, request, nullptr, true)
                           : free_block(large, block, request.key, block_bytes, nullptr, false);
   } else {
     known = free_block(*request.tier, block, request.key, block_bytes, nullptr, false);
@@ -615,11 +610,13 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   if (orphan.active()) last = orphan.block_returned();
 }
 
-bool DevicePoolCore::record_if_young(ThreadCache& cache, StreamKey key,
-                                     SegmentTier::FreeMarker& young) noexcept {
-  if (!StreamAges::caller_stream(key)) return false;
+DevicePoolCore::FreeAge DevicePoolCore::record_if_young(ThreadCache& cache, StreamKey key,
+                                                        SegmentTier::FreeMarker& young) noexcept {
+  if (!StreamAges::caller_stream(key)) return {false, true};
   const cudaStream_t stream = fence_stream_of(key);
-  if (!cache.stream_ages.note_free(key, [&] { return fence->stream_id(stream); })) return false;
+  const StreamAges::Free free =
+      cache.stream_ages.note_free(key, [&] { return fence->stream_id(stream); });
+  if (!free.young) return {false, free.steady};
   // The call proves the stream alive; the work its caller queued on the block came before.
   // A driver call: stealers may skip this holder meanwhile.
   SlowSection slow(&cache);
@@ -632,9 +629,9 @@ bool DevicePoolCore::record_if_young(ThreadCache& cache, StreamKey key,
     young.marker = fence->record(stream);
     young.recorder = &cache;
   } catch (...) {  // captured, or a driver error: the block keeps its tag (wants, quiesces)
-    return false;
+    return {false, free.steady};
   }
-  return true;
+  return {true, free.steady};
 }
 
 }  // namespace vram::detail

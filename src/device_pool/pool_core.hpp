@@ -283,9 +283,11 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // Deallocates a large block into the holder's cache, else to the tier; false when the block
   // is not this pool's leased block of that size.
   // `marker`: a young stream's (record_if_young), for the tier; null or not taken: none.
+  // `steady`: the request's stream may tag the cache (FreeAge::steady).
   [[gnu::always_inline]] inline bool large_deallocate(ThreadCache& cache, void* block,
                                                       const Request& request,
-                                                      SegmentTier::FreeMarker* marker) noexcept;
+                                                      SegmentTier::FreeMarker* marker,
+                                                      bool steady) noexcept;
   // Every cached large block of `cache` (its holder's, or stolen) back to the large tier.
   void drain_large(ThreadCache& cache) noexcept;
   // Before a tier grows: the cached large blocks of every thread (`claimed`: the caller's own,
@@ -294,11 +296,18 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   bool flush_large_caches(ThreadCache* claimed) noexcept;
   bool flush_cached_large_blocks(ThreadCache* claimed) noexcept;  // its first part
   bool small_deallocate(ThreadCache* cache, void* block, const Request& request,
-                        SegmentTier::FreeMarker* marker) noexcept;
-  // A slow-path free on `key` through `cache` (claimed): when the stream is young
-  // (stream_ages.hpp, counted here) records a marker on it into `young` (true). No tier mutex
-  // is held; the block has not reached a tier yet.
-  bool record_if_young(ThreadCache& cache, StreamKey key, SegmentTier::FreeMarker& young) noexcept;
+                        SegmentTier::FreeMarker* marker, bool steady) noexcept;
+  // What a slow-path free found of its stream: `marked`, a marker was recorded into `young`;
+  // `steady`, the stream may tag the thread's cache (StreamAges::steady after this free).
+  struct FreeAge {
+    bool marked;
+    bool steady;
+  };
+  // A slow-path free on `key` through `cache` (claimed): counts it (stream_ages.hpp) and, when
+  // the stream is young, records a marker on it into `young`. No tier mutex is held; the
+  // block has not reached a tier yet.
+  FreeAge record_if_young(ThreadCache& cache, StreamKey key,
+                          SegmentTier::FreeMarker& young) noexcept;
   // SegmentTier::free() of the request's tier for a thread that claimed `claimed` (or null;
   // deallocated through its large cache, lease_owner.hpp): only its give-back, which makes
   // upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
@@ -439,10 +448,10 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   void reclaim_graph_returns(ThreadCache* claimed) noexcept;
   // The size a graph pool's block is deallocated with: the one that finds its class and tier.
   std::size_t deallocate_size_of(const GraphPools::Block& block) noexcept;
+  // When `key`'s want is still set: a marker on its stream (the caller's call passes it: it
+  // exists) for its ranges in each tier that holds some, freed before the record. No tier
+  // mutex may be held.
   [[gnu::cold]] void serve_want(StreamKey key) noexcept;
-  // A marker on `key`'s stream (the caller's call passes it: it exists) for its ranges in each
-  // tier that holds some, freed before the record. No tier mutex may be held.
-  void record_markers(StreamKey key) noexcept;
   // Set while this thread serves a request of a stream being captured (graph_allocate_into):
   // growth then neither quiesces nor trims (a device synchronize during the thread's own
   // capture would invalidate it).

@@ -53,28 +53,34 @@ class StreamAges {
   static constexpr std::uint32_t kRenameFrees = 8;
   static constexpr std::size_t kTracked = 64;
 
-  // A caller's stream that a marker may not be recorded on later (young() may answer true).
+  // A caller's stream that a marker may not be recorded on later (note_free() may find it young).
   static bool caller_stream(StreamKey key) noexcept {
     return key != kUntagged && !always_recordable(key);
   }
-  // Counts a slow-path free on `key`'s caller stream; true when the stream is young (it was
-  // not steady before this free). `id_of()` names the stream behind the handle now
-  // (StreamFence::stream_id, 0: unknown), asked when a key starts, when it would turn steady
-  // and on every kRenameFrees-th slow-path free of a steady one: another stream behind the
-  // handle by then starts again (young).
+  // What note_free() found: `young`, the stream was not steady before this free (its marker
+  // is wanted); `steady`, what steady(key) answers after it (the free that turns a stream
+  // steady is young and steady).
+  struct Free {
+    bool young;
+    bool steady;
+  };
+  // Counts a slow-path free on `key`'s caller stream. `id_of()` names the stream behind the
+  // handle now (StreamFence::stream_id, 0: unknown), asked when a key starts, when it would
+  // turn steady and on every kRenameFrees-th slow-path free of a steady one: another stream
+  // behind the handle by then starts again (young).
   template <class IdOf>
-  bool note_free(StreamKey key, IdOf id_of) noexcept {
+  Free note_free(StreamKey key, IdOf id_of) noexcept {
     ++tick_;
     const bool switched = key != last_key_;
     last_key_ = key;
     for (Entry& e : entries_) {
       if (e.key != key) continue;
       if (e.steady) {
-        if (++e.frees % kRenameFrees != 0) return false;
+        if (++e.frees % kRenameFrees != 0) return {false, true};
         const std::uint64_t id = id_of();
-        if (id == e.id) return false;
+        if (id == e.id) return {false, true};
         e = Entry{key, id, 1, false, false};  // a new stream behind the handle
-        return true;
+        return {true, false};
       }
       e.came_back = e.came_back || switched;
       if (++e.frees >= (e.came_back ? kSteadyFrees : kLoneSteadyFrees)) {
@@ -85,10 +91,10 @@ class StreamAges {
           e.steady = true;  // from its next free on
         }
       }
-      return true;
+      return {true, e.steady};
     }
     *victim() = Entry{key, id_of(), 1, false, false};
-    return true;
+    return {true, false};
   }
   // Whether `key` may tag the thread's cache or be its heap's home: no stream, one always
   // recordable, or steady.

@@ -15,10 +15,10 @@ using detail::StreamKey;
 constexpr StreamKey kA = 0x1000;
 constexpr StreamKey kB = 0x2000;
 
-// Frees on `key` until note_free() says steady (false); returns how many were young.
+// Frees on `key` until note_free() finds it steady before the free; returns how many were young.
 std::uint32_t young_frees(StreamAges& ages, StreamKey key, std::uint64_t id) {
   std::uint32_t young = 0;
-  while (ages.note_free(key, [id] { return id; })) ++young;
+  while (ages.note_free(key, [id] { return id; }).young) ++young;
   return young;
 }
 
@@ -31,8 +31,8 @@ TEST(StreamAges, AStreamAloneTurnsSteadyAfterTheLoneThreshold) {
 
 TEST(StreamAges, AStreamComeBackToTurnsSteadyAfterTheShorterThreshold) {
   StreamAges ages;
-  EXPECT_TRUE(ages.note_free(kA, [] { return 1; }));
-  EXPECT_TRUE(ages.note_free(kB, [] { return 2; }));
+  EXPECT_TRUE(ages.note_free(kA, [] { return 1; }).young);
+  EXPECT_TRUE(ages.note_free(kB, [] { return 2; }).young);
   EXPECT_EQ(young_frees(ages, kA, 1), StreamAges::kSteadyFrees - 1);  // one counted before
 }
 
@@ -41,16 +41,16 @@ TEST(StreamAges, AnotherStreamBehindTheHandleStartsYoungAgain) {
   // Named when its entry starts: 1; at the threshold the handle names stream 2: young again.
   std::uint64_t id = 1;
   for (std::uint32_t i = 0; i + 1 < StreamAges::kLoneSteadyFrees; ++i) {
-    EXPECT_TRUE(ages.note_free(kA, [&] { return id; }));
+    EXPECT_TRUE(ages.note_free(kA, [&] { return id; }).young);
   }
   id = 2;
-  EXPECT_TRUE(ages.note_free(kA, [&] { return id; }));
+  EXPECT_TRUE(ages.note_free(kA, [&] { return id; }).young);
   EXPECT_FALSE(ages.steady(kA)) << "a new stream behind the handle counted as the old one";
   // Steady, then the handle names a new stream: young within kRenameFrees frees.
   EXPECT_EQ(young_frees(ages, kA, 2), StreamAges::kLoneSteadyFrees - 1);
   ASSERT_TRUE(ages.steady(kA));
   std::uint32_t frees = 0;
-  while (!ages.note_free(kA, [] { return 3; })) ++frees;
+  while (!ages.note_free(kA, [] { return 3; }).young) ++frees;
   EXPECT_LT(frees, StreamAges::kRenameFrees);
   EXPECT_FALSE(ages.steady(kA));
 }
@@ -61,9 +61,38 @@ TEST(StreamAges, ANewStreamNeverTakesASteadyEntryWhileAnotherIsFree) {
   ASSERT_TRUE(ages.steady(kA));
   // More new streams than the table holds, each freed on once.
   for (StreamKey key = 0x10000; key < 0x10000 + 4 * StreamAges::kTracked * 0x100; key += 0x100) {
-    EXPECT_TRUE(ages.note_free(key, [] { return 9; }));
+    EXPECT_TRUE(ages.note_free(key, [] { return 9; }).young);
   }
   EXPECT_TRUE(ages.steady(kA)) << "a new stream replaced the steady one";
+}
+
+// The deallocation's slow path takes steady(key) from note_free()'s answer: they agree after
+// every free, through thresholds, renames and entries replaced.
+TEST(StreamAges, EachFreesSteadyAnswerIsWhatSteadyAnswersAfterIt) {
+  StreamAges ages;
+  std::uint64_t seed = 12345;
+  auto next = [&seed] {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return seed >> 33;
+  };
+  std::uint32_t turned_steady = 0;
+  std::uint32_t young = 0;
+  for (int i = 0; i < 20000; ++i) {
+    // Few keys most of the time (they turn steady), now and then one of many (entries replaced).
+    const std::uint64_t pick = next();
+    const StreamKey key =
+        (pick % 8 == 0 ? 0x100000 + (pick % 200) * 0x100 : 0x1000 + (pick % 3) * 0x100);
+    const std::uint64_t id =
+        next() % 50 == 0 ? next() % 4 + 2 : 1;  // a new stream behind it at times
+    const bool was_steady = ages.steady(key);
+    const StreamAges::Free free = ages.note_free(key, [id] { return id; });
+    ASSERT_EQ(free.steady, ages.steady(key)) << "free " << i;
+    if (free.young) ++young;
+    if (free.young && free.steady) ++turned_steady;
+    if (!free.young) ASSERT_TRUE(was_steady) << "free " << i;
+  }
+  EXPECT_GT(young, 0u);
+  EXPECT_GT(turned_steady, 0u);
 }
 
 TEST(StreamAges, StreamsThatAreAlwaysRecordableAreNeverYoung) {
