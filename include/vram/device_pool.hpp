@@ -58,7 +58,10 @@
 //   then cudaStreamDestroy, as a request handler does when done) with blocks freed on it
 //   still waiting in the pool: no extra call is needed, nothing is recorded on S after the
 //   last call that passed it, and its blocks reach other streams after a marker its calls
-//   recorded (a young stream's frees each record one) or after a quiesce. The pool tells
+//   recorded (a young stream's frees each record one, except a free of a block that a
+//   thread's heap placed: that block waits, as a steady stream's, for a want or a quiesce)
+//   or after a quiesce. Every call that passes S needs S alive (not yet destroyed): the
+//   pool may record on it or ask the driver about it. The pool tells
 //   streams apart by handle: a new stream that the driver gives the handle of a destroyed S
 //   takes S's freed blocks as its own at once, which is safe because S's work has completed;
 //   so do not destroy S with work still queued that uses blocks freed on it. The cost of

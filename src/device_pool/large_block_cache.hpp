@@ -165,12 +165,7 @@ class LargeBlockCache : public LeaseOwner {
   // cached; a double deallocation; for the tier (then no longer recorded here); or no room
   // (nothing changed: make room with free_oldest() and put it again).
   Put put(void* block, std::size_t bytes, StreamKey key, std::size_t cap) noexcept {
-    // Records of blocks deallocated elsewhere since (lease_owner.hpp) go first: their blocks
-    // may be another request's now.
-    read_mail([this] { forget_leased(); },
-              [this](const void* revoked) {
-                if (Lease* stale = find(revoked); stale != nullptr && !stale->cached) erase(stale);
-              });
+    read_revocations();
     Lease* lease = find(block);
     if (lease == nullptr) return Put::to_tier;
     if (lease->cached) return Put::double_deallocate;
@@ -184,6 +179,17 @@ class LargeBlockCache : public LeaseOwner {
     cached_bytes_.store(cached_bytes_.load(std::memory_order_relaxed) + bytes,
                         std::memory_order_relaxed);
     return Put::cached;
+  }
+  // A deallocation on this thread of `block` that is not to be cached (a young stream's,
+  // stream_ages.hpp): false for a double deallocation (the block is cached here); else its
+  // record, if any, goes (the block leaves this thread) and the tier decides.
+  bool leaves(const void* block) noexcept {
+    read_revocations();
+    Lease* lease = find(block);
+    if (lease == nullptr) return true;
+    if (lease->cached) return false;
+    erase(lease);
+    return true;
   }
   bool has_room(std::size_t bytes, std::size_t cap) const noexcept {
     return count_ < kMaxCached && cached_bytes_.load(std::memory_order_relaxed) + bytes <= cap;
@@ -230,6 +236,14 @@ class LargeBlockCache : public LeaseOwner {
   static std::size_t home(const void* block) noexcept {
     const auto key = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(block) >> 8);
     return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ULL) >> 57);  // 7 bits: kSlots
+  }
+  // Records of blocks deallocated elsewhere since (lease_owner.hpp) go first: their blocks
+  // may be another request's now.
+  void read_revocations() noexcept {
+    read_mail([this] { forget_leased(); },
+              [this](const void* revoked) {
+                if (Lease* stale = find(revoked); stale != nullptr && !stale->cached) erase(stale);
+              });
   }
   Lease* find(const void* block) noexcept {
     for (std::size_t i = home(block);; i = (i + 1) & kMask) {

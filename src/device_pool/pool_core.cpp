@@ -302,6 +302,8 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block, const Req
     }
     if (put == LargeBlockCache::Put::cached) return true;
     if (put == LargeBlockCache::Put::double_deallocate) return false;
+  } else if (cache.large.active() && !passes && !cache.large.leaves(block)) {
+    return false;  // cached here already: the tier would take it from its owner once more
   }
   const bool known = free_to_tier(block, request, &cache, marker);
   cache.large.note_contentions(large.contentions());
@@ -575,7 +577,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
       bump(cache->deallocations, 1);
       bump(cache->deallocated_bytes, block_bytes);
     }
-    end_claim(*cache);
+    // Before end_claim: past it, close() may destroy the core (and its fence) at any time.
     if (marker != nullptr) {
       if (!young.taken) {
         fence->release(young.marker);  // a heap's block, a foreign one, or no entry
@@ -588,6 +590,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
     } else if (track) {
       note_in_use(-static_cast<std::int64_t>(block_bytes));
     }
+    end_claim(*cache);
     return;
   }
   // Slow path. When orphaned, the last deallocation drops the self-reference after the lock

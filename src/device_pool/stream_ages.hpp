@@ -9,7 +9,10 @@
 // (destroy S), S's freed blocks reach other streams once that marker completed, with no
 // device-wide synchronize. A steady stream's frees keep the warm path (no marker; one is
 // wanted when another stream needs the memory and recorded by S's next call,
-// stream_wants.hpp), and only a steady stream may become a thread heap's home.
+// stream_wants.hpp), and only a steady stream may become a thread heap's home. One exception:
+// a young free of a block that a thread heap placed (thread_heap.hpp) goes back to
+// its heap tagged with S, with no marker (a heap's ranges have no pending state): like a
+// steady stream's, it reaches other streams by a want or a quiesce.
 //
 // Steady: kSteadyFrees slow-path frees once the thread came back to the stream after freeing
 // on another (a stream pool used in turns), else kLoneSteadyFrees (a thread's one stream, a

@@ -910,49 +910,59 @@ TEST(DevicePoolStreamsGpu, StreamDestroyedBeforeThePoolIsSafe) {
 }
 
 // Allocating on a stream while this thread captures it in global mode (PyTorch's default),
-// under a capture scope: the request finds only another stream's freed memory. No marker may
-// be recorded on that stream outside a call on it, and a quiesce (a device synchronize)
-// would invalidate the capture, so the pool grows, in relaxed capture mode: the capture
-// stays valid and the graph runs.
+// under a capture scope: the request finds only another stream's freed memory. A steady
+// stream's free has no marker, none may be recorded on that stream outside a call on it, and
+// a quiesce (a device synchronize) would invalidate the capture, so the pool grows, in relaxed
+// capture mode. A young stream's free recorded its own marker (stream_ages.hpp), which has
+// completed here: the capture may take that block. Either way the capture stays valid and the
+// graph runs.
 TEST(DevicePoolStreamsGpu, AllocatingDuringAGlobalModeCaptureKeepsTheCaptureValid) {
   VRAM_GPU_TEST_OR_SKIP();
-  DevicePool pool(0);
-  cuda::Stream capturing;
-  cuda::Stream other;
-  void* keep = pool.allocate_async(2_MiB, other.get());  // keeps a off the unmapped tail
-  void* a = pool.allocate_async(8_MiB, other.get());
-  void* keep2 = pool.allocate_async(2_MiB, other.get());
-  launch_fill(a, (8_MiB) / 4, 0x22222222u, other.get());
-  pool.deallocate_async(a, 8_MiB, other.get());
-  other.synchronize();  // the work at a's free has completed
-  const auto id = DevicePool::new_graph_pool();
-  cudaGraph_t graph = nullptr;
-  void* b = nullptr;
-  {
-    auto scope = pool.capture_into(id, capturing.get());
-    ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
-    b = pool.allocate_async(8_MiB, capturing.get());
-    launch_fill(b, (8_MiB) / 4, 0x33333333u, capturing.get());
-    EXPECT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess)
-        << "the pool's calls did not invalidate the capture";
+  for (const bool steady_other : {true, false}) {
+    SCOPED_TRACE(steady_other ? "the other stream steady" : "the other stream young");
+    DevicePool pool(0);
+    cuda::Stream capturing;
+    cuda::Stream other;
+    if (steady_other) free_often_on(pool, other.get());
+    void* keep = pool.allocate_async(2_MiB, other.get());  // keeps a off the unmapped tail
+    void* a = pool.allocate_async(8_MiB, other.get());
+    void* keep2 = pool.allocate_async(2_MiB, other.get());
+    launch_fill(a, (8_MiB) / 4, 0x22222222u, other.get());
+    pool.deallocate_async(a, 8_MiB, other.get());
+    other.synchronize();  // the work at a's free has completed
+    const auto id = DevicePool::new_graph_pool();
+    cudaGraph_t graph = nullptr;
+    void* b = nullptr;
+    {
+      auto scope = pool.capture_into(id, capturing.get());
+      ASSERT_EQ(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeGlobal), cudaSuccess);
+      b = pool.allocate_async(8_MiB, capturing.get());
+      launch_fill(b, (8_MiB) / 4, 0x33333333u, capturing.get());
+      EXPECT_EQ(cudaStreamEndCapture(capturing.get(), &graph), cudaSuccess)
+          << "the pool's calls did not invalidate the capture";
+    }
+    if (steady_other) {
+      EXPECT_NE(b, a) << "the steady stream's free, with no marker and no quiesce";
+    } else {
+      EXPECT_EQ(b, a) << "the young stream's completed marker did not free its block";
+    }
+    EXPECT_EQ(pool.stats().stream_quiesces, 0U) << "a device synchronize during the capture";
+    if (graph != nullptr) {
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, capturing.get()), cudaSuccess);
+      capturing.synchronize();
+      EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
+      EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+    }
+    (void)cudaGetLastError();
+    pool.deallocate_async(b, 8_MiB, capturing.get());
+    pool.deallocate_async(keep, 2_MiB, other.get());
+    pool.deallocate_async(keep2, 2_MiB, other.get());
+    pool.release_graph_pool(id);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
   }
-  EXPECT_NE(b, a) << "the other stream's free, with no marker and no quiesce";
-  EXPECT_EQ(pool.stats().stream_quiesces, 0U) << "a device synchronize during the capture";
-  if (graph != nullptr) {
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, capturing.get()), cudaSuccess);
-    capturing.synchronize();
-    EXPECT_EQ(cudaGraphExecDestroy(exec), cudaSuccess);
-    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
-  }
-  (void)cudaGetLastError();
-  pool.deallocate_async(b, 8_MiB, capturing.get());
-  pool.deallocate_async(keep, 2_MiB, other.get());
-  pool.deallocate_async(keep2, 2_MiB, other.get());
-  pool.release_graph_pool(id);
-  pool.trim(0);
-  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 
 // On the GPU: a block freed on stream A while a long kernel on A still writes it is not

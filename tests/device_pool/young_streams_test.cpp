@@ -241,3 +241,55 @@ TEST(DevicePoolYoungStreams, AStreamsNeighbouringFreesServeItsOwnLargerRequest) 
 
 }  // namespace
 }  // namespace vram::testing
+
+namespace vram::testing {
+namespace {
+
+// A large block the thread's cache holds (freed once with deallocate) freed again on a young
+// stream, and the reverse order: the second deallocation is rejected in both, so no two
+// requests get the block. Without validation (the shipped path) the thread's record of its
+// large blocks is what catches it; a young free skips the cache but still asks it.
+TEST(DevicePoolYoungStreams, ADoubleFreeOfACachedLargeBlockOnAYoungStreamIsRejected) {
+  for (const bool young_first : {false, true}) {
+    for (const bool virtual_memory : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "young first " << young_first << ", virtual memory " << virtual_memory);
+      auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+      auto fence = std::make_shared<StreamLifetimeFence>();
+      DevicePool::Options options;
+      options.validate_deallocations = false;
+      options.large_tier.memory =
+          virtual_memory ? LargeTierMemory::virtual_memory : LargeTierMemory::segments;
+      options.thread_cache.large_from_start = true;  // the thread's large cache keeps blocks
+      options.thread_cache.large_chunk_bytes = 0;    // no heap: the tier places the blocks
+      options.fence = fence;
+      {
+        DevicePool pool(upstream, options);
+        const cudaStream_t y = fence->create();
+        void* x = pool.allocate(8_MiB);
+        if (young_first) {
+          pool.deallocate_async(x, 8_MiB, y);  // young: to the tier, pending under its marker
+          pool.deallocate(x, 8_MiB);           // the double free
+        } else {
+          pool.deallocate(x, 8_MiB);  // into the thread's large cache
+          ASSERT_GT(pool.stats().bytes_cached_in_threads, 0U);
+          pool.deallocate_async(x, 8_MiB, y);  // the double free, on a young stream
+        }
+        EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+        fence->synchronize(y);
+        void* a = pool.allocate(8_MiB);
+        void* b = pool.allocate_async(8_MiB, y);
+        EXPECT_NE(a, b) << "one block handed to two owners";
+        pool.deallocate(a, 8_MiB);
+        pool.deallocate_async(b, 8_MiB, y);
+        fence->synchronize(y);
+        EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+      }
+      EXPECT_EQ(upstream->live_bytes(), 0U);
+      EXPECT_EQ(fence->records(), fence->released()) << "a marker leaked or went back twice";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace vram::testing
