@@ -116,6 +116,10 @@ void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* qu
       map_range(r, locked);  // the maps with the mutex released
     } catch (...) {          // give the range back as it was (it merges with its split-off rest)
       ranges_.insert_free(r);
+      // The runs mapped for it before the failure go back too (detached: the growth's end
+      // unmaps them), so a failed request leaves its memory to others. Before the last try
+      // the tier gave back every other free run (reclaim), so this takes little else.
+      give_back(0);
       throw;
     }
   }

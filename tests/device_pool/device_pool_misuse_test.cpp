@@ -203,6 +203,28 @@ TEST(DevicePoolMisuse, RequestAboveTheVirtualReservationIsOutOfMemoryAndLosesNot
   EXPECT_EQ(upstream->bad_frees(), 0U);
 }
 
+// A request larger than the memory left, over virtual memory mapped in runs: the runs that did
+// map before the out-of-memory go back with it, so a failed request leaves the memory to
+// others (a CUDA stream's creation, another process) rather than in the pool's free ranges.
+TEST(DevicePoolMisuse, AFailedRequestGivesBackTheRunsItMapped) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
+                                                 TestUpstream::Options{.capacity_bytes = 256_MiB});
+  auto options = virtual_options(1_GiB);
+  options.large_tier.virtual_run_bytes = 16_MiB;  // mapped run by run
+  DevicePool pool(upstream, options);
+  void* keep = pool.allocate(8_MiB);
+  const std::size_t before = upstream->live_bytes();
+  EXPECT_THROW((void)pool.allocate(512_MiB), OutOfMemory);
+  EXPECT_LE(upstream->live_bytes(), before) << "the failed request's runs stayed mapped";
+  EXPECT_LE(pool.stats().bytes_reserved, before);
+  void* again = pool.allocate(128_MiB);  // the memory serves again
+  pool.deallocate(again, 128_MiB);
+  pool.deallocate(keep, 8_MiB);
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  EXPECT_EQ(upstream->bad_frees(), 0U);
+}
+
 TEST(DevicePoolMisuse, ExtremeRunAndMapAheadOptionsStillServeAndAccount) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
                                                  TestUpstream::Options{.capacity_bytes = 256_MiB});
