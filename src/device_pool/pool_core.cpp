@@ -586,6 +586,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
       }
     }
     if (!known) {
+      SlowSection slow(cache);  // the message may block: trim and flushes skip this holder
       reject_deallocate(block, request.bytes, kNotLive);
     } else if (track) {
       note_in_use(-static_cast<std::int64_t>(block_bytes));
@@ -599,6 +600,7 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   std::lock_guard lock(slow_path);
   bool known = true;
   if (!orphan.active()) {
+    // No cache: small_deallocate reads no stream age (`steady` is unused).
     known = request.small ? small_deallocate(nullptr, block, request, nullptr, true)
                           : free_block(large, block, request.key, block_bytes, nullptr, false);
   } else {

@@ -113,13 +113,16 @@ void* SegmentTier::allocate_growing(std::size_t need, StreamKey stream, bool* qu
   r->state = Range::State::used;  // before mapping: nothing may merge it meanwhile
   if (needs_map) {                // computed for this r: after the split, r->size == need
     try {
-      map_range(r, locked);  // the maps with the mutex released
-    } catch (...) {          // give the range back as it was (it merges with its split-off rest)
+      map_range(r, locked);         // the maps with the mutex released
+    } catch (const OutOfMemory&) {  // the range goes back as it was (merged with its rest)
       ranges_.insert_free(r);
       // The runs mapped for it before the failure go back too (detached: the growth's end
       // unmaps them), so a failed request leaves its memory to others. Before the last try
       // the tier gave back every other free run (reclaim), so this takes little else.
       give_back(0);
+      throw;
+    } catch (...) {  // another driver error, or no host memory: the range goes back as it was
+      ranges_.insert_free(r);
       throw;
     }
   }
