@@ -194,8 +194,7 @@ std::vector<DevicePoolSegment> DevicePool::memory_map() const {
 
 void DevicePool::reset_peak() noexcept {
   if (!core_) return;
-  core_->gauge.peak.store(core_->gauge.reserved.load(std::memory_order_relaxed),
-                          std::memory_order_relaxed);
+  core_->gauge.peak.store(core_->gauge.all(), std::memory_order_relaxed);
   core_->in_use.reset();
 }
 

@@ -532,7 +532,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   GraphPools graph_pools{&graph_routing};
   // Sleep tags (sleep_tags.hpp); while any exists graphs_on stays raised, so that every call
   // reaches allocate_with_graphs / deallocate_with_graphs, which ask the tags first.
-  SleepTags sleep_tags{uid, graph_routing};
+  SleepTags sleep_tags{uid, graph_routing, gauge};
   // A request into `tag` and a deallocation of its block (pool_sleep.cpp): counted as slow-path
   // calls (so that destruction counts tagged blocks as leased).
   void* tag_allocate(Tag& tag, std::size_t bytes, std::size_t alignment, StreamKey key);

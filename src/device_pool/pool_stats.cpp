@@ -1,6 +1,8 @@
 // DevicePool's counters summed over the thread caches, the slow path, the rings and the
 // tiers. Exact when no call runs at the same moment: each counter has one writer (its
 // cache's owner, or the holder of the slow path's mutex) and is read here with relaxed loads.
+#include <algorithm>
+
 #include "pool_core.hpp"
 
 namespace vram::detail {
@@ -48,8 +50,9 @@ DevicePoolStats DevicePoolCore::stats() const {
   const SleepTags::Totals tags = sleep_tags.totals();
   s.sleep_tag_bytes_mapped = tags.mapped_bytes;
   s.sleeping_tags = tags.sleeping;
-  s.bytes_reserved = gauge.reserved.load(std::memory_order_relaxed) + s.sleep_tag_bytes_mapped;
-  s.peak_bytes_reserved = gauge.peak.load(std::memory_order_relaxed);
+  s.bytes_reserved = gauge.all();
+  // A high-water mark read beside a count that moved meanwhile: never reported below it.
+  s.peak_bytes_reserved = std::max(gauge.peak.load(std::memory_order_relaxed), s.bytes_reserved);
   s.bytes_cached = s.bytes_reserved > s.bytes_in_use ? s.bytes_reserved - s.bytes_in_use : 0;
   s.bytes_cached_in_threads = thread_cached;
   s.bytes_cached_in_rings = ring_bytes;

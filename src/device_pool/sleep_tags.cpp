@@ -27,11 +27,11 @@ void wait_quietly(SleepCopier& copies) noexcept {
 }  // namespace
 
 Tag::Tag(std::string name_in, const SleepTagOptions& options_in, VirtualMemory& memory,
-         std::size_t reservation_bytes, std::size_t max_run_bytes,
+         ReservedGauge& gauge, std::size_t reservation_bytes, std::size_t max_run_bytes,
          std::shared_ptr<Upstream> backup_upstream)
     : name(std::move(name_in)),
       options(options_in),
-      arena(memory, reservation_bytes, options_in.map_ahead_bytes, max_run_bytes),
+      arena(memory, gauge, reservation_bytes, options_in.map_ahead_bytes, max_run_bytes),
       backup(std::move(backup_upstream), options_in.backup_chunk_bytes) {}
 
 SleepTags::~SleepTags() {
@@ -77,8 +77,8 @@ SleepTag SleepTags::create(std::string_view name, const SleepTagOptions& options
   }
   const std::size_t reservation =
       options.reservation_bytes != 0 ? options.reservation_bytes : reservation_bytes;
-  auto tag = std::make_unique<Tag>(std::string(name), options, *memory_, reservation, max_run_bytes,
-                                   std::move(backup));
+  auto tag = std::make_unique<Tag>(std::string(name), options, *memory_, gauge_, reservation,
+                                   max_run_bytes, std::move(backup));
   activity_.add(1);  // every call asks the tags from now on
   tags_[n].store(tag.release(), std::memory_order_release);
   count_.store(n + 1, std::memory_order_release);

@@ -41,7 +41,7 @@ inline thread_local TagRoute tl_tag_route;
 
 struct Tag {
   Tag(std::string name_in, const SleepTagOptions& options_in, VirtualMemory& memory,
-      std::size_t reservation_bytes, std::size_t max_run_bytes,
+      ReservedGauge& gauge, std::size_t reservation_bytes, std::size_t max_run_bytes,
       std::shared_ptr<Upstream> backup_upstream);
   std::string name;
   SleepTagOptions options;
@@ -68,8 +68,9 @@ class SleepTags {
   // Neighbouring live blocks closer than this are copied as one range.
   static constexpr std::size_t kMaxCopyGap = std::size_t{256} << 10;
 
-  SleepTags(std::uint64_t pool_uid, GraphRouting& activity) noexcept
-      : pool_uid_(pool_uid), activity_(activity) {}
+  // Tags' mapped granules are charged to `gauge` (its `outside` bytes).
+  SleepTags(std::uint64_t pool_uid, GraphRouting& activity, ReservedGauge& gauge) noexcept
+      : pool_uid_(pool_uid), activity_(activity), gauge_(gauge) {}
   ~SleepTags();
 
   bool any() const noexcept { return count_.load(std::memory_order_acquire) != 0; }
@@ -122,6 +123,7 @@ class SleepTags {
 
   std::uint64_t pool_uid_;
   GraphRouting& activity_;
+  ReservedGauge& gauge_;
   std::mutex create_mutex_;
   std::atomic<std::uint32_t> count_{0};
   std::array<std::atomic<Tag*>, kMaxTags> tags_{};

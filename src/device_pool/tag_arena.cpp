@@ -7,9 +7,10 @@
 
 namespace vram::detail {
 
-TagArena::TagArena(VirtualMemory& memory, std::size_t reservation_bytes,
+TagArena::TagArena(VirtualMemory& memory, ReservedGauge& gauge, std::size_t reservation_bytes,
                    std::size_t map_ahead_bytes, std::size_t max_run_bytes)
     : memory_(memory),
+      gauge_(gauge),
       granularity_(memory.granularity()),
       reservation_((std::max<std::size_t>(reservation_bytes, 1) + granularity_ - 1) / granularity_ *
                    granularity_),
@@ -122,6 +123,7 @@ void TagArena::map_span(std::size_t first, std::size_t last, std::size_t ahead_g
     made.push_back(g);
     for (std::size_t m = g; m <= ahead_end; ++m) mapped_[m] = 1;
     mapped_bytes_ += (ahead_end - g + 1) * granularity_;
+    gauge_.add_outside((ahead_end - g + 1) * granularity_);
     g = ahead_end + 1;
   }
 }
@@ -170,6 +172,7 @@ void TagArena::unmap_run(std::map<std::size_t, Run>::iterator it) noexcept {
   memory_.unmap(base_ + first * granularity_, run.granules * granularity_, run.handle);
   for (std::size_t g = first; g < first + run.granules; ++g) mapped_[g] = 0;
   mapped_bytes_ -= run.granules * granularity_;
+  gauge_.sub_outside(run.granules * granularity_);
   runs_.erase(it);
 }
 

@@ -9,7 +9,8 @@
 //   - users_[g] is the number of live blocks touching granule g; a granule with users is
 //     mapped whenever the arena is awake (mapped_[g]); a mapped granule belongs to exactly
 //     one run (one physical allocation, taken back whole);
-//   - mapped_bytes() is the sum of the runs' bytes.
+//   - mapped_bytes() is the sum of the runs' bytes, and this arena's share of the gauge's
+//     `outside` bytes.
 // Requests on stream key K take a free range of K or an untagged one (stream order on K
 // makes the first safe, the second is free for all); nothing else waits for a marker: other
 // streams' frees become free for all at the next sleep (after its proof) or untag_free().
@@ -23,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "tier/growth_budget.hpp"
 #include "tier/stream_key.hpp"
 #include "vram/virtual_memory.hpp"
 
@@ -36,8 +38,9 @@ class TagArena {
     std::size_t bytes = 0;
   };
   // Reserves `reservation_bytes` (rounded up to granules). Throws as VirtualMemory::reserve.
-  TagArena(VirtualMemory& memory, std::size_t reservation_bytes, std::size_t map_ahead_bytes,
-           std::size_t max_run_bytes);
+  // Every granule mapped or unmapped is added to or taken off `gauge.outside`.
+  TagArena(VirtualMemory& memory, ReservedGauge& gauge, std::size_t reservation_bytes,
+           std::size_t map_ahead_bytes, std::size_t max_run_bytes);
   ~TagArena();  // unmaps every run and frees the range
   TagArena(const TagArena&) = delete;
   TagArena& operator=(const TagArena&) = delete;
@@ -102,6 +105,7 @@ class TagArena {
   void unmap_run(std::map<std::size_t, Run>::iterator it) noexcept;
 
   VirtualMemory& memory_;
+  ReservedGauge& gauge_;
   std::size_t granularity_;
   std::size_t reservation_;
   std::size_t map_ahead_granules_;

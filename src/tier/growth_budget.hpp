@@ -21,8 +21,11 @@
 namespace vram::detail {
 
 struct ReservedGauge {
-  std::atomic<std::size_t> reserved{0};
-  std::atomic<std::size_t> peak{0};
+  std::atomic<std::size_t> reserved{0};  // the tiers'
+  // Mapped outside the tiers (sleep tags' granules): part of the pool's reserved bytes and
+  // of their peak, never of the growth budget.
+  std::atomic<std::size_t> outside{0};
+  std::atomic<std::size_t> peak{0};        // of reserved + outside
   std::atomic<std::size_t> tier_peaks{0};  // sum over the tiers of each one's peak of used
   static void raise(std::atomic<std::size_t>& high_mark, std::size_t now) noexcept {
     std::size_t high = high_mark.load(std::memory_order_relaxed);
@@ -30,9 +33,20 @@ struct ReservedGauge {
     }
   }
   void add(std::size_t bytes) noexcept {
-    raise(peak, reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    raise(peak, reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes +
+                    outside.load(std::memory_order_relaxed));
   }
   void sub(std::size_t bytes) noexcept { reserved.fetch_sub(bytes, std::memory_order_relaxed); }
+  void add_outside(std::size_t bytes) noexcept {
+    raise(peak, outside.fetch_add(bytes, std::memory_order_relaxed) + bytes +
+                    reserved.load(std::memory_order_relaxed));
+  }
+  void sub_outside(std::size_t bytes) noexcept {
+    outside.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  std::size_t all() const noexcept {
+    return reserved.load(std::memory_order_relaxed) + outside.load(std::memory_order_relaxed);
+  }
   // The budget: reserved may exceed the tiers' peaks (plus `peak_growth`, by how much the
   // request raises its tier's peak) by headroom_1024/1024 of them. Returns by how much
   // taking `grow` more bytes would pass it (0: within).

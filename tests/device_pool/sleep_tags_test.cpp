@@ -590,6 +590,43 @@ TEST(SleepTags, TrimUnmapsTheFreeGranulesOfAwakeTags) {
   EXPECT_EQ(h.pool.tag_stats(weights).mapped_bytes, 0U);
 }
 
+// Reserved bytes count the tags' mapped granules, and so does their peak: the peak is never
+// below what is reserved, before or after reset_peak() and across sleep and wake.
+TEST(SleepTags, PeakReservedCountsTheTagsMappedGranules) {
+  HostPool h;
+  void* untagged = h.pool.allocate(8 * kMiB);
+  const SleepTag weights = h.pool.create_tag("weights", small_tag());
+  void* tagged = h.pool.allocate_tagged(32 * kMiB, weights);
+  const auto check = [&](const char* when) {
+    const DevicePoolStats s = h.pool.stats();
+    EXPECT_GE(s.peak_bytes_reserved, s.bytes_reserved) << when;
+    EXPECT_GE(s.bytes_reserved, s.sleep_tag_bytes_mapped) << when;
+    return s;
+  };
+  const DevicePoolStats awake = check("awake");
+  EXPECT_GE(awake.sleep_tag_bytes_mapped, 32 * kMiB);
+  EXPECT_GE(awake.peak_bytes_reserved, awake.sleep_tag_bytes_mapped + 8 * kMiB);
+  h.pool.reset_peak();
+  const DevicePoolStats reset = check("after reset_peak");
+  EXPECT_EQ(reset.peak_bytes_reserved, reset.bytes_reserved);
+  EXPECT_EQ(reset.bytes_reserved, awake.bytes_reserved);
+  h.pool.sleep(weights);
+  const DevicePoolStats asleep = check("asleep");
+  EXPECT_EQ(asleep.sleep_tag_bytes_mapped, 0U);
+  EXPECT_EQ(asleep.bytes_reserved, awake.bytes_reserved - awake.sleep_tag_bytes_mapped);
+  EXPECT_EQ(asleep.peak_bytes_reserved, awake.bytes_reserved);  // the peak before the sleep
+  h.pool.reset_peak();
+  h.pool.wake(weights);
+  const DevicePoolStats woken = check("after wake");
+  EXPECT_EQ(woken.peak_bytes_reserved, woken.bytes_reserved);
+  EXPECT_GE(woken.sleep_tag_bytes_mapped, 32 * kMiB);
+  h.pool.deallocate(tagged, 32 * kMiB);
+  h.pool.deallocate(untagged, 8 * kMiB);
+  h.pool.trim();
+  check("trimmed");
+  EXPECT_EQ(h.pool.stats().sleep_tag_bytes_mapped, 0U);
+}
+
 // A pool with a tag, a stream and a graph pool to capture into inside the tag's scope.
 struct CaptureInTag {
   HostPool h;
