@@ -76,8 +76,8 @@ class StreamAges {
     ++tick_;
     const bool switched = key != last_key_;
     last_key_ = key;
-    for (Entry& e : entries_) {
-      if (e.key != key) continue;
+    if (Entry* found = find(key)) {
+      Entry& e = *found;
       if (e.steady) {
         if (++e.frees % kRenameFrees != 0) return {false, true};
         const std::uint64_t id = id_of();
@@ -96,17 +96,17 @@ class StreamAges {
       }
       return {true, e.steady};
     }
-    *victim() = Entry{key, id_of(), 1, false, false};
+    Entry* e = victim();
+    *e = Entry{key, id_of(), 1, false, false};
+    last_index_ = static_cast<std::uint32_t>(e - entries_.data());
     return {true, false};
   }
   // Whether `key` may tag the thread's cache or be its heap's home: no stream, one always
   // recordable, or steady.
-  bool steady(StreamKey key) const noexcept {
+  bool steady(StreamKey key) noexcept {
     if (!caller_stream(key)) return true;
-    for (const Entry& e : entries_) {
-      if (e.key == key) return e.steady;
-    }
-    return false;
+    const Entry* e = find(key);
+    return e != nullptr && e->steady;
   }
   // The thread's table starts afresh (a cache adopted by another thread).
   void clear() noexcept { *this = StreamAges{}; }
@@ -119,6 +119,18 @@ class StreamAges {
     bool came_back = false;  // freed on again after a free on another stream
     bool steady = false;
   };
+  // `key`'s entry, or null. A thread frees on one stream most of the time: the entry found
+  // last is asked first, so those frees read one entry instead of the table.
+  Entry* find(StreamKey key) noexcept {
+    if (entries_[last_index_].key == key) return &entries_[last_index_];
+    for (std::uint32_t i = 0; i < kTracked; ++i) {
+      if (entries_[i].key == key) {
+        last_index_ = i;
+        return &entries_[i];
+      }
+    }
+    return nullptr;
+  }
   // The entry a new key takes: an empty or young one, found from a point that moves
   // pseudo-randomly (streams used in turns past kTracked do not evict each other in the order
   // they come back, so most survive to turn steady); a steady one only when all are.
@@ -137,6 +149,7 @@ class StreamAges {
   std::array<Entry, kTracked> entries_{};
   std::uint64_t tick_ = 0;
   StreamKey last_key_ = kUntagged;
+  std::uint32_t last_index_ = 0;  // the entry find() returned or victim() filled last
 };
 
 }  // namespace vram::detail
