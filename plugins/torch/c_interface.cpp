@@ -180,14 +180,7 @@ VRAM_TORCH_API int vram_torch_stats(int device, vram_torch_stats_t* out, size_t 
 }
 
 VRAM_TORCH_API int vram_torch_empty_cache(int device) {
-  return vram_torch::for_each_state(device, [](DeviceState& state) {
-    state.streams.release(true);
-    try {
-      state.pool.trim(0);
-    } catch (const std::exception& e) {
-      note_error(std::string("empty_cache: ") + e.what(), false);
-    }
-  });
+  return vram_torch::for_each_state(device, [](DeviceState& state) { state.empty_cache(); });
 }
 
 VRAM_TORCH_API void vram_torch_empty_cache_all(void) { (void)vram_torch_empty_cache(-1); }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "configuration.hpp"
+#include "errors.hpp"
 
 namespace vram_torch {
 
@@ -23,6 +24,15 @@ void tell(int device, const vram::ReservedSpan& span, bool reserved) noexcept {
 }
 
 }  // namespace
+
+void DeviceState::empty_cache() noexcept {
+  streams.release(true);
+  try {
+    pool.trim(0);
+  } catch (const std::exception& e) {
+    note_error(std::string("empty_cache: ") + e.what(), false);
+  }
+}
 
 void set_segment_listener(SegmentListener listener) noexcept {
   g_segment_listener.store(listener, std::memory_order_release);

@@ -78,6 +78,10 @@ struct DeviceState {
   StreamTracking streams;  // refers to `pool`, so declared after it
   GraphRoutes graphs;      // likewise
 
+  // empty_cache(): the blocks held back for recorded streams, once their streams' work is
+  // done, then every cache of the pool; an error is noted (vram_torch_last_error), not thrown.
+  void empty_cache() noexcept;
+
   // After an allocation ran out of memory: blocks held back for recorded streams may be the
   // memory that is missing. Waits for them and trims the pool (which already trimmed its own
   // cache and retried); true when some came back and the allocation may be retried once.

@@ -195,14 +195,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
     const RequestScope request(tracing, nullptr, &context);
     // A private pool's free blocks stay its own while it has a use; once released they are
     // among the memory any trim gives back.
-    for_each_state(-1, [](DeviceState& state) {
-      state.streams.release(true);
-      try {
-        state.pool.trim(0);
-      } catch (const std::exception& e) {
-        note_error(std::string("empty_cache: ") + e.what(), false);
-      }
-    });
+    for_each_state(-1, [](DeviceState& state) { state.empty_cache(); });
   }
   // torch.cuda.caching_allocator_enable(False): new requests go to cudaMalloc one by one,
   // uncounted (PyTorch's meaning); blocks vram holds stay until freed.
