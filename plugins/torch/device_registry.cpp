@@ -30,7 +30,10 @@ void DeviceState::empty_cache() noexcept {
   try {
     pool.trim(0);
   } catch (const std::exception& e) {
-    note_error(std::string("empty_cache: ") + e.what(), false);
+    try {
+      note_error(std::string("empty_cache: ") + e.what(), false);
+    } catch (...) {  // no host memory for the message: the call still returns
+    }
   }
 }
 

@@ -194,7 +194,7 @@ std::vector<DevicePoolSegment> DevicePool::memory_map() const {
 
 void DevicePool::reset_peak() noexcept {
   if (!core_) return;
-  core_->gauge.peak.store(core_->gauge.all(), std::memory_order_relaxed);
+  core_->gauge.restart_peaks();
   core_->in_use.reset();
 }
 

@@ -50,9 +50,10 @@ DevicePoolStats DevicePoolCore::stats() const {
   const SleepTags::Totals tags = sleep_tags.totals();
   s.sleep_tag_bytes_mapped = tags.mapped_bytes;
   s.sleeping_tags = tags.sleeping;
-  s.bytes_reserved = gauge.all();
+  s.bytes_reserved = gauge.total.load(std::memory_order_relaxed);
   // A high-water mark read beside a count that moved meanwhile: never reported below it.
-  s.peak_bytes_reserved = std::max(gauge.peak.load(std::memory_order_relaxed), s.bytes_reserved);
+  s.peak_bytes_reserved =
+      std::max(gauge.total_peak.load(std::memory_order_relaxed), s.bytes_reserved);
   s.bytes_cached = s.bytes_reserved > s.bytes_in_use ? s.bytes_reserved - s.bytes_in_use : 0;
   s.bytes_cached_in_threads = thread_cached;
   s.bytes_cached_in_rings = ring_bytes;

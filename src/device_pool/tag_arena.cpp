@@ -111,16 +111,28 @@ void TagArena::map_span(std::size_t first, std::size_t last, std::size_t ahead_g
         --ahead;
       }
     }
+    // Every run filed in `made` is in runs_ and mapped: what fails first is undone here.
+    made.push_back(g);
     std::uint64_t handle = 0;
     try {
-      handle = memory_.map(base_ + g * granularity_, (ahead_end - g + 1) * granularity_);
-    } catch (const OutOfMemory&) {
-      if (ahead_end == end) throw;
-      ahead_end = end;  // without the granules ahead
-      handle = memory_.map(base_ + g * granularity_, (end - g + 1) * granularity_);
+      try {
+        handle = memory_.map(base_ + g * granularity_, (ahead_end - g + 1) * granularity_);
+      } catch (const OutOfMemory&) {
+        if (ahead_end == end) throw;
+        ahead_end = end;  // without the granules ahead
+        handle = memory_.map(base_ + g * granularity_, (end - g + 1) * granularity_);
+      }
+    } catch (...) {
+      made.pop_back();
+      throw;
     }
-    runs_.emplace(g, Run{ahead_end - g + 1, handle});
-    made.push_back(g);
+    try {
+      runs_.emplace(g, Run{ahead_end - g + 1, handle});
+    } catch (...) {
+      memory_.unmap(base_ + g * granularity_, (ahead_end - g + 1) * granularity_, handle);
+      made.pop_back();
+      throw;
+    }
     for (std::size_t m = g; m <= ahead_end; ++m) mapped_[m] = 1;
     mapped_bytes_ += (ahead_end - g + 1) * granularity_;
     gauge_.add_outside((ahead_end - g + 1) * granularity_);

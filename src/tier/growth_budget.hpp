@@ -1,9 +1,10 @@
 // src/tier/growth_budget.hpp: what a segment tier holds, and how far it may grow.
 //
 // ReservedGauge: the reserved bytes of the tiers of one pool together, their high-water
-// mark, and the growth budget they share. The budget follows the sum of each tier's own
-// peak of used (carved out of segments) bytes, not the peak of their sum: a tier's
-// segments serve only that tier, so when the tiers peak at different moments (small blocks
+// mark, and the growth budget they share; beside them the pool's reserved bytes in all
+// (the tiers' and sleep tags' mapped granules) and their high-water mark. The budget follows the
+// sum of each tier's own peak of used (carved out of segments) bytes, not the peak of their sum: a
+// tier's segments serve only that tier, so when the tiers peak at different moments (small blocks
 // in one phase of a step, large ones in another) both peaks stay reserved; a budget on the
 // peak of the sum would make each phase give back what the other takes again, every step.
 //
@@ -22,10 +23,12 @@ namespace vram::detail {
 
 struct ReservedGauge {
   std::atomic<std::size_t> reserved{0};  // the tiers'
-  // Mapped outside the tiers (sleep tags' granules): part of the pool's reserved bytes and
-  // of their peak, never of the growth budget.
-  std::atomic<std::size_t> outside{0};
-  std::atomic<std::size_t> peak{0};        // of reserved + outside
+  std::atomic<std::size_t> peak{0};      // the tiers' high-water mark of `reserved`
+  // The pool's reserved bytes: the tiers' and those mapped outside them (sleep tags'
+  // granules, add_outside), with their high-water mark (DevicePoolStats). Outside bytes are
+  // never part of the growth budget or of `peak`.
+  std::atomic<std::size_t> total{0};
+  std::atomic<std::size_t> total_peak{0};
   std::atomic<std::size_t> tier_peaks{0};  // sum over the tiers of each one's peak of used
   static void raise(std::atomic<std::size_t>& high_mark, std::size_t now) noexcept {
     std::size_t high = high_mark.load(std::memory_order_relaxed);
@@ -33,19 +36,24 @@ struct ReservedGauge {
     }
   }
   void add(std::size_t bytes) noexcept {
-    raise(peak, reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes +
-                    outside.load(std::memory_order_relaxed));
+    raise(peak, reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    add_outside(bytes);
   }
-  void sub(std::size_t bytes) noexcept { reserved.fetch_sub(bytes, std::memory_order_relaxed); }
+  void sub(std::size_t bytes) noexcept {
+    reserved.fetch_sub(bytes, std::memory_order_relaxed);
+    sub_outside(bytes);
+  }
+  // Bytes reserved outside the tiers (and, from add() and sub(), the tiers' share of total).
   void add_outside(std::size_t bytes) noexcept {
-    raise(peak, outside.fetch_add(bytes, std::memory_order_relaxed) + bytes +
-                    reserved.load(std::memory_order_relaxed));
+    raise(total_peak, total.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   }
   void sub_outside(std::size_t bytes) noexcept {
-    outside.fetch_sub(bytes, std::memory_order_relaxed);
+    total.fetch_sub(bytes, std::memory_order_relaxed);
   }
-  std::size_t all() const noexcept {
-    return reserved.load(std::memory_order_relaxed) + outside.load(std::memory_order_relaxed);
+  // Both high-water marks restart from now (DevicePool::reset_peak).
+  void restart_peaks() noexcept {
+    peak.store(reserved.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    total_peak.store(total.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
   // The budget: reserved may exceed the tiers' peaks (plus `peak_growth`, by how much the
   // request raises its tier's peak) by headroom_1024/1024 of them. Returns by how much
@@ -134,7 +142,7 @@ class GrowthBudget {
     return gauge_.excess_after_growth(grow, peak_growth(need), headroom_1024_);
   }
   std::size_t headroom_1024() const noexcept { return headroom_1024_; }
-  // Reserving `grow` more bytes would raise the pool's peak of reserved bytes.
+  // Reserving `grow` more bytes would raise the tiers' peak of reserved bytes.
   bool raises_peak_reserved(std::size_t grow) const noexcept {
     return gauge_.reserved.load(std::memory_order_relaxed) + grow >
            gauge_.peak.load(std::memory_order_relaxed);

@@ -491,5 +491,43 @@ TEST(DevicePoolDestroyedStreamsGpu, SixteenThreadsKernelsCheckOwnerTagsOnStreams
 }
 #endif
 
+// The rule that quiesces rather than raise the tiers' peak of reserved bytes reads the
+// tiers' own peak: a sleep tag's mapped granules (in the pool's reserved bytes and their
+// peak) do not make room for a growth where a destroyed steady stream's block would serve.
+TEST(DevicePoolDestroyedStreams, ATagsGranulesLeaveTheTiersPeakRuleAlone) {
+  for (const bool with_tag : {false, true}) {
+    SCOPED_TRACE(with_tag ? "a tag holds 64 MiB" : "no tag");
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto fence = std::make_shared<StreamLifetimeFence>();
+    auto options = emulated(fence, true);
+    options.growth_headroom = 100.0;  // within the budget: only the peak rule may quiesce
+    DevicePool pool(upstream, options);
+    void* tagged = nullptr;
+    SleepTag tag;
+    if (with_tag) {
+      tag = pool.create_tag("weights", SleepTagOptions{});
+      tagged = pool.allocate_tagged(64_MiB, tag);
+    }
+    const cudaStream_t s2 = fence->create();
+    void* b = pool.allocate_async(4_MiB, s2);
+    const cudaStream_t s1 = fence->create();
+    free_often_on(pool, s1);
+    void* a = pool.allocate_async(4_MiB, s1);
+    pool.deallocate_async(a, 4_MiB, s1);
+    fence->synchronize(s1);
+    fence->destroy(s1);
+    const std::size_t reserved = pool.stats().bytes_reserved;
+    void* c = pool.allocate_async(4_MiB, s2);
+    EXPECT_EQ(c, a) << "the destroyed stream's block was not reused";
+    EXPECT_EQ(pool.stats().stream_quiesces, 1U);
+    EXPECT_EQ(pool.stats().bytes_reserved, reserved);
+    pool.deallocate_async(b, 4_MiB, s2);
+    pool.deallocate_async(c, 4_MiB, s2);
+    fence->synchronize(s2);
+    fence->destroy(s2);
+    if (tagged != nullptr) pool.deallocate(tagged, 64_MiB);
+  }
+}
+
 }  // namespace
 }  // namespace vram::testing

@@ -620,11 +620,30 @@ TEST(SleepTags, PeakReservedCountsTheTagsMappedGranules) {
   const DevicePoolStats woken = check("after wake");
   EXPECT_EQ(woken.peak_bytes_reserved, woken.bytes_reserved);
   EXPECT_GE(woken.sleep_tag_bytes_mapped, 32 * kMiB);
+  // The peak a wake reached, read while asleep again: the tag's granules raised it.
+  h.pool.sleep(weights);
+  const DevicePoolStats again = check("asleep again");
+  EXPECT_LT(again.bytes_reserved, woken.bytes_reserved);
+  EXPECT_EQ(again.peak_bytes_reserved, woken.bytes_reserved);
+  h.pool.wake(weights);
   h.pool.deallocate(tagged, 32 * kMiB);
   h.pool.deallocate(untagged, 8 * kMiB);
   h.pool.trim();
   check("trimmed");
   EXPECT_EQ(h.pool.stats().sleep_tag_bytes_mapped, 0U);
+
+  // A tier's growth while a tag holds granules: the peak is their sum, read after both left.
+  h.pool.reset_peak();
+  void* tagged_again = h.pool.allocate_tagged(32 * kMiB, weights);
+  void* grown = h.pool.allocate(64 * kMiB);
+  const DevicePoolStats both = check("both held");
+  EXPECT_GE(both.bytes_reserved, both.sleep_tag_bytes_mapped + 64 * kMiB);
+  h.pool.deallocate(grown, 64 * kMiB);
+  h.pool.deallocate(tagged_again, 32 * kMiB);
+  h.pool.trim();
+  const DevicePoolStats after = check("both gone");
+  EXPECT_LT(after.bytes_reserved, both.bytes_reserved);
+  EXPECT_EQ(after.peak_bytes_reserved, both.bytes_reserved);
 }
 
 // A pool with a tag, a stream and a graph pool to capture into inside the tag's scope.
