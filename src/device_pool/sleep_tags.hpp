@@ -68,7 +68,7 @@ class SleepTags {
   // Neighbouring live blocks closer than this are copied as one range.
   static constexpr std::size_t kMaxCopyGap = std::size_t{256} << 10;
 
-  // Tags' mapped granules are charged to `gauge` (ReservedGauge::add_outside).
+  // Tags' mapped granules are charged to `gauge` (ReservedGauge::add_total).
   SleepTags(std::uint64_t pool_uid, GraphRouting& activity, ReservedGauge& gauge) noexcept
       : pool_uid_(pool_uid), activity_(activity), gauge_(gauge) {}
   ~SleepTags();

@@ -135,7 +135,7 @@ void TagArena::map_span(std::size_t first, std::size_t last, std::size_t ahead_g
     }
     for (std::size_t m = g; m <= ahead_end; ++m) mapped_[m] = 1;
     mapped_bytes_ += (ahead_end - g + 1) * granularity_;
-    gauge_.add_outside((ahead_end - g + 1) * granularity_);
+    gauge_.add_total((ahead_end - g + 1) * granularity_);
     g = ahead_end + 1;
   }
 }
@@ -184,7 +184,7 @@ void TagArena::unmap_run(std::map<std::size_t, Run>::iterator it) noexcept {
   memory_.unmap(base_ + first * granularity_, run.granules * granularity_, run.handle);
   for (std::size_t g = first; g < first + run.granules; ++g) mapped_[g] = 0;
   mapped_bytes_ -= run.granules * granularity_;
-  gauge_.sub_outside(run.granules * granularity_);
+  gauge_.sub_total(run.granules * granularity_);
   runs_.erase(it);
 }
 

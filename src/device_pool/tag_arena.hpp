@@ -10,7 +10,7 @@
 //     mapped whenever the arena is awake (mapped_[g]); a mapped granule belongs to exactly
 //     one run (one physical allocation, taken back whole);
 //   - mapped_bytes() is the sum of the runs' bytes, all of them charged to the pool's gauge
-//     (ReservedGauge::add_outside) while mapped.
+//     (ReservedGauge::add_total) while mapped.
 // Requests on stream key K take a free range of K or an untagged one (stream order on K
 // makes the first safe, the second is free for all); nothing else waits for a marker: other
 // streams' frees become free for all at the next sleep (after its proof) or untag_free().
@@ -38,7 +38,7 @@ class TagArena {
     std::size_t bytes = 0;
   };
   // Reserves `reservation_bytes` (rounded up to granules). Throws as VirtualMemory::reserve.
-  // Every run mapped is charged to `gauge` (add_outside), and taken off it when unmapped.
+  // Every run mapped is charged to `gauge` (add_total), and taken off it when unmapped.
   TagArena(VirtualMemory& memory, ReservedGauge& gauge, std::size_t reservation_bytes,
            std::size_t map_ahead_bytes, std::size_t max_run_bytes);
   ~TagArena();  // unmaps every run and frees the range

@@ -24,9 +24,9 @@ namespace vram::detail {
 struct ReservedGauge {
   std::atomic<std::size_t> reserved{0};  // the tiers'
   std::atomic<std::size_t> peak{0};      // the tiers' high-water mark of `reserved`
-  // The pool's reserved bytes: the tiers' and those mapped outside them (sleep tags'
-  // granules, add_outside), with their high-water mark (DevicePoolStats). Outside bytes are
-  // never part of the growth budget or of `peak`.
+  // The pool's reserved bytes: the tiers' (add, sub) and those mapped outside them (sleep
+  // tags' granules: add_total, sub_total alone), with their high-water mark (DevicePoolStats).
+  // Bytes outside the tiers are never part of the growth budget or of `peak`.
   std::atomic<std::size_t> total{0};
   std::atomic<std::size_t> total_peak{0};
   std::atomic<std::size_t> tier_peaks{0};  // sum over the tiers of each one's peak of used
@@ -37,19 +37,16 @@ struct ReservedGauge {
   }
   void add(std::size_t bytes) noexcept {
     raise(peak, reserved.fetch_add(bytes, std::memory_order_relaxed) + bytes);
-    add_outside(bytes);
+    add_total(bytes);
   }
   void sub(std::size_t bytes) noexcept {
     reserved.fetch_sub(bytes, std::memory_order_relaxed);
-    sub_outside(bytes);
+    sub_total(bytes);
   }
-  // Bytes reserved outside the tiers (and, from add() and sub(), the tiers' share of total).
-  void add_outside(std::size_t bytes) noexcept {
+  void add_total(std::size_t bytes) noexcept {
     raise(total_peak, total.fetch_add(bytes, std::memory_order_relaxed) + bytes);
   }
-  void sub_outside(std::size_t bytes) noexcept {
-    total.fetch_sub(bytes, std::memory_order_relaxed);
-  }
+  void sub_total(std::size_t bytes) noexcept { total.fetch_sub(bytes, std::memory_order_relaxed); }
   // Both high-water marks restart from now (DevicePool::reset_peak).
   void restart_peaks() noexcept {
     peak.store(reserved.load(std::memory_order_relaxed), std::memory_order_relaxed);
