@@ -27,13 +27,16 @@
 //
 // The driver gives a destroyed stream's handle to a later stream: the stream behind a handle
 // is named (StreamFence::stream_id; the call proves it alive) when its entry starts, when it
-// would turn steady and on every kRenameFrees-th slow-path free once steady, so streams made
-// and destroyed behind one handle do not add up to a steady one, and a steady one's handle
-// given to a new stream makes it young within kRenameFrees slow-path frees (with a fence that
-// cannot name streams, neither holds); then the blocks cached under the key go to their tiers
-// and the thread's heap stops serving it (DevicePoolCore::record_if_young). Until then the new
-// stream's frees take the steady path: served by wants, which the handle's next call records
-// (its old stream's work has completed: the contract of destroying a stream, device_pool.hpp).
+// would turn steady and, once steady, after kRenameFrees slow-path frees, the gap doubling with
+// each naming that finds the same stream up to kMostRenameFrees (a driver call per 8 frees
+// cost a busy stream more than its frees' own work). So streams made and destroyed behind one
+// handle do not add up to a steady one, and a steady one's handle given to a new stream makes
+// it young within kRenameFrees slow-path frees of turning steady, within kMostRenameFrees
+// later (with a fence that cannot name streams, neither holds); then the blocks cached under
+// the key go to their tiers and the thread's heap stops serving it
+// (DevicePoolCore::record_if_young). Until then the new stream's frees take the steady path:
+// served by wants, which the handle's next call records (its old stream's work has completed:
+// the contract of destroying a stream, device_pool.hpp).
 //
 // kTracked entries; a new stream takes an empty entry, else a young one found from a point that
 // moves pseudo-randomly (a steady one only when all are steady), so streams made per request
@@ -42,6 +45,7 @@
 // The holder's state only (ThreadCache): no stealer reads or writes it.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -54,6 +58,7 @@ class StreamAges {
   static constexpr std::uint32_t kSteadyFrees = 32;
   static constexpr std::uint32_t kLoneSteadyFrees = 48;
   static constexpr std::uint32_t kRenameFrees = 8;
+  static constexpr std::uint32_t kMostRenameFrees = 256;
   static constexpr std::size_t kTracked = 64;
 
   // A caller's stream that a marker may not be recorded on later (note_free() may find it young).
@@ -69,8 +74,8 @@ class StreamAges {
   };
   // Counts a slow-path free on `key`'s caller stream. `id_of()` names the stream behind the
   // handle now (StreamFence::stream_id, 0: unknown), asked when a key starts, when it would
-  // turn steady and on every kRenameFrees-th slow-path free of a steady one: another stream
-  // behind the handle by then starts again (young).
+  // turn steady and at a steady one's slow-path frees kRenameFrees, then twice as many (to
+  // kMostRenameFrees) apart: another stream behind the handle by then starts again (young).
   template <class IdOf>
   Free note_free(StreamKey key, IdOf id_of) noexcept {
     ++tick_;
@@ -79,9 +84,14 @@ class StreamAges {
     if (Entry* found = find(key)) {
       Entry& e = *found;
       if (e.steady) {
-        if (++e.frees % kRenameFrees != 0) return {false, true};
+        if (++e.frees < e.rename_at) [[likely]]
+          return {false, true};
         const std::uint64_t id = id_of();
-        if (id == e.id) return {false, true};
+        if (id == e.id) {
+          e.frees = 0;
+          e.rename_at = std::min(2 * e.rename_at, kMostRenameFrees);
+          return {false, true};
+        }
         e = Entry{key, id, 1, false, false};  // a new stream behind the handle
         return {true, false};
       }
@@ -92,6 +102,7 @@ class StreamAges {
           e = Entry{key, id, 1, false, false};  // not the stream it counted
         } else {
           e.steady = true;  // from its next free on
+          e.frees = 0;      // counts to the next naming from here
         }
       }
       return {true, e.steady};
@@ -118,6 +129,7 @@ class StreamAges {
     std::uint32_t frees = 0;
     bool came_back = false;  // freed on again after a free on another stream
     bool steady = false;
+    std::uint32_t rename_at = kRenameFrees;  // steady: slow-path frees to the next naming
   };
   // `key`'s entry, or null. A thread frees on one stream most of the time: the entry found
   // last is asked first, so those frees read one entry instead of the table.

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 namespace vram::testing {
 namespace {
@@ -53,6 +55,46 @@ TEST(StreamAges, AnotherStreamBehindTheHandleStartsYoungAgain) {
   while (!ages.note_free(kA, [] { return 3; }).young) ++frees;
   EXPECT_LT(frees, StreamAges::kRenameFrees);
   EXPECT_FALSE(ages.steady(kA));
+}
+
+// A steady stream is named kRenameFrees slow-path frees after it turned steady, then each gap
+// twice the last up to kMostRenameFrees: few driver calls on a busy stream, and a new stream
+// behind its handle still found within kMostRenameFrees frees.
+TEST(StreamAges, ASteadyStreamIsNamedLessOftenUpToTheLongestGap) {
+  StreamAges ages;
+  (void)young_frees(ages, kA, 1);
+  ASSERT_TRUE(ages.steady(kA));
+  std::vector<std::uint32_t> named_at;  // steady frees at each naming
+  // young_frees' last free was the first steady one.
+  for (std::uint32_t frees = 1; frees < 4096; ++frees) {
+    bool named = false;
+    EXPECT_FALSE(ages.note_free(kA,
+                                [&] {
+                                  named = true;
+                                  return std::uint64_t{1};
+                                })
+                     .young);
+    if (named) named_at.push_back(frees + 1);
+  }
+  ASSERT_GE(named_at.size(), 6U);
+  EXPECT_EQ(named_at[0], StreamAges::kRenameFrees);
+  std::uint32_t gap = StreamAges::kRenameFrees;
+  for (std::size_t i = 1; i < named_at.size(); ++i) {
+    gap = std::min(2 * gap, StreamAges::kMostRenameFrees);
+    EXPECT_EQ(named_at[i] - named_at[i - 1], gap) << "naming " << i;
+  }
+  EXPECT_EQ(gap, StreamAges::kMostRenameFrees) << "the gap never reached its longest";
+  // Now the handle names another stream: found within the longest gap, young again, and the
+  // new entry starts over (a steady stream after it is named kRenameFrees frees in again).
+  std::uint32_t until = 0;
+  while (!ages.note_free(kA, [] { return std::uint64_t{2}; }).young) ++until;
+  EXPECT_LT(until, StreamAges::kMostRenameFrees);
+  EXPECT_FALSE(ages.steady(kA));
+  (void)young_frees(ages, kA, 2);
+  ASSERT_TRUE(ages.steady(kA));
+  until = 0;
+  while (!ages.note_free(kA, [] { return std::uint64_t{3}; }).young) ++until;
+  EXPECT_LT(until, StreamAges::kRenameFrees);
 }
 
 TEST(StreamAges, ANewStreamNeverTakesASteadyEntryWhileAnotherIsFree) {
