@@ -159,6 +159,7 @@ void run_batched(const BenchConfig& config,
       for (std::size_t k = 0; k < measured.size(); ++k) {
         auto& a = measured[k];
         progress.step(scenario + " " + range + " " + std::to_string(threads) + " " + a->name());
+        const double synchronizes_before = a->device_synchronizes();
         const auto samples = threaded_pair_rates(
             threads, repetitions, seconds, [&](unsigned t, const std::atomic<bool>& stop) {
               cudaStream_t s = config.gpu ? streams[t]->get() : nullptr;
@@ -181,6 +182,11 @@ void run_batched(const BenchConfig& config,
                              a->name(), a->ours(), "M pairs/s", false, samples);
         m.extra["live_blocks_per_thread"] = kLive;
         m.extra["size_sets_per_thread"] = static_cast<double>(plans[0].size());
+        // The pool's device-wide synchronizes over the warm-up and every repetition (-1: the
+        // allocator does not count them).
+        if (synchronizes_before >= 0) {
+          m.extra["device_synchronizes"] = a->device_synchronizes() - synchronizes_before;
+        }
         if (threads == 1) one_thread[k] = m.value.median;
         if (one_thread[k] > 0) m.extra["x_1_thread"] = m.value.median / one_thread[k];
         results.push_back(m);
