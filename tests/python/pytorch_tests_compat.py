@@ -1,5 +1,6 @@
 """A pytest plugin loaded by run_pytorch_tests.py for both allocators: the names PyTorch's
-test files import that the installed PyTorch has renamed (the test files come from a code
+test files import that the installed PyTorch has renamed, and the tests deselected because
+under the installed PyTorch they break every test after them (the test files come from a code
 index that may hold another version than the installed one). Changes no behaviour."""
 import torch.testing._internal.inductor_utils as inductor_utils
 
@@ -10,3 +11,22 @@ import torch.testing._internal.common_utils as common_utils  # noqa: E402
 
 if not hasattr(common_utils, "TEST_CUDAMALLOCASYNC"):  # never run under that backend here
     common_utils.TEST_CUDAMALLOCASYNC = False
+
+# Tests of a later PyTorch than the installed one whose failure under the installed one leaves
+# the process unusable for every test after it, with either allocator. With 2.11,
+# test_graph_rng_after_failed_capture's failed capture leaves its generator and stream in
+# capture ("Offset increment outside graph capture encountered unexpectedly"), and every later
+# CUDA call of the process fails with "operation not permitted when stream is capturing".
+# They are deselected (reported as such by pytest), not counted as passed.
+POISONS_LATER_TESTS = {
+    "test_graph_rng_after_failed_capture",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    kept, dropped = [], []
+    for item in items:
+        (dropped if item.name in POISONS_LATER_TESTS else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
