@@ -28,15 +28,17 @@
 // The driver gives a destroyed stream's handle to a later stream: the stream behind a handle
 // is named (StreamFence::stream_id; the call proves it alive) when its entry starts, when it
 // would turn steady and, once steady, after kRenameFrees slow-path frees, the gap doubling with
-// each naming that finds the same stream up to kMostRenameFrees (a driver call per 8 frees
-// cost a busy stream more than its frees' own work). So streams made and destroyed behind one
-// handle do not add up to a steady one, and a steady one's handle given to a new stream makes
-// it young within kRenameFrees slow-path frees of turning steady, within kMostRenameFrees
-// later (with a fence that cannot name streams, neither holds); then the blocks cached under
-// the key go to their tiers and the thread's heap stops serving it
-// (DevicePoolCore::record_if_young). Until then the new stream's frees take the steady path:
-// served by wants, which the handle's next call records (its old stream's work has completed:
-// the contract of destroying a stream, device_pool.hpp).
+// each naming that finds the same stream up to kMostRenameFrees and staying there while it
+// does (a driver call per 8 frees cost a busy stream more than its frees' own work). So
+// streams made and destroyed behind one handle do not add up to a steady one, and a steady
+// one's handle given to a new stream makes it young at the next naming: within the gap then
+// running (kRenameFrees at first, at most kMostRenameFrees) (with a fence that cannot name
+// streams, neither holds). Once it is found, the blocks cached under the key go to their
+// tiers and the thread's heap stops serving it (DevicePoolCore::record_if_young). Until then
+// the new stream's frees take the steady path: served by wants, which the handle's next call
+// records (its old stream's work has completed: the contract of destroying a stream,
+// device_pool.hpp). So the first stream made behind the handle of a long-steady one takes
+// that path for up to kMostRenameFrees slow-path frees; those after it meet a young entry.
 //
 // kTracked entries; a new stream takes an empty entry, else a young one found from a point that
 // moves pseudo-randomly (a steady one only when all are steady), so streams made per request
@@ -59,6 +61,7 @@ class StreamAges {
   static constexpr std::uint32_t kLoneSteadyFrees = 48;
   static constexpr std::uint32_t kRenameFrees = 8;
   static constexpr std::uint32_t kMostRenameFrees = 256;
+  static_assert(kRenameFrees <= kMostRenameFrees);
   static constexpr std::size_t kTracked = 64;
 
   // A caller's stream that a marker may not be recorded on later (note_free() may find it young).

@@ -168,7 +168,8 @@ namespace vram::testing {
 namespace {
 
 // A steady stream destroyed, and the driver gives its handle to a new stream: once the pool
-// names the new stream (a slow-path free every kRenameFrees), the key is young again, the
+// names the new stream (kRenameFrees slow-path frees after it turned steady), the key is young
+// again, the
 // blocks cached under it go to their tiers and the new stream's small frees record markers.
 TEST(DevicePoolYoungStreams, ANewStreamBehindASteadyHandleTurnsYoung) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -202,6 +203,41 @@ TEST(DevicePoolYoungStreams, ANewStreamBehindASteadyHandleTurnsYoung) {
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
+// The same after a long steady life, when the stream is named only every kMostRenameFrees
+// slow-path frees: the new stream behind the handle is found at the next naming, within
+// kMostRenameFrees, and no call names or records on the destroyed stream meanwhile.
+TEST(DevicePoolYoungStreams, ANewStreamBehindALongSteadyHandleTurnsYoungWithinTheLongestGap) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<StreamLifetimeFence>(/*recycle_handles=*/true);
+  {
+    DevicePool pool(upstream, options_for(fence, true));
+    const cudaStream_t s = fence->create();
+    for (std::uint32_t i = 0; i < detail::StreamAges::kLoneSteadyFrees; ++i) {
+      pool.deallocate_async(pool.allocate_async(256, s), 256, s);
+    }
+    // Steady for long enough that the gap between namings is the longest.
+    for (std::uint32_t i = 0; i < 4 * detail::StreamAges::kMostRenameFrees; ++i) {
+      pool.deallocate_async(pool.allocate_async(8_MiB, s), 8_MiB, s);  // slow-path frees
+    }
+    const std::uint64_t markers = pool.stats().stream_markers;
+    fence->synchronize(s);
+    fence->destroy(s);
+    const cudaStream_t s2 = fence->create();
+    ASSERT_EQ(s2, s) << "the emulated driver gives the handle back";
+    std::uint32_t frees = 0;
+    while (pool.stats().stream_markers == markers &&
+           frees <= detail::StreamAges::kMostRenameFrees) {
+      pool.deallocate_async(pool.allocate_async(8_MiB, s2), 8_MiB, s2);
+      ++frees;
+    }
+    EXPECT_GT(pool.stats().stream_markers, markers) << "the new stream was never found";
+    EXPECT_LE(frees, detail::StreamAges::kMostRenameFrees);
+    EXPECT_EQ(fence->ids_of_destroyed(), 0U);
+    EXPECT_EQ(fence->records_on_destroyed(), 0U);
+    fence->synchronize(s2);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
 }  // namespace
 }  // namespace vram::testing
 
