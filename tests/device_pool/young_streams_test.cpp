@@ -167,19 +167,30 @@ TEST(DevicePoolYoungStreams, StreamsUsedInTurnsTurnSteady) {
 namespace vram::testing {
 namespace {
 
+// A new stream of `fence`, freed on kLoneSteadyFrees times (steady from then on), then
+// `large_frees` more times on the slow path (8 MiB blocks).
+cudaStream_t steady_stream(DevicePool& pool, StreamLifetimeFence& fence,
+                           std::uint32_t large_frees) {
+  const cudaStream_t s = fence.create();
+  for (std::uint32_t i = 0; i < detail::StreamAges::kLoneSteadyFrees; ++i) {
+    pool.deallocate_async(pool.allocate_async(256, s), 256, s);
+  }
+  for (std::uint32_t i = 0; i < large_frees; ++i) {
+    pool.deallocate_async(pool.allocate_async(8_MiB, s), 8_MiB, s);
+  }
+  return s;
+}
+
 // A steady stream destroyed, and the driver gives its handle to a new stream: once the pool
 // names the new stream (kRenameFrees slow-path frees after it turned steady), the key is young
-// again, the
-// blocks cached under it go to their tiers and the new stream's small frees record markers.
+// again, the blocks cached under it go to their tiers and the new stream's small frees record
+// markers.
 TEST(DevicePoolYoungStreams, ANewStreamBehindASteadyHandleTurnsYoung) {
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto fence = std::make_shared<StreamLifetimeFence>(/*recycle_handles=*/true);
   {
     DevicePool pool(upstream, options_for(fence, true));
-    const cudaStream_t s = fence->create();
-    for (std::uint32_t i = 0; i < detail::StreamAges::kLoneSteadyFrees; ++i) {
-      pool.deallocate_async(pool.allocate_async(256, s), 256, s);
-    }
+    const cudaStream_t s = steady_stream(pool, *fence, 0);
     void* cached = pool.allocate_async(256, s);
     pool.deallocate_async(cached, 256, s);  // steady: into the thread's cache
     const std::uint64_t markers = pool.stats().stream_markers;
@@ -211,14 +222,8 @@ TEST(DevicePoolYoungStreams, ANewStreamBehindALongSteadyHandleTurnsYoungWithinTh
   auto fence = std::make_shared<StreamLifetimeFence>(/*recycle_handles=*/true);
   {
     DevicePool pool(upstream, options_for(fence, true));
-    const cudaStream_t s = fence->create();
-    for (std::uint32_t i = 0; i < detail::StreamAges::kLoneSteadyFrees; ++i) {
-      pool.deallocate_async(pool.allocate_async(256, s), 256, s);
-    }
     // Steady for long enough that the gap between namings is the longest.
-    for (std::uint32_t i = 0; i < 4 * detail::StreamAges::kMostRenameFrees; ++i) {
-      pool.deallocate_async(pool.allocate_async(8_MiB, s), 8_MiB, s);  // slow-path frees
-    }
+    const cudaStream_t s = steady_stream(pool, *fence, 4 * detail::StreamAges::kMostRenameFrees);
     const std::uint64_t markers = pool.stats().stream_markers;
     fence->synchronize(s);
     fence->destroy(s);
