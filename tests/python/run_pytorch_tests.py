@@ -9,7 +9,9 @@ repository). Every test that passes with PyTorch's allocator must pass under vra
 those listed in pytorch_tests_exceptions.txt (beside this file) with their reason. Writes
 OUT/pytorch_tests.json and .md; exit status 1 when a test regressed without a listed
 reason (or a run could not start), 0 otherwise. A listed test that passes under vram is
-reported as stale.
+reported as stale. A suite runs in as many processes as it takes: after a test that leaves
+the device unusable, or one the process crashes in (counted as crashed), a new process runs
+the tests not run yet (pytorch_tests_progress.py); the report names those tests.
 """
 import argparse
 import concurrent.futures
@@ -19,7 +21,8 @@ import signal
 import subprocess
 import sys
 import time
-import xml.etree.ElementTree as ET
+
+import pytorch_tests_progress
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -55,28 +58,23 @@ def read_exceptions(path):
     return listed
 
 
-def outcomes(junit_path, suite):
-    """{test id: passed|failed|error|skipped} from a junit XML file."""
-    result = {}
-    if not os.path.exists(junit_path):
-        return result
-    for case in ET.parse(junit_path).getroot().iter("testcase"):
-        cls = case.get("classname", "").rsplit(".", 1)[-1]
-        test = f"{suite}::{cls}::{case.get('name')}"
-        if case.find("failure") is not None:
-            result[test] = "failed"
-        elif case.find("error") is not None:
-            result[test] = "error"
-        elif case.find("skipped") is not None:
-            result[test] = "skipped"
-        else:
-            result[test] = "passed"
-    return result
+def test_id(suite, nodeid):
+    """`suite::Class::test` from a pytest node id `path/file.py::Class::test`."""
+    return f"{suite}::{nodeid.split('::', 1)[1]}" if "::" in nodeid else f"{suite}::{nodeid}"
+
+
+# A process that stopped because a test left the device unusable, or that crashed, is followed
+# by another for the tests not run yet, at most this many times per suite and allocator.
+MOST_PROCESSES = 12
 
 
 def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout):
-    junit = os.path.join(out, f"{name}-{allocator}.xml")
+    """Runs the suite with `allocator` in as many processes as it takes: when a process stops
+    after a test that left the device unusable (pytorch_tests_progress.py) or crashes, the
+    next one runs the tests not run yet. Returns ({test id: outcome}, rc of the last process,
+    seconds, {"left_device_unusable": [(test, message)], "crashed": [test], "processes": n})."""
     log = os.path.join(out, f"{name}-{allocator}.log")
+    done_path = os.path.join(out, f"{name}-{allocator}.done")
     env = dict(os.environ)
     # Each run builds the tests' C++ extensions in its own folder: two runs at once sharing
     # PyTorch's default folder wait on each other's build lock.
@@ -85,34 +83,68 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(ROOT, "python"), HERE, os.path.join(tests_dir, os.path.dirname(path)),
          tests_dir, env.get("PYTHONPATH", "")])
-    cmd = [python, "-m", "pytest", os.path.join(tests_dir, path), "-k", expression, "-q",
-           "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "pytorch_tests_compat", "--junitxml", junit,
-           "-o", "junit_family=xunit1", "-rfE"]
-    if allocator == "vram":
-        cmd[3:3] = ["-p", "vram_enable_plugin"]
-    try:
-        import pytest_timeout  # noqa: F401
-
-        cmd += ["--timeout", "90"]
-    except ImportError:
-        pass
+    env["VRAM_TESTS_DONE"] = done_path
+    if os.path.exists(done_path):
+        os.remove(done_path)
+    result, events = {}, {"left_device_unusable": [], "crashed": [], "processes": 0}
+    done = []
+    rc = None
     start = time.time()
     with open(log, "w") as f:
-        # At the time limit pytest gets SIGINT: it stops and still writes the junit file with
-        # the tests it ran, so a run cut short reports what it saw (rc "interrupted").
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tests_dir,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)
+        while events["processes"] < MOST_PROCESSES:
+            left = timeout - (time.time() - start)
+            if left <= 5:
+                break
+            n = events["processes"] = events["processes"] + 1
+            progress = os.path.join(out, f"{name}-{allocator}.progress{n}")
+            junit = os.path.join(out, f"{name}-{allocator}-{n}.xml")
+            env["VRAM_TESTS_PROGRESS"] = progress
+            cmd = [python, "-m", "pytest", os.path.join(tests_dir, path), "-k", expression, "-q",
+                   "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "pytorch_tests_compat",
+                   "-p", "pytorch_tests_progress", "--junitxml", junit,
+                   "-o", "junit_family=xunit1", "-rfE"]
+            if allocator == "vram":
+                cmd[3:3] = ["-p", "vram_enable_plugin"]
             try:
-                proc.wait(timeout=30)
+                import pytest_timeout  # noqa: F401
+
+                cmd += ["--timeout", "90"]
+            except ImportError:
+                pass
+            f.write(f"==== process {n}: {' '.join(cmd)}\n")
+            f.flush()
+            # At the time limit pytest gets SIGINT: it stops; the test it was in is not counted.
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                    cwd=tests_dir, start_new_session=True)
+            try:
+                rc = proc.wait(timeout=left)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            rc = "interrupted"
-    return outcomes(junit, name), rc, time.time() - start
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                rc = "interrupted"
+            lines = []
+            if os.path.exists(progress):
+                with open(progress, encoding="utf-8") as p:
+                    lines = p.readlines()
+            ran, unusable = pytorch_tests_progress.outcomes_of(lines)
+            for nodeid, outcome in ran.items():
+                if outcome == "crashed" and rc == "interrupted":
+                    continue  # cut short by the time limit: neither run nor failed
+                result[test_id(name, nodeid)] = outcome
+                done.append(nodeid)
+                if outcome == "crashed":
+                    events["crashed"].append(test_id(name, nodeid))
+            events["left_device_unusable"] += [(test_id(name, t), m) for t, m in unusable]
+            with open(done_path, "w", encoding="utf-8") as d:
+                d.write("".join(t + "\n" for t in done))
+            stopped_early = unusable or any(o == "crashed" for o in ran.values())
+            if rc == "interrupted" or not stopped_early or not ran:
+                break
+    return result, rc, time.time() - start, events
 
 
 def main():
@@ -163,15 +195,15 @@ def main():
     for name, path, expression in SUITES:
         if (name, "torch") not in runs:
             continue
-        torch_res, torch_rc, torch_s = runs[(name, "torch")]
-        vram_res, vram_rc, vram_s = runs[(name, "vram")]
+        torch_res, torch_rc, torch_s, torch_events = runs[(name, "torch")]
+        vram_res, vram_rc, vram_s, vram_events = runs[(name, "vram")]
         for allocator, res, rc in (("torch", torch_res, torch_rc), ("vram", vram_res, vram_rc)):
             if not res:
                 report["failed_runs"].append(f"{name} ({allocator}): no results, rc {rc}")
         counts = {}
         for allocator, res in (("torch", torch_res), ("vram", vram_res)):
             counts[allocator] = {k: sum(1 for v in res.values() if v == k)
-                                 for k in ("passed", "failed", "error", "skipped")}
+                                 for k in ("passed", "failed", "error", "skipped", "crashed")}
         both = 0
         for test, outcome in sorted(torch_res.items()):
             if outcome != "passed":
@@ -191,17 +223,30 @@ def main():
         report["suites"][name] = {"torch": counts["torch"], "vram": counts["vram"],
                                   "pass_with_both": both, "torch_rc": torch_rc,
                                   "vram_rc": vram_rc, "torch_s": round(torch_s, 1),
-                                  "vram_s": round(vram_s, 1)}
+                                  "vram_s": round(vram_s, 1), "torch_events": torch_events,
+                                  "vram_events": vram_events,
+                                  "torch_outcomes": torch_res, "vram_outcomes": vram_res}
     with open(os.path.join(args.out, "pytorch_tests.json"), "w") as f:
         json.dump(report, f, indent=1)
-    lines = ["| suite | PyTorch's allocator: pass/fail/error/skip | vram | pass with both | "
-             "exit (PyTorch's / vram) | seconds |", "|---|---|---|---|---|---|"]
+    lines = ["| suite | PyTorch's allocator: pass/fail/error/skip/crashed | vram | pass with both | "
+             "processes (PyTorch's / vram) | exit of the last | seconds |",
+             "|---|---|---|---|---|---|---|"]
     for name, s in report["suites"].items():
         t, v = s["torch"], s["vram"]
-        lines.append(f"| {name} | {t['passed']}/{t['failed']}/{t['error']}/{t['skipped']} | "
-                     f"{v['passed']}/{v['failed']}/{v['error']}/{v['skipped']} | "
-                     f"{s['pass_with_both']} | {s['torch_rc']} / {s['vram_rc']} | "
-                     f"{s['torch_s']} / {s['vram_s']} |")
+        lines.append(f"| {name} | {t['passed']}/{t['failed']}/{t['error']}/{t['skipped']}/"
+                     f"{t['crashed']} | {v['passed']}/{v['failed']}/{v['error']}/{v['skipped']}/"
+                     f"{v['crashed']} | {s['pass_with_both']} | "
+                     f"{s['torch_events']['processes']} / {s['vram_events']['processes']} | "
+                     f"{s['torch_rc']} / {s['vram_rc']} | {s['torch_s']} / {s['vram_s']} |")
+    lines.append("")
+    for name, s in report["suites"].items():
+        for allocator in ("torch", "vram"):
+            e = s[f"{allocator}_events"]
+            who = "PyTorch's allocator" if allocator == "torch" else "vram"
+            lines += [f"- {name}, {who}: the device was unusable after {t} ({m}); the tests "
+                      f"after it ran in a new process" for t, m in e["left_device_unusable"]]
+            lines += [f"- {name}, {who}: the process ended in {t} (crashed); the tests after "
+                      f"it ran in a new process" for t in e["crashed"]]
     lines.append("")
     lines.append(f"regressions without a listed reason: {len(report['regressions'])}")
     lines += [f"- {r['test']} ({r['vram']} under vram)" for r in report["regressions"]]
