@@ -34,13 +34,21 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
+def pytest_collection_finish(session):
+    _record({"event": "collected", "tests": [item.nodeid for item in session.items]})
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _record({"event": "sessionfinish", "exitstatus": int(exitstatus)})
+
+
 def pytest_runtest_logstart(nodeid, location):
     _record({"test": nodeid, "event": "start"})
 
 
 def pytest_runtest_logreport(report):
     _record({"test": report.nodeid, "event": "phase", "when": report.when,
-             "outcome": report.outcome, "xfail": hasattr(report, "wasxfail")})
+             "outcome": report.outcome})
 
 
 def _device_unusable():
@@ -68,41 +76,53 @@ def pytest_runtest_logfinish(nodeid, location):
         pytest.exit(f"the device is unusable after {nodeid}: {message}", returncode=7)
 
 
-def outcomes_of(lines):
-    """From the recorded lines of one process: ({nodeid: passed|failed|error|skipped|crashed},
-    [(nodeid, message)] of tests that left the device unusable). A test started and never
-    finished is crashed (the process ended in it) unless no phase of it was reported and the
-    caller knows the process was interrupted."""
-    phases, started, finished, unusable = {}, [], set(), []
-    for line in lines:
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            entry = json.loads(line)
-        except ValueError:  # a line cut short by the process's end
-            continue
-        test = entry.get("test")
-        event = entry.get("event")
-        if event == "start":
-            started.append(test)
-        elif event == "finish":
-            finished.add(test)
-        elif event == "phase":
-            phases.setdefault(test, []).append(entry)
-        elif event == LEFT_DEVICE_UNUSABLE:
-            unusable.append((test, entry.get("message", "")))
-    result = {}
-    for test in started:
-        reports = phases.get(test, [])
-        if any(r["outcome"] == "failed" and r["when"] == "call" for r in reports):
-            result[test] = "failed"
-        elif any(r["outcome"] == "failed" for r in reports):
-            result[test] = "error"
-        elif any(r["outcome"] == "skipped" for r in reports):
-            result[test] = "skipped"
-        elif any(r["when"] == "call" and r["outcome"] == "passed" for r in reports):
-            result[test] = "passed" if test in finished else "crashed"
-        else:
-            result[test] = "crashed"
-    return result, unusable
+class Progress:
+    """What one process recorded: `outcomes` {nodeid: passed|failed|error|skipped|crashed},
+    `unusable` [(nodeid, message)] of tests after which the device could not synchronize
+    (scored error: the test broke the process for the tests behind it), `collected` (the
+    node ids the process was to run, None if it never got that far) and `session_finished`
+    (pytest reached its end rather than the process dying). A test started and never finished
+    is crashed: the process ended in it (or was interrupted, which the caller knows)."""
+
+    def __init__(self, lines):
+        phases, started, finished = {}, [], set()
+        self.unusable, self.collected, self.session_finished = [], None, False
+        for line in lines:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line cut short by the process's end
+                continue
+            test, event = entry.get("test"), entry.get("event")
+            if event == "collected":
+                self.collected = list(entry.get("tests", []))
+            elif event == "sessionfinish":
+                self.session_finished = True
+            elif event == "start":
+                started.append(test)
+            elif event == "finish":
+                finished.add(test)
+            elif event == "phase":
+                phases.setdefault(test, []).append(entry)
+            elif event == LEFT_DEVICE_UNUSABLE:
+                self.unusable.append((test, entry.get("message", "")))
+        self.outcomes = {}
+        for test in started:
+            reports = phases.get(test, [])
+            if test not in finished:
+                self.outcomes[test] = "crashed"
+            elif any(r["outcome"] == "failed" and r["when"] == "call" for r in reports):
+                self.outcomes[test] = "failed"
+            elif any(r["outcome"] == "failed" for r in reports):
+                self.outcomes[test] = "error"
+            elif any(r["outcome"] == "skipped" for r in reports):
+                self.outcomes[test] = "skipped"
+            elif any(r["when"] == "call" and r["outcome"] == "passed" for r in reports):
+                self.outcomes[test] = "passed"
+            else:
+                self.outcomes[test] = "crashed"
+        for test, _ in self.unusable:
+            if self.outcomes.get(test) != "failed":
+                self.outcomes[test] = "error"

@@ -10,8 +10,9 @@ those listed in pytorch_tests_exceptions.txt (beside this file) with their reaso
 OUT/pytorch_tests.json and .md; exit status 1 when a test regressed without a listed
 reason (or a run could not start), 0 otherwise. A listed test that passes under vram is
 reported as stale. A suite runs in as many processes as it takes: after a test that leaves
-the device unusable, or one the process crashes in (counted as crashed), a new process runs
-the tests not run yet (pytorch_tests_progress.py); the report names those tests.
+the device unusable (scored error) or one the process crashes in (scored crashed), or when a
+process ends before pytest's end, a new process runs the tests not run yet
+(pytorch_tests_progress.py); the report names those tests and any test never run.
 """
 import argparse
 import concurrent.futures
@@ -63,16 +64,22 @@ def test_id(suite, nodeid):
     return f"{suite}::{nodeid.split('::', 1)[1]}" if "::" in nodeid else f"{suite}::{nodeid}"
 
 
-# A process that stopped because a test left the device unusable, or that crashed, is followed
-# by another for the tests not run yet, at most this many times per suite and allocator.
+# A process that stopped because a test left the device unusable, or that ended before pytest's
+# end, is followed by another for the tests not run yet, at most this many times per suite and
+# allocator, and only while each process runs at least one more test.
 MOST_PROCESSES = 12
+# pytest's exit statuses of a session that reached its end: all passed, some failed, none
+# collected (every test already run). 7: pytorch_tests_progress.py stopped it.
+FINISHED_EXITS = (0, 1, 5)
 
 
 def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout):
-    """Runs the suite with `allocator` in as many processes as it takes: when a process stops
-    after a test that left the device unusable (pytorch_tests_progress.py) or crashes, the
-    next one runs the tests not run yet. Returns ({test id: outcome}, rc of the last process,
-    seconds, {"left_device_unusable": [(test, message)], "crashed": [test], "processes": n})."""
+    """Runs the suite with `allocator` in as many processes as it takes (see MOST_PROCESSES):
+    the next process runs the tests that the first collected and none has run yet. Returns
+    ({test id: outcome}, rc, seconds, events); rc is the last process's exit status, or
+    "interrupted" when the time limit or the process limit left tests not run; events:
+    {"left_device_unusable": [(test, message)], "crashed": [test], "not_run": [test],
+    "processes": n}."""
     log = os.path.join(out, f"{name}-{allocator}.log")
     done_path = os.path.join(out, f"{name}-{allocator}.done")
     env = dict(os.environ)
@@ -84,20 +91,25 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
         [os.path.join(ROOT, "python"), HERE, os.path.join(tests_dir, os.path.dirname(path)),
          tests_dir, env.get("PYTHONPATH", "")])
     env["VRAM_TESTS_DONE"] = done_path
-    if os.path.exists(done_path):
-        os.remove(done_path)
-    result, events = {}, {"left_device_unusable": [], "crashed": [], "processes": 0}
-    done = []
+    result = {}
+    events = {"left_device_unusable": [], "crashed": [], "not_run": [], "processes": 0}
+    expected, done = set(), []
     rc = None
     start = time.time()
     with open(log, "w") as f:
-        while events["processes"] < MOST_PROCESSES:
+        while True:
             left = timeout - (time.time() - start)
-            if left <= 5:
+            if left <= 5 or events["processes"] == MOST_PROCESSES:
+                rc = "interrupted"  # a limit, with tests left (checked below)
                 break
             n = events["processes"] = events["processes"] + 1
             progress = os.path.join(out, f"{name}-{allocator}.progress{n}")
             junit = os.path.join(out, f"{name}-{allocator}-{n}.xml")
+            for stale in (progress, junit):  # an earlier run into the same folder
+                if os.path.exists(stale):
+                    os.remove(stale)
+            with open(done_path, "w", encoding="utf-8") as d:
+                d.write("".join(t + "\n" for t in done))
             env["VRAM_TESTS_PROGRESS"] = progress
             cmd = [python, "-m", "pytest", os.path.join(tests_dir, path), "-k", expression, "-q",
                    "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "pytorch_tests_compat",
@@ -130,20 +142,23 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
             if os.path.exists(progress):
                 with open(progress, encoding="utf-8") as p:
                     lines = p.readlines()
-            ran, unusable = pytorch_tests_progress.outcomes_of(lines)
-            for nodeid, outcome in ran.items():
+            ran = pytorch_tests_progress.Progress(lines)
+            if ran.collected is not None:
+                expected.update(ran.collected)
+            for nodeid, outcome in ran.outcomes.items():
                 if outcome == "crashed" and rc == "interrupted":
                     continue  # cut short by the time limit: neither run nor failed
                 result[test_id(name, nodeid)] = outcome
                 done.append(nodeid)
                 if outcome == "crashed":
                     events["crashed"].append(test_id(name, nodeid))
-            events["left_device_unusable"] += [(test_id(name, t), m) for t, m in unusable]
-            with open(done_path, "w", encoding="utf-8") as d:
-                d.write("".join(t + "\n" for t in done))
-            stopped_early = unusable or any(o == "crashed" for o in ran.values())
-            if rc == "interrupted" or not stopped_early or not ran:
+            events["left_device_unusable"] += [(test_id(name, t), m) for t, m in ran.unusable]
+            if rc == "interrupted":
                 break
+            finished = ran.session_finished and rc in FINISHED_EXITS and not ran.unusable
+            if finished or not expected.difference(done) or not ran.outcomes:
+                break  # the end, nothing left, or a process that ran no test (no progress)
+    events["not_run"] = sorted(test_id(name, t) for t in expected.difference(done))
     return result, rc, time.time() - start, events
 
 
@@ -197,9 +212,14 @@ def main():
             continue
         torch_res, torch_rc, torch_s, torch_events = runs[(name, "torch")]
         vram_res, vram_rc, vram_s, vram_events = runs[(name, "vram")]
-        for allocator, res, rc in (("torch", torch_res, torch_rc), ("vram", vram_res, vram_rc)):
+        for allocator, res, rc, ev in (("torch", torch_res, torch_rc, torch_events),
+                                       ("vram", vram_res, vram_rc, vram_events)):
             if not res:
                 report["failed_runs"].append(f"{name} ({allocator}): no results, rc {rc}")
+            elif ev["not_run"] and rc != "interrupted":
+                report["failed_runs"].append(
+                    f"{name} ({allocator}): {len(ev['not_run'])} tests never ran (the last of "
+                    f"{ev['processes']} processes ended with rc {rc} and ran no test)")
         counts = {}
         for allocator, res in (("torch", torch_res), ("vram", vram_res)):
             counts[allocator] = {k: sum(1 for v in res.values() if v == k)
@@ -243,10 +263,12 @@ def main():
         for allocator in ("torch", "vram"):
             e = s[f"{allocator}_events"]
             who = "PyTorch's allocator" if allocator == "torch" else "vram"
-            lines += [f"- {name}, {who}: the device was unusable after {t} ({m}); the tests "
-                      f"after it ran in a new process" for t, m in e["left_device_unusable"]]
-            lines += [f"- {name}, {who}: the process ended in {t} (crashed); the tests after "
-                      f"it ran in a new process" for t in e["crashed"]]
+            lines += [f"- {name}, {who}: the device was unusable after {t} ({m}); scored "
+                      f"error, the rest left to a new process" for t, m in e["left_device_unusable"]]
+            lines += [f"- {name}, {who}: the process ended in {t} (crashed); the rest left to "
+                      f"a new process" for t in e["crashed"]]
+            if e["not_run"]:
+                lines.append(f"- {name}, {who}: {len(e['not_run'])} tests not run")
     lines.append("")
     lines.append(f"regressions without a listed reason: {len(report['regressions'])}")
     lines += [f"- {r['test']} ({r['vram']} under vram)" for r in report["regressions"]]
