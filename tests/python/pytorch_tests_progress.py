@@ -34,12 +34,14 @@ def pytest_collection_modifyitems(config, items):
         items[:] = kept
 
 
-def pytest_collection_finish(session):
-    _record({"event": "collected", "tests": [item.nodeid for item in session.items]})
+def pytest_report_collectionfinish(config, items):
+    # The tests this process will run: after every deselection (-k, the done file).
+    _record({"event": "collected", "tests": [item.nodeid for item in items]})
+    return []
 
 
-def pytest_sessionfinish(session, exitstatus):
-    _record({"event": "sessionfinish", "exitstatus": int(exitstatus)})
+def pytest_unconfigure(config):
+    _record({"event": "end"})
 
 
 def pytest_runtest_logstart(nodeid, location):
@@ -80,13 +82,13 @@ class Progress:
     """What one process recorded: `outcomes` {nodeid: passed|failed|error|skipped|crashed},
     `unusable` [(nodeid, message)] of tests after which the device could not synchronize
     (scored error: the test broke the process for the tests behind it), `collected` (the
-    node ids the process was to run, None if it never got that far) and `session_finished`
+    node ids the process was to run, None if it never got that far) and `reached_end`
     (pytest reached its end rather than the process dying). A test started and never finished
     is crashed: the process ended in it (or was interrupted, which the caller knows)."""
 
     def __init__(self, lines):
         phases, started, finished = {}, [], set()
-        self.unusable, self.collected, self.session_finished = [], None, False
+        self.unusable, self.collected, self.reached_end = [], None, False
         for line in lines:
             line = line.strip()
             if not line:
@@ -98,8 +100,8 @@ class Progress:
             test, event = entry.get("test"), entry.get("event")
             if event == "collected":
                 self.collected = list(entry.get("tests", []))
-            elif event == "sessionfinish":
-                self.session_finished = True
+            elif event == "end":
+                self.reached_end = True
             elif event == "start":
                 started.append(test)
             elif event == "finish":

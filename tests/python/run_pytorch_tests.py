@@ -68,7 +68,7 @@ def test_id(suite, nodeid):
 # end, is followed by another for the tests not run yet, at most this many times per suite and
 # allocator, and only while each process runs at least one more test.
 MOST_PROCESSES = 12
-# pytest's exit statuses of a session that reached its end: all passed, some failed, none
+# pytest's exit statuses of a run that reached its end: all passed, some failed, none
 # collected (every test already run). 7: pytorch_tests_progress.py stopped it.
 FINISHED_EXITS = (0, 1, 5)
 
@@ -155,7 +155,7 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
             events["left_device_unusable"] += [(test_id(name, t), m) for t, m in ran.unusable]
             if rc == "interrupted":
                 break
-            finished = ran.session_finished and rc in FINISHED_EXITS and not ran.unusable
+            finished = ran.reached_end and rc in FINISHED_EXITS and not ran.unusable
             if finished or not expected.difference(done) or not ran.outcomes:
                 break  # the end, nothing left, or a process that ran no test (no progress)
     events["not_run"] = sorted(test_id(name, t) for t in expected.difference(done))
