@@ -181,6 +181,14 @@ cudaStream_t steady_stream(DevicePool& pool, StreamLifetimeFence& fence,
   return s;
 }
 
+// `s` destroyed once its work is done, and a new stream made (the emulated driver gives it
+// `s`'s handle).
+cudaStream_t replace_stream(StreamLifetimeFence& fence, cudaStream_t s) {
+  fence.synchronize(s);
+  fence.destroy(s);
+  return fence.create();
+}
+
 // A steady stream destroyed, and the driver gives its handle to a new stream: once the pool
 // names the new stream (kRenameFrees slow-path frees after it turned steady), the key is young
 // again, the blocks cached under it go to their tiers and the new stream's small frees record
@@ -195,9 +203,7 @@ TEST(DevicePoolYoungStreams, ANewStreamBehindASteadyHandleTurnsYoung) {
     pool.deallocate_async(cached, 256, s);  // steady: into the thread's cache
     const std::uint64_t markers = pool.stats().stream_markers;
     EXPECT_GT(pool.stats().bytes_cached_in_threads, 0U);
-    fence->synchronize(s);
-    fence->destroy(s);
-    const cudaStream_t s2 = fence->create();
+    const cudaStream_t s2 = replace_stream(*fence, s);
     ASSERT_EQ(s2, s) << "the emulated driver gives the handle back";
     for (std::uint32_t i = 0; i < detail::StreamAges::kRenameFrees; ++i) {
       pool.deallocate_async(pool.allocate_async(8_MiB, s2), 8_MiB, s2);  // slow-path frees
@@ -225,9 +231,7 @@ TEST(DevicePoolYoungStreams, ANewStreamBehindALongSteadyHandleTurnsYoungWithinTh
     // Steady for long enough that the gap between namings is the longest.
     const cudaStream_t s = steady_stream(pool, *fence, 4 * detail::StreamAges::kMostRenameFrees);
     const std::uint64_t markers = pool.stats().stream_markers;
-    fence->synchronize(s);
-    fence->destroy(s);
-    const cudaStream_t s2 = fence->create();
+    const cudaStream_t s2 = replace_stream(*fence, s);
     ASSERT_EQ(s2, s) << "the emulated driver gives the handle back";
     std::uint32_t frees = 0;
     while (pool.stats().stream_markers == markers &&
