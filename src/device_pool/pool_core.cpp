@@ -94,7 +94,8 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
       ThreadCacheRegistry::Shape{.classes = small_classes,
                                  .cached_classes = cached_classes,
                                  .depth = options.thread_cache.blocks,
-                                 .large_from_start = options.thread_cache.large_from_start});
+                                 .large_from_start = options.thread_cache.large_from_start,
+                                 .max_bytes = options.thread_cache.max_bytes});
   for (std::size_t index = 0; index < small_classes; ++index) {
     block_bytes_of[index] = static_cast<std::uint32_t>(small_block_bytes(index));
   }
@@ -428,6 +429,9 @@ void DevicePoolCore::start_heap(ThreadCache& cache) noexcept {
   if (cache.heap == nullptr) cache.heap = heaps.make();
   if (cache.small_heap == nullptr) cache.small_heap = small_heaps.make();
   cache.heaps_on = true;
+  // Its bins may hold more: sizes that change would otherwise pass through the shared rings.
+  cache.max_bytes =
+      std::max(options.thread_cache.max_bytes, options.thread_cache.contended_max_bytes);
 }
 
 // Returns false when the block is not this pool's (only detectable in the tiers).

@@ -267,7 +267,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   bool has_room(const ThreadCache& cache, std::size_t index, std::uint64_t cached,
                 std::uint64_t block_bytes) const noexcept {
     const auto& bin = cache.bins[index];
-    return bin.count < bin.limit && cached + block_bytes <= options.thread_cache.max_bytes;
+    return bin.count < bin.limit && cached + block_bytes <= cache.max_bytes;
   }
   void push_cached(ThreadCache& cache, void* block, std::size_t index,
                    std::uint64_t block_bytes) noexcept {

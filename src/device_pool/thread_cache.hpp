@@ -116,6 +116,9 @@ struct ThreadCache {
   std::atomic<bool> flush_requested{false};
   std::atomic<bool> in_slow_call{false};
   StreamKey tag = kUntagged;
+  // The bound of cached_bytes: thread_cache.max_bytes while the thread is alone, raised to
+  // contended_max_bytes when its heaps turn on (DevicePoolCore::start_heap). Owner's only.
+  std::uint64_t max_bytes = 0;
   std::vector<Bin> bins;
   std::atomic<std::uint64_t> acquires{0};
   std::atomic<std::uint64_t> deallocations{0};

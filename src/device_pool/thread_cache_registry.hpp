@@ -26,6 +26,7 @@ class ThreadCacheRegistry {
     std::size_t cached_classes = 0;
     std::size_t depth = 0;
     bool large_from_start = false;
+    std::uint64_t max_bytes = 0;  // the bins' byte bound of a thread alone
   };
   // Set once, before any thread registers (the core's constructor).
   void set_shape(const Shape& shape) noexcept { shape_ = shape; }
@@ -49,6 +50,7 @@ class ThreadCacheRegistry {
     // Its heaps stay (with the blocks they hold) but serve the new thread only once it, too,
     // meets other threads on a tier: a thread alone places blocks as without heaps.
     cache->heaps_on = false;
+    cache->max_bytes = shape_.max_bytes;
     cache->small_seen = false;  // contention counted from the new thread's first call
     cache->heap_home = kUntagged;
     cache->heap_candidate = kUntagged;

@@ -229,6 +229,7 @@ void run_destroyed_streams(const ChurnShape& shape) {
   // streams' frees hold, not on what each thread may keep for its steady streams
   // (thread_cache.large_bytes apiece).
   options.thread_cache.max_bytes = 1_MiB;
+  options.thread_cache.contended_max_bytes = 0;  // also once the threads have met
   options.thread_cache.large_bytes = 8_MiB;
   std::atomic<std::uint64_t> mismatches{0};
   std::atomic<std::int64_t> live{0};

@@ -307,6 +307,56 @@ struct Live {
   std::uint64_t word;
 };
 
+// A thread's bins hold thread_cache.max_bytes while it is alone and contended_max_bytes once
+// its heaps are on (it met other threads), so fresh sizes stay in its own bins instead of the
+// shared rings; contended_max_bytes 0 keeps max_bytes.
+std::uint64_t cached_after_fresh_small_blocks(DevicePool& pool) {
+  std::vector<std::pair<void*, std::size_t>> blocks;
+  for (std::size_t k = 0; k < 32; ++k) {  // 16 KiB to 264 KiB: 4.3 MiB over a dozen classes
+    const std::size_t bytes = 16_KiB + k * 8_KiB;
+    blocks.emplace_back(pool.allocate(bytes), bytes);
+  }
+  for (const auto& [block, bytes] : blocks) pool.deallocate(block, bytes);
+  const DevicePoolStats s = pool.stats();  // the bins' bytes (not the heaps' free bytes)
+  return s.bytes_cached_in_threads - s.bytes_cached_in_thread_heaps;
+}
+
+TEST(DevicePoolThreadHeap, ABinsByteBoundRisesToContendedMaxBytesOnceItsHeapsAreOn) {
+  for (const std::size_t contended : {std::size_t{0}, 4_MiB}) {
+    SCOPED_TRACE("contended_max_bytes " + std::to_string(contended));
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto options = heap_options();
+    options.thread_cache.large_from_start = false;  // the heaps start below, on purpose
+    options.thread_cache.blocks = 16;
+    options.thread_cache.max_bytes = 1_MiB;
+    options.thread_cache.contended_max_bytes = contended;
+    {
+      DevicePool pool(upstream, options);
+      const std::uint64_t alone = cached_after_fresh_small_blocks(pool);
+      EXPECT_GT(alone, 0U);
+      EXPECT_LE(alone, 1_MiB);
+      pool.trim(0);
+      // Its heaps turn on with the first large request (large_from_start), as when it meets
+      // another thread on the large tier.
+      options.thread_cache.large_from_start = true;
+      DevicePool met(upstream, options);
+      met.deallocate(met.allocate(4_MiB), 4_MiB);
+      met.trim(0);  // the large block's cache is empty again; the heaps stay on
+      ASSERT_EQ(met.stats().bytes_cached_in_threads, 0U);
+      const std::uint64_t contending = cached_after_fresh_small_blocks(met);
+      if (contended == 0) {
+        EXPECT_LE(contending, 1_MiB);
+      } else {
+        EXPECT_GT(contending, 1_MiB);
+        EXPECT_LE(contending, contended);
+      }
+      expect_trimmed_to_nothing(met);
+      expect_trimmed_to_nothing(pool);
+    }
+    expect_all_back(*upstream);
+  }
+}
+
 TEST(DevicePoolThreadHeap, FreshSizesOnOneThreadStopGrowingOnceItsChunksAreTaken) {
   for (const bool virtual_memory : {false, true}) {
     SCOPED_TRACE(virtual_memory ? "virtual memory" : "segments");
@@ -541,7 +591,8 @@ TEST(DevicePoolThreadHeap, SmallClassesOnTheThreadsStreamThatMissTheBinsUseItsSm
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   auto options = heap_options();
   options.fence = fence;
-  options.thread_cache.max_bytes = 256_KiB;  // bins overflow at once
+  options.thread_cache.max_bytes = 256_KiB;      // bins overflow at once
+  options.thread_cache.contended_max_bytes = 0;  // also with the heaps on
   {
     DevicePool pool(upstream, options);
     const cudaStream_t s = fence->create();
