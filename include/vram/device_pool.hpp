@@ -255,10 +255,12 @@ struct DevicePoolOptions {
     std::size_t blocks = 8;  // per class; 0 turns the per-thread tier off; at most 16
     std::size_t max_block_bytes = std::size_t{1} << 20;  // the largest class kept
     std::size_t max_bytes = std::size_t{8} << 20;        // per thread, all classes
-    // Per thread, all classes, once the thread has met other threads on a tier (when its
-    // heaps turn on, below; never with large_chunk_bytes 0): a thread's blocks of sizes that
-    // change from request to request then stay in its own bins instead of passing through
-    // the rings every thread shares. Never below max_bytes; 0: max_bytes. A thread alone
+    // Per thread, all classes, once the thread's heaps turn on (it met other threads on a
+    // tier, or made its first large request with large_from_start; below): a thread's blocks
+    // of sizes that change from request to request then stay in its own bins instead of
+    // passing through the rings every thread shares. The bound is then the larger of the two;
+    // 0 keeps max_bytes. Heaps never turn on with large_chunk_bytes 0 or large_bytes / 4 at
+    // most small_tier.max_block_bytes: the bound stays max_bytes. A thread alone (by default)
     // keeps max_bytes, so single-threaded workloads cache what they cached before.
     std::size_t contended_max_bytes = std::size_t{32} << 20;
     // Per thread, large blocks (above small_tier.max_block_bytes) kept for the same size

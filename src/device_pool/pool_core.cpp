@@ -429,7 +429,8 @@ void DevicePoolCore::start_heap(ThreadCache& cache) noexcept {
   if (cache.heap == nullptr) cache.heap = heaps.make();
   if (cache.small_heap == nullptr) cache.small_heap = small_heaps.make();
   cache.heaps_on = true;
-  // Its bins may hold more: sizes that change would otherwise pass through the shared rings.
+  // Its bins may hold more (also when no heap was left for it: it met other threads all the
+  // same): sizes that change would otherwise pass through the shared rings.
   cache.max_bytes =
       std::max(options.thread_cache.max_bytes, options.thread_cache.contended_max_bytes);
 }

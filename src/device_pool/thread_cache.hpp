@@ -116,8 +116,10 @@ struct ThreadCache {
   std::atomic<bool> flush_requested{false};
   std::atomic<bool> in_slow_call{false};
   StreamKey tag = kUntagged;
-  // The bound of cached_bytes: thread_cache.max_bytes while the thread is alone, raised to
-  // contended_max_bytes when its heaps turn on (DevicePoolCore::start_heap). Owner's only.
+  // The bound of cached_bytes: thread_cache.max_bytes from the owner's registration (a new
+  // owner of an adopted cache starts there again), raised to max(max_bytes,
+  // contended_max_bytes) when its heaps turn on (DevicePoolCore::start_heap). Written and read
+  // only by the owner, and by the registry under its lock before the owner's first claim.
   std::uint64_t max_bytes = 0;
   std::vector<Bin> bins;
   std::atomic<std::uint64_t> acquires{0};
