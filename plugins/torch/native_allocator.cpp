@@ -25,7 +25,6 @@
 #include "ipc.hpp"
 #include "live_blocks.hpp"
 #include "memory_history.hpp"
-#include "stats.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/size_classes.hpp"
 
@@ -759,8 +758,7 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
       const vram::DevicePoolSegment& segment = *std::prev(after);
       return address >= segment.address + segment.bytes || segment.large;
     };
-    const std::vector<SegmentUnits::Unit> units = state.units->units();
-    for (const SegmentUnits::Unit& unit : units) {
+    for (const SegmentUnits::Unit& unit : state.units->units()) {
       const std::uintptr_t end = unit.address + unit.bytes;
       const bool large = is_large(unit.address);
       cda::SegmentInfo* open = nullptr;
@@ -829,35 +827,6 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         rest.size = end - at;
         add(std::move(rest), at, {0, 0}, nullptr, 0);
       }
-    }
-    // A block of a MemPool's own allocator, or one cudaMalloc'd while caching was disabled,
-    // that lies in no unit of vram's (one that does is shown above) is a segment of its own
-    // (its pool's), as the memory it came in.
-    std::vector<std::pair<std::uintptr_t, std::uintptr_t>> spans;  // the units, by address
-    for (const SegmentUnits::Unit& unit : units) {
-      spans.emplace_back(unit.address, unit.address + unit.bytes);
-    }
-    std::sort(spans.begin(), spans.end());
-    auto in_unit = [&spans](std::uintptr_t address) {
-      auto after = std::upper_bound(spans.begin(), spans.end(),
-                                    std::pair{address, std::numeric_limits<std::uintptr_t>::max()});
-      return after != spans.begin() && address < std::prev(after)->second;
-    };
-    for (const Live& l : live) {
-      if (l.block.device != device || (!l.block.allocator && !l.block.uncached) ||
-          in_unit(l.address)) {
-        continue;
-      }
-      cda::SegmentInfo& segment = info.segments.emplace_back();
-      segment.device = static_cast<c10::DeviceIndex>(device);
-      segment.address = l.address;
-      segment.total_size = segment.allocated_size = segment.active_size = l.block.block_bytes;
-      segment.requested_size = l.block.size;
-      segment.stream = l.block.stream;
-      segment.is_large = kind_of(l.block.block_bytes) == BlockKind::large;
-      segment.owner_private_pool_id = {static_cast<c10::CaptureId_t>(l.block.pool.first),
-                                       static_cast<c10::CaptureId_t>(l.block.pool.second)};
-      segment.blocks.push_back(block_info(l));
     }
   });
   if (wanted != LiveBlock::PoolId{0, 0}) {  // only that pool's segments

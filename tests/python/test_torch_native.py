@@ -173,16 +173,6 @@ def test_mem_pool_with_its_own_allocator_takes_blocks_from_it():
     # interface here), once as an allocation of the pool.
     assert vram_torch.stats()["allocation.all.allocated"] - before == 2
     assert float(x.sum()) == 4 * MiB
-    # The pool's snapshot shows the block as a segment of its own, the pool's, of the bytes
-    # asked of that allocator; the whole snapshot shows it too.
-    address = x.untyped_storage().data_ptr()
-    segments = pool.snapshot()
-    assert [(s["address"], s["total_size"], s["requested_size"]) for s in segments] == [
-        (address, 16 * MiB, 16 * MiB)]
-    assert [b["address"] for b in segments[0]["blocks"]] == [address]
-    assert segments[0]["blocks"][0]["state"] == "active_allocated"
-    assert any(s["address"] == address and tuple(s["segment_pool_id"]) == tuple(pool.id)
-               for s in torch.cuda.memory._snapshot()["segments"])
     del x, pool
     gc.collect()
     _agree_with_vram()
@@ -299,9 +289,6 @@ def test_disabled_caching_allocator_uses_cuda_malloc_uncounted():
     try:
         ptr = torch._C._cuda_cudaCachingAllocator_raw_alloc(MiB, stream)
         during = torch.cuda.memory_stats()["requested_bytes.all.allocated"]
-        # cudaMalloc'd memory is a segment of its own in the snapshot while it lives.
-        assert [s["total_size"] for s in torch.cuda.memory._snapshot()["segments"]
-                if s["address"] == ptr] == [MiB]
         torch._C._cuda_cudaCachingAllocator_raw_delete(ptr)
         t = torch.full((1000,), 7.0, device="cuda")
         assert t.sum().item() == 7000.0
