@@ -12,7 +12,10 @@ reason (or a run could not start), 0 otherwise. A listed test that passes under 
 reported as stale. A suite runs in as many processes as it takes: after a test that leaves
 the device unusable (scored error) or one the process crashes in (scored crashed), or when a
 process ends before pytest's end, a new process runs the tests not run yet
-(pytorch_tests_progress.py); the report names those tests and any test never run.
+(pytorch_tests_progress.py); the report names those tests and any test never run. Each
+regression is then run again alone, in a fresh process per allocator: the report says whether
+it fails under vram by itself or only after the tests before it in the same process (it stays
+a regression either way).
 """
 import argparse
 import concurrent.futures
@@ -162,6 +165,51 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
     return result, rc, time.time() - start, events
 
 
+# Regressions run again alone (each in a fresh process per allocator), at most this many per
+# call, each process at most ALONE_SECONDS.
+MOST_ALONE = 24
+ALONE_SECONDS = 240
+
+
+def run_alone(python, tests_dir, out, name, path, test, allocator):
+    """Runs suite `name`'s test `test` (`suite::Class::test`) alone with `allocator` in a fresh
+    process; its outcome ("passed", "failed", ..., "crashed", or "not run" when pytest ran
+    nothing)."""
+    tests_dir = os.path.abspath(tests_dir)
+    tail = test.split("::", 1)[1]
+    slug = tail.replace("::", "-")
+    progress = os.path.join(out, f"alone-{name}-{slug}-{allocator}.progress")
+    if os.path.exists(progress):
+        os.remove(progress)
+    env = dict(os.environ)
+    env["TORCH_EXTENSIONS_DIR"] = os.path.join(out, f"extensions-alone-{allocator}")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(ROOT, "python"), HERE, os.path.join(tests_dir, os.path.dirname(path)),
+         tests_dir, env.get("PYTHONPATH", "")])
+    env["VRAM_TESTS_PROGRESS"] = progress
+    env.pop("VRAM_TESTS_DONE", None)
+    cmd = [python, "-m", "pytest", f"{path}::{tail}", "-q", "-p", "no:cacheprovider",
+           "-p", "no:benchmark", "-p", "pytorch_tests_compat", "-p", "pytorch_tests_progress",
+           "-rfE"]
+    if allocator == "vram":
+        cmd[3:3] = ["-p", "vram_enable_plugin"]
+    log = os.path.join(out, f"alone-{name}-{slug}-{allocator}.log")
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tests_dir,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=ALONE_SECONDS)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = []
+    if os.path.exists(progress):
+        with open(progress, encoding="utf-8") as p:
+            lines = p.readlines()
+    outcomes = pytorch_tests_progress.Progress(lines).outcomes
+    return next(iter(outcomes.values()), "not run")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests", required=True, help="folder of PyTorch's test files")
@@ -175,6 +223,8 @@ def main():
                         "one GPU: half the time; a test that measures the whole GPU may differ)")
     parser.add_argument("--wait-for", help="a file to wait for before the runs under vram "
                         "(the plug-in built beside the runs with PyTorch's allocator)")
+    parser.add_argument("--no-alone", action="store_true",
+                        help="do not run the regressions again alone")
     args = parser.parse_args()
     args.out = os.path.abspath(args.out)
     os.makedirs(args.out, exist_ok=True)
@@ -240,6 +290,16 @@ def main():
                                           "reason": listed[test]})
             else:
                 report["regressions"].append({"test": test, "vram": under_vram})
+        if not args.no_alone:  # each regression of this suite again, alone (MOST_ALONE)
+            rerun = sum(1 for r in report["regressions"] if "alone" in r)
+            for r in [r for r in report["regressions"] if r["test"].startswith(name + "::")]:
+                if rerun == MOST_ALONE:
+                    break
+                with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                    futures = {a: pool.submit(run_alone, args.python, args.tests, args.out, name,
+                                              path, r["test"], a) for a in ("torch", "vram")}
+                    r["alone"] = {a: f.result() for a, f in futures.items()}
+                rerun += 1
         report["suites"][name] = {"torch": counts["torch"], "vram": counts["vram"],
                                   "pass_with_both": both, "torch_rc": torch_rc,
                                   "vram_rc": vram_rc, "torch_s": round(torch_s, 1),
@@ -271,7 +331,15 @@ def main():
                 lines.append(f"- {name}, {who}: {len(e['not_run'])} tests not run")
     lines.append("")
     lines.append(f"regressions without a listed reason: {len(report['regressions'])}")
-    lines += [f"- {r['test']} ({r['vram']} under vram)" for r in report["regressions"]]
+    for r in report["regressions"]:
+        line = f"- {r['test']} ({r['vram']} under vram)"
+        if "alone" in r:
+            a = r["alone"]
+            line += (f"; alone in a fresh process: {a['torch']} with PyTorch's allocator, "
+                     f"{a['vram']} under vram")
+            if a["vram"] == "passed":
+                line += " (fails only after the tests before it)"
+        lines.append(line)
     lines.append(f"listed exceptions that differ: {len(report['excused'])}")
     lines += [f"- {r['test']}: {r['reason']}" for r in report["excused"]]
     if report["stale"]:
