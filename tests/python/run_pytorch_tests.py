@@ -76,6 +76,38 @@ MOST_PROCESSES = 12
 FINISHED_EXITS = (0, 1, 5)
 
 
+def pytest_env(out, tests_dir, path, extensions):
+    """The environment of one pytest process over `path` (under `tests_dir`, absolute): its own
+    folder for the tests' C++ extensions (two runs at once sharing PyTorch's default folder
+    wait on each other's build lock), vram's modules and the test file's folder importable."""
+    env = dict(os.environ)
+    env["TORCH_EXTENSIONS_DIR"] = os.path.join(os.path.abspath(out), f"extensions-{extensions}")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.join(ROOT, "python"), HERE, os.path.join(tests_dir, os.path.dirname(path)),
+         tests_dir, env.get("PYTHONPATH", "")])
+    env.pop("VRAM_TESTS_DONE", None)
+    return env
+
+
+def pytest_cmd(python, target, allocator, *options):
+    """pytest over `target` with the plug-ins both allocators run with (vram's first, when it
+    is the allocator), then `options`."""
+    cmd = [python, "-m", "pytest", target, *options, "-q", "-p", "no:cacheprovider",
+           "-p", "no:benchmark", "-p", "pytorch_tests_compat", "-p", "pytorch_tests_progress",
+           "-rfE"]
+    if allocator == "vram":
+        cmd[3:3] = ["-p", "vram_enable_plugin"]
+    return cmd
+
+
+def read_progress(path):
+    """pytorch_tests_progress's record of one process (empty when it wrote none)."""
+    if not os.path.exists(path):
+        return pytorch_tests_progress.Progress([])
+    with open(path, encoding="utf-8") as p:
+        return pytorch_tests_progress.Progress(p.readlines())
+
+
 def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout):
     """Runs the suite with `allocator` in as many processes as it takes (see MOST_PROCESSES):
     the next process runs the tests that the first collected and none has run yet. Returns
@@ -85,14 +117,8 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
     "processes": n}."""
     log = os.path.join(out, f"{name}-{allocator}.log")
     done_path = os.path.join(out, f"{name}-{allocator}.done")
-    env = dict(os.environ)
-    # Each run builds the tests' C++ extensions in its own folder: two runs at once sharing
-    # PyTorch's default folder wait on each other's build lock.
-    env["TORCH_EXTENSIONS_DIR"] = os.path.join(os.path.abspath(out), f"extensions-{name}-{allocator}")
     tests_dir = os.path.abspath(tests_dir)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(ROOT, "python"), HERE, os.path.join(tests_dir, os.path.dirname(path)),
-         tests_dir, env.get("PYTHONPATH", "")])
+    env = pytest_env(out, tests_dir, path, f"{name}-{allocator}")
     env["VRAM_TESTS_DONE"] = done_path
     result = {}
     events = {"left_device_unusable": [], "crashed": [], "not_run": [], "processes": 0}
@@ -114,12 +140,8 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
             with open(done_path, "w", encoding="utf-8") as d:
                 d.write("".join(t + "\n" for t in done))
             env["VRAM_TESTS_PROGRESS"] = progress
-            cmd = [python, "-m", "pytest", os.path.join(tests_dir, path), "-k", expression, "-q",
-                   "-p", "no:cacheprovider", "-p", "no:benchmark", "-p", "pytorch_tests_compat",
-                   "-p", "pytorch_tests_progress", "--junitxml", junit,
-                   "-o", "junit_family=xunit1", "-rfE"]
-            if allocator == "vram":
-                cmd[3:3] = ["-p", "vram_enable_plugin"]
+            cmd = pytest_cmd(python, os.path.join(tests_dir, path), allocator, "-k", expression,
+                             "--junitxml", junit, "-o", "junit_family=xunit1")
             try:
                 import pytest_timeout  # noqa: F401
 
@@ -141,11 +163,7 @@ def run_suite(python, tests_dir, out, name, path, expression, allocator, timeout
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
                 rc = "interrupted"
-            lines = []
-            if os.path.exists(progress):
-                with open(progress, encoding="utf-8") as p:
-                    lines = p.readlines()
-            ran = pytorch_tests_progress.Progress(lines)
+            ran = read_progress(progress)
             if ran.collected is not None:
                 expected.update(ran.collected)
             for nodeid, outcome in ran.outcomes.items():
@@ -181,18 +199,9 @@ def run_alone(python, tests_dir, out, name, path, test, allocator):
     progress = os.path.join(out, f"alone-{name}-{slug}-{allocator}.progress")
     if os.path.exists(progress):
         os.remove(progress)
-    env = dict(os.environ)
-    env["TORCH_EXTENSIONS_DIR"] = os.path.join(out, f"extensions-alone-{allocator}")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.join(ROOT, "python"), HERE, os.path.join(tests_dir, os.path.dirname(path)),
-         tests_dir, env.get("PYTHONPATH", "")])
+    env = pytest_env(out, tests_dir, path, f"alone-{allocator}")
     env["VRAM_TESTS_PROGRESS"] = progress
-    env.pop("VRAM_TESTS_DONE", None)
-    cmd = [python, "-m", "pytest", f"{path}::{tail}", "-q", "-p", "no:cacheprovider",
-           "-p", "no:benchmark", "-p", "pytorch_tests_compat", "-p", "pytorch_tests_progress",
-           "-rfE"]
-    if allocator == "vram":
-        cmd[3:3] = ["-p", "vram_enable_plugin"]
+    cmd = pytest_cmd(python, f"{path}::{tail}", allocator)
     log = os.path.join(out, f"alone-{name}-{slug}-{allocator}.log")
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=tests_dir,
@@ -202,12 +211,7 @@ def run_alone(python, tests_dir, out, name, path, test, allocator):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    lines = []
-    if os.path.exists(progress):
-        with open(progress, encoding="utf-8") as p:
-            lines = p.readlines()
-    outcomes = pytorch_tests_progress.Progress(lines).outcomes
-    return next(iter(outcomes.values()), "not run")
+    return next(iter(read_progress(progress).outcomes.values()), "not run")
 
 
 def main():
