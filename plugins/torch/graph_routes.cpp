@@ -5,11 +5,18 @@
 
 namespace vram_torch {
 
-GraphRoutes::Uses& GraphRoutes::uses_of(MempoolId id, std::shared_ptr<PoolAllocator> allocator) {
+GraphRoutes::Uses& GraphRoutes::uses_of(MempoolId id, std::shared_ptr<ForeignPool> foreign) {
   auto [it, made] = uses_.try_emplace(id);
   if (made) {
-    if (allocator) {
-      it->second.allocator = std::move(allocator);
+    if (foreign) {
+      std::erase_if(foreign_, [](const std::weak_ptr<ForeignPool>& p) { return p.expired(); });
+      try {
+        foreign_.push_back(foreign);
+      } catch (...) {
+        uses_.erase(it);
+        throw;
+      }
+      it->second.foreign = std::move(foreign);
     } else {
       it->second.pool = vram::DevicePool::new_graph_pool();
     }
@@ -17,11 +24,11 @@ GraphRoutes::Uses& GraphRoutes::uses_of(MempoolId id, std::shared_ptr<PoolAlloca
   return it->second;
 }
 
-void GraphRoutes::retain(MempoolId id, std::shared_ptr<PoolAllocator> allocator) {
+void GraphRoutes::retain(MempoolId id, std::shared_ptr<ForeignPool> foreign) {
   std::lock_guard lock(mutex_);
   const bool existed = uses_.count(id) != 0;
-  Uses& uses = uses_of(id, std::move(allocator));
-  if (!uses.allocator && uses.pool_uses == 0) {
+  Uses& uses = uses_of(id, std::move(foreign));
+  if (!uses.foreign && uses.pool_uses == 0) {
     try {
       // Opens the graph pool's use (ended at the last release); the scope itself ends now.
       pool_.capture_into(uses.pool).end();
@@ -40,7 +47,7 @@ void GraphRoutes::begin(MempoolId id, Filter filter) {
   Uses& uses = uses_of(id, nullptr);
   try {
     routes_.reserve(routes_.size() + 1);
-    if (!uses.allocator && uses.routes == 0) {
+    if (!uses.foreign && uses.routes == 0) {
       uses.scope = pool_.capture_into(uses.pool);  // opens a graph use and the scope's
       ++uses.pool_uses;
     }
@@ -93,7 +100,7 @@ void GraphRoutes::release(MempoolId id) noexcept {
 
 GraphRoutes::Retired GraphRoutes::retire_if_unused(std::map<MempoolId, Uses>::iterator it) {
   if (it->second.open != 0 || it->second.routes != 0) return {};
-  Retired retired{it->second.pool, it->second.pool_uses};
+  Retired retired{it->second.pool, it->second.pool_uses, std::move(it->second.foreign)};
   uses_.erase(it);
   return retired;
 }
@@ -120,10 +127,12 @@ GraphRoutes::Routed GraphRoutes::allocate(std::size_t bytes, cudaStream_t stream
   Route* route = route_for(stream);
   if (route == nullptr) return {};
   Uses& uses = uses_.at(route->id);
-  Routed routed{nullptr, route->id, uses.allocator};
-  if (routed.allocator) {
+  Routed routed{nullptr, 0, route->id, uses.foreign};
+  if (routed.foreign) {
     lock.unlock();  // a foreign allocator may call back into PyTorch
-    routed.ptr = routed.allocator->allocate(bytes, stream);
+    const ForeignPool::Given given = routed.foreign->allocate(bytes, stream);
+    routed.ptr = given.ptr;
+    routed.bytes = given.bytes;
     return routed;
   }
   routed.ptr = uses.scope.allocate(bytes);
@@ -140,7 +149,7 @@ bool GraphRoutes::deallocate(void* block, std::size_t bytes, cudaStream_t stream
   }
   if (route == nullptr) return false;
   Uses& uses = uses_.at(route->id);
-  if (uses.allocator) return false;
+  if (uses.foreign) return false;
   uses.scope.deallocate(block, bytes);
   return true;
 }
@@ -148,13 +157,41 @@ bool GraphRoutes::deallocate(void* block, std::size_t bytes, cudaStream_t stream
 std::size_t GraphRoutes::claim(MempoolId id, void* block) noexcept {
   std::lock_guard lock(mutex_);
   const auto it = uses_.find(id);
-  if (it == uses_.end() || it->second.allocator) return 0;
+  if (it == uses_.end() || it->second.foreign) return 0;
   return pool_.claim_graph_block(it->second.pool, block);
 }
 
 std::uint64_t GraphRoutes::invalid_releases() const {
   std::lock_guard lock(mutex_);
   return invalid_releases_;
+}
+
+std::vector<std::shared_ptr<ForeignPool>> GraphRoutes::foreign_pools() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::shared_ptr<ForeignPool>> alive;
+  alive.reserve(foreign_.size());
+  for (const auto& weak : foreign_) {
+    if (auto pool = weak.lock()) alive.push_back(std::move(pool));
+  }
+  return alive;
+}
+
+void GraphRoutes::release_unused_foreign() noexcept {
+  std::vector<std::shared_ptr<ForeignPool>> unused;
+  try {
+    std::lock_guard lock(mutex_);
+    unused.reserve(foreign_.size());  // no allocation below: no pool dies under the mutex
+    for (const auto& weak : foreign_) {
+      auto pool = weak.lock();
+      if (!pool) continue;
+      const auto it = uses_.find(pool->id());
+      if (it == uses_.end() || it->second.foreign != pool) unused.push_back(std::move(pool));
+    }
+  } catch (...) {  // no host memory: those found so far
+  }
+  // Outside the mutex: the allocator may call back into PyTorch, and the last reference
+  // may go here.
+  for (const auto& pool : unused) pool->release_free();
 }
 
 }  // namespace vram_torch

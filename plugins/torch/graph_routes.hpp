@@ -14,8 +14,11 @@
 //   the same pool, whatever stream frees them, and rejoin the shared tiers once no use is
 //   open and none of them is live. A block freed on a stream a route accepts becomes that
 //   pool's (captured work may use it at every launch).
-// - A pool made with an allocator (MemPool(allocator=...)) takes each block from that
-//   allocator and gives it back there at its free; vram holds none of its memory.
+// - A pool made with an allocator (MemPool(allocator=...)) is a ForeignPool
+//   (foreign_pool.hpp): its blocks are cut from segments of that allocator and cached there
+//   as PyTorch caches them; vram holds none of its memory. Its live blocks keep it (and the
+//   allocator) alive after its last use; from then on release_unused_foreign() (empty_cache)
+//   gives its free segments back, as PyTorch does only for pools without a use.
 // Thread safety: a mutex for everything but active(), one relaxed load the warm path pays.
 // Filters are PyTorch's (they ask the stream's capture id or the calling thread).
 #pragma once
@@ -46,9 +49,9 @@ class GraphRoutes {
   GraphRoutes(const GraphRoutes&) = delete;
   GraphRoutes& operator=(const GraphRoutes&) = delete;
 
-  // Opens a use of `id`, made at its first use; `allocator` (only when it is made): where
-  // its blocks come from. Throws what DevicePool throws, std::bad_alloc.
-  void retain(MempoolId id, std::shared_ptr<PoolAllocator> allocator = nullptr);
+  // Opens a use of `id`, made at its first use; `foreign` (only when it is made): the pool
+  // over the MemPool's own allocator. Throws what DevicePool throws, std::bad_alloc.
+  void retain(MempoolId id, std::shared_ptr<ForeignPool> foreign = nullptr);
   // Opens a use of `id` and routes the requests `filter` accepts into it.
   void begin(MempoolId id, Filter filter);
   // Ends the oldest route of `id` (its use stays open until release).
@@ -59,9 +62,10 @@ class GraphRoutes {
   bool active() const noexcept { return active_.load(std::memory_order_relaxed) != 0; }
 
   struct Routed {
-    void* ptr = nullptr;  // null: no route accepts the stream
+    void* ptr = nullptr;    // null: no route accepts the stream
+    std::size_t bytes = 0;  // a foreign block's bytes
     MempoolId id{0, 0};
-    std::shared_ptr<PoolAllocator> allocator;  // set: the block is that allocator's
+    std::shared_ptr<ForeignPool> foreign;  // set: the block is that pool's
   };
   // A block for a request on `stream` when a route accepts the stream. Throws what
   // DevicePool or the pool's allocator throws (out of memory: without a trim, which would
@@ -74,6 +78,10 @@ class GraphRoutes {
   std::size_t claim(MempoolId id, void* block) noexcept;
   // Releases of unknown ids.
   std::uint64_t invalid_releases() const;
+  // Every foreign pool still alive (with a use, or live blocks).
+  std::vector<std::shared_ptr<ForeignPool>> foreign_pools() const;
+  // Gives back the free segments of the foreign pools no use holds any more.
+  void release_unused_foreign() noexcept;
 
  private:
   struct Route {
@@ -82,7 +90,7 @@ class GraphRoutes {
   };
   struct Uses {
     vram::DevicePool::GraphPoolId pool = 0;
-    std::shared_ptr<PoolAllocator> allocator;
+    std::shared_ptr<ForeignPool> foreign;
     std::size_t open = 0;       // uses: retains and begins not yet released
     std::size_t routes = 0;     // routes not yet ended
     std::size_t pool_uses = 0;  // graph uses of `pool` opened (each capture_into opens one)
@@ -92,12 +100,13 @@ class GraphRoutes {
   struct Retired {
     vram::DevicePool::GraphPoolId id = 0;
     std::size_t uses = 0;
+    std::shared_ptr<ForeignPool> foreign;  // dropped outside the mutex (it may give back)
     void release(vram::DevicePool& pool) noexcept;
   };
   // Under mutex_: erases the entry when no use or route is open.
   Retired retire_if_unused(std::map<MempoolId, Uses>::iterator it);
   // Under mutex_: the entry of `id`, made (with a graph pool) when absent.
-  Uses& uses_of(MempoolId id, std::shared_ptr<PoolAllocator> allocator);
+  Uses& uses_of(MempoolId id, std::shared_ptr<ForeignPool> foreign);
   // Under mutex_: the route whose filter accepts `stream`, else null.
   Route* route_for(cudaStream_t stream);
 
@@ -105,6 +114,7 @@ class GraphRoutes {
   mutable std::mutex mutex_;
   std::vector<Route> routes_;  // a handful at most
   std::map<MempoolId, Uses> uses_;
+  std::vector<std::weak_ptr<ForeignPool>> foreign_;  // every foreign pool made, pruned
   std::uint64_t invalid_releases_ = 0;
   std::atomic<std::size_t> active_{0};
 };

@@ -22,26 +22,20 @@
 #include <unordered_map>
 #include <utility>
 
-namespace vram_torch {
+#include "foreign_pool.hpp"
 
-// Where a pool's blocks come from when PyTorch names an allocator for it
-// (torch.cuda.MemPool(allocator=...)); its blocks bypass vram.
-struct PoolAllocator {
-  virtual ~PoolAllocator() = default;
-  virtual void* allocate(std::size_t size, cudaStream_t stream) = 0;
-  virtual void deallocate(void* ptr) noexcept = 0;
-};
+namespace vram_torch {
 
 struct LiveBlock {
   using PoolId = std::pair<std::uint64_t, std::uint64_t>;  // c10::MempoolId_t; {0, 0}: none
   std::size_t size = 0;                                    // requested bytes
-  std::size_t block_bytes = 0;  // what the pool holds for it (a PoolAllocator's: `size`)
+  std::size_t block_bytes = 0;  // what the pool (or `foreign`) holds for it
   int device = 0;
   cudaStream_t stream = nullptr;
   PoolId pool{0, 0};
-  std::shared_ptr<PoolAllocator> allocator;  // set: the block is that allocator's
-  bool uncached = false;          // cudaMalloc'd while the caching allocator was disabled
-  std::shared_ptr<void> context;  // PyTorch's stack of the allocation, if recorded
+  std::shared_ptr<ForeignPool> foreign;  // set: the block is that pool's, not vram's
+  bool uncached = false;                 // cudaMalloc'd while the caching allocator was disabled
+  std::shared_ptr<void> context;         // PyTorch's stack of the allocation, if recorded
 };
 
 class LiveBlocks {

@@ -36,7 +36,8 @@ namespace cca = c10::cuda::CUDACachingAllocator;
 namespace cda = c10::CachingDeviceAllocator;
 using TraceAction = cda::TraceEntry::Action;
 
-// A block of a pool PyTorch created with its own allocator (MemPool(allocator=...)).
+// The allocator PyTorch names for a pool (MemPool(allocator=...)): where a ForeignPool's
+// segments come from.
 class ForeignPoolAllocator final : public PoolAllocator {
  public:
   explicit ForeignPoolAllocator(std::shared_ptr<cca::CUDAAllocator> allocator) noexcept
@@ -195,7 +196,10 @@ class NativeAllocator final : public cca::CUDAAllocator {
     const RequestScope request(tracing, nullptr, &context);
     // A private pool's free blocks stay its own while it has a use; once released they are
     // among the memory any trim gives back.
-    for_each_state(-1, [](DeviceState& state) { state.empty_cache(); });
+    for_each_state(-1, [](DeviceState& state) {
+      state.empty_cache();
+      state.graphs.release_unused_foreign();
+    });
   }
   // torch.cuda.caching_allocator_enable(False): new requests go to cudaMalloc one by one,
   // uncounted (PyTorch's meaning); blocks vram holds stay until freed.
@@ -255,10 +259,18 @@ class NativeAllocator final : public cca::CUDAAllocator {
 
     const vram::DevicePoolStats pool = state->pool.stats();
     auto& reserved = stats.reserved_bytes[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
-    reserved.current = static_cast<int64_t>(pool.bytes_reserved);
-    reserved.peak = static_cast<int64_t>(pool.peak_bytes_reserved);
+    // MemPools' own allocators' segments are reserved too (PyTorch's meaning); their peak is
+    // not tracked apart: the peak is vram's, or the current total when that is higher.
+    std::size_t foreign_bytes = 0;
+    std::size_t foreign_segments = 0;
+    for (const auto& foreign : state->graphs.foreign_pools()) {
+      foreign_bytes += foreign->reserved_bytes();
+      foreign_segments += foreign->segment_count();
+    }
+    reserved.current = static_cast<int64_t>(pool.bytes_reserved + foreign_bytes);
+    reserved.peak = std::max(static_cast<int64_t>(pool.peak_bytes_reserved), reserved.current);
     auto& segments = stats.segment[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
-    segments.current = static_cast<int64_t>(pool.segments);
+    segments.current = static_cast<int64_t>(pool.segments + foreign_segments);
     segments.allocated = static_cast<int64_t>(pool.upstream_allocations);
     segments.freed = static_cast<int64_t>(pool.upstream_frees);
     stats.num_alloc_retries =
@@ -302,9 +314,15 @@ class NativeAllocator final : public cca::CUDAAllocator {
   }
   void createOrIncrefPool(c10::DeviceIndex device, c10::MempoolId_t id,
                           std::shared_ptr<cca::CUDAAllocator> allocator) override {
-    std::shared_ptr<PoolAllocator> foreign;
+    std::shared_ptr<ForeignPool> foreign;
     if (allocator != nullptr && allocator.get() != this) {
-      foreign = std::make_shared<ForeignPoolAllocator>(std::move(allocator));
+      const LiveBlock::PoolId key = pool_key(id);
+      foreign = std::make_shared<ForeignPool>(
+          key, device, std::make_shared<ForeignPoolAllocator>(std::move(allocator)),
+          [this, device, key](std::uintptr_t address, std::size_t bytes, cudaStream_t stream,
+                              bool made) {
+            foreign_segment_event(device, key, address, bytes, stream, made);
+          });
     }
     state_for(device).graphs.retain(pool_key(id), std::move(foreign));
   }
@@ -402,6 +420,10 @@ class NativeAllocator final : public cca::CUDAAllocator {
   // A unit of `device`'s pool reserved or about to go back (SegmentUnits): SEGMENT_ALLOC or
   // SEGMENT_FREE to the trackers and the history.
   void segment_event(int device, const vram::ReservedSpan& span, bool reserved) noexcept;
+  // A segment of a MemPool's own allocator made or about to go back (ForeignPool): the same
+  // events, with the pool's id (PyTorch's for a private pool's segment).
+  void foreign_segment_event(int device, LiveBlock::PoolId pool, std::uintptr_t address,
+                             std::size_t bytes, cudaStream_t stream, bool made) noexcept;
 
  private:
   void check_device(c10::DeviceIndex device) const {
@@ -468,6 +490,19 @@ void NativeAllocator::segment_event(int device, const vram::ReservedSpan& span,
                         static_cast<c10::DeviceIndex>(device), span.address, span.bytes,
                         reserved ? t_request.stream : nullptr, {0, 0}, c10::getApproximateTime(),
                         t_request.context != nullptr ? *t_request.context : nullptr));
+  } catch (...) {
+    note_error("memory history: a segment event could not be recorded", false);
+  }
+}
+
+void NativeAllocator::foreign_segment_event(int device, LiveBlock::PoolId pool,
+                                            std::uintptr_t address, std::size_t bytes,
+                                            cudaStream_t stream, bool made) noexcept {
+  if (!history_.wanted()) return;
+  try {
+    trace(made ? TraceAction::SEGMENT_ALLOC : TraceAction::SEGMENT_FREE, device,
+          reinterpret_cast<const void*>(address), bytes, stream, pool,
+          t_request.context != nullptr ? *t_request.context : nullptr);
   } catch (...) {
     note_error("memory history: a segment event could not be recorded", false);
   }
@@ -542,7 +577,7 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
   for (int attempt = 0;; ++attempt) {
     try {
       if (routing) routed = state->graphs.allocate(size, stream);
-      if (routed.allocator && routed.ptr == nullptr) {
+      if (routed.foreign && routed.ptr == nullptr) {
         // The pool's own allocator said no: its blocks never come from vram.
         out_of_memory(*state, device, size, stream,
                       "the allocator of the MemPool this request is routed to returned null");
@@ -561,17 +596,17 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
   }
   LiveBlock block;
   block.size = size;
-  block.block_bytes = routed.allocator ? size : block_bytes;
+  block.block_bytes = routed.foreign ? routed.bytes : block_bytes;
   block.device = device;
   block.stream = stream;
   block.pool = routed.id;
-  block.allocator = std::move(routed.allocator);
+  block.foreign = std::move(routed.foreign);
   try {
     if (tracing) block.context = context;
     live_.insert(routed.ptr, block);
   } catch (...) {
-    if (block.allocator) {
-      block.allocator->deallocate(routed.ptr);
+    if (block.foreign) {
+      block.foreign->deallocate(routed.ptr);
     } else {
       state->pool.deallocate_async(routed.ptr, size, stream);
     }
@@ -652,11 +687,11 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
       note_error("profiler: a free could not be reported", false);
     }
   }
-  if (block.allocator) {
-    // Its allocator cannot order the reuse after recorded streams: they are waited for.
+  if (block.foreign) {
+    // Its pool reuses a block on its stream only: recorded streams are waited for first.
     state->streams.wait_recorded(ptr, block.stream);
-    block.allocator->deallocate(ptr);
-    return true;
+    block.foreign->deallocate(ptr);
+    return true;  // `block` goes: its pool gives its memory back if that was its last use
   }
   // Freed during a capture on a stream a route accepts: that pool's (graph_routes.hpp).
   if (state->graphs.active() && state->graphs.deallocate(ptr, block.size, block.stream)) {
@@ -791,7 +826,7 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
       if (next != live.begin()) {  // a block begun in the run before may reach into this one
         const Live& before = *std::prev(next);
         const std::uintptr_t before_end = before.address + before.block.block_bytes;
-        if (before.block.device == device && !before.block.uncached && !before.block.allocator &&
+        if (before.block.device == device && !before.block.uncached && !before.block.foreign &&
             before_end > at) {
           const std::size_t bytes = std::min(before_end, end) - at;
           // The requested bytes that lie in this piece (memory_viz walks a block's
@@ -826,6 +861,42 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         cda::BlockInfo rest;
         rest.size = end - at;
         add(std::move(rest), at, {0, 0}, nullptr, 0);
+      }
+    }
+    // The segments of MemPools' own allocators, each the pool's (PyTorch's private pools).
+    for (const auto& foreign : state.graphs.foreign_pools()) {
+      const c10::MempoolId_t owner{static_cast<c10::CaptureId_t>(foreign->id().first),
+                                   static_cast<c10::CaptureId_t>(foreign->id().second)};
+      for (const ForeignPool::SegmentView& view : foreign->segments()) {
+        cda::SegmentInfo& segment = info.segments.emplace_back();
+        segment.device = static_cast<c10::DeviceIndex>(device);
+        segment.address = view.address;
+        segment.total_size = view.bytes;
+        segment.stream = view.stream;
+        segment.is_large = view.large;
+        segment.owner_private_pool_id = owner;
+        segment.registration_counter =
+            static_cast<decltype(segment.registration_counter)>(view.order);
+        for (const ForeignPool::BlockView& b : view.blocks) {
+          cda::BlockInfo block;
+          block.size = b.bytes;
+          block.requested_size = b.requested;
+          block.allocated = b.live;
+          block.active = b.live;
+          if (b.live) {
+            segment.allocated_size += b.bytes;
+            segment.active_size += b.bytes;
+            segment.requested_size += b.requested;
+            const auto found = std::lower_bound(
+                live.begin(), live.end(), b.address,
+                [](const Live& l, std::uintptr_t address) { return l.address < address; });
+            if (found != live.end() && found->address == b.address) {
+              block.context_when_allocated =
+                  std::static_pointer_cast<c10::GatheredContext>(found->block.context);
+            }
+          }
+          segment.blocks.push_back(std::move(block));
+        }
       }
     }
   });

@@ -178,6 +178,55 @@ def test_mem_pool_with_its_own_allocator_takes_blocks_from_it():
     _agree_with_vram()
 
 
+def test_mem_pool_with_its_own_allocator_caches_segments_as_pytorch_does():
+    # PyTorch's packing: tensors of up to 1 MiB share 2 MiB segments of the pool's allocator,
+    # which stay the pool's (listed by its snapshot, kept by empty_cache while it has a use)
+    # and go back to that allocator when its last use and block are gone.
+    other = torch.cuda.memory.CUDAPluggableAllocator(
+        vram_torch.library_path(), "vram_torch_alloc", "vram_torch_free")
+    before = vram_torch.stats()["allocated_bytes.all.current"]
+    pool = torch.cuda.MemPool(other.allocator())
+    nelem_1mb = MiB // 4
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    try:
+        with torch.cuda.use_mem_pool(pool):
+            a = torch.randn(nelem_1mb, device="cuda")
+            assert len(pool.snapshot()) == 1
+            b = torch.randn(nelem_1mb, device="cuda")
+            assert len(pool.snapshot()) == 1
+            c = torch.randn(nelem_1mb, device="cuda")
+            assert len(pool.snapshot()) == 2
+        segments = pool.snapshot()
+        assert sorted(s["total_size"] for s in segments) == [2 * MiB, 2 * MiB]
+        assert all(tuple(s["segment_pool_id"]) == tuple(pool.id) for s in segments)
+        assert sum(s["allocated_size"] for s in segments) == 3 * MiB
+        starts = {s["address"] for s in segments}
+        assert a.data_ptr() in starts and c.data_ptr() in starts
+        assert b.data_ptr() == a.data_ptr() + MiB
+        trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+        made = [e for e in trace if e["action"] == "segment_alloc" and e["addr"] in starts]
+        assert len(made) == 2 and all(e["size"] == 2 * MiB for e in made), made
+        del a, b, c
+        torch.cuda.empty_cache()  # a pool with a use keeps its cached segments
+        assert len(pool.snapshot()) == 2
+        with torch.cuda.use_mem_pool(pool):
+            d = torch.ones(nelem_1mb, device="cuda")
+        assert d.data_ptr() in starts, "a cached segment of the pool serves it"
+        assert len(pool.snapshot()) == 2
+        assert float(d.sum()) == nelem_1mb
+        del d, pool
+        gc.collect()
+        all_segments = torch.cuda.memory._snapshot()
+        assert not any(s["address"] in starts for s in all_segments["segments"])
+        freed = [e for e in all_segments["device_traces"][torch.cuda.current_device()]
+                 if e["action"] == "segment_free" and e["addr"] in starts]
+        assert len(freed) == 2, freed
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    torch.cuda.synchronize()
+    assert vram_torch.stats()["allocated_bytes.all.current"] == before
+
+
 def test_memory_fraction_raises_out_of_memory_past_it_and_stays_usable():
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(0.25)
