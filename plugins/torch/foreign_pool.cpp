@@ -18,9 +18,10 @@ std::size_t ForeignPool::segment_bytes(std::size_t rounded) noexcept {
 }
 
 ForeignPool::~ForeignPool() {
-  std::vector<std::pair<std::uintptr_t, Segment>> all(segments_.begin(), segments_.end());
-  segments_.clear();
-  give_back(all);
+  for (const auto& [address, segment] : segments_) {
+    tell(address, segment.bytes, segment.stream, false);
+    source_->deallocate(reinterpret_cast<void*>(address));
+  }
 }
 
 bool ForeignPool::free_key(const Block& b, std::uintptr_t address, FreeKey& key) const noexcept {
@@ -90,6 +91,9 @@ ForeignPool::Given ForeignPool::allocate(std::size_t size, cudaStream_t stream) 
   }
   if (ptr == nullptr) return {};
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  // Told before any block of it can be handed out (its rest is free to other threads once
+  // it is filed below).
+  tell(address, bytes, stream, true);
   std::size_t given = 0;
   try {
     std::lock_guard lock(mutex_);
@@ -111,10 +115,10 @@ ForeignPool::Given ForeignPool::allocate(std::size_t size, cudaStream_t stream) 
     ++next_order_;
     reserved_ += bytes;
   } catch (...) {
+    tell(address, bytes, stream, false);
     source_->deallocate(ptr);
     throw;
   }
-  tell(address, bytes, stream, true);
   return {ptr, given};
 }
 
