@@ -79,16 +79,9 @@ ForeignPool::Given ForeignPool::allocate(std::size_t size, cudaStream_t stream) 
     }
   }
   const std::size_t bytes = segment_bytes(rounded);
-  void* ptr = nullptr;
-  for (int attempt = 0;; ++attempt) {
-    try {
-      ptr = source_->allocate(bytes, stream);
-    } catch (...) {
-      if (attempt == 0 && release_free() != 0) continue;
-      throw;
-    }
-    if (ptr != nullptr || attempt != 0 || release_free() == 0) break;
-  }
+  // No cached segment is given back to make room: one may be baked into a captured graph
+  // of this pool (PyTorch frees only pools without a use, and none during a capture).
+  void* ptr = source_->allocate(bytes, stream);
   if (ptr == nullptr) return {};
   const auto address = reinterpret_cast<std::uintptr_t>(ptr);
   // Told before any block of it can be handed out (its rest is free to other threads once

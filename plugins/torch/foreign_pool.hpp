@@ -12,11 +12,13 @@
 //   segment was made on: stream order makes the reuse safe without an event. Best fit by
 //   size, then the lowest address. A block is cut when the rest is at least 512 bytes
 //   (small) or more than 1 MiB (large); a freed block joins its free neighbours.
-// - Segments go back to the allocator when the whole segment is free and: release_free() is
-//   called (PyTorch's empty_cache once the pool has no use), the allocator fails a request
-//   (then once more after), or the pool is destroyed (the last reference: the MemPool's use
-//   and every live block hold one). The listener hears of each segment made before its
-//   first block is handed out, and of each going back before the allocator frees it.
+// - A segment goes back to the allocator only whole: at release_free() (PyTorch's empty_cache
+//   once the pool has no use) and at the pool's destruction (the last reference: the
+//   MemPool's use and every live block hold one). Never while the pool is in use, not even
+//   when the allocator fails a request (the failure reaches the caller): a captured graph of
+//   the pool may hold a free segment's addresses. The listener hears of each segment made
+//   before any block of it is handed out, and of each going back before the allocator frees
+//   it.
 // Thread safety: one mutex; the allocator and the listener are called outside it.
 #pragma once
 
@@ -69,11 +71,11 @@ class ForeignPool {
   int device() const noexcept { return device_; }
 
   struct Given {
-    void* ptr = nullptr;    // null: the allocator had no memory, even after a release_free()
+    void* ptr = nullptr;    // null: the allocator returned null
     std::size_t bytes = 0;  // the block's bytes (`size` rounded)
   };
   // A block of at least `size` (> 0) bytes for work on `stream`. Throws what the allocator
-  // throws (after one release_free() and retry) and std::bad_alloc.
+  // throws, and std::bad_alloc; nothing changed then.
   Given allocate(std::size_t size, cudaStream_t stream);
   // Returns the live block at `ptr` to the cache; false when there is none (nothing changed).
   bool deallocate(void* ptr) noexcept;

@@ -500,9 +500,12 @@ void NativeAllocator::foreign_segment_event(int device, LiveBlock::PoolId pool,
                                             cudaStream_t stream, bool made) noexcept {
   if (!history_.wanted()) return;
   try {
-    trace(made ? TraceAction::SEGMENT_ALLOC : TraceAction::SEGMENT_FREE, device,
-          reinterpret_cast<const void*>(address), bytes, stream, pool,
-          t_request.context != nullptr ? *t_request.context : nullptr);
+    // As segment_event: every tracker hears it even when one throws (NCCL's registration).
+    history_.record_noexcept(cda::TraceEntry(
+        made ? TraceAction::SEGMENT_ALLOC : TraceAction::SEGMENT_FREE,
+        static_cast<c10::DeviceIndex>(device), address, bytes, stream,
+        {static_cast<c10::CaptureId_t>(pool.first), static_cast<c10::CaptureId_t>(pool.second)},
+        c10::getApproximateTime(), t_request.context != nullptr ? *t_request.context : nullptr));
   } catch (...) {
     note_error("memory history: a segment event could not be recorded", false);
   }
@@ -842,7 +845,9 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         }
       }
       for (; next != live.end() && next->address < end; ++next) {
-        if (next->block.device != device || next->address < at) continue;
+        // A MemPool's own allocator's block is listed in that pool's segment (below), also
+        // when the allocator is vram's C interface and the segment lies in this unit.
+        if (next->block.device != device || next->block.foreign || next->address < at) continue;
         if (next->address > at) {
           cda::BlockInfo gap;
           gap.size = next->address - at;
@@ -900,6 +905,10 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
       }
     }
   });
+  std::sort(info.segments.begin(), info.segments.end(),
+            [](const cda::SegmentInfo& a, const cda::SegmentInfo& b) {
+              return a.device != b.device ? a.device < b.device : a.address < b.address;
+            });
   if (wanted != LiveBlock::PoolId{0, 0}) {  // only that pool's segments
     std::erase_if(info.segments,
                   [&](const cda::SegmentInfo& s) { return s.owner_private_pool_id != mempool_id; });

@@ -178,14 +178,52 @@ def test_mem_pool_with_its_own_allocator_takes_blocks_from_it():
     _agree_with_vram()
 
 
+_PLAIN_ALLOCATOR_C = r"""
+#include <stddef.h>
+int cudaMalloc(void** ptr, size_t size);
+int cudaFree(void* ptr);
+int plain_allocs = 0, plain_frees = 0;
+void* plain_alloc(size_t size, int device, void* stream) {
+  void* ptr = 0;
+  if (cudaMalloc(&ptr, size) != 0) return 0;
+  ++plain_allocs;
+  return ptr;
+}
+void plain_free(void* ptr, size_t size, int device, void* stream) {
+  ++plain_frees;
+  cudaFree(ptr);
+}
+"""
+
+
+def _plain_cuda_allocator(folder):
+    """A MemPool allocator of cudaMalloc and cudaFree (as PyTorch's own tests make one), and
+    its counters."""
+    import ctypes
+    import subprocess
+    from torch.utils.cpp_extension import CUDA_HOME
+    assert CUDA_HOME, "no CUDA toolkit found to build the test's allocator"
+    source = os.path.join(folder, "plain_allocator.c")
+    library = os.path.join(folder, "plain_allocator.so")
+    with open(source, "w") as f:
+        f.write(_PLAIN_ALLOCATOR_C)
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", source, "-o", library,
+                    "-L" + os.path.join(CUDA_HOME, "lib64"), "-lcudart",
+                    "-Wl,-rpath," + os.path.join(CUDA_HOME, "lib64")], check=True)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(library, "plain_alloc", "plain_free")
+    lib = ctypes.CDLL(library)
+    return (allocator, ctypes.c_int.in_dll(lib, "plain_allocs"),
+            ctypes.c_int.in_dll(lib, "plain_frees"))
+
+
 def test_mem_pool_with_its_own_allocator_caches_segments_as_pytorch_does():
     # PyTorch's packing: tensors of up to 1 MiB share 2 MiB segments of the pool's allocator,
     # which stay the pool's (listed by its snapshot, kept by empty_cache while it has a use)
     # and go back to that allocator when its last use and block are gone.
-    other = torch.cuda.memory.CUDAPluggableAllocator(
-        vram_torch.library_path(), "vram_torch_alloc", "vram_torch_free")
-    before = vram_torch.stats()["allocated_bytes.all.current"]
-    pool = torch.cuda.MemPool(other.allocator())
+    folder = tempfile.mkdtemp()
+    allocator, allocs, frees = _plain_cuda_allocator(folder)
+    reserved_before = torch.cuda.memory_reserved()
+    pool = torch.cuda.MemPool(allocator.allocator())
     nelem_1mb = MiB // 4
     torch.cuda.memory._record_memory_history(max_entries=100000)
     try:
@@ -196,26 +234,30 @@ def test_mem_pool_with_its_own_allocator_caches_segments_as_pytorch_does():
             assert len(pool.snapshot()) == 1
             c = torch.randn(nelem_1mb, device="cuda")
             assert len(pool.snapshot()) == 2
+        assert allocs.value == 2
         segments = pool.snapshot()
-        assert sorted(s["total_size"] for s in segments) == [2 * MiB, 2 * MiB]
+        assert [s["total_size"] for s in segments] == [2 * MiB, 2 * MiB]
         assert all(tuple(s["segment_pool_id"]) == tuple(pool.id) for s in segments)
         assert sum(s["allocated_size"] for s in segments) == 3 * MiB
+        assert segments[0]["address"] < segments[1]["address"], "by address, as PyTorch's"
         starts = {s["address"] for s in segments}
         assert a.data_ptr() in starts and c.data_ptr() in starts
         assert b.data_ptr() == a.data_ptr() + MiB
+        assert torch.cuda.memory_reserved() - reserved_before >= 4 * MiB  # the two segments
         trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
         made = [e for e in trace if e["action"] == "segment_alloc" and e["addr"] in starts]
         assert len(made) == 2 and all(e["size"] == 2 * MiB for e in made), made
         del a, b, c
         torch.cuda.empty_cache()  # a pool with a use keeps its cached segments
-        assert len(pool.snapshot()) == 2
+        assert len(pool.snapshot()) == 2 and frees.value == 0
         with torch.cuda.use_mem_pool(pool):
             d = torch.ones(nelem_1mb, device="cuda")
         assert d.data_ptr() in starts, "a cached segment of the pool serves it"
-        assert len(pool.snapshot()) == 2
+        assert len(pool.snapshot()) == 2 and allocs.value == 2
         assert float(d.sum()) == nelem_1mb
         del d, pool
         gc.collect()
+        assert frees.value == 2
         all_segments = torch.cuda.memory._snapshot()
         assert not any(s["address"] in starts for s in all_segments["segments"])
         freed = [e for e in all_segments["device_traces"][torch.cuda.current_device()]
@@ -223,8 +265,7 @@ def test_mem_pool_with_its_own_allocator_caches_segments_as_pytorch_does():
         assert len(freed) == 2, freed
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    torch.cuda.synchronize()
-    assert vram_torch.stats()["allocated_bytes.all.current"] == before
+    assert torch.cuda.memory_reserved() <= reserved_before
 
 
 def test_memory_fraction_raises_out_of_memory_past_it_and_stays_usable():
