@@ -271,14 +271,18 @@ class NativeAllocator final : public cca::CUDAAllocator {
     reserved.peak = std::max(static_cast<int64_t>(pool.peak_bytes_reserved), reserved.current);
     auto& segments = stats.segment[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
     segments.current = static_cast<int64_t>(pool.segments + foreign_segments);
-    segments.allocated = static_cast<int64_t>(pool.upstream_allocations);
-    segments.freed = static_cast<int64_t>(pool.upstream_frees);
+    const auto foreign_made =
+        static_cast<int64_t>(c.foreign_segments_made.load(std::memory_order_relaxed));
+    const auto foreign_freed =
+        static_cast<int64_t>(c.foreign_segments_freed.load(std::memory_order_relaxed));
+    segments.allocated = static_cast<int64_t>(pool.upstream_allocations) + foreign_made;
+    segments.freed = static_cast<int64_t>(pool.upstream_frees) + foreign_freed;
     stats.num_alloc_retries =
         static_cast<int64_t>(pool.oom_retries + c.retries.load(std::memory_order_relaxed));
     stats.num_ooms = static_cast<int64_t>(c.ooms.load(std::memory_order_relaxed));
     stats.num_sync_all_streams = static_cast<int64_t>(pool.quiesces);
-    stats.num_device_alloc = static_cast<int64_t>(pool.upstream_allocations);
-    stats.num_device_free = static_cast<int64_t>(pool.upstream_frees);
+    stats.num_device_alloc = static_cast<int64_t>(pool.upstream_allocations) + foreign_made;
+    stats.num_device_free = static_cast<int64_t>(pool.upstream_frees) + foreign_freed;
     stats.max_split_size = -1;  // no limit: PyTorch reports its SIZE_MAX default as -1
     return stats;
   }
@@ -498,6 +502,10 @@ void NativeAllocator::segment_event(int device, const vram::ReservedSpan& span,
 void NativeAllocator::foreign_segment_event(int device, LiveBlock::PoolId pool,
                                             std::uintptr_t address, std::size_t bytes,
                                             cudaStream_t stream, bool made) noexcept {
+  if (DeviceState* state = find_state(device)) {
+    (made ? state->counters.foreign_segments_made : state->counters.foreign_segments_freed)
+        .fetch_add(1, std::memory_order_relaxed);
+  }
   if (!history_.wanted()) return;
   try {
     // As segment_event: every tracker hears it even when one throws (NCCL's registration).

@@ -21,8 +21,10 @@ vram_torch_stats_t stats_of(DeviceState& state) {
   s.reserved_bytes_current = pool.bytes_reserved;
   s.reserved_bytes_peak = pool.peak_bytes_reserved;
   s.cached_bytes = pool.bytes_cached;
-  s.num_device_alloc = pool.upstream_allocations;
-  s.num_device_free = pool.upstream_frees;
+  s.num_device_alloc =
+      pool.upstream_allocations + c.foreign_segments_made.load(std::memory_order_relaxed);
+  s.num_device_free =
+      pool.upstream_frees + c.foreign_segments_freed.load(std::memory_order_relaxed);
   s.num_alloc_retries = pool.oom_retries + c.retries.load(std::memory_order_relaxed);
   s.num_ooms = c.ooms.load(std::memory_order_relaxed);
   s.record_stream_calls = c.record_calls.load(std::memory_order_relaxed);

@@ -91,6 +91,9 @@ struct Counters {
   SplitTally requested_bytes;  // the bytes PyTorch asked for
   SplitTally allocations;      // live blocks
   std::atomic<std::uint64_t> ooms{0}, retries{0}, record_calls{0};
+  // Segments of MemPools' own allocators made and given back (ForeignPool): PyTorch counts
+  // them as device allocations and frees.
+  std::atomic<std::uint64_t> foreign_segments_made{0}, foreign_segments_freed{0};
 
   void count_allocation(std::uint64_t block_bytes, std::uint64_t size) noexcept {
     const BlockKind kind = kind_of(block_bytes);

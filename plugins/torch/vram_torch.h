@@ -66,8 +66,9 @@ typedef struct vram_torch_stats_t {
   uint64_t reserved_bytes_current; /* DevicePoolStats::bytes_reserved */
   uint64_t reserved_bytes_peak;    /* DevicePoolStats::peak_bytes_reserved */
   uint64_t cached_bytes;           /* DevicePoolStats::bytes_cached */
-  uint64_t num_device_alloc;       /* DevicePoolStats::upstream_allocations */
-  uint64_t num_device_free;        /* DevicePoolStats::upstream_frees */
+  uint64_t num_device_alloc;       /* DevicePoolStats::upstream_allocations, and segments
+                                      of MemPools' own allocators (allocator mode) */
+  uint64_t num_device_free;        /* DevicePoolStats::upstream_frees, likewise */
   uint64_t num_alloc_retries;      /* DevicePoolStats::oom_retries + plug-in retries */
   uint64_t num_ooms;               /* allocations answered with NULL */
   uint64_t record_stream_calls;

@@ -223,6 +223,7 @@ def test_mem_pool_with_its_own_allocator_caches_segments_as_pytorch_does():
     folder = tempfile.mkdtemp()
     allocator, allocs, frees = _plain_cuda_allocator(folder)
     reserved_before = torch.cuda.memory_reserved()
+    stats_before = torch.cuda.memory_stats()
     pool = torch.cuda.MemPool(allocator.allocator())
     nelem_1mb = MiB // 4
     torch.cuda.memory._record_memory_history(max_entries=100000)
@@ -244,6 +245,9 @@ def test_mem_pool_with_its_own_allocator_caches_segments_as_pytorch_does():
         assert a.data_ptr() in starts and c.data_ptr() in starts
         assert b.data_ptr() == a.data_ptr() + MiB
         assert torch.cuda.memory_reserved() - reserved_before >= 4 * MiB  # the two segments
+        stats = torch.cuda.memory_stats()  # the segments count as PyTorch counts them
+        assert stats["num_device_alloc"] - stats_before["num_device_alloc"] >= 2
+        assert stats["segment.all.current"] - stats_before["segment.all.current"] >= 2
         trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
         made = [e for e in trace if e["action"] == "segment_alloc" and e["addr"] in starts]
         assert len(made) == 2 and all(e["size"] == 2 * MiB for e in made), made
@@ -258,6 +262,8 @@ def test_mem_pool_with_its_own_allocator_caches_segments_as_pytorch_does():
         del d, pool
         gc.collect()
         assert frees.value == 2
+        assert (torch.cuda.memory_stats()["num_device_free"]
+                - stats_before["num_device_free"]) >= 2
         all_segments = torch.cuda.memory._snapshot()
         assert not any(s["address"] in starts for s in all_segments["segments"])
         freed = [e for e in all_segments["device_traces"][torch.cuda.current_device()]
