@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/capture.hpp"
 #include "cuda/ipc.hpp"
 #include "cuda/memory.hpp"
 #include "device_registry.hpp"
@@ -43,6 +44,9 @@ class ForeignPoolAllocator final : public PoolAllocator {
   explicit ForeignPoolAllocator(std::shared_ptr<cca::CUDAAllocator> allocator) noexcept
       : allocator_(std::move(allocator)) {}
   void* allocate(std::size_t size, cudaStream_t stream) override {
+    // A segment made during a capture: its cudaMalloc (or the like) must not invalidate the
+    // capture (PyTorch relaxes the mode the same way); the pool never frees it while in use.
+    const vram::cuda::RelaxedCaptureMode relaxed;
     return allocator_->raw_alloc_with_stream(size, stream);
   }
   void deallocate(void* ptr) noexcept override {
