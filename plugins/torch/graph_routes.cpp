@@ -176,6 +176,15 @@ std::vector<std::shared_ptr<ForeignPool>> GraphRoutes::foreign_pools() const {
   return alive;
 }
 
+GraphRoutes::ForeignTotals GraphRoutes::foreign_totals() const {
+  ForeignTotals totals;
+  for (const auto& pool : foreign_pools()) {
+    totals.bytes += pool->reserved_bytes();
+    totals.segments += pool->segment_count();
+  }
+  return totals;
+}
+
 void GraphRoutes::release_unused_foreign() noexcept {
   std::vector<std::shared_ptr<ForeignPool>> unused;
   try {

@@ -80,6 +80,12 @@ class GraphRoutes {
   std::uint64_t invalid_releases() const;
   // Every foreign pool still alive (with a use, or live blocks).
   std::vector<std::shared_ptr<ForeignPool>> foreign_pools() const;
+  // The bytes and segments the foreign pools alive hold.
+  struct ForeignTotals {
+    std::size_t bytes = 0;
+    std::size_t segments = 0;
+  };
+  ForeignTotals foreign_totals() const;
   // Gives back the free segments of the foreign pools no use holds any more.
   void release_unused_foreign() noexcept;
 

@@ -265,16 +265,11 @@ class NativeAllocator final : public cca::CUDAAllocator {
     auto& reserved = stats.reserved_bytes[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
     // MemPools' own allocators' segments are reserved too (PyTorch's meaning); their peak is
     // not tracked apart: the peak is vram's, or the current total when that is higher.
-    std::size_t foreign_bytes = 0;
-    std::size_t foreign_segments = 0;
-    for (const auto& foreign : state->graphs.foreign_pools()) {
-      foreign_bytes += foreign->reserved_bytes();
-      foreign_segments += foreign->segment_count();
-    }
-    reserved.current = static_cast<int64_t>(pool.bytes_reserved + foreign_bytes);
+    const GraphRoutes::ForeignTotals foreign = state->graphs.foreign_totals();
+    reserved.current = static_cast<int64_t>(pool.bytes_reserved + foreign.bytes);
     reserved.peak = std::max(static_cast<int64_t>(pool.peak_bytes_reserved), reserved.current);
     auto& segments = stats.segment[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
-    segments.current = static_cast<int64_t>(pool.segments + foreign_segments);
+    segments.current = static_cast<int64_t>(pool.segments + foreign.segments);
     const auto foreign_made =
         static_cast<int64_t>(c.foreign_segments_made.load(std::memory_order_relaxed));
     const auto foreign_freed =

@@ -1,5 +1,7 @@
 #include "stats.hpp"
 
+#include <algorithm>
+
 #include "device_registry.hpp"
 
 namespace vram_torch {
@@ -18,8 +20,10 @@ vram_torch_stats_t stats_of(DeviceState& state) {
   s.allocation_allocated = c.allocations.all.added();
   s.allocation_freed = c.allocations.all.removed();
   const vram::DevicePoolStats pool = state.pool.stats();
-  s.reserved_bytes_current = pool.bytes_reserved;
-  s.reserved_bytes_peak = pool.peak_bytes_reserved;
+  // As torch.cuda's figures (native_allocator.cpp): MemPools' own allocators' segments too.
+  s.reserved_bytes_current = pool.bytes_reserved + state.graphs.foreign_totals().bytes;
+  s.reserved_bytes_peak =
+      std::max<std::uint64_t>(pool.peak_bytes_reserved, s.reserved_bytes_current);
   s.cached_bytes = pool.bytes_cached;
   s.num_device_alloc =
       pool.upstream_allocations + c.foreign_segments_made.load(std::memory_order_relaxed);

@@ -63,8 +63,10 @@ typedef struct vram_torch_stats_t {
   uint64_t allocation_peak;
   uint64_t allocation_allocated; /* cumulative successful allocations */
   uint64_t allocation_freed;
-  uint64_t reserved_bytes_current; /* DevicePoolStats::bytes_reserved */
-  uint64_t reserved_bytes_peak;    /* DevicePoolStats::peak_bytes_reserved */
+  uint64_t reserved_bytes_current; /* DevicePoolStats::bytes_reserved, and segments of
+                                      MemPools' own allocators (allocator mode) */
+  uint64_t reserved_bytes_peak;    /* DevicePoolStats::peak_bytes_reserved, or the current
+                                      figure when higher */
   uint64_t cached_bytes;           /* DevicePoolStats::bytes_cached */
   uint64_t num_device_alloc;       /* DevicePoolStats::upstream_allocations, and segments
                                       of MemPools' own allocators (allocator mode) */
