@@ -73,7 +73,7 @@ struct Fixture {
   std::mutex events_mutex;
   std::vector<Event> events;
   std::shared_ptr<ForeignPool> pool = std::make_shared<ForeignPool>(
-      ForeignPool::Id{1, 7}, 0, source,
+      ForeignPool::Id{1, 7}, source,
       [this](std::uintptr_t a, std::size_t b, cudaStream_t, bool made) {
         std::lock_guard lock(events_mutex);
         events.push_back({a, b, made});
@@ -233,7 +233,7 @@ TEST(ForeignPool, TheListenerHearsOfASegmentBeforeItIsFiledAndOfEachAtThePoolsEn
   ForeignPool* self = nullptr;
   {
     auto pool = std::make_shared<ForeignPool>(
-        ForeignPool::Id{1, 2}, 0, source,
+        ForeignPool::Id{1, 2}, source,
         [&](std::uintptr_t a, std::size_t b, cudaStream_t, bool made) {
           events.push_back({a, b, made});
           filed_when_heard.push_back(self->segment_count());
@@ -255,7 +255,7 @@ TEST(ForeignPool, TheListenerHearsOfASegmentBeforeItIsFiledAndOfEachAtThePoolsEn
 TEST(ForeignPool, AListenerThatThrowsChangesNothing) {
   auto source = std::make_shared<CountingAllocator>();
   {
-    ForeignPool pool({1, 3}, 0, source,
+    ForeignPool pool({1, 3}, source,
                      [](std::uintptr_t, std::size_t, cudaStream_t, bool) { throw 1; });
     const auto a = pool.allocate(100, stream_n(1));
     ASSERT_NE(a.ptr, nullptr);
@@ -272,14 +272,13 @@ TEST(ForeignPool, ThreadsRacingTheReleaseOfFreeSegmentsLoseNothing) {
   std::mutex mutex;
   std::map<std::uintptr_t, bool> made_last;  // each address: made and given back in turn
   int out_of_turn = 0;
-  auto pool =
-      std::make_shared<ForeignPool>(ForeignPool::Id{1, 4}, 0, source,
-                                    [&](std::uintptr_t a, std::size_t, cudaStream_t, bool made) {
-                                      std::lock_guard lock(mutex);
-                                      auto [it, first] = made_last.try_emplace(a, !made);
-                                      if (it->second == made) ++out_of_turn;
-                                      it->second = made;
-                                    });
+  auto pool = std::make_shared<ForeignPool>(
+      ForeignPool::Id{1, 4}, source, [&](std::uintptr_t a, std::size_t, cudaStream_t, bool made) {
+        std::lock_guard lock(mutex);
+        auto [it, first] = made_last.try_emplace(a, !made);
+        if (it->second == made) ++out_of_turn;
+        it->second = made;
+      });
   std::atomic<bool> stop{false};
   std::thread releaser([&] {
     while (!stop.load()) pool->release_free();
@@ -308,7 +307,7 @@ TEST(ForeignPool, ThreadsRacingTheReleaseOfFreeSegmentsLoseNothing) {
 TEST(ForeignPool, ItsEndGivesEverySegmentBack) {
   auto source = std::make_shared<CountingAllocator>();
   {
-    ForeignPool pool({1, 1}, 0, source);
+    ForeignPool pool({1, 1}, source);
     const auto a = pool.allocate(3 * KiB, stream_n(1));
     const auto b = pool.allocate(30 * MiB, stream_n(1));
     EXPECT_TRUE(pool.deallocate(a.ptr));

@@ -59,16 +59,14 @@ class ForeignPool {
   static constexpr std::size_t kMinLargeAlone = std::size_t{10} << 20;
   static constexpr std::size_t kLargeRound = std::size_t{2} << 20;
 
-  ForeignPool(Id id, int device, std::shared_ptr<PoolAllocator> source,
-              Listener listener = nullptr) noexcept
-      : id_(id), device_(device), source_(std::move(source)), listener_(std::move(listener)) {}
+  ForeignPool(Id id, std::shared_ptr<PoolAllocator> source, Listener listener = nullptr) noexcept
+      : id_(id), source_(std::move(source)), listener_(std::move(listener)) {}
   ForeignPool(const ForeignPool&) = delete;
   ForeignPool& operator=(const ForeignPool&) = delete;
   // Gives every segment back (no block of it is live: each holds a reference).
   ~ForeignPool();
 
   Id id() const noexcept { return id_; }
-  int device() const noexcept { return device_; }
 
   struct Given {
     void* ptr = nullptr;    // null: the allocator returned null
@@ -137,7 +135,6 @@ class ForeignPool {
   bool free_key(const Block& b, std::uintptr_t address, FreeKey& key) const noexcept;
 
   const Id id_;
-  const int device_;
   const std::shared_ptr<PoolAllocator> source_;
   const Listener listener_;
   mutable std::mutex mutex_;

@@ -262,26 +262,23 @@ class NativeAllocator final : public cca::CUDAAllocator {
     active_bytes.peak = std::max(active_bytes.peak, active_bytes.current);
 
     const vram::DevicePoolStats pool = state->pool.stats();
+    // Reserved bytes and device allocations as vram_torch.stats() has them (stats_of), so
+    // the two views agree: MemPools' own allocators' segments included.
+    const vram_torch_stats_t own = stats_of(*state);
     auto& reserved = stats.reserved_bytes[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
-    // MemPools' own allocators' segments are reserved too (PyTorch's meaning); their peak is
-    // not tracked apart: the peak is vram's, or the current total when that is higher.
-    const GraphRoutes::ForeignTotals foreign = state->graphs.foreign_totals();
-    reserved.current = static_cast<int64_t>(pool.bytes_reserved + foreign.bytes);
-    reserved.peak = std::max(static_cast<int64_t>(pool.peak_bytes_reserved), reserved.current);
+    reserved.current = static_cast<int64_t>(own.reserved_bytes_current);
+    reserved.peak = static_cast<int64_t>(own.reserved_bytes_peak);
     auto& segments = stats.segment[static_cast<std::size_t>(cda::StatType::AGGREGATE)];
-    segments.current = static_cast<int64_t>(pool.segments + foreign.segments);
-    const auto foreign_made =
-        static_cast<int64_t>(c.foreign_segments_made.load(std::memory_order_relaxed));
-    const auto foreign_freed =
-        static_cast<int64_t>(c.foreign_segments_freed.load(std::memory_order_relaxed));
-    segments.allocated = static_cast<int64_t>(pool.upstream_allocations) + foreign_made;
-    segments.freed = static_cast<int64_t>(pool.upstream_frees) + foreign_freed;
+    segments.current =
+        static_cast<int64_t>(pool.segments + state->graphs.foreign_totals().segments);
+    segments.allocated = static_cast<int64_t>(own.num_device_alloc);
+    segments.freed = static_cast<int64_t>(own.num_device_free);
     stats.num_alloc_retries =
         static_cast<int64_t>(pool.oom_retries + c.retries.load(std::memory_order_relaxed));
     stats.num_ooms = static_cast<int64_t>(c.ooms.load(std::memory_order_relaxed));
     stats.num_sync_all_streams = static_cast<int64_t>(pool.quiesces);
-    stats.num_device_alloc = static_cast<int64_t>(pool.upstream_allocations) + foreign_made;
-    stats.num_device_free = static_cast<int64_t>(pool.upstream_frees) + foreign_freed;
+    stats.num_device_alloc = static_cast<int64_t>(own.num_device_alloc);
+    stats.num_device_free = static_cast<int64_t>(own.num_device_free);
     stats.max_split_size = -1;  // no limit: PyTorch reports its SIZE_MAX default as -1
     return stats;
   }
@@ -321,7 +318,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
     if (allocator != nullptr && allocator.get() != this) {
       const LiveBlock::PoolId key = pool_key(id);
       foreign = std::make_shared<ForeignPool>(
-          key, device, std::make_shared<ForeignPoolAllocator>(std::move(allocator)),
+          key, std::make_shared<ForeignPoolAllocator>(std::move(allocator)),
           [this, device, key](std::uintptr_t address, std::size_t bytes, cudaStream_t stream,
                               bool made) {
             foreign_segment_event(device, key, address, bytes, stream, made);

@@ -20,7 +20,8 @@ vram_torch_stats_t stats_of(DeviceState& state) {
   s.allocation_allocated = c.allocations.all.added();
   s.allocation_freed = c.allocations.all.removed();
   const vram::DevicePoolStats pool = state.pool.stats();
-  // As torch.cuda's figures (native_allocator.cpp): MemPools' own allocators' segments too.
+  // MemPools' own allocators' segments count too; torch.cuda's reserved bytes and device
+  // allocations are read from here (native_allocator.cpp), so both views agree.
   s.reserved_bytes_current = pool.bytes_reserved + state.graphs.foreign_totals().bytes;
   s.reserved_bytes_peak =
       std::max<std::uint64_t>(pool.peak_bytes_reserved, s.reserved_bytes_current);
