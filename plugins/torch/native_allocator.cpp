@@ -695,8 +695,9 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
     }
   }
   if (block.foreign) {
-    // Its pool reuses a block on its stream only: recorded streams are waited for first.
-    state->streams.wait_recorded(ptr, block.stream);
+    // Its pool reuses a block on its stream only: a block with recorded streams goes back
+    // once their events have completed, as the pool's own blocks do.
+    if (state->streams.hold_back(ptr, block.size, block.stream, block.foreign)) return true;
     block.foreign->deallocate(ptr);
     return true;  // `block` goes: its pool gives its memory back if that was its last use
   }

@@ -43,12 +43,14 @@ std::vector<cudaStream_t> StreamTracking::take_recorded(void* ptr) noexcept {
   return streams;
 }
 
-bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, cudaStream_t stream) noexcept {
+bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, cudaStream_t stream,
+                                        const std::shared_ptr<ForeignPool>& foreign) noexcept {
   std::vector<cudaStream_t> streams = take_recorded(ptr);
   if (streams.empty()) return false;
   streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
   if (streams.empty()) return false;
-  HeldBack held{ptr, size, stream, {}};
+  const std::size_t bytes = foreign ? ForeignPool::round(size) : pool_.block_bytes(size);
+  HeldBack held{ptr, size, bytes, stream, {}, foreign};
   try {
     held.events.reserve(streams.size());
     // A null stream names the current device's legacy stream: the block's device here.
@@ -68,7 +70,7 @@ bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, cudaStream_
     std::lock_guard<std::mutex> lock(mutex_);
     held_back_.push_back(std::move(held));
     held_count_.store(held_back_.size(), std::memory_order_relaxed);
-    held_bytes_.fetch_add(pool_.block_bytes(size), std::memory_order_relaxed);
+    held_bytes_.fetch_add(bytes, std::memory_order_relaxed);
     return true;
   } catch (...) {
     // No host memory for the bookkeeping, or the device cannot be made current: order the
@@ -76,13 +78,6 @@ bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, cudaStream_
     for (cudaStream_t other : streams) (void)vram::cuda::try_synchronize_stream(other);
     for (cudaEvent_t event : held.events) events_.give_back(event);
     return false;
-  }
-}
-
-void StreamTracking::wait_recorded(void* ptr, cudaStream_t stream) noexcept {
-  if (recorded_.load(std::memory_order_acquire) == 0) return;
-  for (cudaStream_t other : take_recorded(ptr)) {
-    if (other != stream) (void)vram::cuda::try_synchronize_stream(other);
   }
 }
 
@@ -108,8 +103,12 @@ std::size_t StreamTracking::release(bool wait) noexcept {
     held_count_.store(held_back_.size(), std::memory_order_relaxed);
   }
   for (const HeldBack& block : ready) {
-    held_bytes_.fetch_sub(pool_.block_bytes(block.size), std::memory_order_relaxed);
-    pool_.deallocate_async(block.ptr, block.size, block.alloc_stream);
+    held_bytes_.fetch_sub(block.bytes, std::memory_order_relaxed);
+    if (block.foreign) {
+      block.foreign->deallocate(block.ptr);
+    } else {
+      pool_.deallocate_async(block.ptr, block.size, block.alloc_stream);
+    }
   }
   return ready.size();
 }

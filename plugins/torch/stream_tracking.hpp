@@ -8,6 +8,8 @@
 //   covers that stream.
 // - A stream whose event cannot be made or recorded is synchronized at the free instead,
 //   so no recorded stream is ever left unordered.
+// - A block of a MemPool's own allocator (`foreign`) follows the same rule and goes back to
+//   its ForeignPool instead of the pool; the held record keeps that ForeignPool alive.
 // - recorded() and held_blocks() mirror the sizes of the containers under the mutex, so
 //   the warm path (nothing recorded, nothing held back) reads one relaxed atomic and takes
 //   no lock.
@@ -20,11 +22,13 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "cuda/event_pool.hpp"
+#include "foreign_pool.hpp"
 #include "vram/device_pool.hpp"
 
 namespace vram_torch {
@@ -40,15 +44,13 @@ class StreamTracking {
   void record(void* ptr, cudaStream_t stream);
 
   // At the free of `ptr` (allocated on `stream`): true when the block is held back (the
-  // pool gets it from release()); false when the caller hands it to the pool now.
-  bool hold_back(void* ptr, std::size_t size, cudaStream_t stream) noexcept {
+  // pool, or `foreign` when the block is one of its blocks, gets it from release()); false
+  // when the caller hands it back now.
+  bool hold_back(void* ptr, std::size_t size, cudaStream_t stream,
+                 const std::shared_ptr<ForeignPool>& foreign = nullptr) noexcept {
     if (recorded_.load(std::memory_order_acquire) == 0) return false;
-    return hold_back_recorded(ptr, size, stream);
+    return hold_back_recorded(ptr, size, stream, foreign);
   }
-
-  // At the free of a block the pool does not own (a MemPool's own allocator's): forgets its
-  // recorded streams and waits for those other than `stream`, so its owner may reuse it.
-  void wait_recorded(void* ptr, cudaStream_t stream) noexcept;
 
   // Hands every held-back block whose events have all completed to the pool. `wait`: waits
   // for the events instead (memory is short, or empty_cache); without it, a thread that
@@ -63,11 +65,14 @@ class StreamTracking {
   struct HeldBack {
     void* ptr;
     std::size_t size;
+    std::size_t bytes;  // the block's bytes, as held_bytes() counts them
     cudaStream_t alloc_stream;
     std::vector<cudaEvent_t> events;
+    std::shared_ptr<ForeignPool> foreign;  // null: the pool's block
   };
 
-  bool hold_back_recorded(void* ptr, std::size_t size, cudaStream_t stream) noexcept;
+  bool hold_back_recorded(void* ptr, std::size_t size, cudaStream_t stream,
+                          const std::shared_ptr<ForeignPool>& foreign) noexcept;
   // The streams recorded for the live block `ptr`, forgotten here (empty: none).
   std::vector<cudaStream_t> take_recorded(void* ptr) noexcept;
 

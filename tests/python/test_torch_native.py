@@ -279,6 +279,41 @@ def test_mem_pool_with_its_own_allocator_caches_segments_as_pytorch_does():
     assert torch.cuda.memory_reserved() <= reserved_before
 
 
+def test_mem_pool_with_its_own_allocator_holds_a_recorded_block_back_without_waiting():
+    # A block of such a pool used on another stream (record_stream) returns to the pool once
+    # that stream's work at the free has run, not before; the free itself does not wait.
+    folder = tempfile.TemporaryDirectory()
+    allocator, allocs, frees = _plain_cuda_allocator(folder.name)
+    pool = torch.cuda.MemPool(allocator.allocator())
+    side = torch.cuda.Stream()
+    with torch.cuda.use_mem_pool(pool):
+        x = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+    ptr = x.data_ptr()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(util.SLEEP_CYCLES)
+        x.fill_(3)
+    x.record_stream(side)
+    active = torch.cuda.memory_stats()["active_bytes.all.current"]
+    del x
+    assert not side.query(), "the free waited for the recorded stream"
+    assert torch.cuda.memory_stats()["active_bytes.all.current"] == active, (
+        "a block held back for its recorded stream is still active (PyTorch's meaning)")
+    with torch.cuda.use_mem_pool(pool):
+        y = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+    assert y.data_ptr() != ptr, "a block used by a running stream was handed out again"
+    side.synchronize()
+    del y
+    with torch.cuda.use_mem_pool(pool):
+        z = torch.ones(MiB, dtype=torch.uint8, device="cuda")
+    assert z.data_ptr() == ptr, "the block went back to its pool once the stream had run"
+    assert allocs.value == 1 and len(pool.snapshot()) == 1
+    assert int(z.sum()) == MiB
+    del z, pool
+    gc.collect()
+    assert frees.value == 1
+
+
 def test_memory_fraction_raises_out_of_memory_past_it_and_stays_usable():
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(0.25)
