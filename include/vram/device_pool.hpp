@@ -512,14 +512,6 @@ class DevicePool {
   // of the pool's live blocks (PyTorch's CUDA graph trees) at the same addresses. Returns
   // its bytes, or 0 (nothing changed) when it is no free block of that pool.
   std::size_t claim_graph_block(GraphPoolId graph_pool, void* block) noexcept;
-  // The free blocks graph pools keep for their next captures (pictures of memory: PyTorch's
-  // snapshots show them as their private pool's). Throws std::bad_alloc.
-  struct GraphPoolBlock {
-    GraphPoolId graph_pool = 0;
-    void* block = nullptr;
-    std::size_t bytes = 0;
-  };
-  std::vector<GraphPoolBlock> graph_pool_free_blocks() const;
 
   // Sleep and wake (vram/sleep_tag.hpp: where a tag's memory comes from, the ordering of
   // sleep and wake, the misuse rules). A pool whose large tier runs over virtual memory only.

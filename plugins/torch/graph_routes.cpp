@@ -166,27 +166,6 @@ std::uint64_t GraphRoutes::invalid_releases() const {
   return invalid_releases_;
 }
 
-std::vector<GraphRoutes::CachedBlock> GraphRoutes::cached_blocks() const {
-  // The pool's graph pools are read before mutex_ is taken: never one lock inside the other.
-  const std::vector<vram::DevicePool::GraphPoolBlock> free = pool_.graph_pool_free_blocks();
-  std::vector<CachedBlock> cached;
-  {
-    std::lock_guard lock(mutex_);
-    std::map<vram::DevicePool::GraphPoolId, MempoolId> ids;
-    for (const auto& [id, uses] : uses_) {
-      if (!uses.foreign) ids.emplace(uses.pool, id);
-    }
-    for (const vram::DevicePool::GraphPoolBlock& block : free) {
-      const auto found = ids.find(block.graph_pool);
-      if (found == ids.end()) continue;
-      cached.push_back({reinterpret_cast<std::uintptr_t>(block.block), block.bytes, found->second});
-    }
-  }
-  std::sort(cached.begin(), cached.end(),
-            [](const CachedBlock& a, const CachedBlock& b) { return a.address < b.address; });
-  return cached;
-}
-
 std::vector<std::shared_ptr<ForeignPool>> GraphRoutes::foreign_pools() const {
   std::lock_guard lock(mutex_);
   std::vector<std::shared_ptr<ForeignPool>> alive;

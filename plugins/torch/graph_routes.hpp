@@ -78,15 +78,6 @@ class GraphRoutes {
   std::size_t claim(MempoolId id, void* block) noexcept;
   // Releases of unknown ids.
   std::uint64_t invalid_releases() const;
-  // A free block a pool over vram keeps for its next requests.
-  struct CachedBlock {
-    std::uintptr_t address = 0;
-    std::size_t bytes = 0;
-    MempoolId id{0, 0};
-  };
-  // The free blocks of the pools over vram that have a use open, by address (blocks of a
-  // pool given up are the shared tiers' from then on). Throws std::bad_alloc.
-  std::vector<CachedBlock> cached_blocks() const;
   // Every foreign pool still alive (with a use, or live blocks).
   std::vector<std::shared_ptr<ForeignPool>> foreign_pools() const;
   // The bytes and segments the foreign pools alive hold.

@@ -780,14 +780,12 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
   // a sleep tag's run: SegmentUnits), the units PyTorch's SEGMENT_ALLOC and SEGMENT_FREE
   // name, so that what NCCL registers from a snapshot is what a SEGMENT_FREE deregisters.
   // Cut further where the owner changes: a private pool's live blocks lie among the shared
-  // tiers' ranges, and PyTorch reads a segment's pool (segment_pool_id) to find them. A free
-  // block a private pool keeps for its next requests is that pool's too (PyTorch lists a
-  // pool's cached blocks); other free ranges and blocks vram caches are the shared pool's.
-  // A block that spans two runs of virtual memory is cut at the run's end; its part in the
-  // later run is the shared pool's (a graph tree counts the block once, where it begins).
+  // tiers' ranges, and PyTorch reads a segment's pool (segment_pool_id) to find them. Free
+  // ranges and blocks vram keeps cached are the shared pool's. A block that spans two runs
+  // of virtual memory is cut at the run's end; its part in the later run is the shared
+  // pool's (a graph tree counts the block once, where it begins).
   for_each_state(-1, [&](DeviceState& state) {
     const int device = state.device;
-    const std::vector<GraphRoutes::CachedBlock> cached = state.graphs.cached_blocks();
     std::vector<vram::DevicePoolSegment> map = state.pool.memory_map();
     std::sort(map.begin(), map.end(),
               [](const vram::DevicePoolSegment& a, const vram::DevicePoolSegment& b) {
@@ -829,30 +827,6 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         }
         open->blocks.push_back(std::move(block));
       };
-      // Memory of the unit no live block covers, from `from` to `to`: a private pool's where
-      // it keeps a free block, else the shared pool's.
-      auto add_free = [&](std::uintptr_t from, std::uintptr_t to) {
-        auto it = std::upper_bound(cached.begin(), cached.end(), from,
-                                   [](std::uintptr_t a, const GraphRoutes::CachedBlock& c) {
-                                     return a < c.address + c.bytes;
-                                   });
-        while (from < to) {
-          const std::uintptr_t start = it == cached.end() ? to : std::clamp(it->address, from, to);
-          if (start > from) {
-            cda::BlockInfo gap;
-            gap.size = start - from;
-            add(std::move(gap), from, {0, 0}, nullptr, 0);
-            from = start;
-            continue;
-          }
-          const std::uintptr_t stop = std::min(it->address + it->bytes, to);
-          cda::BlockInfo free;
-          free.size = stop - from;
-          add(std::move(free), from, it->id, nullptr, 0);
-          from = stop;
-          ++it;
-        }
-      };
       auto next = std::lower_bound(
           live.begin(), live.end(), unit.address,
           [](const Live& l, std::uintptr_t address) { return l.address < address; });
@@ -879,7 +853,11 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         // A MemPool's own allocator's block is listed in that pool's segment (below), also
         // when the allocator is vram's C interface and the segment lies in this unit.
         if (next->block.device != device || next->block.foreign || next->address < at) continue;
-        if (next->address > at) add_free(at, next->address);
+        if (next->address > at) {
+          cda::BlockInfo gap;
+          gap.size = next->address - at;
+          add(std::move(gap), at, {0, 0}, nullptr, 0);
+        }
         const std::uintptr_t block_end = std::min(next->address + next->block.block_bytes, end);
         cda::BlockInfo block = block_info(*next);
         block.size = block_end - next->address;
@@ -889,7 +867,11 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         add(std::move(block), next->address, next->block.pool, &*next, requested);
         at = block_end;
       }
-      if (at < end) add_free(at, end);
+      if (at < end) {
+        cda::BlockInfo rest;
+        rest.size = end - at;
+        add(std::move(rest), at, {0, 0}, nullptr, 0);
+      }
     }
     // The segments of MemPools' own allocators, each the pool's (PyTorch's private pools).
     for (const auto& foreign : state.graphs.foreign_pools()) {

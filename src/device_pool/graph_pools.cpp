@@ -186,15 +186,6 @@ void GraphPools::note_pools() noexcept {
   }
 }
 
-std::vector<std::pair<GraphPools::Id, GraphPools::Block>> GraphPools::free_blocks() const {
-  std::lock_guard lock(mutex_);
-  std::vector<std::pair<Id, Block>> blocks;
-  for (const auto& [id, pool] : by_id_) {
-    for (const auto& [bytes, pointer] : pool.free) blocks.push_back({id, Block{pointer, bytes}});
-  }
-  return blocks;
-}
-
 GraphPools::Stats GraphPools::stats() const {
   std::lock_guard lock(mutex_);
   Stats s;

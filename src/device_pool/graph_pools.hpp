@@ -81,9 +81,6 @@ class GraphPools {
   // The free block at `pointer` of pool `id`, live again (a checkpoint of the pool's live
   // blocks restored); its bytes, or 0 (nothing changed) when it is no free block of `id`.
   std::size_t claim(Id id, const void* pointer);
-  // Every pool's free blocks (cached for its next allocations), by pool. Throws
-  // std::bad_alloc.
-  std::vector<std::pair<Id, Block>> free_blocks() const;
   // The blocks of pools that no longer hold them (see the rules), for the shared tiers.
   std::vector<Block> take_pending();
   // Blocks take_pending() gave that cannot rejoin the shared tiers yet (the device could not

@@ -452,15 +452,6 @@ std::size_t DevicePool::claim_graph_block(GraphPoolId graph_pool, void* block) n
   }
 }
 
-std::vector<DevicePool::GraphPoolBlock> DevicePool::graph_pool_free_blocks() const {
-  std::vector<GraphPoolBlock> blocks;
-  if (!core_) return blocks;  // a moved-from pool holds nothing
-  for (const auto& [id, block] : core_->graph_pools.free_blocks()) {
-    blocks.push_back({id, block.pointer, block.bytes});
-  }
-  return blocks;
-}
-
 void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {
   if (!core_) return;
   try {

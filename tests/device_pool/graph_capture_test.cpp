@@ -7,7 +7,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -141,51 +140,6 @@ TEST(GraphPoolsDevicePool, LiveGraphBlocksKeepThePoolUntilFreed) {
   EXPECT_EQ(pool.stats().bytes_in_use, in_use) << "never inside a release";
   pool.trim(0);
   EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
-  EXPECT_EQ(upstream->live_bytes(), 0U);
-}
-
-TEST(GraphPoolsDevicePool, FreeBlocksAreListedWithTheirPoolUntilTheyRejoinTheTiers) {
-  std::shared_ptr<TestUpstream> upstream;
-  DevicePool pool = host_pool(upstream);
-  EXPECT_TRUE(pool.graph_pool_free_blocks().empty());
-  const auto first = DevicePool::new_graph_pool();
-  const auto second = DevicePool::new_graph_pool();
-  const cudaStream_t s = host_stream(0x10);
-  void* a = nullptr;
-  void* b = nullptr;
-  void* kept = nullptr;
-  {
-    auto scope = pool.capture_into(first, s);
-    a = pool.allocate_async(4096, s);
-    kept = pool.allocate_async(3_MiB, s);
-  }
-  {
-    auto scope = pool.capture_into(second, s);
-    b = pool.allocate_async(2_MiB, s);
-  }
-  EXPECT_TRUE(pool.graph_pool_free_blocks().empty()) << "live blocks are not free ones";
-  pool.deallocate_async(a, 4096, s);
-  pool.deallocate_async(b, 2_MiB, s);
-  auto listed = pool.graph_pool_free_blocks();
-  ASSERT_EQ(listed.size(), 2U);
-  std::sort(listed.begin(), listed.end(),
-            [](const auto& x, const auto& y) { return x.graph_pool < y.graph_pool; });
-  EXPECT_EQ(listed[0].graph_pool, first);
-  EXPECT_EQ(listed[0].block, a);
-  EXPECT_EQ(listed[0].bytes, pool.block_bytes(4096));
-  EXPECT_EQ(listed[1].graph_pool, second);
-  EXPECT_EQ(listed[1].block, b);
-  EXPECT_EQ(listed[1].bytes, pool.block_bytes(2_MiB));
-  pool.release_graph_pool(second);  // no use and nothing live: its block leaves the pool
-  listed = pool.graph_pool_free_blocks();
-  ASSERT_EQ(listed.size(), 1U);
-  EXPECT_EQ(listed[0].block, a);
-  pool.deallocate_async(kept, 3_MiB, s);
-  pool.release_graph_pool(first);
-  EXPECT_TRUE(pool.graph_pool_free_blocks().empty());
-  DevicePool moved = std::move(pool);
-  EXPECT_TRUE(pool.graph_pool_free_blocks().empty());  // NOLINT(bugprone-use-after-move)
-  moved.trim(0);
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 

@@ -161,37 +161,6 @@ def test_mem_pool_keeps_its_blocks_and_counts_its_uses():
     _agree_with_vram()
 
 
-def test_mem_pool_snapshot_lists_the_blocks_it_keeps_free():
-    # PyTorch's pool.snapshot() shows a private pool's cached memory after its tensors are
-    # freed (empty_cache inside the pool's use keeps it): vram lists the free blocks it keeps
-    # for the pool as that pool's segments, and none once the pool is gone.
-    pool = torch.cuda.MemPool()
-    with torch.cuda.use_mem_pool(pool):
-        x = torch.randn(4, device="cuda")
-        y = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
-        addresses = {x.data_ptr(), y.data_ptr()}
-        del x, y
-        torch.cuda.empty_cache()
-    segments = pool.snapshot()
-    assert len(segments) >= 1
-    assert all(tuple(s["segment_pool_id"]) == tuple(pool.id) for s in segments)
-    assert all(s["allocated_size"] == 0 for s in segments)
-    starts = {s["address"] + sum(b["size"] for b in s["blocks"][:i])
-              for s in segments for i in range(len(s["blocks"]))}
-    assert addresses <= starts, (addresses, segments)
-    assert all(b["state"] == "inactive" for s in segments for b in s["blocks"])
-    everything = torch.cuda.memory._snapshot()["segments"]
-    mine = [s for s in everything if tuple(s["segment_pool_id"]) == tuple(pool.id)]
-    assert sum(s["total_size"] for s in mine) == sum(s["total_size"] for s in segments)
-    pool_id = pool.id
-    del pool
-    gc.collect()
-    torch.cuda.empty_cache()
-    everything = torch.cuda.memory._snapshot()["segments"]
-    assert not any(tuple(s["segment_pool_id"]) == tuple(pool_id) for s in everything)
-    _agree_with_vram()
-
-
 def test_mem_pool_with_its_own_allocator_takes_blocks_from_it():
     # A pluggable allocator over vram's C interface stands for any foreign one (NCCL's, ...).
     # Its segments are then vram's memory too: while they live, the reserved bytes and device
