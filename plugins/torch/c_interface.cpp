@@ -117,13 +117,14 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
     state->pool.deallocate_async(ptr, size, stream);
     return;
   }
-  state->counters.count_free(state->pool.block_bytes(size), size);
+  const std::size_t bytes = state->pool.block_bytes(size);
+  state->counters.count_free(bytes, size);
   // Freed during a capture on a stream it accepts: the graph's (graph_routes.hpp).
   if (vram_torch::graph_hooks_installed() && state->graphs.active() &&
       state->graphs.deallocate(ptr, size, stream)) {
     return;
   }
-  if (state->streams.hold_back(ptr, size, stream)) return;  // the pool gets it later
+  if (state->streams.hold_back(ptr, size, bytes, stream)) return;  // the pool gets it later
   state->pool.deallocate_async(ptr, size, stream);
 }
 

@@ -14,7 +14,8 @@
 //   (small) or more than 1 MiB (large); a freed block joins its free neighbours.
 // - A segment goes back to the allocator only whole: at release_free() (PyTorch's empty_cache
 //   once the pool has no use) and at the pool's destruction (the last reference: the
-//   MemPool's use and every live block hold one). Never while the pool is in use, not even
+//   MemPool's use, every live block and every block held back for its recorded streams
+//   hold one). Never while the pool is in use, not even
 //   when the allocator fails a request (the failure reaches the caller): a captured graph of
 //   the pool may hold a free segment's addresses. The listener hears of each segment made
 //   before any block of it is handed out, and of each going back before the allocator frees

@@ -16,8 +16,9 @@
 //   pool's (captured work may use it at every launch).
 // - A pool made with an allocator (MemPool(allocator=...)) is a ForeignPool
 //   (foreign_pool.hpp): its blocks are cut from segments of that allocator and cached there
-//   as PyTorch caches them; vram holds none of its memory. Its live blocks keep it (and the
-//   allocator) alive after its last use; from then on release_unused_foreign() (empty_cache)
+//   as PyTorch caches them; vram holds none of its memory. Its live blocks (and those held
+//   back for recorded streams: stream_tracking.hpp) keep it and the allocator alive after
+//   its last use; from then on release_unused_foreign() (empty_cache)
 //   gives its free segments back, as PyTorch does only for pools without a use.
 // Thread safety: a mutex for everything but active(), one relaxed load the warm path pays.
 // Filters are PyTorch's (they ask the stream's capture id or the calling thread).

@@ -585,7 +585,13 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
     try {
       if (routing) routed = state->graphs.allocate(size, stream);
       if (routed.foreign && routed.ptr == nullptr) {
-        // The pool's own allocator said no: its blocks never come from vram.
+        // The pool's own allocator said no: its blocks never come from vram. Blocks held
+        // back for recorded streams may be the pool's missing memory: outside a capture
+        // they are waited for and the request tried once more (PyTorch does the same).
+        if (attempt == 0 && state->streams.held_blocks() != 0 &&
+            !vram::cuda::may_be_capturing(stream) && state->streams.release(true) != 0) {
+          continue;
+        }
         out_of_memory(*state, device, size, stream,
                       "the allocator of the MemPool this request is routed to returned null");
       }
@@ -697,7 +703,9 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
   if (block.foreign) {
     // Its pool reuses a block on its stream only: a block with recorded streams goes back
     // once their events have completed, as the pool's own blocks do.
-    if (state->streams.hold_back(ptr, block.size, block.stream, block.foreign)) return true;
+    if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign)) {
+      return true;
+    }
     block.foreign->deallocate(ptr);
     return true;  // `block` goes: its pool gives its memory back if that was its last use
   }
@@ -705,7 +713,7 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
   if (state->graphs.active() && state->graphs.deallocate(ptr, block.size, block.stream)) {
     return true;
   }
-  if (state->streams.hold_back(ptr, block.size, block.stream)) return true;
+  if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream)) return true;
   state->pool.deallocate_async(ptr, block.size, block.stream);
   return true;
 }
@@ -891,16 +899,19 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
           cda::BlockInfo block;
           block.size = b.bytes;
           block.requested_size = b.requested;
-          block.allocated = b.live;
-          block.active = b.live;
           if (b.live) {
-            segment.allocated_size += b.bytes;
-            segment.active_size += b.bytes;
-            segment.requested_size += b.requested;
+            // A block of the pool no tensor holds is held back for its recorded streams:
+            // active, not allocated (PyTorch's "active_pending_free").
             const auto found = std::lower_bound(
                 live.begin(), live.end(), b.address,
                 [](const Live& l, std::uintptr_t address) { return l.address < address; });
-            if (found != live.end() && found->address == b.address) {
+            const bool allocated = found != live.end() && found->address == b.address;
+            block.allocated = allocated;
+            block.active = true;
+            segment.active_size += b.bytes;
+            if (allocated) {
+              segment.allocated_size += b.bytes;
+              segment.requested_size += b.requested;
               block.context_when_allocated =
                   std::static_pointer_cast<c10::GatheredContext>(found->block.context);
             }

@@ -75,7 +75,8 @@ typedef struct vram_torch_stats_t {
   uint64_t num_ooms;               /* allocations answered with NULL */
   uint64_t record_stream_calls;
   uint64_t held_back_blocks;       /* freed, waiting for recorded streams */
-  uint64_t held_back_bytes;        /* their size-class bytes */
+  uint64_t held_back_bytes;        /* their bytes as counted at allocation (a MemPool's own
+                                      allocator's included) */
   uint64_t graph_pool_bytes;       /* DevicePoolStats::graph_pool_bytes: held by CUDA graphs */
   uint64_t graph_pools;            /* graph pools with a use open or memory held */
   uint64_t unscoped_capture_calls; /* DevicePoolStats::unscoped_capture_calls */

@@ -282,36 +282,82 @@ def test_mem_pool_with_its_own_allocator_caches_segments_as_pytorch_does():
 def test_mem_pool_with_its_own_allocator_holds_a_recorded_block_back_without_waiting():
     # A block of such a pool used on another stream (record_stream) returns to the pool once
     # that stream's work at the free has run, not before; the free itself does not wait.
+    # 11 MiB: the block is its whole 12 MiB segment (a rest of 1 MiB is not cut off), so the
+    # held block counts the bytes its allocation counted, not the request rounded.
     folder = tempfile.TemporaryDirectory()
     allocator, allocs, frees = _plain_cuda_allocator(folder.name)
     pool = torch.cuda.MemPool(allocator.allocator())
     side = torch.cuda.Stream()
     with torch.cuda.use_mem_pool(pool):
-        x = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        x = torch.empty(11 * MiB, dtype=torch.uint8, device="cuda")
     ptr = x.data_ptr()
+    assert [s["total_size"] for s in pool.snapshot()] == [12 * MiB]
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
         torch.cuda._sleep(util.SLEEP_CYCLES)
         x.fill_(3)
     x.record_stream(side)
     active = torch.cuda.memory_stats()["active_bytes.all.current"]
+    allocated = torch.cuda.memory_allocated()
     del x
     assert not side.query(), "the free waited for the recorded stream"
     assert torch.cuda.memory_stats()["active_bytes.all.current"] == active, (
         "a block held back for its recorded stream is still active (PyTorch's meaning)")
+    assert torch.cuda.memory_allocated() == allocated - 12 * MiB
+    assert vram_torch.stats()["vram.held_back_bytes"] >= 12 * MiB
+    blocks = [b for s in pool.snapshot() for b in s["blocks"]]
+    assert [b["state"] for b in blocks] == ["active_pending_free"], blocks
     with torch.cuda.use_mem_pool(pool):
-        y = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        y = torch.empty(11 * MiB, dtype=torch.uint8, device="cuda")
     assert y.data_ptr() != ptr, "a block used by a running stream was handed out again"
+    assert allocs.value == 2
     side.synchronize()
     del y
     with torch.cuda.use_mem_pool(pool):
-        z = torch.ones(MiB, dtype=torch.uint8, device="cuda")
-    assert z.data_ptr() == ptr, "the block went back to its pool once the stream had run"
-    assert allocs.value == 1 and len(pool.snapshot()) == 1
-    assert int(z.sum()) == MiB
+        z = torch.ones(11 * MiB, dtype=torch.uint8, device="cuda")
+    # The held block went back to its pool once the stream had run: both segments' blocks
+    # are the pool's again, one of them serves z, no third segment.
+    states = sorted(b["state"] for s in pool.snapshot() for b in s["blocks"])
+    assert states == ["active_allocated", "inactive"], states
+    assert allocs.value == 2
+    assert vram_torch.stats()["vram.held_back_bytes"] == 0
     del z, pool
     gc.collect()
-    assert frees.value == 1
+    assert frees.value == 2
+
+
+def test_mem_pool_with_its_own_allocator_releases_a_block_recorded_in_a_capture_after_it():
+    # Freed inside a capture with a recorded stream that is captured too: its event is
+    # recorded once the capture has ended (never a node of the graph), then the block goes
+    # back to its pool; the capture stays valid.
+    folder = tempfile.TemporaryDirectory()
+    allocator, allocs, frees = _plain_cuda_allocator(folder.name)
+    pool = torch.cuda.MemPool(allocator.allocator())
+    graph = torch.cuda.CUDAGraph()
+    main, side = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(main):
+        graph.capture_begin(pool=pool.id)
+        x = torch.ones(MiB, dtype=torch.uint8, device="cuda")
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            y = x + 1
+            x.record_stream(side)
+        del x
+        main.wait_stream(side)
+        graph.capture_end()
+    assert vram_torch.stats()["vram.held_back_blocks"] >= 1
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(y.sum()) == 2 * MiB
+    torch.cuda.empty_cache()  # the capture has ended: the block's events are recorded, waited
+    assert vram_torch.stats()["vram.held_back_blocks"] == 0
+    del y, graph
+    gc.collect()
+    del pool
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert frees.value == allocs.value
 
 
 def test_memory_fraction_raises_out_of_memory_past_it_and_stays_usable():
