@@ -71,7 +71,7 @@ class ForeignPool {
 
   struct Given {
     void* ptr = nullptr;    // null: the allocator returned null
-    std::size_t bytes = 0;  // the block's bytes (`size` rounded)
+    std::size_t bytes = 0;  // the block's: `size` rounded, more when the rest was not cut off
   };
   // A block of at least `size` (> 0) bytes for work on `stream`. Throws what the allocator
   // throws, and std::bad_alloc; nothing changed then.

@@ -585,13 +585,9 @@ void* NativeAllocator::malloc_block(std::size_t size, c10::DeviceIndex device,
     try {
       if (routing) routed = state->graphs.allocate(size, stream);
       if (routed.foreign && routed.ptr == nullptr) {
-        // The pool's own allocator said no: its blocks never come from vram. Blocks held
-        // back for recorded streams may be the pool's missing memory: outside a capture
-        // they are waited for and the request tried once more (PyTorch does the same).
-        if (attempt == 0 && state->streams.held_blocks() != 0 &&
-            !vram::cuda::may_be_capturing(stream) && state->streams.release(true) != 0) {
-          continue;
-        }
+        // The pool's own allocator said no: its blocks never come from vram. Blocks held back
+        // for recorded streams are not waited for (PyTorch processes such events only while
+        // no MemPool or capture is in use).
         out_of_memory(*state, device, size, stream,
                       "the allocator of the MemPool this request is routed to returned null");
       }
@@ -709,11 +705,18 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
     block.foreign->deallocate(ptr);
     return true;  // `block` goes: its pool gives its memory back if that was its last use
   }
-  // Freed during a capture on a stream a route accepts: that pool's (graph_routes.hpp).
-  if (state->graphs.active() && state->graphs.deallocate(ptr, block.size, block.stream)) {
+  if (state->graphs.active()) {
+    std::vector<cudaStream_t> recorded = state->streams.take(ptr);
+    // Freed during a capture on a stream a route accepts: that pool's (graph_routes.hpp),
+    // which keeps it for the graph's launches whatever streams used it.
+    if (state->graphs.deallocate(ptr, block.size, block.stream)) return true;
+    if (state->streams.hold_back_taken(ptr, block.size, block.block_bytes, block.stream,
+                                       std::move(recorded))) {
+      return true;
+    }
+  } else if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream)) {
     return true;
   }
-  if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream)) return true;
   state->pool.deallocate_async(ptr, block.size, block.stream);
   return true;
 }
@@ -900,8 +903,9 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
           block.size = b.bytes;
           block.requested_size = b.requested;
           if (b.live) {
-            // A block of the pool no tensor holds is held back for its recorded streams:
-            // active, not allocated (PyTorch's "active_pending_free").
+            // A block of the pool that no tensor holds in the list read above: held back for
+            // its recorded streams, or between its pool and its tensor as the two were read.
+            // Shown active, not allocated (PyTorch's "active_pending_free").
             const auto found = std::lower_bound(
                 live.begin(), live.end(), b.address,
                 [](const Live& l, std::uintptr_t address) { return l.address < address; });
@@ -909,9 +913,9 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
             block.allocated = allocated;
             block.active = true;
             segment.active_size += b.bytes;
+            segment.requested_size += b.requested;
             if (allocated) {
               segment.allocated_size += b.bytes;
-              segment.requested_size += b.requested;
               block.context_when_allocated =
                   std::static_pointer_cast<c10::GatheredContext>(found->block.context);
             }

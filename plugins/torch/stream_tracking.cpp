@@ -12,16 +12,18 @@ namespace vram_torch {
 
 namespace {
 
-// True when every event has completed; `wait`: blocks until they have.
+// True when every event has completed; `wait`: blocks until they have. A wait that ends
+// without the work (an event that is a node of a capture) is no completion.
 bool completed(const std::vector<cudaEvent_t>& events, bool wait) noexcept {
   for (cudaEvent_t event : events) {
-    if (wait) {
-      vram::cuda::synchronize(event);
-    } else if (vram::cuda::query(event) == vram::cuda::EventState::pending) {
-      return false;
-    }
+    if (wait) vram::cuda::synchronize(event);
+    if (vram::cuda::query(event) == vram::cuda::EventState::pending) return false;
   }
   return true;
+}
+
+bool runs_its_work(cudaStream_t stream) noexcept {
+  return vram::cuda::capture_info(stream).state == vram::cuda::CaptureState::none;
 }
 
 }  // namespace
@@ -46,63 +48,60 @@ std::vector<cudaStream_t> StreamTracking::take_recorded(void* ptr) noexcept {
 }
 
 bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, std::size_t bytes,
-                                        cudaStream_t stream,
+                                        cudaStream_t stream, std::vector<cudaStream_t> streams,
                                         const std::shared_ptr<ForeignPool>& foreign) noexcept {
-  std::vector<cudaStream_t> streams = take_recorded(ptr);
-  if (streams.empty()) return false;
   streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
   if (streams.empty()) return false;
+  // A null stream names the current device's legacy stream: the block's device here.
+  std::optional<vram::cuda::DeviceGuard> guard;
   HeldBack held{ptr, size, bytes, stream, {}, {}, foreign};
   try {
+    guard.emplace(device_);
     held.events.reserve(streams.size());
-    // A null stream names the current device's legacy stream: the block's device here.
-    vram::cuda::DeviceGuard guard(device_);
-    held.captured = std::move(streams);
-    if (record_uncaptured(held) && held.events.empty()) {
-      return false;  // every recorded stream was waited for: the caller releases it at once
-    }
-    std::lock_guard<std::mutex> lock(mutex_);
-    held_back_.push_back(std::move(held));
-    held_count_.store(held_back_.size(), std::memory_order_relaxed);
-    held_bytes_.fetch_add(bytes, std::memory_order_relaxed);
-    return true;
+    held.captured = streams;
   } catch (...) {
-    // No host memory for the bookkeeping, or the device cannot be made current: order the
-    // reuse by waiting for those streams (a captured one cannot be waited for: the block is
-    // left unreleased, which is safe).
-    const std::vector<cudaStream_t>& left = held.captured.empty() ? streams : held.captured;
-    bool captured = false;
-    for (cudaStream_t other : left) {
-      if (vram::cuda::capture_info(other).state == vram::cuda::CaptureState::active) {
-        captured = true;
-      } else {
-        (void)vram::cuda::try_synchronize_stream(other);
-      }
-    }
-    for (cudaEvent_t event : held.events) {
-      vram::cuda::synchronize(event);
-      events_.give_back(event);
-    }
-    return captured;
+    for (cudaStream_t other : streams) (void)vram::cuda::try_synchronize_stream(other);
+    return false;
   }
+  if (record_uncaptured(held, true) && held.events.empty()) {
+    return false;  // every recorded stream was waited for: the caller releases it at once
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    try {
+      held_back_.push_back(std::move(held));  // on a throw, `held` is unchanged
+      held_count_.store(held_back_.size(), std::memory_order_relaxed);
+      held_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+      return true;
+    } catch (...) {
+    }
+  }
+  // No host memory to keep the record: its streams are waited for here instead.
+  for (cudaStream_t other : held.captured) (void)vram::cuda::try_synchronize_stream(other);
+  for (cudaEvent_t event : held.events) {
+    vram::cuda::synchronize(event);
+    events_.give_back(event);
+  }
+  return false;
 }
 
-bool StreamTracking::record_uncaptured(HeldBack& held) noexcept {
+bool StreamTracking::record_uncaptured(HeldBack& held, bool wait) noexcept {
   for (std::size_t i = 0; i < held.captured.size();) {
     const cudaStream_t other = held.captured[i];
-    const vram::cuda::CaptureState state = vram::cuda::capture_info(other).state;
-    if (state == vram::cuda::CaptureState::active ||
-        state == vram::cuda::CaptureState::invalidated) {
-      ++i;  // its event would be a node of the graph: recorded once the capture has ended
+    if (!runs_its_work(other)) {
+      ++i;  // its event would be a node of a graph: recorded once the capture has ended
       continue;
     }
     cudaEvent_t event = events_.try_take();
-    if (event == nullptr || !vram::cuda::try_record(event, other)) {
-      // Cannot order the reuse after that stream: wait for it here instead.
-      events_.give_back(event);
-      (void)vram::cuda::try_synchronize_stream(other);
-    } else {
+    if (event != nullptr && vram::cuda::try_record(event, other)) {
       held.events.push_back(event);  // reserved for every recorded stream: never throws
+    } else {
+      events_.give_back(event);
+      if (!wait) {
+        ++i;  // the next release() tries again
+        continue;
+      }
+      (void)vram::cuda::try_synchronize_stream(other);  // cannot order it by an event
     }
     held.captured[i] = held.captured.back();
     held.captured.pop_back();
@@ -119,6 +118,11 @@ std::size_t StreamTracking::release(bool wait) noexcept {
     } else if (!lock.try_lock()) {
       return 0;  // another thread is at it; the next allocation looks again
     }
+    try {
+      ready.reserve(held_back_.size());
+    } catch (...) {
+      return 0;  // no host memory: the blocks stay held
+    }
     std::optional<vram::cuda::DeviceGuard> guard;  // for the events of captured streams
     for (std::size_t i = 0; i < held_back_.size();) {
       if (!held_back_[i].captured.empty()) {
@@ -128,7 +132,7 @@ std::size_t StreamTracking::release(bool wait) noexcept {
           ++i;  // the device cannot be made current: the next release tries again
           continue;
         }
-        if (!record_uncaptured(held_back_[i])) {
+        if (!record_uncaptured(held_back_[i], wait)) {
           ++i;
           continue;
         }

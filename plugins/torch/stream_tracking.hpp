@@ -2,21 +2,28 @@
 // (tensor.record_stream), per device.
 //
 // Invariants:
-// - A block with recorded streams reaches the pool only after an event recorded at its
-//   free on each of those streams (other than the allocation stream) has completed; then
-//   it is released with its allocation stream, so the pool's own stream-ordered rule
-//   covers that stream.
-// - A stream whose event cannot be made or recorded is synchronized at the free instead,
-//   so no recorded stream is ever left unordered.
-// - A recorded stream being captured at the free (its event would be a node of the graph,
-//   never completed) gets its event once it is no longer captured, at a release(); until
-//   then the block stays held (PyTorch defers such events the same way). Such a stream is
-//   never synchronized.
+// - A block with recorded streams reaches the pool only after an event recorded on each of
+//   those streams (other than the allocation stream) after its free has completed; then it
+//   is released with its allocation stream, so the pool's own stream-ordered rule covers
+//   that stream.
+// - A recorded stream that is not certainly running its work at the free (being captured:
+//   its event would be a node of the graph, never completed; or its state unknown) gets its
+//   event at a later release() that finds it running its work; until then the block stays
+//   held (PyTorch defers such events the same way). Such a stream is never synchronized.
+// - A stream whose event cannot be made or recorded is synchronized instead: at the free, or
+//   at a release() that may wait; a release() that may not wait leaves it for the next one.
+//   No recorded stream is ever left unordered.
+// - An event observed complete after a wait is queried again: one recorded just as a
+//   capture began is a node of that graph and keeps its block held.
+// - Without host memory for the bookkeeping, or when the device cannot be made current, the
+//   free synchronizes every recorded stream and releases the block (one being captured
+//   cannot be synchronized: its capture fails, and the block goes back at once).
 // - A block of a MemPool's own allocator (`foreign`) follows the same rules and goes back to
 //   its ForeignPool instead of the pool; the held record keeps that ForeignPool alive.
 // - recorded() and held_blocks() mirror the sizes of the containers under the mutex, so
 //   the warm path (nothing recorded, nothing held back) reads one relaxed atomic and takes
-//   no lock.
+//   no lock. While a block waits for a capture to end, every allocation's release() asks
+//   that stream's capture state once.
 // - Events come from the device's vram::cuda::EventPool and return to it once completed;
 //   they are observed in relaxed capture mode (src/cuda/event_pool.hpp).
 #pragma once
@@ -53,7 +60,21 @@ class StreamTracking {
   bool hold_back(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
                  const std::shared_ptr<ForeignPool>& foreign = nullptr) noexcept {
     if (recorded_.load(std::memory_order_acquire) == 0) return false;
-    return hold_back_recorded(ptr, size, bytes, stream, foreign);
+    return hold_back_recorded(ptr, size, bytes, stream, take_recorded(ptr), foreign);
+  }
+
+  // The streams recorded for the live block `ptr`, forgotten here (none: one relaxed load).
+  // Taken at a free before the block may reach another owner (a capture's route hands it
+  // to its private pool at once), so that none applies to a later block at that address.
+  std::vector<cudaStream_t> take(void* ptr) noexcept {
+    if (recorded_.load(std::memory_order_acquire) == 0) return {};
+    return take_recorded(ptr);
+  }
+  // As hold_back(), with the streams take() returned.
+  bool hold_back_taken(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
+                       std::vector<cudaStream_t> recorded) noexcept {
+    if (recorded.empty()) return false;
+    return hold_back_recorded(ptr, size, bytes, stream, std::move(recorded), nullptr);
   }
 
   // Hands every held-back block whose events have all completed to its owner (the pool or
@@ -79,11 +100,12 @@ class StreamTracking {
   };
 
   bool hold_back_recorded(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
+                          std::vector<cudaStream_t> streams,
                           const std::shared_ptr<ForeignPool>& foreign) noexcept;
   // Under mutex_ (or on a record no other thread sees yet), device_ current: records the
-  // event of each stream of `held.captured` that is no longer captured (one that cannot have
-  // an event recorded is synchronized); true when none is left.
-  bool record_uncaptured(HeldBack& held) noexcept;
+  // event of each stream of `held.captured` that runs its work now; one whose event cannot
+  // be recorded is synchronized when `wait`, else left. True when none is left.
+  bool record_uncaptured(HeldBack& held, bool wait) noexcept;
   // The streams recorded for the live block `ptr`, forgotten here (empty: none).
   std::vector<cudaStream_t> take_recorded(void* ptr) noexcept;
 
