@@ -119,13 +119,13 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
   }
   const std::size_t bytes = state->pool.block_bytes(size);
   state->counters.count_free(bytes, size);
-  if (vram_torch::graph_hooks_installed() && state->graphs.active()) {
-    std::vector<cudaStream_t> recorded = state->streams.take(ptr);
-    // Freed during a capture on a stream it accepts: the graph's (graph_routes.hpp).
-    if (state->graphs.deallocate(ptr, size, stream)) return;
-    if (state->streams.hold_back_taken(ptr, size, bytes, stream, std::move(recorded))) return;
-  } else if (state->streams.hold_back(ptr, size, bytes, stream)) {
-    return;  // the pool gets it later
+  // Used on other streams: held back first, whoever gets it next (native_allocator.cpp's
+  // free_block says why).
+  if (state->streams.hold_back(ptr, size, bytes, stream)) return;
+  // Freed during a capture on a stream it accepts: the graph's (graph_routes.hpp).
+  if (vram_torch::graph_hooks_installed() && state->graphs.active() &&
+      state->graphs.deallocate(ptr, size, stream)) {
+    return;
   }
   state->pool.deallocate_async(ptr, size, stream);
 }

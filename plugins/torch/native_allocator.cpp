@@ -673,6 +673,8 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
   if (!found) return false;
   LiveBlock& block = *found;
   if (block.uncached) {  // made while the caching allocator was disabled: never counted
+    // cudaFree orders itself after all work: its recorded streams are only forgotten.
+    if (DeviceState* state = find_state(block.device)) (void)state->streams.take(ptr);
     vram::cuda::free_device(ptr);
     return true;
   }
@@ -696,25 +698,21 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
       note_error("profiler: a free could not be reported", false);
     }
   }
+  // A block other streams used (record_stream) is held back before anyone else may get it:
+  // its owner (a MemPool's own allocator's pool, a capture's route, the pool) could hand it
+  // out again unordered after those streams' work, within a capture too. Released, it goes
+  // to its ForeignPool, or through the pool, which gives a graph pool's block back to that
+  // graph pool (any other block freed in a capture then rejoins the shared tiers, as
+  // PyTorch's does).
+  if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign)) {
+    return true;
+  }
   if (block.foreign) {
-    // Its pool reuses a block on its stream only: a block with recorded streams goes back
-    // once their events have completed, as the pool's own blocks do.
-    if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign)) {
-      return true;
-    }
     block.foreign->deallocate(ptr);
     return true;  // `block` goes: its pool gives its memory back if that was its last use
   }
-  if (state->graphs.active()) {
-    std::vector<cudaStream_t> recorded = state->streams.take(ptr);
-    // Freed during a capture on a stream a route accepts: that pool's (graph_routes.hpp),
-    // which keeps it for the graph's launches whatever streams used it.
-    if (state->graphs.deallocate(ptr, block.size, block.stream)) return true;
-    if (state->streams.hold_back_taken(ptr, block.size, block.block_bytes, block.stream,
-                                       std::move(recorded))) {
-      return true;
-    }
-  } else if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream)) {
+  // Freed during a capture on a stream a route accepts: that pool's (graph_routes.hpp).
+  if (state->graphs.active() && state->graphs.deallocate(ptr, block.size, block.stream)) {
     return true;
   }
   state->pool.deallocate_async(ptr, block.size, block.stream);

@@ -13,17 +13,22 @@
 // - A stream whose event cannot be made or recorded is synchronized instead: at the free, or
 //   at a release() that may wait; a release() that may not wait leaves it for the next one.
 //   No recorded stream is ever left unordered.
-// - An event observed complete after a wait is queried again: one recorded just as a
-//   capture began is a node of that graph and keeps its block held.
-// - Without host memory for the bookkeeping, or when the device cannot be made current, the
-//   free synchronizes every recorded stream and releases the block (one being captured
-//   cannot be synchronized: its capture fails, and the block goes back at once).
-// - A block of a MemPool's own allocator (`foreign`) follows the same rules and goes back to
-//   its ForeignPool instead of the pool; the held record keeps that ForeignPool alive.
-// - recorded() and held_blocks() mirror the sizes of the containers under the mutex, so
-//   the warm path (nothing recorded, nothing held back) reads one relaxed atomic and takes
-//   no lock. While a block waits for a capture to end, every allocation's release() asks
-//   that stream's capture state once.
+// - An event observed complete after a wait is queried again. One recorded just as another
+//   thread began capturing its stream is a node of that graph: the query never reports it
+//   complete, and its block stays held for good (memory kept, never handed out early).
+// - Without host memory for the bookkeeping, or when the device cannot be made current (the
+//   runtime shutting down), the free synchronizes every recorded stream and releases the
+//   block (one being captured cannot be synchronized: its capture fails, and the block goes
+//   back at once; a null stream is then the current device's).
+// - The free holds a block back before anything else may take it: a MemPool's own
+//   allocator's pool or a capture's route could otherwise hand it out again unordered
+//   after the recorded streams' work. A block of a MemPool's own allocator (`foreign`)
+//   goes back to its ForeignPool, whose reference the held record keeps; any other goes
+//   through the pool (a graph pool's block back to its graph pool).
+// - recorded_, held_count_ and held_bytes_ mirror the containers under the mutex, so the
+//   warm path (nothing recorded, nothing held back) reads one atomic and takes no lock.
+//   While a block waits for a capture to end, each allocation's release() that gets the
+//   mutex asks the capture state of each such stream.
 // - Events come from the device's vram::cuda::EventPool and return to it once completed;
 //   they are observed in relaxed capture mode (src/cuda/event_pool.hpp).
 #pragma once
@@ -63,18 +68,11 @@ class StreamTracking {
     return hold_back_recorded(ptr, size, bytes, stream, take_recorded(ptr), foreign);
   }
 
-  // The streams recorded for the live block `ptr`, forgotten here (none: one relaxed load).
-  // Taken at a free before the block may reach another owner (a capture's route hands it
-  // to its private pool at once), so that none applies to a later block at that address.
+  // The streams recorded for the live block `ptr`, forgotten here (none recorded: one load).
+  // For a block that goes back without hold_back() (cudaFree orders itself).
   std::vector<cudaStream_t> take(void* ptr) noexcept {
     if (recorded_.load(std::memory_order_acquire) == 0) return {};
     return take_recorded(ptr);
-  }
-  // As hold_back(), with the streams take() returned.
-  bool hold_back_taken(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
-                       std::vector<cudaStream_t> recorded) noexcept {
-    if (recorded.empty()) return false;
-    return hold_back_recorded(ptr, size, bytes, stream, std::move(recorded), nullptr);
   }
 
   // Hands every held-back block whose events have all completed to its owner (the pool or

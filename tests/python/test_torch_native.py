@@ -367,6 +367,35 @@ def test_mem_pool_with_its_own_allocator_releases_a_block_recorded_in_a_capture_
     assert frees.value == allocs.value
 
 
+def test_a_block_used_on_a_captured_side_stream_is_not_reused_within_the_capture():
+    # A graph's block used by a captured side stream (record_stream) and freed before the
+    # join is not handed out again in the same capture: the graph would order nothing
+    # between the side stream's read and the new tensor's writes.
+    graph = torch.cuda.CUDAGraph()
+    main, side = torch.cuda.Stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(main):
+        graph.capture_begin()
+        x = torch.ones(MiB, dtype=torch.uint8, device="cuda")
+        x_ptr = x.data_ptr()
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            y = x + 1
+            x.record_stream(side)
+        del x
+        z = torch.empty(MiB, dtype=torch.uint8, device="cuda")
+        z.fill_(7)
+        main.wait_stream(side)
+        graph.capture_end()
+    assert z.data_ptr() != x_ptr, "a block a captured stream still reads was handed out again"
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    assert int(y.sum()) == 2 * MiB and int(z.sum()) == 7 * MiB
+    del y, z, graph
+    gc.collect()
+
+
 def test_memory_fraction_raises_out_of_memory_past_it_and_stays_usable():
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(0.25)
