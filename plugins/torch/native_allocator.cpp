@@ -698,21 +698,30 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
       note_error("profiler: a free could not be reported", false);
     }
   }
-  // A block other streams used (record_stream) is held back before anyone else may get it:
-  // its owner (a MemPool's own allocator's pool, a capture's route, the pool) could hand it
-  // out again unordered after those streams' work, within a capture too. Released, it goes
-  // to its ForeignPool, or through the pool, which gives a graph pool's block back to that
-  // graph pool (any other block freed in a capture then rejoins the shared tiers, as
-  // PyTorch's does).
-  if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign)) {
+  // A private pool's block (a MemPool's, a capture's) that other streams used (record_stream)
+  // is held back before its pool may hand it out again, within a capture too (the graph
+  // would order nothing after those streams' work). Released, it goes back to its
+  // ForeignPool, or through the pool to its graph pool.
+  const bool pools_block = block.foreign || block.pool != LiveBlock::PoolId{0, 0};
+  if (pools_block &&
+      state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign)) {
     return true;
   }
   if (block.foreign) {
     block.foreign->deallocate(ptr);
     return true;  // `block` goes: its pool gives its memory back if that was its last use
   }
-  // Freed during a capture on a stream a route accepts: that pool's (graph_routes.hpp).
-  if (state->graphs.active() && state->graphs.deallocate(ptr, block.size, block.stream)) {
+  if (state->graphs.active()) {
+    // A block freed during a capture on a stream a route accepts: that pool's at once
+    // (graph_routes.hpp; captured work may use it at every launch), its recorded streams
+    // forgotten (stream_tracking.hpp says what that leaves open).
+    std::vector<cudaStream_t> recorded = state->streams.take(ptr);
+    if (state->graphs.deallocate(ptr, block.size, block.stream)) return true;
+    if (state->streams.hold_back_taken(ptr, block.size, block.block_bytes, block.stream,
+                                       std::move(recorded))) {
+      return true;
+    }
+  } else if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream)) {
     return true;
   }
   state->pool.deallocate_async(ptr, block.size, block.stream);

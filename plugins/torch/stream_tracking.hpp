@@ -20,11 +20,16 @@
 //   runtime shutting down), the free synchronizes every recorded stream and releases the
 //   block (one being captured cannot be synchronized: its capture fails, and the block goes
 //   back at once; a null stream is then the current device's).
-// - The free holds a block back before anything else may take it: a MemPool's own
-//   allocator's pool or a capture's route could otherwise hand it out again unordered
-//   after the recorded streams' work. A block of a MemPool's own allocator (`foreign`)
-//   goes back to its ForeignPool, whose reference the held record keeps; any other goes
-//   through the pool (a graph pool's block back to its graph pool).
+// - A private pool's block (a MemPool's, a capture's) is held back before its pool may hand
+//   it out again: within a capture too, where the graph would order nothing after the
+//   recorded streams' work. A block of a MemPool's own allocator (`foreign`) goes back to
+//   its ForeignPool, whose reference the held record keeps; a graph pool's block goes
+//   through the pool back to its graph pool.
+// - Left open: a shared block (allocated outside every private pool) freed during a capture
+//   on a stream a route accepts becomes that route's pool's block at once (captured work may
+//   use it at every launch) and its recorded streams are forgotten, so that capture may
+//   hand it out again before a captured side stream's read of it. The fallback C interface
+//   treats every block so while routes are open.
 // - recorded_, held_count_ and held_bytes_ mirror the containers under the mutex, so the
 //   warm path (nothing recorded, nothing held back) reads one atomic and takes no lock.
 //   While a block waits for a capture to end, each allocation's release() that gets the
@@ -69,10 +74,17 @@ class StreamTracking {
   }
 
   // The streams recorded for the live block `ptr`, forgotten here (none recorded: one load).
-  // For a block that goes back without hold_back() (cudaFree orders itself).
+  // Taken before a block may reach another owner without hold_back() (a capture's route, or
+  // cudaFree), so that none applies to a later block at that address.
   std::vector<cudaStream_t> take(void* ptr) noexcept {
     if (recorded_.load(std::memory_order_acquire) == 0) return {};
     return take_recorded(ptr);
+  }
+  // As hold_back() for a block that is no MemPool allocator's, with the streams take() gave.
+  bool hold_back_taken(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
+                       std::vector<cudaStream_t> recorded) noexcept {
+    if (recorded.empty()) return false;
+    return hold_back_recorded(ptr, size, bytes, stream, std::move(recorded), nullptr);
   }
 
   // Hands every held-back block whose events have all completed to its owner (the pool or

@@ -394,6 +394,9 @@ def test_a_block_used_on_a_captured_side_stream_is_not_reused_within_the_capture
     assert int(y.sum()) == 2 * MiB and int(z.sum()) == 7 * MiB
     del y, z, graph
     gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # records the side stream's event, waits, and gives x's block back
+    assert vram_torch.stats()["vram.held_back_blocks"] == 0
 
 
 def test_memory_fraction_raises_out_of_memory_past_it_and_stays_usable():
