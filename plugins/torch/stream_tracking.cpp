@@ -118,11 +118,6 @@ std::size_t StreamTracking::release(bool wait) noexcept {
     } else if (!lock.try_lock()) {
       return 0;  // another thread is at it; the next allocation looks again
     }
-    try {
-      ready.reserve(held_back_.size());
-    } catch (...) {
-      return 0;  // no host memory: the blocks stay held
-    }
     std::optional<vram::cuda::DeviceGuard> guard;  // for the events of captured streams
     for (std::size_t i = 0; i < held_back_.size();) {
       if (!held_back_[i].captured.empty()) {
@@ -141,8 +136,15 @@ std::size_t StreamTracking::release(bool wait) noexcept {
         ++i;
         continue;
       }
+      if (ready.empty()) {
+        try {
+          ready.reserve(held_back_.size() - i);  // every later one may be ready too
+        } catch (...) {
+          break;  // no host memory: the blocks stay held
+        }
+      }
       for (cudaEvent_t event : held_back_[i].events) events_.give_back(event);
-      ready.push_back(std::move(held_back_[i]));
+      ready.push_back(std::move(held_back_[i]));  // within the reserved room: never throws
       held_back_[i] = std::move(held_back_.back());
       held_back_.pop_back();
     }
