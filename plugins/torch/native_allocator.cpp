@@ -744,6 +744,9 @@ cca::CheckpointDelta NativeAllocator::setCheckpointPoolState(
   for (void* ptr : live) {
     if (free_block(ptr)) delta.ptrs_freed.push_back(ptr);
   }
+  // A block used on other streams was held back: waited for here, so that it is a free
+  // block of the pool again (PyTorch requires such a block to have no pending event).
+  if (device_state.streams.held_blocks() != 0) device_state.streams.release(true);
   // ...and the checkpoint's live blocks are taken again, at their addresses. A block of the
   // pool may be larger than its request (the pool reuses a block up to a quarter larger), so
   // any claimed size is accepted. All are claimed before any DataPtr exists: when one is no
