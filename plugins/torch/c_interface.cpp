@@ -120,11 +120,7 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
   const std::size_t bytes = state->pool.block_bytes(size);
   state->counters.count_free(bytes, size);
   if (vram_torch::graph_hooks_installed() && state->graphs.active()) {
-    // Freed during a capture on a stream it accepts: the graph's at once (graph_routes.hpp),
-    // its recorded streams forgotten (stream_tracking.hpp says what that leaves open).
-    std::vector<cudaStream_t> recorded = state->streams.take(ptr);
-    if (state->graphs.deallocate(ptr, size, stream)) return;
-    if (state->streams.hold_back_taken(ptr, size, bytes, stream, std::move(recorded))) return;
+    if (state->route_or_hold_back(ptr, size, bytes, stream)) return;
   } else if (state->streams.hold_back(ptr, size, bytes, stream)) {
     return;  // the pool gets it later
   }

@@ -82,6 +82,17 @@ struct DeviceState {
   // done, then every cache of the pool; an error is noted (vram_torch_last_error), not thrown.
   void empty_cache() noexcept;
 
+  // At the free of a block of the shared tiers while routes are open: a capture's route on
+  // `stream` takes it at once (graph_routes.hpp; captured work may use it at every launch),
+  // its recorded streams forgotten (stream_tracking.hpp says what that leaves open); else it
+  // is held back for them. True when either took it.
+  bool route_or_hold_back(void* ptr, std::size_t size, std::size_t bytes,
+                          cudaStream_t stream) noexcept {
+    std::vector<cudaStream_t> recorded = streams.take(ptr);
+    if (graphs.deallocate(ptr, size, stream)) return true;
+    return streams.hold_back_taken(ptr, size, bytes, stream, std::move(recorded));
+  }
+
   // After an allocation ran out of memory: blocks held back for recorded streams may be the
   // memory that is missing. Waits for them and trims the pool (which already trimmed its own
   // cache and retried); true when some came back and the allocation may be retried once.

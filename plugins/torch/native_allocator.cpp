@@ -703,25 +703,19 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
   // would order nothing after those streams' work). Released, it goes back to its
   // ForeignPool, or through the pool to its graph pool.
   const bool pools_block = block.foreign || block.pool != LiveBlock::PoolId{0, 0};
-  if (pools_block &&
-      state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign)) {
-    return true;
-  }
-  if (block.foreign) {
-    block.foreign->deallocate(ptr);
-    return true;  // `block` goes: its pool gives its memory back if that was its last use
-  }
-  if (state->graphs.active()) {
-    // A block freed during a capture on a stream a route accepts: that pool's at once
-    // (graph_routes.hpp; captured work may use it at every launch), its recorded streams
-    // forgotten (stream_tracking.hpp says what that leaves open).
-    std::vector<cudaStream_t> recorded = state->streams.take(ptr);
-    if (state->graphs.deallocate(ptr, block.size, block.stream)) return true;
-    if (state->streams.hold_back_taken(ptr, block.size, block.block_bytes, block.stream,
-                                       std::move(recorded))) {
+  if (pools_block || !state->graphs.active()) {
+    if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign)) {
       return true;
     }
-  } else if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream)) {
+    if (block.foreign) {
+      block.foreign->deallocate(ptr);
+      return true;  // `block` goes: its pool gives its memory back if that was its last use
+    }
+    // Freed during a capture on a stream a route accepts: that pool's (graph_routes.hpp).
+    if (state->graphs.active() && state->graphs.deallocate(ptr, block.size, block.stream)) {
+      return true;
+    }
+  } else if (state->route_or_hold_back(ptr, block.size, block.block_bytes, block.stream)) {
     return true;
   }
   state->pool.deallocate_async(ptr, block.size, block.stream);
