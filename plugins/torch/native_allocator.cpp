@@ -23,6 +23,7 @@
 #include "cuda/memory.hpp"
 #include "device_registry.hpp"
 #include "errors.hpp"
+#include "freed_requests.hpp"
 #include "ipc.hpp"
 #include "live_blocks.hpp"
 #include "memory_history.hpp"
@@ -446,6 +447,7 @@ class NativeAllocator final : public cca::CUDAAllocator {
 
   LiveBlocks live_;
   MemoryHistory history_;
+  FreedRequests freed_requests_;  // the last request of free memory, for snapshots
   std::array<std::atomic<double>, kMaxDevices> fraction_{};
   static constexpr std::size_t kNoLimit = std::numeric_limits<std::size_t>::max();
   std::array<std::atomic<std::size_t>, kMaxDevices> limit_{};  // bytes; kNoLimit: none
@@ -687,6 +689,7 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
             history_.context_for_free());
       trace(TraceAction::FREE_COMPLETED, block.device, ptr, block.size, block.stream, block.pool,
             nullptr);
+      freed_requests_.note(block.device, reinterpret_cast<std::uintptr_t>(ptr), block.size);
     } catch (...) {
       note_error("memory history: a free could not be recorded", false);
     }
@@ -871,6 +874,7 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         if (next->address > at) {
           cda::BlockInfo gap;
           gap.size = next->address - at;
+          gap.requested_size = freed_requests_.last_in(device, at, next->address);
           add(std::move(gap), at, {0, 0}, nullptr, 0);
         }
         const std::uintptr_t block_end = std::min(next->address + next->block.block_bytes, end);
@@ -885,6 +889,7 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
       if (at < end) {
         cda::BlockInfo rest;
         rest.size = end - at;
+        rest.requested_size = freed_requests_.last_in(device, at, end);
         add(std::move(rest), at, {0, 0}, nullptr, 0);
       }
     }

@@ -5,6 +5,7 @@ Figures are checked against vram's own counters and against what the test alloca
 (differences), never against hard-coded totals: PyTorch allocates workspaces of its own.
 """
 import gc
+import json
 import os
 import tempfile
 
@@ -132,6 +133,39 @@ def test_snapshot_shows_vram_segments_and_memory_viz_renders_it():
     html = _memory_viz.trace_plot(snap)
     assert "<html" in html.lower() and len(html) > 1000
     assert _memory_viz.segment_plot(snap)
+    assert "segment" in _memory_viz.segsum(snap).lower()
+    del keep
+
+
+def test_snapshot_names_the_last_request_of_free_memory_as_pytorch_does():
+    # PyTorch's snapshot keeps a freed tensor's requested bytes on the free block it leaves;
+    # its tests and memory_viz find them there after trace_plot(filter_freed=True) drops the
+    # freed pair from the trace.
+    from torch.cuda import _memory_viz
+
+    odd = 70001  # no size class or rounding of either allocator
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    try:
+        keep = torch.empty(4096, dtype=torch.uint8, device="cuda")
+        gone = torch.empty(odd, dtype=torch.uint8, device="cuda")
+        address = gone.data_ptr()
+        del gone
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    found = None
+    for s in snap["segments"]:
+        at = s["address"]
+        for b in s["blocks"]:
+            if b["state"] == "inactive":
+                assert b["requested_size"] <= b["size"], (b["requested_size"], b["size"])
+                if at <= address < at + b["size"]:
+                    found = b
+            at += b["size"]
+    assert found is not None, "the freed tensor's memory is in no free block"
+    assert found["requested_size"] == odd, found
+    _memory_viz.trace_plot(snap, filter_freed=True)
+    assert str(odd) in json.dumps(snap["segments"])
     assert "segment" in _memory_viz.segsum(snap).lower()
     del keep
 
