@@ -7,7 +7,8 @@ Each allocator runs in a fresh interpreter (the allocator is chosen before CUDA 
   link   torch.empty(pin_memory=True) <-> a CUDA tensor, copy_ each way, 1 GiB, GB/s
   vram   vram_torch.enable(); weights (--gib GiB in 32 tensors) in region("weights"), a KV
          cache (--gib GiB) in region("kv", discardable=True), then --cycles timed cycles
-         (one untimed cycle first: it pins the backup); then --many tensors of 64 KiB-4 MiB
+         (one untimed cycle first: it pins the backup), the weights' cycles again with 1 s
+         between sleep and wake (weights_asleep); then --many tensors of 64 KiB-4 MiB
          (log-uniform, fixed seed) in region("many")
   tms    torch_memory_saver (hook_mode "torch"), the same tensors with
          region(tag, enable_cpu_backup=True/False), pause/resume; reported absent when it is
@@ -27,6 +28,12 @@ import random
 import subprocess
 import sys
 import time
+
+# Seconds between sleep and wake in the "weights_asleep" cycles: in an RL step the trainer runs
+# between the two. Memory given back is cleared by the driver in the background for a while
+# after its release (bench/RESULTS.md, "Sleep and wake"); a wake right after the sleep copies
+# into memory the driver is still clearing.
+ASLEEP_S = 1.0
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -62,8 +69,9 @@ def _checksums(tensors):
     return [int(t.view(torch.int32).sum(dtype=torch.int64)) for t in tensors]
 
 
-def _cycle(torch, go_sleep, go_wake, tensors, cycles):
-    """Times `cycles` sleep/wake pairs after one untimed pair; checks contents and frees."""
+def _cycle(torch, go_sleep, go_wake, tensors, cycles, asleep_s=0.0):
+    """Times `cycles` sleep/wake pairs after one untimed pair; checks contents and frees.
+    asleep_s: seconds between the sleep and the wake (the trainer's step in an RL loop)."""
     expected = _checksums(tensors) if tensors else None
     sleep_s, wake_s, freed = [], [], []
     for cycle in range(cycles + 1):
@@ -73,6 +81,8 @@ def _cycle(torch, go_sleep, go_wake, tensors, cycles):
         go_sleep()
         slept = time.perf_counter()
         free_asleep = torch.cuda.mem_get_info()[0]  # between the timed calls, in neither
+        if asleep_s:
+            time.sleep(asleep_s)
         waking = time.perf_counter()
         go_wake()
         torch.cuda.synchronize()
@@ -129,6 +139,9 @@ def child_vram(args):
         kv = torch.empty(weights_bytes, dtype=torch.uint8, device="cuda")
     out = {"weights": _cycle(torch, lambda: vram_torch.sleep("weights"),
                              lambda: vram_torch.wake("weights"), weights, args.cycles),
+           "weights_asleep": _cycle(torch, lambda: vram_torch.sleep("weights"),
+                                    lambda: vram_torch.wake("weights"), weights, args.cycles,
+                                    ASLEEP_S),
            "kv": _cycle(torch, lambda: vram_torch.sleep("kv"), lambda: vram_torch.wake("kv"),
                         None, args.cycles)}
     del weights, kv
@@ -160,6 +173,9 @@ def child_tms(args):
         kv = torch.empty(weights_bytes, dtype=torch.uint8, device="cuda")
     out = {"weights": _cycle(torch, lambda: torch_memory_saver.pause("weights"),
                              lambda: torch_memory_saver.resume("weights"), weights, args.cycles),
+           "weights_asleep": _cycle(torch, lambda: torch_memory_saver.pause("weights"),
+                                    lambda: torch_memory_saver.resume("weights"), weights,
+                                    args.cycles, ASLEEP_S),
            "kv": _cycle(torch, lambda: torch_memory_saver.pause("kv"),
                         lambda: torch_memory_saver.resume("kv"), None, args.cycles)}
     del weights, kv
@@ -184,9 +200,10 @@ def _print_lines(result):
         print(kind, " ".join(str(text).split()), flush=True)
         return
     print("BYTES weights", result["weights_bytes"])
+    print("BYTES weights_asleep", result["weights_bytes"])
     print("BYTES kv", result["weights_bytes"])
     print("BYTES many", result["many_bytes"])
-    for part in ("weights", "kv", "many"):
+    for part in ("weights", "weights_asleep", "kv", "many"):
         for step in ("sleep", "wake"):
             print("SECONDS", part, step, *(f"{s:.9f}" for s in result[part][step + "_s"]))
     sys.stdout.flush()
@@ -249,7 +266,8 @@ def main():
         if "absent" in r or "error" in r:
             rows.append((name, "-", r.get("absent") or r.get("error"), ""))
             continue
-        for part, nbytes in (("weights", r["weights_bytes"]), ("many", r["many_bytes"])):
+        for part, nbytes in (("weights", r["weights_bytes"]),
+                             ("weights_asleep", r["weights_bytes"]), ("many", r["many_bytes"])):
             for step, link_rate in (("sleep_s", link_d2h), ("wake_s", link_h2d)):
                 rate = nbytes / _median(r[part][step]) / 1e9
                 summary[f"{name}_{part}_{step[:-2]}_gbs"] = rate
@@ -260,7 +278,8 @@ def main():
             ms = _median(r["kv"][step]) * 1e3
             summary[f"{name}_kv_{step[:-2]}_ms_per_gib"] = ms / gib
             rows.append((name, f"kv {step[:-2]}", f"{ms:.2f} ms", f"{ms / gib:.2f} ms/GiB"))
-    for key in ("weights_sleep", "weights_wake", "many_sleep", "many_wake"):
+    for key in ("weights_sleep", "weights_wake", "weights_asleep_sleep", "weights_asleep_wake",
+                "many_sleep", "many_wake"):
         mine, peer = summary.get(f"vram_{key}_gbs"), summary.get(f"tms_{key}_gbs")
         if mine and peer:
             summary[f"speedup_{key}"] = mine / peer

@@ -6,7 +6,8 @@
 // sleep. Then a pool over CUDA virtual memory with two tags: "weights" (8 GiB in 32 blocks,
 // backed up) and "kv" (8 GiB, discardable); one untimed cycle (it pins the backup), then
 // three timed ones: sleep and wake of each tag, host wall clock around the call (the copies,
-// the proof of their end, the unmaps and maps). Then "many": 10,000 blocks of 64 KiB to
+// the proof of their end, the unmaps and maps); the weights' three again with 1 s between
+// sleep and wake (outside both timings). Then "many": 10,000 blocks of 64 KiB to
 // 4 MiB (log-uniform, fixed seed) in one tag, the same cycles; then the same blocks apart (a
 // freed 512 KiB block after each in the tag's range: a copy per block, vram's worst case for
 // those bytes). Sizes shrink to fit the device's free memory (and --quick divides them by 8).
@@ -20,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -27,6 +29,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/python_peer.hpp"
@@ -83,6 +86,12 @@ std::pair<std::vector<double>, std::vector<double>> pinned_link(std::size_t byte
 
 constexpr const char* kOurs = "vram DevicePool";
 constexpr const char* kPeer = "torch_memory_saver (Python)";
+// The weights' cycles again with a second between sleep and wake (the trainer's step of an
+// RL loop; bench/torch_sleep.py's ASLEEP_S): the driver clears memory given back in the
+// background for a while after its release, and a wake right after the sleep copies while it
+// does (bench/RESULTS.md, "Sleep and wake").
+constexpr double kAsleepSeconds = 1.0;
+constexpr const char* kAsleepSuffix = ", 1 s asleep";
 
 std::string many_parameter(std::size_t count, std::size_t bytes) {
   return std::to_string(count) + " blocks, " + format_bytes(bytes);
@@ -103,18 +112,22 @@ struct CycleTimes {
   std::vector<double> wake_s;
 };
 
-CycleTimes cycles(DevicePool& pool, SleepTag tag, cudaStream_t stream, std::size_t timed) {
+// `asleep_s`: seconds between the sleep and the wake, outside both timings.
+CycleTimes cycles(DevicePool& pool, SleepTag tag, cudaStream_t stream, std::size_t timed,
+                  double asleep_s = 0) {
   CycleTimes times;
   for (std::size_t cycle = 0; cycle <= timed; ++cycle) {
     cuda::check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     const double start = now_seconds();
     pool.sleep(tag, stream);
     const double slept = now_seconds();
+    if (asleep_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(asleep_s));
+    const double waking = now_seconds();
     pool.wake(tag, stream);
     const double woke = now_seconds();
     if (cycle == 0) continue;  // pins the backup
     times.sleep_s.push_back(slept - start);
-    times.wake_s.push_back(woke - slept);
+    times.wake_s.push_back(woke - waking);
   }
   return times;
 }
@@ -194,7 +207,7 @@ std::optional<PeerParts> torch_memory_saver(std::size_t each, std::size_t timed,
       last = line;
     }
   }
-  if (peer.parts.size() != 3 || peer.bytes.size() != 3) {
+  if (peer.parts.size() != 4 || peer.bytes.size() != 4) {
     return absent(python + " exited " + std::to_string(run.exit_code) + " without results" +
                   (last.empty() ? "" : " (last line: " + last + ")"));
   }
@@ -292,6 +305,10 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
     progress.step("sleep: weights");
     const CycleTimes w = cycles(pool, weights, stream.get(), timed);
     add_rows(results, weights_parameter, each, kOurs, true, w, true, to_host, to_device);
+    progress.step("sleep: weights, 1 s asleep");
+    const CycleTimes wa = cycles(pool, weights, stream.get(), timed, kAsleepSeconds);
+    add_rows(results, weights_parameter + kAsleepSuffix, each, kOurs, true, wa, true, to_host,
+             to_device);
     progress.step("sleep: kv (discardable)");
     const CycleTimes k = cycles(pool, kv, stream.get(), timed);
     add_rows(results, kv_parameter, each, kOurs, true, k, false, to_host, to_device);
@@ -333,6 +350,8 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
   if (const std::optional<PeerParts> peer = torch_memory_saver(each, timed, sizes)) {
     add_rows(results, weights_parameter, peer->bytes.at("weights"), kPeer, false,
              peer->parts.at("weights"), true, to_host, to_device);
+    add_rows(results, weights_parameter + kAsleepSuffix, peer->bytes.at("weights_asleep"), kPeer,
+             false, peer->parts.at("weights_asleep"), true, to_host, to_device);
     add_rows(results, kv_parameter, peer->bytes.at("kv"), kPeer, false, peer->parts.at("kv"), false,
              to_host, to_device);
     add_rows(results, many_parameter(sizes.size(), peer->bytes.at("many")), peer->bytes.at("many"),
