@@ -685,10 +685,14 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
   state->counters.count_free(block.block_bytes, block.size);
   if (history_.wanted()) {
     try {
+      // Both entries carry the free's stack, else the allocation's (as PyTorch's do).
+      MemoryHistory::Context context = history_.context_for_free();
+      if (context == nullptr)
+        context = std::static_pointer_cast<c10::GatheredContext>(block.context);
       trace(TraceAction::FREE_REQUESTED, block.device, ptr, block.size, block.stream, block.pool,
-            history_.context_for_free());
+            context);
       trace(TraceAction::FREE_COMPLETED, block.device, ptr, block.size, block.stream, block.pool,
-            nullptr);
+            std::move(context));
       freed_requests_.note(block.device, reinterpret_cast<std::uintptr_t>(ptr), block.size);
     } catch (...) {
       note_error("memory history: a free could not be recorded", false);

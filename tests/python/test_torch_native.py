@@ -537,6 +537,28 @@ def test_history_skips_actions_carries_context_and_is_emptied_when_turned_off():
     assert not [e for e in trace if e["action"] == "free_requested"], trace[:5]
 
 
+def test_free_entries_carry_the_stack_of_the_free_else_of_the_allocation():
+    # PyTorch's trace: both free entries carry the free's stack under context="all", the
+    # allocation's under context="alloc" (what memory_viz shows for a free).
+    for context in ("all", "alloc"):
+        torch.cuda.memory._record_memory_history(context=context, stacks="python")
+        try:
+            x = torch.empty(MiB + 7, dtype=torch.uint8, device="cuda")
+            address = x.data_ptr()
+            del x
+            trace = torch.cuda.memory._snapshot()["device_traces"][torch.cuda.current_device()]
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+        mine = [e for e in trace if e["addr"] == address and e["size"] == MiB + 7]
+        by_action = {e["action"]: e for e in mine}
+        assert set(by_action) >= {"alloc", "free_requested", "free_completed"}, (context, mine)
+        for action in ("free_requested", "free_completed"):
+            frames = by_action[action]["frames"]
+            assert frames, (context, action)
+            if context == "alloc":
+                assert frames == by_action["alloc"]["frames"], (action, frames)
+
+
 def test_disabled_caching_allocator_uses_cuda_malloc_uncounted():
     stream = torch.cuda.current_stream().cuda_stream
     before = torch.cuda.memory_stats()["requested_bytes.all.allocated"]
