@@ -90,6 +90,36 @@ TEST(ForeignPool, RoundsAndSizesSegmentsAsPyTorchDoes) {
   EXPECT_EQ(ForeignPool::segment_bytes(ForeignPool::round(11 * MiB)), 12 * MiB);
 }
 
+TEST(ForeignPool, AFreeBlockKeepsTheRequestOfTheBlockFreedLastIntoIt) {
+  // PyTorch's snapshot: a freed block's requested bytes stay on the free block it leaves, also
+  // once merged with a free neighbour before it.
+  Fixture f;
+  const auto a = f.pool->allocate(300 * KiB, stream_n(1));
+  const auto b = f.pool->allocate(100 * KiB + 3, stream_n(1));
+  ASSERT_NE(a.ptr, nullptr);
+  ASSERT_NE(b.ptr, nullptr);
+  ASSERT_EQ(f.pool->segment_count(), 1u);
+  auto free_request = [&f](std::uintptr_t at) {
+    for (const auto& segment : f.pool->segments()) {
+      for (const auto& block : segment.blocks) {
+        if (!block.live && block.address <= at && at < block.address + block.bytes) {
+          return block.requested;
+        }
+      }
+    }
+    return std::size_t{SIZE_MAX};  // no free block there
+  };
+  EXPECT_TRUE(f.pool->deallocate(a.ptr));
+  EXPECT_EQ(free_request(reinterpret_cast<std::uintptr_t>(a.ptr)), 300 * KiB);
+  EXPECT_TRUE(f.pool->deallocate(b.ptr));  // joins a's block before it and the rest after it
+  EXPECT_EQ(free_request(reinterpret_cast<std::uintptr_t>(a.ptr)), 100 * KiB + 3);
+  std::size_t live_requested = 0;
+  for (const auto& segment : f.pool->segments()) {
+    for (const auto& block : segment.blocks) live_requested += block.live ? block.requested : 0;
+  }
+  EXPECT_EQ(live_requested, 0u);
+}
+
 TEST(ForeignPool, PacksSmallRequestsIntoTwoMiBSegments) {
   // PyTorch's test_mempool_with_allocator: two 1 MiB tensors share one 2 MiB segment, a third
   // needs a second one.

@@ -1,6 +1,7 @@
 // The plug-in's record of freed blocks' requested bytes (plugins/torch/freed_requests.hpp) on
-// the host: the block freed last in a range wins, a request is cut at the range's end, devices
-// apart, the bound on records, bad devices, and frees from many threads.
+// the host: the newest record overlapping a range wins, requests cut to the range, a free
+// drops the records inside its block, memory given back and a cleared history forget them,
+// devices apart, the oldest records go first past the bound, and frees from many threads.
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -14,45 +15,81 @@ namespace {
 
 using vram_torch::FreedRequests;
 
-TEST(FreedRequests, AFreeRangeNamesTheRequestOfTheBlockFreedLastInIt) {
+TEST(FreedRequests, AFreeRangeNamesTheRequestOfTheNewestBlockFreedInIt) {
   FreedRequests freed;
-  freed.note(0, 0x1000, 300);
-  freed.note(0, 0x2000, 700);
+  freed.note(0, 0x1000, 0x400, 300);
+  freed.note(0, 0x2000, 0x400, 700);
   EXPECT_EQ(freed.last_in(0, 0x1000, 0x3000), 700u);  // 0x2000 was freed after 0x1000
   EXPECT_EQ(freed.last_in(0, 0x1000, 0x2000), 300u);  // the end is not in the range
-  freed.note(0, 0x1000, 100);                         // freed again, later
+  freed.note(0, 0x1000, 0x400, 100);                  // freed again, later
   EXPECT_EQ(freed.last_in(0, 0x1000, 0x3000), 100u);
   EXPECT_EQ(freed.last_in(0, 0x3000, 0x4000), 0u);  // nothing freed there
   EXPECT_EQ(freed.last_in(0, 0x0800, 0x1000), 0u);
+  EXPECT_EQ(freed.last_in(0, 0x1000, 0x1000), 0u);  // an empty range
 }
 
-TEST(FreedRequests, ARequestIsCutAtTheEndOfTheRange) {
+TEST(FreedRequests, ARequestIsCutToTheRange) {
   FreedRequests freed;
-  freed.note(0, 0x1000, 0x800);
-  // Part of the block was handed out again: the free range left ends before the request.
+  freed.note(0, 0x1000, 0x1000, 0x800);
+  // Part of the block was handed out again: the free range left is shorter than the request.
   EXPECT_EQ(freed.last_in(0, 0x1000, 0x1200), 0x200u);
   EXPECT_EQ(freed.last_in(0, 0x0F00, 0x2000), 0x800u);
+  // The head was handed out again: the rest names the requested bytes that lie in it.
+  EXPECT_EQ(freed.last_in(0, 0x1600, 0x2000), 0x200u);
+  EXPECT_EQ(freed.last_in(0, 0x1900, 0x2000), 0u);  // past the requested bytes
 }
 
-TEST(FreedRequests, DevicesAreApartAndBadDevicesNameNothing) {
+TEST(FreedRequests, ALaterFreeOverRecordsReplacesThemAlsoFromBeforeTheRange) {
   FreedRequests freed;
-  freed.note(1, 0x1000, 42);
+  freed.note(0, 0x1000, 0x400, 1000);  // X
+  // Y covers X's memory (handed out again and freed as part of Y) and begins before it.
+  freed.note(0, 0x0E00, 0x4000, 0x3000);
+  EXPECT_EQ(freed.size(0), 1u) << "X's record is inside Y's block: it goes";
+  // Y's head was handed out again: the range left begins past Y's start.
+  EXPECT_EQ(freed.last_in(0, 0x0F00, 0x4E00), 0x2F00u);
+}
+
+TEST(FreedRequests, MemoryGivenBackAndAClearedHistoryForgetTheirRecords) {
+  FreedRequests freed;
+  freed.note(0, 0x1000, 0x400, 10);
+  freed.note(0, 0x9000, 0x400, 20);
+  freed.forget(0, 0x0000, 0x2000);  // a unit given back to the device
+  EXPECT_EQ(freed.last_in(0, 0x0000, 0x2000), 0u) << "memory mapped there later is fresh";
+  EXPECT_EQ(freed.last_in(0, 0x9000, 0xA000), 20u);
+  freed.clear();
+  EXPECT_EQ(freed.last_in(0, 0x9000, 0xA000), 0u);
+  EXPECT_EQ(freed.size(0), 0u);
+}
+
+TEST(FreedRequests, DevicesAreApartAndBadArgumentsNameNothing) {
+  FreedRequests freed;
+  freed.note(1, 0x1000, 0x100, 42);
   EXPECT_EQ(freed.last_in(0, 0x0, 0x10000), 0u);
   EXPECT_EQ(freed.last_in(1, 0x0, 0x10000), 42u);
-  freed.note(-1, 0x1000, 7);  // ignored
+  freed.note(-1, 0x1000, 0x100, 7);  // ignored
+  freed.note(1, 0x5000, 0, 7);       // no bytes: ignored
   EXPECT_EQ(freed.last_in(-1, 0x0, 0x10000), 0u);
   EXPECT_EQ(freed.last_in(5, 0x0, 0x10000), 0u);  // a device never seen
+  EXPECT_EQ(freed.last_in(1, 0x5000, 0x6000), 0u);
+  freed.forget(7, 0x0, 0x10000);  // a device never seen: nothing happens
+  EXPECT_EQ(freed.size(1), 1u);
 }
 
-TEST(FreedRequests, KeepsAtMostItsBoundPerDeviceDroppingTheLowestAddresses) {
+TEST(FreedRequests, PastItsBoundTheOldestRecordsGoFirst) {
   FreedRequests freed;
   const std::size_t n = FreedRequests::kMaxEntries + 10;
   constexpr std::uintptr_t kApart = std::uintptr_t{1} << 20;  // more than any request here
-  for (std::size_t i = 0; i < n; ++i) freed.note(0, kApart + i * kApart, i + 1);
-  // The ten lowest addresses are gone; the rest are named.
-  EXPECT_EQ(freed.last_in(0, kApart, kApart + 10 * kApart), 0u);
-  EXPECT_EQ(freed.last_in(0, kApart + 10 * kApart, kApart + 11 * kApart), 11u);
-  EXPECT_EQ(freed.last_in(0, kApart, kApart + n * kApart), n);
+  // High addresses first, then lower ones: the oldest are the highest.
+  for (std::size_t i = 0; i < n; ++i) freed.note(0, (n - i) * kApart, kApart, i + 1);
+  EXPECT_EQ(freed.size(0), FreedRequests::kMaxEntries);
+  // The ten oldest (the highest addresses) are gone; the newest, lowest, stays named.
+  EXPECT_EQ(freed.last_in(0, (n - 9) * kApart, (n + 1) * kApart), 0u);
+  EXPECT_EQ(freed.last_in(0, 1 * kApart, 2 * kApart), n);
+  EXPECT_EQ(freed.last_in(0, (n - 10) * kApart, (n - 9) * kApart), 11u);
+  // Frees again and again at one address keep one record and bounded history.
+  for (std::size_t i = 0; i < 3 * FreedRequests::kMaxEntries; ++i) freed.note(0, 0, 0x100, 5);
+  EXPECT_EQ(freed.last_in(0, 0, 0x100), 5u);
+  EXPECT_LE(freed.size(0), FreedRequests::kMaxEntries);
 }
 
 TEST(FreedRequests, FreesFromManyThreadsAreEachNamed) {
@@ -61,11 +98,12 @@ TEST(FreedRequests, FreesFromManyThreadsAreEachNamed) {
   constexpr std::uintptr_t kPerThread = 2000;
   constexpr std::uintptr_t kApart = std::uintptr_t{1} << 20;  // more than any request here
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&freed, t] {
       for (std::uintptr_t i = 0; i < kPerThread; ++i) {
         const std::uintptr_t address = (static_cast<std::uintptr_t>(t) << 40) + i * kApart;
-        freed.note(0, address, static_cast<std::size_t>(t) * 10000 + i + 1);
+        freed.note(0, address, kApart, static_cast<std::size_t>(t) * 10000 + i + 1);
         (void)freed.last_in(0, address, address + kApart);
       }
     });

@@ -120,7 +120,8 @@ bool ForeignPool::deallocate(void* ptr) noexcept {
   auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == blocks_.end() || !it->second.live) return false;
   it->second.live = false;
-  it->second.requested = 0;
+  // A free block keeps the requested bytes of the block freed last into it (PyTorch's
+  // snapshot shows them); a snapshot counts requested bytes of live blocks only.
   // Joins the free neighbours of the same segment (erasing allocates nothing).
   const auto join = [&](std::map<std::uintptr_t, Block>::iterator into,
                         std::map<std::uintptr_t, Block>::iterator from) {
@@ -138,6 +139,7 @@ bool ForeignPool::deallocate(void* ptr) noexcept {
     if (prev->second.segment == it->second.segment && !prev->second.live) {
       FreeKey key;
       if (free_key(prev->second, prev->first, key)) free_.erase(key);
+      prev->second.requested = it->second.requested;  // the block just freed
       join(prev, it);
       it = prev;
     }

@@ -84,7 +84,9 @@ class ForeignPool {
   struct BlockView {
     std::uintptr_t address = 0;
     std::size_t bytes = 0;
-    std::size_t requested = 0;  // live blocks only
+    // A live block's; a free block's: that of the block freed last into it (0: none), as
+    // PyTorch's snapshot shows.
+    std::size_t requested = 0;
     bool live = false;
   };
   struct SegmentView {

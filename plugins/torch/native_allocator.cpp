@@ -370,6 +370,8 @@ class NativeAllocator final : public cca::CUDAAllocator {
                      cda::RecordContext when, bool clear,
                      const std::vector<std::string>& skip_actions) override {
     history_.record_history(enabled, recorder, max_entries, when, clear, skip_actions);
+    // Frees while history is off are not recorded: the records could go stale.
+    if (!enabled || clear) freed_requests_.clear();
   }
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
     history_.annotate(md, c10::cuda::current_device());
@@ -480,6 +482,7 @@ void on_segment(int device, const vram::ReservedSpan& span, bool reserved) noexc
 
 void NativeAllocator::segment_event(int device, const vram::ReservedSpan& span,
                                     bool reserved) noexcept {
+  if (!reserved) freed_requests_.forget(device, span.address, span.address + span.bytes);
   if (!history_.wanted()) return;
   try {
     // PyTorch's own: a segment's whole span, the stream and stack of the request that grew
@@ -693,7 +696,11 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
             context);
       trace(TraceAction::FREE_COMPLETED, block.device, ptr, block.size, block.stream, block.pool,
             std::move(context));
-      freed_requests_.note(block.device, reinterpret_cast<std::uintptr_t>(ptr), block.size);
+      // A MemPool's own allocator's blocks keep theirs in its ForeignPool.
+      if (history_.enabled() && !block.foreign) {
+        freed_requests_.note(block.device, reinterpret_cast<std::uintptr_t>(ptr), block.block_bytes,
+                             block.size);
+      }
     } catch (...) {
       note_error("memory history: a free could not be recorded", false);
     }

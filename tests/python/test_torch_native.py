@@ -139,8 +139,7 @@ def test_snapshot_shows_vram_segments_and_memory_viz_renders_it():
 
 def test_snapshot_names_the_last_request_of_free_memory_as_pytorch_does():
     # PyTorch's snapshot keeps a freed tensor's requested bytes on the free block it leaves;
-    # its tests and memory_viz find them there after trace_plot(filter_freed=True) drops the
-    # freed pair from the trace.
+    # its test_memory_plots searches the snapshot's text for them after rendering it.
     from torch.cuda import _memory_viz
 
     odd = 70001  # no size class or rounding of either allocator
@@ -164,9 +163,23 @@ def test_snapshot_names_the_last_request_of_free_memory_as_pytorch_does():
             at += b["size"]
     assert found is not None, "the freed tensor's memory is in no free block"
     assert found["requested_size"] == odd, found
-    _memory_viz.trace_plot(snap, filter_freed=True)
+    assert "<html" in _memory_viz.trace_plot(snap).lower()
+    # PyTorch's test searches the text after its trace filter dropped the freed pair: here the
+    # segments alone, without the trace.
     assert str(odd) in json.dumps(snap["segments"])
     assert "segment" in _memory_viz.segsum(snap).lower()
+    # Turned off, history forgets its frees (frees while it is off are not recorded).
+    torch.cuda.memory._record_memory_history(max_entries=100000)
+    try:
+        again = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    for s in again["segments"]:
+        at = s["address"]
+        for b in s["blocks"]:
+            if b["state"] == "inactive" and at <= address < at + b["size"]:
+                assert b["requested_size"] == 0, b
+            at += b["size"]
     del keep
 
 
@@ -557,6 +570,9 @@ def test_free_entries_carry_the_stack_of_the_free_else_of_the_allocation():
             assert frames, (context, action)
             if context == "alloc":
                 assert frames == by_action["alloc"]["frames"], (action, frames)
+            else:  # the free's own stack: the `del` line, not the allocation's
+                assert frames != by_action["alloc"]["frames"], (action, frames)
+        assert by_action["free_completed"]["frames"] == by_action["free_requested"]["frames"]
 
 
 def test_disabled_caching_allocator_uses_cuda_malloc_uncounted():
