@@ -29,10 +29,10 @@ import subprocess
 import sys
 import time
 
-# Seconds between sleep and wake in the "weights_asleep" cycles: in an RL step the trainer runs
-# between the two. Memory given back is cleared by the driver in the background for a while
-# after its release (bench/RESULTS.md, "Sleep and wake"); a wake right after the sleep copies
-# into memory the driver is still clearing.
+# Seconds between sleep and wake in the "weights_asleep" cycles (--asleep-s; `vram bench`
+# passes its own): in an RL step the trainer runs between the two. A copy into device memory
+# made within about 100 ms of the release of other memory ran about 10% below the link on an
+# H100 (bench/RESULTS.md, "Sleep and wake"): a wake right after its sleep pays that.
 ASLEEP_S = 1.0
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -141,7 +141,7 @@ def child_vram(args):
                              lambda: vram_torch.wake("weights"), weights, args.cycles),
            "weights_asleep": _cycle(torch, lambda: vram_torch.sleep("weights"),
                                     lambda: vram_torch.wake("weights"), weights, args.cycles,
-                                    ASLEEP_S),
+                                    args.asleep_s),
            "kv": _cycle(torch, lambda: vram_torch.sleep("kv"), lambda: vram_torch.wake("kv"),
                         None, args.cycles)}
     del weights, kv
@@ -175,7 +175,7 @@ def child_tms(args):
                              lambda: torch_memory_saver.resume("weights"), weights, args.cycles),
            "weights_asleep": _cycle(torch, lambda: torch_memory_saver.pause("weights"),
                                     lambda: torch_memory_saver.resume("weights"), weights,
-                                    args.cycles, ASLEEP_S),
+                                    args.cycles, args.asleep_s),
            "kv": _cycle(torch, lambda: torch_memory_saver.pause("kv"),
                         lambda: torch_memory_saver.resume("kv"), None, args.cycles)}
     del weights, kv
@@ -221,7 +221,7 @@ def _run_child(which, args):
     env["PYTHONPATH"] = os.pathsep.join(
         [os.path.join(ROOT, "python")] + [p for p in [env.get("PYTHONPATH")] if p])
     cmd = [sys.executable, os.path.abspath(__file__), "--child", which, "--gib", str(args.gib),
-           "--cycles", str(args.cycles), "--many", str(args.many)]
+           "--cycles", str(args.cycles), "--many", str(args.many), "--asleep-s", str(args.asleep_s)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -235,6 +235,8 @@ def main():
     parser.add_argument("--gib", type=float, default=8)
     parser.add_argument("--cycles", type=int, default=3)
     parser.add_argument("--many", type=int, default=10000)
+    parser.add_argument("--asleep-s", type=float, default=ASLEEP_S,
+                        help="seconds between sleep and wake in the weights_asleep cycles")
     parser.add_argument("--many-sizes", help="a file of sizes, one per line (instead of --many)")
     parser.add_argument("--lines", action="store_true",
                         help="with --child: the result as plain lines (for `vram bench`)")

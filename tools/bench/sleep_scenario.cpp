@@ -87,9 +87,9 @@ std::pair<std::vector<double>, std::vector<double>> pinned_link(std::size_t byte
 constexpr const char* kOurs = "vram DevicePool";
 constexpr const char* kPeer = "torch_memory_saver (Python)";
 // The weights' cycles again with a second between sleep and wake (the trainer's step of an
-// RL loop; bench/torch_sleep.py's ASLEEP_S): the driver clears memory given back in the
-// background for a while after its release, and a wake right after the sleep copies while it
-// does (bench/RESULTS.md, "Sleep and wake").
+// RL loop; passed to bench/torch_sleep.py's child): a copy into device memory made within
+// about 100 ms of the release of other memory ran about 10% below the link on an H100, so a
+// wake right after its sleep pays that (bench/RESULTS.md, "Sleep and wake").
 constexpr double kAsleepSeconds = 1.0;
 constexpr const char* kAsleepSuffix = ", 1 s asleep";
 
@@ -178,10 +178,13 @@ std::optional<PeerParts> torch_memory_saver(std::size_t each, std::size_t timed,
   if (sizes.path().empty()) return absent(sizes.error());
   char gib[64];
   std::snprintf(gib, sizeof gib, "%.17g", static_cast<double>(each) / static_cast<double>(1_GiB));
-  const ChildRun run = run_python(python, torch_sleep_script(),
-                                  {"--child", "tms", "--lines", "--gib", gib, "--cycles",
-                                   std::to_string(timed), "--many-sizes", sizes.path()},
-                                  1800);
+  char asleep[64];
+  std::snprintf(asleep, sizeof asleep, "%.17g", kAsleepSeconds);
+  const ChildRun run =
+      run_python(python, torch_sleep_script(),
+                 {"--child", "tms", "--lines", "--gib", gib, "--cycles", std::to_string(timed),
+                  "--many-sizes", sizes.path(), "--asleep-s", asleep},
+                 1800);
   if (!run.ran) return absent(run.error);
   PeerParts peer;
   std::string last;
