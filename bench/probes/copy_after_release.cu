@@ -1,0 +1,199 @@
+// A probe, not part of the build: the host-to-device copy rate into device memory mapped long
+// before against memory mapped (cuMemCreate, cuMemMap, cuMemSetAccess) right after, 200 ms
+// after and 1 s after the release of other memory, in runs of 1 GiB, 256 MiB and 64 MiB; 8 GiB
+// of pinned host memory copied in 64 MiB cudaMemcpyAsync pieces. Driver functions through
+// cudaGetDriverEntryPointByVersion (no libcuda at link time). Build and run on the GPU machine:
+//   nvcc -O2 -arch=sm_90 -cudart static -o copy_after_release bench/probes/copy_after_release.cu
+//   ./copy_after_release
+// Each line: GB/s of A (mapped long before), B (mapped run by run, each run's copy queued after
+// its map, right after the last release), C (all runs mapped first, the maps' time, then
+// copied), D (all mapped, 100 ms idle, then copied), E (as B on two streams), F and G (as B,
+// 200 ms and 1 s after the last release). Results: bench/RESULTS.md, "Sleep and wake".
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+#include <vector>
+#define CK(x)                                               \
+  do {                                                      \
+    auto e = (x);                                           \
+    if (e != 0) {                                           \
+      printf("ERR %s:%d %d\n", __FILE__, __LINE__, (int)e); \
+      exit(1);                                              \
+    }                                                       \
+  } while (0)
+template <class F>
+F get(const char* n) {
+  void* p = nullptr;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion(n, &p, 12000, cudaEnableDefault, &q));
+  return (F)p;
+}
+static decltype(&cuMemCreate) pCreate;
+static decltype(&cuMemMap) pMap;
+static decltype(&cuMemSetAccess) pAccess;
+static decltype(&cuMemAddressReserve) pReserve;
+static decltype(&cuMemUnmap) pUnmap;
+static decltype(&cuMemRelease) pRelease;
+static decltype(&cuMemGetAllocationGranularity) pGran;
+int main() {
+  CK(cudaSetDevice(0));
+  CK(cudaFree(0));
+  pCreate = get<decltype(&cuMemCreate)>("cuMemCreate");
+  pMap = get<decltype(&cuMemMap)>("cuMemMap");
+  pAccess = get<decltype(&cuMemSetAccess)>("cuMemSetAccess");
+  pReserve = get<decltype(&cuMemAddressReserve)>("cuMemAddressReserve");
+  pUnmap = get<decltype(&cuMemUnmap)>("cuMemUnmap");
+  pRelease = get<decltype(&cuMemRelease)>("cuMemRelease");
+  pGran = get<decltype(&cuMemGetAllocationGranularity)>("cuMemGetAllocationGranularity");
+  const size_t GiB = 1ull << 30, total = 8 * GiB, chunk = 64ull << 20;
+  char* host;
+  CK(cudaHostAlloc((void**)&host, total, 0));
+  for (size_t i = 0; i < total; i += 4096) host[i] = 1;
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemAccessDesc acc{};
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUdeviceptr base;
+  CK(pReserve(&base, total, 0, 0, 0));
+  cudaStream_t s, s2;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CK(cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking));
+  auto now = [] { return std::chrono::steady_clock::now(); };
+  auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+  std::vector<CUmemGenericAllocationHandle> h;
+  auto mapall = [&](size_t run) {
+    for (size_t o = 0; o < total; o += run) {
+      CUmemGenericAllocationHandle x;
+      CK(pCreate(&x, run, &prop, 0));
+      CK(pMap(base + o, run, 0, x, 0));
+      CK(pAccess(base + o, run, &acc, 1));
+      h.push_back(x);
+    }
+  };
+  auto unmapall = [&](size_t run) {
+    size_t i = 0;
+    for (size_t o = 0; o < total; o += run) {
+      CK(pUnmap(base + o, run));
+      CK(pRelease(h[i++]));
+    }
+    h.clear();
+  };
+  auto copy = [&](size_t off, size_t n, cudaStream_t st) {
+    for (size_t d = 0; d < n; d += chunk)
+      CK(cudaMemcpyAsync((void*)(base + off + d), host + off + d, std::min(chunk, n - d),
+                         cudaMemcpyHostToDevice, st));
+  };
+  for (int round = 0; round < 2; ++round) {
+    for (size_t run : std::vector<size_t>{1 * GiB, 256ull << 20, 64ull << 20}) {
+      // A: mapped long ago (map, copy once, then time a second copy)
+      mapall(run);
+      copy(0, total, s);
+      CK(cudaStreamSynchronize(s));
+      auto t0 = now();
+      copy(0, total, s);
+      CK(cudaStreamSynchronize(s));
+      double a = secs(t0, now());
+      unmapall(run);
+      CK(cudaDeviceSynchronize());
+      // B: map run by run, copy each run right after its map (the wake's pipeline)
+      t0 = now();
+      size_t i = 0;
+      for (size_t o = 0; o < total; o += run) {
+        CUmemGenericAllocationHandle x;
+        CK(pCreate(&x, run, &prop, 0));
+        CK(pMap(base + o, run, 0, x, 0));
+        CK(pAccess(base + o, run, &acc, 1));
+        h.push_back(x);
+        copy(o, run, s);
+      }
+      CK(cudaStreamSynchronize(s));
+      double b = secs(t0, now());
+      unmapall(run);
+      CK(cudaDeviceSynchronize());
+      // C: map all first (timed separately), then copy
+      t0 = now();
+      mapall(run);
+      double cm = secs(t0, now());
+      auto t1 = now();
+      copy(0, total, s);
+      CK(cudaStreamSynchronize(s));
+      double c = secs(t1, now());
+      unmapall(run);
+      CK(cudaDeviceSynchronize());
+      // D: map all, wait 100 ms, then copy
+      mapall(run);
+      CK(cudaDeviceSynchronize());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      t1 = now();
+      copy(0, total, s);
+      CK(cudaStreamSynchronize(s));
+      double d = secs(t1, now());
+      unmapall(run);
+      CK(cudaDeviceSynchronize());
+      // E: pipeline as B, copies alternating on two streams
+      t0 = now();
+      i = 0;
+      for (size_t o = 0; o < total; o += run) {
+        CUmemGenericAllocationHandle x;
+        CK(pCreate(&x, run, &prop, 0));
+        CK(pMap(base + o, run, 0, x, 0));
+        CK(pAccess(base + o, run, &acc, 1));
+        h.push_back(x);
+        copy(o, run, (i++ & 1) ? s2 : s);
+      }
+      CK(cudaDeviceSynchronize());
+      double e = secs(t0, now());
+      unmapall(run);
+      CK(cudaDeviceSynchronize());
+      // F: released 200 ms before, then the pipeline
+      mapall(run);
+      unmapall(run);
+      CK(cudaDeviceSynchronize());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      t0 = now();
+      for (size_t o = 0; o < total; o += run) {
+        CUmemGenericAllocationHandle x;
+        CK(pCreate(&x, run, &prop, 0));
+        CK(pMap(base + o, run, 0, x, 0));
+        CK(pAccess(base + o, run, &acc, 1));
+        h.push_back(x);
+        copy(o, run, s);
+      }
+      CK(cudaStreamSynchronize(s));
+      double f = secs(t0, now());
+      unmapall(run);
+      CK(cudaDeviceSynchronize());
+      // G: released 1 s before, then the pipeline
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      t0 = now();
+      for (size_t o = 0; o < total; o += run) {
+        CUmemGenericAllocationHandle x;
+        CK(pCreate(&x, run, &prop, 0));
+        CK(pMap(base + o, run, 0, x, 0));
+        CK(pAccess(base + o, run, &acc, 1));
+        h.push_back(x);
+        copy(o, run, s);
+      }
+      CK(cudaStreamSynchronize(s));
+      double g = secs(t0, now());
+      unmapall(run);
+      CK(cudaDeviceSynchronize());
+      auto gbs = [&](double t) { return total / t / 1e9; };
+      printf(
+          "round %d run %4zu MiB: F released 200 ms before %.2f  G released 1 s before %.2f GB/s\n",
+          round, run >> 20, gbs(f), gbs(g));
+      printf(
+          "round %d run %4zu MiB: A old %.2f  B pipeline %.2f  C mapall %.2f ms then copy %.2f "
+          "GB/s (total %.2f)  D after 100ms %.2f  E 2 streams %.2f GB/s\n",
+          round, run >> 20, gbs(a), gbs(b), cm * 1e3, gbs(c), gbs(cm + c), gbs(d), gbs(e));
+      fflush(stdout);
+    }
+  }
+  return 0;
+}
