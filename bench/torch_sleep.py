@@ -2,13 +2,15 @@
 region/pause/resume and the pinned link, in one run.
 
     python3 bench/torch_sleep.py [--json OUT.json] [--gib 8] [--cycles 3] [--many 10000]
+                                 [--asleep-s 1]
 
 Each allocator runs in a fresh interpreter (the allocator is chosen before CUDA starts):
   link   torch.empty(pin_memory=True) <-> a CUDA tensor, copy_ each way, 1 GiB, GB/s
   vram   vram_torch.enable(); weights (--gib GiB in 32 tensors) in region("weights"), a KV
          cache (--gib GiB) in region("kv", discardable=True), then --cycles timed cycles
-         (one untimed cycle first: it pins the backup), the weights' cycles again with 1 s
-         between sleep and wake (weights_asleep); then --many tensors of 64 KiB-4 MiB
+         (one untimed cycle first: it pins the backup), the weights' cycles again with
+         --asleep-s seconds between sleep and wake (weights_asleep); then --many tensors of
+         64 KiB-4 MiB
          (log-uniform, fixed seed) in region("many")
   tms    torch_memory_saver (hook_mode "torch"), the same tensors with
          region(tag, enable_cpu_backup=True/False), pause/resume; reported absent when it is
@@ -242,6 +244,8 @@ def main():
                         help="with --child: the result as plain lines (for `vram bench`)")
     parser.add_argument("--json")
     args = parser.parse_args()
+    if not math.isfinite(args.asleep_s) or args.asleep_s < 0:
+        parser.error(f"--asleep-s must be a finite number of seconds >= 0 (got {args.asleep_s})")
     if args.child:
         fn = {"link": child_link, "vram": child_vram, "tms": child_tms}[args.child]
         try:
@@ -262,7 +266,8 @@ def main():
     link_h2d = _median(link.get("to_device", []))
     rows = [("pinned link", "device to host", f"{link_d2h:.1f} GB/s", ""),
             ("pinned link", "host to device", f"{link_h2d:.1f} GB/s", "")]
-    summary = {"link_to_host_gbs": link_d2h, "link_to_device_gbs": link_h2d}
+    summary = {"link_to_host_gbs": link_d2h, "link_to_device_gbs": link_h2d,
+               "asleep_s": args.asleep_s}
     for name in ("vram", "tms"):
         r = results[name]
         if "absent" in r or "error" in r:

@@ -113,6 +113,11 @@ TEST(ForeignPool, AFreeBlockKeepsTheRequestOfTheBlockFreedLastIntoIt) {
   EXPECT_EQ(free_request(reinterpret_cast<std::uintptr_t>(a.ptr)), 300 * KiB);
   EXPECT_TRUE(f.pool->deallocate(b.ptr));  // joins a's block before it and the rest after it
   EXPECT_EQ(free_request(reinterpret_cast<std::uintptr_t>(a.ptr)), 100 * KiB + 3);
+  // The head handed out again: the rest keeps that request (PyTorch's remainder does).
+  const auto c = f.pool->allocate(50 * KiB, stream_n(1));
+  ASSERT_EQ(c.ptr, a.ptr);
+  EXPECT_EQ(free_request(reinterpret_cast<std::uintptr_t>(a.ptr) + 50 * KiB), 100 * KiB + 3);
+  EXPECT_TRUE(f.pool->deallocate(c.ptr));
   std::size_t live_requested = 0;
   for (const auto& segment : f.pool->segments()) {
     for (const auto& block : segment.blocks) live_requested += block.live ? block.requested : 0;

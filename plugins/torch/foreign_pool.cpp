@@ -1,5 +1,6 @@
 #include "foreign_pool.hpp"
 
+#include <algorithm>
 #include <exception>
 #include <iterator>
 #include <new>
@@ -39,7 +40,10 @@ void ForeignPool::carve(std::map<std::uintptr_t, Block>::iterator at, std::size_
   if (large ? rest > kSmallRequest : rest >= kMinBlock) {
     // The rest first (both insertions may throw): the block itself changes last.
     const std::uintptr_t rest_at = at->first + rounded;
-    const auto made = blocks_.emplace(rest_at, Block{block.segment, rest, 0, false}).first;
+    // The rest keeps the free block's last request (cut to it), as PyTorch's remainder does.
+    const auto made =
+        blocks_.emplace(rest_at, Block{block.segment, rest, std::min(block.requested, rest), false})
+            .first;
     FreeKey key;
     free_key(made->second, rest_at, key);
     try {

@@ -2,50 +2,72 @@
 #include "freed_requests.hpp"
 
 #include <algorithm>
+#include <limits>
 
 namespace vram_torch {
+namespace {
+
+std::uintptr_t end_of(std::uintptr_t address, std::size_t bytes) noexcept {
+  const std::uintptr_t most = std::numeric_limits<std::uintptr_t>::max();
+  return bytes > most - address ? most : address + bytes;
+}
+
+}  // namespace
+
+void FreedRequests::set_recording(bool on) noexcept {
+  try {
+    std::lock_guard lock(mutex_);
+    recording_ = on;
+    if (!on) devices_.clear();
+  } catch (...) {  // the mutex failed: nothing changes
+  }
+}
+
+void FreedRequests::erase(Device& device, std::map<std::uintptr_t, Entry>::iterator it) noexcept {
+  device.by_order.erase(it->second.order);
+  device.by_address.erase(it);
+}
+
+void FreedRequests::cut_before(Device& device, std::uintptr_t at) noexcept {
+  auto it = device.by_address.lower_bound(at);
+  if (it == device.by_address.begin()) return;
+  --it;
+  if (end_of(it->first, it->second.bytes) <= at) return;
+  it->second.bytes = at - it->first;
+  it->second.requested = std::min(it->second.requested, it->second.bytes);
+}
 
 void FreedRequests::note(int device, std::uintptr_t address, std::size_t bytes,
                          std::size_t requested) noexcept {
   if (device < 0 || bytes == 0) return;
   try {
     std::lock_guard lock(mutex_);
+    if (!recording_) return;
     if (devices_.size() <= static_cast<std::size_t>(device)) {
       devices_.resize(static_cast<std::size_t>(device) + 1);
     }
     Device& d = devices_[static_cast<std::size_t>(device)];
-    // Records inside the freed block name memory handed out and freed again since.
-    d.by_address.erase(d.by_address.lower_bound(address),
-                       d.by_address.lower_bound(address + bytes));
+    const std::uintptr_t end = end_of(address, bytes);
+    for (auto it = d.by_address.lower_bound(address);
+         it != d.by_address.end() && it->first < end;) {
+      erase(d, it++);
+    }
+    cut_before(d, address);
     const std::uint64_t order = ++next_order_;
-    d.by_address.insert_or_assign(address, Entry{order, bytes, requested});
+    const auto made =
+        d.by_address.emplace(address, Entry{order, bytes, std::min(requested, bytes)}).first;
     try {
-      d.by_age.emplace_back(order, address);
+      d.by_order.emplace(order, address);
     } catch (...) {
-      d.by_address.erase(address);
+      d.by_address.erase(made);
       throw;
     }
-    while (d.by_address.size() > kMaxEntries) drop_oldest(d);
-    // Stale ages (replaced or dropped records) are compacted once they outnumber the records.
-    if (d.by_age.size() > 2 * kMaxEntries && d.by_age.size() > 2 * d.by_address.size()) {
-      std::erase_if(d.by_age, [&d](const std::pair<std::uint64_t, std::uintptr_t>& age) {
-        const auto it = d.by_address.find(age.second);
-        return it == d.by_address.end() || it->second.order != age.first;
-      });
+    while (d.by_address.size() > kMaxEntries && !d.by_order.empty()) {
+      const auto oldest = d.by_address.find(d.by_order.begin()->second);
+      if (oldest == d.by_address.end()) break;  // cannot be: both maps hold the same records
+      erase(d, oldest);
     }
   } catch (...) {  // no host memory: this free is not named
-  }
-}
-
-void FreedRequests::drop_oldest(Device& device) noexcept {
-  while (!device.by_age.empty()) {
-    const auto [order, address] = device.by_age.front();
-    device.by_age.pop_front();
-    const auto it = device.by_address.find(address);
-    if (it != device.by_address.end() && it->second.order == order) {
-      device.by_address.erase(it);
-      return;
-    }
   }
 }
 
@@ -59,29 +81,32 @@ std::size_t FreedRequests::last_in(int device, std::uintptr_t begin, std::uintpt
   auto consider = [&](std::uintptr_t address, const Entry& e) {
     if (e.order <= newest) return;
     const std::uintptr_t from = std::max(address, begin);
-    const std::uintptr_t asked_end = address + e.requested;  // the requested bytes' end
+    const std::uintptr_t asked_end = end_of(address, e.requested);
     newest = e.order;
     requested = asked_end > from ? std::min(asked_end, end) - from : 0;
   };
   auto it = records.lower_bound(begin);
-  if (it != records.begin()) {  // a block freed before `begin` may reach into the range
+  // Records never overlap: only the one just before `begin` may reach into the range.
+  if (it != records.begin()) {
     const auto before = std::prev(it);
-    if (before->first + before->second.bytes > begin) consider(before->first, before->second);
+    if (end_of(before->first, before->second.bytes) > begin)
+      consider(before->first, before->second);
   }
   for (; it != records.end() && it->first < end; ++it) consider(it->first, it->second);
   return requested;
 }
 
 void FreedRequests::forget(int device, std::uintptr_t begin, std::uintptr_t end) noexcept {
-  std::lock_guard lock(mutex_);
-  if (device < 0 || devices_.size() <= static_cast<std::size_t>(device) || begin >= end) return;
-  std::map<std::uintptr_t, Entry>& records = devices_[static_cast<std::size_t>(device)].by_address;
-  records.erase(records.lower_bound(begin), records.lower_bound(end));
-}
-
-void FreedRequests::clear() noexcept {
-  std::lock_guard lock(mutex_);
-  devices_.clear();
+  try {
+    std::lock_guard lock(mutex_);
+    if (device < 0 || devices_.size() <= static_cast<std::size_t>(device) || begin >= end) return;
+    Device& d = devices_[static_cast<std::size_t>(device)];
+    for (auto it = d.by_address.lower_bound(begin); it != d.by_address.end() && it->first < end;) {
+      erase(d, it++);
+    }
+    cut_before(d, begin);
+  } catch (...) {  // the mutex failed: the records stay
+  }
 }
 
 std::size_t FreedRequests::size(int device) const {

@@ -370,8 +370,8 @@ class NativeAllocator final : public cca::CUDAAllocator {
                      cda::RecordContext when, bool clear,
                      const std::vector<std::string>& skip_actions) override {
     history_.record_history(enabled, recorder, max_entries, when, clear, skip_actions);
-    // Frees while history is off are not recorded: the records could go stale.
-    if (!enabled || clear) freed_requests_.clear();
+    // Frees while history is off are not recorded: turned off, the records go (stale later).
+    freed_requests_.set_recording(enabled);
   }
   void recordAnnotation(const std::vector<std::pair<std::string, std::string>>& md) override {
     history_.annotate(md, c10::cuda::current_device());
@@ -482,7 +482,8 @@ void on_segment(int device, const vram::ReservedSpan& span, bool reserved) noexc
 
 void NativeAllocator::segment_event(int device, const vram::ReservedSpan& span,
                                     bool reserved) noexcept {
-  if (!reserved) freed_requests_.forget(device, span.address, span.address + span.bytes);
+  // Memory given back, or mapped afresh: no record names it any more.
+  freed_requests_.forget(device, span.address, span.address + span.bytes);
   if (!history_.wanted()) return;
   try {
     // PyTorch's own: a segment's whole span, the stream and stack of the request that grew

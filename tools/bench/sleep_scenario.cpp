@@ -91,7 +91,11 @@ constexpr const char* kPeer = "torch_memory_saver (Python)";
 // about 100 ms of the release of other memory ran about 10% below the link on an H100, so a
 // wake right after its sleep pays that (bench/RESULTS.md, "Sleep and wake").
 constexpr double kAsleepSeconds = 1.0;
-constexpr const char* kAsleepSuffix = ", 1 s asleep";
+std::string asleep_suffix() {
+  char text[64];
+  std::snprintf(text, sizeof text, ", %g s asleep", kAsleepSeconds);
+  return text;
+}
 
 std::string many_parameter(std::size_t count, std::size_t bytes) {
   return std::to_string(count) + " blocks, " + format_bytes(bytes);
@@ -310,7 +314,7 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
     add_rows(results, weights_parameter, each, kOurs, true, w, true, to_host, to_device);
     progress.step("sleep: weights, 1 s asleep");
     const CycleTimes wa = cycles(pool, weights, stream.get(), timed, kAsleepSeconds);
-    add_rows(results, weights_parameter + kAsleepSuffix, each, kOurs, true, wa, true, to_host,
+    add_rows(results, weights_parameter + asleep_suffix(), each, kOurs, true, wa, true, to_host,
              to_device);
     progress.step("sleep: kv (discardable)");
     const CycleTimes k = cycles(pool, kv, stream.get(), timed);
@@ -353,7 +357,7 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
   if (const std::optional<PeerParts> peer = torch_memory_saver(each, timed, sizes)) {
     add_rows(results, weights_parameter, peer->bytes.at("weights"), kPeer, false,
              peer->parts.at("weights"), true, to_host, to_device);
-    add_rows(results, weights_parameter + kAsleepSuffix, peer->bytes.at("weights_asleep"), kPeer,
+    add_rows(results, weights_parameter + asleep_suffix(), peer->bytes.at("weights_asleep"), kPeer,
              false, peer->parts.at("weights_asleep"), true, to_host, to_device);
     add_rows(results, kv_parameter, peer->bytes.at("kv"), kPeer, false, peer->parts.at("kv"), false,
              to_host, to_device);
