@@ -37,7 +37,6 @@ static decltype(&cuMemSetAccess) pAccess;
 static decltype(&cuMemAddressReserve) pReserve;
 static decltype(&cuMemUnmap) pUnmap;
 static decltype(&cuMemRelease) pRelease;
-static decltype(&cuMemGetAllocationGranularity) pGran;
 int main() {
   CK(cudaSetDevice(0));
   CK(cudaFree(0));
@@ -47,7 +46,6 @@ int main() {
   pReserve = get<decltype(&cuMemAddressReserve)>("cuMemAddressReserve");
   pUnmap = get<decltype(&cuMemUnmap)>("cuMemUnmap");
   pRelease = get<decltype(&cuMemRelease)>("cuMemRelease");
-  pGran = get<decltype(&cuMemGetAllocationGranularity)>("cuMemGetAllocationGranularity");
   const size_t GiB = 1ull << 30, total = 8 * GiB, chunk = 64ull << 20;
   char* host;
   CK(cudaHostAlloc((void**)&host, total, 0));
@@ -67,14 +65,15 @@ int main() {
   auto now = [] { return std::chrono::steady_clock::now(); };
   auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
   std::vector<CUmemGenericAllocationHandle> h;
+  auto map_one = [&](size_t o, size_t run) {
+    CUmemGenericAllocationHandle x;
+    CK(pCreate(&x, run, &prop, 0));
+    CK(pMap(base + o, run, 0, x, 0));
+    CK(pAccess(base + o, run, &acc, 1));
+    h.push_back(x);
+  };
   auto mapall = [&](size_t run) {
-    for (size_t o = 0; o < total; o += run) {
-      CUmemGenericAllocationHandle x;
-      CK(pCreate(&x, run, &prop, 0));
-      CK(pMap(base + o, run, 0, x, 0));
-      CK(pAccess(base + o, run, &acc, 1));
-      h.push_back(x);
-    }
+    for (size_t o = 0; o < total; o += run) map_one(o, run);
   };
   auto unmapall = [&](size_t run) {
     size_t i = 0;
@@ -83,11 +82,30 @@ int main() {
       CK(pRelease(h[i++]));
     }
     h.clear();
+    CK(cudaDeviceSynchronize());
   };
   auto copy = [&](size_t off, size_t n, cudaStream_t st) {
     for (size_t d = 0; d < n; d += chunk)
       CK(cudaMemcpyAsync((void*)(base + off + d), host + off + d, std::min(chunk, n - d),
                          cudaMemcpyHostToDevice, st));
+  };
+  // Maps run by run, each run's copy queued right after its map (the wake's order; on two
+  // streams taking turns when `two`), until the copies end: seconds.
+  auto pipeline = [&](size_t run, bool two) {
+    const auto t0 = now();
+    size_t i = 0;
+    for (size_t o = 0; o < total; o += run) {
+      map_one(o, run);
+      copy(o, run, two && (i++ & 1) ? s2 : s);
+    }
+    CK(cudaDeviceSynchronize());
+    return secs(t0, now());
+  };
+  auto timed_copy = [&] {  // the whole 8 GiB on one stream: seconds
+    const auto t0 = now();
+    copy(0, total, s);
+    CK(cudaStreamSynchronize(s));
+    return secs(t0, now());
   };
   for (int round = 0; round < 2; ++round) {
     for (size_t run : std::vector<size_t>{1 * GiB, 256ull << 20, 64ull << 20}) {
@@ -95,95 +113,36 @@ int main() {
       mapall(run);
       copy(0, total, s);
       CK(cudaStreamSynchronize(s));
-      auto t0 = now();
-      copy(0, total, s);
-      CK(cudaStreamSynchronize(s));
-      double a = secs(t0, now());
+      double a = timed_copy();
       unmapall(run);
-      CK(cudaDeviceSynchronize());
       // B: map run by run, copy each run right after its map (the wake's pipeline)
-      t0 = now();
-      size_t i = 0;
-      for (size_t o = 0; o < total; o += run) {
-        CUmemGenericAllocationHandle x;
-        CK(pCreate(&x, run, &prop, 0));
-        CK(pMap(base + o, run, 0, x, 0));
-        CK(pAccess(base + o, run, &acc, 1));
-        h.push_back(x);
-        copy(o, run, s);
-      }
-      CK(cudaStreamSynchronize(s));
-      double b = secs(t0, now());
+      double b = pipeline(run, false);
       unmapall(run);
-      CK(cudaDeviceSynchronize());
       // C: map all first (timed separately), then copy
-      t0 = now();
+      auto t0 = now();
       mapall(run);
       double cm = secs(t0, now());
-      auto t1 = now();
-      copy(0, total, s);
-      CK(cudaStreamSynchronize(s));
-      double c = secs(t1, now());
+      double c = timed_copy();
       unmapall(run);
-      CK(cudaDeviceSynchronize());
       // D: map all, wait 100 ms, then copy
       mapall(run);
       CK(cudaDeviceSynchronize());
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      t1 = now();
-      copy(0, total, s);
-      CK(cudaStreamSynchronize(s));
-      double d = secs(t1, now());
+      double d = timed_copy();
       unmapall(run);
-      CK(cudaDeviceSynchronize());
       // E: pipeline as B, copies alternating on two streams
-      t0 = now();
-      i = 0;
-      for (size_t o = 0; o < total; o += run) {
-        CUmemGenericAllocationHandle x;
-        CK(pCreate(&x, run, &prop, 0));
-        CK(pMap(base + o, run, 0, x, 0));
-        CK(pAccess(base + o, run, &acc, 1));
-        h.push_back(x);
-        copy(o, run, (i++ & 1) ? s2 : s);
-      }
-      CK(cudaDeviceSynchronize());
-      double e = secs(t0, now());
+      double e = pipeline(run, true);
       unmapall(run);
-      CK(cudaDeviceSynchronize());
       // F: released 200 ms before, then the pipeline
       mapall(run);
       unmapall(run);
-      CK(cudaDeviceSynchronize());
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      t0 = now();
-      for (size_t o = 0; o < total; o += run) {
-        CUmemGenericAllocationHandle x;
-        CK(pCreate(&x, run, &prop, 0));
-        CK(pMap(base + o, run, 0, x, 0));
-        CK(pAccess(base + o, run, &acc, 1));
-        h.push_back(x);
-        copy(o, run, s);
-      }
-      CK(cudaStreamSynchronize(s));
-      double f = secs(t0, now());
+      double f = pipeline(run, false);
       unmapall(run);
-      CK(cudaDeviceSynchronize());
       // G: released 1 s before, then the pipeline
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));
-      t0 = now();
-      for (size_t o = 0; o < total; o += run) {
-        CUmemGenericAllocationHandle x;
-        CK(pCreate(&x, run, &prop, 0));
-        CK(pMap(base + o, run, 0, x, 0));
-        CK(pAccess(base + o, run, &acc, 1));
-        h.push_back(x);
-        copy(o, run, s);
-      }
-      CK(cudaStreamSynchronize(s));
-      double g = secs(t0, now());
+      double g = pipeline(run, false);
       unmapall(run);
-      CK(cudaDeviceSynchronize());
       auto gbs = [&](double t) { return total / t / 1e9; };
       printf(
           "round %d run %4zu MiB: F released 200 ms before %.2f  G released 1 s before %.2f GB/s\n",

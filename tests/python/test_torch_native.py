@@ -137,6 +137,21 @@ def test_snapshot_shows_vram_segments_and_memory_viz_renders_it():
     del keep
 
 
+def _free_block_at(snap, address):
+    """The inactive block of `snap` that holds `address` (None: none); every inactive block's
+    requested bytes checked to lie within it."""
+    found = None
+    for s in snap["segments"]:
+        at = s["address"]
+        for b in s["blocks"]:
+            if b["state"] == "inactive":
+                assert b["requested_size"] <= b["size"], (b["requested_size"], b["size"])
+                if at <= address < at + b["size"]:
+                    found = b
+            at += b["size"]
+    return found
+
+
 def test_snapshot_names_the_last_request_of_free_memory_as_pytorch_does():
     # PyTorch's snapshot keeps a freed tensor's requested bytes on the free block it leaves;
     # its test_memory_plots searches the snapshot's text for them after rendering it.
@@ -152,15 +167,7 @@ def test_snapshot_names_the_last_request_of_free_memory_as_pytorch_does():
         snap = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    found = None
-    for s in snap["segments"]:
-        at = s["address"]
-        for b in s["blocks"]:
-            if b["state"] == "inactive":
-                assert b["requested_size"] <= b["size"], (b["requested_size"], b["size"])
-                if at <= address < at + b["size"]:
-                    found = b
-            at += b["size"]
+    found = _free_block_at(snap, address)
     assert found is not None, "the freed tensor's memory is in no free block"
     assert found["requested_size"] == odd, found
     assert "<html" in _memory_viz.trace_plot(snap).lower()
@@ -175,13 +182,7 @@ def test_snapshot_names_the_last_request_of_free_memory_as_pytorch_does():
         again = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    found = None
-    for s in again["segments"]:
-        at = s["address"]
-        for b in s["blocks"]:
-            if b["state"] == "inactive" and at <= address < at + b["size"]:
-                found = b
-            at += b["size"]
+    found = _free_block_at(again, address)
     assert found is not None and found["requested_size"] == 0, found
     del keep
 
