@@ -24,16 +24,15 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <map>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "bench/python_peer.hpp"
 #include "bench/scenarios.hpp"
+#include "bench/sleep_peer_lines.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/cuda/event.hpp"
 #include "vram/cuda/stream.hpp"
@@ -110,11 +109,8 @@ std::string apart_parameter(std::size_t count, std::size_t bytes) {
 // stays in PyTorch's cache inside its pool (copied too): its rows for the blocks apart are
 // those of the same blocks together, its best case.
 constexpr const char* kPeerTogether = "torch_memory_saver (Python), the blocks together";
-
-struct CycleTimes {
-  std::vector<double> sleep_s;
-  std::vector<double> wake_s;
-};
+// The parts the peer's child prints (bench/torch_sleep.py, _print_lines).
+const std::vector<std::string> kPeerParts = {"weights", "weights_asleep", "kv", "many"};
 
 // `asleep_s`: seconds between the sleep and the wake, outside both timings.
 CycleTimes cycles(DevicePool& pool, SleepTag tag, cudaStream_t stream, std::size_t timed,
@@ -164,18 +160,13 @@ void add_rows(std::vector<Measurement>& results, const std::string& parameter, s
 // torch_memory_saver through its Python package (bench/torch_sleep.py's tms child, in its own
 // process, after vram's pools are gone): the same parts, sizes and cycles. Absent when
 // Python or the package is missing (said on stderr).
-struct PeerParts {
-  std::map<std::string, CycleTimes> parts;
-  std::map<std::string, std::size_t> bytes;
-};
-
-std::optional<PeerParts> torch_memory_saver(std::size_t each, std::size_t timed,
-                                            const std::vector<std::size_t>& many_sizes) {
+std::optional<SleepPeerLines> torch_memory_saver(std::size_t each, std::size_t timed,
+                                                 const std::vector<std::size_t>& many_sizes) {
   std::string sizes_text;
   for (std::size_t bytes : many_sizes) sizes_text += std::to_string(bytes) + "\n";
   TemporaryFile sizes(sizes_text, ".txt");
   const std::string python = bench_python();
-  auto absent = [&](const std::string& why) -> std::optional<PeerParts> {
+  auto absent = [&](const std::string& why) -> std::optional<SleepPeerLines> {
     std::fprintf(stderr, "vram bench: sleep: torch_memory_saver not measured: %s\n", why.c_str());
     return std::nullopt;
   };
@@ -190,39 +181,17 @@ std::optional<PeerParts> torch_memory_saver(std::size_t each, std::size_t timed,
                   "--many-sizes", sizes.path(), "--asleep-s", asleep},
                  1800);
   if (!run.ran) return absent(run.error);
-  PeerParts peer;
-  std::string last;
-  for (const std::string& line : run.lines) {
-    std::istringstream in(line);
-    std::string kind;
-    in >> kind;
-    if (kind == "ABSENT" || kind == "ERROR") {
-      std::string rest;
-      std::getline(in, rest);
-      return absent(kind == "ABSENT" ? rest : "its run failed:" + rest);
-    }
-    std::string part;
-    std::string step;
-    if (kind == "BYTES") {
-      std::size_t bytes = 0;
-      if (in >> part >> bytes) peer.bytes[part] = bytes;
-    } else if (kind == "SECONDS" && in >> part >> step) {
-      std::vector<double>& into =
-          step == "sleep" ? peer.parts[part].sleep_s : peer.parts[part].wake_s;
-      for (double seconds = 0; in >> seconds;) into.push_back(seconds);
-    } else if (!line.empty()) {
-      last = line;
-    }
-  }
-  if (peer.parts.size() != 4 || peer.bytes.size() != 4) {
+  SleepPeerLines peer = read_sleep_peer_lines(run.lines);
+  if (!peer.absent.empty()) return absent(peer.absent);
+  if (!peer.complete(kPeerParts)) {
     return absent(python + " exited " + std::to_string(run.exit_code) + " without results" +
-                  (last.empty() ? "" : " (last line: " + last + ")"));
+                  (peer.last.empty() ? "" : " (last line: " + peer.last + ")"));
   }
   if (run.exit_code != 0) {  // its results were complete and checked: a failure at its exit
     std::fprintf(stderr,
                  "vram bench: sleep: torch_memory_saver's process exited %d after its results "
                  "(last line: %s)\n",
-                 run.exit_code, last.c_str());
+                 run.exit_code, peer.last.c_str());
   }
   return peer;
 }
@@ -354,7 +323,7 @@ void run_sleep_scenario(const BenchConfig& config, Progress& progress,
   cuda::check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
 
   progress.step("sleep: torch_memory_saver");
-  if (const std::optional<PeerParts> peer = torch_memory_saver(each, timed, sizes)) {
+  if (const std::optional<SleepPeerLines> peer = torch_memory_saver(each, timed, sizes)) {
     add_rows(results, weights_parameter, peer->bytes.at("weights"), kPeer, false,
              peer->parts.at("weights"), true, to_host, to_device);
     add_rows(results, weights_parameter + asleep_suffix(), peer->bytes.at("weights_asleep"), kPeer,
