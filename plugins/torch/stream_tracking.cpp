@@ -58,7 +58,7 @@ bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, std::size_t
   try {
     guard.emplace(device_);
     held.events.reserve(streams.size());
-    held.captured = streams;
+    held.captured = std::move(streams);  // moved last: the catch below reads `streams`
   } catch (...) {
     for (cudaStream_t other : streams) (void)vram::cuda::try_synchronize_stream(other);
     return false;
