@@ -512,6 +512,15 @@ class DevicePool {
   // of the pool's live blocks (PyTorch's CUDA graph trees) at the same addresses. Returns
   // its bytes, or 0 (nothing changed) when it is no free block of that pool.
   std::size_t claim_graph_block(GraphPoolId graph_pool, void* block) noexcept;
+  // The free blocks graph pool `graph_pool` keeps for its own next allocations, by address
+  // (memory the pool holds that nothing uses: snapshots list it as the pool's). Empty for a
+  // pool that holds none, no longer exists, or after the pool was destroyed. Throws
+  // std::bad_alloc.
+  struct GraphPoolBlock {
+    void* block = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::vector<GraphPoolBlock> graph_pool_free_blocks(GraphPoolId graph_pool) const;
 
   // Sleep and wake (vram/sleep_tag.hpp: where a tag's memory comes from, the ordering of
   // sleep and wake, the misuse rules). A pool whose large tier runs over virtual memory only.

@@ -151,7 +151,38 @@ bool GraphRoutes::deallocate(void* block, std::size_t bytes, cudaStream_t stream
   Uses& uses = uses_.at(route->id);
   if (uses.foreign) return false;
   uses.scope.deallocate(block, bytes);
+  try {
+    uses.freed_on[reinterpret_cast<std::uintptr_t>(block)] = stream;
+  } catch (...) {  // no host memory: a snapshot names no stream for it
+  }
   return true;
+}
+
+void GraphRoutes::note_free(MempoolId id, void* block, cudaStream_t stream) noexcept {
+  std::lock_guard lock(mutex_);
+  const auto it = uses_.find(id);
+  if (it == uses_.end() || it->second.foreign) return;
+  try {
+    it->second.freed_on[reinterpret_cast<std::uintptr_t>(block)] = stream;
+  } catch (...) {  // no host memory: a snapshot names no stream for it
+  }
+}
+
+std::vector<GraphRoutes::FreeBlock> GraphRoutes::free_blocks() const {
+  std::vector<FreeBlock> blocks;
+  std::lock_guard lock(mutex_);
+  for (const auto& [id, uses] : uses_) {
+    if (uses.foreign) continue;
+    for (const vram::DevicePool::GraphPoolBlock& free : pool_.graph_pool_free_blocks(uses.pool)) {
+      const auto address = reinterpret_cast<std::uintptr_t>(free.block);
+      const auto stream = uses.freed_on.find(address);
+      blocks.push_back(
+          {id, address, free.bytes, stream == uses.freed_on.end() ? nullptr : stream->second});
+    }
+  }
+  std::sort(blocks.begin(), blocks.end(),
+            [](const FreeBlock& a, const FreeBlock& b) { return a.address < b.address; });
+  return blocks;
 }
 
 std::size_t GraphRoutes::claim(MempoolId id, void* block) noexcept {

@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -77,6 +78,19 @@ class GraphRoutes {
   // The free block at `block` of pool `id`, live again (a checkpoint restored); its bytes,
   // or 0 when it is no free block of that pool.
   std::size_t claim(MempoolId id, void* block) noexcept;
+  // A block of vram pool `id` freed on `stream` (or routed into it by deallocate): the
+  // stream a snapshot names while the pool keeps the block free. Nothing for a pool with no
+  // use open, a foreign pool, or without host memory.
+  void note_free(MempoolId id, void* block, cudaStream_t stream) noexcept;
+  struct FreeBlock {
+    MempoolId id{0, 0};
+    std::uintptr_t address = 0;
+    std::size_t bytes = 0;
+    cudaStream_t stream = nullptr;  // null: no free of it seen since the pool took it
+  };
+  // The free blocks the vram pools with a use open keep for their own next allocations (a
+  // foreign pool lists its own), by address. Throws std::bad_alloc.
+  std::vector<FreeBlock> free_blocks() const;
   // Releases of unknown ids.
   std::uint64_t invalid_releases() const;
   // Every foreign pool still alive (with a use, or live blocks).
@@ -102,6 +116,9 @@ class GraphRoutes {
     std::size_t routes = 0;     // routes not yet ended
     std::size_t pool_uses = 0;  // graph uses of `pool` opened (each capture_into opens one)
     vram::DevicePool::CaptureScope scope;  // open while routes != 0 (vram pools)
+    // The stream each block of `pool` was last freed on; at most one entry per block the
+    // pool ever held (its blocks stay its own while a use is open), dropped with the entry.
+    std::unordered_map<std::uintptr_t, cudaStream_t> freed_on;
   };
   // A pool no use or route keeps: its graph uses, ended outside the mutex.
   struct Retired {

@@ -718,6 +718,7 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
   // would order nothing after those streams' work). Released, it goes back to its
   // ForeignPool, or through the pool to its graph pool.
   const bool pools_block = block.foreign || block.pool != LiveBlock::PoolId{0, 0};
+  if (pools_block && !block.foreign) state->graphs.note_free(block.pool, ptr, block.stream);
   if (pools_block || !state->graphs.active()) {
     if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign)) {
       return true;
@@ -790,10 +791,24 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
     std::uintptr_t address;
     const void* ptr;
     LiveBlock block;
+    bool pool_free = false;  // a private pool's free block (block.size: 0), not a tensor's
   };
   std::vector<Live> live;
   live_.for_each([&](void* ptr, const LiveBlock& block) {
     live.push_back({reinterpret_cast<std::uintptr_t>(ptr), ptr, block});
+  });
+  // The free blocks private pools keep for their own next allocations: their pools' memory
+  // (PyTorch lists a private pool's cached blocks in that pool's segments), not free to
+  // anyone else.
+  for_each_state(-1, [&](DeviceState& state) {
+    for (const GraphRoutes::FreeBlock& free : state.graphs.free_blocks()) {
+      LiveBlock block;
+      block.block_bytes = free.bytes;
+      block.device = state.device;
+      block.stream = free.stream;
+      block.pool = free.id;
+      live.push_back({free.address, nullptr, std::move(block), true});
+    }
   });
   std::sort(live.begin(), live.end(),
             [](const Live& a, const Live& b) { return a.address < b.address; });
@@ -801,8 +816,8 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
     cda::BlockInfo b;
     b.size = l.block.block_bytes;
     b.requested_size = l.block.size;
-    b.allocated = true;
-    b.active = true;
+    b.allocated = !l.pool_free;
+    b.active = !l.pool_free;
     b.context_when_allocated = std::static_pointer_cast<c10::GatheredContext>(l.block.context);
     return b;
   };
@@ -811,7 +826,8 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
   // name, so that what NCCL registers from a snapshot is what a SEGMENT_FREE deregisters.
   // Cut further where the owner changes: a private pool's live blocks lie among the shared
   // tiers' ranges, and PyTorch reads a segment's pool (segment_pool_id) to find them. Free
-  // ranges and blocks vram keeps cached are the shared pool's. A block that spans two runs
+  // ranges and blocks vram keeps cached are the shared pool's; a private pool's free blocks
+  // are that pool's. A block that spans two runs
   // of virtual memory is cut at the run's end; its part in the later run is the shared
   // pool's (a graph tree counts the block once, where it begins).
   for_each_state(-1, [&](DeviceState& state) {
@@ -849,11 +865,13 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
           open->owner_private_pool_id = owner;
         }
         open->total_size += block.size;
-        if (live_block != nullptr) {
+        if (live_block != nullptr && !live_block->pool_free) {
           open->allocated_size += block.size;
           open->active_size += block.size;
           open->requested_size += requested;
           open->stream = live_block->block.stream;
+        } else if (live_block != nullptr && open->allocated_size == 0) {
+          open->stream = live_block->block.stream;  // the stream its pool's block was freed on
         }
         open->blocks.push_back(std::move(block));
       };
@@ -894,7 +912,8 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         block.size = block_end - next->address;
         // Cut at the run's end: only the requested bytes of this piece (the rest: the tail's).
         const std::size_t requested = std::min(next->block.size, block.size);
-        block.requested_size = requested;
+        block.requested_size =
+            next->pool_free ? freed_requests_.last_in(device, next->address, block_end) : requested;
         add(std::move(block), next->address, next->block.pool, &*next, requested);
         at = block_end;
       }
@@ -930,7 +949,8 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
             const auto found = std::lower_bound(
                 live.begin(), live.end(), b.address,
                 [](const Live& l, std::uintptr_t address) { return l.address < address; });
-            const bool allocated = found != live.end() && found->address == b.address;
+            const bool allocated =
+                found != live.end() && found->address == b.address && !found->pool_free;
             block.allocated = allocated;
             block.active = true;
             segment.active_size += b.bytes;

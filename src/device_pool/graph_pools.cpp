@@ -103,6 +103,18 @@ std::size_t GraphPools::claim(Id id, const void* pointer) {
   return owner.bytes;
 }
 
+std::vector<GraphPools::Block> GraphPools::free_blocks(Id id) const {
+  std::vector<Block> blocks;
+  std::lock_guard lock(mutex_);
+  const auto found = by_id_.find(id);
+  if (found == by_id_.end()) return blocks;
+  blocks.reserve(found->second.free.size());
+  for (const auto& [bytes, pointer] : found->second.free) blocks.push_back({pointer, bytes});
+  std::sort(blocks.begin(), blocks.end(),
+            [](const Block& a, const Block& b) { return std::less<>{}(a.pointer, b.pointer); });
+  return blocks;
+}
+
 void GraphPools::restore_pending(std::vector<Block> blocks) noexcept {
   std::lock_guard lock(mutex_);
   try {

@@ -81,6 +81,9 @@ class GraphPools {
   // The free block at `pointer` of pool `id`, live again (a checkpoint of the pool's live
   // blocks restored); its bytes, or 0 (nothing changed) when it is no free block of `id`.
   std::size_t claim(Id id, const void* pointer);
+  // The free blocks of pool `id` by address (none for a pool that does not exist): what its
+  // next allocations may take. Throws std::bad_alloc.
+  std::vector<Block> free_blocks(Id id) const;
   // The blocks of pools that no longer hold them (see the rules), for the shared tiers.
   std::vector<Block> take_pending();
   // Blocks take_pending() gave that cannot rejoin the shared tiers yet (the device could not

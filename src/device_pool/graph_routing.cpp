@@ -452,6 +452,16 @@ std::size_t DevicePool::claim_graph_block(GraphPoolId graph_pool, void* block) n
   }
 }
 
+std::vector<DevicePool::GraphPoolBlock> DevicePool::graph_pool_free_blocks(
+    GraphPoolId graph_pool) const {
+  std::vector<GraphPoolBlock> blocks;
+  if (!core_) return blocks;
+  for (const detail::GraphPools::Block& block : core_->graph_pools.free_blocks(graph_pool)) {
+    blocks.push_back({block.pointer, block.bytes});
+  }
+  return blocks;
+}
+
 void DevicePool::release_graph_pool(GraphPoolId graph_pool) noexcept {
   if (!core_) return;
   try {

@@ -143,6 +143,44 @@ TEST(GraphPoolsDevicePool, LiveGraphBlocksKeepThePoolUntilFreed) {
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
+TEST(GraphPoolsDevicePool, FreeBlocksOfAPoolAreListedUntilThePoolLetsThemGo) {
+  std::shared_ptr<TestUpstream> upstream;
+  DevicePool pool = host_pool(upstream);
+  const auto graph_pool = DevicePool::new_graph_pool();
+  const cudaStream_t s = host_stream(0x10);
+  void* kept = nullptr;
+  void* freed_small = nullptr;
+  void* freed_large = nullptr;
+  {
+    auto scope = pool.capture_into(graph_pool, s);
+    kept = pool.allocate_async(2_MiB, s);
+    freed_small = pool.allocate_async(4096, s);
+    freed_large = pool.allocate_async(8_MiB, s);
+    pool.deallocate_async(freed_small, 4096, s);
+    pool.deallocate_async(freed_large, 8_MiB, s);
+  }
+  std::vector<DevicePool::GraphPoolBlock> free = pool.graph_pool_free_blocks(graph_pool);
+  ASSERT_EQ(free.size(), 2U);
+  EXPECT_LT(reinterpret_cast<std::uintptr_t>(free[0].block),
+            reinterpret_cast<std::uintptr_t>(free[1].block))
+      << "by address";
+  std::set<void*> listed{free[0].block, free[1].block};
+  EXPECT_EQ(listed, (std::set<void*>{freed_small, freed_large}));
+  for (const auto& block : free) {
+    EXPECT_GE(block.bytes, block.block == freed_small ? 4096U : 8_MiB) << "block bytes";
+  }
+  EXPECT_TRUE(pool.graph_pool_free_blocks(graph_pool + 1).empty()) << "no such pool";
+  pool.release_graph_pool(graph_pool);  // the graph destroyed; `kept` keeps the pool
+  pool.deallocate(kept, 2_MiB);
+  EXPECT_TRUE(pool.graph_pool_free_blocks(graph_pool).empty())
+      << "no use and nothing live: the blocks wait to rejoin the shared tiers";
+  pool.trim(0);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+  DevicePool moved(std::move(pool));
+  // NOLINTNEXTLINE(bugprone-use-after-move): the misuse tested
+  EXPECT_TRUE(pool.graph_pool_free_blocks(graph_pool).empty()) << "a moved-from pool";
+}
+
 TEST(GraphPoolsDevicePool, ScopesAreRefusedTwiceAndMovable) {
   std::shared_ptr<TestUpstream> upstream;
   DevicePool pool = host_pool(upstream);

@@ -67,6 +67,31 @@ TEST(GraphPools, AClaimTakesBackExactlyThatFreeBlockOfThatPool) {
   EXPECT_EQ(pools.deallocate(fake(2)), GraphPools::Deallocation::returned);
 }
 
+TEST(GraphPools, FreeBlocksAreThePoolsFreeBlocksByAddress) {
+  GraphPools pools;
+  pools.retain(1);
+  pools.retain(2);
+  ASSERT_TRUE(pools.adopt(1, {fake(3), 8192}));
+  ASSERT_TRUE(pools.adopt(1, {fake(1), 4096}));
+  ASSERT_TRUE(pools.adopt(1, {fake(2), 4096}));
+  ASSERT_TRUE(pools.adopt(2, {fake(4), 4096}));
+  EXPECT_TRUE(pools.free_blocks(1).empty()) << "live blocks are not free";
+  ASSERT_EQ(pools.deallocate(fake(3)), GraphPools::Deallocation::returned);
+  ASSERT_EQ(pools.deallocate(fake(1)), GraphPools::Deallocation::returned);
+  ASSERT_EQ(pools.deallocate(fake(4)), GraphPools::Deallocation::returned);
+  const std::vector<GraphPools::Block> free = pools.free_blocks(1);
+  ASSERT_EQ(free.size(), 2U) << "pool 2's block and pool 1's live block are not listed";
+  EXPECT_EQ(free[0].pointer, fake(1));
+  EXPECT_EQ(free[0].bytes, 4096U);
+  EXPECT_EQ(free[1].pointer, fake(3));
+  EXPECT_EQ(free[1].bytes, 8192U);
+  ASSERT_EQ(pools.take(1, 8192).pointer, fake(3));
+  ASSERT_EQ(pools.free_blocks(1).size(), 1U) << "a block taken again is live";
+  EXPECT_TRUE(pools.free_blocks(9).empty()) << "no such pool";
+  ASSERT_TRUE(pools.release(2));
+  EXPECT_TRUE(pools.free_blocks(2).empty()) << "a retired pool's blocks are pending, not free";
+}
+
 TEST(GraphPools, MemoryIsPendingOnlyWhenNoUseAndNothingLive) {
   GraphPools pools;
   pools.retain(3);  // graph A captures into pool 3

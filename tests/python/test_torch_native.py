@@ -212,6 +212,75 @@ def test_mem_pool_keeps_its_blocks_and_counts_its_uses():
     _agree_with_vram()
 
 
+def _blocks_of(segments):
+    """{block address: (block, its segment)} of a snapshot's segments."""
+    found = {}
+    for segment in segments:
+        address = segment["address"]
+        for block in segment["blocks"]:
+            found[address] = (block, segment)
+            address += block["size"]
+    return found
+
+
+def test_snapshot_lists_a_private_pools_free_blocks_as_its_own_with_their_stream():
+    # A private pool keeps its freed blocks for its own next allocations: a snapshot lists
+    # them in the pool's segments, free, with the stream they were freed on (as PyTorch lists
+    # a private pool's cached blocks); once the pool is gone they are no pool's.
+    pool = torch.cuda.MemPool()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side), torch.cuda.use_mem_pool(pool):
+        x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+        y = torch.empty(1000, dtype=torch.uint8, device="cuda")
+    x_ptr, y_ptr = x.data_ptr(), y.data_ptr()
+    del x
+    torch.cuda.empty_cache()  # a pool with a use keeps its free blocks
+    in_pool = _blocks_of(torch.cuda.memory.memory_snapshot(pool.id))
+    assert x_ptr in in_pool and y_ptr in in_pool
+    x_block, x_segment = in_pool[x_ptr]
+    assert x_block["state"] == "inactive" and x_block["size"] >= 3 * MiB
+    assert tuple(x_segment["segment_pool_id"]) == tuple(pool.id)
+    assert x_segment["stream"] == side.cuda_stream
+    assert in_pool[y_ptr][0]["state"] == "active_allocated"
+    everything = _blocks_of(torch.cuda.memory_snapshot())
+    assert tuple(everything[x_ptr][1]["segment_pool_id"]) == tuple(pool.id), \
+        "the whole snapshot names the pool too"
+    with torch.cuda.use_mem_pool(pool):
+        x2 = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+    assert x2.data_ptr() == x_ptr
+    assert _blocks_of(torch.cuda.memory.memory_snapshot(pool.id))[x_ptr][0]["state"] == \
+        "active_allocated"
+    pool_id = tuple(pool.id)
+    del x2, y, pool
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert not [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
+
+    # A CUDA graph's pool: the blocks its capture freed are the pool's, on the capture's
+    # stream (what CUDA graph trees read: one stream per pool).
+    graph, capture = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    a = torch.ones(MiB, device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.graph(graph, stream=capture):
+        tmp = a * 2
+        out = tmp + 1
+        del tmp
+    graph.replay()
+    torch.cuda.synchronize()
+    assert float(out.sum()) == 3 * MiB
+    segments = torch.cuda.memory.memory_snapshot(graph.pool())
+    states = [b["state"] for s in segments for b in s["blocks"]]
+    assert "inactive" in states and "active_allocated" in states, states
+    assert {s["stream"] for s in segments} == {capture.cuda_stream}
+    graph_pool = tuple(graph.pool())
+    del out, graph
+    gc.collect()
+    torch.cuda.empty_cache()
+    assert not [s for s in torch.cuda.memory_snapshot()
+                if tuple(s["segment_pool_id"]) == graph_pool]
+    _agree_with_vram()
+
+
 def test_mem_pool_with_its_own_allocator_takes_blocks_from_it():
     # A pluggable allocator over vram's C interface stands for any foreign one (NCCL's, ...).
     # Its segments are then vram's memory too: while they live, the reserved bytes and device
