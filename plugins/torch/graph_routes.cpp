@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <exception>
 
+#include "cuda/capture.hpp"
+
 namespace vram_torch {
 
 GraphRoutes::Uses& GraphRoutes::uses_of(MempoolId id, std::shared_ptr<ForeignPool> foreign) {
@@ -140,6 +142,8 @@ GraphRoutes::Routed GraphRoutes::allocate(std::size_t bytes, cudaStream_t stream
 }
 
 bool GraphRoutes::deallocate(void* block, std::size_t bytes, cudaStream_t stream) noexcept {
+  // Outside a capture no launch uses the block: it goes back where it came from.
+  if (!vram::cuda::may_be_capturing(stream)) return false;
   std::lock_guard lock(mutex_);
   Route* route = nullptr;
   try {

@@ -12,8 +12,10 @@
 //   route's pool. A pool over vram is a DevicePool graph pool (one unrouted capture scope
 //   while routes of the pool are open): its blocks are reused only by requests routed into
 //   the same pool, whatever stream frees them, and rejoin the shared tiers once no use is
-//   open and none of them is live. A block freed on a stream a route accepts becomes that
-//   pool's (captured work may use it at every launch).
+//   open and none of them is live. A block freed on a stream being captured that a route
+//   accepts becomes that pool's (captured work may use it at every launch); freed outside a
+//   capture (use_mem_pool, a graph tree's warm-up) it goes back where it came from, as in
+//   PyTorch.
 // - A pool made with an allocator (MemPool(allocator=...)) is a ForeignPool
 //   (foreign_pool.hpp): its blocks are cut from segments of that allocator and cached there
 //   as PyTorch caches them; vram holds none of its memory. Its live blocks (and those held
@@ -73,20 +75,22 @@ class GraphRoutes {
   // DevicePool or the pool's allocator throws (out of memory: without a trim, which would
   // end a capture).
   Routed allocate(std::size_t bytes, cudaStream_t stream);
-  // True when a route over vram accepted the stream and its pool took the block.
+  // True when `stream` may be capturing, a route over vram accepted it and its pool took the
+  // block.
   bool deallocate(void* block, std::size_t bytes, cudaStream_t stream) noexcept;
   // The free block at `block` of pool `id`, live again (a checkpoint restored); its bytes,
   // or 0 when it is no free block of that pool.
   std::size_t claim(MempoolId id, void* block) noexcept;
-  // A block of vram pool `id` freed on `stream` (or routed into it by deallocate): the
-  // stream a snapshot names while the pool keeps the block free. Nothing for a pool with no
-  // use open, a foreign pool, or without host memory.
+  // A block of vram pool `id` freed, `stream` the one it was allocated on (PyTorch's block
+  // stream; deallocate notes the blocks it routes likewise): the stream a snapshot names
+  // while the pool keeps the block free. Nothing for a pool with no use open, a foreign
+  // pool, or without host memory.
   void note_free(MempoolId id, void* block, cudaStream_t stream) noexcept;
   struct FreeBlock {
     MempoolId id{0, 0};
     std::uintptr_t address = 0;
     std::size_t bytes = 0;
-    cudaStream_t stream = nullptr;  // null: no free of it seen since the pool took it
+    cudaStream_t stream = nullptr;  // null: no free of it noted since the pool took it
   };
   // The free blocks the vram pools with a use open keep for their own next allocations (a
   // foreign pool lists its own), by address. Throws std::bad_alloc.
@@ -116,8 +120,9 @@ class GraphRoutes {
     std::size_t routes = 0;     // routes not yet ended
     std::size_t pool_uses = 0;  // graph uses of `pool` opened (each capture_into opens one)
     vram::DevicePool::CaptureScope scope;  // open while routes != 0 (vram pools)
-    // The stream each block of `pool` was last freed on; at most one entry per block the
-    // pool ever held (its blocks stay its own while a use is open), dropped with the entry.
+    // The stream of each block noted at its free (note_free, deallocate): at most one entry
+    // per address freed into the pool or under its routes while the entry lives, dropped
+    // with the entry.
     std::unordered_map<std::uintptr_t, cudaStream_t> freed_on;
   };
   // A pool no use or route keeps: its graph uses, ended outside the mutex.

@@ -827,9 +827,9 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
   // Cut further where the owner changes: a private pool's live blocks lie among the shared
   // tiers' ranges, and PyTorch reads a segment's pool (segment_pool_id) to find them. Free
   // ranges and blocks vram keeps cached are the shared pool's; a private pool's free blocks
-  // are that pool's. A block that spans two runs
-  // of virtual memory is cut at the run's end; its part in the later run is the shared
-  // pool's (a graph tree counts the block once, where it begins).
+  // are that pool's, each a segment of its own. A live block that spans two runs of virtual
+  // memory is cut at the run's end; its part in the later run is the shared pool's (a graph
+  // tree counts the block once, where it begins).
   for_each_state(-1, [&](DeviceState& state) {
     const int device = state.device;
     std::vector<vram::DevicePoolSegment> map = state.pool.memory_map();
@@ -851,11 +851,17 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
       const std::uintptr_t end = unit.address + unit.bytes;
       const bool large = is_large(unit.address);
       cda::SegmentInfo* open = nullptr;
+      bool open_free = false;  // `open` holds a private pool's free block
       auto add = [&](cda::BlockInfo block, std::uintptr_t address, LiveBlock::PoolId pool,
                      const Live* live_block, std::size_t requested) {
         const c10::MempoolId_t owner{static_cast<c10::CaptureId_t>(pool.first),
                                      static_cast<c10::CaptureId_t>(pool.second)};
-        if (open == nullptr || open->owner_private_pool_id != owner) {
+        // A private pool's free block is a segment of its own: blocks freed or taken again
+        // beside it leave the pool's other segments as they were (PyTorch's graph trees
+        // compare a pool's segments before and after a checkpoint's restore).
+        const bool pool_free = live_block != nullptr && live_block->pool_free;
+        if (open == nullptr || open->owner_private_pool_id != owner || pool_free || open_free) {
+          open_free = pool_free;
           open = &info.segments.emplace_back();
           open->device = static_cast<c10::DeviceIndex>(device);
           open->registration_counter = unit.order;
@@ -865,13 +871,13 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
           open->owner_private_pool_id = owner;
         }
         open->total_size += block.size;
-        if (live_block != nullptr && !live_block->pool_free) {
-          open->allocated_size += block.size;
-          open->active_size += block.size;
-          open->requested_size += requested;
-          open->stream = live_block->block.stream;
-        } else if (live_block != nullptr && open->allocated_size == 0) {
-          open->stream = live_block->block.stream;  // the stream its pool's block was freed on
+        if (live_block != nullptr) {
+          open->stream = live_block->block.stream;  // the stream it was allocated on
+          if (!pool_free) {
+            open->allocated_size += block.size;
+            open->active_size += block.size;
+            open->requested_size += requested;
+          }
         }
         open->blocks.push_back(std::move(block));
       };
@@ -892,8 +898,12 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
               before.block.size > offset ? std::min(before.block.size - offset, bytes) : 0;
           cda::BlockInfo part = block_info(before);
           part.size = bytes;
-          part.requested_size = requested;
-          add(std::move(part), at, {0, 0}, &before, requested);
+          part.requested_size =
+              before.pool_free ? freed_requests_.last_in(device, at, at + bytes) : requested;
+          // A live block's later piece is the shared pool's (counted once, where it begins);
+          // a pool's free block stays its pool's.
+          add(std::move(part), at, before.pool_free ? before.block.pool : LiveBlock::PoolId{0, 0},
+              &before, requested);
           at += bytes;
         }
       }

@@ -225,7 +225,7 @@ def _blocks_of(segments):
 
 def test_snapshot_lists_a_private_pools_free_blocks_as_its_own_with_their_stream():
     # A private pool keeps its freed blocks for its own next allocations: a snapshot lists
-    # them in the pool's segments, free, with the stream they were freed on (as PyTorch lists
+    # them in the pool's segments, free, with the stream they were allocated on (as PyTorch lists
     # a private pool's cached blocks); once the pool is gone they are no pool's.
     pool = torch.cuda.MemPool()
     side = torch.cuda.Stream()
@@ -250,8 +250,16 @@ def test_snapshot_lists_a_private_pools_free_blocks_as_its_own_with_their_stream
     assert x2.data_ptr() == x_ptr
     assert _blocks_of(torch.cuda.memory.memory_snapshot(pool.id))[x_ptr][0]["state"] == \
         "active_allocated"
+    # A shared tensor freed inside use_mem_pool (no capture) goes back where it came from.
+    shared = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+    shared_ptr = shared.data_ptr()
+    with torch.cuda.use_mem_pool(pool):
+        del shared
+    assert shared_ptr not in _blocks_of(torch.cuda.memory.memory_snapshot(pool.id))
+    again = torch.empty(5 * MiB, dtype=torch.uint8, device="cuda")
+    assert again.data_ptr() == shared_ptr, "the shared block is free to a request outside the pool"
     pool_id = tuple(pool.id)
-    del x2, y, pool
+    del x2, y, pool, again
     gc.collect()
     torch.cuda.empty_cache()
     assert not [s for s in torch.cuda.memory_snapshot() if tuple(s["segment_pool_id"]) == pool_id]
