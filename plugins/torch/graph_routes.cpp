@@ -142,8 +142,11 @@ GraphRoutes::Routed GraphRoutes::allocate(std::size_t bytes, cudaStream_t stream
 }
 
 bool GraphRoutes::deallocate(void* block, std::size_t bytes, cudaStream_t stream) noexcept {
-  // Outside a capture no launch uses the block: it goes back where it came from.
-  if (!vram::cuda::may_be_capturing(stream)) return false;
+  // Its stream is not being captured (the legacy stream never is): it goes back where it
+  // came from, as in PyTorch.
+  if (stream == nullptr || stream == cudaStreamLegacy || !vram::cuda::may_be_capturing(stream)) {
+    return false;
+  }
   std::lock_guard lock(mutex_);
   Route* route = nullptr;
   try {
@@ -156,7 +159,7 @@ bool GraphRoutes::deallocate(void* block, std::size_t bytes, cudaStream_t stream
   if (uses.foreign) return false;
   uses.scope.deallocate(block, bytes);
   try {
-    uses.freed_on[reinterpret_cast<std::uintptr_t>(block)] = stream;
+    uses.stream_of[reinterpret_cast<std::uintptr_t>(block)] = stream;
   } catch (...) {  // no host memory: a snapshot names no stream for it
   }
   return true;
@@ -167,7 +170,7 @@ void GraphRoutes::note_free(MempoolId id, void* block, cudaStream_t stream) noex
   const auto it = uses_.find(id);
   if (it == uses_.end() || it->second.foreign) return;
   try {
-    it->second.freed_on[reinterpret_cast<std::uintptr_t>(block)] = stream;
+    it->second.stream_of[reinterpret_cast<std::uintptr_t>(block)] = stream;
   } catch (...) {  // no host memory: a snapshot names no stream for it
   }
 }
@@ -179,9 +182,9 @@ std::vector<GraphRoutes::FreeBlock> GraphRoutes::free_blocks() const {
     if (uses.foreign) continue;
     for (const vram::DevicePool::GraphPoolBlock& free : pool_.graph_pool_free_blocks(uses.pool)) {
       const auto address = reinterpret_cast<std::uintptr_t>(free.block);
-      const auto stream = uses.freed_on.find(address);
+      const auto stream = uses.stream_of.find(address);
       blocks.push_back(
-          {id, address, free.bytes, stream == uses.freed_on.end() ? nullptr : stream->second});
+          {id, address, free.bytes, stream == uses.stream_of.end() ? nullptr : stream->second});
     }
   }
   std::sort(blocks.begin(), blocks.end(),

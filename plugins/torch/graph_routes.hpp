@@ -75,8 +75,9 @@ class GraphRoutes {
   // DevicePool or the pool's allocator throws (out of memory: without a trim, which would
   // end a capture).
   Routed allocate(std::size_t bytes, cudaStream_t stream);
-  // True when `stream` may be capturing, a route over vram accepted it and its pool took the
-  // block.
+  // True when `stream` (the block's) may be being captured, a route over vram accepted it
+  // and its pool took the block. A route's filter that accepts a stream captured on another
+  // thread (a thread's route) takes it too: the first route that accepts wins.
   bool deallocate(void* block, std::size_t bytes, cudaStream_t stream) noexcept;
   // The free block at `block` of pool `id`, live again (a checkpoint restored); its bytes,
   // or 0 when it is no free block of that pool.
@@ -123,7 +124,7 @@ class GraphRoutes {
     // The stream of each block noted at its free (note_free, deallocate): at most one entry
     // per address freed into the pool or under its routes while the entry lives, dropped
     // with the entry.
-    std::unordered_map<std::uintptr_t, cudaStream_t> freed_on;
+    std::unordered_map<std::uintptr_t, cudaStream_t> stream_of;
   };
   // A pool no use or route keeps: its graph uses, ended outside the mutex.
   struct Retired {
