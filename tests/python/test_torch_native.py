@@ -289,6 +289,33 @@ def test_snapshot_lists_a_private_pools_free_blocks_as_its_own_with_their_stream
     _agree_with_vram()
 
 
+def test_a_shared_tensor_freed_inside_a_capture_of_its_stream_becomes_the_graphs():
+    # Allocated on the capture's stream before the capture and freed inside it: the graph
+    # reads it at every launch, so its block is the graph pool's (listed there, free) and no
+    # request outside the pool gets it while the graph lives.
+    capture = torch.cuda.Stream()
+    with torch.cuda.stream(capture):
+        x = torch.ones(3 * MiB, dtype=torch.uint8, device="cuda")
+    x_ptr = x.data_ptr()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=capture):
+        y = x + 1
+        del x
+    blocks = _blocks_of(torch.cuda.memory.memory_snapshot(graph.pool()))
+    assert x_ptr in blocks and blocks[x_ptr][0]["state"] == "inactive"
+    assert blocks[x_ptr][1]["stream"] == capture.cuda_stream
+    z = torch.zeros(3 * MiB, dtype=torch.uint8, device="cuda")
+    assert z.data_ptr() != x_ptr
+    graph.replay()
+    torch.cuda.synchronize()
+    assert int(y.sum()) == 2 * 3 * MiB and int(z.sum()) == 0
+    del y, z, graph
+    gc.collect()
+    torch.cuda.empty_cache()
+    _agree_with_vram()
+
+
 def test_mem_pool_with_its_own_allocator_takes_blocks_from_it():
     # A pluggable allocator over vram's C interface stands for any foreign one (NCCL's, ...).
     # Its segments are then vram's memory too: while they live, the reserved bytes and device
