@@ -28,12 +28,13 @@ void FreedRequests::erase(Device& device, std::map<std::uintptr_t, Entry>::itera
   device.by_address.erase(it);
 }
 
-void FreedRequests::cut_before(Device& device, std::uintptr_t at) noexcept {
-  auto it = device.by_address.lower_bound(at);
+void FreedRequests::drop(Device& device, std::uintptr_t begin, std::uintptr_t end) noexcept {
+  auto it = device.by_address.lower_bound(begin);
+  while (it != device.by_address.end() && it->first < end) erase(device, it++);
   if (it == device.by_address.begin()) return;
-  --it;
-  if (end_of(it->first, it->second.bytes) <= at) return;
-  it->second.bytes = at - it->first;
+  --it;  // the record before `begin`, if it reaches past it, now ends there
+  if (end_of(it->first, it->second.bytes) <= begin) return;
+  it->second.bytes = begin - it->first;
   it->second.requested = std::min(it->second.requested, it->second.bytes);
 }
 
@@ -47,12 +48,7 @@ void FreedRequests::note(int device, std::uintptr_t address, std::size_t bytes,
       devices_.resize(static_cast<std::size_t>(device) + 1);
     }
     Device& d = devices_[static_cast<std::size_t>(device)];
-    const std::uintptr_t end = end_of(address, bytes);
-    for (auto it = d.by_address.lower_bound(address);
-         it != d.by_address.end() && it->first < end;) {
-      erase(d, it++);
-    }
-    cut_before(d, address);
+    drop(d, address, end_of(address, bytes));
     const std::uint64_t order = ++next_order_;
     const auto made =
         d.by_address.emplace(address, Entry{order, bytes, std::min(requested, bytes)}).first;
@@ -100,11 +96,7 @@ void FreedRequests::forget(int device, std::uintptr_t begin, std::uintptr_t end)
   try {
     std::lock_guard lock(mutex_);
     if (device < 0 || devices_.size() <= static_cast<std::size_t>(device) || begin >= end) return;
-    Device& d = devices_[static_cast<std::size_t>(device)];
-    for (auto it = d.by_address.lower_bound(begin); it != d.by_address.end() && it->first < end;) {
-      erase(d, it++);
-    }
-    cut_before(d, begin);
+    drop(devices_[static_cast<std::size_t>(device)], begin, end);
   } catch (...) {  // the mutex failed: the records stay
   }
 }

@@ -55,8 +55,8 @@ class FreedRequests {
     std::map<std::uint64_t, std::uintptr_t> by_order;  // the same records, oldest first
   };
   static void erase(Device& device, std::map<std::uintptr_t, Entry>::iterator it) noexcept;
-  // Cuts the record before `at` (if it reaches past `at`) to end at `at`.
-  static void cut_before(Device& device, std::uintptr_t at) noexcept;
+  // Drops the records that begin in [begin, end) and cuts the one before `begin` to end there.
+  static void drop(Device& device, std::uintptr_t begin, std::uintptr_t end) noexcept;
 
   mutable std::mutex mutex_;
   bool recording_ = false;
