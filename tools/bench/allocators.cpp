@@ -58,6 +58,15 @@ class OurDevicePool final : public BenchAllocator {
   }
   void release_cache() override { pool_.trim(0); }
   double device_synchronizes() override { return static_cast<double>(pool_.stats().quiesces); }
+  std::map<std::string, double> counters() override {
+    const DevicePoolStats s = pool_.stats();
+    return {{"upstream_allocations", static_cast<double>(s.upstream_allocations)},
+            {"upstream_frees", static_cast<double>(s.upstream_frees)},
+            {"stream_quiesces", static_cast<double>(s.stream_quiesces)},
+            {"stream_marker_wants", static_cast<double>(s.stream_marker_wants)},
+            {"stream_markers", static_cast<double>(s.stream_markers)},
+            {"misses", static_cast<double>(s.misses)}};
+  }
 
  private:
   DevicePool pool_;

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +31,9 @@ class BenchAllocator {
   // Device-wide synchronizes the allocator made so far, where it counts them (DevicePool:
   // its quiesces); -1: not known.
   virtual double device_synchronizes() { return -1; }
+  // Counters the allocator keeps that only grow (DevicePool: its upstream allocations,
+  // stream markers and wants), by name; a scenario records what a cell added to each.
+  virtual std::map<std::string, double> counters() { return {}; }
 };
 
 std::vector<std::unique_ptr<BenchAllocator>> make_device_allocators(int device);

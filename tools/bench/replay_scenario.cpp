@@ -160,6 +160,7 @@ void run_batched(const BenchConfig& config,
         auto& a = measured[k];
         progress.step(scenario + " " + range + " " + std::to_string(threads) + " " + a->name());
         const double synchronizes_before = a->device_synchronizes();
+        const std::map<std::string, double> counters_before = a->counters();
         const auto samples = threaded_pair_rates(
             threads, repetitions, seconds, [&](unsigned t, const std::atomic<bool>& stop) {
               cudaStream_t s = config.gpu ? streams[t]->get() : nullptr;
@@ -186,6 +187,9 @@ void run_batched(const BenchConfig& config,
         // allocator does not count them).
         if (synchronizes_before >= 0) {
           m.extra["device_synchronizes"] = a->device_synchronizes() - synchronizes_before;
+        }
+        for (const auto& [name, value] : a->counters()) {
+          m.extra[name] = value - counters_before.at(name);
         }
         if (threads == 1) one_thread[k] = m.value.median;
         if (one_thread[k] > 0) m.extra["x_1_thread"] = m.value.median / one_thread[k];
