@@ -24,7 +24,12 @@
 //   free on a young stream (a stream per request, or any stream not yet steady) records one
 //   marker on S first and goes to the shared tiers, filed there under that marker
 //   (stats().stream_markers; S's own later requests may use it at once), so S's blocks reach
-//   other streams once its work has run, whatever its caller does with S next. When another
+//   other streams once its work has run, whatever its caller does with S next. A
+//   deallocate_async on S that leaves a chunk of the thread's heap wholly free and sends it
+//   back to the shared tier (DevicePool::Options::thread_cache.large_chunk_bytes) records
+//   one marker on S too and files the chunk's largest range of S under it (also counted in
+//   stats().stream_markers): threads whose heaps trade chunks then reach each other's
+//   memory without a want or a quiesce. When another
 //   stream needs the memory (its tier would otherwise grow), the pool wants a marker on a
 //   steady S: on the
 //   legacy default stream (the null stream, cudaStreamLegacy, every thread's
@@ -167,9 +172,11 @@ struct DevicePoolStats {
   std::uint64_t quiesces = 0;
   std::uint64_t stream_quiesces = 0;
   std::uint64_t stream_marker_wants = 0;
-  // Markers the tiers took from deallocate_async calls on young streams (one each; a stream
+  // Markers the tiers took from deallocate_async calls: on young streams (one each; a stream
   // the calling thread has not freed on often: a stream per request), so that their blocks
-  // reach other streams after the stream is destroyed. A want's markers are not counted.
+  // reach other streams after the stream is destroyed, and on the call's stream when the
+  // free sent a wholly free chunk of the thread's heap back to the tier (thread_heap.hpp).
+  // A want's markers are not counted.
   std::uint64_t stream_markers = 0;
   // Refused deallocations (with or without validate_deallocations), and refused
   // release_graph_pool calls (a release with no graph use open).

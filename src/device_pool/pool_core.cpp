@@ -307,13 +307,15 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block, const Req
     return false;  // cached here already: the tier would take it from its owner once more
   }
   const bool known = free_to_tier(block, request, &cache, marker);
-  cache.large.note_contentions(large.contentions());
+  // Only to turn the cache on: once on, the read would only move the tier mutex's cache
+  // line to this core on every deallocation.
+  if (!cache.large.active()) cache.large.note_contentions(large.contentions());
   return known;
 }
 
 bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
-                                ThreadCache* via, bool claimed,
-                                SegmentTier::FreeMarker* marker) noexcept {
+                                ThreadCache* via, bool claimed, SegmentTier::FreeMarker* marker,
+                                bool tag_alive) noexcept {
   ThreadCache* const holder = claimed ? via : nullptr;
   // The deallocating thread's own heap, then the tier, then the other heaps (a block of
   // another thread's heap). The order decides speed only: no heap block starts where a block
@@ -323,8 +325,9 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
   const bool heaps = set.any();
   ThreadHeap* own = heaps && via != nullptr ? heap_of(*via, tier) : nullptr;
   const LeaseOwner* by = via != nullptr ? &via->large : nullptr;
+  const StreamKey alive = tag_alive ? tag : kUntagged;
   if (own != nullptr && own->contains(block) &&
-      heap_deallocate(*own, tier, block, tag, bytes, holder, by)) {
+      heap_deallocate(*own, tier, block, tag, bytes, holder, by, alive)) {
     return true;
   }
   if (settle_free(tier, tier.free_keeping(block, tag, bytes, by, marker), holder)) return true;
@@ -332,7 +335,7 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
   bool found = false;
   set.for_each([&](ThreadHeap& heap) {
     if (!found && &heap != own && heap.contains(block)) {
-      found = heap_deallocate(heap, tier, block, tag, bytes, holder, by);
+      found = heap_deallocate(heap, tier, block, tag, bytes, holder, by, alive);
     }
   });
   return found;
@@ -372,17 +375,38 @@ void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request, 
 
 bool DevicePoolCore::heap_deallocate(ThreadHeap& heap, SegmentTier& tier, void* block,
                                      StreamKey tag, std::size_t bytes, ThreadCache* claimed,
-                                     const LeaseOwner* by) noexcept {
+                                     const LeaseOwner* by, StreamKey alive) noexcept {
   ThreadHeap::Returned chunk;
   if (heap.deallocate(block, bytes, tag, chunk, by) == ThreadHeap::Freed::foreign) return false;
-  if (chunk.block != nullptr) return_chunk(chunk, tier, claimed);
+  if (chunk.block != nullptr) return_chunk(chunk, tier, claimed, alive);
   return true;
 }
 
 void DevicePoolCore::return_chunk(const ThreadHeap::Returned& chunk, SegmentTier& tier,
-                                  ThreadCache* claimed) noexcept {
+                                  ThreadCache* claimed, StreamKey alive) noexcept {
+  SegmentTier::FreeMarker marker;
+  bool marked = false;
+  if (alive != kUntagged &&
+      std::any_of(chunk.pieces.begin(), chunk.pieces.end(),
+                  [alive](const SegmentTier::Piece& p) { return p.tag == alive; })) {
+    SlowSection slow(claimed);  // a driver call: stealers may skip this holder meanwhile
+    try {
+      marker.marker = fence->record(fence_stream_of(alive));
+      marker.recorder = claimed;
+      marked = true;
+    } catch (...) {  // captured, or a driver error: the pieces keep their tag (wants, quiesces)
+    }
+  }
   const SegmentTier::Freed freed =
-      tier.free_pieces(chunk.block, chunk.bytes, chunk.pieces.data(), chunk.pieces.size());
+      tier.free_pieces(chunk.block, chunk.bytes, chunk.pieces.data(), chunk.pieces.size(),
+                       marked ? &marker : nullptr, alive);
+  if (marked) {
+    if (marker.taken) {
+      markers_at_frees.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      fence->release(marker.marker);  // no piece filed under it (foreign, or no host memory)
+    }
+  }
   // foreign: no host memory for the cuts; the chunk stays a block of the tier, unused, until
   // the tier's end (as a range left unfiled for want of host memory, free_ranges.hpp).
   (void)settle_free(tier, freed, claimed);

@@ -314,8 +314,8 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // segment_tier.hpp).
   bool free_to_tier(void* block, const Request& request, ThreadCache* claimed,
                     SegmentTier::FreeMarker* marker = nullptr) noexcept {
-    return free_block(*request.tier, block, request.key, request.block_bytes, claimed, true,
-                      marker);
+    return free_block(*request.tier, block, request.key, request.block_bytes, claimed, true, marker,
+                      /*tag_alive=*/true);
   }
   // The one way a block of `bytes` (rounded) goes back to `tier` on `tag`: a thread heap's
   // block to its heap (the deallocating thread's own first, then any other: thread_heap.hpp),
@@ -324,9 +324,12 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // the caller holds `via` (a give-back's upstream calls then run in its SlowSection).
   // False when no heap and not the tier hold the block at that size (nothing changed).
   // `marker`: as SegmentTier::free_keeping's (a heap's block leaves it not taken).
+  // `tag_alive`: `tag` names the stream of the call in progress (a deallocate_async on it,
+  // which proves it alive): a heap chunk this free leaves wholly free goes back to the tier
+  // under a marker recorded on that stream (return_chunk).
   bool free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
-                  ThreadCache* via, bool claimed,
-                  SegmentTier::FreeMarker* marker = nullptr) noexcept;
+                  ThreadCache* via, bool claimed, SegmentTier::FreeMarker* marker = nullptr,
+                  bool tag_alive = false) noexcept;
   // Thread heaps (thread_heap.hpp). heap_allocate: `request` (at most the heap's
   // max_block()) from the holder's heap over the request's tier, which takes a chunk of that
   // tier when nothing free fits; `owner`: as SegmentTier::allocate's. heap_deallocate: false
@@ -385,10 +388,18 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
     return false;
   }
   // `by`: as SegmentTier::free's.
+  // `alive`: as free_block's `tag_alive`, the stream of the call in progress (else kUntagged).
   bool heap_deallocate(ThreadHeap& heap, SegmentTier& tier, void* block, StreamKey tag,
-                       std::size_t bytes, ThreadCache* claimed, const LeaseOwner* by) noexcept;
-  void return_chunk(const ThreadHeap::Returned& chunk, SegmentTier& tier,
-                    ThreadCache* claimed) noexcept;
+                       std::size_t bytes, ThreadCache* claimed, const LeaseOwner* by,
+                       StreamKey alive = kUntagged) noexcept;
+  // `alive` (or kUntagged): the stream of the call in progress, proven alive by it. When a
+  // piece of the chunk is that stream's, a marker recorded on it now (after every use of the
+  // chunk's blocks on it) goes with the chunk: the tier files that piece pending under it, so
+  // another stream's request finds it free once the marker completed, without wanting the
+  // stream or quiescing the device (stream_tags.hpp). A chunk returned outside such a call
+  // (a flush, trim(), a thread's exit) keeps its tags as before.
+  void return_chunk(const ThreadHeap::Returned& chunk, SegmentTier& tier, ThreadCache* claimed,
+                    StreamKey alive = kUntagged) noexcept;
   // What a tier's free_keeping() said, settled: over its cap, the give-back (its upstream
   // calls in `claimed`'s SlowSection); true unless the tier did not know the block.
   bool settle_free(SegmentTier& tier, SegmentTier::Freed freed, ThreadCache* claimed) noexcept;

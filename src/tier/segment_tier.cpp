@@ -158,7 +158,8 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
 }
 
 SegmentTier::Freed SegmentTier::free_pieces(void* block, std::size_t bytes, const Piece* pieces,
-                                            std::size_t count) noexcept {
+                                            std::size_t count, FreeMarker* marker,
+                                            StreamKey marked) noexcept {
   assert(bytes == round(bytes) && count > 0);
   const Lock locked = lock();
   try {
@@ -171,6 +172,16 @@ SegmentTier::Freed SegmentTier::free_pieces(void* block, std::size_t bytes, cons
   });
   if (r == nullptr) return Freed::foreign;
   budget_.give(r->size);
+  // The one piece filed under the marker: the largest of `marked`'s.
+  std::size_t pending = count;
+  if (marker != nullptr && marked != kUntagged) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (pieces[i].tag == marked &&
+          (pending == count || pieces[i].bytes > pieces[pending].bytes)) {
+        pending = i;
+      }
+    }
+  }
   bool untagged_free = false;
   for (std::size_t i = 0; i < count; ++i) {
     assert(pieces[i].bytes == round(pieces[i].bytes));
@@ -179,7 +190,11 @@ SegmentTier::Freed SegmentTier::free_pieces(void* block, std::size_t bytes, cons
     r->tag = pieces[i].tag;
     r->epoch = tags_.epoch();
     untagged_free = untagged_free || pieces[i].tag == kUntagged;
-    ranges_.insert_free(r);  // merges with the piece before it by the coalescing rule
+    if (i == pending && tags_.file_pending(r, marker->marker, marker->recorder)) {
+      marker->taken = true;
+    } else {
+      ranges_.insert_free(r);  // merges with the piece before it by the coalescing rule
+    }
     r = rest;
   }
   return untagged_free && budget_.free_bytes() > options_.max_free_bytes ? Freed::over_cap

@@ -208,8 +208,12 @@ class SegmentTier {
     std::size_t bytes;
     StreamKey tag;
   };
-  Freed free_pieces(void* block, std::size_t bytes, const Piece* pieces,
-                    std::size_t count) noexcept;
+  // `marker` (or null): recorded on stream `marked` by the returning call after every use of
+  // the chunk's blocks on it; the largest piece tagged `marked` goes pending under it
+  // (free_keeping's rule; marker->taken then set), so other streams' requests find it free
+  // once the marker completed, with no want or quiesce.
+  Freed free_pieces(void* block, std::size_t bytes, const Piece* pieces, std::size_t count,
+                    FreeMarker* marker = nullptr, StreamKey marked = kUntagged) noexcept;
   // Gives free memory back down to max_free_bytes (the upstream calls with the mutex
   // released); when a growth is under way, its holder does it before it lets go.
   void give_back_over_cap() noexcept;

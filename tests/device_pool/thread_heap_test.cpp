@@ -582,6 +582,73 @@ TEST(DevicePoolThreadHeap, AStreamsFreedBlockServesOnlyThatStreamFromTheHeap) {
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
+// A free on the heap's stream that leaves a chunk wholly free past keep_idle sends the chunk
+// back to the tier under a marker recorded on that stream by the same call: once the
+// stream's work before it has run, another stream's request takes the memory without a
+// quiesce and without the tier growing; before, it does not take it.
+TEST(DevicePoolThreadHeap, AChunkLeftWhollyFreeOnItsStreamGoesBackUnderAMarkerOfThatStream) {
+  auto fence = std::make_shared<StreamLifetimeFence>();
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto options = heap_options();
+  options.fence = fence;
+  options.thread_cache.large_bytes = 32_MiB;  // keep_idle 32 MiB, blocks to 8 MiB
+  {
+    DevicePool pool(upstream, options);
+    const cudaStream_t s1 = fence->create();
+    const cudaStream_t s2 = fence->create();
+    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
+    free_often_on(pool, s1);
+    // s1 becomes the heap's stream (kHeapStreak), and sizes that do not come back stop the
+    // cache of exact sizes in front of the heap from keeping its blocks (kWindow).
+    for (std::size_t i = 0; i < 2 * detail::LargeBlockCache::kWindow; ++i) {
+      const std::size_t bytes = 3_MiB + i * 4_KiB;
+      pool.deallocate_async(pool.allocate_async(bytes, s1), bytes, s1);
+    }
+    fence->synchronize(s1);
+    std::vector<void*> blocks;
+    auto size_of = [](std::size_t i) { return 7_MiB - i * 64_KiB; };
+    for (std::size_t i = 0; i < 8; ++i) blocks.push_back(pool.allocate_async(size_of(i), s1));
+    std::atomic<bool> ran{false};
+    fence->enqueue(s1, [&ran] { ran = true; });  // s1's work on the blocks, not run yet
+    const std::uint64_t markers = pool.stats().stream_markers;
+    const std::uint64_t records = fence->records();
+    for (std::size_t i = 0; i < blocks.size(); ++i)
+      pool.deallocate_async(blocks[i], size_of(i), s1);
+    ASSERT_GT(pool.stats().stream_markers, markers) << "a chunk went back under a marker";
+    EXPECT_GT(fence->records(), records);
+    // s2's request may take that memory only once s1's work before the marker has run (the
+    // pool may wait for the marker: StreamLifetimeFence::wait runs s1's work).
+    void* early = pool.allocate_async(7_MiB, s2);
+    for (void* b : blocks) {
+      const bool overlaps = static_cast<char*>(early) < static_cast<char*>(b) + 7_MiB &&
+                            static_cast<char*>(b) < static_cast<char*>(early) + 7_MiB;
+      EXPECT_TRUE(!overlaps || ran.load()) << "s1's work may still use it";
+    }
+    fence->synchronize(s1);  // the marker completes
+    EXPECT_TRUE(ran.load());
+    const std::uint64_t grown = upstream->allocations();
+    const std::uint64_t quiesces = fence->quiesces();
+    // What went back to the tier (not what s1's heap keeps) now serves s2 as it is.
+    const DevicePoolStats now = pool.stats();
+    const std::size_t in_tier = now.bytes_cached - now.bytes_cached_in_threads;
+    std::vector<void*> on_s2;
+    for (std::size_t taken = 7_MiB; taken <= in_tier / 2; taken += 7_MiB) {
+      on_s2.push_back(pool.allocate_async(7_MiB, s2));
+    }
+    ASSERT_GE(on_s2.size(), 2U);
+    EXPECT_EQ(upstream->allocations(), grown) << "no growth";
+    EXPECT_EQ(fence->quiesces(), quiesces) << "no device-wide quiesce";
+    for (void* b : on_s2) pool.deallocate_async(b, 7_MiB, s2);
+    pool.deallocate_async(early, 7_MiB, s2);
+    fence->synchronize(s2);
+    fence->destroy(s1);
+    fence->destroy(s2);
+    expect_trimmed_to_nothing(pool);
+  }
+  EXPECT_EQ(fence->records_on_destroyed(), 0U);
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
 // Stream churn: a stream per four requests, then destroyed. No stream is the thread's
 // steady one, so its blocks stay in the tier: nothing of a destroyed stream waits in a chunk.
 TEST(DevicePoolThreadHeap, AThreadWithAStreamPerFewRequestsKeepsItsStreamsBlocksInTheTier) {

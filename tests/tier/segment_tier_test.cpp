@@ -100,6 +100,51 @@ TEST(SegmentTier, StreamTaggedRangesServeTheirStreamAtOnceOthersAfterTheFence) {
   ASSERT_TRUE(f.tier.free(filler, kUntagged));
 }
 
+// A heap's chunk back in pieces under a marker of one stream: that stream's largest piece
+// waits for the marker (its own stream may take it back at once), the others are filed free
+// under their tags as without a marker; once the marker completed, any stream takes it.
+TEST(SegmentTier, AChunksPieceOfTheMarkedStreamWaitsForTheMarkerOthersAreFreeAtOnce) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto s2 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  char* chunk = static_cast<char*>(
+      f.tier.allocate(2_MiB, kUntagged, true, nullptr, &detail::LeaseOwner::heap_chunks()));
+  ASSERT_NE(chunk, nullptr);
+  const SegmentTier::Piece pieces[] = {
+      {512, kUntagged}, {1536_KiB - 512, s1}, {256_KiB, s2}, {256_KiB, s1}};
+  SegmentTier::FreeMarker marker{.marker = f.fence.record(nullptr), .recorder = &f};
+  ASSERT_NE(f.tier.free_pieces(chunk, 2_MiB, pieces, 4, &marker, s1), SegmentTier::Freed::foreign);
+  EXPECT_TRUE(marker.taken);
+  EXPECT_EQ(f.tier.allocate(1_MiB, s2, false), nullptr) << "s1's piece waits for the marker";
+  EXPECT_EQ(f.tier.allocate(256_KiB, s2, false), chunk + 1536_KiB) << "s2's piece: free at once";
+  EXPECT_EQ(f.tier.allocate(256_KiB, s1, false), chunk + 1792_KiB) << "s1's smaller piece: free";
+  f.fence.complete(marker.marker);
+  // Untagged now, it merged with the guard before it.
+  EXPECT_EQ(f.tier.allocate(1_MiB, s2, false), chunk) << "the marker completed: any stream";
+  for (char* b : {chunk, chunk + 1536_KiB, chunk + 1792_KiB}) {
+    ASSERT_TRUE(f.tier.free(b, kUntagged));
+  }
+  f.tier.trim(0, false);
+  EXPECT_EQ(f.upstream->live_bytes(), 0U);
+}
+
+// Its own stream takes its pending piece back before the marker completes (stream order).
+TEST(SegmentTier, AChunksPieceUnderAMarkerServesItsOwnStreamAtOnce) {
+  TierFixture f(two_mib_segments());
+  const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  char* chunk = static_cast<char*>(
+      f.tier.allocate(2_MiB, kUntagged, true, nullptr, &detail::LeaseOwner::heap_chunks()));
+  const SegmentTier::Piece pieces[] = {{512, kUntagged}, {2_MiB - 512, s1}};
+  SegmentTier::FreeMarker marker{.marker = f.fence.record(nullptr), .recorder = &f};
+  ASSERT_NE(f.tier.free_pieces(chunk, 2_MiB, pieces, 2, &marker, s1), SegmentTier::Freed::foreign);
+  EXPECT_TRUE(marker.taken);
+  EXPECT_EQ(f.tier.allocate(1_MiB, s1, false), chunk + 512);
+  ASSERT_TRUE(f.tier.free(chunk + 512, kUntagged));
+  f.fence.complete_all();
+  f.tier.trim(0, false);
+  EXPECT_EQ(f.upstream->live_bytes(), 0U);
+}
+
 // More streams than the tier keeps emptied per-stream indices for (its free-range indices
 // are created, emptied, kept or erased as ranges come and go): each stream still gets back
 // exactly its own range at once, and no other stream's.
