@@ -20,16 +20,17 @@
 //   stream_fence.hpp) recorded on S after the free has completed, or a device-wide quiesce
 //   (a device synchronize) began after it. A free on a steady stream (the calling thread
 //   has freed on it 32 times outside its thread cache having come back to it from another
-//   stream, else 48 times) records nothing and keeps the warm path. A
+//   stream, else 48 times) records nothing and keeps the warm path (but for a chunk it sends
+//   back, below). A
 //   free on a young stream (a stream per request, or any stream not yet steady) records one
 //   marker on S first and goes to the shared tiers, filed there under that marker
 //   (stats().stream_markers; S's own later requests may use it at once), so S's blocks reach
 //   other streams once its work has run, whatever its caller does with S next. A
-//   deallocate_async on S that leaves a chunk of the thread's heap wholly free and sends it
-//   back to the shared tier (DevicePool::Options::thread_cache.large_chunk_bytes) records
-//   one marker on S too and files the chunk's largest range of S under it (also counted in
-//   stats().stream_markers): threads whose heaps trade chunks then reach each other's
-//   memory without a want or a quiesce. When another
+//   deallocate_async on S that leaves a chunk of a thread's heap wholly free and sends it
+//   back to its shared tier (ThreadCacheOptions::large_chunk_bytes; the small tier's heaps
+//   too) records one marker on S as well and files the chunk's largest range of S under it
+//   (also counted in stats().stream_markers): other streams then reach that memory once
+//   the marker completed, with no want on S. When another
 //   stream needs the memory (its tier would otherwise grow), the pool wants a marker on a
 //   steady S: on the
 //   legacy default stream (the null stream, cudaStreamLegacy, every thread's

@@ -386,7 +386,9 @@ void DevicePoolCore::return_chunk(const ThreadHeap::Returned& chunk, SegmentTier
                                   ThreadCache* claimed, StreamKey alive) noexcept {
   SegmentTier::FreeMarker marker;
   bool marked = false;
-  if (alive != kUntagged &&
+  // Only with the caller's cache as the recorder (stream_tags.hpp: an entry of no recorder
+  // is a want's, which take_back() may file free again under its tag).
+  if (alive != kUntagged && claimed != nullptr &&
       std::any_of(chunk.pieces.begin(), chunk.pieces.end(),
                   [alive](const SegmentTier::Piece& p) { return p.tag == alive; })) {
     SlowSection slow(claimed);  // a driver call: stealers may skip this holder meanwhile

@@ -393,11 +393,13 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
                        std::size_t bytes, ThreadCache* claimed, const LeaseOwner* by,
                        StreamKey alive = kUntagged) noexcept;
   // `alive` (or kUntagged): the stream of the call in progress, proven alive by it. When a
-  // piece of the chunk is that stream's, a marker recorded on it now (after every use of the
-  // chunk's blocks on it) goes with the chunk: the tier files that piece pending under it, so
-  // another stream's request finds it free once the marker completed, without wanting the
-  // stream or quiescing the device (stream_tags.hpp). A chunk returned outside such a call
-  // (a flush, trim(), a thread's exit) keeps its tags as before.
+  // piece of the chunk is that stream's and the caller holds its cache (`claimed`, the
+  // marker's recorder), a marker recorded on it now (after every use of the chunk's blocks on
+  // it) goes with the chunk: the tier files the largest such piece pending under it, so
+  // another stream's request finds it free once the marker completed, with no want on the
+  // stream (stream_tags.hpp). A chunk returned outside such a call (a flush, trim(), a
+  // thread's exit, the other streams' chunks a heap lets go before taking a new one) keeps
+  // its tags as before.
   void return_chunk(const ThreadHeap::Returned& chunk, SegmentTier& tier, ThreadCache* claimed,
                     StreamKey alive = kUntagged) noexcept;
   // What a tier's free_keeping() said, settled: over its cap, the give-back (its upstream

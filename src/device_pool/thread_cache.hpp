@@ -153,19 +153,24 @@ struct ThreadCache {
 };
 
 // Marks the holder of `cache` as inside a call that may block (see ThreadCache).
+// Sections nest (a growth's flush gives memory back inside the growth's section): one restores
+// what it found, so an inner one never ends the outer one's (only the holder writes the flag).
 class SlowSection {
  public:
   explicit SlowSection(ThreadCache* cache) noexcept : cache_(cache) {
-    if (cache_ != nullptr) cache_->in_slow_call.store(true, std::memory_order_seq_cst);
+    if (cache_ == nullptr) return;
+    outer_ = cache_->in_slow_call.load(std::memory_order_relaxed);
+    cache_->in_slow_call.store(true, std::memory_order_seq_cst);
   }
   ~SlowSection() {
-    if (cache_ != nullptr) cache_->in_slow_call.store(false, std::memory_order_seq_cst);
+    if (cache_ != nullptr) cache_->in_slow_call.store(outer_, std::memory_order_seq_cst);
   }
   SlowSection(const SlowSection&) = delete;
   SlowSection& operator=(const SlowSection&) = delete;
 
  private:
   ThreadCache* cache_;
+  bool outer_ = false;
 };
 
 // The pool this thread used last and its cache there (cache is not null when uid is not 0).

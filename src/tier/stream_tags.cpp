@@ -191,7 +191,7 @@ bool StreamTags::file_pending(Range* r, std::uint64_t marker, const void* record
   } catch (...) {  // no host memory: the caller frees r under its tag
     return false;
   }
-  if (joined != nullptr && joined->marker != marker) {
+  if (joined != nullptr) {
     release(joined->marker);  // deferred while kept (queried with the mutex released)
     joined->marker = marker;
   }

@@ -101,8 +101,7 @@ class StreamTags {
   // else in an entry of its own. Never joins another recorder's entry or adopt()'s: their
   // markers may have been recorded after this one. False (nothing changed, the caller frees r
   // as usual and keeps the marker) when no host memory is left for a new entry.
-  // r merges with its neighbours in that entry (merge_in_entry()). An entry that holds
-  // `marker` already keeps it (never released for its own second range).
+  // r merges with its neighbours in that entry (merge_in_entry()).
   bool file_pending(Range* r, std::uint64_t marker, const void* recorder) noexcept;
   // The smallest of `stream`'s pending ranges that spans `need` bytes of mapped memory (null:
   // none): safe for

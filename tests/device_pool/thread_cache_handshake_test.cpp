@@ -18,6 +18,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "device_pool/thread_cache.hpp"
 #include "test_upstreams.hpp"
 #include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/device_pool.hpp"
@@ -67,6 +68,23 @@ std::string mode_test_name(const ::testing::TestParamInfo<BarrierMode>& info) {
       return "SeqCst";
   }
   return "Unknown";
+}
+
+// A stealer skips a holder in a slow section (it may block). Sections nest (a growth's flush
+// gives memory back inside the growth's own section): the inner one's end must not end the
+// outer one, or a stealer would wait on a holder that is about to block.
+TEST(ThreadCacheHandshake, ANestedSlowSectionLeavesTheOuterOneOpen) {
+  detail::ThreadCache cache(4, 4, 8);
+  {
+    detail::SlowSection outer(&cache);
+    {
+      detail::SlowSection inner(&cache);
+      EXPECT_TRUE(cache.in_slow_call.load());
+    }
+    EXPECT_TRUE(cache.in_slow_call.load()) << "the outer section is still open";
+  }
+  EXPECT_FALSE(cache.in_slow_call.load());
+  detail::SlowSection none(nullptr);  // no cache: nothing to mark
 }
 
 TEST(ThreadCacheHandshake, DefaultModeIsNamedAndFixed) {

@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "test_upstreams.hpp"
 #include "tier/segment_tier.hpp"
+#include "tier/stream_wants.hpp"
 #include "vram/units.hpp"
 
 namespace vram::testing {
@@ -100,11 +102,16 @@ TEST(SegmentTier, StreamTaggedRangesServeTheirStreamAtOnceOthersAfterTheFence) {
   ASSERT_TRUE(f.tier.free(filler, kUntagged));
 }
 
-// A heap's chunk back in pieces under a marker of one stream: that stream's largest piece
-// waits for the marker (its own stream may take it back at once), the others are filed free
-// under their tags as without a marker; once the marker completed, any stream takes it.
-TEST(SegmentTier, AChunksPieceOfTheMarkedStreamWaitsForTheMarkerOthersAreFreeAtOnce) {
-  TierFixture f(two_mib_segments());
+// A heap's chunk back in pieces under a marker of one stream, in a tier that wants markers
+// (as a DevicePool's): that stream's largest piece waits for the marker, then serves any
+// stream; another stream's piece serves its stream at once; the marked stream's other piece
+// keeps its tag (no marker covers it: another stream's request wants one).
+TEST(SegmentTier, AChunksLargestPieceOfTheMarkedStreamWaitsForTheMarkerTheOthersKeepTheirTags) {
+  std::atomic<std::uint64_t> wanted_bits{0};
+  detail::StreamWants wants(wanted_bits);
+  auto options = two_mib_segments();
+  options.wants = &wants;
+  TierFixture f(options);
   const auto s1 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   const auto s2 = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   char* chunk = static_cast<char*>(
@@ -115,15 +122,18 @@ TEST(SegmentTier, AChunksPieceOfTheMarkedStreamWaitsForTheMarkerOthersAreFreeAtO
   SegmentTier::FreeMarker marker{.marker = f.fence.record(nullptr), .recorder = &f};
   ASSERT_NE(f.tier.free_pieces(chunk, 2_MiB, pieces, 4, &marker, s1), SegmentTier::Freed::foreign);
   EXPECT_TRUE(marker.taken);
-  EXPECT_EQ(f.tier.allocate(1_MiB, s2, false), nullptr) << "s1's piece waits for the marker";
-  EXPECT_EQ(f.tier.allocate(256_KiB, s2, false), chunk + 1536_KiB) << "s2's piece: free at once";
-  EXPECT_EQ(f.tier.allocate(256_KiB, s1, false), chunk + 1792_KiB) << "s1's smaller piece: free";
+  EXPECT_EQ(f.tier.allocate(1_MiB, s2, false), nullptr)
+      << "s1's largest piece waits for the marker";
+  EXPECT_EQ(f.tier.allocate(256_KiB, s2, false), chunk + 1536_KiB) << "s2's own piece at once";
   f.fence.complete(marker.marker);
-  // Untagged now, it merged with the guard before it.
-  EXPECT_EQ(f.tier.allocate(1_MiB, s2, false), chunk) << "the marker completed: any stream";
-  for (char* b : {chunk, chunk + 1536_KiB, chunk + 1792_KiB}) {
-    ASSERT_TRUE(f.tier.free(b, kUntagged));
-  }
+  // Untagged now, it merged with the guard before it: the chunk's first 1.5 MiB.
+  EXPECT_EQ(f.tier.allocate(1536_KiB, s2, false), chunk) << "the marker completed: any stream";
+  EXPECT_EQ(f.tier.allocate(256_KiB, s2, false), nullptr) << "s1's other piece keeps its tag";
+  EXPECT_TRUE(wants.take(s1)) << "other streams' requests want a marker on s1 for it";
+  EXPECT_EQ(f.fence.recorded(), 1U) << "the tier recorded nothing of its own";
+  ASSERT_TRUE(f.tier.free(chunk, kUntagged));
+  ASSERT_TRUE(f.tier.free(chunk + 1536_KiB, kUntagged));
+  f.tier.forget_streams(f.tier.mark_frees());  // as after a device-wide quiesce
   f.tier.trim(0, false);
   EXPECT_EQ(f.upstream->live_bytes(), 0U);
 }
