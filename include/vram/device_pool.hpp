@@ -176,7 +176,7 @@ struct DevicePoolStats {
   // Markers the tiers took from deallocate_async calls: on young streams (one each; a stream
   // the calling thread has not freed on often: a stream per request), so that their blocks
   // reach other streams after the stream is destroyed, and on the call's stream when the
-  // free sent a wholly free chunk of the thread's heap back to the tier (thread_heap.hpp).
+  // free sent a wholly free chunk of a thread's heap back to its tier (thread_heap.hpp).
   // A want's markers are not counted.
   std::uint64_t stream_markers = 0;
   // Refused deallocations (with or without validate_deallocations), and refused
