@@ -322,8 +322,8 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
   // of the tier does (a chunk's guard), and a chunk's own address is refused by the tier
   // (thread_heap.hpp); a contains() that says yes wrongly costs a look.
   ThreadHeaps& set = heaps_of(tier);
-  const bool heaps = set.any();
-  ThreadHeap* own = heaps && via != nullptr ? heap_of(*via, tier) : nullptr;
+  const bool any_heap = set.any();
+  ThreadHeap* own = any_heap && via != nullptr ? heap_of(*via, tier) : nullptr;
   const LeaseOwner* by = via != nullptr ? &via->large : nullptr;
   const StreamKey alive = tag_alive ? tag : kUntagged;
   if (own != nullptr && own->contains(block) &&
@@ -331,7 +331,7 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
     return true;
   }
   if (settle_free(tier, tier.free_keeping(block, tag, bytes, by, marker), holder)) return true;
-  if (!heaps) return false;
+  if (!any_heap) return false;
   bool found = false;
   set.for_each([&](ThreadHeap& heap) {
     if (!found && &heap != own && heap.contains(block)) {
