@@ -86,11 +86,11 @@ struct DeviceState {
   // `stream` takes it at once (graph_routes.hpp; captured work may use it at every launch),
   // its recorded streams forgotten (stream_tracking.hpp says what that leaves open); else it
   // is held back for them. True when either took it.
-  bool route_or_hold_back(void* ptr, std::size_t size, std::size_t bytes,
-                          cudaStream_t stream) noexcept {
+  bool route_or_hold_back(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
+                          const StreamTracking::Shown& shown = {}) noexcept {
     std::vector<cudaStream_t> recorded = streams.take(ptr);
     if (graphs.deallocate(ptr, size, stream)) return true;
-    return streams.hold_back_taken(ptr, size, bytes, stream, std::move(recorded));
+    return streams.hold_back_taken(ptr, size, bytes, stream, std::move(recorded), shown);
   }
 
   // After an allocation ran out of memory: blocks held back for recorded streams may be the

@@ -719,8 +719,10 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
   // ForeignPool, or through the pool to its graph pool.
   const bool pools_block = block.foreign || block.pool != LiveBlock::PoolId{0, 0};
   if (pools_block && !block.foreign) state->graphs.note_free(block.pool, ptr, block.stream);
+  const StreamTracking::Shown shown{block.pool, block.context};
   if (pools_block || !state->graphs.active()) {
-    if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign)) {
+    if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign,
+                                 shown)) {
       return true;
     }
     if (block.foreign) {
@@ -731,7 +733,7 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
     if (state->graphs.active() && state->graphs.deallocate(ptr, block.size, block.stream)) {
       return true;
     }
-  } else if (state->route_or_hold_back(ptr, block.size, block.block_bytes, block.stream)) {
+  } else if (state->route_or_hold_back(ptr, block.size, block.block_bytes, block.stream, shown)) {
     return true;
   }
   state->pool.deallocate_async(ptr, block.size, block.stream);
@@ -792,6 +794,7 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
     const void* ptr;
     LiveBlock block;
     bool pool_free = false;  // a private pool's free block (block.size: 0), not a tensor's
+    bool held = false;       // freed, held back for its recorded streams (stream_tracking.hpp)
   };
   std::vector<Live> live;
   live_.for_each([&](void* ptr, const LiveBlock& block) {
@@ -809,14 +812,33 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
       block.pool = free.id;
       live.push_back({free.address, nullptr, std::move(block), true});
     }
+    // Blocks freed and held back for their recorded streams: still their pool's, shown
+    // active and not allocated (PyTorch's "active_pending_free").
+    for (StreamTracking::HeldView& held : state.streams.held()) {
+      LiveBlock block;
+      block.size = held.size;
+      block.block_bytes = held.bytes;
+      block.device = state.device;
+      block.stream = held.stream;
+      block.pool = held.shown.pool;
+      block.context = std::move(held.shown.context);
+      live.push_back({held.address, nullptr, std::move(block), false, true});
+    }
   });
-  std::sort(live.begin(), live.end(),
-            [](const Live& a, const Live& b) { return a.address < b.address; });
+  // By address, a tensor's block before a held or free one at the same address (one freed
+  // or released while this was read): each address is listed once.
+  std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) {
+    return a.address != b.address ? a.address < b.address
+                                  : (a.pool_free || a.held) < (b.pool_free || b.held);
+  });
+  live.erase(std::unique(live.begin(), live.end(),
+                         [](const Live& a, const Live& b) { return a.address == b.address; }),
+             live.end());
   auto block_info = [](const Live& l) {
     cda::BlockInfo b;
     b.size = l.block.block_bytes;
     b.requested_size = l.block.size;
-    b.allocated = !l.pool_free;
+    b.allocated = !l.pool_free && !l.held;
     b.active = !l.pool_free;
     b.context_when_allocated = std::static_pointer_cast<c10::GatheredContext>(l.block.context);
     return b;
@@ -874,7 +896,7 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
         if (live_block != nullptr) {
           open->stream = live_block->block.stream;  // the stream it was allocated on
           if (!pool_free) {
-            open->allocated_size += block.size;
+            if (!live_block->held) open->allocated_size += block.size;
             open->active_size += block.size;
             open->requested_size += requested;
           }
@@ -959,8 +981,8 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
             const auto found = std::lower_bound(
                 live.begin(), live.end(), b.address,
                 [](const Live& l, std::uintptr_t address) { return l.address < address; });
-            const bool allocated =
-                found != live.end() && found->address == b.address && !found->pool_free;
+            const bool allocated = found != live.end() && found->address == b.address &&
+                                   !found->pool_free && !found->held;
             block.allocated = allocated;
             block.active = true;
             segment.active_size += b.bytes;

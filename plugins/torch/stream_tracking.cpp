@@ -49,12 +49,13 @@ std::vector<cudaStream_t> StreamTracking::take_recorded(void* ptr) noexcept {
 
 bool StreamTracking::hold_back_recorded(void* ptr, std::size_t size, std::size_t bytes,
                                         cudaStream_t stream, std::vector<cudaStream_t> streams,
-                                        const std::shared_ptr<ForeignPool>& foreign) noexcept {
+                                        const std::shared_ptr<ForeignPool>& foreign,
+                                        const Shown& shown) noexcept {
   streams.erase(std::remove(streams.begin(), streams.end(), stream), streams.end());
   if (streams.empty()) return false;
   // A null stream names the current device's legacy stream: the block's device here.
   std::optional<vram::cuda::DeviceGuard> guard;
-  HeldBack held{ptr, size, bytes, stream, {}, {}, foreign};
+  HeldBack held{ptr, size, bytes, stream, {}, {}, foreign, shown};
   try {
     guard.emplace(device_);
     held.events.reserve(streams.size());
@@ -159,6 +160,19 @@ std::size_t StreamTracking::release(bool wait) noexcept {
     }
   }
   return ready.size();
+}
+
+std::vector<StreamTracking::HeldView> StreamTracking::held() const {
+  std::vector<HeldView> views;
+  if (held_count_.load(std::memory_order_relaxed) == 0) return views;
+  std::lock_guard<std::mutex> lock(mutex_);
+  views.reserve(held_back_.size());
+  for (const HeldBack& block : held_back_) {
+    if (block.foreign) continue;
+    views.push_back({reinterpret_cast<std::uintptr_t>(block.ptr), block.size, block.bytes,
+                     block.alloc_stream, block.shown});
+  }
+  return views;
 }
 
 }  // namespace vram_torch

@@ -36,6 +36,8 @@
 //   mutex asks the capture state of each such stream.
 // - Events come from the device's vram::cuda::EventPool and return to it once completed;
 //   they are observed in relaxed capture mode (src/cuda/event_pool.hpp).
+// - A held-back block is still its pool's, neither free nor a tensor's: snapshots list it
+//   active, not allocated (PyTorch's "active_pending_free"), in its pool's segment.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -46,6 +48,7 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "cuda/event_pool.hpp"
@@ -53,6 +56,12 @@
 #include "vram/device_pool.hpp"
 
 namespace vram_torch {
+
+// What a snapshot shows of a held-back block besides its address, bytes and stream.
+struct HeldBlockShown {
+  std::pair<std::uint64_t, std::uint64_t> pool{0, 0};  // c10::MempoolId_t; {0, 0}: shared
+  std::shared_ptr<void> context;                       // the allocation's stack, if recorded
+};
 
 class StreamTracking {
  public:
@@ -67,10 +76,13 @@ class StreamTracking {
   // At the free of `ptr` (`size` requested, `bytes` counted at its allocation, allocated on
   // `stream`): true when the block is held back (the pool, or `foreign` when the block is
   // one of its blocks, gets it from release()); false when the caller hands it back now.
+  // `shown`: what a snapshot shows of it while it is held.
+  using Shown = HeldBlockShown;
   bool hold_back(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
-                 const std::shared_ptr<ForeignPool>& foreign = nullptr) noexcept {
+                 const std::shared_ptr<ForeignPool>& foreign = nullptr,
+                 const Shown& shown = {}) noexcept {
     if (recorded_.load(std::memory_order_acquire) == 0) return false;
-    return hold_back_recorded(ptr, size, bytes, stream, take_recorded(ptr), foreign);
+    return hold_back_recorded(ptr, size, bytes, stream, take_recorded(ptr), foreign, shown);
   }
 
   // The streams recorded for the live block `ptr`, forgotten here (none recorded: one load).
@@ -82,9 +94,9 @@ class StreamTracking {
   }
   // As hold_back() for a block that is no MemPool allocator's, with the streams take() gave.
   bool hold_back_taken(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
-                       std::vector<cudaStream_t> recorded) noexcept {
+                       std::vector<cudaStream_t> recorded, const Shown& shown = {}) noexcept {
     if (recorded.empty()) return false;
-    return hold_back_recorded(ptr, size, bytes, stream, std::move(recorded), nullptr);
+    return hold_back_recorded(ptr, size, bytes, stream, std::move(recorded), nullptr, shown);
   }
 
   // Hands every held-back block whose events have all completed to its owner (the pool or
@@ -95,6 +107,16 @@ class StreamTracking {
   std::size_t release(bool wait) noexcept;
 
   std::size_t held_blocks() const noexcept { return held_count_.load(std::memory_order_relaxed); }
+  // The blocks held back now, as a snapshot shows them (a MemPool allocator's blocks are
+  // left out: its ForeignPool lists them). Throws std::bad_alloc.
+  struct HeldView {
+    std::uintptr_t address = 0;
+    std::size_t size = 0;           // requested bytes
+    std::size_t bytes = 0;          // the block's bytes
+    cudaStream_t stream = nullptr;  // the stream it was allocated on
+    Shown shown;
+  };
+  std::vector<HeldView> held() const;
   std::uint64_t held_bytes() const noexcept { return held_bytes_.load(std::memory_order_relaxed); }
 
  private:
@@ -107,11 +129,12 @@ class StreamTracking {
     std::vector<cudaEvent_t> events;
     std::vector<cudaStream_t> captured;    // captured at the free: no event recorded yet
     std::shared_ptr<ForeignPool> foreign;  // null: the pool's block
+    Shown shown;
   };
 
   bool hold_back_recorded(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
                           std::vector<cudaStream_t> streams,
-                          const std::shared_ptr<ForeignPool>& foreign) noexcept;
+                          const std::shared_ptr<ForeignPool>& foreign, const Shown& shown) noexcept;
   // Under mutex_ (or on a record no other thread sees yet), device_ current: records the
   // event of each stream of `held.captured` that runs its work now; one whose event cannot
   // be recorded is synchronized when `wait`, else left. True when none is left.
@@ -122,7 +145,7 @@ class StreamTracking {
   const int device_;
   vram::DevicePool& pool_;
   vram::cuda::EventPool events_;
-  std::mutex mutex_;  // guards streams_of_ and held_back_
+  mutable std::mutex mutex_;  // guards streams_of_ and held_back_
   std::unordered_map<void*, std::vector<cudaStream_t>> streams_of_;  // live blocks only
   std::vector<HeldBack> held_back_;
   std::atomic<std::size_t> recorded_{0};    // streams_of_.size()

@@ -612,6 +612,39 @@ def test_record_stream_delays_reuse_until_the_stream_has_run():
     del y
 
 
+def test_snapshot_shows_a_block_held_for_its_recorded_stream_as_pending_free():
+    # Freed while a recorded stream's work still runs, a block stays its pool's: the snapshot
+    # lists it active and not allocated (PyTorch's "active_pending_free") in its pool's
+    # segment, the shared pool's or a MemPool's, and memory_stats counts it active.
+    side = torch.cuda.Stream()
+    pool = torch.cuda.MemPool()
+    for owner in (None, pool):
+        torch.cuda.synchronize()
+        if owner is None:
+            x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+        else:
+            with torch.cuda.use_mem_pool(owner):
+                x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
+        ptr, want = x.data_ptr(), (0, 0) if owner is None else tuple(owner.id)
+        active_before = torch.cuda.memory_stats()["active_bytes.all.current"]
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(util.SLEEP_CYCLES)
+            x.fill_(3)
+        x.record_stream(side)
+        del x
+        block, segment = _blocks_of(torch.cuda.memory_snapshot())[ptr]
+        assert block["state"] == "active_pending_free", (owner, block)
+        assert tuple(segment["segment_pool_id"]) == want
+        assert segment["active_size"] - segment["allocated_size"] >= block["size"]
+        assert torch.cuda.memory_stats()["active_bytes.all.current"] == active_before
+        side.synchronize()
+        torch.cuda.empty_cache()  # releases what was held back once its streams' work is done
+        after = _blocks_of(torch.cuda.memory_snapshot()).get(ptr)
+        assert after is None or after[0]["state"] == "inactive", after
+    del pool
+    gc.collect()
+
+
 def test_accelerator_memory_calls_read_vram():
     x = torch.empty(3 * MiB, dtype=torch.uint8, device="cuda")
     torch.cuda.synchronize()
