@@ -85,7 +85,7 @@ struct DeviceState {
   // At the free of a block of the shared tiers while routes are open: a capture's route on
   // `stream` takes it at once (graph_routes.hpp; captured work may use it at every launch),
   // its recorded streams forgotten (stream_tracking.hpp says what that leaves open); else it
-  // is held back for them. True when either took it.
+  // is held back for them, `shown` kept for snapshots. True when either took it.
   bool route_or_hold_back(void* ptr, std::size_t size, std::size_t bytes, cudaStream_t stream,
                           const StreamTracking::Shown& shown = {}) noexcept {
     std::vector<cudaStream_t> recorded = streams.take(ptr);

@@ -37,7 +37,9 @@
 // - Events come from the device's vram::cuda::EventPool and return to it once completed;
 //   they are observed in relaxed capture mode (src/cuda/event_pool.hpp).
 // - A held-back block is still its pool's, neither free nor a tensor's: snapshots list it
-//   active, not allocated (PyTorch's "active_pending_free"), in its pool's segment.
+//   active, not allocated (PyTorch's "active_pending_free"), in its pool's segment (a
+//   snapshot taken while it moves to or from held_back_ may show it before or after, or as
+//   free memory of the shared pool).
 #pragma once
 
 #include <cuda_runtime_api.h>
