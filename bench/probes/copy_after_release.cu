@@ -8,7 +8,11 @@
 // Each line: GB/s of A (mapped long before), B (mapped run by run, each run's copy queued after
 // its map, right after the last release), C (all runs mapped first, the maps' time, then
 // copied), D (all mapped, 100 ms idle, then copied), E (as B on two streams), F and G (as B,
-// 200 ms and 1 s after the last release). Results: bench/RESULTS.md, "Sleep and wake".
+// 200 ms and 1 s after the last release). Then, per run size: a sleep's copies to the host
+// released all at once after the last copy (S) against released run by run as each run's copy
+// is seen complete (P), each followed at once by the wake's pipeline (rates of both); and the
+// wake's pipeline copying with a kernel that reads the pinned memory (K: mapped long before;
+// KB: right after a release). Results: bench/RESULTS.md, "Sleep and wake".
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <algorithm>
@@ -30,6 +34,19 @@ F get(const char* n) {
   cudaDriverEntryPointQueryResult q;
   CK(cudaGetDriverEntryPointByVersion(n, &p, 12000, cudaEnableDefault, &q));
   return (F)p;
+}
+// Copies n16 16-byte words from (mapped, pinned) host memory to device memory.
+__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n16) {
+  const size_t stride = size_t(gridDim.x) * blockDim.x;
+  size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 a = src[i], b = src[i + stride], c = src[i + 2 * stride], d = src[i + 3 * stride];
+    dst[i] = a;
+    dst[i + stride] = b;
+    dst[i + 2 * stride] = c;
+    dst[i + 3 * stride] = d;
+  }
+  for (; i < n16; i += stride) dst[i] = src[i];
 }
 static decltype(&cuMemCreate) pCreate;
 static decltype(&cuMemMap) pMap;
@@ -107,6 +124,96 @@ int main() {
     CK(cudaStreamSynchronize(s));
     return secs(t0, now());
   };
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  char* host_dev = nullptr;
+  CK(cudaHostGetDevicePointer((void**)&host_dev, host, 0));
+  auto kcopy = [&](size_t off, size_t n, cudaStream_t st) {
+    for (size_t d = 0; d < n; d += chunk) {
+      const size_t m = std::min(chunk, n - d);
+      copy_kernel<<<sms * 4, 512, 0, st>>>((const uint4*)(host_dev + off + d),
+                                           (uint4*)(base + off + d), m / 16);
+    }
+    CK(cudaGetLastError());
+  };
+  auto kpipeline = [&](size_t run) {
+    const auto t0 = now();
+    for (size_t o = 0; o < total; o += run) {
+      map_one(o, run);
+      kcopy(o, run, s);
+    }
+    CK(cudaDeviceSynchronize());
+    return secs(t0, now());
+  };
+  auto to_host = [&](size_t off, size_t n) {
+    for (size_t d = 0; d < n; d += chunk)
+      CK(cudaMemcpyAsync(host + off + d, (void*)(base + off + d), std::min(chunk, n - d),
+                         cudaMemcpyDeviceToHost, s));
+  };
+  // A sleep: copies to the host, then every run released (seconds).
+  auto sleep_at_end = [&](size_t run) {
+    const auto t0 = now();
+    to_host(0, total);
+    CK(cudaStreamSynchronize(s));
+    size_t i = 0;
+    for (size_t o = 0; o < total; o += run) {
+      CK(pUnmap(base + o, run));
+      CK(pRelease(h[i++]));
+    }
+    const double t = secs(t0, now());
+    h.clear();
+    return t;
+  };
+  // A sleep releasing each run as soon as its copy is seen complete (seconds).
+  auto sleep_pipelined = [&](size_t run) {
+    const auto t0 = now();
+    std::vector<cudaEvent_t> ev;
+    for (size_t o = 0; o < total; o += run) {
+      to_host(o, run);
+      cudaEvent_t done;
+      CK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+      CK(cudaEventRecord(done, s));
+      ev.push_back(done);
+    }
+    size_t i = 0;
+    for (size_t o = 0; o < total; o += run, ++i) {
+      CK(cudaEventSynchronize(ev[i]));
+      CK(pUnmap(base + o, run));
+      CK(pRelease(h[i]));
+    }
+    const double t = secs(t0, now());
+    for (cudaEvent_t done : ev) CK(cudaEventDestroy(done));
+    h.clear();
+    return t;
+  };
+  for (int round = 0; round < 3; ++round) {
+    for (size_t run : std::vector<size_t>{1 * GiB, 256ull << 20}) {
+      auto gbs = [&](double t) { return total / t / 1e9; };
+      mapall(run);
+      copy(0, total, s);
+      CK(cudaDeviceSynchronize());
+      const double s_end = sleep_at_end(run);
+      const double w_end = pipeline(run, false);
+      const double s_pipe = sleep_pipelined(run);
+      const double w_pipe = pipeline(run, false);
+      CK(cudaDeviceSynchronize());
+      // K: the kernel's copy into memory mapped long before, against the copy engine's
+      auto t0 = now();
+      kcopy(0, total, s);
+      CK(cudaStreamSynchronize(s));
+      const double k = secs(t0, now());
+      const double a = timed_copy();
+      const double s_k = sleep_at_end(run);
+      const double kb = kpipeline(run);
+      unmapall(run);
+      printf(
+          "sleep round %d run %4zu MiB: S sleep %.2f then wake %.2f  P sleep %.2f then wake %.2f"
+          "  | A link %.2f  K kernel %.2f  KB kernel wake after sleep %.2f (its sleep %.2f) GB/s\n",
+          round, run >> 20, gbs(s_end), gbs(w_end), gbs(s_pipe), gbs(w_pipe), gbs(a), gbs(k),
+          gbs(kb), gbs(s_k));
+      fflush(stdout);
+    }
+  }
   for (int round = 0; round < 2; ++round) {
     for (size_t run : std::vector<size_t>{1 * GiB, 256ull << 20, 64ull << 20}) {
       // A: mapped long ago (map, copy once, then time a second copy)
