@@ -15,14 +15,16 @@ std::atomic<std::uint64_t> next_batch{1};
 
 class HostSleepCopier final : public SleepCopier {
  public:
-  void to_host(void* host, const void* device, std::size_t bytes) override {
-    std::memcpy(host, device, bytes);
-  }
-  void to_device(void* device, const void* host, std::size_t bytes) override {
-    std::memcpy(device, host, bytes);
-  }
+  cudaStream_t stream() const noexcept override { return nullptr; }
 
  private:
+  void queue_to_host(void* host, const void* device, std::size_t bytes) override {
+    std::memcpy(host, device, bytes);
+  }
+  void queue_to_device(void* device, const void* host, std::size_t bytes) override {
+    std::memcpy(device, host, bytes);
+  }
+  void mark_end() override {}
   void wait_for_copies() override {}  // each memcpy returned complete
 };
 
@@ -38,18 +40,17 @@ class CudaSleepCopier final : public SleepCopier {
     }
     stream_ = stream;
   }
-  void to_host(void* host, const void* device, std::size_t bytes) override {
-    cuda::copy_to_host_async(host, device, bytes, stream_, "cudaMemcpyAsync (sleep: to host)");
-  }
-  void to_device(void* device, const void* host, std::size_t bytes) override {
-    cuda::copy_to_device_async(device, host, bytes, stream_, "cudaMemcpyAsync (wake: to device)");
-  }
+  cudaStream_t stream() const noexcept override { return stream_; }
 
  private:
-  void wait_for_copies() override {
-    end_.record(stream_);
-    end_.wait();
+  void queue_to_host(void* host, const void* device, std::size_t bytes) override {
+    cuda::copy_to_host_async(host, device, bytes, stream_, "cudaMemcpyAsync (sleep: to host)");
   }
+  void queue_to_device(void* device, const void* host, std::size_t bytes) override {
+    cuda::copy_to_device_async(device, host, bytes, stream_, "cudaMemcpyAsync (wake: to device)");
+  }
+  void mark_end() override { end_.record(stream_); }
+  void wait_for_copies() override { end_.wait(); }
   cuda::DeviceGuard guard_;
   cudaStream_t stream_ = nullptr;
   cuda::Event end_;

@@ -3,10 +3,12 @@
 //
 // Rule: a tag's physical memory is unmapped (sleep) and its backup counted reusable (wake)
 // only with a CopiesCompleted of the copier that queued the copies: the witness comes only
-// out of wait(), after the host observed an event recorded behind the last copy (over
-// host memory, after the last memcpy returned). A witness names its batch and is minted
-// once per copier; check() accepts only the copier's own (not one of another copier or an
-// earlier cycle, not a moved-from one), so a witness can be neither forged nor reused.
+// out of wait(), after the host observed an event recorded behind the copier's last copy
+// (at seal(), or at wait() when not sealed; over host memory, after the last memcpy
+// returned). Copies queued later on the same stream by another copier are not waited for. A witness
+// names its batch and is minted once per copier; check() accepts only the copier's own (not one of
+// another copier or an earlier cycle, not a moved-from one), so a witness can be neither forged nor
+// reused.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -57,10 +59,26 @@ class SleepCopier {
   SleepCopier& operator=(const SleepCopier&) = delete;
 
   std::uint64_t batch() const noexcept { return batch_; }
-  // Queue one copy; throw vram::CudaError.
-  virtual void to_host(void* host, const void* device, std::size_t bytes) = 0;
-  virtual void to_device(void* device, const void* host, std::size_t bytes) = 0;
-  // Blocks until every copy queued so far (and the work queued before them) completed.
+  // The stream the copies are queued on (null over the host emulation): a copier made for
+  // it queues its copies behind these.
+  virtual cudaStream_t stream() const noexcept = 0;
+  // Queue one copy; throw vram::CudaError, std::logic_error after seal().
+  void to_host(void* host, const void* device, std::size_t bytes) {
+    refuse_if_sealed();
+    queue_to_host(host, device, bytes);
+  }
+  void to_device(void* device, const void* host, std::size_t bytes) {
+    refuse_if_sealed();
+    queue_to_device(device, host, bytes);
+  }
+  // The batch is complete: wait() proves the copies queued so far and no later one. Throws
+  // vram::CudaError (not sealed then; seal may be called again).
+  void seal() {
+    if (sealed_) return;
+    mark_end();
+    sealed_ = true;
+  }
+  // Seals the batch and blocks until its copies (and the work queued before them) completed.
   // Throws vram::CudaError when that cannot be observed (nothing is then proven; wait may be
   // called again). One witness per copier: a second wait after one succeeded throws
   // std::logic_error.
@@ -70,6 +88,7 @@ class SleepCopier {
           "vram sleep copier: wait() called again after its copies were proven complete "
           "(one witness per batch)");
     }
+    seal();
     wait_for_copies();
     witnessed_ = true;
     return CopiesCompleted(batch_);
@@ -86,10 +105,20 @@ class SleepCopier {
 
  protected:
   SleepCopier();
-  virtual void wait_for_copies() = 0;
+  virtual void queue_to_host(void* host, const void* device, std::size_t bytes) = 0;
+  virtual void queue_to_device(void* device, const void* host, std::size_t bytes) = 0;
+  virtual void mark_end() = 0;         // behind the copies queued so far
+  virtual void wait_for_copies() = 0;  // until the end marked
 
  private:
+  void refuse_if_sealed() const {
+    if (sealed_) {
+      throw std::logic_error(
+          "vram sleep copier: a copy queued after seal() (its batch's end is recorded)");
+    }
+  }
   std::uint64_t batch_;
+  bool sealed_ = false;
   bool witnessed_ = false;
 };
 

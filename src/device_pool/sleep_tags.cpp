@@ -164,8 +164,9 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream, SleepContents contents) {
     throw InvalidArgument("vram::DevicePool::sleep: the tag " + quoted(tag.name) +
                           " is asleep already. Fix: wake() it first.");
   }
-  // Everything that can fail comes before the unmap: on failure the tag stays awake, its
-  // contents where they were.
+  // Everything that can fail comes before the first unmap: on failure the tag stays awake,
+  // its contents where they were. The one exception, a device that fails between two runs'
+  // proofs, loses the runs released before (the device's context is lost with them).
   std::vector<Tag::Saved> saved;
   std::size_t total = 0;
   if (!tag.options.discardable && contents == SleepContents::keep) {
@@ -175,22 +176,66 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream, SleepContents contents) {
     }
     tag.backup.ensure(total);
   }
-  std::unique_ptr<SleepCopier> copies = copier(stream);
-  char* base = tag.arena.base();
+  // A batch of copies per run, on one stream: each run is released as soon as its batch is
+  // proven, while the later batches still copy (the driver's work after a release overlaps
+  // them instead of a wake that follows). Batch i proves every live byte below below[i]; the
+  // last one proves the rest (and, with nothing to copy, the work queued before the sleep).
+  std::vector<std::unique_ptr<SleepCopier>> batches;
+  std::vector<std::size_t> below;
+  auto wait_all_quietly = [&]() noexcept {
+    for (const auto& batch : batches) wait_quietly(*batch);
+  };
   try {
+    batches.push_back(copier(stream));
+    const std::vector<std::size_t> run_ends = tag.arena.run_ends();
+    std::size_t next_end = 0;  // the first run end above the bytes queued so far
+    bool queued = false;       // the open batch holds copies
+    char* base = tag.arena.base();
+    auto queue = [&](std::byte* host, std::size_t offset, std::size_t bytes) {
+      while (bytes != 0) {
+        if (next_end < run_ends.size() && run_ends[next_end] <= offset) {
+          while (next_end < run_ends.size() && run_ends[next_end] <= offset) ++next_end;
+          if (queued) {  // every live byte below `offset` is queued: close the batch
+            batches.back()->seal();
+            below.push_back(offset);
+            batches.push_back(copier(batches.back()->stream()));
+            queued = false;
+          }
+        }
+        const std::size_t n =
+            next_end < run_ends.size() ? std::min(bytes, run_ends[next_end] - offset) : bytes;
+        batches.back()->to_host(host, base + offset, n);
+        queued = true;
+        host += n;
+        offset += n;
+        bytes -= n;
+      }
+    };
     for (const Tag::Saved& range : saved) {
       tag.backup.for_each_piece(range.backup_offset, range.bytes,
                                 [&](std::byte* host, std::size_t done, std::size_t n) {
-                                  copies->to_host(host, base + range.offset + done, n);
+                                  queue(host, range.offset + done, n);
                                 });
     }
+    batches.back()->seal();
   } catch (...) {
-    wait_quietly(*copies);  // the copies queued so far end before the backup is reused
+    wait_all_quietly();  // the copies queued so far end before the backup is reused
     throw;
   }
-  const CopiesCompleted proof = copies->wait();
-  copies->check(proof);  // a witness of another batch proves nothing: unmap nothing
-  tag.arena.unmap_all();
+  for (std::size_t i = 0; i < batches.size(); ++i) {
+    try {
+      const CopiesCompleted proof = batches[i]->wait();
+      batches[i]->check(proof);  // a witness of another batch proves nothing: unmap nothing
+    } catch (...) {
+      wait_all_quietly();
+      throw;
+    }
+    if (i < below.size()) {
+      tag.arena.unmap_below(below[i]);
+    } else {
+      tag.arena.unmap_all();
+    }
+  }
   tag.arena.untag_free();  // no stream's work uses the range any more
   tag.copied_ranges = saved.size();
   tag.saved = std::move(saved);

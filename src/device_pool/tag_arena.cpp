@@ -192,6 +192,23 @@ void TagArena::unmap_all() noexcept {
   while (!runs_.empty()) unmap_run(runs_.begin());
 }
 
+std::vector<std::size_t> TagArena::run_ends() const {
+  std::vector<std::size_t> ends;
+  ends.reserve(runs_.size());
+  for (const auto& [first, run] : runs_) ends.push_back((first + run.granules) * granularity_);
+  return ends;
+}
+
+void TagArena::unmap_below(std::size_t end) noexcept {
+  // Runs are disjoint and ordered by their first granule: the first that ends above `end`
+  // is followed by none that ends at or below it.
+  while (!runs_.empty()) {
+    const auto first = runs_.begin();
+    if ((first->first + first->second.granules) * granularity_ > end) return;
+    unmap_run(first);
+  }
+}
+
 void TagArena::map_live(const std::function<void(std::size_t end)>& mapped_below) {
   std::vector<std::size_t> made;  // map_span's record; the caller undoes runs by unmap_all()
   const std::size_t granules = users_.size();

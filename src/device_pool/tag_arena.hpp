@@ -70,6 +70,11 @@ class TagArena {
   std::vector<Range> live_ranges(std::size_t max_gap) const;
   // Takes back every run (the caller holds the proof that no work uses them).
   void unmap_all() noexcept;
+  // The byte offsets at which the mapped runs end, ascending.
+  std::vector<std::size_t> run_ends() const;
+  // Takes back every run that ends at or below byte offset `end` (the caller holds the proof
+  // that no work uses them).
+  void unmap_below(std::size_t end) noexcept;
   // Maps the granules under live blocks in address order, in runs of at most
   // max_run_bytes; after each run, mapped_below(end) says that every live granule below
   // byte offset `end` is mapped (work may be queued into them while the next run maps). On

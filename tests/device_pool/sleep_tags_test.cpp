@@ -326,6 +326,19 @@ TEST(CopiesCompletedWitness, AMovedFromWitnessProvesNothing) {
   EXPECT_NO_THROW(copier->check(moved));
 }
 
+TEST(CopiesCompletedWitness, ACopyAfterSealIsRefusedAndTheWitnessStillComes) {
+  const auto copier = SleepCopier::for_host();
+  std::vector<std::byte> device(64, std::byte{7});
+  std::vector<std::byte> host(64);
+  copier->to_host(host.data(), device.data(), 64);
+  copier->seal();
+  copier->seal();  // sealing again changes nothing
+  EXPECT_THROW(copier->to_host(host.data(), device.data(), 64), std::logic_error);
+  EXPECT_THROW(copier->to_device(device.data(), host.data(), 64), std::logic_error);
+  EXPECT_EQ(host[63], std::byte{7});
+  EXPECT_NO_THROW(copier->check(copier->wait()));
+}
+
 TEST(SleepTags, TwentyCyclesGrowNeitherHostNorMappedMemory) {
   auto backup = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
   HostPool h;
@@ -501,6 +514,45 @@ TEST(SleepTags, WakeInRunsRestoresRangesThatStraddleRuns) {
     }
   }
   EXPECT_GT(pool.tag_stats(weights).mapped_bytes, 4 * kMiB);  // more than one run
+  for (const Block& b : blocks) pool.deallocate(b.pointer, b.bytes);
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
+}
+
+// A sleep releases each run once the copies of its live bytes are proven: with a tag in
+// many runs, with free ranges among its blocks and ranges straddling runs, every run is
+// given back and every word comes back; a discarding sleep gives every run back too.
+TEST(SleepTags, SleepInRunsGivesBackEveryRunAndKeepsEveryWord) {
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool pool(physical, four_mib_runs());
+  const std::size_t untagged_live = physical->live_bytes();
+  const SleepTag weights = pool.create_tag("weights", small_tag());
+  std::vector<Block> blocks;
+  std::vector<Block> freed;
+  for (int round = 0; round < 3; ++round) {
+    for (std::size_t i = 0; i < kMixedSizes.size(); ++i) {
+      blocks.push_back({pool.allocate_tagged(kMixedSizes[i], weights), kMixedSizes[i]});
+    }
+    freed.push_back({pool.allocate_tagged(6 * kMiB, weights), 6 * kMiB});
+  }
+  for (const Block& b : freed) pool.deallocate(b.pointer, b.bytes);  // gaps among the runs
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    fill(blocks[i].pointer, blocks[i].bytes, static_cast<std::uint32_t>(i + 100));
+  }
+  ASSERT_GT(pool.tag_stats(weights).mapped_bytes, 8 * 4 * kMiB);  // runs of 4 MiB: many
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    pool.sleep(weights);
+    EXPECT_EQ(pool.tag_stats(weights).mapped_bytes, 0U);
+    EXPECT_EQ(physical->live_bytes(), untagged_live) << "cycle " << cycle;
+    pool.wake(weights);
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      EXPECT_EQ(mismatches(blocks[i].pointer, blocks[i].bytes, static_cast<std::uint32_t>(i + 100)),
+                0U)
+          << "block " << i << " cycle " << cycle;
+    }
+  }
+  pool.sleep(weights, nullptr, SleepContents::discard);
+  EXPECT_EQ(physical->live_bytes(), untagged_live);
+  pool.wake(weights);
   for (const Block& b : blocks) pool.deallocate(b.pointer, b.bytes);
   EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
 }
@@ -1043,6 +1095,76 @@ TEST(SleepTagsGpu, SleepIsOrderedAfterTheWorkQueuedOnItsStream) {
   pool.wake(weights);
   EXPECT_EQ(device_mismatches(blocks, 0xBEEF0000u, stream.get()), 0U);
   pool.deallocate(blocks[0].pointer, blocks[0].bytes);
+}
+
+// The witness of a sealed batch proves its own copies and comes without waiting for the
+// work queued behind them on the same stream (a later batch of the same sleep).
+TEST(SleepTagsGpu, ASealedBatchsWitnessComesBeforeTheWorkQueuedAfterIt) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  std::optional<cuda::Stream> own;
+  void* device = nullptr;
+  void* busy = nullptr;
+  void* host = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, kMiB), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&busy, kMiB), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(&host, 2 * kMiB), cudaSuccess);
+  launch_fill(device, kMiB / 4, 0x5EA1ED00u, stream.get());
+  const auto first = SleepCopier::for_device(0, stream.get(), own);
+  first->to_host(host, device, kMiB);
+  first->seal();
+  launch_spin_then_fill(busy, kMiB / 4, 1u, 500'000'000, stream.get());  // 0.5 s
+  const auto second = SleepCopier::for_device(0, first->stream(), own);
+  EXPECT_EQ(second->stream(), stream.get());
+  second->to_host(static_cast<char*>(host) + kMiB, busy, kMiB);
+  const CopiesCompleted proof = first->wait();
+  EXPECT_NO_THROW(first->check(proof));
+  EXPECT_EQ(cudaStreamQuery(stream.get()), cudaErrorNotReady) << "the spin should still run";
+  EXPECT_NO_THROW(second->check(second->wait()));
+  EXPECT_EQ(cudaStreamQuery(stream.get()), cudaSuccess);
+  const auto* words = static_cast<const std::uint32_t*>(host);
+  EXPECT_EQ(words[0], 0x5EA1ED00u);
+  EXPECT_EQ(words[kMiB / 4 + 1], 1u);
+  EXPECT_EQ(cudaFree(device), cudaSuccess);
+  EXPECT_EQ(cudaFree(busy), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(host), cudaSuccess);
+}
+
+// Runs of 4 MiB: a sleep releases run by run while later runs still copy; the work queued
+// before it on its stream (a spin, then the fill) ends first, and every word comes back.
+TEST(SleepTagsGpu, SleepInRunsKeepsEveryWordAndFreesTheMemory) {
+  VRAM_GPU_TEST_OR_SKIP();
+  cuda::Stream stream;
+  DevicePool::Options options = device_virtual();
+  options.large_tier.virtual_run_bytes = 4 * kMiB;
+  DevicePool pool(0, options);
+  const SleepTag weights = pool.create_tag("weights");
+  std::vector<Block> blocks;
+  {
+    auto scope = pool.tag_scope(weights);
+    for (int round = 0; round < 4; ++round) {
+      for (std::size_t bytes : kMixedSizes) {
+        blocks.push_back({pool.allocate_async(bytes, stream.get()), bytes / 4 * 4});
+      }
+    }
+    for (int i = 0; i < 8; ++i) blocks.push_back({pool.allocate(16 * kMiB), 16 * kMiB});
+  }
+  for (int cycle = 0; cycle < 3; ++cycle) {
+    const auto pattern = 0xD0000000u + static_cast<std::uint32_t>(cycle) * 0x1000u;
+    launch_spin_then_fill(blocks[0].pointer, blocks[0].bytes / 4, pattern, 50'000'000,
+                          stream.get());
+    std::vector<Block> rest(blocks.begin() + 1, blocks.end());
+    device_fill(rest, pattern + 1, stream.get());  // block i gets pattern + i
+    const SleepTagStats awake = pool.tag_stats(weights);
+    ASSERT_GT(awake.mapped_bytes, 16 * 4 * kMiB);
+    const std::size_t free_awake = device_free_bytes();
+    pool.sleep(weights, stream.get());
+    EXPECT_GE(device_free_bytes(), free_awake + awake.mapped_bytes / 100 * 99);
+    pool.wake(weights, stream.get());
+    EXPECT_EQ(device_mismatches(blocks, pattern, stream.get()), 0U) << "cycle " << cycle;
+  }
+  for (const Block& b : blocks) pool.deallocate_async(b.pointer, b.bytes, stream.get());
+  EXPECT_EQ(pool.stats().invalid_deallocations, 0U);
 }
 
 TEST(SleepTagsGpu, AGraphCapturedBeforeSleepReplaysAfterWake) {
