@@ -155,7 +155,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
   SlowSection slow(claimed);
   // Cached large blocks never make a tier grow: they go back first (large_block_cache.hpp),
   // and the request tries the large tier again without growing.
-  if (flush_large_caches(claimed) && &tier == &large) {
+  if (flush_large_caches(claimed, key) && &tier == &large) {
     if (void* block = tier.allocate(bytes, key, false, nullptr, owner, served)) return block;
   }
   // Past the budget, free memory of wanted streams (stream_wants.hpp) could serve the
@@ -184,6 +184,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
       if (may_quiesce && (quote.stranded || other.stranded_segments())) {
         may_quiesce = false;
         (void)quiescer.quiesce_since(seen);
+        (void)flush_large_caches(claimed, key);  // the heaps' chunks freed for every stream
         continue;
       }
       other.release_empty_for(excess - own);
@@ -205,6 +206,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
     // Null only with `quiesce` set.
     may_quiesce = false;
     (void)quiescer.quiesce_since(seen);
+    (void)flush_large_caches(claimed, key);
   }
   // Everything cached, in every thread, and what graph pools gave up back to the upstream
   // (waiting for the work of stream-ordered frees), then once more.
@@ -350,7 +352,7 @@ void* DevicePoolCore::heap_allocate(ThreadCache& cache, const Request& request, 
   }
   // Wholly free chunks this request cannot use (other streams' ranges) go back first: in
   // the tier they wait for their streams' markers instead of holding memory here.
-  (void)return_idle_of(heap, tier, &cache, request.key);
+  (void)return_idle_of(heap, tier, &cache, ThreadHeap::Idle::holding_others, request.key);
   // Every slot taken: the tier serves the request (no chunk taken only to be given back).
   if (!heap.has_free_slot()) return tier_allocate(request, &cache, owner);
   const std::size_t chunk_bytes = heap.chunk_bytes_for(need);
@@ -424,27 +426,34 @@ bool DevicePoolCore::settle_free(SegmentTier& tier, SegmentTier::Freed freed,
 }
 
 bool DevicePoolCore::return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
-                                    std::optional<StreamKey> keep_for) noexcept {
+                                    ThreadHeap::Idle which, StreamKey key) noexcept {
   bool any = false;
   ThreadHeap::Returned chunks[4];
-  for (std::size_t n; (n = heap.take_idle(chunks, 4, keep_for)) != 0;) {
+  for (std::size_t n; (n = heap.take_idle(chunks, 4, which, key)) != 0;) {
     for (std::size_t i = 0; i < n; ++i) return_chunk(chunks[i], tier, claimed);
     any = true;
   }
   return any;
 }
 
-bool DevicePoolCore::return_idle_chunks(ThreadCache* claimed, ThreadCache* only) noexcept {
+bool DevicePoolCore::return_idle_chunks(ThreadCache* claimed, ThreadCache* only,
+                                        std::optional<StreamKey> usable_by) noexcept {
   bool any = false;
   for (SegmentTier* tier : {&large, &small}) {
     if (only != nullptr) {
       if (ThreadHeap* heap = heap_of(*only, *tier)) {
-        any = return_idle_of(*heap, *tier, claimed, std::nullopt) || any;
+        any = return_idle_of(*heap, *tier, claimed) || any;
       }
       continue;
     }
-    heaps_of(*tier).for_each(
-        [&](ThreadHeap& heap) { any = return_idle_of(heap, *tier, claimed, std::nullopt) || any; });
+    const ThreadHeap* own = claimed != nullptr ? heap_of(*claimed, *tier) : nullptr;
+    heaps_of(*tier).for_each([&](ThreadHeap& heap) {
+      const bool filtered = usable_by.has_value() && &heap != own;
+      any = return_idle_of(heap, *tier, claimed,
+                           filtered ? ThreadHeap::Idle::usable : ThreadHeap::Idle::all,
+                           usable_by.value_or(kUntagged)) ||
+            any;
+    });
   }
   return any;
 }

@@ -290,10 +290,15 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
                                                       bool steady) noexcept;
   // Every cached large block of `cache` (its holder's, or stolen) back to the large tier.
   void drain_large(ThreadCache& cache) noexcept;
-  // Before a tier grows: the cached large blocks of every thread (`claimed`: the caller's own,
-  // claimed; the others stolen as trim() steals, skipping an owner inside a call that may
-  // block) back to the large tier; true when any went back.
-  bool flush_large_caches(ThreadCache* claimed) noexcept;
+  // Before a tier grows for a request on `key`: the cached large blocks of every thread
+  // (`claimed`: the caller's own, claimed; the others stolen as trim() steals, skipping an
+  // owner inside a call that may block) back to the large tier, then the heaps' wholly free
+  // chunks: all of the caller's, and of the other threads' those the request can use (free
+  // ranges untagged or `key`'s). A chunk holding another stream's ranges would reach the
+  // request only through that stream's marker or a device-wide quiesce, and in its heap it
+  // serves its own stream at once; after a quiesce its ranges are untagged and it goes back
+  // too. True when any went back.
+  bool flush_large_caches(ThreadCache* claimed, StreamKey key) noexcept;
   bool flush_cached_large_blocks(ThreadCache* claimed) noexcept;  // its first part
   bool small_deallocate(ThreadCache* cache, void* block, const Request& request,
                         SegmentTier::FreeMarker* marker, bool steady) noexcept;
@@ -334,9 +339,11 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // max_block()) from the holder's heap over the request's tier, which takes a chunk of that
   // tier when nothing free fits; `owner`: as SegmentTier::allocate's. heap_deallocate: false
   // when `heap` does not hold the block. return_chunk: a chunk a heap let go, back to its tier.
-  // return_idle_chunks: every heap's wholly free chunks back (a flush, trim(), a thread's
-  // exit: `only`, that cache's heaps); return_idle_of: one heap's (`keep_for`: but those a
-  // request on that stream could use); true when any went back.
+  // return_idle_chunks: every heap's wholly free chunks back (trim(), a thread's exit:
+  // `only`, that cache's heaps; a flush before a growth for a request on `usable_by`: of
+  // the other threads' heaps only those that request could use, see flush_large_caches);
+  // return_idle_of: one heap's, those `which` names (ThreadHeap::take_idle); true when any
+  // went back.
   void* heap_allocate(ThreadCache& cache, const Request& request, LeaseOwner* owner = nullptr);
   // The holder's heap over `tier` (null: none), and every heap over it.
   ThreadHeap* heap_of(const ThreadCache& cache, const SegmentTier& tier) const noexcept {
@@ -405,9 +412,11 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // What a tier's free_keeping() said, settled: over its cap, the give-back (its upstream
   // calls in `claimed`'s SlowSection); true unless the tier did not know the block.
   bool settle_free(SegmentTier& tier, SegmentTier::Freed freed, ThreadCache* claimed) noexcept;
-  bool return_idle_chunks(ThreadCache* claimed, ThreadCache* only = nullptr) noexcept;
+  bool return_idle_chunks(ThreadCache* claimed, ThreadCache* only = nullptr,
+                          std::optional<StreamKey> usable_by = std::nullopt) noexcept;
   bool return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
-                      std::optional<StreamKey> keep_for) noexcept;
+                      ThreadHeap::Idle which = ThreadHeap::Idle::all,
+                      StreamKey key = kUntagged) noexcept;
   // A small-tier request of a thread without heaps: whether the small tier's mutex was found
   // locked since its last one (the heaps then start, as when its large-block cache turns on).
   void note_small_contentions(ThreadCache& cache) noexcept {

@@ -25,12 +25,12 @@ void DevicePoolCore::drain_large(ThreadCache& cache) noexcept {
   });
 }
 
-bool DevicePoolCore::flush_large_caches(ThreadCache* claimed) noexcept {
+bool DevicePoolCore::flush_large_caches(ThreadCache* claimed, StreamKey key) noexcept {
   if (options.thread_cache.large_bytes == 0) return false;
   const bool cached = flush_cached_large_blocks(claimed);
   // Then the heaps' wholly free chunks (the cached blocks of theirs went back first): their
   // mutexes are taken one at a time, no cache is stolen for them.
-  const bool idle = (heaps.any() || small_heaps.any()) && return_idle_chunks(claimed);
+  const bool idle = (heaps.any() || small_heaps.any()) && return_idle_chunks(claimed, nullptr, key);
   return cached || idle;
 }
 

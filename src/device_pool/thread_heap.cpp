@@ -161,14 +161,16 @@ bool ThreadHeap::detach(std::size_t slot, Returned& out) noexcept {
   return true;
 }
 
-std::size_t ThreadHeap::take_idle(Returned* out, std::size_t most,
-                                  std::optional<StreamKey> keep_for) noexcept {
+std::size_t ThreadHeap::take_idle(Returned* out, std::size_t most, Idle which,
+                                  StreamKey key) noexcept {
   const Lock locked(mutex_);
   std::size_t taken = 0;
   for (std::size_t slot = 0; slot < kMaxChunks && taken < most; ++slot) {
     const Chunk& chunk = chunk_books_[slot];
     if (chunk.segment == nullptr || chunk.used != 0) continue;
-    if (keep_for.has_value() && !holds_others(chunk.segment, *keep_for)) continue;
+    if (which != Idle::all && holds_others(chunk.segment, key) != (which == Idle::holding_others)) {
+      continue;
+    }
     if (detach(slot, out[taken])) ++taken;
   }
   return taken;

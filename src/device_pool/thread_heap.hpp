@@ -160,10 +160,14 @@ class ThreadHeap {
   // otherwise).
   Freed deallocate(void* block, std::size_t need, StreamKey tag, Returned& out,
                    const LeaseOwner* by = nullptr) noexcept;
-  // Detaches up to `most` wholly free chunks into `out` (flush, trim, thread exit; with
-  // `keep_for`, only those holding free ranges of other streams than it); returns how many.
-  std::size_t take_idle(Returned* out, std::size_t most,
-                        std::optional<StreamKey> keep_for = std::nullopt) noexcept;
+  // Which wholly free chunks take_idle() detaches: all of them; only those holding free
+  // ranges of other streams than `key` (a request on `key` could not use them); only those
+  // a request on `key` can use (every free range untagged or `key`'s).
+  enum class Idle { all, holding_others, usable };
+  // Detaches up to `most` wholly free chunks into `out` (flush, trim, thread exit), those
+  // `which` names; returns how many.
+  std::size_t take_idle(Returned* out, std::size_t most, Idle which = Idle::all,
+                        StreamKey key = kUntagged) noexcept;
   // The quiesce protocol, as the tiers' (SegmentTier::mark_frees, forget_streams): after
   // a device-wide quiesce that began after mark_frees() returned `mark`, every range freed
   // on a stream before the mark is free for every stream (its stream may be gone).

@@ -157,10 +157,35 @@ TEST(ThreadHeap, TakeIdleForAStreamLeavesTheChunksThatStreamCanUse) {
   heap.deallocate(b, 30_MiB, kS2, out);
   EXPECT_EQ(out.block, nullptr) << "both kept idle";
   ThreadHeap::Returned idle[4];
-  ASSERT_EQ(heap.take_idle(idle, 4, kS1), 1U) << "S2's chunk is of no use to S1";
+  using Idle = ThreadHeap::Idle;
+  ASSERT_EQ(heap.take_idle(idle, 4, Idle::holding_others, kS1), 1U)
+      << "S2's chunk is of no use to S1";
   EXPECT_EQ(idle[0].block, fake_chunk(9));
-  EXPECT_EQ(heap.take_idle(idle, 4, kS1), 0U);
+  EXPECT_EQ(heap.take_idle(idle, 4, Idle::holding_others, kS1), 0U);
   EXPECT_EQ(heap.take_idle(idle, 4), 1U);
+}
+
+// A growth's flush takes from other threads' heaps only the chunks its request can use:
+// those whose free ranges are untagged or the request's stream's.
+TEST(ThreadHeap, TakeIdleUsableByAStreamTakesOnlyWhatThatStreamCanUse) {
+  ThreadHeap heap({.chunk_bytes = 32_MiB, .keep_idle = 256_MiB});
+  void* s1 = heap.allocate_in_new_chunk(fake_chunk(11), 32_MiB, 4_MiB, kS1, kUntagged);
+  void* s2 = heap.allocate_in_new_chunk(fake_chunk(12), 32_MiB, 4_MiB, kS2, kUntagged);
+  void* plain = heap.allocate_in_new_chunk(fake_chunk(13), 32_MiB, 4_MiB, kUntagged, kUntagged);
+  ThreadHeap::Returned out;
+  heap.deallocate(s1, 4_MiB, kS1, out);
+  heap.deallocate(s2, 4_MiB, kS2, out);
+  heap.deallocate(plain, 4_MiB, kUntagged, out);
+  EXPECT_EQ(out.block, nullptr) << "all three kept idle";
+  ThreadHeap::Returned idle[4];
+  using Idle = ThreadHeap::Idle;
+  ASSERT_EQ(heap.take_idle(idle, 4, Idle::usable, kS1), 2U) << "S1's and the untagged one";
+  EXPECT_NE(idle[0].block, fake_chunk(12));
+  EXPECT_NE(idle[1].block, fake_chunk(12));
+  EXPECT_EQ(heap.take_idle(idle, 4, Idle::usable, kS1), 0U) << "S2's ranges wait for S2";
+  EXPECT_EQ(heap.take_idle(idle, 4, Idle::usable, kUntagged), 0U);
+  ASSERT_EQ(heap.take_idle(idle, 4, Idle::usable, kS2), 1U);
+  EXPECT_EQ(idle[0].block, fake_chunk(12));
 }
 
 TEST(ThreadHeap, ChunksGrowWithWhatTheThreadUsesUpToChunkBytes) {
