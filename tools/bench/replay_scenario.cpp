@@ -159,6 +159,7 @@ void run_batched(const BenchConfig& config,
       for (std::size_t k = 0; k < measured.size(); ++k) {
         auto& a = measured[k];
         progress.step(scenario + " " + range + " " + std::to_string(threads) + " " + a->name());
+        if (a->ours()) a->reset_peak();  // the cell's own peak
         const double synchronizes_before = a->device_synchronizes();
         const std::map<std::string, double> counters_before = a->counters();
         const auto samples = threaded_pair_rates(
@@ -190,6 +191,9 @@ void run_batched(const BenchConfig& config,
         }
         for (const auto& [name, value] : a->counters()) {
           m.extra[name] = value - counters_before.at(name);
+        }
+        if (a->ours()) {  // over the warm-up and every repetition
+          m.extra["peak_reserved_mib"] = static_cast<double>(a->peak_reserved_bytes()) / (1 << 20);
         }
         if (threads == 1) one_thread[k] = m.value.median;
         if (one_thread[k] > 0) m.extra["x_1_thread"] = m.value.median / one_thread[k];
