@@ -31,13 +31,14 @@
 //   ordered before it by the caller (an event the stream waits on). stream == nullptr:
 //   the device is synchronized first and the copies run on a stream of the pool's own.
 //   Either way sleep returns only after the host observed the end of every copy. The
-//   copies are queued in one batch per mapped run (at most
-//   Options::large_tier.virtual_run_bytes), each batch ending in an event; a run is
-//   unmapped and its physical memory released only once the host observed the event of
-//   the batch that copies its last live byte, while later batches still copy (a
-//   discardable tag waits for one event, with no copy before it). A device failure between
-//   two batches' events leaves the runs released before it lost (the context is lost
-//   with them); every other failure leaves the tag awake and intact.
+//   copies are queued in one batch per mapped run that holds live bytes (a run is at most
+//   Options::large_tier.virtual_run_bytes), each batch ending in an event; a run is unmapped
+//   and its physical memory released only once the host observed the event of the batch
+//   that copies its last live byte, while later batches still copy. With nothing to copy
+//   (a discardable tag, SleepContents::discard, no live block) the sleep waits for one event
+//   queued on `stream`. If a wait fails after runs were released, they are mapped again and
+//   their bytes copied back from the backup, and the error is thrown with the tag awake and
+//   intact; only a device that cannot do that either loses them (said on stderr).
 //   wake(tag, stream): maps, queues the copies back on `stream` (or the pool's own), and
 //   returns after they completed: work queued on any stream afterwards sees the contents.
 //

@@ -184,7 +184,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
       if (may_quiesce && (quote.stranded || other.stranded_segments())) {
         may_quiesce = false;
         (void)quiescer.quiesce_since(seen);
-        (void)flush_large_caches(claimed, key);  // the heaps' chunks freed for every stream
+        (void)return_idle_chunks(claimed, nullptr, key);  // chunks whose ranges it untagged
         continue;
       }
       other.release_empty_for(excess - own);
@@ -206,7 +206,7 @@ void* DevicePoolCore::tier_grow(const Request& request, ThreadCache* claimed, Le
     // Null only with `quiesce` set.
     may_quiesce = false;
     (void)quiescer.quiesce_since(seen);
-    (void)flush_large_caches(claimed, key);
+    (void)return_idle_chunks(claimed, nullptr, key);
   }
   // Everything cached, in every thread, and what graph pools gave up back to the upstream
   // (waiting for the work of stream-ordered frees), then once more.

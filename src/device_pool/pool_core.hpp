@@ -296,8 +296,10 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // chunks: all of the caller's, and of the other threads' those the request can use (free
   // ranges untagged or `key`'s). A chunk holding another stream's ranges would reach the
   // request only through that stream's marker or a device-wide quiesce, and in its heap it
-  // serves its own stream at once; after a quiesce its ranges are untagged and it goes back
-  // too. True when any went back.
+  // serves its own stream at once; after a quiesce in tier_grow the heaps are asked again
+  // (ranges freed before the quiesce began are untagged then). It stays in its heap at most
+  // until trim(), an out-of-memory retry or its thread's exit, and the heap keeps at most
+  // keep_idle bytes of wholly free chunks. True when any went back.
   bool flush_large_caches(ThreadCache* claimed, StreamKey key) noexcept;
   bool flush_cached_large_blocks(ThreadCache* claimed) noexcept;  // its first part
   bool small_deallocate(ThreadCache* cache, void* block, const Request& request,

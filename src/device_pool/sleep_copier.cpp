@@ -28,7 +28,8 @@ class HostSleepCopier final : public SleepCopier {
   void wait_for_copies() override {}  // each memcpy returned complete
 };
 
-// The device is current for the copier's life (its event is made on it).
+// The device is current for the copier's life (its event is made on it; a sleep's later
+// copiers are destroyed before its first, whose guard set the device).
 class CudaSleepCopier final : public SleepCopier {
  public:
   CudaSleepCopier(int device, cudaStream_t stream, std::optional<cuda::Stream>& own_stream)

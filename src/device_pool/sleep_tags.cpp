@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -164,9 +165,8 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream, SleepContents contents) {
     throw InvalidArgument("vram::DevicePool::sleep: the tag " + quoted(tag.name) +
                           " is asleep already. Fix: wake() it first.");
   }
-  // Everything that can fail comes before the first unmap: on failure the tag stays awake,
-  // its contents where they were. The one exception, a device that fails between two runs'
-  // proofs, loses the runs released before (the device's context is lost with them).
+  // Everything that can fail comes before the first unmap, but the waits of later batches:
+  // on failure the tag stays awake, its contents where they were (restore_released).
   std::vector<Tag::Saved> saved;
   std::size_t total = 0;
   if (!tag.options.discardable && contents == SleepContents::keep) {
@@ -176,11 +176,19 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream, SleepContents contents) {
     }
     tag.backup.ensure(total);
   }
-  // A batch of copies per run, on one stream: each run is released as soon as its batch is
-  // proven, while the later batches still copy (the driver's work after a release overlaps
-  // them instead of a wake that follows). Batch i proves every live byte below below[i]; the
-  // last one proves the rest (and, with nothing to copy, the work queued before the sleep).
+  // A batch of copies per run that holds live bytes, on one stream: each run is released as
+  // soon as the batch of its last live byte is proven, while the later batches still copy
+  // (the driver's work after a release overlaps them instead of a wake that follows). Batch
+  // i proves every live byte below below[i]; the last one proves the rest (and, with nothing
+  // to copy, the work queued before the sleep).
   std::vector<std::unique_ptr<SleepCopier>> batches;
+  // Destroyed last to first: the first copier's device guard outlives the others.
+  struct LastFirst {
+    std::vector<std::unique_ptr<SleepCopier>>& batches;
+    ~LastFirst() {
+      while (!batches.empty()) batches.pop_back();
+    }
+  } last_first{batches};
   std::vector<std::size_t> below;
   auto wait_all_quietly = [&]() noexcept {
     for (const auto& batch : batches) wait_quietly(*batch);
@@ -222,16 +230,23 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream, SleepContents contents) {
     wait_all_quietly();  // the copies queued so far end before the backup is reused
     throw;
   }
+  // Relaxed: a global-mode capture another thread begins between two batches does not
+  // refuse the waits.
+  std::optional<cuda::RelaxedCaptureMode> relaxed;
+  if (device_ >= 0) relaxed.emplace();
+  std::size_t released = 0;  // every run that ends at or below it is unmapped
   for (std::size_t i = 0; i < batches.size(); ++i) {
     try {
       const CopiesCompleted proof = batches[i]->wait();
       batches[i]->check(proof);  // a witness of another batch proves nothing: unmap nothing
     } catch (...) {
       wait_all_quietly();
+      if (released != 0) restore_released(tag, saved, released, batches.front()->stream());
       throw;
     }
     if (i < below.size()) {
       tag.arena.unmap_below(below[i]);
+      released = below[i];
     } else {
       tag.arena.unmap_all();
     }
@@ -242,6 +257,38 @@ void SleepTags::sleep(Tag& tag, cudaStream_t stream, SleepContents contents) {
   tag.backed_up_bytes = total;
   tag.state = SleepState::asleep;
   ++tag.sleeps;
+}
+
+void SleepTags::restore_released(Tag& tag, const std::vector<Tag::Saved>& saved,
+                                 std::size_t released, cudaStream_t stream) noexcept {
+  // The released runs' live bytes are proven in the backup: mapped again and copied back,
+  // the tag is awake and intact. The runs above `released` were never unmapped.
+  try {
+    std::unique_ptr<SleepCopier> copies = copier(stream);
+    try {
+      tag.arena.map_live([](std::size_t) {});
+      char* base = tag.arena.base();
+      for (const Tag::Saved& range : saved) {
+        if (range.offset >= released) break;
+        tag.backup.for_each_piece(range.backup_offset,
+                                  std::min(range.bytes, released - range.offset),
+                                  [&](std::byte* host, std::size_t done, std::size_t n) {
+                                    copies->to_device(base + range.offset + done, host, n);
+                                  });
+      }
+      copies->check(copies->wait());
+      return;
+    } catch (...) {
+      wait_quietly(*copies);
+      throw;
+    }
+  } catch (...) {
+  }
+  std::fprintf(stderr,
+               "vram::DevicePool::sleep: the device failed while the tag '%s' was put to sleep "
+               "and its released runs could not be mapped and copied back: the contents of its "
+               "blocks below byte %zu of its range are lost.\n",
+               tag.name.c_str(), released);
 }
 
 void SleepTags::wake(Tag& tag, cudaStream_t stream) {

@@ -120,6 +120,10 @@ class SleepTags {
 
  private:
   std::unique_ptr<SleepCopier> copier(cudaStream_t stream);
+  // After a sleep's wait failed with the runs below `released` unmapped: maps them again and
+  // copies their saved bytes back (said on stderr when that fails too).
+  void restore_released(Tag& tag, const std::vector<Tag::Saved>& saved, std::size_t released,
+                        cudaStream_t stream) noexcept;
 
   std::uint64_t pool_uid_;
   GraphRouting& activity_;

@@ -38,7 +38,8 @@
 // keep_idle bytes; before a new chunk, the wholly free ones the request's stream cannot use;
 // otherwise kept for the thread's next requests until a flush (before any tier grows,
 // DevicePoolCore::flush_large_caches: of another thread's heap only a chunk the growing
-// request can use, all of them after a quiesce), trim(), or the thread's exit takes it. A chunk
+// request can use; after a quiesce also those whose ranges it untagged), trim(), or the
+// thread's exit takes it. A chunk
 // that a deallocate_async on stream S sends back carries a marker recorded on S by that call, when
 // the caller holds its thread's cache (DevicePoolCore::return_chunk; the marker's recorder):
 // its largest range of S waits in the tier for the marker instead of for a want on S, which

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -333,9 +334,12 @@ TEST(CopiesCompletedWitness, ACopyAfterSealIsRefusedAndTheWitnessStillComes) {
   copier->to_host(host.data(), device.data(), 64);
   copier->seal();
   copier->seal();  // sealing again changes nothing
+  std::fill(device.begin(), device.end(), std::byte{9});
   EXPECT_THROW(copier->to_host(host.data(), device.data(), 64), std::logic_error);
-  EXPECT_THROW(copier->to_device(device.data(), host.data(), 64), std::logic_error);
+  EXPECT_EQ(host[0], std::byte{7}) << "a refused copy copies nothing";
   EXPECT_EQ(host[63], std::byte{7});
+  EXPECT_THROW(copier->to_device(device.data(), host.data(), 64), std::logic_error);
+  EXPECT_EQ(device[0], std::byte{9});
   EXPECT_NO_THROW(copier->check(copier->wait()));
 }
 
