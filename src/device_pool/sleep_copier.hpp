@@ -5,10 +5,10 @@
 // only with a CopiesCompleted of the copier that queued the copies: the witness comes only
 // out of wait(), after the host observed an event recorded behind the copier's last copy
 // (at seal(), or at wait() when not sealed; over host memory, after the last memcpy
-// returned). Copies queued later on the same stream by another copier are not waited for. A witness
-// names its batch and is minted once per copier; check() accepts only the copier's own (not one of
-// another copier or an earlier cycle, not a moved-from one), so a witness can be neither forged nor
-// reused.
+// returned). Copies queued later on the same stream by another copier are not waited for.
+// A witness names its batch and is minted once per copier; check() accepts only the
+// copier's own (not one of another copier or an earlier cycle, not a moved-from one), so a
+// witness can be neither forged nor reused.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -39,13 +39,13 @@
 // otherwise kept for the thread's next requests until a flush (before any tier grows,
 // DevicePoolCore::flush_large_caches: of another thread's heap only a chunk the growing
 // request can use; after a quiesce also those whose ranges it untagged), trim(), or the
-// thread's exit takes it. A chunk
-// that a deallocate_async on stream S sends back carries a marker recorded on S by that call, when
-// the caller holds its thread's cache (DevicePoolCore::return_chunk; the marker's recorder):
-// its largest range of S waits in the tier for the marker instead of for a want on S, which
-// with many threads trading chunks meant a want, a marker and often a device-wide quiesce per
-// chunk. Memory in a chunk that still holds a block stays with the heap: that is the cost of
-// a heap, bounded by the thread's own fragmentation.
+// thread's exit takes it. A chunk that a deallocate_async on stream S sends back carries a
+// marker recorded on S by that call, when the caller holds its thread's cache
+// (DevicePoolCore::return_chunk; the marker's recorder): its largest range of S waits in the
+// tier for the marker instead of for a want on S, which with many threads trading chunks
+// meant a want, a marker and often a device-wide quiesce per chunk. Memory in a chunk that still
+// holds a block stays with the heap: that is the cost of a heap, bounded by the thread's own
+// fragmentation.
 //
 // Reuse rule: a free range tagged with stream S (freed on S, or a chunk cut from S's range)
 // serves only requests on S; an untagged one any request (completed work only); as in the
