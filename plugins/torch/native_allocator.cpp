@@ -719,7 +719,8 @@ bool NativeAllocator::free_block(void* ptr) noexcept {
   // ForeignPool, or through the pool to its graph pool.
   const bool pools_block = block.foreign || block.pool != LiveBlock::PoolId{0, 0};
   if (pools_block && !block.foreign) state->graphs.note_free(block.pool, ptr, block.stream);
-  const StreamTracking::Shown shown{block.pool, block.context};
+  // The context moves (no count taken on the warm path): nothing reads it after this.
+  const StreamTracking::Shown shown{block.pool, std::move(block.context)};
   if (pools_block || !state->graphs.active()) {
     if (state->streams.hold_back(ptr, block.size, block.block_bytes, block.stream, block.foreign,
                                  shown)) {
@@ -800,18 +801,9 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
   live_.for_each([&](void* ptr, const LiveBlock& block) {
     live.push_back({reinterpret_cast<std::uintptr_t>(ptr), ptr, block});
   });
-  // The free blocks private pools keep for their own next allocations: their pools' memory
-  // (PyTorch lists a private pool's cached blocks in that pool's segments), not free to
-  // anyone else.
+  // Read in the order a block moves (a tensor's, held back, a private pool's free block), so
+  // that a block moving while this reads is found twice (kept once below), never missed.
   for_each_state(-1, [&](DeviceState& state) {
-    for (const GraphRoutes::FreeBlock& free : state.graphs.free_blocks()) {
-      LiveBlock block;
-      block.block_bytes = free.bytes;
-      block.device = state.device;
-      block.stream = free.stream;
-      block.pool = free.id;
-      live.push_back({free.address, nullptr, std::move(block), true});
-    }
     // Blocks freed and held back for their recorded streams: still their pool's, shown
     // active and not allocated (PyTorch's "active_pending_free").
     for (StreamTracking::HeldView& held : state.streams.held()) {
@@ -824,12 +816,23 @@ cca::SnapshotInfo NativeAllocator::snapshot(c10::MempoolId_t mempool_id, bool in
       block.context = std::move(held.shown.context);
       live.push_back({held.address, nullptr, std::move(block), false, true});
     }
+    // The free blocks private pools keep for their own next allocations: their pools' memory
+    // (PyTorch lists a private pool's cached blocks in that pool's segments), not free to
+    // anyone else.
+    for (const GraphRoutes::FreeBlock& free : state.graphs.free_blocks()) {
+      LiveBlock block;
+      block.block_bytes = free.bytes;
+      block.device = state.device;
+      block.stream = free.stream;
+      block.pool = free.id;
+      live.push_back({free.address, nullptr, std::move(block), true});
+    }
   });
-  // By address, a tensor's block before a held or free one at the same address (one freed
-  // or released while this was read): each address is listed once.
-  std::sort(live.begin(), live.end(), [](const Live& a, const Live& b) {
-    return a.address != b.address ? a.address < b.address
-                                  : (a.pool_free || a.held) < (b.pool_free || b.held);
+  // By address, and at one address (a block that moved while this read) its earliest state
+  // first: a tensor's, then held back, then a pool's free block. Each address is listed once.
+  const auto stage = [](const Live& l) { return l.pool_free ? 2 : l.held ? 1 : 0; };
+  std::sort(live.begin(), live.end(), [&stage](const Live& a, const Live& b) {
+    return a.address != b.address ? a.address < b.address : stage(a) < stage(b);
   });
   live.erase(std::unique(live.begin(), live.end(),
                          [](const Live& a, const Live& b) { return a.address == b.address; }),
