@@ -267,14 +267,9 @@ void SleepTags::restore_released(Tag& tag, const std::vector<Tag::Saved>& saved,
     std::unique_ptr<SleepCopier> copies = copier(stream);
     try {
       tag.arena.map_live([](std::size_t) {});
-      char* base = tag.arena.base();
       for (const Tag::Saved& range : saved) {
         if (range.offset >= released) break;
-        tag.backup.for_each_piece(range.backup_offset,
-                                  std::min(range.bytes, released - range.offset),
-                                  [&](std::byte* host, std::size_t done, std::size_t n) {
-                                    copies->to_device(base + range.offset + done, host, n);
-                                  });
+        copy_back(tag, *copies, range, 0, std::min(range.bytes, released - range.offset));
       }
       copies->check(copies->wait());
       return;
@@ -291,6 +286,15 @@ void SleepTags::restore_released(Tag& tag, const std::vector<Tag::Saved>& saved,
                tag.name.c_str(), released);
 }
 
+void SleepTags::copy_back(Tag& tag, SleepCopier& copies, const Tag::Saved& range, std::size_t from,
+                          std::size_t to) {
+  char* const at = tag.arena.base() + range.offset + from;
+  tag.backup.for_each_piece(range.backup_offset + from, to - from,
+                            [&](std::byte* host, std::size_t done, std::size_t n) {
+                              copies.to_device(at + done, host, n);
+                            });
+}
+
 void SleepTags::wake(Tag& tag, cudaStream_t stream) {
   std::lock_guard lock(tag.mutex);
   if (tag.state != SleepState::asleep) {
@@ -302,7 +306,6 @@ void SleepTags::wake(Tag& tag, cudaStream_t stream) {
   std::unique_ptr<SleepCopier> copies;
   try {
     copies = copier(stream);
-    char* base = tag.arena.base();
     std::size_t next = 0;    // the first saved range not wholly queued
     std::size_t queued = 0;  // its bytes queued
     tag.arena.map_live([&](std::size_t mapped_end) {
@@ -311,11 +314,7 @@ void SleepTags::wake(Tag& tag, cudaStream_t stream) {
         const std::size_t stop =
             std::min(range.bytes, mapped_end - std::min(mapped_end, range.offset));
         if (stop > queued) {
-          tag.backup.for_each_piece(range.backup_offset + queued, stop - queued,
-                                    [&](std::byte* host, std::size_t done, std::size_t n) {
-                                      copies->to_device(base + range.offset + queued + done, host,
-                                                        n);
-                                    });
+          copy_back(tag, *copies, range, queued, stop);
           queued = stop;
         }
         if (queued < range.bytes) return;  // the rest lies in runs not mapped yet

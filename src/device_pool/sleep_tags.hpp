@@ -124,6 +124,10 @@ class SleepTags {
   // copies their saved bytes back (said on stderr when that fails too).
   void restore_released(Tag& tag, const std::vector<Tag::Saved>& saved, std::size_t released,
                         cudaStream_t stream) noexcept;
+  // Queues the copies of bytes [from, to) of the saved range `range` from the backup back to
+  // the tag's range (wake, restore_released).
+  static void copy_back(Tag& tag, SleepCopier& copies, const Tag::Saved& range, std::size_t from,
+                        std::size_t to);
 
   std::uint64_t pool_uid_;
   GraphRouting& activity_;
