@@ -330,6 +330,11 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
   const StreamKey alive = tag_alive ? tag : kUntagged;
   if (own != nullptr && own->contains(block) &&
       heap_deallocate(*own, tier, block, tag, bytes, holder, by, alive)) {
+    // Asked back by a growth (ThreadHeap::take_asked): the wholly free chunks go to the tier,
+    // their ranges of this stream under a marker recorded on it by this call (return_chunk).
+    if (alive != kUntagged && holder != nullptr && own->take_asked()) {
+      (void)return_idle_of(*own, tier, holder, ThreadHeap::Idle::all, kUntagged, alive);
+    }
     return true;
   }
   if (settle_free(tier, tier.free_keeping(block, tag, bytes, by, marker), holder)) return true;
@@ -426,11 +431,12 @@ bool DevicePoolCore::settle_free(SegmentTier& tier, SegmentTier::Freed freed,
 }
 
 bool DevicePoolCore::return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
-                                    ThreadHeap::Idle which, StreamKey key) noexcept {
+                                    ThreadHeap::Idle which, StreamKey key,
+                                    StreamKey alive) noexcept {
   bool any = false;
   ThreadHeap::Returned chunks[4];
   for (std::size_t n; (n = heap.take_idle(chunks, 4, which, key)) != 0;) {
-    for (std::size_t i = 0; i < n; ++i) return_chunk(chunks[i], tier, claimed);
+    for (std::size_t i = 0; i < n; ++i) return_chunk(chunks[i], tier, claimed, alive);
     any = true;
   }
   return any;

@@ -417,8 +417,8 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   bool return_idle_chunks(ThreadCache* claimed, ThreadCache* only = nullptr,
                           std::optional<StreamKey> usable_by = std::nullopt) noexcept;
   bool return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
-                      ThreadHeap::Idle which = ThreadHeap::Idle::all,
-                      StreamKey key = kUntagged) noexcept;
+                      ThreadHeap::Idle which = ThreadHeap::Idle::all, StreamKey key = kUntagged,
+                      StreamKey alive = kUntagged) noexcept;
   // A small-tier request of a thread without heaps: whether the small tier's mutex was found
   // locked since its last one (the heaps then start, as when its large-block cache turns on).
   void note_small_contentions(ThreadCache& cache) noexcept {

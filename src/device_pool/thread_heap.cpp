@@ -169,6 +169,7 @@ std::size_t ThreadHeap::take_idle(Returned* out, std::size_t most, Idle which,
     const Chunk& chunk = chunk_books_[slot];
     if (chunk.segment == nullptr || chunk.used != 0) continue;
     if (which != Idle::all && holds_others(chunk.segment, key) != (which == Idle::holding_others)) {
+      if (which == Idle::usable) asked_.store(true, std::memory_order_relaxed);
       continue;
     }
     if (detach(slot, out[taken])) ++taken;

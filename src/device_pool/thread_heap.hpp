@@ -167,9 +167,19 @@ class ThreadHeap {
   // a request on `key` can use (every free range untagged or `key`'s).
   enum class Idle { all, holding_others, usable };
   // Detaches up to `most` wholly free chunks into `out` (flush, trim, thread exit), those
-  // `which` names; returns how many.
+  // `which` names; returns how many. With Idle::usable, a wholly free chunk left for holding
+  // other streams' ranges asks the heap back (take_asked).
   std::size_t take_idle(Returned* out, std::size_t most, Idle which = Idle::all,
                         StreamKey key = kUntagged) noexcept;
+  // Whether a growth's flush left wholly free chunks here since the last true answer: the
+  // heap's thread then sends its wholly free chunks back at its next deallocation on its
+  // stream, their ranges of that stream under a marker of it (DevicePoolCore::free_block), so
+  // that memory kept for one thread serves the others once the work before it ran, without a
+  // quiesce.
+  bool take_asked() noexcept {
+    return asked_.load(std::memory_order_relaxed) &&
+           asked_.exchange(false, std::memory_order_relaxed);
+  }
   // The quiesce protocol, as the tiers' (SegmentTier::mark_frees, forget_streams): after
   // a device-wide quiesce that began after mark_frees() returned `mark`, every range freed
   // on a stream before the mark is free for every stream (its stream may be gone).
@@ -222,6 +232,7 @@ class ThreadHeap {
   std::atomic<std::size_t> free_bytes_{0};
   std::atomic<std::size_t> chunks_{0};
   std::atomic<std::size_t> chunk_total_{0};  // bytes of the chunks held
+  std::atomic<bool> asked_{false};           // take_asked()
 };
 
 // Every heap of one pool, for a deallocation that is not its own thread's and for the
