@@ -330,10 +330,11 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
   const StreamKey alive = tag_alive ? tag : kUntagged;
   if (own != nullptr && own->contains(block) &&
       heap_deallocate(*own, tier, block, tag, bytes, holder, by, alive)) {
-    // Asked back by a growth (ThreadHeap::take_asked): the wholly free chunks go to the tier,
-    // their ranges of this stream under a marker recorded on it by this call (return_chunk).
-    if (alive != kUntagged && holder != nullptr && own->take_asked()) {
-      (void)return_idle_of(*own, tier, holder, ThreadHeap::Idle::all, kUntagged, alive);
+    // Chunks a growth asked back (ThreadHeap::asked) whose tagged ranges are this stream's go
+    // to the tier, their largest range under a marker recorded on it by this call
+    // (return_chunk; a marker that cannot be recorded leaves them waiting for wants).
+    if (alive != kUntagged && holder != nullptr && own->asked()) [[unlikely]] {
+      (void)return_idle_of(*own, tier, holder, ThreadHeap::Idle::asked, alive, alive);
     }
     return true;
   }

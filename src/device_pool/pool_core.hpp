@@ -296,10 +296,12 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // chunks: all of the caller's, and of the other threads' those the request can use (free
   // ranges untagged or `key`'s). A chunk holding another stream's ranges would reach the
   // request only through that stream's marker or a device-wide quiesce, and in its heap it
-  // serves its own stream at once; after a quiesce in tier_grow the heaps are asked again
-  // (ranges freed before the quiesce began are untagged then). It stays in its heap at most
-  // until trim(), an out-of-memory retry or its thread's exit, and the heap keeps at most
-  // keep_idle bytes of wholly free chunks. True when any went back.
+  // serves its own stream at once; after a quiesce in tier_grow the heaps are flushed again
+  // (ranges freed before the quiesce began are untagged then). Such a chunk is asked back
+  // (ThreadHeap::asked): its thread's next deallocation into its heap on the chunk's stream
+  // sends it to the tier under a marker of that stream (free_block). Otherwise it stays in
+  // its heap until trim(), an out-of-memory retry or its thread's exit, and the heap keeps
+  // at most keep_idle bytes of wholly free chunks. True when any went back.
   bool flush_large_caches(ThreadCache* claimed, StreamKey key) noexcept;
   bool flush_cached_large_blocks(ThreadCache* claimed) noexcept;  // its first part
   bool small_deallocate(ThreadCache* cache, void* block, const Request& request,
@@ -333,7 +335,8 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // `marker`: as SegmentTier::free_keeping's (a heap's block leaves it not taken).
   // `tag_alive`: `tag` names the stream of the call in progress (a deallocate_async on it,
   // which proves it alive): a heap chunk this free leaves wholly free goes back to the tier
-  // under a marker recorded on that stream (return_chunk).
+  // under a marker recorded on that stream (return_chunk), and so do the caller's heap's
+  // chunks a growth asked back whose tagged ranges are that stream's (ThreadHeap::asked).
   bool free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
                   ThreadCache* via, bool claimed, SegmentTier::FreeMarker* marker = nullptr,
                   bool tag_alive = false) noexcept;
@@ -344,8 +347,8 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // return_idle_chunks: every heap's wholly free chunks back (trim(), a thread's exit:
   // `only`, that cache's heaps; a flush before a growth for a request on `usable_by`: of
   // the other threads' heaps only those that request could use, see flush_large_caches);
-  // return_idle_of: one heap's, those `which` names (ThreadHeap::take_idle); true when any
-  // went back.
+  // return_idle_of: one heap's, those `which` names (ThreadHeap::take_idle), each through
+  // return_chunk with `alive`; true when any went back.
   void* heap_allocate(ThreadCache& cache, const Request& request, LeaseOwner* owner = nullptr);
   // The holder's heap over `tier` (null: none), and every heap over it.
   ThreadHeap* heap_of(const ThreadCache& cache, const SegmentTier& tier) const noexcept {

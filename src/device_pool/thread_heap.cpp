@@ -25,13 +25,17 @@ ThreadHeap::Range* ThreadHeap::fit(StreamKey key, std::size_t need) noexcept {
 }
 
 void* ThreadHeap::take(Range* r, std::size_t need, LeaseOwner* owner) noexcept {
-  Chunk& chunk = chunk_books_[slot_of(r->segment)];
+  const std::size_t segment_slot = slot_of(r->segment);
+  Chunk& chunk = chunk_books_[segment_slot];
   ranges_.remove_free(r);
   ranges_.split(r, need);
   r->state = Range::State::used;
   r->owner = owner;
   live_.insert(r->addr, r);
-  if (chunk.used == 0) idle_bytes_ -= chunk.segment->size + guard_;  // no longer wholly free
+  if (chunk.used == 0) {  // no longer wholly free
+    idle_bytes_ -= chunk.segment->size + guard_;
+    unask(segment_slot);
+  }
   ++chunk.used;
   free_bytes_.store(free_bytes_.load(std::memory_order_relaxed) - need, std::memory_order_relaxed);
   return r->addr;
@@ -151,6 +155,7 @@ bool ThreadHeap::detach(std::size_t slot, Returned& out) noexcept {
   // Unpublished before the books let go: contains() may still say yes (a hint).
   slots_[slot].bytes.store(0, std::memory_order_release);
   slots_[slot].begin.store(0, std::memory_order_relaxed);
+  unask(slot);
   FreeRanges::destroy(segment);
   chunk = Chunk{};
   idle_bytes_ -= out.bytes;
@@ -168,8 +173,12 @@ std::size_t ThreadHeap::take_idle(Returned* out, std::size_t most, Idle which,
   for (std::size_t slot = 0; slot < kMaxChunks && taken < most; ++slot) {
     const Chunk& chunk = chunk_books_[slot];
     if (chunk.segment == nullptr || chunk.used != 0) continue;
+    if (which == Idle::asked &&
+        (asked_slots_.load(std::memory_order_relaxed) & (std::uint32_t{1} << slot)) == 0) {
+      continue;
+    }
     if (which != Idle::all && holds_others(chunk.segment, key) != (which == Idle::holding_others)) {
-      if (which == Idle::usable) asked_.store(true, std::memory_order_relaxed);
+      if (which == Idle::usable) ask(slot);
       continue;
     }
     if (detach(slot, out[taken])) ++taken;

@@ -38,8 +38,9 @@
 // keep_idle bytes; before a new chunk, the wholly free ones the request's stream cannot use;
 // otherwise kept for the thread's next requests until a flush (before any tier grows,
 // DevicePoolCore::flush_large_caches: of another thread's heap only a chunk the growing
-// request can use; after a quiesce also those whose ranges it untagged), trim(), or the
-// thread's exit takes it. A chunk that a deallocate_async on stream S sends back carries a
+// request can use; after a quiesce also those whose ranges it untagged; one it cannot use is
+// asked back, asked()), trim(), or the thread's exit takes it. A chunk that a
+// deallocate_async on stream S sends back carries a
 // marker recorded on S by that call, when the caller holds its thread's cache
 // (DevicePoolCore::return_chunk; the marker's recorder): its largest range of S waits in the
 // tier for the marker instead of for a want on S, which with many threads trading chunks
@@ -88,7 +89,7 @@ namespace vram::detail {
 
 class ThreadHeap {
  public:
-  static constexpr std::size_t kMaxChunks = 16;  // chunks published at once
+  static constexpr std::size_t kMaxChunks = 16;  // chunks published at once (< 32: asked())
   static constexpr std::size_t kChunkRounding = std::size_t{2} << 20;
 
   struct Options {
@@ -164,22 +165,20 @@ class ThreadHeap {
                    const LeaseOwner* by = nullptr) noexcept;
   // Which wholly free chunks take_idle() detaches: all of them; only those holding free
   // ranges of other streams than `key` (a request on `key` could not use them); only those
-  // a request on `key` can use (every free range untagged or `key`'s).
-  enum class Idle { all, holding_others, usable };
+  // a request on `key` can use (every free range untagged or `key`'s), which asks the others
+  // back; only asked ones that a request on `key` can use.
+  enum class Idle { all, holding_others, usable, asked };
   // Detaches up to `most` wholly free chunks into `out` (flush, trim, thread exit), those
-  // `which` names; returns how many. With Idle::usable, a wholly free chunk left for holding
-  // other streams' ranges asks the heap back (take_asked).
+  // `which` names; returns how many.
   std::size_t take_idle(Returned* out, std::size_t most, Idle which = Idle::all,
                         StreamKey key = kUntagged) noexcept;
-  // Whether a growth's flush left wholly free chunks here since the last true answer: the
-  // heap's thread then sends its wholly free chunks back at its next deallocation on its
-  // stream, their ranges of that stream under a marker of it (DevicePoolCore::free_block), so
-  // that memory kept for one thread serves the others once the work before it ran, without a
-  // quiesce.
-  bool take_asked() noexcept {
-    return asked_.load(std::memory_order_relaxed) &&
-           asked_.exchange(false, std::memory_order_relaxed);
-  }
+  // Asked back: a growth's flush (Idle::usable) left a wholly free chunk here that its request
+  // could not use. The heap's thread sends such a chunk back (Idle::asked) at its next
+  // deallocation into this heap on a stream whose ranges are the chunk's only tagged ones,
+  // under a marker of that stream recorded by that call (DevicePoolCore::free_block), so the
+  // memory serves other streams once the work before the marker ran. A chunk stops being
+  // asked when a block of it is handed out again or it leaves the heap. One relaxed load.
+  bool asked() const noexcept { return asked_slots_.load(std::memory_order_relaxed) != 0; }
   // The quiesce protocol, as the tiers' (SegmentTier::mark_frees, forget_streams): after
   // a device-wide quiesce that began after mark_frees() returned `mark`, every range freed
   // on a stream before the mark is free for every stream (its stream may be gone).
@@ -216,6 +215,18 @@ class ThreadHeap {
     }
     return false;
   }
+  void ask(std::size_t slot) noexcept {
+    const std::uint32_t bit = std::uint32_t{1} << slot;
+    if ((asked_slots_.load(std::memory_order_relaxed) & bit) == 0) {
+      asked_slots_.fetch_or(bit, std::memory_order_relaxed);
+    }
+  }
+  void unask(std::size_t slot) noexcept {
+    const std::uint32_t bit = std::uint32_t{1} << slot;
+    if ((asked_slots_.load(std::memory_order_relaxed) & bit) != 0) {
+      asked_slots_.fetch_and(~bit, std::memory_order_relaxed);
+    }
+  }
   // A wholly free chunk's pieces into `out`, its ranges unfiled and deleted, its slot
   // cleared; false (nothing changed) when no host memory is left for the list of pieces.
   bool detach(std::size_t slot, Returned& out) noexcept;
@@ -231,8 +242,8 @@ class ThreadHeap {
   std::uint64_t epoch_ = 0;  // mark_frees() so far; a freed range keeps the epoch it was freed in
   std::atomic<std::size_t> free_bytes_{0};
   std::atomic<std::size_t> chunks_{0};
-  std::atomic<std::size_t> chunk_total_{0};  // bytes of the chunks held
-  std::atomic<bool> asked_{false};           // take_asked()
+  std::atomic<std::size_t> chunk_total_{0};    // bytes of the chunks held
+  std::atomic<std::uint32_t> asked_slots_{0};  // asked(): a bit per slot
 };
 
 // Every heap of one pool, for a deallocation that is not its own thread's and for the

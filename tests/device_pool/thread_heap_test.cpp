@@ -687,10 +687,48 @@ TEST(DevicePoolThreadHeap, AChunkLeftWhollyFreeOnItsStreamGoesBackUnderAMarkerOf
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
+// A thread that runs the steps given to it one at a time, in order (its thread cache and heaps
+// stay its own between steps); joined when it goes.
+class StepThread {
+ public:
+  StepThread()
+      : thread_([this] {
+          for (std::unique_lock lock(mutex_);;) {
+            cv_.wait(lock, [this] { return stop_ || step_; });
+            if (!step_) return;
+            step_();
+            step_ = nullptr;
+            cv_.notify_all();
+          }
+        }) {}
+  ~StepThread() {
+    {
+      const std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void run(std::function<void()> step) {
+    std::unique_lock lock(mutex_);
+    step_ = std::move(step);
+    cv_.notify_all();
+    cv_.wait(lock, [this] { return !step_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::function<void()> step_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members it reads exist
+};
+
 // A growth for another stream's request leaves a heap's wholly free chunk of its own stream
 // there, and asks it back: at its thread's next deallocation on that stream the chunk goes to
 // the tier under a marker of the stream, and once the stream's work before it ran, the other
-// stream's next request takes that memory without the tier growing and without a quiesce.
+// stream's next request takes that memory without the tier growing and without a quiesce. A
+// chunk that held a block when the ask came stays with the heap.
 TEST(DevicePoolThreadHeap, AGrowthAsksOtherHeapsForTheirIdleChunksWhichComeBackUnderAMarker) {
   auto fence = std::make_shared<StreamLifetimeFence>();
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -700,86 +738,59 @@ TEST(DevicePoolThreadHeap, AGrowthAsksOtherHeapsForTheirIdleChunksWhichComeBackU
     DevicePool pool(upstream, options);
     const cudaStream_t s1 = fence->create();
     const cudaStream_t s2 = fence->create();
-    // One thread whose heap serves s1; it runs each step given to it, in order.
-    std::mutex mutex;
-    std::condition_variable cv;
-    std::function<void()> step;
-    bool stop = false;
-    std::thread owner([&] {
-      for (;;) {
-        std::unique_lock lock(mutex);
-        cv.wait(lock, [&] { return stop || step; });
-        if (!step) return;
-        step();
-        step = nullptr;
-        cv.notify_all();
-      }
-    });
-    auto on_owner = [&](std::function<void()> f) {
-      std::unique_lock lock(mutex);
-      step = std::move(f);
-      cv.notify_all();
-      cv.wait(lock, [&] { return !step; });
-    };
     void* kept_live = nullptr;
     void* other = nullptr;
-    std::size_t idle_in_heaps = 0;
-    on_owner([&] {
-      pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
-      free_often_on(pool, s1);
-      for (std::size_t i = 0; i < 2 * detail::LargeBlockCache::kWindow; ++i) {
-        const std::size_t bytes = 3_MiB + i * 4_KiB;  // sizes that do not repeat: the heap's
-        pool.deallocate_async(pool.allocate_async(bytes, s1), bytes, s1);
-      }
-      // A chunk with one block live, and another wholly free, kept.
-      kept_live = pool.allocate_async(20_MiB, s1);
-      other = pool.allocate_async(24_MiB, s1);  // more than the first chunk has left
-      pool.deallocate_async(other, 24_MiB, s1);
-    });
-    idle_in_heaps = pool.stats().bytes_cached_in_thread_heaps;
-    ASSERT_GE(idle_in_heaps, 24_MiB) << "the owner's heap keeps s1's chunks";
-    std::atomic<bool> ran{false};
-    fence->enqueue(s1, [&ran] { ran = true; });  // s1's work, queued, not run yet
-    // s2 asks for more than the tier holds: the tier grows, the owner's chunks stay.
-    std::uint64_t grown = upstream->allocations();
-    void* first = pool.allocate_async(6_MiB, s2);
-    ASSERT_GT(upstream->allocations(), grown);
-    EXPECT_EQ(pool.stats().bytes_cached_in_thread_heaps, idle_in_heaps) << "s1's, not s2's";
-    const std::uint64_t markers = pool.stats().stream_markers;
-    on_owner([&] { pool.deallocate_async(kept_live, 20_MiB, s1); });
-    EXPECT_GT(pool.stats().stream_markers, markers) << "back under a marker of s1";
-    EXPECT_LT(pool.stats().bytes_cached_in_thread_heaps, idle_in_heaps) << "asked back";
-    // Before s1's work ran, s2 gets none of that memory without waiting for it.
-    const std::uint64_t waits = fence->waits();
-    const std::uint64_t quiesces = fence->quiesces();
-    auto owners = [&](const void* b, std::size_t b_bytes) {
-      const auto in = [b, b_bytes](const void* block, std::size_t bytes) {
-        return static_cast<const char*>(b) < static_cast<const char*>(block) + bytes &&
-               static_cast<const char*>(block) < static_cast<const char*>(b) + b_bytes;
-      };
-      return in(kept_live, 20_MiB) || in(other, 24_MiB);
-    };
-    void* early = pool.allocate_async(6_MiB, s2);
-    const bool waited = fence->waits() > waits || fence->quiesces() > quiesces;
-    EXPECT_TRUE(!owners(early, 6_MiB) || (waited && ran.load())) << "s1's work may still use it";
-    fence->synchronize(s1);
-    ASSERT_TRUE(ran.load());
-    grown = upstream->allocations();
-    const std::uint64_t quiesces_after = fence->quiesces();
-    // More than the tier's growth for s2 has left (it grew by less than 6 + 6 + 16 MiB).
-    void* second = pool.allocate_async(16_MiB, s2);
-    EXPECT_EQ(upstream->allocations(), grown) << "s1's memory serves s2: no growth";
-    EXPECT_EQ(fence->quiesces(), quiesces_after) << "no device-wide quiesce";
-    EXPECT_TRUE(owners(second, 16_MiB)) << "s2 runs in the memory s1's blocks had";
-    for (void* b : {first, early}) pool.deallocate_async(b, 6_MiB, s2);
-    pool.deallocate_async(second, 16_MiB, s2);
-    fence->synchronize(s2);
     {
-      std::lock_guard lock(mutex);
-      stop = true;
-      cv.notify_all();
+      StepThread owner;  // its heap serves s1
+      owner.run([&] {
+        pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
+        free_often_on(pool, s1);
+        for (std::size_t i = 0; i < 2 * detail::LargeBlockCache::kWindow; ++i) {
+          const std::size_t bytes = 3_MiB + i * 4_KiB;  // sizes that do not repeat: the heap's
+          pool.deallocate_async(pool.allocate_async(bytes, s1), bytes, s1);
+        }
+        // A chunk with one block live, and another wholly free, kept.
+        kept_live = pool.allocate_async(20_MiB, s1);
+        other = pool.allocate_async(24_MiB, s1);  // more than the first chunk has left
+        pool.deallocate_async(other, 24_MiB, s1);
+      });
+      const std::size_t idle_in_heaps = pool.stats().bytes_cached_in_thread_heaps;
+      ASSERT_GE(idle_in_heaps, 24_MiB) << "the owner's heap keeps s1's chunks";
+      std::atomic<bool> ran{false};
+      fence->enqueue(s1, [&ran] { ran = true; });  // s1's work, queued, not run yet
+      const std::uint64_t quiesces = fence->quiesces();
+      // s2 asks for more than the tier holds: the tier grows, the owner's chunks stay.
+      std::uint64_t grown = upstream->allocations();
+      void* first = pool.allocate_async(6_MiB, s2);
+      ASSERT_GT(upstream->allocations(), grown);
+      EXPECT_EQ(pool.stats().bytes_cached_in_thread_heaps, idle_in_heaps) << "s1's, not s2's";
+      const std::uint64_t markers = pool.stats().stream_markers;
+      owner.run([&] { pool.deallocate_async(kept_live, 20_MiB, s1); });
+      EXPECT_GT(pool.stats().stream_markers, markers) << "back under a marker of s1";
+      const std::size_t after = pool.stats().bytes_cached_in_thread_heaps;
+      EXPECT_LT(after, idle_in_heaps) << "the asked chunk went back";
+      EXPECT_GE(after, 20_MiB) << "the chunk that held a block when asked stays";
+      auto in_other = [&](const void* b, std::size_t bytes) {
+        return static_cast<const char*>(b) < static_cast<const char*>(other) + 24_MiB &&
+               static_cast<const char*>(other) < static_cast<const char*>(b) + bytes;
+      };
+      // Before s1's work ran, s2 gets none of that memory without waiting for it (more than
+      // the tier's growth for s2 has left: it grew by less than 6 + 16 MiB).
+      const std::uint64_t waits = fence->waits();
+      void* early = pool.allocate_async(16_MiB, s2);
+      const bool waited = fence->waits() > waits || fence->quiesces() > quiesces;
+      EXPECT_TRUE(!in_other(early, 16_MiB) || (waited && ran.load())) << "s1's work may use it";
+      fence->synchronize(s1);
+      ASSERT_TRUE(ran.load());
+      grown = upstream->allocations();
+      void* second = pool.allocate_async(16_MiB, s2);
+      EXPECT_EQ(upstream->allocations(), grown) << "s1's memory serves s2: no growth";
+      EXPECT_EQ(fence->quiesces(), quiesces) << "no device-wide quiesce";
+      EXPECT_TRUE(in_other(second, 16_MiB)) << "s2 runs in the memory s1's block had";
+      pool.deallocate_async(first, 6_MiB, s2);
+      for (void* b : {early, second}) pool.deallocate_async(b, 16_MiB, s2);
+      fence->synchronize(s2);
     }
-    owner.join();
     fence->destroy(s1);
     fence->destroy(s2);
     expect_trimmed_to_nothing(pool);
