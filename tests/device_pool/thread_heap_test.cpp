@@ -561,6 +561,18 @@ TEST(DevicePoolThreadHeap, WithEverySlotTakenADoubleDeallocationIsStillRefused) 
   EXPECT_EQ(upstream->live_bytes(), 0U);
 }
 
+// The calling thread's heap starts and serves `s` (kHeapStreak requests in a row on it), and
+// sizes that do not come back stop the cache of exact sizes in front of the heap from keeping
+// its blocks (kWindow).
+void make_heap_stream(DevicePool& pool, cudaStream_t s) {
+  pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
+  free_often_on(pool, s);  // a steady stream (a young one's blocks stay out of chunks)
+  for (std::size_t i = 0; i < 2 * detail::LargeBlockCache::kWindow; ++i) {
+    const std::size_t bytes = 3_MiB + i * 4_KiB;
+    pool.deallocate_async(pool.allocate_async(bytes, s), bytes, s);
+  }
+}
+
 TEST(DevicePoolThreadHeap, AStreamsFreedBlockServesOnlyThatStreamFromTheHeap) {
   auto fence = std::make_shared<StreamLifetimeFence>();
   auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
@@ -623,14 +635,7 @@ TEST(DevicePoolThreadHeap, AChunkLeftWhollyFreeOnItsStreamGoesBackUnderAMarkerOf
     DevicePool pool(upstream, options);
     const cudaStream_t s1 = fence->create();
     const cudaStream_t s2 = fence->create();
-    pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
-    free_often_on(pool, s1);
-    // s1 becomes the heap's stream (kHeapStreak), and sizes that do not come back stop the
-    // cache of exact sizes in front of the heap from keeping its blocks (kWindow).
-    for (std::size_t i = 0; i < 2 * detail::LargeBlockCache::kWindow; ++i) {
-      const std::size_t bytes = 3_MiB + i * 4_KiB;
-      pool.deallocate_async(pool.allocate_async(bytes, s1), bytes, s1);
-    }
+    make_heap_stream(pool, s1);
     fence->synchronize(s1);
     std::vector<void*> blocks;
     auto size_of = [](std::size_t i) { return 7_MiB - i * 64_KiB; };
@@ -743,12 +748,7 @@ TEST(DevicePoolThreadHeap, AGrowthAsksOtherHeapsForTheirIdleChunksWhichComeBackU
     {
       StepThread owner;  // its heap serves s1
       owner.run([&] {
-        pool.deallocate(pool.allocate(2_MiB), 2_MiB);  // the first large request starts the heap
-        free_often_on(pool, s1);
-        for (std::size_t i = 0; i < 2 * detail::LargeBlockCache::kWindow; ++i) {
-          const std::size_t bytes = 3_MiB + i * 4_KiB;  // sizes that do not repeat: the heap's
-          pool.deallocate_async(pool.allocate_async(bytes, s1), bytes, s1);
-        }
+        make_heap_stream(pool, s1);
         // A chunk with one block live, and another wholly free, kept.
         kept_live = pool.allocate_async(20_MiB, s1);
         other = pool.allocate_async(24_MiB, s1);  // more than the first chunk has left
