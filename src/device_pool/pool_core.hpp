@@ -300,8 +300,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // (ranges freed before the quiesce began are untagged then). Such a chunk is asked back
   // (ThreadHeap::asked): its thread's next deallocation into its heap on the chunk's stream
   // sends it to the tier under a marker of that stream (free_block). Otherwise it stays in
-  // its heap until trim(), an out-of-memory retry or its thread's exit, and the heap keeps
-  // at most keep_idle bytes of wholly free chunks. True when any went back.
+  // its heap at most until its thread grows a tier or takes a new chunk, trim(), an
+  // out-of-memory retry or its thread's exit, and the heap keeps at most keep_idle bytes of
+  // wholly free chunks. True when any went back.
   bool flush_large_caches(ThreadCache* claimed, StreamKey key) noexcept;
   bool flush_cached_large_blocks(ThreadCache* claimed) noexcept;  // its first part
   bool small_deallocate(ThreadCache* cache, void* block, const Request& request,
@@ -335,8 +336,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // `marker`: as SegmentTier::free_keeping's (a heap's block leaves it not taken).
   // `tag_alive`: `tag` names the stream of the call in progress (a deallocate_async on it,
   // which proves it alive): a heap chunk this free leaves wholly free goes back to the tier
-  // under a marker recorded on that stream (return_chunk), and so do the caller's heap's
-  // chunks a growth asked back whose tagged ranges are that stream's (ThreadHeap::asked).
+  // under a marker recorded on that stream (return_chunk), and a free into the caller's own
+  // heap (`claimed`) sends its chunks a growth asked back whose tagged ranges are that
+  // stream's the same way (ThreadHeap::asked).
   bool free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
                   ThreadCache* via, bool claimed, SegmentTier::FreeMarker* marker = nullptr,
                   bool tag_alive = false) noexcept;

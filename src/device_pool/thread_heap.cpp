@@ -179,6 +179,9 @@ std::size_t ThreadHeap::take_idle(Returned* out, std::size_t most, Idle which,
     }
     if (which != Idle::all && holds_others(chunk.segment, key) != (which == Idle::holding_others)) {
       if (which == Idle::usable) ask(slot);
+      // Not for this stream's marker: no later free asks about it again (it goes back when
+      // the heap takes a new chunk, or at a flush).
+      if (which == Idle::asked) unask(slot);
       continue;
     }
     if (detach(slot, out[taken])) ++taken;

@@ -89,7 +89,7 @@ namespace vram::detail {
 
 class ThreadHeap {
  public:
-  static constexpr std::size_t kMaxChunks = 16;  // chunks published at once (< 32: asked())
+  static constexpr std::size_t kMaxChunks = 16;  // chunks published at once
   static constexpr std::size_t kChunkRounding = std::size_t{2} << 20;
 
   struct Options {
@@ -166,7 +166,8 @@ class ThreadHeap {
   // Which wholly free chunks take_idle() detaches: all of them; only those holding free
   // ranges of other streams than `key` (a request on `key` could not use them); only those
   // a request on `key` can use (every free range untagged or `key`'s), which asks the others
-  // back; only asked ones that a request on `key` can use.
+  // back; only asked ones that a request on `key` can use (an asked one it cannot use is no
+  // longer asked: a heap serves one stream, and no free then scans for it again).
   enum class Idle { all, holding_others, usable, asked };
   // Detaches up to `most` wholly free chunks into `out` (flush, trim, thread exit), those
   // `which` names; returns how many.
@@ -242,8 +243,10 @@ class ThreadHeap {
   std::uint64_t epoch_ = 0;  // mark_frees() so far; a freed range keeps the epoch it was freed in
   std::atomic<std::size_t> free_bytes_{0};
   std::atomic<std::size_t> chunks_{0};
-  std::atomic<std::size_t> chunk_total_{0};    // bytes of the chunks held
-  std::atomic<std::uint32_t> asked_slots_{0};  // asked(): a bit per slot
+  std::atomic<std::size_t> chunk_total_{0};  // bytes of the chunks held
+  // asked(): a bit per slot, written under the mutex only, read by asked() without it.
+  std::atomic<std::uint32_t> asked_slots_{0};
+  static_assert(kMaxChunks <= 32, "a bit of asked_slots_ per slot");
 };
 
 // Every heap of one pool, for a deallocation that is not its own thread's and for the
