@@ -26,27 +26,26 @@
 // cache of exact sizes keeps the heap's blocks while sizes repeat (large_block_cache.hpp).
 // Only requests up to max_block() go to a heap; larger ones go to the tier.
 //
-// Chunks: a chunk is one block of the tier, of twice the request, or as many bytes as the
-// heap has handed out, at most chunk_bytes (rounded to 2 MiB), taken with the request's
-// stream; when the tier cut it from that stream's own free range, its bytes start tagged with
-// the stream. Its first guard() bytes (the tier's granularity) are never handed out, so no
-// heap block starts where its chunk starts: a deallocation the tier is asked about never
-// mistakes a heap's block for the chunk it lies in. A chunk goes back to the tier only wholly
-// free (no block of it handed out), as pieces that keep their tags (SegmentTier::free_pieces):
-// at once when it holds another stream's free ranges than the deallocating one's (they wait
-// for their stream's marker there, stream_tags.hpp) or when the heap's wholly free chunks pass
-// keep_idle bytes; before a new chunk, the wholly free ones the request's stream cannot use;
-// otherwise kept for the thread's next requests until a flush (before any tier grows,
+// Chunks: a chunk is one block of the tier, of twice the request, or as many bytes as the heap
+// has handed out, at most chunk_bytes (rounded to 2 MiB), taken with the request's stream;
+// when the tier cut it from that stream's own free range, its bytes start tagged with the
+// stream. Its first guard() bytes (the tier's granularity) are never handed out, so no heap
+// block starts where its chunk starts: a deallocation the tier is asked about never mistakes a
+// heap's block for the chunk it lies in. A chunk goes back to the tier only wholly free (no
+// block of it handed out), as pieces that keep their tags (SegmentTier::free_pieces): at once
+// when it holds another stream's free ranges than the deallocating one's (they wait for their
+// stream's marker there, stream_tags.hpp) or when the heap's wholly free chunks pass keep_idle
+// bytes; before a new chunk, the wholly free ones the request's stream cannot use; otherwise
+// kept for the thread's next requests until a flush (before any tier grows,
 // DevicePoolCore::flush_large_caches: of another thread's heap only a chunk the growing
 // request can use; after a quiesce also those whose ranges it untagged; one it cannot use is
-// asked back, asked()), trim(), or the thread's exit takes it. A chunk that a
-// deallocate_async on stream S sends back carries a
-// marker recorded on S by that call, when the caller holds its thread's cache
-// (DevicePoolCore::return_chunk; the marker's recorder): its largest range of S waits in the
-// tier for the marker instead of for a want on S, which with many threads trading chunks
-// meant a want, a marker and often a device-wide quiesce per chunk. Memory in a chunk that still
-// holds a block stays with the heap: that is the cost of a heap, bounded by the thread's own
-// fragmentation.
+// asked back, asked()), trim(), or the thread's exit takes it. A chunk that a deallocate_async
+// on stream S sends back carries a marker recorded on S by that call, when the caller holds
+// its thread's cache (DevicePoolCore::return_chunk; the marker's recorder): its largest range
+// of S waits in the tier for the marker instead of for a want on S, which with many threads
+// trading chunks meant a want, a marker and often a device-wide quiesce per chunk. Memory in a
+// chunk that still holds a block stays with the heap: that is the cost of a heap, bounded by
+// the thread's own fragmentation.
 //
 // Reuse rule: a free range tagged with stream S (freed on S, or a chunk cut from S's range)
 // serves only requests on S; an untagged one any request (completed work only); as in the
