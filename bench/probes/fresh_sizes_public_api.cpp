@@ -1,0 +1,104 @@
+// A probe, not part of the build: the fresh-size batched pattern through the public API only
+// (DevicePool(device) with its defaults, allocate/deallocate or allocate_async/
+// deallocate_async, stats().peak_bytes_reserved), so that one source builds against this tree
+// and against older ones and both run on one GPU in one call.
+// Each thread: batches of 32 live blocks of log-uniform size from 256 B to 2^MAX_EXP, drawn
+// afresh per batch (256 batches per thread, fixed seeds), freed in shuffled order; its own
+// non-blocking stream; threads kept for the whole run. Prints all threads' M pairs/s and the
+// pool's peak reserved. Build here against a tree's library, run on the GPU machine:
+//   g++ -O2 -std=c++20 -Iinclude -isystem /usr/local/cuda/include/cccl
+//     -I/usr/local/cuda/include -DLIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
+//     bench/probes/fresh_sizes_public_api.cpp build/libvram.a -L/usr/local/cuda/lib64
+//     -lcudart_static -ldl -lrt -lpthread -o fresh_sizes   (one command line)
+//   ./fresh_sizes THREADS MAX_EXP so|plain SECONDS
+// Results: bench/RESULTS.md, "batched".
+#include <cuda_runtime_api.h>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+#include "vram/device_pool.hpp"
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s THREADS MAX_EXP so|plain SECONDS\n", argv[0]);
+    return 2;
+  }
+  const unsigned threads = std::atoi(argv[1]);
+  const int max_exp = std::atoi(argv[2]);
+  const bool so = argv[3][0] == 's';
+  const double seconds = std::atof(argv[4]);
+  vram::DevicePool pool(0);
+  std::vector<cudaStream_t> streams(threads, nullptr);
+  for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  struct Batch {
+    std::vector<std::size_t> sizes, order;
+  };
+  std::vector<std::vector<Batch>> batches(threads);
+  for (unsigned t = 0; t < threads; ++t) {
+    std::mt19937_64 rnd(4321 + t);
+    std::uniform_real_distribution<double> e(8.0, max_exp);
+    for (int b = 0; b < 256; ++b) {
+      Batch batch;
+      for (int i = 0; i < 32; ++i) batch.sizes.push_back((std::size_t)std::exp2(e(rnd)));
+      batch.order.resize(32);
+      std::iota(batch.order.begin(), batch.order.end(), 0);
+      std::shuffle(batch.order.begin(), batch.order.end(), rnd);
+      batches[t].push_back(std::move(batch));
+    }
+  }
+  // One timed window: every thread starts together, runs batches until told to stop, then
+  // synchronizes its stream (stream-ordered frees complete inside the window).
+  auto window = [&](double secs) {
+    std::atomic<bool> stop{false};
+    std::atomic<unsigned> ready{0};
+    std::atomic<std::uint64_t> total{0};
+    std::vector<std::thread> workers;
+    for (unsigned t = 0; t < threads; ++t)
+      workers.emplace_back([&, t] {
+        ready.fetch_add(1);
+        while (ready.load() < threads) {
+        }
+        std::size_t next = 0;
+        void* blocks[32];
+        std::uint64_t pairs = 0;
+        const cudaStream_t s = streams[t];
+        while (!stop.load(std::memory_order_relaxed)) {
+          const Batch& b = batches[t][next];
+          next = (next + 1) % batches[t].size();
+          for (int i = 0; i < 32; ++i)
+            blocks[i] = so ? pool.allocate_async(b.sizes[i], s) : pool.allocate(b.sizes[i]);
+          for (std::size_t i : b.order) {
+            if (so)
+              pool.deallocate_async(blocks[i], b.sizes[i], s);
+            else
+              pool.deallocate(blocks[i], b.sizes[i]);
+          }
+          pairs += 32;
+        }
+        if (so) cudaStreamSynchronize(s);
+        total.fetch_add(pairs);
+      });
+    while (ready.load() < threads) {
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::duration<double>(secs));
+    stop = true;
+    for (auto& w : workers) w.join();
+    const double elapsed =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return total.load() / elapsed / 1e6;
+  };
+  window(0.2);  // warm-up: the pool grows to the pattern's working set
+  const double rate = window(seconds);
+  std::printf("threads %u max 2^%d %s: %.3f M pairs/s, peak reserved %.0f MiB\n", threads, max_exp,
+              so ? "so" : "plain", rate, pool.stats().peak_bytes_reserved / 1048576.0);
+  for (auto s : streams) cudaStreamDestroy(s);
+  return 0;
+}
