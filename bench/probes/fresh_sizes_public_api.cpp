@@ -5,8 +5,11 @@
 // Each thread: batches of 32 live blocks of log-uniform size from 256 B to 2^MAX_EXP, drawn
 // afresh per batch (256 batches per thread, fixed seeds), freed in shuffled order; its own
 // non-blocking stream; threads kept for the whole run. Prints all threads' M pairs/s and the
-// pool's peak reserved. Build here against a tree's library, run on the GPU machine:
-//   g++ -O2 -std=c++20 -Iinclude -isystem /usr/local/cuda/include/cccl
+// pool's peak reserved. Build here against a tree's library with NDEBUG (the options'
+// defaults are read in this file: without NDEBUG they turn release validation on, and every
+// allocation and deallocation of every thread then takes one mutex of the pool), run on the
+// GPU machine:
+//   g++ -O2 -DNDEBUG -std=c++20 -Iinclude -isystem /usr/local/cuda/include/cccl
 //     -I/usr/local/cuda/include -DLIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
 //     bench/probes/fresh_sizes_public_api.cpp build/libvram.a -L/usr/local/cuda/lib64
 //     -lcudart_static -ldl -lrt -lpthread -o fresh_sizes   (one command line)
@@ -24,6 +27,10 @@
 #include <thread>
 #include <vector>
 #include "vram/device_pool.hpp"
+
+#ifndef NDEBUG
+#error "build with -DNDEBUG: the shipped path runs without release validation"
+#endif
 
 int main(int argc, char** argv) {
   if (argc < 5) {
