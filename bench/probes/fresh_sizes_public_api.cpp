@@ -6,9 +6,9 @@
 // afresh per batch (256 batches per thread, fixed seeds), freed in shuffled order; its own
 // non-blocking stream; threads kept for the whole run. Prints all threads' M pairs/s and the
 // pool's peak reserved. Build here against a tree's library with NDEBUG (the options'
-// defaults are read in this file: without NDEBUG they turn release validation on, and every
-// allocation and deallocation of every thread then takes one mutex of the pool), run on the
-// GPU machine:
+// defaults are read in this file: without NDEBUG they turn validate_deallocations on, and every
+// allocation and deallocation of every thread then leaves the warm path and takes one mutex of
+// the pool), run on the GPU machine:
 //   g++ -O2 -DNDEBUG -std=c++20 -Iinclude -isystem /usr/local/cuda/include/cccl
 //     -I/usr/local/cuda/include -DLIBCUDACXX_ENABLE_EXPERIMENTAL_MEMORY_RESOURCE
 //     bench/probes/fresh_sizes_public_api.cpp build/libvram.a -L/usr/local/cuda/lib64
