@@ -14,6 +14,11 @@
 //     bench/probes/fresh_sizes_public_api.cpp build/libvram.a -L/usr/local/cuda/lib64
 //     -lcudart_static -ldl -lrt -lpthread -o fresh_sizes   (one command line)
 //   ./fresh_sizes THREADS MAX_EXP so|plain SECONDS
+// `host` instead of so|plain, no GPU needed: one thread, plain calls, a DevicePool over a
+// HostMemoryUpstream, SECONDS read as a whole number of passes over the 256 batches (no
+// warm-up, no timing), for instruction counts on the build machine: run it under
+// `valgrind --tool=callgrind` with 1 and with N passes; the difference over (N - 1) * 8192
+// pairs is the instructions of a warm pair.
 // Results: bench/RESULTS.md, "batched".
 #include <cuda_runtime_api.h>
 #include <algorithm>
@@ -27,6 +32,7 @@
 #include <thread>
 #include <vector>
 #include "vram/device_pool.hpp"
+#include "vram/upstream.hpp"
 
 #ifndef NDEBUG
 #error "build with -DNDEBUG: the shipped path runs without release validation"
@@ -40,9 +46,15 @@ int main(int argc, char** argv) {
   const unsigned threads = std::atoi(argv[1]);
   const int max_exp = std::atoi(argv[2]);
   const bool so = argv[3][0] == 's';
+  const bool host = argv[3][0] == 'h';
   const double seconds = std::atof(argv[4]);
-  vram::DevicePool pool(0);
-  std::vector<cudaStream_t> streams(threads, nullptr);
+  if (host && threads != 1) {
+    std::fprintf(stderr, "host: one thread only\n");
+    return 2;
+  }
+  vram::DevicePool pool =
+      host ? vram::DevicePool(std::make_shared<vram::HostMemoryUpstream>()) : vram::DevicePool(0);
+  std::vector<cudaStream_t> streams(host ? 0 : threads, nullptr);
   for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   struct Batch {
     std::vector<std::size_t> sizes, order;
@@ -59,6 +71,19 @@ int main(int argc, char** argv) {
       std::shuffle(batch.order.begin(), batch.order.end(), rnd);
       batches[t].push_back(std::move(batch));
     }
+  }
+  if (host) {  // one thread, plain calls, a fixed number of passes
+    const int passes = static_cast<int>(seconds);
+    void* blocks[32];
+    for (int pass = 0; pass < passes; ++pass) {
+      for (const Batch& b : batches[0]) {
+        for (int i = 0; i < 32; ++i) blocks[i] = pool.allocate(b.sizes[i]);
+        for (std::size_t i : b.order) pool.deallocate(blocks[i], b.sizes[i]);
+      }
+    }
+    std::printf("host max 2^%d: %d passes, %d pairs, peak reserved %.0f MiB\n", max_exp, passes,
+                passes * 8192, pool.stats().peak_bytes_reserved / 1048576.0);
+    return 0;
   }
   // One timed window: every thread starts together, runs batches until told to stop, then
   // synchronizes its stream (stream-ordered frees complete inside the window).
