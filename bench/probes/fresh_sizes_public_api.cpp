@@ -40,7 +40,7 @@
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s THREADS MAX_EXP so|plain SECONDS\n", argv[0]);
+    std::fprintf(stderr, "usage: %s THREADS MAX_EXP so|plain|host SECONDS|PASSES\n", argv[0]);
     return 2;
   }
   const unsigned threads = std::atoi(argv[1]);
@@ -72,14 +72,22 @@ int main(int argc, char** argv) {
       batches[t].push_back(std::move(batch));
     }
   }
+  // One batch: its 32 blocks allocated, then freed in its shuffled order (on `s` when so).
+  auto run_batch = [&](const Batch& b, cudaStream_t s) {
+    void* blocks[32];
+    for (int i = 0; i < 32; ++i)
+      blocks[i] = so ? pool.allocate_async(b.sizes[i], s) : pool.allocate(b.sizes[i]);
+    for (std::size_t i : b.order) {
+      if (so)
+        pool.deallocate_async(blocks[i], b.sizes[i], s);
+      else
+        pool.deallocate(blocks[i], b.sizes[i]);
+    }
+  };
   if (host) {  // one thread, plain calls, a fixed number of passes
     const int passes = static_cast<int>(seconds);
-    void* blocks[32];
     for (int pass = 0; pass < passes; ++pass) {
-      for (const Batch& b : batches[0]) {
-        for (int i = 0; i < 32; ++i) blocks[i] = pool.allocate(b.sizes[i]);
-        for (std::size_t i : b.order) pool.deallocate(blocks[i], b.sizes[i]);
-      }
+      for (const Batch& b : batches[0]) run_batch(b, nullptr);
     }
     std::printf("host max 2^%d: %d passes, %d pairs, peak reserved %.0f MiB\n", max_exp, passes,
                 passes * 8192, pool.stats().peak_bytes_reserved / 1048576.0);
@@ -98,23 +106,13 @@ int main(int argc, char** argv) {
         while (ready.load() < threads) {
         }
         std::size_t next = 0;
-        void* blocks[32];
         std::uint64_t pairs = 0;
-        const cudaStream_t s = streams[t];
         while (!stop.load(std::memory_order_relaxed)) {
-          const Batch& b = batches[t][next];
+          run_batch(batches[t][next], streams[t]);
           next = (next + 1) % batches[t].size();
-          for (int i = 0; i < 32; ++i)
-            blocks[i] = so ? pool.allocate_async(b.sizes[i], s) : pool.allocate(b.sizes[i]);
-          for (std::size_t i : b.order) {
-            if (so)
-              pool.deallocate_async(blocks[i], b.sizes[i], s);
-            else
-              pool.deallocate(blocks[i], b.sizes[i]);
-          }
           pairs += 32;
         }
-        if (so) cudaStreamSynchronize(s);
+        if (so) cudaStreamSynchronize(streams[t]);
         total.fetch_add(pairs);
       });
     while (ready.load() < threads) {
