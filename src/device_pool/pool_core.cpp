@@ -315,9 +315,9 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block, const Req
   return known;
 }
 
-bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
-                                ThreadCache* via, bool claimed, SegmentTier::FreeMarker* marker,
-                                bool tag_alive) noexcept {
+bool DevicePoolCore::free_through_heaps(SegmentTier& tier, void* block, StreamKey tag,
+                                        std::size_t bytes, ThreadCache* via, bool claimed,
+                                        SegmentTier::FreeMarker* marker, bool tag_alive) noexcept {
   ThreadCache* const holder = claimed ? via : nullptr;
   // The deallocating thread's own heap, then the tier, then the other heaps (a block of
   // another thread's heap). The order decides speed only: no heap block starts where a block
@@ -422,13 +422,10 @@ void DevicePoolCore::return_chunk(const ThreadHeap::Returned& chunk, SegmentTier
   (void)settle_free(tier, freed, claimed);
 }
 
-bool DevicePoolCore::settle_free(SegmentTier& tier, SegmentTier::Freed freed,
-                                 ThreadCache* claimed) noexcept {
-  if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
-    SlowSection slow(claimed);
-    tier.give_back_over_cap();
-  }
-  return freed != SegmentTier::Freed::foreign;
+[[gnu::noinline, gnu::cold]] void DevicePoolCore::give_back_over_cap(
+    SegmentTier& tier, ThreadCache* claimed) noexcept {
+  SlowSection slow(claimed);
+  tier.give_back_over_cap();
 }
 
 bool DevicePoolCore::return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
@@ -662,9 +659,8 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   if (orphan.active()) last = orphan.block_returned();
 }
 
-DevicePoolCore::FreeAge DevicePoolCore::record_if_young(ThreadCache& cache, StreamKey key,
-                                                        SegmentTier::FreeMarker& young) noexcept {
-  if (!StreamAges::caller_stream(key)) return {false, true};
+DevicePoolCore::FreeAge DevicePoolCore::note_stream_free(ThreadCache& cache, StreamKey key,
+                                                         SegmentTier::FreeMarker& young) noexcept {
   const cudaStream_t stream = fence_stream_of(key);
   const StreamAges::Free free =
       cache.stream_ages.note_free(key, [&] { return fence->stream_id(stream); });

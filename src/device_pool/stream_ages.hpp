@@ -115,6 +115,17 @@ class StreamAges {
     last_index_ = static_cast<std::uint32_t>(e - entries_.data());
     return {true, false};
   }
+  // note_free()'s most common case, inline: `key`'s entry is the one found last, steady, and
+  // not due a naming at this free. True: counted as note_free() counts it ({false, true});
+  // false: nothing changed (call note_free()).
+  bool steady_free(StreamKey key) noexcept {
+    Entry& e = entries_[last_index_];
+    if (e.key != key || !e.steady || e.frees + 1 >= e.rename_at) return false;
+    ++tick_;
+    last_key_ = key;
+    ++e.frees;
+    return true;
+  }
   // Whether `key` may tag the thread's cache or be its heap's home: no stream, one always
   // recordable, or steady.
   bool steady(StreamKey key) noexcept {
