@@ -323,9 +323,7 @@ bool DevicePoolCore::free_through_heaps(SegmentTier& tier, void* block, StreamKe
   // another thread's heap). The order decides speed only: no heap block starts where a block
   // of the tier does (a chunk's guard), and a chunk's own address is refused by the tier
   // (thread_heap.hpp); a contains() that says yes wrongly costs a look.
-  ThreadHeaps& set = heaps_of(tier);
-  const bool any_heap = set.any();
-  ThreadHeap* own = any_heap && via != nullptr ? heap_of(*via, tier) : nullptr;
+  ThreadHeap* own = via != nullptr ? heap_of(*via, tier) : nullptr;
   const LeaseOwner* by = via != nullptr ? &via->large : nullptr;
   const StreamKey alive = tag_alive ? tag : kUntagged;
   if (own != nullptr && own->contains(block) &&
@@ -339,9 +337,8 @@ bool DevicePoolCore::free_through_heaps(SegmentTier& tier, void* block, StreamKe
     return true;
   }
   if (settle_free(tier, tier.free_keeping(block, tag, bytes, by, marker), holder)) return true;
-  if (!any_heap) return false;
   bool found = false;
-  set.for_each([&](ThreadHeap& heap) {
+  heaps_of(tier).for_each([&](ThreadHeap& heap) {
     if (!found && &heap != own && heap.contains(block)) {
       found = heap_deallocate(heap, tier, block, tag, bytes, holder, by, alive);
     }
@@ -536,7 +533,11 @@ void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, St
 
 void* DevicePoolCore::allocate_miss(std::size_t bytes, std::size_t index, StreamKey key,
                                     ThreadCache* cache) {
-  return serve(small_request(bytes, index, key), cache);
+  return serve_outlined(small_request(bytes, index, key), cache);
+}
+
+[[gnu::noinline]] void* DevicePoolCore::serve_outlined(const Request& request, ThreadCache* cache) {
+  return serve(request, cache);
 }
 
 void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
@@ -568,7 +569,7 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     try {
       validation.record(block, block_bytes);
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
-      deallocate_valid(block, request);
+      deallocate_outlined(block, request, nullptr);
       throw;
     }
   }
@@ -598,11 +599,17 @@ void DevicePoolCore::deallocate_valid(void* block, const Request& request) noexc
 
 void DevicePoolCore::deallocate_miss_claimed(void* block, std::size_t bytes,
                                              StreamKey key) noexcept {
-  deallocate_slow(block, small_request(bytes, SizeClasses::index_for(bytes), key), tl_last.cache);
+  deallocate_outlined(block, small_request(bytes, SizeClasses::index_for(bytes), key),
+                      tl_last.cache);
 }
 
 void DevicePoolCore::deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept {
-  deallocate_slow(block, small_request(bytes, SizeClasses::index_for(bytes), key), nullptr);
+  deallocate_outlined(block, small_request(bytes, SizeClasses::index_for(bytes), key), nullptr);
+}
+
+[[gnu::noinline]] void DevicePoolCore::deallocate_outlined(void* block, const Request& request,
+                                                           ThreadCache* cache) noexcept {
+  deallocate_slow(block, request, cache);
 }
 
 void DevicePoolCore::deallocate_slow(void* block, const Request& request,
@@ -659,8 +666,8 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   if (orphan.active()) last = orphan.block_returned();
 }
 
-DevicePoolCore::FreeAge DevicePoolCore::note_stream_free(ThreadCache& cache, StreamKey key,
-                                                         SegmentTier::FreeMarker& young) noexcept {
+DevicePoolCore::FreeAge DevicePoolCore::record_young_marker(
+    ThreadCache& cache, StreamKey key, SegmentTier::FreeMarker& young) noexcept {
   const cudaStream_t stream = fence_stream_of(key);
   const StreamAges::Free free =
       cache.stream_ages.note_free(key, [&] { return fence->stream_id(stream); });

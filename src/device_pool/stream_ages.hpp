@@ -34,7 +34,7 @@
 // one's handle given to a new stream makes it young at the next naming: within the gap then
 // running (kRenameFrees at first, at most kMostRenameFrees) (with a fence that cannot name
 // streams, neither holds). Once it is found, the blocks cached under the key go to their
-// tiers and the thread's heap stops serving it (DevicePoolCore::record_if_young). Until then
+// tiers and the thread's heap stops serving it (DevicePoolCore::record_young_marker). Until then
 // the new stream's frees take the steady path: served by wants, which the handle's next call
 // records (its old stream's work has completed: the contract of destroying a stream,
 // device_pool.hpp). So the first stream made behind the handle of a long-steady one takes
