@@ -65,10 +65,12 @@ class GranuleMap {
   std::size_t prepare();
   char* reserve_now(std::size_t bytes) const { return options_.virtual_memory->reserve(bytes); }
   void set_base(char* base) noexcept { base_ = base; }
-  // Unmaps every run and gives the range back (the tier's destruction).
+  // Unmaps every run and frees the range (the tier's destruction) with the bytes prepare()
+  // returned, which reserve_now() was given: a driver frees a range only with its reserved
+  // size, and the reservation option need not be whole granules.
   void release() noexcept;
 
-  char* base() const noexcept { return base_; }  // null until reserve()
+  char* base() const noexcept { return base_; }  // null until set_base()
   std::size_t granule() const noexcept { return granule_; }
   std::size_t mapped_high() const noexcept { return mapped_high_; }
   // The end of the granules ever mapped (reserved only).
@@ -143,6 +145,7 @@ class GranuleMap {
   const Options options_;
   GrowthBudget& budget_;
   char* base_ = nullptr;
+  std::size_t reserved_bytes_ = 0;  // prepare()'s: the range reserved at base_
   std::size_t granule_ = 0;
   unsigned granule_shift_ = 0;  // granule_ == 1 << granule_shift_ (the warm path shifts)
   std::vector<std::size_t> run_of_;
