@@ -22,7 +22,6 @@ GranuleMap::GranuleMap(const Options& options, GrowthBudget& budget)
 std::size_t GranuleMap::prepare() {
   const std::size_t bytes = options_.reservation / granule_ * granule_;
   const std::size_t granules = bytes / granule_;
-  reserved_bytes_ = bytes;
   handles_.assign(granules, 0);
   run_granules_.assign(granules, 0);
   run_of_.assign(granules, kNoRun);
@@ -38,7 +37,8 @@ void GranuleMap::release() noexcept {
     options_.virtual_memory->unmap(base_ + g * granule_, bytes, handles_[g]);
     budget_.forget_reserved(bytes);
   }
-  options_.virtual_memory->unreserve(base_, reserved_bytes_);
+  // prepare()'s bytes: one table entry per granule reserved
+  options_.virtual_memory->unreserve(base_, run_of_.size() * granule_);
 }
 
 // A map costs about the same for a short run as for a long one, so long runs make a pool

@@ -145,7 +145,6 @@ class GranuleMap {
   const Options options_;
   GrowthBudget& budget_;
   char* base_ = nullptr;
-  std::size_t reserved_bytes_ = 0;  // prepare()'s: the range reserved at base_
   std::size_t granule_ = 0;
   unsigned granule_shift_ = 0;  // granule_ == 1 << granule_shift_ (the warm path shifts)
   std::vector<std::size_t> run_of_;
