@@ -18,7 +18,9 @@
 // HostMemoryUpstream, SECONDS read as a whole number of passes over the 256 batches (no
 // warm-up, no timing), for instruction counts on the build machine: run it under
 // `valgrind --tool=callgrind` with 1 and with N passes; the difference over (N - 1) * 8192
-// pairs is the instructions of a warm pair.
+// pairs is the instructions of a warm pair. `fenced`: the same with allocate_async/
+// deallocate_async on one stream whose fence (below) completes every marker at once and names
+// the stream as one id, so the stream-ordered path's instructions count the same way.
 // Results: bench/RESULTS.md, "batched".
 #include <cuda_runtime_api.h>
 #include <algorithm>
@@ -38,23 +40,45 @@
 #error "build with -DNDEBUG: the shipped path runs without release validation"
 #endif
 
+// `fenced`: every marker complete at once, the one stream named as one id (as a steady stream
+// is named). stream_id has no `override`: trees before the pool named streams lack it.
+class NamingFence final : public vram::StreamFence {
+ public:
+  std::uint64_t record(cudaStream_t) override { return ++recorded_; }
+  bool completed(std::uint64_t) noexcept override { return true; }
+  void wait(std::uint64_t) noexcept override {}
+  void release(std::uint64_t) noexcept override {}
+  void quiesce() noexcept override {}
+  virtual std::uint64_t stream_id(cudaStream_t) noexcept { return 1; }
+
+ private:
+  std::uint64_t recorded_ = 0;
+};
+
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s THREADS MAX_EXP so|plain|host SECONDS|PASSES\n", argv[0]);
+    std::fprintf(stderr, "usage: %s THREADS MAX_EXP so|plain|host|fenced SECONDS|PASSES\n",
+                 argv[0]);
     return 2;
   }
   const unsigned threads = std::atoi(argv[1]);
   const int max_exp = std::atoi(argv[2]);
-  const bool so = argv[3][0] == 's';
-  const bool host = argv[3][0] == 'h';
+  const bool fenced = argv[3][0] == 'f';  // the stream-ordered calls on the host
+  const bool so = argv[3][0] == 's' || fenced;
+  const bool host = argv[3][0] == 'h' || fenced;
   const double seconds = std::atof(argv[4]);
   if (host && threads != 1) {
-    std::fprintf(stderr, "host: one thread only\n");
+    std::fprintf(stderr, "host and fenced: one thread only\n");
     return 2;
   }
+  vram::DevicePool::Options options;
+  if (fenced) options.fence = std::make_shared<NamingFence>();
   vram::DevicePool pool =
-      host ? vram::DevicePool(std::make_shared<vram::HostMemoryUpstream>()) : vram::DevicePool(0);
+      host ? vram::DevicePool(std::make_shared<vram::HostMemoryUpstream>(), options)
+           : vram::DevicePool(0);
   std::vector<cudaStream_t> streams(host ? 0 : threads, nullptr);
+  // `fenced`'s stream: a handle no call dereferences (the fence above takes every call on it).
+  const cudaStream_t host_stream = fenced ? reinterpret_cast<cudaStream_t>(0x1000) : nullptr;
   for (auto& s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   struct Batch {
     std::vector<std::size_t> sizes, order;
@@ -87,10 +111,11 @@ int main(int argc, char** argv) {
   if (host) {  // one thread, plain calls, a fixed number of passes
     const int passes = static_cast<int>(seconds);
     for (int pass = 0; pass < passes; ++pass) {
-      for (const Batch& b : batches[0]) run_batch(b, nullptr);
+      for (const Batch& b : batches[0]) run_batch(b, host_stream);
     }
-    std::printf("host max 2^%d: %d passes, %d pairs, peak reserved %.0f MiB\n", max_exp, passes,
-                passes * 8192, pool.stats().peak_bytes_reserved / 1048576.0);
+    std::printf("%s max 2^%d: %d passes, %d pairs, peak reserved %.0f MiB\n",
+                fenced ? "fenced" : "host", max_exp, passes, passes * 8192,
+                pool.stats().peak_bytes_reserved / 1048576.0);
     return 0;
   }
   // One timed window: every thread starts together, runs batches until told to stop, then
