@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -135,6 +136,57 @@ TEST(StreamAges, EachFreesSteadyAnswerIsWhatSteadyAnswersAfterIt) {
   }
   EXPECT_GT(young, 0u);
   EXPECT_GT(turned_steady, 0u);
+}
+
+// steady_free() is note_free()'s common case inline: a table that tries it first answers every
+// free, names streams at the same frees and says steady() the same as one that only takes
+// note_free(), through renames, evictions past kTracked and keys that come and go.
+TEST(StreamAges, SteadyFreeCountsAsNoteFreeDoesAndChangesNothingWhenItDeclines) {
+  StreamAges both;
+  StreamAges plain;
+  std::uint64_t seed = 777;
+  auto next = [&seed] {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return seed >> 33;
+  };
+  std::uint32_t inline_frees = 0;
+  std::uint32_t named_both = 0;
+  std::uint32_t named_plain = 0;
+  std::array<bool, 100> rare_keys_seen{};
+  for (int i = 0; i < 200000; ++i) {
+    const std::uint64_t pick = next();
+    // Mostly a few keys (steady, renamed at their gaps); now and then one of 100 (more than
+    // the table holds: entries replaced).
+    const bool rare = pick % 16 == 0;
+    const std::uint64_t rare_key = next() % 100;
+    if (rare) rare_keys_seen[rare_key] = true;
+    const StreamKey key = rare ? 0x100000 + rare_key * 0x100 : 0x1000 + (pick % 3) * 0x100;
+    const std::uint64_t id = next() % 400 == 0 ? next() % 4 + 2 : 1;
+    StreamAges::Free got{false, true};
+    if (both.steady_free(key)) {
+      ++inline_frees;
+    } else {
+      got = both.note_free(key, [&] { return ++named_both, id; });
+    }
+    const StreamAges::Free want = plain.note_free(key, [&] { return ++named_plain, id; });
+    ASSERT_EQ(got.young, want.young) << "free " << i;
+    ASSERT_EQ(got.steady, want.steady) << "free " << i;
+    ASSERT_EQ(named_both, named_plain) << "free " << i;
+    if (i % 64 == 0) {
+      for (std::uint64_t k = 0; k < 100; ++k) {
+        ASSERT_EQ(both.steady(0x100000 + k * 0x100), plain.steady(0x100000 + k * 0x100));
+      }
+      for (std::uint64_t k = 0; k < 3; ++k) {
+        ASSERT_EQ(both.steady(0x1000 + k * 0x100), plain.steady(0x1000 + k * 0x100));
+      }
+    }
+  }
+  EXPECT_GT(inline_frees, 10000u) << "the inline case is the common one";
+  EXPECT_GT(named_plain, 100u) << "renames and new entries were exercised";
+  EXPECT_GT(
+      static_cast<std::size_t>(std::count(rare_keys_seen.begin(), rare_keys_seen.end(), true)),
+      StreamAges::kTracked)
+      << "more keys than the table holds: entries were replaced";
 }
 
 TEST(StreamAges, StreamsThatAreAlwaysRecordableAreNeverYoung) {
