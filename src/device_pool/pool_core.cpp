@@ -569,7 +569,7 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     try {
       validation.record(block, block_bytes);
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
-      deallocate_warm_or_outlined(block, request);
+      undo_acquire(block, request);
       throw;
     }
   }
@@ -594,7 +594,7 @@ void DevicePoolCore::deallocate_valid(void* block, const Request& request) noexc
   deallocate_slow(block, request, cache);
 }
 
-void DevicePoolCore::deallocate_warm_or_outlined(void* block, const Request& request) noexcept {
+void DevicePoolCore::undo_acquire(void* block, const Request& request) noexcept {
   ThreadCache* cache = nullptr;
   if (deallocate_warm(block, request, cache)) return;
   deallocate_outlined(block, request, cache);

@@ -243,8 +243,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   }
   // deallocate() after validation (inline into deallocate_checked, with deallocate_slow()).
   [[gnu::always_inline]] inline void deallocate_valid(void* block, const Request& request) noexcept;
-  // The same for serve()'s undo, with the slow path outlined.
-  void deallocate_warm_or_outlined(void* block, const Request& request) noexcept;
+  // serve()'s undo when the validation table cannot record a block: deallocate_valid() with
+  // the slow path outlined.
+  void undo_acquire(void* block, const Request& request) noexcept;
   // A small block into the caller's warm cache (true: done, the claim let go). False: `cache`
   // is the cache still claimed, or null when the warm claim failed or was not tried.
   bool deallocate_warm(void* block, const Request& request, ThreadCache*& cache) noexcept {
@@ -367,9 +368,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   bool free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
                   ThreadCache* via, bool claimed, SegmentTier::FreeMarker* marker = nullptr,
                   bool tag_alive = false) noexcept {
-    // No heap over the tier (none made yet, heaps off, or none left to make): the tier alone,
-    // no call level. Heaps are never removed (ThreadHeaps only grows), so once one exists
-    // every free takes free_through_heaps.
+    // No heap over the tier (none made yet, heaps off, or every make() failed for want of host
+    // memory): the tier alone, no call level. Heaps are never removed (ThreadHeaps only grows), so
+    // once one exists every free takes free_through_heaps.
     if (!heaps_of(tier).any()) {
       return settle_free(
           tier,

@@ -189,6 +189,36 @@ TEST(StreamAges, SteadyFreeCountsAsNoteFreeDoesAndChangesNothingWhenItDeclines) 
       << "more keys than the table holds: entries were replaced";
 }
 
+// steady_free() names the last key as note_free() does: a young stream's next free after a
+// steady one's counts as coming back (kSteadyFrees), also when steady() moved the table's
+// last-found entry in between without a free.
+TEST(StreamAges, SteadyFreeLeavesTheLastKeyAsNoteFreeDoes) {
+  StreamAges both;
+  StreamAges plain;
+  const StreamKey steady_key = 0x1000;
+  const StreamKey young_key = 0x2000;
+  auto free_on = [&](StreamKey key, std::uint64_t id) {
+    StreamAges::Free got{false, true};
+    if (!both.steady_free(key)) got = both.note_free(key, [id] { return id; });
+    const StreamAges::Free want = plain.note_free(key, [id] { return id; });
+    EXPECT_EQ(got.young, want.young);
+    EXPECT_EQ(got.steady, want.steady);
+    return want;
+  };
+  for (std::uint32_t i = 0; i <= StreamAges::kLoneSteadyFrees; ++i) free_on(steady_key, 1);
+  ASSERT_TRUE(plain.steady(steady_key));
+  for (int i = 0; i < 3; ++i) free_on(young_key, 2);
+  // steady() finds the steady key's entry without a free; the free after it is steady_free's.
+  ASSERT_TRUE(both.steady(steady_key));
+  ASSERT_TRUE(plain.steady(steady_key));
+  ASSERT_TRUE(both.steady_free(steady_key));
+  (void)plain.note_free(steady_key, [] { return std::uint64_t{1}; });
+  std::uint32_t frees = 3;
+  while (!free_on(young_key, 2).steady) ASSERT_LT(++frees, StreamAges::kLoneSteadyFrees + 8);
+  EXPECT_LE(frees, StreamAges::kSteadyFrees) << "the young key came back after the steady one";
+  EXPECT_TRUE(both.steady(young_key));
+}
+
 TEST(StreamAges, StreamsThatAreAlwaysRecordableAreNeverYoung) {
   StreamAges ages;
   EXPECT_TRUE(ages.steady(detail::kUntagged));
