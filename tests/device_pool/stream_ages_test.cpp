@@ -109,15 +109,20 @@ TEST(StreamAges, ANewStreamNeverTakesASteadyEntryWhileAnotherIsFree) {
   EXPECT_TRUE(ages.steady(kA)) << "a new stream replaced the steady one";
 }
 
+// Reproducible pseudo-random draws (a linear congruential generator's high bits).
+struct Draws {
+  std::uint64_t seed;
+  std::uint64_t operator()() noexcept {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return seed >> 33;
+  }
+};
+
 // The deallocation's slow path takes steady(key) from note_free()'s answer: they agree after
 // every free, through thresholds, renames and entries replaced.
 TEST(StreamAges, EachFreesSteadyAnswerIsWhatSteadyAnswersAfterIt) {
   StreamAges ages;
-  std::uint64_t seed = 12345;
-  auto next = [&seed] {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    return seed >> 33;
-  };
+  Draws next{12345};
   std::uint32_t turned_steady = 0;
   std::uint32_t young = 0;
   for (int i = 0; i < 20000; ++i) {
@@ -144,11 +149,7 @@ TEST(StreamAges, EachFreesSteadyAnswerIsWhatSteadyAnswersAfterIt) {
 TEST(StreamAges, SteadyFreeCountsAsNoteFreeDoesAndChangesNothingWhenItDeclines) {
   StreamAges both;
   StreamAges plain;
-  std::uint64_t seed = 777;
-  auto next = [&seed] {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    return seed >> 33;
-  };
+  Draws next{777};
   std::uint32_t inline_frees = 0;
   std::uint32_t named_both = 0;
   std::uint32_t named_plain = 0;
