@@ -687,8 +687,10 @@ inline bool DevicePoolCore::deallocate_to_cache(ThreadCache& cache, void* block,
                                                 StreamKey key) noexcept {
   const std::uint64_t block_bytes = block_bytes_of[index];
   const std::uint64_t cached = cache.cached_bytes.load(std::memory_order_relaxed);
-  if (has_room(cache, index, cached, block_bytes) &&
-      (key == cache.tag || key == kUntagged || (cached == 0 && cache.stream_ages.steady(key))))
+  // Another stream's block, even into an empty cache, takes the slow path: its free is counted
+  // there and the stream's age read (small_deallocate). No call here, so the warm path saves no
+  // registers.
+  if (has_room(cache, index, cached, block_bytes) && (key == cache.tag || key == kUntagged))
       [[likely]] {
     if (cached == 0) cache.tag = key;  // an empty cache takes the tag of what it holds
     push_cached(cache, block, index, block_bytes);
