@@ -189,6 +189,36 @@ cudaStream_t replace_stream(StreamLifetimeFence& fence, cudaStream_t s) {
   return fence.create();
 }
 
+// A thread cache emptied while tagged with one steady stream takes the next small block freed
+// on another steady stream: cached under the new stream without a marker, served back to that
+// stream at once and never to the first before its frees are known complete.
+TEST(DevicePoolYoungStreams, AnEmptyCacheTaggedWithOneSteadyStreamTakesAnothersBlock) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<StreamLifetimeFence>();
+  DevicePool pool(upstream, options_for(fence, false));
+  const cudaStream_t second = steady_stream(pool, *fence, 0);
+  const cudaStream_t first = steady_stream(pool, *fence, 0);
+  // The cache holds first's last block (tagged first); taking it back empties the cache.
+  void* held = pool.allocate_async(256, first);
+  void* block = pool.allocate_async(256, second);
+  ASSERT_NE(block, held);
+  const std::uint64_t records = fence->records();
+  const std::uint64_t markers = pool.stats().stream_markers;
+  pool.deallocate_async(block, 256, second);
+  EXPECT_EQ(fence->records(), records) << "a steady stream's free records no marker";
+  EXPECT_EQ(pool.stats().stream_markers, markers);
+  void* on_first = pool.allocate_async(256, first);
+  EXPECT_NE(on_first, block) << "second's work may still use it";
+  EXPECT_EQ(pool.allocate_async(256, second), block) << "cached for its own stream";
+  pool.deallocate_async(on_first, 256, first);
+  pool.deallocate_async(held, 256, first);
+  pool.deallocate_async(block, 256, second);
+  fence->synchronize(first);
+  fence->synchronize(second);
+  pool.trim(0);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+}
+
 // A steady stream destroyed, and the driver gives its handle to a new stream: once the pool
 // names the new stream (kRenameFrees slow-path frees after it turned steady), the key is young
 // again, the blocks cached under it go to their tiers and the new stream's small frees record
