@@ -1,7 +1,7 @@
 // A probe, not part of the build: the fresh-size batched pattern through the public API only
 // (DevicePool(device) with its defaults, allocate/deallocate or allocate_async/
 // deallocate_async, stats().peak_bytes_reserved), so that one source builds against this tree
-// and against older ones and both run on one GPU in one call.
+// and against older ones and both builds run side by side on one GPU.
 // Each thread: batches of 32 live blocks of log-uniform size from 256 B to 2^MAX_EXP, drawn
 // afresh per batch (256 batches per thread, fixed seeds), freed in shuffled order; its own
 // non-blocking stream; threads kept for the whole run. Prints all threads' M pairs/s and the
@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
         pool.deallocate(blocks[i], b.sizes[i]);
     }
   };
-  if (host) {  // one thread, plain calls, a fixed number of passes
+  if (host) {  // one thread (plain calls, or stream-ordered when fenced), a fixed number of passes
     const int passes = static_cast<int>(seconds);
     for (int pass = 0; pass < passes; ++pass) {
       for (const Batch& b : batches[0]) run_batch(b, host_stream);

@@ -198,8 +198,11 @@ TEST(DevicePoolYoungStreams, AnEmptyCacheTaggedWithOneSteadyStreamTakesAnothersB
   DevicePool pool(upstream, options_for(fence, false));
   const cudaStream_t second = steady_stream(pool, *fence, 0);
   const cudaStream_t first = steady_stream(pool, *fence, 0);
-  // The cache holds first's last block (tagged first); taking it back empties the cache.
+  // A steady free on first tags the cache with first; taking that block back empties it.
+  void* warm = pool.allocate_async(256, first);
+  pool.deallocate_async(warm, 256, first);
   void* held = pool.allocate_async(256, first);
+  ASSERT_EQ(held, warm) << "served from the cache tagged with first";
   void* block = pool.allocate_async(256, second);
   ASSERT_NE(block, held);
   const std::uint64_t records = fence->records();
