@@ -315,17 +315,15 @@ bool DevicePoolCore::large_deallocate(ThreadCache& cache, void* block, const Req
   return known;
 }
 
-bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
-                                ThreadCache* via, bool claimed, SegmentTier::FreeMarker* marker,
-                                bool tag_alive) noexcept {
+bool DevicePoolCore::free_through_heaps(SegmentTier& tier, void* block, StreamKey tag,
+                                        std::size_t bytes, ThreadCache* via, bool claimed,
+                                        SegmentTier::FreeMarker* marker, bool tag_alive) noexcept {
   ThreadCache* const holder = claimed ? via : nullptr;
   // The deallocating thread's own heap, then the tier, then the other heaps (a block of
   // another thread's heap). The order decides speed only: no heap block starts where a block
   // of the tier does (a chunk's guard), and a chunk's own address is refused by the tier
   // (thread_heap.hpp); a contains() that says yes wrongly costs a look.
-  ThreadHeaps& set = heaps_of(tier);
-  const bool any_heap = set.any();
-  ThreadHeap* own = any_heap && via != nullptr ? heap_of(*via, tier) : nullptr;
+  ThreadHeap* own = via != nullptr ? heap_of(*via, tier) : nullptr;
   const LeaseOwner* by = via != nullptr ? &via->large : nullptr;
   const StreamKey alive = tag_alive ? tag : kUntagged;
   if (own != nullptr && own->contains(block) &&
@@ -339,9 +337,8 @@ bool DevicePoolCore::free_block(SegmentTier& tier, void* block, StreamKey tag, s
     return true;
   }
   if (settle_free(tier, tier.free_keeping(block, tag, bytes, by, marker), holder)) return true;
-  if (!any_heap) return false;
   bool found = false;
-  set.for_each([&](ThreadHeap& heap) {
+  heaps_of(tier).for_each([&](ThreadHeap& heap) {
     if (!found && &heap != own && heap.contains(block)) {
       found = heap_deallocate(heap, tier, block, tag, bytes, holder, by, alive);
     }
@@ -422,13 +419,10 @@ void DevicePoolCore::return_chunk(const ThreadHeap::Returned& chunk, SegmentTier
   (void)settle_free(tier, freed, claimed);
 }
 
-bool DevicePoolCore::settle_free(SegmentTier& tier, SegmentTier::Freed freed,
-                                 ThreadCache* claimed) noexcept {
-  if (freed == SegmentTier::Freed::over_cap) [[unlikely]] {
-    SlowSection slow(claimed);
-    tier.give_back_over_cap();
-  }
-  return freed != SegmentTier::Freed::foreign;
+[[gnu::noinline, gnu::cold]] void DevicePoolCore::give_back_over_cap(
+    SegmentTier& tier, ThreadCache* claimed) noexcept {
+  SlowSection slow(claimed);
+  tier.give_back_over_cap();
 }
 
 bool DevicePoolCore::return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
@@ -539,7 +533,11 @@ void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, St
 
 void* DevicePoolCore::allocate_miss(std::size_t bytes, std::size_t index, StreamKey key,
                                     ThreadCache* cache) {
-  return serve(small_request(bytes, index, key), cache);
+  return serve_outlined(small_request(bytes, index, key), cache);
+}
+
+[[gnu::noinline]] void* DevicePoolCore::serve_outlined(const Request& request, ThreadCache* cache) {
+  return serve(request, cache);
 }
 
 void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
@@ -571,7 +569,7 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     try {
       validation.record(block, block_bytes);
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
-      deallocate_valid(block, request);
+      undo_acquire(block, request);
       throw;
     }
   }
@@ -592,20 +590,29 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
 
 void DevicePoolCore::deallocate_valid(void* block, const Request& request) noexcept {
   ThreadCache* cache = nullptr;
-  if (request.small && !options.track_peak_in_use) {
-    cache = claim_warm(uid, dekker);
-    if (cache != nullptr && deallocate_to_cache(*cache, block, request.index, request.key)) return;
-  }
+  if (deallocate_warm(block, request, cache)) return;
   deallocate_slow(block, request, cache);
+}
+
+void DevicePoolCore::undo_acquire(void* block, const Request& request) noexcept {
+  ThreadCache* cache = nullptr;
+  if (deallocate_warm(block, request, cache)) return;
+  deallocate_outlined(block, request, cache);
 }
 
 void DevicePoolCore::deallocate_miss_claimed(void* block, std::size_t bytes,
                                              StreamKey key) noexcept {
-  deallocate_slow(block, small_request(bytes, SizeClasses::index_for(bytes), key), tl_last.cache);
+  deallocate_outlined(block, small_request(bytes, SizeClasses::index_for(bytes), key),
+                      tl_last.cache);
 }
 
 void DevicePoolCore::deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept {
-  deallocate_slow(block, small_request(bytes, SizeClasses::index_for(bytes), key), nullptr);
+  deallocate_outlined(block, small_request(bytes, SizeClasses::index_for(bytes), key), nullptr);
+}
+
+[[gnu::noinline]] void DevicePoolCore::deallocate_outlined(void* block, const Request& request,
+                                                           ThreadCache* cache) noexcept {
+  deallocate_slow(block, request, cache);
 }
 
 void DevicePoolCore::deallocate_slow(void* block, const Request& request,
@@ -662,9 +669,8 @@ void DevicePoolCore::deallocate_slow(void* block, const Request& request,
   if (orphan.active()) last = orphan.block_returned();
 }
 
-DevicePoolCore::FreeAge DevicePoolCore::record_if_young(ThreadCache& cache, StreamKey key,
-                                                        SegmentTier::FreeMarker& young) noexcept {
-  if (!StreamAges::caller_stream(key)) return {false, true};
+DevicePoolCore::FreeAge DevicePoolCore::record_young_marker(
+    ThreadCache& cache, StreamKey key, SegmentTier::FreeMarker& young) noexcept {
   const cudaStream_t stream = fence_stream_of(key);
   const StreamAges::Free free =
       cache.stream_ages.note_free(key, [&] { return fence->stream_id(stream); });

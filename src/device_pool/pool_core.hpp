@@ -7,7 +7,8 @@
 // has a heap of its own over each (thread_heap.hpp).
 // Where each part lives:
 //   pool_core.hpp   the core's layout and its warm paths, inline: a warm allocate or
-//                   deallocate is one call into the library, no driver call, no lock.
+//                   deallocate is one call into the library, no driver call, no lock;
+//                   also the short steps of the slow paths that run on every large call.
 //   pool_core.cpp   construction, the slow paths (rings, tiers, growth, out of memory,
 //                   validation) and deallocation after destruction.
 //   pool_trim.cpp   taking cached blocks back: trim(), the flush of large caches, close().
@@ -227,8 +228,11 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // `cache`: that cache, still claimed, or null when the warm claim failed.
   void* allocate_miss(std::size_t bytes, std::size_t index, StreamKey key, ThreadCache* cache);
   // Serves `request` through `cache` (claimed; null: claimed here, claim_own_cache(), else
-  // the slow path under slow_path's lock) and lets the claim go.
-  void* serve(const Request& request, ThreadCache* cache);
+  // the slow path under slow_path's lock) and lets the claim go. Inline into allocate_slow
+  // (pool_core.cpp): a large allocation takes one call level to reach its tier. Its other
+  // callers, small misses, take serve_outlined (one copy of it, not one per caller).
+  [[gnu::always_inline]] inline void* serve(const Request& request, ThreadCache* cache);
+  void* serve_outlined(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Counts a refused deallocation and says why on stderr; nothing changes
@@ -237,8 +241,18 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
                                        const char* why) noexcept {
     validation.reject(block, bytes, why);
   }
-  // deallocate() after validation.
-  void deallocate_valid(void* block, const Request& request) noexcept;
+  // deallocate() after validation (inline into deallocate_checked, with deallocate_slow()).
+  [[gnu::always_inline]] inline void deallocate_valid(void* block, const Request& request) noexcept;
+  // serve()'s undo when the validation table cannot record a block: deallocate_valid() with
+  // the slow path outlined.
+  void undo_acquire(void* block, const Request& request) noexcept;
+  // A small block into the caller's warm cache (true: done, the claim let go). False: `cache`
+  // is the cache still claimed, or null when the warm claim failed or was not tried.
+  bool deallocate_warm(void* block, const Request& request, ThreadCache*& cache) noexcept {
+    if (!request.small || options.track_peak_in_use) return false;
+    cache = claim_warm(uid, dekker);
+    return cache != nullptr && deallocate_to_cache(*cache, block, request.index, request.key);
+  }
   // The warm deallocation into `cache` (claimed): room in the bin of class `index` and nothing
   // to retag; the claim is let go. False: nothing done, the cache still claimed.
   bool deallocate_to_cache(ThreadCache& cache, void* block, std::size_t index,
@@ -250,8 +264,12 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   void deallocate_miss_claimed(void* block, std::size_t bytes, StreamKey key) noexcept;
   void deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Deallocates `block` through `cache` (claimed; null: claimed here, else the slow path) and
-  // lets the claim go.
-  void deallocate_slow(void* block, const Request& request, ThreadCache* cache) noexcept;
+  // lets the claim go. Inline into deallocate_checked (pool_core.cpp): a large deallocation
+  // takes one call level to reach its tier, as an allocation does. Its other callers take
+  // deallocate_outlined.
+  [[gnu::always_inline]] inline void deallocate_slow(void* block, const Request& request,
+                                                     ThreadCache* cache) noexcept;
+  void deallocate_outlined(void* block, const Request& request, ThreadCache* cache) noexcept;
   // The bins of a thread cache, for its holder. pop_cached: a block of class `index`
   // usable on `key` (false: none). has_room: the bin's depth and the cache's byte bound allow one
   // more. push_cached: files a block (the caller checked the room and settled the tag).
@@ -317,7 +335,15 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // the stream is young, records a marker on it into `young`. No tier mutex is held; the
   // block has not reached a tier yet.
   FreeAge record_if_young(ThreadCache& cache, StreamKey key,
-                          SegmentTier::FreeMarker& young) noexcept;
+                          SegmentTier::FreeMarker& young) noexcept {
+    // Most slow-path frees: no caller stream, or a steady one's between its namings.
+    if (!StreamAges::caller_stream(key) || cache.stream_ages.steady_free(key)) return {false, true};
+    return record_young_marker(cache, key, young);
+  }
+  // The rest of record_if_young(): StreamAges::note_free() and, when the stream is young, its
+  // marker (the key's cached blocks drained to their tiers, the heap's home let go first).
+  FreeAge record_young_marker(ThreadCache& cache, StreamKey key,
+                              SegmentTier::FreeMarker& young) noexcept;
   // SegmentTier::free() of the request's tier for a thread that claimed `claimed` (or null;
   // deallocated through its large cache, lease_owner.hpp): only its give-back, which makes
   // upstream calls, runs in a SlowSection (a tier's mutex guards book-keeping only:
@@ -341,7 +367,22 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // stream's the same way (ThreadHeap::asked).
   bool free_block(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
                   ThreadCache* via, bool claimed, SegmentTier::FreeMarker* marker = nullptr,
-                  bool tag_alive = false) noexcept;
+                  bool tag_alive = false) noexcept {
+    // No heap over the tier (none made yet, heaps off, or every make() failed for want of host
+    // memory): the tier alone, no call level. Heaps are never removed (ThreadHeaps only grows), so
+    // once one exists every free takes free_through_heaps.
+    if (!heaps_of(tier).any()) {
+      return settle_free(
+          tier,
+          tier.free_keeping(block, tag, bytes, via != nullptr ? &via->large : nullptr, marker),
+          claimed ? via : nullptr);
+    }
+    return free_through_heaps(tier, block, tag, bytes, via, claimed, marker, tag_alive);
+  }
+  // free_block() once a heap exists over the tier.
+  bool free_through_heaps(SegmentTier& tier, void* block, StreamKey tag, std::size_t bytes,
+                          ThreadCache* via, bool claimed, SegmentTier::FreeMarker* marker,
+                          bool tag_alive) noexcept;
   // Thread heaps (thread_heap.hpp). heap_allocate: `request` (at most the heap's
   // max_block()) from the holder's heap over the request's tier, which takes a chunk of that
   // tier when nothing free fits; `owner`: as SegmentTier::allocate's. heap_deallocate: false
@@ -418,7 +459,12 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
                     StreamKey alive = kUntagged) noexcept;
   // What a tier's free_keeping() said, settled: over its cap, the give-back (its upstream
   // calls in `claimed`'s SlowSection); true unless the tier did not know the block.
-  bool settle_free(SegmentTier& tier, SegmentTier::Freed freed, ThreadCache* claimed) noexcept;
+  bool settle_free(SegmentTier& tier, SegmentTier::Freed freed, ThreadCache* claimed) noexcept {
+    if (freed == SegmentTier::Freed::over_cap) [[unlikely]]
+      give_back_over_cap(tier, claimed);
+    return freed != SegmentTier::Freed::foreign;
+  }
+  [[gnu::cold]] void give_back_over_cap(SegmentTier& tier, ThreadCache* claimed) noexcept;
   bool return_idle_chunks(ThreadCache* claimed, ThreadCache* only = nullptr,
                           std::optional<StreamKey> usable_by = std::nullopt) noexcept;
   bool return_idle_of(ThreadHeap& heap, SegmentTier& tier, ThreadCache* claimed,
@@ -641,8 +687,10 @@ inline bool DevicePoolCore::deallocate_to_cache(ThreadCache& cache, void* block,
                                                 StreamKey key) noexcept {
   const std::uint64_t block_bytes = block_bytes_of[index];
   const std::uint64_t cached = cache.cached_bytes.load(std::memory_order_relaxed);
-  if (has_room(cache, index, cached, block_bytes) &&
-      (key == cache.tag || key == kUntagged || (cached == 0 && cache.stream_ages.steady(key))))
+  // Another stream's block, even into an empty cache, takes the slow path: its free is counted
+  // there and the stream's age read (small_deallocate). No call here, so the warm path saves no
+  // registers.
+  if (has_room(cache, index, cached, block_bytes) && (key == cache.tag || key == kUntagged))
       [[likely]] {
     if (cached == 0) cache.tag = key;  // an empty cache takes the tag of what it holds
     push_cached(cache, block, index, block_bytes);

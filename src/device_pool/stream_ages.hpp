@@ -34,7 +34,7 @@
 // one's handle given to a new stream makes it young at the next naming: within the gap then
 // running (kRenameFrees at first, at most kMostRenameFrees) (with a fence that cannot name
 // streams, neither holds). Once it is found, the blocks cached under the key go to their
-// tiers and the thread's heap stops serving it (DevicePoolCore::record_if_young). Until then
+// tiers and the thread's heap stops serving it (DevicePoolCore::record_young_marker). Until then
 // the new stream's frees take the steady path: served by wants, which the handle's next call
 // records (its old stream's work has completed: the contract of destroying a stream,
 // device_pool.hpp). So the first stream made behind the handle of a long-steady one takes
@@ -114,6 +114,17 @@ class StreamAges {
     *e = Entry{key, id_of(), 1, false, false};
     last_index_ = static_cast<std::uint32_t>(e - entries_.data());
     return {true, false};
+  }
+  // note_free()'s most common case, inline: `key`'s entry is the one found last, steady, and
+  // not due a naming at this free. True: counted as note_free() counts it ({false, true});
+  // false: nothing changed (call note_free()).
+  bool steady_free(StreamKey key) noexcept {
+    Entry& e = entries_[last_index_];
+    if (e.key != key || !e.steady || e.frees + 1 >= e.rename_at) return false;
+    ++tick_;
+    last_key_ = key;
+    ++e.frees;
+    return true;
   }
   // Whether `key` may tag the thread's cache or be its heap's home: no stream, one always
   // recordable, or steady.

@@ -386,7 +386,7 @@ class SegmentTier {
   // Takes fit()'s `r` out of the free ranges (a free one split at `need`, its rest filed free)
   // or out of its stream's pending entry (stream_tags.hpp: take_pending()); the caller marks
   // it used.
-  void claim_fit(Range* r, std::size_t need) noexcept;
+  [[gnu::always_inline]] inline void claim_fit(Range* r, std::size_t need) noexcept;
 
   // --- growing and giving back (segment_tier_growth.cpp) ---
   std::size_t segment_size_for(std::size_t bytes) const noexcept;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -108,15 +109,20 @@ TEST(StreamAges, ANewStreamNeverTakesASteadyEntryWhileAnotherIsFree) {
   EXPECT_TRUE(ages.steady(kA)) << "a new stream replaced the steady one";
 }
 
+// Reproducible pseudo-random draws (a linear congruential generator's high bits).
+struct Draws {
+  std::uint64_t seed;
+  std::uint64_t operator()() noexcept {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return seed >> 33;
+  }
+};
+
 // The deallocation's slow path takes steady(key) from note_free()'s answer: they agree after
 // every free, through thresholds, renames and entries replaced.
 TEST(StreamAges, EachFreesSteadyAnswerIsWhatSteadyAnswersAfterIt) {
   StreamAges ages;
-  std::uint64_t seed = 12345;
-  auto next = [&seed] {
-    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-    return seed >> 33;
-  };
+  Draws next{12345};
   std::uint32_t turned_steady = 0;
   std::uint32_t young = 0;
   for (int i = 0; i < 20000; ++i) {
@@ -135,6 +141,83 @@ TEST(StreamAges, EachFreesSteadyAnswerIsWhatSteadyAnswersAfterIt) {
   }
   EXPECT_GT(young, 0u);
   EXPECT_GT(turned_steady, 0u);
+}
+
+// steady_free() is note_free()'s common case inline: a table that tries it first answers every
+// free, names streams at the same frees and says steady() the same as one that only takes
+// note_free(), through renames, evictions past kTracked and keys that come and go.
+TEST(StreamAges, SteadyFreeCountsAsNoteFreeDoesAndChangesNothingWhenItDeclines) {
+  StreamAges both;
+  StreamAges plain;
+  Draws next{777};
+  std::uint32_t inline_frees = 0;
+  std::uint32_t named_both = 0;
+  std::uint32_t named_plain = 0;
+  std::array<bool, 100> rare_keys_seen{};
+  for (int i = 0; i < 200000; ++i) {
+    const std::uint64_t pick = next();
+    // Mostly a few keys (steady, renamed at their gaps); now and then one of 100 (more than
+    // the table holds: entries replaced).
+    const bool rare = pick % 16 == 0;
+    const std::uint64_t rare_key = next() % 100;
+    if (rare) rare_keys_seen[rare_key] = true;
+    const StreamKey key = rare ? 0x100000 + rare_key * 0x100 : 0x1000 + (pick % 3) * 0x100;
+    const std::uint64_t id = next() % 400 == 0 ? next() % 4 + 2 : 1;
+    StreamAges::Free got{false, true};
+    if (both.steady_free(key)) {
+      ++inline_frees;
+    } else {
+      got = both.note_free(key, [&] { return ++named_both, id; });
+    }
+    const StreamAges::Free want = plain.note_free(key, [&] { return ++named_plain, id; });
+    ASSERT_EQ(got.young, want.young) << "free " << i;
+    ASSERT_EQ(got.steady, want.steady) << "free " << i;
+    ASSERT_EQ(named_both, named_plain) << "free " << i;
+    if (i % 64 == 0) {
+      for (std::uint64_t k = 0; k < 100; ++k) {
+        ASSERT_EQ(both.steady(0x100000 + k * 0x100), plain.steady(0x100000 + k * 0x100));
+      }
+      for (std::uint64_t k = 0; k < 3; ++k) {
+        ASSERT_EQ(both.steady(0x1000 + k * 0x100), plain.steady(0x1000 + k * 0x100));
+      }
+    }
+  }
+  EXPECT_GT(inline_frees, 10000u) << "the inline case is the common one";
+  EXPECT_GT(named_plain, 100u) << "renames and new entries were exercised";
+  EXPECT_GT(
+      static_cast<std::size_t>(std::count(rare_keys_seen.begin(), rare_keys_seen.end(), true)),
+      StreamAges::kTracked)
+      << "more keys than the table holds: entries were replaced";
+}
+
+// steady_free() names the last key as note_free() does: a young stream's next free after a
+// steady one's counts as coming back (kSteadyFrees), also when steady() moved the table's
+// last-found entry in between without a free.
+TEST(StreamAges, SteadyFreeLeavesTheLastKeyAsNoteFreeDoes) {
+  StreamAges both;
+  StreamAges plain;
+  const StreamKey steady_key = 0x1000;
+  const StreamKey young_key = 0x2000;
+  auto free_on = [&](StreamKey key, std::uint64_t id) {
+    StreamAges::Free got{false, true};
+    if (!both.steady_free(key)) got = both.note_free(key, [id] { return id; });
+    const StreamAges::Free want = plain.note_free(key, [id] { return id; });
+    EXPECT_EQ(got.young, want.young);
+    EXPECT_EQ(got.steady, want.steady);
+    return want;
+  };
+  for (std::uint32_t i = 0; i <= StreamAges::kLoneSteadyFrees; ++i) free_on(steady_key, 1);
+  ASSERT_TRUE(plain.steady(steady_key));
+  for (int i = 0; i < 3; ++i) free_on(young_key, 2);
+  // steady() finds the steady key's entry without a free; the free after it is steady_free's.
+  ASSERT_TRUE(both.steady(steady_key));
+  ASSERT_TRUE(plain.steady(steady_key));
+  ASSERT_TRUE(both.steady_free(steady_key));
+  (void)plain.note_free(steady_key, [] { return std::uint64_t{1}; });
+  std::uint32_t frees = 3;
+  while (!free_on(young_key, 2).steady) ASSERT_LT(++frees, StreamAges::kLoneSteadyFrees + 8);
+  EXPECT_LE(frees, StreamAges::kSteadyFrees) << "the young key came back after the steady one";
+  EXPECT_TRUE(both.steady(young_key));
 }
 
 TEST(StreamAges, StreamsThatAreAlwaysRecordableAreNeverYoung) {
