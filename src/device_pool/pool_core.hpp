@@ -688,8 +688,8 @@ inline bool DevicePoolCore::deallocate_to_cache(ThreadCache& cache, void* block,
   const std::uint64_t block_bytes = block_bytes_of[index];
   const std::uint64_t cached = cache.cached_bytes.load(std::memory_order_relaxed);
   // Another stream's block, even into an empty cache, takes the slow path: its free is counted
-  // there and the stream's age read (small_deallocate). No call here, so the warm path saves no
-  // registers.
+  // there and the stream's age read (record_if_young), and small_deallocate retags the cache
+  // when the stream is steady. No call here, so the warm path saves no registers.
   if (has_room(cache, index, cached, block_bytes) && (key == cache.tag || key == kUntagged))
       [[likely]] {
     if (cached == 0) cache.tag = key;  // an empty cache takes the tag of what it holds

@@ -126,8 +126,9 @@ class StreamAges {
     ++e.frees;
     return true;
   }
-  // Whether `key` may tag the thread's cache or be its heap's home: no stream, one always
-  // recordable, or steady.
+  // Whether `key` may be the thread's heap's home: no stream, one always recordable, or
+  // steady. (Whether a free's stream may tag the thread's cache comes from note_free or
+  // steady_free on the slow path.)
   bool steady(StreamKey key) noexcept {
     if (!caller_stream(key)) return true;
     const Entry* e = find(key);

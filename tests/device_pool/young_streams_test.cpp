@@ -222,6 +222,43 @@ TEST(DevicePoolYoungStreams, AnEmptyCacheTaggedWithOneSteadyStreamTakesAnothersB
   EXPECT_EQ(pool.stats().bytes_in_use, 0U);
 }
 
+// A new stream behind a steady handle is found also when each of its small frees meets the
+// thread's cache empty and tagged with another steady stream: such a free takes the slow path,
+// where it is counted and the handle named within the gap then running; it never retags the
+// cache unnamed.
+TEST(DevicePoolYoungStreams, ANewStreamBehindASteadyHandleIsFoundThroughAnotherStreamsEmptyCache) {
+  auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  auto fence = std::make_shared<StreamLifetimeFence>(/*recycle_handles=*/true);
+  {
+    DevicePool pool(upstream, options_for(fence, false));
+    const cudaStream_t first = steady_stream(pool, *fence, 0);
+    const cudaStream_t s = steady_stream(pool, *fence, 0);
+    const std::uint64_t markers = pool.stats().stream_markers;
+    const cudaStream_t s2 = replace_stream(*fence, s);
+    ASSERT_EQ(s2, s) << "the emulated driver gives the handle back";
+    std::uint32_t frees = 0;
+    while (pool.stats().stream_markers == markers &&
+           frees <= detail::StreamAges::kMostRenameFrees) {
+      // The cache tagged with first and empty: first's block filed in it, then taken back.
+      void* warm = pool.allocate_async(256, first);
+      pool.deallocate_async(warm, 256, first);
+      void* held = pool.allocate_async(256, first);
+      ASSERT_EQ(held, warm) << "served from the cache tagged with first";
+      void* block = pool.allocate_async(256, s2);
+      pool.deallocate_async(block, 256, s2);
+      pool.deallocate_async(held, 256, first);
+      ++frees;
+    }
+    EXPECT_GT(pool.stats().stream_markers, markers) << "the new stream was never found";
+    EXPECT_LE(frees, detail::StreamAges::kMostRenameFrees);
+    EXPECT_EQ(fence->ids_of_destroyed(), 0U);
+    EXPECT_EQ(fence->records_on_destroyed(), 0U);
+    fence->synchronize(first);
+    fence->synchronize(s2);
+  }
+  EXPECT_EQ(upstream->live_bytes(), 0U);
+}
+
 // A steady stream destroyed, and the driver gives its handle to a new stream: once the pool
 // names the new stream (kRenameFrees slow-path frees after it turned steady), the key is young
 // again, the blocks cached under it go to their tiers and the new stream's small frees record
