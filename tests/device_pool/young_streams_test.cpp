@@ -189,6 +189,24 @@ cudaStream_t replace_stream(StreamLifetimeFence& fence, cudaStream_t s) {
   return fence.create();
 }
 
+// `free_once` (one slow-path free on the new stream behind a steady handle, `markers`: the
+// pool's stream_markers before it) until the pool records a marker, at most
+// kMostRenameFrees + 1 times: the new stream is found within kMostRenameFrees, and nothing is
+// named or recorded on the destroyed stream meanwhile.
+template <class FreeOnce>
+void expect_found_within_longest_gap(DevicePool& pool, StreamLifetimeFence& fence,
+                                     std::uint64_t markers, FreeOnce free_once) {
+  std::uint32_t frees = 0;
+  while (pool.stats().stream_markers == markers && frees <= detail::StreamAges::kMostRenameFrees) {
+    free_once();
+    ++frees;
+  }
+  EXPECT_GT(pool.stats().stream_markers, markers) << "the new stream was never found";
+  EXPECT_LE(frees, detail::StreamAges::kMostRenameFrees);
+  EXPECT_EQ(fence.ids_of_destroyed(), 0U);
+  EXPECT_EQ(fence.records_on_destroyed(), 0U);
+}
+
 // A thread cache emptied while tagged with one steady stream takes the next small block freed
 // on another steady stream: cached under the new stream without a marker, served back to that
 // stream at once and never to the first before its frees are known complete.
@@ -236,9 +254,7 @@ TEST(DevicePoolYoungStreams, ANewStreamBehindASteadyHandleIsFoundThroughAnotherS
     const std::uint64_t markers = pool.stats().stream_markers;
     const cudaStream_t s2 = replace_stream(*fence, s);
     ASSERT_EQ(s2, s) << "the emulated driver gives the handle back";
-    std::uint32_t frees = 0;
-    while (pool.stats().stream_markers == markers &&
-           frees <= detail::StreamAges::kMostRenameFrees) {
+    expect_found_within_longest_gap(pool, *fence, markers, [&] {
       // The cache tagged with first and empty: first's block filed in it, then taken back.
       void* warm = pool.allocate_async(256, first);
       pool.deallocate_async(warm, 256, first);
@@ -247,12 +263,7 @@ TEST(DevicePoolYoungStreams, ANewStreamBehindASteadyHandleIsFoundThroughAnotherS
       void* block = pool.allocate_async(256, s2);
       pool.deallocate_async(block, 256, s2);
       pool.deallocate_async(held, 256, first);
-      ++frees;
-    }
-    EXPECT_GT(pool.stats().stream_markers, markers) << "the new stream was never found";
-    EXPECT_LE(frees, detail::StreamAges::kMostRenameFrees);
-    EXPECT_EQ(fence->ids_of_destroyed(), 0U);
-    EXPECT_EQ(fence->records_on_destroyed(), 0U);
+    });
     fence->synchronize(first);
     fence->synchronize(s2);
   }
@@ -303,16 +314,9 @@ TEST(DevicePoolYoungStreams, ANewStreamBehindALongSteadyHandleTurnsYoungWithinTh
     const std::uint64_t markers = pool.stats().stream_markers;
     const cudaStream_t s2 = replace_stream(*fence, s);
     ASSERT_EQ(s2, s) << "the emulated driver gives the handle back";
-    std::uint32_t frees = 0;
-    while (pool.stats().stream_markers == markers &&
-           frees <= detail::StreamAges::kMostRenameFrees) {
+    expect_found_within_longest_gap(pool, *fence, markers, [&] {
       pool.deallocate_async(pool.allocate_async(8_MiB, s2), 8_MiB, s2);
-      ++frees;
-    }
-    EXPECT_GT(pool.stats().stream_markers, markers) << "the new stream was never found";
-    EXPECT_LE(frees, detail::StreamAges::kMostRenameFrees);
-    EXPECT_EQ(fence->ids_of_destroyed(), 0U);
-    EXPECT_EQ(fence->records_on_destroyed(), 0U);
+    });
     fence->synchronize(s2);
   }
   EXPECT_EQ(upstream->live_bytes(), 0U);
