@@ -214,6 +214,28 @@ class FreeRanges {
     return rest;
   }
 
+  // The pending range `r` (taken for a block by its own stream, out of its entry) absorbs its
+  // next neighbour, an untagged free range, and is cut at `need` bytes (r->size < need <=
+  // the two together): the block keeps r's tag (its first bytes may carry the stream's queued
+  // work), the rest past `need`, when at least `granularity` bytes, is filed untagged (it is
+  // what is left of the untagged range). Takes no node.
+  void take_with_untagged_next(Range* r, std::size_t need) noexcept {
+    Range* next = r->next;
+    remove_free(next);
+    const std::size_t rest = r->size + next->size - need;
+    if (rest < granularity_) {  // the block takes all of it
+      r->size += next->size;
+      r->next = next->next;
+      if (next->next != nullptr) next->next->prev = r;
+      recycle(next);
+      return;
+    }
+    next->addr += need - r->size;  // the untagged range keeps its node and its neighbours
+    next->size = rest;
+    r->size = need;
+    file(next);
+  }
+
   // `left` absorbs `left->next` (both pending under one marker: one range, the later epoch),
   // whose node is recycled.
   void merge_pending(Range* left) noexcept {

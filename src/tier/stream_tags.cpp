@@ -238,15 +238,43 @@ StreamTags::Range* StreamTags::own_pending_fit(StreamKey stream, std::size_t nee
   return best;
 }
 
+StreamTags::Range* StreamTags::own_pending_stretch(StreamKey stream, std::size_t need,
+                                                   bool& mapped) const noexcept {
+  Range* best = nullptr;
+  bool best_mapped = false;
+  for (const Pending& p : pending_) {
+    if (p.stream != stream) continue;
+    for (Range* r : p.ranges) {
+      const Range* next = r->next;
+      if (r->size >= need || next == nullptr || next->state != Range::State::free ||
+          next->tag != kUntagged || r->size + next->size < need) {
+        continue;
+      }
+      const bool r_mapped = map_.base() == nullptr || map_.mapped_under(r, need);
+      const bool better =
+          best == nullptr || (r_mapped && !best_mapped) ||
+          (r_mapped == best_mapped && r->size + next->size < best->size + best->next->size);
+      if (better) {
+        best = r;
+        best_mapped = r_mapped;
+      }
+    }
+  }
+  mapped = best_mapped;
+  return best;
+}
+
 void StreamTags::take_pending(Range* r, std::size_t need) noexcept {
   for (std::size_t i = 0; i < pending_.size(); ++i) {
     Pending& p = pending_[i];
     if (p.stream != r->tag) continue;
     auto it = std::find(p.ranges.begin(), p.ranges.end(), r);
     if (it == p.ranges.end()) continue;
-    if (Range* rest = ranges_.split_pending(r, need)) {
-      *it = rest;  // in r's place: still under the entry's marker
-      return;
+    if (r->size > need) {
+      if (Range* rest = ranges_.split_pending(r, need)) {
+        *it = rest;  // in r's place: still under the entry's marker
+        return;
+      }
     }
     *it = p.ranges.back();
     p.ranges.pop_back();
@@ -254,6 +282,7 @@ void StreamTags::take_pending(Range* r, std::size_t need) noexcept {
       release(p.marker);
       drop(i);
     }
+    if (r->size < need) ranges_.take_with_untagged_next(r, need);
     return;
   }
 }

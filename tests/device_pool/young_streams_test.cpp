@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -355,6 +357,75 @@ TEST(DevicePoolYoungStreams, AStreamsNeighbouringFreesServeItsOwnLargerRequest) 
       fence->synchronize(s);
     }
     EXPECT_EQ(upstream->live_bytes(), 0U);
+  }
+}
+
+// A young stream's freed block (pending under its marker) and the free memory after it serve
+// the stream's own larger request together, with nothing new reserved; what is left of that
+// free memory serves another stream at once.
+TEST(DevicePoolYoungStreams, AStreamsFreedBlockAndTheFreeMemoryAfterItServeItsOwnLargerRequest) {
+  for (const bool virtual_memory : {false, true}) {
+    SCOPED_TRACE(virtual_memory ? "virtual memory" : "segments");
+    auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+    auto fence = std::make_shared<StreamLifetimeFence>();
+    auto options = options_for(fence, virtual_memory);
+    options.large_tier.segment_bytes = 16_MiB;
+    {
+      DevicePool pool(upstream, options);
+      pool.deallocate(pool.allocate(16_MiB), 16_MiB);  // one free 16 MiB range
+      const cudaStream_t s = fence->create();
+      char* a = static_cast<char*>(pool.allocate_async(4_MiB, s));
+      fence->enqueue(s, [] {});  // s's work on a, still queued
+      pool.deallocate_async(a, 4_MiB, s);
+      const std::size_t reserved = pool.stats().bytes_reserved;
+      char* big = static_cast<char*>(pool.allocate_async(14_MiB, s));
+      EXPECT_EQ(big, a) << "s's freed block and the free memory after it";
+      EXPECT_EQ(pool.stats().bytes_reserved, reserved) << "grew for memory it had";
+      const cudaStream_t s2 = fence->create();
+      void* rest = pool.allocate_async(2_MiB, s2);
+      EXPECT_EQ(rest, big + 14_MiB) << "the rest of the free memory is any stream's";
+      EXPECT_EQ(pool.stats().bytes_reserved, reserved);
+      pool.deallocate_async(rest, 2_MiB, s2);
+      pool.deallocate_async(big, 14_MiB, s);
+      fence->synchronize(s);
+      fence->synchronize(s2);
+    }
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+  }
+}
+
+// A stream per request (four blocks of fresh sizes, each freed on the stream while its work is
+// queued, then the stream synchronized and destroyed): the pool reserves about what the same
+// requests reserve on the legacy stream, where no marker holds a freed block back.
+TEST(DevicePoolYoungStreams, AStreamPerRequestReservesAboutWhatTheLegacyStreamDoes) {
+  for (const bool virtual_memory : {false, true}) {
+    SCOPED_TRACE(virtual_memory ? "virtual memory" : "segments");
+    auto peak_reserved = [virtual_memory](bool stream_per_request) {
+      auto upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+      auto fence = std::make_shared<StreamLifetimeFence>();
+      DevicePool pool(upstream, emulated(fence, virtual_memory));
+      std::mt19937_64 random(0xc4a2);
+      std::uniform_real_distribution<double> exponent(8.0, 26.0);  // 256 B to 64 MiB
+      for (int request = 0; request < 2000; ++request) {
+        const cudaStream_t s = stream_per_request ? fence->create() : cudaStreamLegacy;
+        for (int i = 0; i < 4; ++i) {
+          const auto bytes = static_cast<std::size_t>(std::exp2(exponent(random)));
+          void* block = pool.allocate_async(bytes, s);
+          if (stream_per_request) fence->enqueue(s, [] {});
+          pool.deallocate_async(block, bytes, s);
+        }
+        if (stream_per_request) {
+          fence->synchronize(s);
+          fence->destroy(s);
+        }
+      }
+      EXPECT_EQ(pool.stats().stream_quiesces, 0U);
+      return pool.stats().peak_bytes_reserved;
+    };
+    const std::size_t legacy = peak_reserved(false);
+    const std::size_t per_request = peak_reserved(true);
+    EXPECT_LE(per_request, legacy + legacy / 2)
+        << "legacy stream " << legacy << " B, a stream per request " << per_request << " B";
   }
 }
 

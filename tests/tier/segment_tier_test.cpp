@@ -796,6 +796,59 @@ TEST(SegmentTierVirtualStreams, AStreamPastTheBudgetReusesItsOwnPendingRange) {
   ASSERT_TRUE(tier.free(y, t));
 }
 
+// A stream's pending range too small for its request, with an untagged free range after it
+// that makes up the rest: the two serve the stream (its own queued work on the first is safe
+// for it in stream order) without growing; the block starts at the pending range, and the
+// rest of the untagged range stays any stream's. Another stream's request cannot take it.
+TEST(SegmentTierVirtualStreams, AStreamsPendingRangeAndTheUntaggedRangeAfterItServeItsRequest) {
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  VirtualTierParts parts;
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
+  char* x = static_cast<char*>(tier.allocate(8_MiB, t, true));
+  char* y = static_cast<char*>(tier.allocate(8_MiB, kUntagged, true));
+  void* z = tier.allocate(2_MiB, kUntagged, true);  // keeps y away from the untagged tail
+  ASSERT_EQ(y, x + 8_MiB);
+  ASSERT_TRUE(tier.free(y, kUntagged));
+  SegmentTier::FreeMarker marker{.marker = parts.fence.record(nullptr), .recorder = &parts};
+  ASSERT_EQ(tier.free_keeping(x, t, 8_MiB, nullptr, &marker), SegmentTier::Freed::kept);
+  ASSERT_TRUE(marker.taken) << "x is pending under the marker";
+  const std::size_t reserved = tier.counters().reserved;
+  const std::uint64_t maps = tier.counters().maps;
+  EXPECT_EQ(tier.allocate(12_MiB, s, false), nullptr) << "t's pending range is t's alone";
+  char* big = static_cast<char*>(tier.allocate(12_MiB, t, false));
+  EXPECT_EQ(big, x) << "x and the untagged range after it, without growing";
+  EXPECT_EQ(tier.counters().reserved, reserved);
+  EXPECT_EQ(tier.counters().maps, maps);
+  EXPECT_EQ(parts.fence.waits(), 0U);
+  EXPECT_EQ(tier.allocate(4_MiB, s, false), x + 12_MiB) << "the rest is any stream's at once";
+  ASSERT_TRUE(tier.free(big, t));
+  ASSERT_TRUE(tier.free(x + 12_MiB, s));
+  ASSERT_TRUE(tier.free(z, kUntagged));
+}
+
+// The same in a tier of segments, and when the block takes the whole of both ranges.
+TEST(SegmentTier, AStreamsPendingRangeAndTheUntaggedRangeAfterItServeItsRequest) {
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  TierFixture f(two_mib_segments());
+  char* whole = static_cast<char*>(f.tier.allocate(8_MiB, kUntagged, true));
+  ASSERT_TRUE(f.tier.free(whole, kUntagged));
+  for (const std::size_t request : {6_MiB, 8_MiB}) {
+    SCOPED_TRACE(request);
+    char* x = static_cast<char*>(f.tier.allocate(4_MiB, t, false));
+    ASSERT_EQ(x, whole) << "the front of the free segment";
+    SegmentTier::FreeMarker marker{.marker = f.fence.record(nullptr), .recorder = &f};
+    ASSERT_EQ(f.tier.free_keeping(x, t, 4_MiB, nullptr, &marker), SegmentTier::Freed::kept);
+    ASSERT_TRUE(marker.taken);
+    const std::size_t reserved = f.tier.counters().reserved;
+    EXPECT_EQ(f.tier.allocate(request, t, false), x);
+    EXPECT_EQ(f.tier.counters().reserved, reserved);
+    ASSERT_TRUE(f.tier.free(x, kUntagged));
+  }
+  f.tier.trim(0, false);
+  EXPECT_EQ(f.upstream->live_bytes(), 0U);
+}
+
 // The tier-level consequence: free(nullptr) returns false but under-counts live_, which
 // then grows too late; the table fills up completely and the next lookup of an absent key
 // (owns() / free() of a foreign pointer) probes forever. Run in a child with an alarm.
