@@ -431,28 +431,30 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& m
   // stream's own frees from it), past the budget every one.
   const bool grows = r == nullptr || (map_.base() != nullptr && !mapped &&
                                       (tags_.any_pending() || ranges_.others_hold_free(stream)));
-  if (fence && grows) {
-    // The requester's own ranges that a fence made pending (another stream's growth, a
-    // trim) are safe for it in stream order: they become its free ranges again.
-    const bool changed = map_.base() != nullptr && stream != kUntagged && tags_.take_back(stream);
-    const bool every_stream = map_.base() == nullptr || past_budget(changed ? nullptr : r, need);
-    // Listed for a record (fit_fenced() records them with the mutex released).
-    (void)tags_.fence_other_streams(stream, every_stream ? 0 : need);
-    if (changed) r = smaller_fit();  // ranges may have merged (r among them): look again
-  }
-  if (r == nullptr) {
-    r = fresh_tail(need);
-    mapped = r != nullptr && map_.mapped_under(r, need);
-  }
-  // Virtual mode: a stretch whose granules are not all mapped yet may still map fewer than the
-  // fit (looked for again: the fence may have taken ranges back and merged them).
-  if ((r == nullptr || !mapped) && stream != kUntagged && tags_.any_pending()) {
-    bool stretch_mapped = false;
-    Range* stretch = tags_.own_pending_stretch(stream, need, stretch_mapped);
-    if (stretch != nullptr &&
-        (r == nullptr || stretch_mapped || growth_for(stretch, need) < growth_for(r, need))) {
-      mapped = stretch_mapped;
-      return stretch;
+  if (grows) [[unlikely]] {
+    if (fence) {
+      // The requester's own ranges that a fence made pending (another stream's growth, a
+      // trim) are safe for it in stream order: they become its free ranges again.
+      const bool changed = map_.base() != nullptr && stream != kUntagged && tags_.take_back(stream);
+      const bool every_stream = map_.base() == nullptr || past_budget(changed ? nullptr : r, need);
+      // Listed for a record (fit_fenced() records them with the mutex released).
+      (void)tags_.fence_other_streams(stream, every_stream ? 0 : need);
+      if (changed) r = smaller_fit();  // ranges may have merged (r among them): look again
+    }
+    if (r == nullptr) {
+      r = fresh_tail(need);
+      mapped = r != nullptr && map_.mapped_under(r, need);
+    }
+    // Virtual mode: a stretch whose granules are not all mapped yet may still map fewer than the
+    // fit (looked for again: the fence may have taken ranges back and merged them).
+    if ((r == nullptr || !mapped) && stream != kUntagged && tags_.any_pending()) {
+      bool stretch_mapped = false;
+      Range* stretch = tags_.own_pending_stretch(stream, need, stretch_mapped);
+      if (stretch != nullptr &&
+          (r == nullptr || stretch_mapped || growth_for(stretch, need) < growth_for(r, need))) {
+        mapped = stretch_mapped;
+        return stretch;
+      }
     }
   }
   if (r != nullptr && map_.base() == nullptr && r->prev == nullptr && r->next == nullptr &&
