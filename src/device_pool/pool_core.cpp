@@ -602,8 +602,7 @@ void DevicePoolCore::undo_acquire(void* block, const Request& request) noexcept 
 
 void DevicePoolCore::deallocate_miss_claimed(void* block, std::size_t bytes,
                                              StreamKey key) noexcept {
-  deallocate_outlined(block, small_request(bytes, SizeClasses::index_for(bytes), key),
-                      tl_last.cache);
+  deallocate_slow(block, small_request(bytes, SizeClasses::index_for(bytes), key), tl_last.cache);
 }
 
 void DevicePoolCore::deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept {
