@@ -81,18 +81,22 @@ class StreamAges {
   // kMostRenameFrees) apart: another stream behind the handle by then starts again (young).
   template <class IdOf>
   Free note_free(StreamKey key, IdOf id_of) noexcept {
+    settle_hot();
     ++tick_;
     const bool switched = key != last_key_;
     last_key_ = key;
     if (Entry* found = find(key)) {
       Entry& e = *found;
       if (e.steady) {
-        if (++e.frees < e.rename_at) [[likely]]
+        if (++e.frees < e.rename_at) [[likely]] {
+          make_hot(e);
           return {false, true};
+        }
         const std::uint64_t id = id_of();
         if (id == e.id) {
           e.frees = 0;
           e.rename_at = std::min(2 * e.rename_at, kMostRenameFrees);
+          make_hot(e);
           return {false, true};
         }
         e = Entry{key, id, 1, false, false};  // a new stream behind the handle
@@ -106,6 +110,7 @@ class StreamAges {
         } else {
           e.steady = true;  // from its next free on
           e.frees = 0;      // counts to the next naming from here
+          make_hot(e);
         }
       }
       return {true, e.steady};
@@ -115,15 +120,12 @@ class StreamAges {
     last_index_ = static_cast<std::uint32_t>(e - entries_.data());
     return {true, false};
   }
-  // note_free()'s most common case, inline: `key`'s entry is the one found last, steady, and
-  // not due a naming at this free. True: counted as note_free() counts it ({false, true});
-  // false: nothing changed (call note_free()).
+  // note_free()'s most common case, inline: `key` is the steady stream note_free() counted
+  // last, not due a naming at this free. True: counted as note_free() counts it ({false,
+  // true}); false: nothing changed (call note_free()).
   bool steady_free(StreamKey key) noexcept {
-    Entry& e = entries_[last_index_];
-    if (e.key != key || !e.steady || e.frees + 1 >= e.rename_at) return false;
-    ++tick_;
-    last_key_ = key;
-    ++e.frees;
+    if (key != hot_key_ || hot_left_ <= 1) return false;
+    --hot_left_;
     return true;
   }
   // Whether `key` may be the thread's heap's home: no stream, one always recordable, or
@@ -173,10 +175,31 @@ class StreamAges {
     }
     return &entries_[from];
   }
+  // The hot stream: steady_free() counts its frees down in hot_left_ alone (frees to its next
+  // naming, as rename_at - frees); settle_hot() adds what it counted to its entry and the tick
+  // before note_free() reads or changes any entry. While hot_key_ is set it is last_key_, and
+  // entries_[hot_index_] is its entry, steady.
+  void make_hot(const Entry& e) noexcept {
+    hot_key_ = e.key;
+    hot_index_ = static_cast<std::uint32_t>(&e - entries_.data());
+    hot_left_ = hot_start_ = e.rename_at - e.frees;
+  }
+  void settle_hot() noexcept {
+    if (hot_key_ == kUntagged) return;
+    const std::uint32_t counted = hot_start_ - hot_left_;
+    entries_[hot_index_].frees += counted;
+    tick_ += counted;
+    hot_key_ = kUntagged;
+  }
+
   std::array<Entry, kTracked> entries_{};
   std::uint64_t tick_ = 0;
   StreamKey last_key_ = kUntagged;
   std::uint32_t last_index_ = 0;  // the entry find() returned or victim() filled last
+  StreamKey hot_key_ = kUntagged;
+  std::uint32_t hot_index_ = 0;
+  std::uint32_t hot_left_ = 0;
+  std::uint32_t hot_start_ = 0;
 };
 
 }  // namespace vram::detail
