@@ -533,11 +533,7 @@ void* DevicePoolCore::allocate_slow(std::size_t bytes, std::size_t alignment, St
 
 void* DevicePoolCore::allocate_miss(std::size_t bytes, std::size_t index, StreamKey key,
                                     ThreadCache* cache) {
-  return serve_outlined(small_request(bytes, index, key), cache);
-}
-
-[[gnu::noinline]] void* DevicePoolCore::serve_outlined(const Request& request, ThreadCache* cache) {
-  return serve(request, cache);
+  return serve(small_request(bytes, index, key), cache);
 }
 
 void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {

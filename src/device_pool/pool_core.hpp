@@ -229,10 +229,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   void* allocate_miss(std::size_t bytes, std::size_t index, StreamKey key, ThreadCache* cache);
   // Serves `request` through `cache` (claimed; null: claimed here, claim_own_cache(), else
   // the slow path under slow_path's lock) and lets the claim go. Inline into allocate_slow
-  // (pool_core.cpp): a large allocation takes one call level to reach its tier. Its other
-  // callers, small misses, take serve_outlined (one copy of it, not one per caller).
+  // and allocate_miss (pool_core.cpp): a request takes one call level to reach its tier or
+  // its small path.
   [[gnu::always_inline]] inline void* serve(const Request& request, ThreadCache* cache);
-  void* serve_outlined(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Counts a refused deallocation and says why on stderr; nothing changes
@@ -264,9 +263,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   void deallocate_miss_claimed(void* block, std::size_t bytes, StreamKey key) noexcept;
   void deallocate_miss(void* block, std::size_t bytes, StreamKey key) noexcept;
   // Deallocates `block` through `cache` (claimed; null: claimed here, else the slow path) and
-  // lets the claim go. Inline into deallocate_checked (pool_core.cpp): a large deallocation
-  // takes one call level to reach its tier, as an allocation does. Its other callers take
-  // deallocate_outlined.
+  // lets the claim go. Inline into deallocate_checked and deallocate_miss_claimed
+  // (pool_core.cpp): a deallocation takes one call level to reach its tier or its small path,
+  // as an allocation does. Its other callers take deallocate_outlined.
   [[gnu::always_inline]] inline void deallocate_slow(void* block, const Request& request,
                                                      ThreadCache* cache) noexcept;
   void deallocate_outlined(void* block, const Request& request, ThreadCache* cache) noexcept;
