@@ -139,11 +139,12 @@ SegmentTier::Freed SegmentTier::free_keeping(void* block, StreamKey tag, std::si
   const std::size_t need = bytes;
   Range* r = live_.erase_if(block, [need, by](const Range* live) {
     if (need != 0 && live->size != need) return false;
-    if (live->owner == &LeaseOwner::heap_chunks()) return by == live->owner;  // a heap's chunk
-    return live->owner == nullptr || live->owner == by || !live->owner->holds(live->addr);
+    if (live->owner == by) return true;  // most frees: its owner's (or no owner's, by none)
+    if (live->owner == &LeaseOwner::heap_chunks()) return false;  // a heap's chunk: by its heap
+    return live->owner == nullptr || !live->owner->holds(live->addr);
   });
   if (r == nullptr) return Freed::foreign;
-  if (r->owner != nullptr && r->owner != by) r->owner->revoke(block);  // its record is stale
+  if (r->owner != by && r->owner != nullptr) r->owner->revoke(block);  // its record is stale
   budget_.give(r->size);
   r->tag = tag;
   r->epoch = tags_.epoch();
