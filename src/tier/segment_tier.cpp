@@ -405,20 +405,20 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& m
   Range* r = smaller_fit();
   // The stream's own pending ranges (its frees under a marker not yet complete) first: safe for
   // it in stream order, and idle for every other stream until the marker completes. Where
-  // nothing else serves without growing, one with the untagged range after it (a stream that
-  // frees a block and asks for a larger one): as the coalescing rule does for a free on a
-  // stream, but only when a request needs it, so untagged memory stays every stream's.
+  // nothing else serves without growing, one with the untagged range after it, all mapped (a
+  // stream that frees a block and asks for a larger one): as the coalescing rule does for a
+  // free on a stream, but only when a request needs it, so untagged memory stays every
+  // stream's.
   if (stream != kUntagged && tags_.any_pending()) {
     if (Range* own = tags_.own_pending_fit(stream, need)) {
       mapped = true;  // a pending range was a block: its granules are mapped
       return own;
     }
-    bool stretch_mapped = false;
-    Range* stretch =
-        r == nullptr || !mapped ? tags_.own_pending_stretch(stream, need, stretch_mapped) : nullptr;
-    if (stretch != nullptr && stretch_mapped) {
-      mapped = true;
-      return stretch;
+    if (r == nullptr || !mapped) {
+      if (Range* stretch = tags_.own_pending_stretch(stream, need)) {
+        mapped = true;  // own_pending_stretch() takes none with a granule to map
+        return stretch;
+      }
     }
   }
   // Growing while other streams hold free memory: fence those streams first (their ranges
@@ -445,17 +445,6 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& m
     if (r == nullptr) {
       r = fresh_tail(need);
       mapped = r != nullptr && map_.mapped_under(r, need);
-    }
-    // Virtual mode: a stretch whose granules are not all mapped yet may still map fewer than the
-    // fit (looked for again: the fence may have taken ranges back and merged them).
-    if ((r == nullptr || !mapped) && stream != kUntagged && tags_.any_pending()) {
-      bool stretch_mapped = false;
-      Range* stretch = tags_.own_pending_stretch(stream, need, stretch_mapped);
-      if (stretch != nullptr &&
-          (r == nullptr || stretch_mapped || growth_for(stretch, need) < growth_for(r, need))) {
-        mapped = stretch_mapped;
-        return stretch;
-      }
     }
   }
   if (r != nullptr && map_.base() == nullptr && r->prev == nullptr && r->next == nullptr &&

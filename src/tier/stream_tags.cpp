@@ -238,10 +238,10 @@ StreamTags::Range* StreamTags::own_pending_fit(StreamKey stream, std::size_t nee
   return best;
 }
 
-StreamTags::Range* StreamTags::own_pending_stretch(StreamKey stream, std::size_t need,
-                                                   bool& mapped) const noexcept {
+StreamTags::Range* StreamTags::own_pending_stretch(StreamKey stream,
+                                                   std::size_t need) const noexcept {
   Range* best = nullptr;
-  bool best_mapped = false;
+  std::size_t best_size = 0;
   for (const Pending& p : pending_) {
     if (p.stream != stream) continue;
     for (Range* r : p.ranges) {
@@ -250,17 +250,14 @@ StreamTags::Range* StreamTags::own_pending_stretch(StreamKey stream, std::size_t
           next->tag != kUntagged || r->size + next->size < need) {
         continue;
       }
-      const bool r_mapped = map_.base() == nullptr || map_.mapped_under(r, need);
-      const bool better =
-          best == nullptr || (r_mapped && !best_mapped) ||
-          (r_mapped == best_mapped && r->size + next->size < best->size + best->next->size);
-      if (better) {
+      const std::size_t size = r->size + next->size;
+      if (best != nullptr && size >= best_size) continue;
+      if (map_.base() == nullptr || map_.mapped_under(r, need)) {
         best = r;
-        best_mapped = r_mapped;
+        best_size = size;
       }
     }
   }
-  mapped = best_mapped;
   return best;
 }
 

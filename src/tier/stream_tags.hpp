@@ -108,12 +108,12 @@ class StreamTags {
   // the stream itself in stream order, so its own requests use them before its marker
   // completed.
   Range* own_pending_fit(StreamKey stream, std::size_t need) const noexcept;
-  // The smallest of `stream`'s pending ranges too small for `need` bytes whose next neighbour
-  // is an untagged free range that makes up the rest (null: none): the two serve the stream's
-  // request without growing the tier, where each alone would not (a stream that frees a block
-  // and asks for a larger one). Virtual mode prefers one whose granules under `need` are all
-  // mapped; `mapped` tells whether the result's are.
-  Range* own_pending_stretch(StreamKey stream, std::size_t need, bool& mapped) const noexcept;
+  // Of `stream`'s pending ranges too small for `need` bytes whose next neighbour is an untagged
+  // free range that makes up the rest, the one whose two ranges are smallest (null: none);
+  // virtual mode: only one whose granules under `need` are all mapped. The two serve the
+  // stream's request without growing the tier, where each alone would not (a stream that frees
+  // a block and asks for a larger one), and with no map that could fail after the claim.
+  Range* own_pending_stretch(StreamKey stream, std::size_t need) const noexcept;
   // `r` (an own_pending_fit() or own_pending_stretch() result) leaves its entry for a block of
   // `need` bytes: its rest past `need` stays pending in its place (FreeRanges::split_pending),
   // or, when r is smaller than `need`, it takes the rest from its untagged next neighbour

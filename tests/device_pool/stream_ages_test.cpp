@@ -209,8 +209,8 @@ TEST(StreamAges, SteadyFreeLeavesTheLastKeyAsNoteFreeDoes) {
   for (std::uint32_t i = 0; i <= StreamAges::kLoneSteadyFrees; ++i) free_on(steady_key, 1);
   ASSERT_TRUE(plain.steady(steady_key));
   for (int i = 0; i < 3; ++i) free_on(young_key, 2);
-  // steady() finds the steady key's entry without a free; then a free on it, through
-  // steady_free() where that counts it.
+  // steady() finds the steady key's entry without a free; then a free on it (note_free()
+  // counts it: the young key's free took the hot key from steady_free()).
   ASSERT_TRUE(both.steady(steady_key));
   ASSERT_TRUE(plain.steady(steady_key));
   EXPECT_TRUE(free_on(steady_key, 1).steady);

@@ -827,8 +827,28 @@ TEST(SegmentTierVirtualStreams, AStreamsPendingRangeAndTheUntaggedRangeAfterItSe
   ASSERT_TRUE(tier.free(z, kUntagged));
 }
 
+// A stream's request that would need its pending range and granules still to map, with too
+// little memory left to map them: the request fails and the pending range stays under its
+// marker, so once the marker completed another stream gets it, with no growth.
+TEST(SegmentTierVirtualStreams, AFailedGrowthLeavesAStreamsPendingRangeToOthersAfterItsMarker) {
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
+  const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
+  VirtualTierParts parts(4_MiB);
+  SegmentTier tier(*parts.upstream, parts.fence, parts.gauge, virtual_options(parts.vm));
+  char* x = static_cast<char*>(tier.allocate(2_MiB, t, true));
+  SegmentTier::FreeMarker marker{.marker = parts.fence.record(nullptr), .recorder = &parts};
+  ASSERT_EQ(tier.free_keeping(x, t, 2_MiB, nullptr, &marker), SegmentTier::Freed::kept);
+  ASSERT_TRUE(marker.taken);
+  EXPECT_THROW((void)tier.allocate(8_MiB, t, true), OutOfMemory);
+  parts.fence.complete_all();
+  void* again = tier.allocate(2_MiB, s, false);
+  EXPECT_EQ(again, x) << "x's marker completed: x is any stream's";
+  ASSERT_TRUE(tier.free(again, s));
+}
+
 // The same in a tier of segments, and when the block takes the whole of both ranges.
 TEST(SegmentTier, AStreamsPendingRangeAndTheUntaggedRangeAfterItServeItsRequest) {
+  const auto s = detail::stream_key(reinterpret_cast<cudaStream_t>(0x10));
   const auto t = detail::stream_key(reinterpret_cast<cudaStream_t>(0x20));
   TierFixture f(two_mib_segments());
   char* whole = static_cast<char*>(f.tier.allocate(8_MiB, kUntagged, true));
@@ -843,6 +863,11 @@ TEST(SegmentTier, AStreamsPendingRangeAndTheUntaggedRangeAfterItServeItsRequest)
     const std::size_t reserved = f.tier.counters().reserved;
     EXPECT_EQ(f.tier.allocate(request, t, false), x);
     EXPECT_EQ(f.tier.counters().reserved, reserved);
+    if (request < 8_MiB) {
+      char* rest = static_cast<char*>(f.tier.allocate(8_MiB - request, s, false));
+      EXPECT_EQ(rest, x + request) << "the rest is any stream's at once";
+      ASSERT_TRUE(f.tier.free(rest, kUntagged));
+    }
     ASSERT_TRUE(f.tier.free(x, kUntagged));
   }
   f.tier.trim(0, false);
