@@ -176,18 +176,19 @@ class StreamAges {
     return &entries_[from];
   }
   // The hot stream: steady_free() counts its frees down in hot_left_ alone (frees to its next
-  // naming, as rename_at - frees); settle_hot() adds what it counted to its entry and the tick
-  // before note_free() reads or changes any entry. While hot_key_ is set it is last_key_, and
-  // entries_[hot_index_] is its entry, steady.
+  // naming, rename_at - frees, its entry's frees as of make_hot()); settle_hot() adds what it
+  // counted to its entry and the tick before note_free() reads or changes any entry. While
+  // hot_key_ is set it is last_key_, and entries_[hot_index_] is its entry, steady.
   void make_hot(const Entry& e) noexcept {
     hot_key_ = e.key;
     hot_index_ = static_cast<std::uint32_t>(&e - entries_.data());
-    hot_left_ = hot_start_ = e.rename_at - e.frees;
+    hot_left_ = e.rename_at - e.frees;
   }
   void settle_hot() noexcept {
     if (hot_key_ == kUntagged) return;
-    const std::uint32_t counted = hot_start_ - hot_left_;
-    entries_[hot_index_].frees += counted;
+    Entry& e = entries_[hot_index_];
+    const std::uint32_t counted = e.rename_at - e.frees - hot_left_;
+    e.frees += counted;
     tick_ += counted;
     hot_key_ = kUntagged;
   }
@@ -199,7 +200,6 @@ class StreamAges {
   StreamKey hot_key_ = kUntagged;
   std::uint32_t hot_index_ = 0;
   std::uint32_t hot_left_ = 0;
-  std::uint32_t hot_start_ = 0;
 };
 
 }  // namespace vram::detail

@@ -410,15 +410,9 @@ SegmentTier::Range* SegmentTier::fit(StreamKey stream, std::size_t need, bool& m
   // free on a stream, but only when a request needs it, so untagged memory stays every
   // stream's.
   if (stream != kUntagged && tags_.any_pending()) {
-    if (Range* own = tags_.own_pending_fit(stream, need)) {
-      mapped = true;  // a pending range was a block: its granules are mapped
+    if (Range* own = tags_.own_pending_fit(stream, need, /*stretch=*/r == nullptr || !mapped)) {
+      mapped = true;  // own_pending_fit() takes none with a granule to map
       return own;
-    }
-    if (r == nullptr || !mapped) {
-      if (Range* stretch = tags_.own_pending_stretch(stream, need)) {
-        mapped = true;  // own_pending_stretch() takes none with a granule to map
-        return stretch;
-      }
     }
   }
   // Growing while other streams hold free memory: fence those streams first (their ranges

@@ -224,41 +224,39 @@ void StreamTags::merge_in_entry(Pending& entry, Range* r) noexcept {
   }
 }
 
-StreamTags::Range* StreamTags::own_pending_fit(StreamKey stream, std::size_t need) const noexcept {
-  Range* best = nullptr;
+StreamTags::Range* StreamTags::own_pending_fit(StreamKey stream, std::size_t need,
+                                               bool stretch) const noexcept {
+  Range* alone = nullptr;   // spans `need` itself: the smallest
+  Range* joined = nullptr;  // with its untagged next neighbour: the smallest pair
+  std::size_t joined_size = 0;
   for (const Pending& p : pending_) {
     if (p.stream != stream) continue;
     for (Range* r : p.ranges) {
+      std::size_t size = r->size;
+      if (size >= need) {
+        if (alone != nullptr && size >= alone->size) continue;
+      } else {
+        const Range* next = r->next;
+        if (!stretch || alone != nullptr || next == nullptr || next->state != Range::State::free ||
+            next->tag != kUntagged) {
+          continue;
+        }
+        size += next->size;
+        if (size < need || (joined != nullptr && size >= joined_size)) continue;
+      }
       // Virtual mode: an adopted range may span never-mapped granules (a stream's free merges
-      // with the untagged tail); only one mapped under `need` serves without growing.
-      if (r->size < need || (best != nullptr && r->size >= best->size)) continue;
-      if (map_.base() == nullptr || map_.mapped_under(r, need)) best = r;
-    }
-  }
-  return best;
-}
-
-StreamTags::Range* StreamTags::own_pending_stretch(StreamKey stream,
-                                                   std::size_t need) const noexcept {
-  Range* best = nullptr;
-  std::size_t best_size = 0;
-  for (const Pending& p : pending_) {
-    if (p.stream != stream) continue;
-    for (Range* r : p.ranges) {
-      const Range* next = r->next;
-      if (r->size >= need || next == nullptr || next->state != Range::State::free ||
-          next->tag != kUntagged || r->size + next->size < need) {
-        continue;
-      }
-      const std::size_t size = r->size + next->size;
-      if (best != nullptr && size >= best_size) continue;
-      if (map_.base() == nullptr || map_.mapped_under(r, need)) {
-        best = r;
-        best_size = size;
+      // with the untagged tail), and an untagged neighbour may too; only one mapped under
+      // `need` serves without growing.
+      if (map_.base() != nullptr && !map_.mapped_under(r, need)) continue;
+      if (r->size >= need) {
+        alone = r;
+      } else {
+        joined = r;
+        joined_size = size;
       }
     }
   }
-  return best;
+  return alone != nullptr ? alone : joined;
 }
 
 void StreamTags::take_pending(Range* r, std::size_t need) noexcept {

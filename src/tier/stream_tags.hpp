@@ -103,18 +103,14 @@ class StreamTags {
   // as usual and keeps the marker) when no host memory is left for a new entry.
   // r merges with its neighbours in that entry (merge_in_entry()).
   bool file_pending(Range* r, std::uint64_t marker, const void* recorder) noexcept;
-  // The smallest of `stream`'s pending ranges that spans `need` bytes of mapped memory (null:
-  // none): safe for
-  // the stream itself in stream order, so its own requests use them before its marker
-  // completed.
-  Range* own_pending_fit(StreamKey stream, std::size_t need) const noexcept;
-  // Of `stream`'s pending ranges too small for `need` bytes whose next neighbour is an untagged
-  // free range that makes up the rest, the one whose two ranges are smallest (null: none);
-  // virtual mode: only one whose granules under `need` are all mapped. The two serve the
-  // stream's request without growing the tier, where each alone would not (a stream that frees
-  // a block and asks for a larger one), and with no map that could fail after the claim.
-  Range* own_pending_stretch(StreamKey stream, std::size_t need) const noexcept;
-  // `r` (an own_pending_fit() or own_pending_stretch() result) leaves its entry for a block of
+  // The smallest of `stream`'s pending ranges that spans `need` bytes of mapped memory: safe
+  // for the stream itself in stream order, so its own requests use them before its marker
+  // completed. With `stretch`, when none does: the one too small for `need` whose next
+  // neighbour is an untagged free range that makes up the rest, all mapped under `need`, the
+  // two smallest together (a stream that frees a block and asks for a larger one; no map can
+  // fail after the claim). Null: none.
+  Range* own_pending_fit(StreamKey stream, std::size_t need, bool stretch) const noexcept;
+  // `r` (an own_pending_fit() result) leaves its entry for a block of
   // `need` bytes: its rest past `need` stays pending in its place (FreeRanges::split_pending),
   // or, when r is smaller than `need`, it takes the rest from its untagged next neighbour
   // (FreeRanges::take_with_untagged_next); an entry left with no range releases its marker.
