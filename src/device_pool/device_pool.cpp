@@ -96,7 +96,7 @@ detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
   return *core_;
 }
 
-// Each call tests graphs_on first (graph_routing.hpp): while no graph pool exists and no
+// Each call tests kGraphsOn first (graph_routing.hpp): while no graph pool exists and no
 // capture scope is open, one load from the cache line the warm path reads anyway.
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
   detail::DevicePoolCore& core = live_core("allocate");

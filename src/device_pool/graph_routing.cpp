@@ -84,7 +84,7 @@ std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
     if (key == kUntagged) return graph_routing.for_thread(std::this_thread::get_id());
     if (auto id = graph_routing.for_stream(key)) return id;
     // While a scope is open, a stream forked into its capture is found by the capture's id,
-    // whatever watch_captures says: the query is paid only while scopes are open.
+    // whatever kWatchCaptures says: the query is paid only while scopes are open.
     const bool legacy = stream == nullptr || stream == cudaStreamLegacy;
     const std::uint64_t capture =
         graph_routing.any() && !legacy ? fence->capture_of(stream) : capture_of(stream);
@@ -94,7 +94,7 @@ std::optional<GraphPools::Id> DevicePoolCore::graph_route(StreamKey key,
       return id;
     }
     // A capture no scope names: its own pool, with detection on (else the ordinary rules).
-    if (!watch_captures) return std::nullopt;
+    if (!watch_captures()) return std::nullopt;
     return unscoped_pool_of(capture);
   } catch (...) {  // out of host memory in a lookup: the ordinary rules
     return std::nullopt;

@@ -4,8 +4,9 @@
 // The flag. Rule: it is true while any graph pool exists, any capture scope is open or any
 // sleep tag exists (a count of all three, kept under a mutex of its own by the rare calls that
 // change it: open() and close() count the routes, GraphPools and SleepTags call add()); while
-// it is false no call is routed. The flag lives in the pool's hot cache line, beside
-// plain_calls, so the test costs no extra line; GraphRouting keeps a pointer to it.
+// it is false no call is routed. The flag is one bit of the pool's word of call checks
+// (pool_core.hpp, in its hot cache line beside plain_calls, so the test costs no extra line);
+// GraphRouting keeps a pointer to the word and changes only that bit.
 //
 // The routes: which allocations a capture scope sends to a graph pool. Rule: while a capture
 // scope into pool P is open on stream S by thread T, allocations on S (allocate_async(..., S)) and
@@ -39,8 +40,10 @@ namespace vram::detail {
 
 class GraphRouting {
  public:
-  // `flag` (optional; the unit tests run without): raised while the count is not zero.
-  explicit GraphRouting(std::atomic<bool>* flag = nullptr) noexcept : flag_(flag) {}
+  // `flag` of `word` (optional; the unit tests run without): set while the count is not
+  // zero; the word's other bits are left as they are.
+  explicit GraphRouting(std::atomic<std::uint64_t>* word = nullptr, std::uint64_t flag = 0) noexcept
+      : word_(word), flag_(flag) {}
   using PoolId = std::uint64_t;
   using StreamKey = std::uintptr_t;
   static constexpr StreamKey kNoStream = 0;
@@ -49,8 +52,14 @@ class GraphRouting {
   // each pool that exists) and SleepTags (one for each tag).
   void add(std::ptrdiff_t delta) noexcept {
     std::lock_guard lock(count_mutex_);
+    const bool was = count_ != 0;
     count_ += delta;
-    if (flag_ != nullptr) flag_->store(count_ != 0, std::memory_order_relaxed);
+    if (word_ == nullptr || was == (count_ != 0)) return;
+    if (count_ != 0) {
+      word_->fetch_or(flag_, std::memory_order_relaxed);
+    } else {
+      word_->fetch_and(~flag_, std::memory_order_relaxed);
+    }
   }
 
   // Opens a route for `stream` (its key and its handle) and `thread`; false when the
@@ -96,7 +105,8 @@ class GraphRouting {
   std::atomic<std::size_t> open_{0};
   std::mutex count_mutex_;
   std::ptrdiff_t count_ = 0;  // routes open, graph pools and sleep tags that exist
-  std::atomic<bool>* flag_;
+  std::atomic<std::uint64_t>* word_;
+  std::uint64_t flag_;
 };
 
 }  // namespace vram::detail

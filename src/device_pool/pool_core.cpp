@@ -102,7 +102,7 @@ DevicePoolCore::DevicePoolCore(std::shared_ptr<Upstream> upstream_in,
   plain_calls = !options.validate_deallocations && !options.track_peak_in_use;
   with_heaps = options.thread_cache.large_chunk_bytes != 0 &&
                options.thread_cache.large_bytes / 4 > small_max;
-  watch_captures = options.detect_unscoped_capture;
+  if (options.detect_unscoped_capture) call_checks.fetch_or(kWatchCaptures);
 }
 
 DevicePoolCore::~DevicePoolCore() {

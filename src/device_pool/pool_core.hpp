@@ -21,7 +21,7 @@
 //   thread_cache_registry.hpp (every cache, the stealer's side of the handshake),
 //   slow_path.hpp (the slow path's mutex and counters; the lock order), quiescer.*,
 //   deallocation_validation.*, orphaned_pool.hpp, in_use_peak.hpp, graph_routing.hpp
-//   (capture routes and the count behind graphs_on), graph_pools.*,
+//   (capture routes and the count behind the graph flag of call_checks), graph_pools.*,
 //   sleep_tags.*: the core's parts, each with its own private state.
 // The core keeps the options (and what they decide), the upstream, the tiers, the rings,
 // its own counters (out-of-memory retries, unscoped capture calls) and the flags the warm
@@ -94,11 +94,13 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // scope are friends (device_pool.cpp, graph_routing.cpp, pool_sleep.cpp).
   void* allocate(std::size_t bytes, std::size_t alignment, StreamKey key);
   void deallocate(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // Graph pools (graph_routing.cpp). The public calls test graphs_on and, while it is set,
+  // Graph pools (graph_routing.cpp). The public calls test kGraphsOn and, while it is set,
   // go through these (`key`: kUntagged for the calling thread's calls without a
   // stream): a request under a capture scope gets the graph pool's block; a deallocation of a
   // graph pool's block, or of any block freed under a scope, goes to that pool.
-  bool graphs_active() const noexcept { return graphs_on.load(std::memory_order_relaxed); }
+  bool graphs_active() const noexcept {
+    return (call_checks.load(std::memory_order_relaxed) & kGraphsOn) != 0;
+  }
   [[gnu::noinline]] void* allocate_with_graphs(std::size_t bytes, std::size_t alignment,
                                                StreamKey key, cudaStream_t stream);
   [[gnu::noinline]] void deallocate_with_graphs(void* block, std::size_t bytes, StreamKey key,
@@ -110,9 +112,12 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
     deallocate(block, bytes, kUntagged);
   }
   // The capture `stream` is in (0: none; the legacy stream is never captured, and with
-  // watch_captures off nothing is asked). One driver query (StreamFence::capture_of).
+  // kWatchCaptures off nothing is asked). One driver query (StreamFence::capture_of).
+  bool watch_captures() const noexcept {
+    return (call_checks.load(std::memory_order_relaxed) & kWatchCaptures) != 0;
+  }
   std::uint64_t capture_of(cudaStream_t stream) noexcept {
-    if (!watch_captures || stream == nullptr || stream == cudaStreamLegacy) return 0;
+    if (!watch_captures() || stream == nullptr || stream == cudaStreamLegacy) return 0;
     return fence->capture_of(stream);
   }
   // A request or deallocation on a stream being captured that no scope routes: the block
@@ -134,18 +139,18 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // A stream-ordered call on `key`'s stream, before its own work: when another stream's
   // request wanted the stream's marker, records it (the call proves the stream alive).
   void serve_want_of(StreamKey key) noexcept {
-    if ((wanted_streams.load(std::memory_order_relaxed) & StreamWants::bit_of(key)) != 0)
+    if ((call_checks.load(std::memory_order_relaxed) & StreamWants::bit_of(key)) != 0)
         [[unlikely]] {
       serve_want(key);
     }
   }
   // A stream-ordered call has more to do than the plain warm path: some stream is wanted
   // (serve_want_of), graph pools or capture scopes exist (graphs_active), or captures are
-  // watched (capture_of). The warm path tests only this (three loads from the cache line
-  // of plain_calls) and does the checks out of line when it holds: a stale clear
-  // wanted_streams delays a marker, as in serve_want_of.
+  // watched (capture_of). The warm path tests only this (one load of call_checks) and does
+  // the checks out of line when it holds: a stale clear wanted bit delays a marker, as in
+  // serve_want_of.
   bool stream_checks_needed() const noexcept {
-    return graphs_active() || watch_captures || wanted_streams.load(std::memory_order_relaxed) != 0;
+    return call_checks.load(std::memory_order_relaxed) != 0;
   }
   // At thread exit: empties the thread's cache and makes it adoptable.
   void retire(ThreadCache* cache) noexcept;
@@ -550,22 +555,25 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
       DevicePool::kDefaultAlignment;  // see the constructor
   // Neither validate_deallocations nor track_peak_in_use: the warm paths below may serve a call.
   bool plain_calls = false;
-  // True while a graph pool exists or a capture scope is open (graph_routing.hpp): every
-  // public call tests it, in the cache line of plain_calls, before it asks the graph pools.
-  std::atomic<bool> graphs_on{false};
-  // StreamWants::bit_of every caller stream whose marker another stream's request wants
-  // (stream_wants.hpp): the stream-ordered calls test it, in the same cache line, and the
-  // call on such a stream records the marker (serve_want) before its own work.
-  std::atomic<std::uint64_t> wanted_streams{0};
+  // What a public call checks beyond its warm path, in one word in the cache line of
+  // plain_calls (the stream-ordered calls test it whole, stream_checks_needed):
+  // - kGraphsOn: set while a graph pool or sleep tag exists or a capture scope is open
+  //   (graph_routing.hpp); every public call tests it before it asks the graph pools;
+  // - kWatchCaptures: Options::detect_unscoped_capture (set once, by the constructor);
+  // - the low StreamWants::kBits: StreamWants::bit_of every caller stream whose marker
+  //   another stream's request wants (stream_wants.hpp); the call on such a stream records
+  //   the marker (serve_want) before its own work.
+  // Each part changes only its own bits (read-modify-writes).
+  static constexpr std::uint64_t kGraphsOn = std::uint64_t{1} << 63;
+  static constexpr std::uint64_t kWatchCaptures = std::uint64_t{1} << 62;
+  static_assert(((kGraphsOn | kWatchCaptures) & StreamWants::kMask) == 0);
+  std::atomic<std::uint64_t> call_checks{0};
   // Young streams' markers the tiers took (stats().stream_markers).
   std::atomic<std::uint64_t> markers_at_frees{0};
-  // Options::detect_unscoped_capture: stream-ordered calls ask whether their stream is
-  // being captured.
-  bool watch_captures = true;
   // small_block_bytes() of every small class (small_max <= 2 MiB: at most 53 classes).
   std::array<std::uint32_t, 64> block_bytes_of{};
   ReservedGauge gauge;
-  StreamWants wants{wanted_streams};  // before the tiers: they refer to it
+  StreamWants wants{call_checks};  // before the tiers: they refer to it
   SegmentTier small;
   SegmentTier large;
   // Small blocks shared between threads: one lazily created ring per class.
@@ -600,11 +608,11 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
 
   // Last: the graph pools' state (its address filter is 64 KiB) stays out of the lines the
   // warm paths and the tiers use.
-  // The capture routes and the count behind graphs_on (graph_routing.hpp), then the graph
+  // The capture routes and the count behind kGraphsOn (graph_routing.hpp), then the graph
   // pools, which count themselves there.
-  GraphRouting graph_routing{&graphs_on};
+  GraphRouting graph_routing{&call_checks, kGraphsOn};
   GraphPools graph_pools{&graph_routing};
-  // Sleep tags (sleep_tags.hpp); while any exists graphs_on stays raised, so that every call
+  // Sleep tags (sleep_tags.hpp); while any exists kGraphsOn stays raised, so that every call
   // reaches allocate_with_graphs / deallocate_with_graphs, which ask the tags first.
   SleepTags sleep_tags{uid, graph_routing, gauge};
   // A request into `tag` and a deallocation of its block (pool_sleep.cpp): counted as slow-path

@@ -14,7 +14,9 @@
 //
 // The warm path tests one word, `bits` (a bit per hash of the key, set while some wanted key
 // hashes to it), with a relaxed load: a stale clear bit delays a marker, never breaks
-// safety; a set bit of another key costs one lookup under the mutex.
+// safety; a set bit of another key costs one lookup under the mutex. The wants own the
+// word's low kBits bits (kMask); the bits above are its owner's (a DevicePool's other
+// checks), and the wants never change them.
 //
 // Thread-safe: want() runs under a tier's mutex (the mutex here is taken after it, never
 // before: no tier call is made while it is held).
@@ -36,15 +38,19 @@ class StreamWants {
   // At most this many keys wait at once; a want beyond it is dropped (its stream's ranges
   // then wait for a quiesce), so streams destroyed with ranges left cannot grow the list.
   static constexpr std::size_t kMaxWanted = 1024;
+  static constexpr unsigned kBits = 62;
+  static constexpr std::uint64_t kMask = (std::uint64_t{1} << kBits) - 1;
 
   explicit StreamWants(std::atomic<std::uint64_t>& bits) noexcept : bits_(bits) {}
   StreamWants(const StreamWants&) = delete;
   StreamWants& operator=(const StreamWants&) = delete;
 
-  // The bit of `key` in `bits`; 0 for a stream that is always recordable (never wanted).
+  // The bit of `key` in `bits` (one of the low kBits); 0 for a stream that is always
+  // recordable (never wanted).
   static std::uint64_t bit_of(StreamKey key) noexcept {
     if (always_recordable(key)) return 0;
-    return std::uint64_t{1} << ((key * 0x9E3779B97F4A7C15ull) >> 58);
+    const std::uint64_t hash = (key * 0x9E3779B97F4A7C15ull) >> 32;
+    return std::uint64_t{1} << ((hash * kBits) >> 32);
   }
 
   void want(StreamKey key) noexcept {
@@ -86,7 +92,10 @@ class StreamWants {
   void publish() noexcept {
     std::uint64_t bits = 0;
     for (StreamKey key : keys_) bits |= bit_of(key);
-    bits_.store(bits, std::memory_order_relaxed);
+    // Two read-modify-writes leave the owner's bits as they are; between them a bit of a key
+    // no longer wanted may still be set, which costs a lookup, never a marker.
+    bits_.fetch_or(bits, std::memory_order_relaxed);
+    bits_.fetch_and(bits | ~kMask, std::memory_order_relaxed);
   }
 
   mutable std::mutex mutex_;

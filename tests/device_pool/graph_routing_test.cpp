@@ -18,13 +18,16 @@ using detail::GraphRouting;
 cudaStream_t fake_stream(std::uintptr_t key) { return reinterpret_cast<cudaStream_t>(key); }
 
 TEST(CaptureRoutes, StreamAndThreadRouteToThePool) {
-  std::atomic<bool> flag{false};  // the pool's graphs_on
-  GraphRouting routes(&flag);
+  // The pool's word of call checks: the routes raise their flag bit and leave the others.
+  constexpr std::uint64_t kFlag = std::uint64_t{1} << 63;
+  constexpr std::uint64_t kOther = 0b101;
+  std::atomic<std::uint64_t> word{kOther};
+  GraphRouting routes(&word, kFlag);
   EXPECT_FALSE(routes.any());
   const auto me = std::this_thread::get_id();
   ASSERT_TRUE(routes.open(11, 0x100, fake_stream(0x100), me));
   EXPECT_TRUE(routes.any());
-  EXPECT_TRUE(flag.load());
+  EXPECT_EQ(word.load(), kFlag | kOther);
   EXPECT_EQ(routes.for_stream(0x100), 11U);
   EXPECT_EQ(routes.for_thread(me), 11U);
   EXPECT_FALSE(routes.for_stream(0x200).has_value());
@@ -36,9 +39,10 @@ TEST(CaptureRoutes, StreamAndThreadRouteToThePool) {
   routes.add(1);                   // another part (a graph pool, a sleep tag) keeps the flag raised
   EXPECT_TRUE(routes.close(11));
   EXPECT_FALSE(routes.any());
-  EXPECT_TRUE(flag.load());
+  EXPECT_EQ(word.load(), kFlag | kOther);
+  word.fetch_and(~std::uint64_t{1});  // another owner of the word clears its bit meanwhile
   routes.add(-1);
-  EXPECT_FALSE(flag.load());
+  EXPECT_EQ(word.load(), std::uint64_t{0b100});
   EXPECT_FALSE(routes.for_thread(me).has_value());
 }
 
