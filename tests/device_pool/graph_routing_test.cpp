@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device_pool/graph_routing.hpp"
+#include "tier/stream_wants.hpp"
 
 namespace vram::testing {
 namespace {
@@ -97,6 +98,38 @@ TEST(CaptureRoutesThreads, EachThreadSeesItsOwnRoute) {
   for (auto& thread : threads) thread.join();
   EXPECT_EQ(wrong.load(), 0);
   EXPECT_FALSE(routes.any());
+}
+
+// The pool's word of call checks holds the routes' flag and the wanted streams' bits: scopes
+// opening and closing on one thread while another wants and takes streams lose neither. When
+// both stop, the flag says whether a route is open and the wanted bits are the streams'
+// still wanted.
+TEST(CaptureRoutesThreads, TheFlagAndTheWantedStreamsShareTheWordWithoutLosingEither) {
+  constexpr std::uint64_t kFlag = std::uint64_t{1} << 63;
+  std::atomic<std::uint64_t> word{0};
+  GraphRouting routes(&word, kFlag);
+  detail::StreamWants wants(word);
+  std::atomic<bool> done{false};
+  std::atomic<int> wrong{0};
+  std::thread scopes([&] {
+    for (int i = 0; i < 5000; ++i) {
+      if (!routes.open(41, 0x100, fake_stream(0x100), std::this_thread::get_id())) ++wrong;
+      if (!routes.close(41)) ++wrong;
+    }
+    if (!routes.open(41, 0x100, fake_stream(0x100), std::this_thread::get_id())) ++wrong;
+    done.store(true);
+  });
+  const auto stream_at = [](std::uint64_t i) { return std::uintptr_t{0x7f0000001000} + i * 0x230; };
+  for (std::uint64_t round = 0; !done.load() || round < 1000; ++round) {
+    wants.want(stream_at(round % 64));
+    EXPECT_TRUE(wants.take(stream_at(round % 64)));
+  }
+  scopes.join();
+  EXPECT_EQ(wrong.load(), 0);
+  wants.want(stream_at(5));
+  EXPECT_EQ(word.load(), kFlag | detail::StreamWants::bit_of(stream_at(5)));
+  EXPECT_TRUE(routes.close(41));
+  EXPECT_EQ(word.load(), detail::StreamWants::bit_of(stream_at(5)));
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ constexpr std::uint64_t kOwnerBits = ~StreamWants::kMask;
 StreamKey stream_at(std::uint64_t i) { return 0x7f0000001000 + i * 0x230; }
 
 // Every wanted stream's bit is one of the wants' own bits; the streams that are always
-// recordable (no stream, the legacy stream) have none; the bits spread over the wants' bits.
+// recordable (no stream, the legacy stream) have none; streams reach every one of them.
 TEST(StreamWants, AStreamsBitIsOneOfTheWantsOwnBits) {
   std::uint64_t seen = 0;
   for (std::uint64_t i = 0; i < 4096; ++i) {
