@@ -96,8 +96,8 @@ detail::DevicePoolCore& DevicePool::live_core(const char* call) const {
   return *core_;
 }
 
-// Each call tests kGraphsOn first (graph_routing.hpp): while no graph pool exists and no
-// capture scope is open, one load from the cache line the warm path reads anyway.
+// Each call tests kGraphsOn first (graph_routing.hpp): while no graph pool or sleep tag exists
+// and no capture scope is open, one load from the cache line the warm path reads anyway.
 void* DevicePool::allocate(std::size_t bytes, std::size_t alignment) {
   detail::DevicePoolCore& core = live_core("allocate");
   if (core.graphs_active()) [[unlikely]]
