@@ -21,6 +21,10 @@
 // pairs is the instructions of a warm pair. `fenced`: the same with allocate_async/
 // deallocate_async on one stream whose fence (below) completes every marker at once and names
 // the stream as one id, so the stream-ordered path's instructions count the same way.
+// A fifth argument `vm` (host and fenced): the large tier over the host emulation of virtual
+// memory (a 4 GiB reservation), as DevicePool(device) backs it on a GPU; the default over a host
+// upstream is segments. Trees before the large tier's options were grouped (4faa1e4) build
+// with -DPROBE_FLAT_OPTIONS.
 // Results: bench/RESULTS.md, "batched".
 #include <cuda_runtime_api.h>
 #include <algorithm>
@@ -57,7 +61,7 @@ class NamingFence final : public vram::StreamFence {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s THREADS MAX_EXP so|plain|host|fenced SECONDS|PASSES\n",
+    std::fprintf(stderr, "usage: %s THREADS MAX_EXP so|plain|host|fenced SECONDS|PASSES [vm]\n",
                  argv[0]);
     return 2;
   }
@@ -73,6 +77,16 @@ int main(int argc, char** argv) {
   }
   vram::DevicePool::Options options;
   if (fenced) options.fence = std::make_shared<NamingFence>();
+  const bool vm = host && argc > 5 && argv[5][0] == 'v';
+  if (vm) {
+#ifdef PROBE_FLAT_OPTIONS
+    options.large_tier_memory = vram::LargeTierMemory::virtual_memory;
+    options.virtual_reservation_bytes = std::size_t{4} << 30;
+#else
+    options.large_tier.memory = vram::LargeTierMemory::virtual_memory;
+    options.large_tier.virtual_reservation_bytes = std::size_t{4} << 30;
+#endif
+  }
   vram::DevicePool pool =
       host ? vram::DevicePool(std::make_shared<vram::HostMemoryUpstream>(), options)
            : vram::DevicePool(0);
@@ -113,8 +127,8 @@ int main(int argc, char** argv) {
     for (int pass = 0; pass < passes; ++pass) {
       for (const Batch& b : batches[0]) run_batch(b, host_stream);
     }
-    std::printf("%s max 2^%d: %d passes, %d pairs, peak reserved %.0f MiB\n",
-                fenced ? "fenced" : "host", max_exp, passes, passes * 8192,
+    std::printf("%s%s max 2^%d: %d passes, %d pairs, peak reserved %.0f MiB\n",
+                fenced ? "fenced" : "host", vm ? " vm" : "", max_exp, passes, passes * 8192,
                 pool.stats().peak_bytes_reserved / 1048576.0);
     return 0;
   }
