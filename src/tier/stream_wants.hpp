@@ -41,7 +41,7 @@ class StreamWants {
   static constexpr unsigned kBits = 62;
   static constexpr std::uint64_t kMask = (std::uint64_t{1} << kBits) - 1;
 
-  // `bits`: the word the wants publish to, its low kBits bits clear.
+  // `bits`: the word the wants publish to (its low kBits bits are theirs).
   explicit StreamWants(std::atomic<std::uint64_t>& bits) noexcept : bits_(bits) {}
   StreamWants(const StreamWants&) = delete;
   StreamWants& operator=(const StreamWants&) = delete;
@@ -93,17 +93,16 @@ class StreamWants {
   void publish() noexcept {
     std::uint64_t bits = 0;
     for (StreamKey key : keys_) bits |= bit_of(key);
-    // Only the wants write the low bits, under mutex_, so published_ is what they hold: one
-    // exclusive-or turns them into `bits` and leaves the owner's bits as they are.
-    if (bits == published_) return;
-    bits_.fetch_xor(bits ^ published_, std::memory_order_relaxed);
-    published_ = bits;
+    // Only the wants write the low bits, under mutex_, so a load here reads what the last
+    // publish left (the mutex orders it after that one): one exclusive-or turns them into
+    // `bits` and leaves the owner's bits as they are.
+    const std::uint64_t now = bits_.load(std::memory_order_relaxed) & kMask;
+    if (bits != now) bits_.fetch_xor(bits ^ now, std::memory_order_relaxed);
   }
 
   mutable std::mutex mutex_;
   std::vector<StreamKey> keys_;
   std::uint64_t wanted_ = 0;
-  std::uint64_t published_ = 0;  // the low bits of bits_, as the last publish() left them
   std::atomic<std::uint64_t>& bits_;
 };
 
