@@ -58,6 +58,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "tier/contention_watch.hpp"
 #include "tier/lease_owner.hpp"
 #include "tier/stream_key.hpp"
 
@@ -123,15 +124,13 @@ class LargeBlockCache : public LeaseOwner {
     keeps_ = true;
     window_ = hits_ = 0;
     shadow_.fill(0);
-    seen_any_ = false;
+    contentions_.reset();
     forget_leased();
   }
   // The large tier's count of contended locks, read by this thread around a call into the
   // tier: a change since its last call turns the cache on.
   void note_contentions(std::uint32_t count) noexcept {
-    if (seen_any_ && count != seen_) active_ = true;
-    seen_ = count;
-    seen_any_ = true;
+    if (contentions_.moved(count)) active_ = true;
   }
   // A cached block of exactly `bytes` usable on `key` (recorded as leased again), else null.
   void* take(std::size_t bytes, StreamKey key) noexcept {
@@ -303,8 +302,7 @@ class LargeBlockCache : public LeaseOwner {
   std::uint32_t window_ = 0;
   std::uint32_t hits_ = 0;
   std::array<std::size_t, kShadow> shadow_{};
-  bool seen_any_ = false;
-  std::uint32_t seen_ = 0;
+  ContentionWatch contentions_;
 };
 
 }  // namespace vram::detail

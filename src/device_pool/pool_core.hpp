@@ -477,10 +477,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // A small-tier request of a thread without heaps: whether the small tier's mutex was found
   // locked since its last one (the heaps then start, as when its large-block cache turns on).
   void note_small_contentions(ThreadCache& cache) noexcept {
-    const std::uint32_t seen = small.contentions();
-    if (cache.small_seen && seen != cache.small_contentions) start_heap(cache);
-    cache.small_contentions = seen;
-    cache.small_seen = true;
+    if (cache.small_contentions.moved(small.contentions())) start_heap(cache);
   }
   // A cache whose large-block cache turned on gets its heap (when heaps are on): from now on
   // its large requests up to the heap's max_block() that heap_serves() are the heap's; the

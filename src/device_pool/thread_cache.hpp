@@ -46,6 +46,7 @@
 #include "large_block_cache.hpp"
 #include "stream_ages.hpp"
 #include "thread_heap.hpp"
+#include "tier/contention_watch.hpp"
 #include "tier/segment_tier.hpp"
 #include "vram/detail/asymmetric_barrier.hpp"
 #include "vram/detail/mpmc_ring.hpp"
@@ -132,13 +133,12 @@ struct ThreadCache {
   // pool's ThreadHeaps, kept with the cache when another thread adopts it.
   ThreadHeap* heap = nullptr;
   // The same over the small tier (its classes' blocks that bins and rings do not serve), and
-  // the small tier's count of contended locks as this thread last saw it.
+  // whether the small tier's mutex was contended between two of this thread's calls.
   ThreadHeap* small_heap = nullptr;
   // The heaps serve this thread's requests (it met other threads on a tier); an adopting
   // thread starts without (its frees still reach them).
   bool heaps_on = false;
-  std::uint32_t small_contentions = 0;
-  bool small_seen = false;
+  ContentionWatch small_contentions;
   // The stream the heap serves (besides requests without a stream): the one the thread has
   // asked on kHeapStreak times in a row (DevicePoolCore::heap_serves).
   StreamKey heap_home = kUntagged;

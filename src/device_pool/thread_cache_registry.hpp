@@ -51,7 +51,7 @@ class ThreadCacheRegistry {
     // meets other threads on a tier: a thread alone places blocks as without heaps.
     cache->heaps_on = false;
     cache->max_bytes = shape_.max_bytes;
-    cache->small_seen = false;  // contention counted from the new thread's first call
+    cache->small_contentions.reset();  // counted from the new thread's first call
     cache->heap_home = kUntagged;
     cache->heap_candidate = kUntagged;
     cache->heap_streak = 0;
