@@ -1,8 +1,8 @@
 // src/tier/contention_watch.hpp: whether a tier's mutex was contended between two of one
-// thread's calls into the tier (TierMutex::contentions(), read around each call).
+// thread's calls into the tier (TierMutex::contentions(), read after each call).
 //
-// A count that did not change writes nothing: a thread alone on a tier reads it on every call
-// and keeps its cache line shared. Not thread-safe: the owning thread's state.
+// A count that did not change writes nothing: a thread alone on a tier reads it after every
+// call. Not thread-safe: the owning thread's state.
 #pragma once
 
 #include <cstdint>
