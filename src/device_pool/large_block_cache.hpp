@@ -127,7 +127,7 @@ class LargeBlockCache : public LeaseOwner {
     contentions_.reset();
     forget_leased();
   }
-  // The large tier's count of contended locks, read by this thread around a call into the
+  // The large tier's count of contended locks, read by this thread after a call into the
   // tier: a change since its last call turns the cache on.
   void note_contentions(std::uint32_t count) noexcept {
     if (contentions_.moved(count)) active_ = true;

@@ -132,12 +132,13 @@ struct ThreadCache {
   // The thread's heap of large blocks (thread_heap.hpp), once it has one; owned by the
   // pool's ThreadHeaps, kept with the cache when another thread adopts it.
   ThreadHeap* heap = nullptr;
-  // The same over the small tier (its classes' blocks that bins and rings do not serve), and
-  // whether the small tier's mutex was contended between two of this thread's calls.
+  // The same over the small tier (its classes' blocks that bins and rings do not serve).
   ThreadHeap* small_heap = nullptr;
   // The heaps serve this thread's requests (it met other threads on a tier); an adopting
   // thread starts without (its frees still reach them).
   bool heaps_on = false;
+  // Whether the small tier's mutex was contended between two of this thread's calls (what
+  // starts its heaps, DevicePoolCore::note_small_contentions).
   ContentionWatch small_contentions;
   // The stream the heap serves (besides requests without a stream): the one the thread has
   // asked on kHeapStreak times in a row (DevicePoolCore::heap_serves).
