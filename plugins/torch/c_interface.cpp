@@ -13,6 +13,7 @@
 #include <cstring>
 #include <exception>
 #include <new>
+#include <optional>
 #include <string>
 #include <type_traits>
 
@@ -39,6 +40,7 @@ static_assert(std::is_same_v<vram_torch_stream_t, cudaStream_t>,
 using vram_torch::DeviceState;
 using vram_torch::find_state;
 using vram_torch::note_error;
+using vram_torch::note_error_built;
 
 VRAM_TORCH_API int vram_torch_set_oom_throws(int throws) {
   return vram_torch::set_oom_throws(throws);
@@ -58,14 +60,28 @@ VRAM_TORCH_API size_t vram_torch_block_bytes(int device, size_t size) {
   return state == nullptr ? 0 : state->pool.block_bytes(size);
 }
 
+namespace {
+
+// A block vram_torch_alloc could not file (no host memory for the entry): back where it
+// came from, as vram_torch_free would send it with no recorded stream.
+void give_back_unfiled(DeviceState& state, void* ptr, size_t size, vram_torch_stream_t stream,
+                       bool capturing) noexcept {
+  if (capturing && state.graphs.deallocate(ptr, size, stream)) return;
+  state.pool.deallocate_async(ptr, size, stream);
+}
+
+}  // namespace
+
 VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream_t stream) {
   if (size == 0) return nullptr;  // PyTorch keeps a null data pointer for empty storage
   DeviceState* state = nullptr;
   try {
     state = &vram_torch::state_for(device);
   } catch (const std::exception& e) {
-    note_error(
-        std::string("cannot create the pool of device ") + std::to_string(device) + ": " + e.what(),
+    note_error_built(
+        [&] {
+          return "cannot create the pool of device " + std::to_string(device) + ": " + e.what();
+        },
         false);
     return nullptr;
   }
@@ -76,9 +92,11 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
   // interface) and takes no route, which could lead back here.
   const bool capturing = vram_torch::graph_hooks_installed() && state->graphs.active();
   for (int attempt = 0;; ++attempt) {
+    void* ptr = nullptr;
     try {
-      void* ptr = capturing ? state->graphs.allocate(size, stream).ptr : nullptr;
+      ptr = capturing ? state->graphs.allocate(size, stream).ptr : nullptr;
       if (ptr == nullptr) ptr = state->pool.allocate_async(size, stream);
+      state->handed_out.insert(ptr, {size});
       state->counters.count_allocation(state->pool.block_bytes(size), size);
       return ptr;
     } catch (const vram::OutOfMemory& e) {
@@ -87,14 +105,20 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
       note_error(e.what(), true);
       return vram_torch::out_of_memory(e.what());
     } catch (const std::bad_alloc& e) {
+      // The host ran out: for the pool's bookkeeping (nothing handed out), or for the
+      // block's entry (the block goes back).
+      if (ptr != nullptr) give_back_unfiled(*state, ptr, size, stream, capturing);
       state->counters.ooms.fetch_add(1, std::memory_order_relaxed);
       note_error(e.what(), true);
       return vram_torch::out_of_memory(e.what());
     } catch (const std::exception& e) {
       state->counters.ooms.fetch_add(1, std::memory_order_relaxed);
-      note_error(std::string("allocation of ") + std::to_string(size) + " bytes on device " +
-                     std::to_string(device) + " failed: " + e.what(),
-                 false);
+      note_error_built(
+          [&] {
+            return "allocation of " + std::to_string(size) + " bytes on device " +
+                   std::to_string(device) + " failed: " + e.what();
+          },
+          false);
       return nullptr;
     }
   }
@@ -102,20 +126,32 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
 
 VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
                                     vram_torch_stream_t stream) {
-  if (ptr == nullptr || size == 0) return;
+  if (ptr == nullptr) return;
   DeviceState* state = find_state(device);
-  if (state == nullptr) {  // not ours: nothing was ever allocated on this device
-    note_error("free of a pointer on device " + std::to_string(device) +
-                   ", where vram_torch never allocated; ignored",
-               false);
+  // Only a block this route handed out on `device` and not freed since goes on: a second
+  // free, another allocator's pointer or another device's block changes nothing.
+  const std::optional<vram_torch::HandedOut> held =
+      state != nullptr ? state->handed_out.take(ptr) : std::nullopt;
+  if (!held) {
+    note_error_built(
+        [&] {
+          return "free of " + vram_torch::pointer_text(ptr) + " on device " +
+                 std::to_string(device) +
+                 ": not a block vram_torch handed out there and has not freed since (freed "
+                 "twice, another allocator's, or another device's); ignored";
+        },
+        false);
     return;
   }
-  if (!is_block_size(size)) {  // no block has it: the pool ignores it and counts it invalid
-    note_error("free of " + std::to_string(size) + " bytes on device " + std::to_string(device) +
-                   ": more than any block of vram_torch (at most 1 TiB); ignored",
-               false);
-    state->pool.deallocate_async(ptr, size, stream);
-    return;
+  if (held->size != size) {
+    note_error_built(
+        [&] {
+          return "free of " + vram_torch::pointer_text(ptr) + " with " + std::to_string(size) +
+                 " bytes: it was allocated with " + std::to_string(held->size) +
+                 "; freed as allocated";
+        },
+        false);
+    size = held->size;
   }
   const std::size_t bytes = state->pool.block_bytes(size);
   state->counters.count_free(bytes, size);
@@ -132,7 +168,9 @@ VRAM_TORCH_API void vram_torch_record_stream(void* ptr, vram_torch_stream_t stre
   // PyTorch passes no device: ask the runtime which device owns ptr (record_stream is rare;
   // the warm allocation path never gets here).
   DeviceState* state = find_state(vram::cuda::pointer_info(ptr).device);
-  if (state == nullptr) return;  // not a block of this library
+  // Not the base of a live block of this route (an offset into one, a freed one, another
+  // allocator's): nothing to hold back at its free.
+  if (state == nullptr || state->handed_out.size_of(ptr) == 0) return;
   state->counters.record_calls.fetch_add(1, std::memory_order_relaxed);
   try {
     state->streams.record(ptr, stream);
@@ -171,7 +209,7 @@ VRAM_TORCH_API int vram_torch_install_native(void) {
 VRAM_TORCH_API size_t vram_torch_stats_size(void) { return sizeof(vram_torch_stats_t); }
 
 VRAM_TORCH_API int vram_torch_stats(int device, vram_torch_stats_t* out, size_t out_size) {
-  if (out == nullptr) return -1;
+  if (out == nullptr || device < 0 || device >= vram_torch::kMaxDevices) return -1;
   vram_torch_stats_t s{};
   DeviceState* state = find_state(device);
   if (state != nullptr) s = vram_torch::stats_of(*state);
@@ -242,7 +280,7 @@ VRAM_TORCH_API int vram_torch_tag_stats(const char* tag, int device, vram_torch_
     std::memcpy(out, &s, std::min(out_size, sizeof s));
     return 0;
   } catch (const std::exception& e) {
-    note_error(std::string("tag_stats: ") + e.what(), false);
+    note_error_built([&] { return std::string("tag_stats: ") + e.what(); }, false);
     return -1;
   }
 }

@@ -31,7 +31,7 @@ void DeviceState::empty_cache() noexcept {
     pool.trim(0);
   } catch (const std::exception& e) {
     try {
-      note_error(std::string("empty_cache: ") + e.what(), false);
+      note_error_built([&] { return std::string("empty_cache: ") + e.what(); }, false);
     } catch (...) {  // no host memory for the message: the call still returns
     }
   }

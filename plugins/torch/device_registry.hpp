@@ -4,8 +4,9 @@
 // - A state, once published, is never destroyed or replaced: it is leaked at exit on
 //   purpose, since PyTorch frees tensors during interpreter shutdown, after static
 //   destructors may have run.
-// - Every block handed out is either live (owned by PyTorch), held back (freed, waiting for
-//   events on recorded streams: StreamTracking), or back in the pool.
+// - Every block handed out is either live (owned by PyTorch, and filed in handed_out when
+//   the C route handed it out), held back (freed, waiting for events on recorded streams:
+//   StreamTracking), or back in the pool.
 // - find_state() is lock-free (one acquire load); only the creation of a state takes a lock.
 #pragma once
 
@@ -18,6 +19,7 @@
 #include <mutex>
 #include <vector>
 
+#include "blocks_by_address.hpp"
 #include "graph_routes.hpp"
 #include "stats.hpp"
 #include "stream_tracking.hpp"
@@ -63,6 +65,11 @@ class SegmentUnits final : public vram::ReserveObserver {
   std::int32_t next_order_ = 0;
 };
 
+// A block vram_torch_alloc handed out and vram_torch_free has not taken yet.
+struct HandedOut {
+  std::size_t size = 0;  // the bytes asked for
+};
+
 struct DeviceState {
   DeviceState(int device_index, vram::DevicePool::Options options)
       : device(device_index),
@@ -77,6 +84,10 @@ struct DeviceState {
   Counters counters;
   StreamTracking streams;  // refers to `pool`, so declared after it
   GraphRoutes graphs;      // likewise
+  // The C route's live blocks (c_interface.cpp): filed before vram_torch_alloc returns one,
+  // taken before vram_torch_free passes one on; a free or record_stream of an address not
+  // filed here reaches neither the pool nor the stream tracking.
+  BlocksByAddress<HandedOut> handed_out;
 
   // empty_cache(): the blocks held back for recorded streams, once their streams' work is
   // done, then every cache of the pool; an error is noted (vram_torch_last_error), not thrown.

@@ -17,7 +17,9 @@ namespace vram_torch {
 namespace {
 
 std::mutex g_error_mutex;
-std::string g_last_error;  // under g_error_mutex
+// Under g_error_mutex. Never destroyed: a free during the process's exit (a daemon thread,
+// a tensor of a static) may still note an error after static destructors ran.
+std::string& g_last_error = *new std::string;
 std::atomic<bool> g_oom_printed{false};
 // 1 after vram_torch_set_oom_throws(1) (vram_torch.enable()): PyTorch calls the allocator
 // directly and needs an exception; 0 (MemPool form, CuPy): null.
@@ -25,25 +27,35 @@ std::atomic<bool> g_oom_printed{false};
 
 }  // namespace
 
-void note_error(const std::string& message, bool is_oom) noexcept {
+void note_error(std::string_view message, bool is_oom) noexcept {
   try {
     {
       std::lock_guard<std::mutex> lock(g_error_mutex);
-      g_last_error = message;
+      g_last_error.assign(message);
     }
     if (!is_oom) {
-      std::fprintf(stderr, "vram_torch: %s\n", message.c_str());
+      std::fprintf(stderr, "vram_torch: %.*s\n", static_cast<int>(message.size()), message.data());
       return;
     }
     if (!g_oom_printed.exchange(true)) {
       std::fprintf(stderr,
                    "vram_torch: out of device memory; PyTorch will raise its error.\n"
-                   "  vram: %s\n"
+                   "  vram: %.*s\n"
                    "  (printed once per process; vram_torch.last_error() has the latest)\n",
-                   message.c_str());
+                   static_cast<int>(message.size()), message.data());
     }
   } catch (...) {
   }
+}
+
+void note_unexplained_error() noexcept {
+  std::fputs("vram_torch: an error, with no host memory left to explain it\n", stderr);
+}
+
+std::string pointer_text(const void* ptr) {
+  char text[2 + 2 * sizeof(void*) + 1];
+  std::snprintf(text, sizeof text, "%p", ptr);
+  return text;
 }
 
 std::size_t copy_last_error(char* buffer, std::size_t size) {
@@ -66,7 +78,7 @@ int set_oom_throws(int throws) noexcept {
 #endif
 }
 
-void* out_of_memory(const std::string& message) {
+void* out_of_memory(std::string_view message) {
 #ifdef VRAM_TORCH_WITH_C10
   if (g_oom_throws.load(std::memory_order_relaxed) != 0) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (vram): ", message);

@@ -54,7 +54,7 @@ int install_graph_hooks() noexcept {
       if (DeviceState* state = find_state(device)) state->graphs.release(key_of(id));
     });
   } catch (const std::exception& e) {
-    note_error(std::string("graph hooks: ") + e.what(), false);
+    note_error_built([&] { return std::string("graph hooks: ") + e.what(); }, false);
     return -1;
   }
   g_hooks_installed.store(true, std::memory_order_relaxed);

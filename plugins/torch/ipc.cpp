@@ -64,7 +64,8 @@ VRAM_TORCH_API void* vram_torch_ipc_open(const void* handle, int device) {
   try {
     return vram_torch::open_shared(handle, device);
   } catch (const std::exception& e) {
-    vram_torch::note_error(std::string("CUDA IPC import: ") + e.what(), false);
+    vram_torch::note_error_built([&] { return std::string("CUDA IPC import: ") + e.what(); },
+                                 false);
     return nullptr;
   }
 }

@@ -139,8 +139,11 @@ void MemoryHistory::record_noexcept(TraceEntry entry) noexcept {
     try {
       trackers_.fns[i](entry);
     } catch (const std::exception& e) {
-      note_error(std::string("an allocator trace tracker failed on a segment event: ") + e.what(),
-                 false);
+      note_error_built(
+          [&] {
+            return std::string("an allocator trace tracker failed on a segment event: ") + e.what();
+          },
+          false);
     } catch (...) {
       note_error("an allocator trace tracker failed on a segment event", false);
     }

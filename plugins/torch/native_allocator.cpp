@@ -54,7 +54,9 @@ class ForeignPoolAllocator final : public PoolAllocator {
     try {
       allocator_->raw_delete(ptr);
     } catch (const std::exception& e) {
-      note_error(std::string("free through a MemPool's allocator failed: ") + e.what(), false);
+      note_error_built(
+          [&] { return std::string("free through a MemPool's allocator failed: ") + e.what(); },
+          false);
     }
   }
 
@@ -1029,7 +1031,10 @@ void* NativeAllocator::open_shared_segment(const std::string& handle, int device
 }  // namespace
 
 int install_native_allocator() noexcept {
+  // One installation at a time: two callers racing would both change PyTorch's allocator.
+  static std::mutex installing;
   try {
+    const std::lock_guard lock(installing);
     auto& allocator = installed();
     if (allocator) return 1;
     auto made = std::make_shared<NativeAllocator>();
@@ -1041,7 +1046,9 @@ int install_native_allocator() noexcept {
     set_segment_listener(&on_segment);
     return 1;
   } catch (const std::exception& e) {
-    note_error(std::string("cannot install vram as PyTorch's CUDA allocator: ") + e.what(), false);
+    note_error_built(
+        [&] { return std::string("cannot install vram as PyTorch's CUDA allocator: ") + e.what(); },
+        false);
     return -1;
   }
 }

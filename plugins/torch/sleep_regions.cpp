@@ -20,8 +20,11 @@ thread_local std::vector<vram::DevicePool::TagScope> tl_regions;
 // The tag's name, or null (said as the latest error) when it is null, empty or too long.
 const char* checked_name(const char* tag, const char* call) noexcept {
   if (tag == nullptr || tag[0] == '\0' || strnlen(tag, kMaxTagName + 1) > kMaxTagName) {
-    note_error(
-        std::string(call) + ": the tag name must be a non-empty string of at most 256 " + "bytes",
+    note_error_built(
+        [&] {
+          return std::string(call) + ": the tag name must be a non-empty string of at most 256 " +
+                 "bytes";
+        },
         false);
     return nullptr;
   }
@@ -40,22 +43,26 @@ int each_device_with(const char* tag, int device, const char* call, Fn&& fn) noe
       }
     });
     if (status != 0) {
-      note_error(std::string(call) + ": no device " + std::to_string(device), false);
+      note_error_built([&] { return std::string(call) + ": no device " + std::to_string(device); },
+                       false);
       return -1;
     }
     if (found == 0) {
-      note_error(std::string(call) + ": no region named '" + tag + "' on " +
-                     (device < 0 ? std::string("any device") : "device " + std::to_string(device)) +
-                     " (a tag is made by the first region() that names it)",
-                 false);
+      note_error_built(
+          [&] {
+            return std::string(call) + ": no region named '" + tag + "' on " +
+                   (device < 0 ? std::string("any device") : "device " + std::to_string(device)) +
+                   " (a tag is made by the first region() that names it)";
+          },
+          false);
       return -1;
     }
     return 0;
   } catch (const std::exception& e) {
-    note_error(std::string(call) + "('" + tag + "'): " + e.what(), false);
+    note_error_built([&] { return std::string(call) + "('" + tag + "'): " + e.what(); }, false);
     return -1;
   } catch (...) {
-    note_error(std::string(call) + "('" + tag + "'): unknown error", false);
+    note_error_built([&] { return std::string(call) + "('" + tag + "'): unknown error"; }, false);
     return -1;
   }
 }
@@ -72,21 +79,28 @@ int region_enter(const char* tag, int discardable, int device) noexcept {
       options.discardable = discardable != 0;
       handle = state.pool.create_tag(tag, options);
     } else if (state.pool.tag_stats(*handle).discardable != (discardable != 0)) {
-      note_error(std::string("region('") + tag + "'): the tag exists with discardable=" +
-                     (discardable != 0 ? "False" : "True") + "; a tag keeps its kind",
-                 false);
+      note_error_built(
+          [&] {
+            return std::string("region('") + tag +
+                   "'): the tag exists with discardable=" + (discardable != 0 ? "False" : "True") +
+                   "; a tag keeps its kind";
+          },
+          false);
       return -1;
     }
     tl_regions.reserve(tl_regions.size() + 1);
     tl_regions.push_back(state.pool.tag_scope(*handle));
     return 0;
   } catch (const std::exception& e) {
-    note_error(
-        std::string("region('") + tag + "') on device " + std::to_string(device) + ": " + e.what(),
+    note_error_built(
+        [&] {
+          return std::string("region('") + tag + "') on device " + std::to_string(device) + ": " +
+                 e.what();
+        },
         false);
     return -1;
   } catch (...) {
-    note_error(std::string("region('") + tag + "'): unknown error", false);
+    note_error_built([&] { return std::string("region('") + tag + "'): unknown error"; }, false);
     return -1;
   }
 }

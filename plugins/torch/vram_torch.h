@@ -11,8 +11,10 @@
  *   vram_torch_free(ptr, size, device, stream) gets the stream the block was allocated on
  *   (PyTorch records it at allocation) and hands the block back stream-ordered: reusable at
  *   once on that stream, by another stream only after the work queued on it at the free.
- *   A size larger than any block (1 TiB) is ignored, counted as the pool's invalid release
- *   and explained in vram_torch_last_error.
+ *   A pointer that is not a block this interface handed out on `device` and has not freed
+ *   since (freed twice, another allocator's, another device's) is ignored and explained in
+ *   vram_torch_last_error; a size other than the allocation's is explained and the block
+ *   freed as allocated.
  *
  * Blocks used on other streams (tensor.record_stream(s))
  *   PyTorch forwards record_stream to vram_torch_record_stream once it is registered with
@@ -86,7 +88,8 @@ typedef struct vram_torch_stats_t {
 /* PyTorch's CUDAPluggableAllocator entry points. */
 void* vram_torch_alloc(size_t size, int device, vram_torch_stream_t stream);
 void vram_torch_free(void* ptr, size_t size, int device, vram_torch_stream_t stream);
-/* set_record_stream_fn: `ptr` is the base pointer of a live block of this library. */
+/* set_record_stream_fn: `ptr` is the base pointer of a live block of this library (any
+ * other pointer is ignored). */
 void vram_torch_record_stream(void* ptr, vram_torch_stream_t stream);
 /* set_reset_fn (torch.cuda.empty_cache()): vram_torch_empty_cache(-1). */
 void vram_torch_empty_cache_all(void);
