@@ -210,8 +210,8 @@ class Offload:
         if host not in _HOST_MODES:
             raise ValueError(f"vram_torch.offload: host must be one of {list(_HOST_MODES)}, "
                              f"not {host!r}")
-        if int(prefetch_depth) < 0:
-            raise ValueError("vram_torch.offload: prefetch_depth must be >= 0")
+        if not 0 <= int(prefetch_depth) <= vram_torch._SIZE_MAX:
+            raise ValueError("vram_torch.offload: prefetch_depth must be >= 0 and fit a size_t")
         self._lib = _bind(vram_torch.load_library(path))
         self.module = module
         self.budget = parse_bytes(budget)

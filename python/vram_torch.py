@@ -94,6 +94,7 @@ _KEYS = {
 }
 
 _lock = threading.Lock()
+_enable_lock = threading.Lock()
 _lib = None
 _lib_path = None
 _allocator = None
@@ -205,10 +206,24 @@ def _symbol_address(lib, name):
     return ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
 
+_SIZE_MAX = 2**64 - 1  # size_t's range, which ctypes would otherwise wrap into
+_INT_MAX = 2**31 - 1  # int's
+
+
+def _size_arg(value, what):
+    """`value` as a size_t argument; ValueError outside 0 .. 2**64 - 1 (ctypes would wrap
+    it onto a valid size)."""
+    value = int(value)
+    if not 0 <= value <= _SIZE_MAX:
+        raise ValueError(f"vram_torch: {what} must be between 0 and 2**64 - 1, not {value}")
+    return value
+
+
 def configure(max_cached_bytes=0, path=None):
     """Options of pools not yet created (call before the first allocation). Returns False
     when a pool already exists (it keeps its options)."""
-    return load_library(path).vram_torch_configure(int(max_cached_bytes)) == 0
+    max_cached_bytes = _size_arg(max_cached_bytes, "max_cached_bytes")
+    return load_library(path).vram_torch_configure(max_cached_bytes) == 0
 
 
 def allocator(path=None):
@@ -244,9 +259,13 @@ def enable(path=None):
     initialised (before the first tensor on a GPU, torch.cuda.init(), ...). Returns the
     mode: "native" (vram is PyTorch's own allocator) or "pluggable" (a library built
     without Torch)."""
-    global _enabled, _mode
     torch = _torch("enable()")
+    with _enable_lock:  # one installation at a time: racing callers would both install
+        return _enable(torch, path)
 
+
+def _enable(torch, path):
+    global _enabled, _mode
     if _enabled:
         return _mode
     if torch.cuda.is_initialized():
@@ -314,7 +333,9 @@ def _rebuild_cuda_tensor(handle, offset, nbytes, dtype, size, stride, storage_of
     process) and makes a tensor over the same memory."""
     import torch
 
-    base = load_library().vram_torch_ipc_open(handle, device)
+    if not isinstance(handle, (bytes, bytearray)) or len(handle) != _IPC_HANDLE_BYTES:
+        raise ValueError(f"vram_torch: a CUDA IPC handle is {_IPC_HANDLE_BYTES} bytes")
+    base = load_library().vram_torch_ipc_open(bytes(handle), _device_index(device))
     if not base:
         raise RuntimeError("vram_torch: cannot import a shared CUDA tensor: " + last_error())
     with torch.cuda.device(device):
@@ -393,7 +414,8 @@ def _guard_graphs(torch, hooks_set):
 def block_bytes(nbytes, device=0, path=None):
     """The bytes vram reserves for a request of `nbytes` on `device` (its rounding); 0 until
     the device's pool exists (its first allocation makes it, with the options then set)."""
-    return load_library(path).vram_torch_block_bytes(device, nbytes)
+    return load_library(path).vram_torch_block_bytes(_device_index(device),
+                                                     _size_arg(nbytes, "nbytes"))
 
 
 def is_enabled():
@@ -423,6 +445,16 @@ def use_mem_pool(pool=None, device=None):
 
 
 def _device_index(device):
+    """The ordinal of `device` (an int, a torch.device, a CuPy device, "cuda:N"; None: the
+    current one); ValueError when it is negative or beyond a C int (ctypes would wrap it
+    onto a valid ordinal)."""
+    index = _device_ordinal(device)
+    if not 0 <= index <= _INT_MAX:
+        raise ValueError(f"vram_torch: bad device {device!r}")
+    return index
+
+
+def _device_ordinal(device):
     if device is None:
         try:
             import torch
@@ -447,7 +479,8 @@ def stats(device=None, path=None):
     value is 0 until the device's pool exists (its first allocation makes it)."""
     lib = load_library(path)
     raw = _Stats()
-    lib.vram_torch_stats(_device_index(device), ctypes.byref(raw), ctypes.sizeof(raw))
+    if lib.vram_torch_stats(_device_index(device), ctypes.byref(raw), ctypes.sizeof(raw)) < 0:
+        raise ValueError(f"vram_torch.stats: bad device {device!r}")
     return {_KEYS[name]: int(getattr(raw, name)) for name in _STAT_FIELDS}
 
 
@@ -501,8 +534,8 @@ _tag_lock = threading.Lock()
 
 
 def _encode_tag(tag):
-    if not isinstance(tag, str) or not tag:
-        raise ValueError(f"vram_torch: a tag is a non-empty str, not {tag!r}")
+    if not isinstance(tag, str) or not tag or "\0" in tag:
+        raise ValueError(f"vram_torch: a tag is a non-empty str without NUL, not {tag!r}")
     return tag.encode("utf-8")
 
 
