@@ -166,6 +166,36 @@ TEST(ReplayTrace, MalformedLinesNameFileLineAndProblem) {
   EXPECT_NE(h.find("bad size"), std::string::npos) << h;
 }
 
+TEST(ReplayTrace, LiveBytesBeyond64BitsAreAnErrorNamingTheLine) {
+  // Two live allocations of 2^63 bytes: the sum does not wrap to a small peak.
+  const std::string two_halves =
+      "1,0,allocate,0x10,0x8000000000000000,0\n1,0,allocate,0x20,0x8000000000000000,0\n";
+  const std::string a = parse_error(kHeader + two_halves);
+  EXPECT_NE(a.find("t.csv:3: allocation of 9223372036854775808 bytes on top of "
+                   "9223372036854775808 live bytes exceeds 2^64 - 1"),
+            std::string::npos)
+      << a;
+  EXPECT_NE(a.find("Fix:"), std::string::npos) << a;
+  // Up to 2^64 - 1 live, and again after a free, the trace reads.
+  const Trace trace = replay::parse_trace(
+      kHeader +
+          "1,0,allocate,0x10,0x8000000000000000,0\n1,0,allocate,0x20,0x7fffffffffffffff,0\n"
+          "1,0,free,0x20,0x7fffffffffffffff,0\n1,0,allocate,0x30,0x7fffffffffffffff,0\n",
+      "t.csv");
+  EXPECT_EQ(trace.peak_live_bytes, ~std::size_t{0});
+  // The CLI exits 2 naming the line.
+  const std::string path = temp_path("replay_wraps.csv");
+  std::ofstream(path) << kHeader << two_halves;
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = cli::run_replay({"--host-only", path});
+  (void)::testing::internal::GetCapturedStdout();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(err.find(path + ":3: allocation of"), std::string::npos) << err;
+  std::remove(path.c_str());
+}
+
 TEST(ReplayTrace, CliExitsTwoOnAMalformedTraceNamingFileAndLine) {
   const std::string path = temp_path("replay_bad.csv");
   std::ofstream(path) << kHeader << "1,0,allocate,0x10,64,0\n1,0,allocate,0x20,-5,0\n";

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -202,6 +203,14 @@ class Parser {
         implicit.line = number;
         release(it);
         trace_.events.push_back(implicit);
+      }
+      // Live bytes fit 64 bits in every trace read (no device holds more): the replay's own
+      // live sums and the capacity search rely on it.
+      if (size > std::numeric_limits<std::size_t>::max() - live_bytes_) {
+        fail(number, "allocation of " + std::to_string(size) + " bytes on top of " +
+                         std::to_string(live_bytes_) +
+                         " live bytes exceeds 2^64 - 1 bytes live (no device holds that). Fix: "
+                         "check the size column of the trace");
       }
       event.bytes = size;
       event.slot = static_cast<std::uint32_t>(trace_.slots++);
