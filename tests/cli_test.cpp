@@ -236,6 +236,15 @@ Captured capture_bench(const std::vector<std::string>& args) {
   return {code, std::move(out), std::move(err)};
 }
 
+Captured capture_info(const std::vector<std::string>& args) {
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = cli::run_info(args);
+  std::string out = ::testing::internal::GetCapturedStdout();
+  std::string err = ::testing::internal::GetCapturedStderr();
+  return {code, std::move(out), std::move(err)};
+}
+
 TEST(CliOutput, AFailingRunLeavesAnExistingOutputFileUntouched) {
   const std::string directory = ::testing::TempDir();
   const std::string keep = directory + "vram-keep.json";
@@ -383,6 +392,19 @@ TEST(CliInfo, WithoutADeviceInfoPrintsTheLibrarysFixHint) {
   EXPECT_NE(out.find("Fix:"), std::string::npos) << out;
   EXPECT_EQ(out.find("driver version is insufficient"), std::string::npos) << out;
   EXPECT_EQ(cli::no_device_explanation().find("driver version is insufficient"), std::string::npos);
+}
+
+TEST(CliInfo, HelpPrintsTheUsageAndExitsZero) {
+  for (const char* help : {"--help", "-h"}) {
+    const auto run = capture_info({help});
+    EXPECT_EQ(run.code, 0) << help << run.err;
+    EXPECT_EQ(run.out.rfind("usage: vram info", 0), 0U) << run.out;
+    EXPECT_TRUE(run.err.empty()) << run.err;
+  }
+  const auto bogus = capture_info({"--bogus"});
+  EXPECT_EQ(bogus.code, 2);
+  EXPECT_NE(bogus.err.find("takes no arguments, got '--bogus'"), std::string::npos) << bogus.err;
+  EXPECT_TRUE(bogus.out.empty()) << bogus.out;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "commands.hpp"
+#include "replay/trace.hpp"
 #include "vram/cuda/device.hpp"
 #include "vram/cuda/driver_api.hpp"
 #include "vram/cuda/error.hpp"
@@ -33,9 +34,29 @@ std::string no_device_explanation() {
   return text;
 }
 
+namespace {
+
+void print_info_usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: vram info\n"
+               "  Prints the CUDA runtime and driver versions and, per visible device, its\n"
+               "  memory, memory-pool and virtual-memory support, copy engines and PCIe link;\n"
+               "  without a usable device, why not and how to fix it.\n"
+               "  -h, --help  this text\n"
+               "  Exit status: 0 done (with or without a device), 2 bad usage.\n");
+}
+
+}  // namespace
+
 int run_info(const std::vector<std::string>& args) {
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    print_info_usage(stdout);
+    return 0;
+  }
   if (!args.empty()) {
-    std::fprintf(stderr, "vram info: takes no arguments\n");
+    std::fprintf(stderr, "vram info: takes no arguments, got '%s'\n",
+                 replay::printable(args[0]).c_str());
+    print_info_usage(stderr);
     return 2;
   }
   int runtime_version = 0;
