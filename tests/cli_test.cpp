@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/report.hpp"
@@ -245,6 +247,25 @@ Captured capture_info(const std::vector<std::string>& args) {
   return {code, std::move(out), std::move(err)};
 }
 
+// An empty directory of this process under the test's temporary directory.
+std::string fresh_directory(const std::string& name) {
+  const std::string directory = ::testing::TempDir() + name + "-" + std::to_string(::getpid());
+  std::filesystem::remove_all(directory);
+  std::filesystem::create_directories(directory + "/sub");
+  return directory;
+}
+
+// Runs `body` with `directory` as the working directory, restored afterwards.
+template <typename Body>
+auto in_directory(const std::string& directory, Body body) {
+  struct Restore {
+    std::filesystem::path saved = std::filesystem::current_path();
+    ~Restore() { std::filesystem::current_path(saved); }
+  } restore;
+  std::filesystem::current_path(directory);
+  return body();
+}
+
 TEST(CliOutput, AFailingRunLeavesAnExistingOutputFileUntouched) {
   const std::string directory = ::testing::TempDir();
   const std::string keep = directory + "vram-keep.json";
@@ -405,6 +426,40 @@ TEST(CliInfo, HelpPrintsTheUsageAndExitsZero) {
   EXPECT_EQ(bogus.code, 2);
   EXPECT_NE(bogus.err.find("takes no arguments, got '--bogus'"), std::string::npos) << bogus.err;
   EXPECT_TRUE(bogus.out.empty()) << bogus.out;
+}
+
+// Two outputs that are one file, in any spelling: refused before the run, the file kept.
+TEST(CliOutput, TwoOutputsThatAreOneFileAreRefused) {
+  const std::string directory = fresh_directory("vram-bench-one-file");
+  const std::string json = directory + "/b.json";
+  write_text(json, "precious");
+  for (const std::string& markdown : {json, directory + "/./b.json", directory + "//b.json"}) {
+    const auto run = capture_bench(
+        {"--quick", "--host-only", "--scenario", "pairs", "--json", json, "--markdown", markdown});
+    EXPECT_EQ(run.code, 2) << markdown << run.out;
+    EXPECT_NE(run.err.find("--json file '" + json + "' and --markdown file '" + markdown +
+                           "' are one file"),
+              std::string::npos)
+        << run.err;
+    EXPECT_NE(run.err.find("Fix:"), std::string::npos) << run.err;
+    EXPECT_EQ(run.out.find("verdict"), std::string::npos) << "nothing may run: " << run.out;
+    EXPECT_EQ(read_text(json), "precious") << markdown;
+  }
+  // Not existing yet: the normalized absolute paths are compared, also of a bare name in
+  // the working directory ("new.svg" and "./new.svg").
+  const std::string fresh = directory + "/new.svg";
+  for (const auto& [svg, markdown] :
+       {std::pair<std::string, std::string>{fresh, directory + "/sub/../new.svg"},
+        std::pair<std::string, std::string>{"new.svg", "./new.svg"}}) {
+    const auto run = in_directory(directory, [&] {
+      return capture_bench(
+          {"--quick", "--host-only", "--scenario", "pairs", "--svg", svg, "--markdown", markdown});
+    });
+    EXPECT_EQ(run.code, 2) << svg << " " << markdown << run.out;
+    EXPECT_NE(run.err.find("are one file"), std::string::npos) << run.err;
+    EXPECT_FALSE(std::filesystem::exists(fresh));
+  }
+  std::filesystem::remove_all(directory);
 }
 
 }  // namespace
@@ -694,6 +749,117 @@ TEST(CliReplay, AJsonPathThatIsOneOfTheTracesIsRefusedBeforeTheRun) {
   const auto run = capture_replay({"--host-only", trace, "--json", directory + "/input.csv.json"});
   EXPECT_EQ(run.code, 0) << run.err;
   EXPECT_EQ(read_text(trace), original);
+  std::filesystem::remove_all(directory);
+}
+
+// Runs `vram replay` with standard input read from `path`.
+Captured replay_with_stdin(const std::string& path, const std::vector<std::string>& args) {
+  const int saved = ::dup(STDIN_FILENO);
+  std::FILE* input = std::fopen(path.c_str(), "rb");
+  if (saved < 0 || input == nullptr || ::dup2(::fileno(input), STDIN_FILENO) < 0) {
+    ADD_FAILURE() << "cannot redirect standard input from " << path;
+    return {-1, {}, {}};
+  }
+  std::clearerr(stdin);
+  auto run = capture_replay(args);
+  ::dup2(saved, STDIN_FILENO);
+  ::close(saved);
+  std::fclose(input);
+  std::clearerr(stdin);
+  return run;
+}
+
+TEST(CliReplay, AnOutputThatIsTheFileOnStandardInputIsRefused) {
+  // `vram replay - --json t.csv < t.csv`: '-' is whatever fd 0 is.
+  const std::string directory = fresh_directory("vram-replay-stdin");
+  const std::string trace = directory + "/t.csv";
+  const std::string original = read_text(sample_trace());
+  write_text(trace, original);
+  std::filesystem::create_hard_link(trace, directory + "/hard.csv");
+  for (const char* flag : {"--json", "--svg"}) {
+    for (const std::string& spelling :
+         {trace, directory + "/sub/../t.csv", directory + "/hard.csv"}) {
+      const auto run = replay_with_stdin(trace, {"--host-only", "-", flag, spelling});
+      EXPECT_EQ(run.code, 2) << flag << " " << spelling << run.out;
+      EXPECT_NE(run.err.find(std::string(flag) + " file '" + spelling +
+                             "' is the trace '-' (standard input)"),
+                std::string::npos)
+          << run.err;
+      EXPECT_NE(run.err.find("Fix:"), std::string::npos) << run.err;
+      EXPECT_EQ(read_text(trace), original) << flag << " " << spelling;
+    }
+  }
+  // Another file is written as before.
+  const std::string json = directory + "/r.json";
+  const auto run = replay_with_stdin(trace, {"--host-only", "-", "--json", json});
+  EXPECT_EQ(run.code, 0) << run.err;
+  EXPECT_TRUE(JsonChecker(read_text(json)).valid());
+  EXPECT_EQ(read_text(trace), original);
+  std::filesystem::remove_all(directory);
+}
+
+TEST(CliReplay, JsonAndSvgThatAreOneFileAreRefused) {
+  const std::string directory = fresh_directory("vram-replay-one-file");
+  const std::string json = directory + "/o.json";
+  const std::string trace = sample_trace();
+  std::filesystem::create_symlink(json, directory + "/link.json");
+  for (const bool exists : {false, true}) {
+    if (exists) write_text(json, "precious");
+    // Run in `directory`: "o.json" and "./o.json" are one file there. A symlink is one file
+    // with its target only while the target exists (before, the rename replaces the link
+    // itself, and both outputs are kept).
+    std::vector<std::pair<std::string, std::string>> spellings = {
+        {json, json},
+        {json, directory + "/./o.json"},
+        {json, directory + "/sub/../o.json"},
+        {"o.json", "./o.json"},
+        {"o.json", json}};
+    if (exists) spellings.emplace_back(json, directory + "/link.json");
+    for (const auto& [first, second] : spellings) {
+      const auto run = in_directory(directory, [&] {
+        return capture_replay({"--host-only", trace, "--json", first, "--svg", second});
+      });
+      EXPECT_EQ(run.code, 2) << first << " " << second << " exists: " << exists;
+      EXPECT_NE(
+          run.err.find("--json file '" + first + "' and --svg file '" + second + "' are one file"),
+          std::string::npos)
+          << run.err;
+      EXPECT_FALSE(replayed(run)) << second;
+      if (exists) {
+        EXPECT_EQ(read_text(json), "precious") << second;
+      } else {
+        EXPECT_FALSE(std::filesystem::exists(json)) << second;
+      }
+    }
+  }
+  std::filesystem::remove_all(directory);
+}
+
+// An existing output that is no regular file (a FIFO, a device) is never replaced by the
+// rename of the finished file: refused before the run, left as it is.
+TEST(CliOutput, AnOutputThatIsNoRegularFileIsRefused) {
+  const std::string directory = fresh_directory("vram-not-regular");
+  const std::string fifo = directory + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const std::string device = directory + "/null";  // a symlink to a character device
+  std::filesystem::create_symlink("/dev/null", device);
+  for (const auto& [path, kind] : {std::pair<std::string, std::string>{fifo, "a FIFO"},
+                                   std::pair<std::string, std::string>{device, "a character"}}) {
+    const auto bench =
+        capture_bench({"--quick", "--host-only", "--scenario", "pairs", "--json", path});
+    EXPECT_EQ(bench.code, 2) << path << bench.out;
+    const std::string message = "cannot write --json file '" + path + "': it is " + kind;
+    EXPECT_NE(bench.err.find(message), std::string::npos) << bench.err;
+    EXPECT_NE(bench.err.find("Fix:"), std::string::npos) << bench.err;
+    const auto replay = capture_replay({"--host-only", sample_trace(), "--svg", path});
+    EXPECT_EQ(replay.code, 2) << path << replay.out;
+    EXPECT_NE(replay.err.find("cannot write --svg file '" + path + "': it is " + kind),
+              std::string::npos)
+        << replay.err;
+  }
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+  EXPECT_TRUE(std::filesystem::is_symlink(device));
+  EXPECT_EQ(files_starting_with(directory, "fifo.tmp").size(), 0U);
   std::filesystem::remove_all(directory);
 }
 

@@ -1026,6 +1026,42 @@ TEST(ReplayBench, ReplayAndBatchedScenariosRunHostOnly) {
   std::remove(json.c_str());
 }
 
+TEST(ReplayBench, AnOutputThatIsATraceOfTheReplayScenarioIsRefused) {
+  const std::string dir = temp_path("replay-bench-own-trace");
+  std::filesystem::create_directories(dir + "/sub");
+  const std::string trace = dir + "/sample.csv.gz";
+  write_gzip(trace, read_file(sample_path()));
+  const std::string original = read_file(trace);
+  ASSERT_EQ(setenv("VRAM_TRACE_DIR", dir.c_str(), 1), 0);
+  for (const char* flag : {"--json", "--markdown", "--svg"}) {
+    for (const std::string& spelling : {trace, dir + "/sub/../sample.csv.gz"}) {
+      ::testing::internal::CaptureStdout();
+      ::testing::internal::CaptureStderr();
+      const int code =
+          cli::run_bench({"--quick", "--host-only", "--scenario", "pairs,replay", flag, spelling});
+      const std::string out = ::testing::internal::GetCapturedStdout();
+      const std::string err = ::testing::internal::GetCapturedStderr();
+      EXPECT_EQ(code, 2) << flag << " " << spelling << out;
+      EXPECT_NE(err.find(std::string(flag) + " file '" + spelling + "' is the trace '" + trace +
+                         "' that the replay scenario reads"),
+                std::string::npos)
+          << err;
+      EXPECT_NE(err.find("Fix:"), std::string::npos) << err;
+      EXPECT_EQ(out.find("verdict"), std::string::npos) << "nothing may run: " << out;
+      EXPECT_EQ(read_file(trace), original) << flag << " " << spelling;
+    }
+  }
+  // Without the replay scenario the traces are not read: that file is an ordinary output.
+  ::testing::internal::CaptureStdout();
+  const int code =
+      cli::run_bench({"--quick", "--host-only", "--scenario", "pairs", "--json", dir + "/x.json"});
+  (void)::testing::internal::GetCapturedStdout();
+  unsetenv("VRAM_TRACE_DIR");
+  EXPECT_EQ(code, 0);
+  EXPECT_EQ(read_file(trace), original);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ReplayGpu, SampleTraceThroughEveryPeerOnTheDevice) {
   VRAM_GPU_TEST_OR_SKIP();
   const Trace trace = replay::read_trace(sample_path());

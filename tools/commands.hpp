@@ -21,7 +21,8 @@ std::string version_text();
 // vram::cuda::Device::count() == 0.
 std::string no_device_explanation();
 
-// Option handling shared by `vram bench` and `vram replay` (defined in bench/bench_main.cpp).
+// Option handling shared by `vram bench` and `vram replay` (defined in bench/bench_main.cpp;
+// the output files in output_files.cpp).
 // Every message is printed to stderr as "<command>: ..."; the caller then exits 2 (usage),
 // or 1 (run-time failure) when write_outputs fails.
 
@@ -58,10 +59,21 @@ struct OutputFile {
 };
 // Sets output.path from the option's value; an empty value is refused (false, printed).
 bool set_output_path(const char* command, OutputFile& output, const std::string& value);
-// Checked before anything runs: `output.path` is not a directory and its directory takes a
-// new file. The target itself is not opened, so an existing file is left as it is. False
-// (printed) otherwise. "-" passes.
+// Checked before anything runs: `output.path` is new or an existing regular file (not a
+// directory, device, FIFO or socket, which the rename at the end would replace) and its
+// directory takes a new file. The target itself is not opened, so an existing file is left
+// as it is. False (printed) otherwise. "-" passes.
 bool can_create(const char* command, const OutputFile& output);
+// Whether `a` and `b` name one file: the same device and inode where both exist (hard
+// links, symlinks, other spellings), else the same normalized path (weakly_canonical).
+// Every output-vs-input and output-vs-output check uses it.
+bool same_file(const std::string& a, const std::string& b);
+// Whether `path` exists and is the file open as standard input (fd 0): the check for an
+// input named "-".
+bool is_standard_input(const std::string& path);
+// Checked before anything runs: no two of `outputs` (not empty, not "-") are one file
+// (same_file). False (printed, naming both) otherwise.
+bool distinct_outputs(const char* command, std::initializer_list<const OutputFile*> outputs);
 // Writes every requested file to a temporary beside it, then renames them all ("wrote F" to
 // `human`) and finally writes the "-" ones to stdout. On a failure nothing is renamed, the
 // temporaries are removed and false is returned (printed).

@@ -9,18 +9,15 @@
 // file untouched. `--json -` writes the JSON to stdout; the human-readable tables then go
 // to stderr.
 #include <cuda_runtime_api.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
 #include <string>
 #include <vector>
 
+#include "bench/replay_scenario.hpp"
 #include "bench/report.hpp"
 #include "bench/scenarios.hpp"
 #include "commands.hpp"
@@ -108,96 +105,6 @@ bool device_is_visible(const char* command, int device, int visible) {
 
 namespace {
 
-std::string directory_of(const std::string& path) {
-  const auto slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// Creates an empty temporary file beside `path`; returns its name, or "" with errno set.
-std::string make_temporary_beside(const std::string& path) {
-  std::string name = path + ".tmp-XXXXXX";
-  const int fd = mkstemp(name.data());
-  if (fd < 0) return {};
-  // mkstemp creates mode 0600; give the file the mode a plain fopen would (0666 & ~umask).
-  const mode_t mask = umask(0);
-  umask(mask);
-  (void)fchmod(fd, 0666 & ~mask);
-  close(fd);
-  return name;
-}
-
-}  // namespace
-
-bool set_output_path(const char* command, OutputFile& output, const std::string& value) {
-  if (value.empty()) {
-    std::fprintf(stderr, "%s: %s needs a file name, got an empty one\n", command, output.flag);
-    return false;
-  }
-  output.path = value;
-  return true;
-}
-
-bool can_create(const char* command, const OutputFile& output) {
-  if (output.path.empty() || output.path == "-") return true;
-  struct stat info {};
-  if (stat(output.path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-    std::fprintf(stderr, "%s: cannot write %s file '%s': it is a directory\n", command, output.flag,
-                 output.path.c_str());
-    return false;
-  }
-  const std::string probe = make_temporary_beside(output.path);
-  if (probe.empty()) {
-    std::fprintf(stderr, "%s: cannot write %s file '%s': cannot create a file in '%s': %s\n",
-                 command, output.flag, output.path.c_str(), directory_of(output.path).c_str(),
-                 std::strerror(errno));
-    return false;
-  }
-  std::remove(probe.c_str());
-  return true;
-}
-
-bool write_outputs(const char* command, const std::vector<OutputFile>& outputs, std::FILE* human) {
-  std::vector<std::pair<std::string, const OutputFile*>> written;
-  auto discard = [&] {
-    for (const auto& [temporary, output] : written) std::remove(temporary.c_str());
-  };
-  for (const auto& output : outputs) {
-    if (output.path.empty() || output.path == "-") continue;
-    const std::string temporary = make_temporary_beside(output.path);
-    std::FILE* file = temporary.empty() ? nullptr : std::fopen(temporary.c_str(), "w");
-    bool ok = file != nullptr;
-    if (ok) {
-      written.emplace_back(temporary, &output);
-      ok = std::fwrite(output.content.data(), 1, output.content.size(), file) ==
-           output.content.size();
-      ok = (std::fclose(file) == 0) && ok;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "%s: writing %s file '%s' failed: %s; no file was replaced\n", command,
-                   output.flag, output.path.c_str(), std::strerror(errno));
-      discard();
-      return false;
-    }
-  }
-  for (const auto& [temporary, output] : written) {
-    if (std::rename(temporary.c_str(), output->path.c_str()) != 0) {
-      std::fprintf(stderr, "%s: renaming '%s' to '%s' failed: %s\n", command, temporary.c_str(),
-                   output->path.c_str(), std::strerror(errno));
-      discard();
-      return false;
-    }
-    std::fprintf(human, "wrote %s\n", output->path.c_str());
-  }
-  for (const auto& output : outputs) {
-    if (output.path == "-") std::fputs(output.content.c_str(), stdout);
-  }
-  std::fflush(stdout);
-  return true;
-}
-
-namespace {
-
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
@@ -248,7 +155,9 @@ void print_bench_usage(std::FILE* out) {
       "  --svg FILE           bar chart of the pairs scenario\n"
       "  --markdown FILE      the tables in Markdown, as in bench/RESULTS.md\n"
       "  -h, --help           this text\n"
-      "Output files are replaced only after the whole run succeeded.\n"
+      "Output files are replaced only after the whole run succeeded; each must be a file\n"
+      "of its own, new or regular (no directory, device or FIFO), and not a trace the\n"
+      "replay scenario reads.\n"
       "exit codes: 0 done; 1 run-time failure; 2 bad usage or unknown device;\n"
       "            3 nothing measured (every scenario asked for was skipped)\n");
 }
@@ -334,6 +243,24 @@ int run_bench(const std::vector<std::string>& args) {
   }
   for (const OutputFile* output : {&json, &svg, &markdown}) {
     if (!can_create(kCommand, *output)) return kExitUsage;
+  }
+  if (!distinct_outputs(kCommand, {&json, &svg, &markdown})) return kExitUsage;
+  // The replay scenario reads its traces after the outputs' paths are fixed: none of them
+  // may be an output.
+  if (std::find(config.scenarios.begin(), config.scenarios.end(), "replay") !=
+      config.scenarios.end()) {
+    const auto traces = bench::replay_trace_paths();
+    for (const OutputFile* output : {&json, &svg, &markdown}) {
+      if (output->path.empty() || output->path == "-") continue;
+      for (const auto& trace : traces) {
+        if (!same_file(output->path, trace)) continue;
+        std::fprintf(stderr,
+                     "vram bench: %s file '%s' is the trace '%s' that the replay scenario "
+                     "reads: it would be overwritten. Fix: name another file\n",
+                     output->flag, output->path.c_str(), trace.c_str());
+        return kExitUsage;
+      }
+    }
   }
   // With the JSON on stdout, everything meant for a person goes to stderr.
   std::FILE* human = json.path == "-" ? stderr : stdout;

@@ -5,9 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
-#include <system_error>
 #include <vector>
 
 #include "commands.hpp"
@@ -211,7 +209,9 @@ void print_replay_usage(std::FILE* out) {
       "                     allocators on multi-stream traces\n"
       "  --json FILE        one record per trace and allocator, written after the whole\n"
       "                     run succeeded ('-': to stdout, the tables then go to stderr);\n"
-      "                     FILE may not be one of the traces\n"
+      "                     FILE may not be one of the traces (with TRACE '-', the file\n"
+      "                     on standard input), the --svg file, a directory, a device\n"
+      "                     or a FIFO\n"
       "  --svg FILE         the memory picture: reserved bytes of each allocator and the\n"
       "                     trace's live bytes over its events, one panel per trace (from\n"
       "                     one more untimed pass each); same rules as --json\n"
@@ -234,18 +234,6 @@ bool parse_count(const std::string& flag, const std::string& text, std::size_t l
   }
   value = static_cast<std::size_t>(parsed);
   return true;
-}
-
-// Whether `a` and `b` name the same file: the same inode (hard links, symlinks, other
-// spellings of an existing file) or, where one does not exist yet, the same normalized path.
-bool same_file(const std::string& a, const std::string& b) {
-  std::error_code error;
-  if (std::filesystem::equivalent(a, b, error) && !error) return true;
-  std::error_code error_a;
-  std::error_code error_b;
-  const auto canonical_a = std::filesystem::weakly_canonical(a, error_a);
-  const auto canonical_b = std::filesystem::weakly_canonical(b, error_b);
-  return !error_a && !error_b && canonical_a == canonical_b;
 }
 
 void print_trace_header(std::FILE* out, const Trace& trace, std::size_t passes) {
@@ -422,23 +410,23 @@ int run_replay(const std::vector<std::string>& args) {
     std::fprintf(stderr, "vram replay: --json - and --svg - both want stdout; name a file\n");
     return 2;
   }
+  // An output is never one of the traces: a trace "-" is whatever fd 0 is (a file
+  // redirected in), any other is compared by same_file.
   for (const OutputFile* output : {&json, &svg}) {
     if (output->path.empty() || output->path == "-") continue;
     for (const auto& path : paths) {
-      if (same_file(output->path, path)) {
+      if (path == "-" ? is_standard_input(output->path) : same_file(output->path, path)) {
         std::fprintf(stderr,
-                     "vram replay: %s file '%s' is the trace '%s': it would be overwritten\n",
-                     output->flag, output->path.c_str(), path.c_str());
+                     "vram replay: %s file '%s' is the trace '%s'%s: it would be overwritten. "
+                     "Fix: name another file\n",
+                     output->flag, output->path.c_str(), path.c_str(),
+                     path == "-" ? " (standard input)" : "");
         return 2;
       }
     }
     if (!can_create(kCommand, *output)) return 2;
   }
-  if (!json.path.empty() && svg.path == json.path && json.path != "-") {
-    std::fprintf(stderr, "vram replay: --json and --svg name the same file '%s'\n",
-                 json.path.c_str());
-    return 2;
-  }
+  if (!distinct_outputs(kCommand, {&json, &svg})) return 2;
   // A --device ordinal must be visible (as `vram bench --device` wants it; --host-only with
   // device 0, the default, names no device); without --device, no usable device means a
   // host-only replay.
