@@ -71,7 +71,8 @@ namespace vram {
 struct SleepTagOptions {
   // Released without a copy at sleep; back uninitialised at wake (a KV cache).
   bool discardable = false;
-  // The tag's own address range; 0: as large as the pool's large tier reserves.
+  // The tag's own address range; 0: as large as the pool's large tier reserves. Above
+  // 16 TiB (the large tier's own limit) create_tag throws vram::InvalidArgument.
   std::size_t reservation_bytes = 0;
   // Where the backup is pinned; null: PinnedHostUpstream over a device, the pool's kind
   // of host memory over the host emulation.

@@ -78,10 +78,7 @@ std::shared_ptr<VirtualMemory> make_tag_virtual_memory(const Upstream& upstream)
 }
 
 std::size_t reservation_for(const DevicePoolOptions& options, const Upstream& upstream) {
-  // The large tier keeps a few words per 2 MiB granule of its range (16 TiB: 8 Mi granules,
-  // about 200 MiB of host memory); far above any device's memory.
-  constexpr std::size_t kMaxReservation = std::size_t{16} << 40;
-  if (options.large_tier.virtual_reservation_bytes > kMaxReservation) {
+  if (options.large_tier.virtual_reservation_bytes > kMaxReservationBytes) {
     throw InvalidArgument("vram::DevicePool: large_tier.virtual_reservation_bytes " +
                           std::to_string(options.large_tier.virtual_reservation_bytes) +
                           " is above the 16 TiB of address space a pool can manage. Fix: 0 "

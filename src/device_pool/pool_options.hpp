@@ -30,12 +30,16 @@ std::shared_ptr<Upstream> observed_upstream(std::shared_ptr<Upstream> upstream,
 // segments from the upstream. With an observer it tells it of every map and unmap.
 std::shared_ptr<VirtualMemory> make_virtual_memory(const DevicePoolOptions& options,
                                                    const std::shared_ptr<Upstream>& upstream);
-// The address range a virtual-memory large tier reserves; throws vram::InvalidArgument above
-// 16 TiB.
 // The virtual memory sleep tags use when the large tier has none: CUDA virtual memory on the
 // device of vram's DeviceMemoryUpstream where supported (mapped for that device only), else
 // null. Observed like the upstream.
 std::shared_ptr<VirtualMemory> make_tag_virtual_memory(const Upstream& upstream);
+// The most address space one reserved range of a pool may span (the large tier's, a sleep
+// tag's): both keep a few words per 2 MiB granule (16 TiB: 8 Mi granules, about 200 MiB of
+// host memory), far above any device's memory.
+inline constexpr std::size_t kMaxReservationBytes = std::size_t{16} << 40;
+// The address range a virtual-memory large tier reserves; throws vram::InvalidArgument above
+// kMaxReservationBytes.
 std::size_t reservation_for(const DevicePoolOptions& options, const Upstream& upstream);
 // Options::growth_headroom as the tiers' fixed point (1024ths); throws vram::InvalidArgument
 // for a negative or NaN headroom.

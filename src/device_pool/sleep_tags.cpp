@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cuda/capture.hpp"
+#include "pool_options.hpp"
 #include "vram/cuda/error.hpp"
 #include "vram/pinned_host_upstream.hpp"
 
@@ -53,6 +54,16 @@ SleepTag SleepTags::create(std::string_view name, const SleepTagOptions& options
   }
   if (name.empty()) {
     throw InvalidArgument("vram::DevicePool::create_tag: the name is empty. Fix: name the tag.");
+  }
+  // Checked before anything is taken: a refused tag uses no slot and no name. The bound keeps
+  // TagArena's rounding and per-granule bookkeeping finite (tag_arena.hpp).
+  if (options.reservation_bytes > kMaxReservationBytes) {
+    throw InvalidArgument("vram::DevicePool::create_tag: SleepTagOptions::reservation_bytes " +
+                          std::to_string(options.reservation_bytes) + " is above the " +
+                          std::to_string(kMaxReservationBytes >> 40) +
+                          " TiB of address space one range of a pool can span. Fix: 0 reserves "
+                          "as much as the pool's large tier; else at most the tag's peak bytes "
+                          "with some room.");
   }
   std::lock_guard lock(create_mutex_);
   if (find(name)) {

@@ -37,7 +37,9 @@ class TagArena {
     std::size_t offset = 0;
     std::size_t bytes = 0;
   };
-  // Reserves `reservation_bytes` (rounded up to granules). Throws as VirtualMemory::reserve.
+  // Reserves `reservation_bytes` (rounded up to granules; at most kMaxReservationBytes of
+  // pool_options.hpp, which SleepTags::create checks: the rounding cannot wrap and the
+  // per-granule vectors stay small). Throws as VirtualMemory::reserve.
   // Every run mapped is charged to `gauge` (add_total), and taken off it when unmapped.
   TagArena(VirtualMemory& memory, ReservedGauge& gauge, std::size_t reservation_bytes,
            std::size_t map_ahead_bytes, std::size_t max_run_bytes);

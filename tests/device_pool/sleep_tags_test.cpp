@@ -456,6 +456,32 @@ TEST(SleepTags, ATagNeverCreatedOrOfAnotherPoolIsRefused) {
   EXPECT_EQ(h.pool.tag_stats(mine).state, SleepState::awake);
 }
 
+TEST(SleepTags, AReservationAboveWhatAPoolCanSpanIsRefusedWithNothingTaken) {
+  HostPool h;
+  const SleepTag first = h.pool.create_tag("first", small_tag());
+  const std::vector<SleepTag> before = h.pool.tags();
+  for (const std::size_t bytes :
+       {SIZE_MAX, SIZE_MAX - (std::size_t{2} << 20) + 2, std::size_t{1} << 62,
+        (std::size_t{16} << 40) + 1, std::size_t{17} << 40}) {
+    SleepTagOptions options = small_tag();
+    options.reservation_bytes = bytes;
+    try {
+      (void)h.pool.create_tag("huge", options);
+      ADD_FAILURE() << "reservation_bytes " << bytes << " was accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("16 TiB"), std::string::npos) << what;
+      EXPECT_NE(what.find("Fix:"), std::string::npos) << what;
+    }
+    EXPECT_EQ(h.pool.tags(), before);
+    EXPECT_FALSE(h.pool.find_tag("huge").has_value());
+  }
+  // The name and the slot are free: the next tag takes index 2.
+  const SleepTag huge = h.pool.create_tag("huge", small_tag());
+  EXPECT_EQ(huge.index, first.index + 1);
+  EXPECT_EQ(h.pool.tags().size(), 2U);
+}
+
 TEST(SleepTags, BackupMemoryExhaustedLeavesTheTagAwakeAndIntact) {
   auto backup = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>(),
                                                TestUpstream::Options{.capacity_bytes = 2 * kMiB});
