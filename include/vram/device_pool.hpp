@@ -151,7 +151,8 @@ namespace vram {
 
 namespace detail {
 class DevicePoolCore;
-}
+struct TagScopeEntry;
+}  // namespace detail
 
 // Renamed fields (releases, invalid_releases): see "Renamed" above DevicePoolOptions.
 struct DevicePoolStats {
@@ -535,12 +536,17 @@ class DevicePool {
   // While any tag exists every call of the pool leaves its warm path (as while a graph pool
   // exists): a deallocation asks which tag's range holds the block.
   //   create_tag: a new tag named `name` (unique in the pool); throws vram::InvalidArgument.
-  //   tag_scope: until the scope ends (on the thread that opened it), this thread's requests
-  //     to this pool (allocate, acquire, allocate_async) come from `tag`. Scopes nest; the
-  //     inner one wins until it ends. Under a capture scope too: such a block is also the
-  //     graph pool's, by the graph pools' rules (freed, it goes back to that pool, reused
-  //     only by the same tag's requests into it), sleeps and wakes with the tag, and rejoins
-  //     the tag when the pool gives it up (after the wake, if the tag sleeps then).
+  //   tag_scope: until the scope ends, the opening thread's requests to this pool (allocate,
+  //     acquire, allocate_async) come from `tag`. Under a capture scope too: such a block is
+  //     also the graph pool's, by the graph pools' rules (freed, it goes back to that pool,
+  //     reused only by the same tag's requests into it), sleeps and wakes with the tag, and
+  //     rejoins the tag when the pool gives it up (after the wake, if the tag sleeps then).
+  //     Scopes nest per thread and pool: the innermost one still open wins, whatever order
+  //     they end in (an ended scope never routes again; a scope of another pool changes
+  //     nothing here). A scope may be moved and ended on any thread: that ends the opener's
+  //     routing and never touches the routing of the thread that ends it. The scope keeps
+  //     the pool's bookkeeping alive until it ends: it stays safe to end after the pool was
+  //     destroyed.
   //   allocate_tagged: one block from `tag`, whatever scope is open.
   //   sleep / wake: see vram/sleep_tag.hpp; the span forms take several tags in order
   //     (on an error the tags before the failing one stay as they were put, it and the
@@ -553,13 +559,14 @@ class DevicePool {
     TagScope(const TagScope&) = delete;
     TagScope& operator=(const TagScope&) = delete;
     ~TagScope() { end(); }
-    void end() noexcept;  // restores the scope it replaced; idempotent
+    // Ends this scope's routing on the thread that opened it (called on any thread);
+    // idempotent; a moved-from or default scope does nothing.
+    void end() noexcept;
 
    private:
     friend class DevicePool;
-    std::shared_ptr<detail::DevicePoolCore> core_;
-    const void* previous_tags_ = nullptr;
-    std::uint32_t previous_index_ = 0;
+    std::shared_ptr<detail::DevicePoolCore> core_;  // while open
+    detail::TagScopeEntry* entry_ = nullptr;        // while open: the opener's stack entry
   };
   SleepTag create_tag(std::string_view name, SleepTagOptions options = {});
   std::optional<SleepTag> find_tag(std::string_view name) const noexcept;

@@ -112,23 +112,21 @@ bool DevicePoolCore::return_to_tag(Tag& tag, const GraphPools::Block& block) noe
 }  // namespace detail
 
 DevicePool::TagScope::TagScope(TagScope&& other) noexcept
-    : core_(std::move(other.core_)),
-      previous_tags_(other.previous_tags_),
-      previous_index_(other.previous_index_) {}
+    : core_(std::move(other.core_)), entry_(std::exchange(other.entry_, nullptr)) {}
 
 DevicePool::TagScope& DevicePool::TagScope::operator=(TagScope&& other) noexcept {
   if (this != &other) {
     end();
     core_ = std::move(other.core_);
-    previous_tags_ = other.previous_tags_;
-    previous_index_ = other.previous_index_;
+    entry_ = std::exchange(other.entry_, nullptr);
   }
   return *this;
 }
 
+// Ending the entry reads no pool (routes name pools by uid): safe after the pool is gone.
 void DevicePool::TagScope::end() noexcept {
-  if (!core_) return;
-  detail::tl_tag_route = {previous_tags_, previous_index_};
+  if (entry_ == nullptr) return;
+  detail::end_tag_scope(std::exchange(entry_, nullptr));
   core_.reset();
 }
 
@@ -155,10 +153,8 @@ DevicePool::TagScope DevicePool::tag_scope(SleepTag tag) {
   detail::DevicePoolCore& core = live_core("tag_scope");
   (void)core.sleep_tags.tag_of(tag, "tag_scope");
   TagScope scope;
-  scope.previous_tags_ = detail::tl_tag_route.tags;
-  scope.previous_index_ = detail::tl_tag_route.index;
+  scope.entry_ = detail::open_tag_scope(core.sleep_tags.pool_uid(), tag.index);
   scope.core_ = core_;
-  detail::tl_tag_route = {&core.sleep_tags, tag.index};
   return scope;
 }
 

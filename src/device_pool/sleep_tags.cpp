@@ -26,7 +26,65 @@ void wait_quietly(SleepCopier& copies) noexcept {
   }
 }
 
+// Unlinks the entries of the calling thread's stack that are no longer open.
+void prune_tag_scopes() noexcept {
+  TagScopeEntry** link = &tl_tag_scopes;
+  while (TagScopeEntry* entry = *link) {
+    if (entry->open.load(std::memory_order_acquire)) {
+      link = &entry->below;
+    } else {
+      *link = entry->below;
+      entry->release();
+    }
+  }
+}
+
+// Releases the stack's references at thread exit (scopes still open elsewhere keep theirs).
+struct TagScopeStackRelease {
+  bool armed = false;
+  ~TagScopeStackRelease() {
+    TagScopeEntry* entry = tl_tag_scopes;
+    tl_tag_scopes = nullptr;
+    while (entry != nullptr) {
+      TagScopeEntry* below = entry->below;
+      entry->release();
+      entry = below;
+    }
+  }
+};
+thread_local TagScopeStackRelease tl_tag_scope_release;
+
 }  // namespace
+
+TagScopeEntry* open_tag_scope(std::uint64_t pool_uid, std::uint32_t index) {
+  auto* entry = new TagScopeEntry(pool_uid, index);
+  tl_tag_scope_release.armed = true;  // registers the thread-exit release
+  prune_tag_scopes();
+  entry->below = tl_tag_scopes;
+  tl_tag_scopes = entry;
+  return entry;
+}
+
+void end_tag_scope(TagScopeEntry* entry) noexcept {
+  entry->open.store(false, std::memory_order_release);
+  prune_tag_scopes();  // unlinks it here if this thread opened it
+  entry->release();
+}
+
+Tag* SleepTags::scoped_tag() const noexcept {
+  TagScopeEntry** link = &tl_tag_scopes;
+  while (TagScopeEntry* entry = *link) {
+    if (!entry->open.load(std::memory_order_acquire)) {  // ended on another thread
+      *link = entry->below;
+      entry->release();
+    } else if (entry->pool_uid == pool_uid_) {
+      return tags_[entry->index - 1].load(std::memory_order_acquire);
+    } else {
+      link = &entry->below;
+    }
+  }
+  return nullptr;
+}
 
 Tag::Tag(std::string name_in, const SleepTagOptions& options_in, VirtualMemory& memory,
          ReservedGauge& gauge, std::size_t reservation_bytes, std::size_t max_run_bytes,

@@ -9,8 +9,9 @@
 //     their copies, so a request or release of that tag waits for them.
 //   - While any tag exists the pool's graph flag stays raised (GraphRouting), so every
 //     call leaves the warm path and asks route() / owner_of() first.
-//   - A thread's tag scope is one thread-local route (which pool, which tag); a scope saves
-//     the route it replaced and restores it when it ends.
+//   - A thread's tag scopes are a thread-local stack of TagScopeEntry (below); its route
+//     into a pool is the innermost open entry naming that pool, matched by the pool's uid
+//     (never reused: an entry cannot route into a later pool at the same address).
 #pragma once
 
 #include <array>
@@ -33,11 +34,33 @@
 
 namespace vram::detail {
 
-struct TagRoute {
-  const void* tags = nullptr;  // the SleepTags of the scope's pool
-  std::uint32_t index = 0;
+// One open DevicePool::TagScope, an entry of the stack of the thread that opened it.
+//   - Two references, the scope's and the opener's stack's; the last release deletes it.
+//   - pool_uid and index never change; `open` is the only field another thread touches (a
+//     scope ended on another thread only clears it and drops the scope's reference).
+//   - `below` and the stack are the opener's alone: it unlinks entries no longer open when it
+//     opens or ends a scope or looks up a route, and releases the rest at thread exit.
+struct TagScopeEntry {
+  TagScopeEntry(std::uint64_t pool, std::uint32_t tag) noexcept : pool_uid(pool), index(tag) {}
+  const std::uint64_t pool_uid;
+  const std::uint32_t index;
+  std::atomic<bool> open{true};
+  std::atomic<std::uint32_t> refs{2};
+  TagScopeEntry* below = nullptr;
+  void release() noexcept {
+    if (refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
 };
-inline thread_local TagRoute tl_tag_route;
+// The calling thread's scopes, innermost first; null: none. Trivially destructible, so a
+// look-up during thread-local teardown reads null or live entries.
+inline constinit thread_local TagScopeEntry* tl_tag_scopes = nullptr;
+// A new entry for tag `index` of the pool with uid `pool_uid`, pushed onto the calling
+// thread's stack; throws std::bad_alloc.
+TagScopeEntry* open_tag_scope(std::uint64_t pool_uid, std::uint32_t index);
+// Ends the scope's `entry` on any thread: clears `open`, unlinks it if the calling thread's
+// stack holds it (no other thread's route changes here: the opener unlinks it lazily), and
+// releases the scope's reference.
+void end_tag_scope(TagScopeEntry* entry) noexcept;
 
 struct Tag {
   Tag(std::string name_in, const SleepTagOptions& options_in, VirtualMemory& memory,
@@ -85,13 +108,10 @@ class SleepTags {
   Tag& tag_of(SleepTag tag, const char* call) const;
   // The tag whose range holds `block`, or null.
   Tag* owner_of(const void* block) const noexcept;
-  // The calling thread's scope into this pool's tags, or null.
-  Tag* route() const noexcept {
-    const TagRoute route = tl_tag_route;
-    if (route.tags != this || route.index == 0) return nullptr;
-    return tags_[route.index - 1].load(std::memory_order_acquire);
-  }
+  // The tag of the calling thread's innermost open scope into this pool, or null.
+  Tag* route() const noexcept { return tl_tag_scopes == nullptr ? nullptr : scoped_tag(); }
   SleepTag handle_of(std::uint32_t index) const noexcept { return {pool_uid_, index}; }
+  std::uint64_t pool_uid() const noexcept { return pool_uid_; }
 
   // A block of `tag`; throws vram::InvalidArgument while it sleeps, vram::OutOfMemory. Maps
   // in relaxed capture mode (a global-mode capture on any thread stays valid).
@@ -119,6 +139,7 @@ class SleepTags {
   void close() noexcept;
 
  private:
+  Tag* scoped_tag() const noexcept;  // route() with a scope open on this thread
   std::unique_ptr<SleepCopier> copier(cudaStream_t stream);
   // After a sleep's wait failed with the runs below `released` unmapped: maps them again and
   // copies their saved bytes back (said on stderr when that fails too).

@@ -160,6 +160,137 @@ TEST(SleepTags, ScopeRoutesThisThreadsRequestsOnly) {
   EXPECT_EQ(h.pool.stats().bytes_in_use, 0U);
 }
 
+// Which tag a plain request of this thread lands in: 0 for none, else 1 + its index in `tags`.
+std::size_t routed(DevicePool& pool, const std::vector<SleepTag>& tags) {
+  void* block = pool.allocate(4096);
+  std::size_t which = 0;
+  for (std::size_t i = 0; i < tags.size() && which == 0; ++i) {
+    if (inside(pool.tag_stats(tags[i]), block)) which = i + 1;
+  }
+  pool.deallocate(block, 4096);
+  return which;
+}
+
+TEST(SleepTags, ScopesEndedOutOfOrderLeaveTheInnermostOpenOneRouting) {
+  HostPool h;
+  const SleepTag a = h.pool.create_tag("a", small_tag());
+  const SleepTag b = h.pool.create_tag("b", small_tag());
+  const SleepTag c = h.pool.create_tag("c", small_tag());
+  const std::vector<SleepTag> tags = {a, b, c};
+  {
+    std::optional<DevicePool::TagScope> outer(h.pool.tag_scope(a));
+    std::optional<DevicePool::TagScope> inner(h.pool.tag_scope(b));
+    outer.reset();  // the outer one first: the inner one still routes
+    EXPECT_EQ(routed(h.pool, tags), 2U);
+    inner.reset();
+    EXPECT_EQ(routed(h.pool, tags), 0U);
+  }
+  {
+    auto first = h.pool.tag_scope(a);
+    auto second = h.pool.tag_scope(b);
+    auto third = h.pool.tag_scope(c);
+    second.end();  // the middle one
+    EXPECT_EQ(routed(h.pool, tags), 3U);
+    third.end();
+    EXPECT_EQ(routed(h.pool, tags), 1U);  // not b: it ended
+    first.end();
+    EXPECT_EQ(routed(h.pool, tags), 0U);
+  }
+  // No scope open: a sleeping tag does not refuse plain requests.
+  h.pool.sleep(a);
+  void* plain = nullptr;
+  EXPECT_NO_THROW(plain = h.pool.allocate(4096));
+  h.pool.deallocate(plain, 4096);
+  h.pool.wake(a);
+  EXPECT_EQ(h.pool.stats().bytes_in_use, 0U);
+  EXPECT_EQ(h.pool.stats().invalid_deallocations, 0U);
+}
+
+TEST(SleepTags, AScopeEndedOnAnotherThreadEndsOnlyTheOpenersRouting) {
+  HostPool h;
+  const SleepTag a = h.pool.create_tag("a", small_tag());
+  const SleepTag b = h.pool.create_tag("b", small_tag());
+  const std::vector<SleepTag> tags = {a, b};
+  std::size_t other_before = 9;
+  std::size_t other_after = 9;
+  {
+    DevicePool::TagScope scope = h.pool.tag_scope(a);
+    EXPECT_EQ(routed(h.pool, tags), 1U);
+    std::thread([&, moved = std::move(scope)]() mutable {
+      auto own = h.pool.tag_scope(b);
+      other_before = routed(h.pool, tags);
+      moved.end();  // the opener's scope: this thread's own stays
+      other_after = routed(h.pool, tags);
+    }).join();
+  }
+  EXPECT_EQ(other_before, 2U);
+  EXPECT_EQ(other_after, 2U);
+  EXPECT_EQ(routed(h.pool, tags), 0U);
+  // Ended on another thread while an outer scope of the opener stays open.
+  {
+    auto outer = h.pool.tag_scope(b);
+    DevicePool::TagScope inner = h.pool.tag_scope(a);
+    std::thread([moved = std::move(inner)]() mutable { moved.end(); }).join();
+    EXPECT_EQ(routed(h.pool, tags), 2U);
+  }
+  EXPECT_EQ(routed(h.pool, tags), 0U);
+  // Opened on a thread that exits first, ended here afterwards.
+  DevicePool::TagScope orphan;
+  std::thread([&] { orphan = h.pool.tag_scope(a); }).join();
+  EXPECT_EQ(routed(h.pool, tags), 0U);
+  orphan.end();
+  EXPECT_EQ(h.pool.stats().bytes_in_use, 0U);
+}
+
+TEST(SleepTags, AScopeOfAnotherPoolDoesNotChangeThisPoolsRouting) {
+  HostPool h;
+  HostPool other;
+  const SleepTag a = h.pool.create_tag("a", small_tag());
+  const SleepTag x = other.pool.create_tag("x", small_tag());
+  auto scope = h.pool.tag_scope(a);
+  {
+    auto inner = other.pool.tag_scope(x);
+    EXPECT_EQ(routed(h.pool, {a}), 1U);
+    EXPECT_EQ(routed(other.pool, {x}), 1U);
+  }
+  EXPECT_EQ(routed(h.pool, {a}), 1U);
+  EXPECT_EQ(routed(other.pool, {x}), 0U);
+}
+
+TEST(SleepTags, NoScopeOfADestroyedPoolRoutesALaterPool) {
+  auto physical = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  // A later pool's core may land at the same address as a destroyed one's, its first tag at
+  // the same index.
+  const auto later_pools_route = [&] {
+    std::size_t routed_into_kv = 0;
+    for (int i = 0; i < 4; ++i) {
+      DevicePool later(physical, HostPool::options());
+      const SleepTag kv = later.create_tag("kv", small_tag(true));
+      routed_into_kv += routed(later, {kv});
+    }
+    return routed_into_kv;
+  };
+  {
+    DevicePool pool(physical, HostPool::options());
+    const SleepTag a = pool.create_tag("a", small_tag(true));
+    const SleepTag b = pool.create_tag("b", small_tag(true));
+    std::optional<DevicePool::TagScope> outer(pool.tag_scope(a));
+    std::optional<DevicePool::TagScope> inner(pool.tag_scope(b));
+    outer.reset();
+    inner.reset();
+  }
+  EXPECT_EQ(later_pools_route(), 0U);
+  DevicePool::TagScope open_scope;
+  {
+    DevicePool pool(physical, HostPool::options());
+    open_scope = pool.tag_scope(pool.create_tag("a", small_tag(true)));
+  }  // destroyed with a scope open on this thread
+  EXPECT_EQ(later_pools_route(), 0U);
+  open_scope.end();  // safe: the scope kept the destroyed pool's bookkeeping alive
+  EXPECT_EQ(physical->live_bytes(), 0U);
+  EXPECT_EQ(physical->bad_frees(), 0U);
+}
+
 TEST(SleepTags, SleepReleasesTheMappedMemoryAndWakeRestoresContentsAtTheSameAddresses) {
   HostPool h;
   const SleepTag weights = h.pool.create_tag("weights", small_tag());
