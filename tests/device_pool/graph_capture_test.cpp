@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <set>
@@ -647,6 +648,240 @@ TEST(GraphPoolsDevicePoolThreads, GraphBlockReleasesRacingThePoolsDestructionLos
     for (auto& thread : threads) thread.join();
     ASSERT_EQ(upstream->live_bytes(), 0U) << "round " << round;
     ASSERT_EQ(upstream->bad_frees(), 0U) << "round " << round;
+  }
+}
+
+// ---- deallocations through a capture refused as deallocate() refuses them ----------------
+// A block freed through a scope (or a routed stream) joins the graph pool only when the pool
+// leased it at that size: every refusal is counted, and the refused pointer is never handed
+// out by the scope or the pool. With validate_deallocations every case is refused; without
+// it the contract covers zero bytes and large frees (above small_block_max_bytes); a small
+// pointer no tier holds (foreign) is refused there too.
+
+DevicePool refusing_pool(std::shared_ptr<TestUpstream>& upstream, bool validate) {
+  upstream = std::make_shared<TestUpstream>(std::make_shared<HostMemoryUpstream>());
+  DevicePool::Options options;
+  options.fence = std::make_shared<ManualFence>();
+  options.validate_deallocations = validate;
+  return DevicePool(upstream, options);
+}
+
+// No allocation of `bytes`, through `scope` or the pool, returns `refused`.
+bool hands_out(DevicePool& pool, DevicePool::CaptureScope& scope, const void* refused,
+               std::size_t bytes) {
+  void* from_scope = scope.allocate(bytes);
+  void* from_pool = pool.allocate(bytes);
+  const bool handed = from_scope == refused || from_pool == refused;
+  scope.deallocate(from_scope, bytes);
+  pool.deallocate(from_pool, bytes);
+  return handed;
+}
+
+alignas(256) std::byte foreign_memory[8 << 20];
+
+TEST(GraphPoolsDevicePoolRefusals, AForeignPointerFreedThroughAScopeIsRefused) {
+  for (const bool validate : {true, false}) {
+    for (const std::size_t bytes : {std::size_t{4096}, std::size_t{8_MiB}}) {
+      SCOPED_TRACE(::testing::Message() << "validate " << validate << ", " << bytes << " B");
+      std::shared_ptr<TestUpstream> upstream;
+      DevicePool pool = refusing_pool(upstream, validate);
+      const auto id = DevicePool::new_graph_pool();
+      auto scope = pool.capture_into(id);
+      scope.deallocate(foreign_memory, bytes);
+      EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+      EXPECT_TRUE(pool.graph_pool_free_blocks(id).empty());
+      EXPECT_FALSE(hands_out(pool, scope, foreign_memory, bytes));
+      scope.end();
+      pool.release_graph_pool(id);
+      pool.trim(0);
+      EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+      EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+      EXPECT_EQ(upstream->live_bytes(), 0U);
+      EXPECT_EQ(upstream->bad_frees(), 0U);
+    }
+  }
+}
+
+TEST(GraphPoolsDevicePoolRefusals, ABlockFreedAlreadyIsRefusedByTheScope) {
+  for (const bool validate : {true, false}) {
+    for (const std::size_t bytes : {std::size_t{4096}, std::size_t{8_MiB}}) {
+      if (!validate && bytes <= 1_MiB) continue;  // documented undefined without validation
+      SCOPED_TRACE(::testing::Message() << "validate " << validate << ", " << bytes << " B");
+      std::shared_ptr<TestUpstream> upstream;
+      DevicePool pool = refusing_pool(upstream, validate);
+      void* block = pool.allocate(bytes);
+      pool.deallocate(block, bytes);
+      const auto id = DevicePool::new_graph_pool();
+      auto scope = pool.capture_into(id);
+      scope.deallocate(block, bytes);  // a second free
+      EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+      EXPECT_TRUE(pool.graph_pool_free_blocks(id).empty());
+      void* from_pool = pool.allocate(bytes);
+      void* from_scope = scope.allocate(bytes);
+      EXPECT_NE(from_pool, from_scope) << "one block, two owners";
+      EXPECT_NE(from_scope, block);
+      scope.deallocate(from_scope, bytes);
+      pool.deallocate(from_pool, bytes);
+      scope.end();
+      pool.release_graph_pool(id);
+      pool.trim(0);
+      EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+      EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+      EXPECT_EQ(upstream->live_bytes(), 0U);
+    }
+  }
+}
+
+TEST(GraphPoolsDevicePoolRefusals, ZeroBytesAreRefusedByTheScopeWhateverTheOptions) {
+  for (const bool validate : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "validate " << validate);
+    std::shared_ptr<TestUpstream> upstream;
+    DevicePool pool = refusing_pool(upstream, validate);
+    void* block = pool.allocate(300);
+    const auto id = DevicePool::new_graph_pool();
+    auto scope = pool.capture_into(id);
+    scope.deallocate(block, 0);
+    scope.deallocate(block, (std::size_t{1} << 40) + 1);  // past the largest block
+    EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
+    EXPECT_TRUE(pool.graph_pool_free_blocks(id).empty());
+    EXPECT_FALSE(hands_out(pool, scope, block, 300));
+    const std::size_t free_blocks = pool.graph_pool_free_blocks(id).size();
+    scope.deallocate(block, 300);  // still leased: its own free is taken
+    EXPECT_EQ(pool.stats().invalid_deallocations, 2U);
+    EXPECT_EQ(pool.graph_pool_free_blocks(id).size(), free_blocks + 1);
+    scope.end();
+    pool.release_graph_pool(id);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+  }
+}
+
+TEST(GraphPoolsDevicePoolRefusals, AWrongSizeIsRefusedByTheScope) {
+  struct Case {
+    std::size_t allocated, freed;
+    bool without_validation;  // the contract covers it without validate_deallocations
+  };
+  for (const bool validate : {true, false}) {
+    for (const Case c : {Case{512, 1_MiB, false}, Case{512, 8_MiB, true},
+                         Case{8_MiB, 16_MiB, false}, Case{8_MiB, 4096, false}}) {
+      if (!validate && !c.without_validation) continue;
+      SCOPED_TRACE(::testing::Message()
+                   << "validate " << validate << ", " << c.allocated << " B freed as " << c.freed);
+      std::shared_ptr<TestUpstream> upstream;
+      DevicePool pool = refusing_pool(upstream, validate);
+      void* block = pool.allocate(c.allocated);
+      const auto id = DevicePool::new_graph_pool();
+      auto scope = pool.capture_into(id);
+      scope.deallocate(block, c.freed);
+      EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+      EXPECT_TRUE(pool.graph_pool_free_blocks(id).empty());
+      EXPECT_FALSE(hands_out(pool, scope, block, c.freed));
+      scope.deallocate(block, c.allocated);  // still leased at its own size
+      EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+      scope.end();
+      pool.release_graph_pool(id);
+      pool.trim(0);
+      EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+      EXPECT_EQ(upstream->live_bytes(), 0U);
+    }
+  }
+}
+
+TEST(GraphPoolsDevicePoolRefusals, AnotherPoolsLiveBlockIsRefusedByTheScope) {
+  for (const bool validate : {true, false}) {
+    for (const std::size_t bytes : {std::size_t{4096}, std::size_t{8_MiB}}) {
+      if (!validate && bytes <= 1_MiB) continue;  // documented undefined without validation
+      SCOPED_TRACE(::testing::Message() << "validate " << validate << ", " << bytes << " B");
+      std::shared_ptr<TestUpstream> upstream;
+      std::shared_ptr<TestUpstream> other_upstream;
+      DevicePool pool = refusing_pool(upstream, validate);
+      DevicePool other = refusing_pool(other_upstream, validate);
+      void* others = other.allocate(bytes);
+      const auto id = DevicePool::new_graph_pool();
+      auto scope = pool.capture_into(id);
+      scope.deallocate(others, bytes);
+      EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+      EXPECT_TRUE(pool.graph_pool_free_blocks(id).empty());
+      EXPECT_FALSE(hands_out(pool, scope, others, bytes));
+      scope.end();
+      pool.release_graph_pool(id);
+      other.deallocate(others, bytes);  // still the other pool's
+      EXPECT_EQ(other.stats().invalid_deallocations, 0U);
+      EXPECT_EQ(other.stats().bytes_in_use, 0U);
+      pool.trim(0);
+      EXPECT_EQ(upstream->live_bytes(), 0U);
+    }
+  }
+}
+
+TEST(GraphPoolsDevicePoolRefusals, ARoutedScopeRefusesForeignAndDoubleFrees) {
+  for (const bool validate : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "validate " << validate);
+    std::shared_ptr<TestUpstream> upstream;
+    DevicePool pool = refusing_pool(upstream, validate);
+    const cudaStream_t s = host_stream(0x10);
+    void* block = pool.allocate(8_MiB);
+    pool.deallocate(block, 8_MiB);
+    const auto id = DevicePool::new_graph_pool();
+    std::uint64_t refused = 0;
+    {
+      auto scope = pool.capture_into(id, s);
+      pool.deallocate_async(block, 8_MiB, s);  // a second free, routed to the graph pool
+      pool.deallocate(foreign_memory, 8_MiB);  // the scope's thread: routed too
+      refused = 2;
+      if (validate) {
+        pool.deallocate(foreign_memory, 4096);
+        ++refused;
+      }
+      EXPECT_EQ(pool.stats().invalid_deallocations, refused);
+      EXPECT_TRUE(pool.graph_pool_free_blocks(id).empty());
+      void* on_s = pool.allocate_async(8_MiB, s);  // may be `block`, free in the tiers
+      void* small = pool.allocate_async(4096, s);
+      EXPECT_NE(on_s, static_cast<void*>(foreign_memory));
+      EXPECT_NE(small, static_cast<void*>(foreign_memory));
+      scope.end();
+      void* outside = pool.allocate(8_MiB);
+      EXPECT_NE(outside, on_s) << "the graph's live block handed out again";
+      pool.deallocate(outside, 8_MiB);
+      pool.deallocate(on_s, 8_MiB);
+      pool.deallocate(small, 4096);
+    }
+    pool.release_graph_pool(id);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().invalid_deallocations, refused);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+    EXPECT_EQ(upstream->bad_frees(), 0U);
+  }
+}
+
+TEST(GraphPoolsDevicePoolRefusals, LeasedBlocksFreedThroughAScopeStillJoinItsPool) {
+  for (const bool validate : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "validate " << validate);
+    std::shared_ptr<TestUpstream> upstream;
+    DevicePool pool = refusing_pool(upstream, validate);
+    void* small = pool.allocate(4096);
+    void* large = pool.allocate(8_MiB);
+    const auto id = DevicePool::new_graph_pool();
+    {
+      auto scope = pool.capture_into(id);
+      scope.deallocate(small, 4096);
+      scope.deallocate(large, 8_MiB);
+      EXPECT_EQ(pool.graph_pool_free_blocks(id).size(), 2U);
+      void* again = scope.allocate(8_MiB);
+      EXPECT_EQ(again, large) << "the pool's free block";
+      pool.deallocate(again, 8_MiB);   // a graph pool's block: back to it
+      scope.deallocate(again, 8_MiB);  // a second free of it: refused by the graph pool
+      EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+    }
+    pool.release_graph_pool(id);
+    pool.trim(0);
+    EXPECT_EQ(pool.stats().graph_pool_bytes, 0U);
+    EXPECT_EQ(pool.stats().bytes_in_use, 0U);
+    EXPECT_EQ(pool.stats().invalid_deallocations, 1U);
+    EXPECT_EQ(upstream->live_bytes(), 0U);
+    EXPECT_EQ(upstream->bad_frees(), 0U);
   }
 }
 
