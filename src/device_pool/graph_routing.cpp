@@ -13,10 +13,6 @@
 //   run), and only while no capture scope is open (a synchronize during a capture
 //   invalidates it): on release_graph_pool, a scope's end, trim, sleep, wake and
 //   destruction, never inside a deallocation. A sleeping tag's blocks wait for its wake.
-// - A block a graph pool holds, live or free, is out of validate_deallocations' record (its
-//   pool's own record refuses a second free), so it leaves for the tiers unchecked. A block
-//   freed during a capture joins a pool only after the checks of any deallocation
-//   (graph_adopt_checked): a block the pool has not leased at that size never does.
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -129,8 +125,8 @@ void DevicePoolCore::deallocate_with_graphs(void* block, std::size_t bytes, Stre
   // A graph pool's block goes back to its pool whatever the stream.
   if (graph_deallocate_owned(block)) return;
   const auto id = graph_route(key, stream);
-  if (!id) return deallocate(block, bytes, key);
-  graph_adopt_checked(*id, block, bytes, key);
+  if (id && is_unscoped_pool(*id)) return deallocate_captured(block, bytes, *id);
+  if (!id || !graph_adopt_freed(*id, block, block_bytes(bytes))) deallocate(block, bytes, key);
 }
 
 void DevicePoolCore::retain_unscoped(GraphPools::Id id) {
@@ -146,7 +142,13 @@ void* DevicePoolCore::allocate_captured(std::size_t bytes, std::size_t alignment
 
 void DevicePoolCore::deallocate_captured(void* block, std::size_t bytes,
                                          GraphPools::Id id) noexcept {
-  graph_deallocate_into(id, block, bytes, kUntagged);
+  if (block == nullptr) return;
+  try {
+    retain_unscoped(id);
+  } catch (...) {
+    return;  // no host memory for the bookkeeping: the block stays out of every tier
+  }
+  if (!graph_deallocate_into(id, block, bytes)) deallocate(block, bytes, kUntagged);
 }
 
 void* DevicePoolCore::graph_allocate_into(GraphPools::Id id, std::size_t bytes,
@@ -176,10 +178,7 @@ void* DevicePoolCore::graph_allocate_into(GraphPools::Id id, std::size_t bytes,
   tl_in_capture = was_in_capture;
   relaxed.reset();
   try {
-    if (graph_pools.adopt(id, {block, block_bytes(bytes)})) {
-      if (options.validate_deallocations) validation.forget(block);  // the pool's now
-      return block;
-    }
+    if (graph_pools.adopt(id, {block, block_bytes(bytes)})) return block;
   } catch (...) {
     deallocate(block, bytes, kUntagged);
     throw;
@@ -227,49 +226,10 @@ bool DevicePoolCore::graph_adopt_freed(GraphPools::Id id, void* block,
   }
 }
 
-void DevicePoolCore::graph_adopt_checked(GraphPools::Id id, void* block, std::size_t bytes,
-                                         StreamKey key) noexcept {
-  // The checks of deallocate() (with validate_deallocations the block leaves the record
-  // here, so a second free of it, racing or not, is refused), before the block leaves the
-  // tiers' reach: a graph pool hands its free blocks out again.
-  const std::optional<Request> request = checked_request(block, bytes, key);
-  if (!request) return;
-  if (!options.validate_deallocations && !may_be_leased(block, *request)) {
-    return reject_deallocate(block, bytes,
-                             "the pool holds no block leased at that address (deallocated "
-                             "already, or a foreign pointer)");
-  }
-  if (is_unscoped_pool(id)) {
-    try {
-      retain_unscoped(id);
-    } catch (...) {
-      return;  // no host memory for the bookkeeping: the block stays out of every tier
-    }
-  }
-  if (!graph_adopt_freed(id, block, request->block_bytes))
-    deallocate_valid_outlined(block, *request);
-}
-
-void DevicePoolCore::graph_deallocate_into(GraphPools::Id id, void* block, std::size_t bytes,
-                                           StreamKey key) noexcept {
-  if (graph_deallocate_owned(block)) return;  // null included
-  graph_adopt_checked(id, block, bytes, key);
-}
-
-bool DevicePoolCore::may_be_leased(void* block, const Request& request) noexcept {
-  SegmentTier& tier = *request.tier;
-  if (&tier == &large) {
-    // Cached by its owner: freed already. Asked before the tier: the owner clears its slot
-    // only after the block is back in the tier (lease_owner.hpp).
-    bool cached = false;
-    registry.for_each(
-        [&](const ThreadCache& cache) { cached = cached || cache.large.holds(block); });
-    if (cached) return false;
-  }
-  if (tier.owns(block)) return true;
-  bool in_heap = false;  // a heap's block: its own record is not asked
-  heaps_of(tier).for_each([&](ThreadHeap& heap) { in_heap = in_heap || heap.contains(block); });
-  return in_heap;
+bool DevicePoolCore::graph_deallocate_into(std::optional<GraphPools::Id> id, void* block,
+                                           std::size_t bytes) noexcept {
+  if (graph_deallocate_owned(block)) return true;
+  return id && graph_adopt_freed(*id, block, block_bytes(bytes));
 }
 
 std::vector<GraphPools::Block> DevicePoolCore::take_graph_returns() noexcept {
@@ -308,9 +268,7 @@ void DevicePoolCore::drain_graph_returns() noexcept {
       if (!return_to_tag(*tag, block)) keep_pending(asleep, block);
       continue;
     }
-    // Unchecked: out of the validation record (see the rules); the tiers still refuse a
-    // block they do not know.
-    deallocate_valid_outlined(block.pointer, request_of(deallocate_size_of(block), kUntagged));
+    deallocate(block.pointer, deallocate_size_of(block), kUntagged);
   }
   if (!asleep.empty()) graph_pools.restore_pending(std::move(asleep));
 }
@@ -345,6 +303,9 @@ void DevicePoolCore::reclaim_graph_returns(ThreadCache* claimed) noexcept {
     if (!known) {
       reject_deallocate(block.pointer, block.bytes, "a graph pool's block the tiers do not know");
       continue;
+    }
+    if (options.validate_deallocations) {
+      validation.forget(block.pointer);
     }
     if (claimed != nullptr) {
       bump(claimed->deallocations, 1);
@@ -419,7 +380,8 @@ void DevicePool::CaptureScope::deallocate(void* block, std::size_t bytes) noexce
     if (detail::Tag* tag = core_->sleep_tags.any() ? core_->sleep_tags.owner_of(block) : nullptr) {
       return core_->deallocate_tagged(*tag, block, bytes, detail::kUntagged, pool_);
     }
-    return core_->graph_deallocate_into(pool_, block, bytes, detail::kUntagged);
+    if (core_->graph_deallocate_into(pool_, block, bytes)) return;
+    return core_->deallocate(block, bytes, detail::kUntagged);
   }
   // Ended: an ordinary deallocation, as DevicePool::deallocate makes it.
   if (const std::shared_ptr<detail::DevicePoolCore> core = ended_.lock()) {

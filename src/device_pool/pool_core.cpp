@@ -565,7 +565,7 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
     try {
       validation.record(block, block_bytes);
     } catch (...) {  // could not record it: undo the acquire so nothing is lost
-      deallocate_valid_outlined(block, request);
+      undo_acquire(block, request);
       throw;
     }
   }
@@ -575,9 +575,13 @@ void* DevicePoolCore::serve(const Request& request, ThreadCache* cache) {
 [[gnu::noinline]] void DevicePoolCore::deallocate_checked(void* block, std::size_t bytes,
                                                           StreamKey key) noexcept {
   if (block == nullptr) return;
-  if (const std::optional<Request> request = checked_request(block, bytes, key)) {
-    deallocate_valid(block, *request);
+  if (bytes == 0) return reject_deallocate(block, bytes, "zero bytes (no block has zero bytes)");
+  if (bytes > SizeClasses::kMaxBytes) {
+    return reject_deallocate(block, bytes, "more bytes than the largest block (1 TiB)");
   }
+  const Request request = request_of(bytes, key);
+  if (options.validate_deallocations && !validation.check(block, request.block_bytes)) return;
+  deallocate_valid(block, request);
 }
 
 void DevicePoolCore::deallocate_valid(void* block, const Request& request) noexcept {
@@ -586,7 +590,7 @@ void DevicePoolCore::deallocate_valid(void* block, const Request& request) noexc
   deallocate_slow(block, request, cache);
 }
 
-void DevicePoolCore::deallocate_valid_outlined(void* block, const Request& request) noexcept {
+void DevicePoolCore::undo_acquire(void* block, const Request& request) noexcept {
   ThreadCache* cache = nullptr;
   if (deallocate_warm(block, request, cache)) return;
   deallocate_outlined(block, request, cache);

@@ -97,8 +97,7 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // Graph pools (graph_routing.cpp). The public calls test kGraphsOn and, while it is set,
   // go through these (`key`: kUntagged for the calling thread's calls without a
   // stream): a request under a capture scope gets the graph pool's block; a deallocation of a
-  // graph pool's block, or of any block freed under a scope that passes deallocate()'s checks,
-  // goes to that pool.
+  // graph pool's block, or of any block freed under a scope, goes to that pool.
   bool graphs_active() const noexcept {
     return (call_checks.load(std::memory_order_relaxed) & kGraphsOn) != 0;
   }
@@ -240,33 +239,6 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   [[gnu::always_inline]] inline void* serve(const Request& request, ThreadCache* cache);
   [[noreturn, gnu::cold]] void reject_request(std::size_t bytes, std::size_t alignment) const;
   void deallocate_checked(void* block, std::size_t bytes, StreamKey key) noexcept;
-  // The checks every deallocation of a non-null block passes before it touches the pool (the
-  // one implementation: deallocate_checked and the graph paths): zero bytes and more than
-  // 1 TiB are refused, and with validate_deallocations a block the record does not hold at
-  // that size (a block that passes leaves the record). The request to deallocate it with; none
-  // when refused (counted and said, nothing changed).
-  std::optional<Request> checked_request(void* block, std::size_t bytes, StreamKey key) noexcept {
-    if (bytes == 0) {
-      reject_deallocate(block, bytes, "zero bytes (no block has zero bytes)");
-      return std::nullopt;
-    }
-    if (bytes > SizeClasses::kMaxBytes) {
-      reject_deallocate(block, bytes, "more bytes than the largest block (1 TiB)");
-      return std::nullopt;
-    }
-    const Request request = request_of(bytes, key);
-    if (options.validate_deallocations && !validation.check(block, request.block_bytes)) {
-      return std::nullopt;
-    }
-    return request;
-  }
-  // Without validate_deallocations' record: whether the tiers may have `block` leased for
-  // `request`, asked without changing anything (the graph paths ask before a block leaves the
-  // tiers' reach). False for a block no tier nor heap holds (foreign, or a large block freed
-  // already) and for one a thread's cache of large blocks holds (freed to it already). The
-  // tier's record of the size and a heap's record of its own blocks are not asked: such a
-  // block passes.
-  bool may_be_leased(void* block, const Request& request) noexcept;
   // Counts a refused deallocation and says why on stderr; nothing changes
   // (deallocation_validation.hpp).
   [[gnu::cold]] void reject_deallocate(const void* block, std::size_t bytes,
@@ -275,9 +247,9 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   }
   // deallocate() after validation (inline into deallocate_checked, with deallocate_slow()).
   [[gnu::always_inline]] inline void deallocate_valid(void* block, const Request& request) noexcept;
-  // deallocate_valid() with the slow path outlined: serve()'s undo when the validation table
-  // cannot record a block, and the graph paths' deallocation of a block checked already.
-  void deallocate_valid_outlined(void* block, const Request& request) noexcept;
+  // serve()'s undo when the validation table cannot record a block: deallocate_valid() with
+  // the slow path outlined.
+  void undo_acquire(void* block, const Request& request) noexcept;
   // A small block into the caller's warm cache (true: done, the claim let go). False: `cache`
   // is the cache still claimed, or null when the warm claim failed or was not tried.
   bool deallocate_warm(void* block, const Request& request, ThreadCache*& cache) noexcept {
@@ -531,24 +503,15 @@ class DevicePoolCore : public std::enable_shared_from_this<DevicePoolCore> {
   // Into graph pool `id`: a free block of it, else a new one from the shared tiers (in
   // relaxed capture mode); an ordinary block when the pool has no use open.
   void* graph_allocate_into(GraphPools::Id id, std::size_t bytes, std::size_t alignment);
-  // A graph pool's block back to its pool, any other (untagged) block made `id`'s as
-  // graph_adopt_checked makes it: a deallocation through a capture scope or an unscoped
-  // capture's pool.
-  void graph_deallocate_into(GraphPools::Id id, void* block, std::size_t bytes,
-                             StreamKey key) noexcept;
+  // A graph pool's block back to its pool, or any other block made `id`'s (freed during a
+  // capture); false when neither took it (the pool has no use open).
+  bool graph_deallocate_into(std::optional<GraphPools::Id> id, void* block,
+                             std::size_t bytes) noexcept;
   // Its two halves: a graph pool's block back to its pool (false: no graph pool's), and a
   // block that is no graph pool's made a free block of `id` (false: `id` has no use open).
   bool graph_deallocate_owned(void* block) noexcept;
-  // `held_bytes`: what the pool records (block_bytes() of the request; a tag's round()). The
-  // caller has checked that the pool leased the block at that size (graph_adopt_checked; a
-  // tag's: SleepTags::is_live).
+  // `held_bytes`: what the pool records (block_bytes() of the request; a tag's round()).
   bool graph_adopt_freed(GraphPools::Id id, void* block, std::size_t held_bytes) noexcept;
-  // A block that is no graph pool's (untagged), deallocated with `bytes` on `key` while a
-  // capture routes to `id`: refused as deallocate() refuses it (checked_request, and without
-  // validate_deallocations may_be_leased), else a free block of `id`, else (`id` has no use
-  // open) deallocated to the shared tiers. Never adopts a block the pool has not leased.
-  void graph_adopt_checked(GraphPools::Id id, void* block, std::size_t bytes,
-                           StreamKey key) noexcept;
   // Blocks graph pools gave up go back to the shared tiers after a device synchronize;
   // nothing while a capture scope is open (graph_routing.cpp).
   void drain_graph_returns() noexcept;
