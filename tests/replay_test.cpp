@@ -1051,7 +1051,8 @@ TEST(ReplayBench, AnOutputThatIsATraceOfTheReplayScenarioIsRefused) {
       EXPECT_EQ(read_file(trace), original) << flag << " " << spelling;
     }
   }
-  // Without the replay scenario the traces are not read: that file is an ordinary output.
+  // Without the replay scenario an output beside the traces is written as usual, and the
+  // traces stay as they were.
   ::testing::internal::CaptureStdout();
   const int code =
       cli::run_bench({"--quick", "--host-only", "--scenario", "pairs", "--json", dir + "/x.json"});

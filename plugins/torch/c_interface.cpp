@@ -138,7 +138,8 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
           return "free of " + vram_torch::pointer_text(ptr) + " on device " +
                  std::to_string(device) +
                  ": not a block vram_torch handed out there and has not freed since (freed "
-                 "twice, another allocator's, or another device's); ignored";
+                 "twice, another allocator's, or another device's); ignored. Fix: free each block "
+                 "once, on the device and with the size it was allocated with";
         },
         false);
     return;
@@ -148,7 +149,7 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
         [&] {
           return "free of " + vram_torch::pointer_text(ptr) + " with " + std::to_string(size) +
                  " bytes: it was allocated with " + std::to_string(held->size) +
-                 "; freed as allocated";
+                 "; freed as allocated. Fix: pass the size given to vram_torch_alloc";
         },
         false);
     size = held->size;

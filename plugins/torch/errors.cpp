@@ -17,9 +17,13 @@ namespace vram_torch {
 namespace {
 
 std::mutex g_error_mutex;
-// Under g_error_mutex. Never destroyed: a free during the process's exit (a daemon thread,
-// a tensor of a static) may still note an error after static destructors ran.
-std::string& g_last_error = *new std::string;
+// Under g_error_mutex. Made on first use (a static initialiser of another file may note an
+// error first) and never destroyed: a free during the process's exit (a daemon thread, a
+// tensor of a static) may still note one after static destructors ran.
+std::string& last_error_text() {
+  static std::string* const text = new std::string;
+  return *text;
+}
 std::atomic<bool> g_oom_printed{false};
 // 1 after vram_torch_set_oom_throws(1) (vram_torch.enable()): PyTorch calls the allocator
 // directly and needs an exception; 0 (MemPool form, CuPy): null.
@@ -31,7 +35,7 @@ void note_error(std::string_view message, bool is_oom) noexcept {
   try {
     {
       std::lock_guard<std::mutex> lock(g_error_mutex);
-      g_last_error.assign(message);
+      last_error_text().assign(message);
     }
     if (!is_oom) {
       std::fprintf(stderr, "vram_torch: %.*s\n", static_cast<int>(message.size()), message.data());
@@ -61,11 +65,11 @@ std::string pointer_text(const void* ptr) {
 std::size_t copy_last_error(char* buffer, std::size_t size) {
   std::lock_guard<std::mutex> lock(g_error_mutex);
   if (buffer != nullptr && size > 0) {
-    const std::size_t n = std::min(size - 1, g_last_error.size());
-    std::memcpy(buffer, g_last_error.data(), n);
+    const std::size_t n = std::min(size - 1, last_error_text().size());
+    std::memcpy(buffer, last_error_text().data(), n);
     buffer[n] = '\0';
   }
-  return g_last_error.size();
+  return last_error_text().size();
 }
 
 int set_oom_throws(int throws) noexcept {

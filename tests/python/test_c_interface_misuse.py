@@ -74,7 +74,7 @@ def test_a_free_naming_another_device_changes_nothing():
 def test_a_free_with_another_size_frees_the_block_as_allocated():
     before = current()
     p = alloc(KiB)
-    free(p, 1 << 40)  # beyond any block: the recorded size is what goes back
+    free(p, 1 << 40)  # another size (1 TiB): the recorded size is what goes back
     assert "allocated with 1024" in vram_torch.last_error(), vram_torch.last_error()
     assert current() == before
     free(p, KiB)  # and it is freed once only
