@@ -64,16 +64,14 @@ bool set_output_path(const char* command, OutputFile& output, const std::string&
 // directory takes a new file. The target itself is not opened, so an existing file is left
 // as it is. False (printed) otherwise. "-" passes.
 bool can_create(const char* command, const OutputFile& output);
-// Whether `a` and `b` name one file: the same device and inode where both exist (hard
-// links, symlinks, other spellings), else the same normalized path (weakly_canonical).
-// Every output-vs-input and output-vs-output check uses it.
-bool same_file(const std::string& a, const std::string& b);
-// Whether `path` exists and is the file open as standard input (fd 0): the check for an
-// input named "-".
-bool is_standard_input(const std::string& path);
-// Checked before anything runs: no two of `outputs` (not empty, not "-") are one file
-// (same_file). False (printed, naming both) otherwise.
+// Checked before anything runs: no two of `outputs` (not empty, not "-") are one file (the
+// same device and inode, or the same normalized path). False (printed, naming both) otherwise.
 bool distinct_outputs(const char* command, std::initializer_list<const OutputFile*> outputs);
+// Checked before anything runs: no output (not empty, not "-") is one of `traces`, a trace
+// "-" being whatever file is open as standard input (a file redirected in). False (printed,
+// naming both, `read_by` after the trace's name) otherwise.
+bool outputs_spare_traces(const char* command, std::initializer_list<const OutputFile*> outputs,
+                          const std::vector<std::string>& traces, const char* read_by);
 // Writes every requested file to a temporary beside it, then renames them all ("wrote F" to
 // `human`) and finally writes the "-" ones to stdout. On a failure nothing is renamed, the
 // temporaries are removed and false is returned (printed).

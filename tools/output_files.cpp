@@ -1,7 +1,7 @@
 // Output files of `vram bench` and `vram replay` (declared in commands.hpp): the one place
 // that decides whether an output path may be written and writes it. Both commands check
 // every output with can_create, the outputs against each other with distinct_outputs and
-// against their inputs with same_file / is_standard_input, all before anything runs.
+// against their traces with outputs_spare_traces, all before anything runs.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -46,17 +46,8 @@ const char* kind_of(mode_t mode) {
   return "not a regular file";
 }
 
-}  // namespace
-
-bool set_output_path(const char* command, OutputFile& output, const std::string& value) {
-  if (value.empty()) {
-    std::fprintf(stderr, "%s: %s needs a file name, got an empty one\n", command, output.flag);
-    return false;
-  }
-  output.path = value;
-  return true;
-}
-
+// Whether `a` and `b` name one file: the same device and inode where both exist (hard
+// links, symlinks, other spellings), else the same normalized path.
 bool same_file(const std::string& a, const std::string& b) {
   std::error_code error;
   if (std::filesystem::equivalent(a, b, error) && !error) return true;
@@ -74,11 +65,23 @@ bool same_file(const std::string& a, const std::string& b) {
   return normalized(a, normalized_a) && normalized(b, normalized_b) && normalized_a == normalized_b;
 }
 
+// Whether `path` exists and is the file open as standard input (fd 0).
 bool is_standard_input(const std::string& path) {
   struct stat input {};
   struct stat target {};
   return fstat(STDIN_FILENO, &input) == 0 && stat(path.c_str(), &target) == 0 &&
          input.st_dev == target.st_dev && input.st_ino == target.st_ino;
+}
+
+}  // namespace
+
+bool set_output_path(const char* command, OutputFile& output, const std::string& value) {
+  if (value.empty()) {
+    std::fprintf(stderr, "%s: %s needs a file name, got an empty one\n", command, output.flag);
+    return false;
+  }
+  output.path = value;
+  return true;
 }
 
 bool can_create(const char* command, const OutputFile& output) {
@@ -121,6 +124,25 @@ bool distinct_outputs(const char* command, std::initializer_list<const OutputFil
                    "%s: %s file '%s' and %s file '%s' are one file: one output would replace "
                    "the other. Fix: give each its own file\n",
                    command, (*a)->flag, (*a)->path.c_str(), (*b)->flag, (*b)->path.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+bool outputs_spare_traces(const char* command, std::initializer_list<const OutputFile*> outputs,
+                          const std::vector<std::string>& traces, const char* read_by) {
+  for (const OutputFile* output : outputs) {
+    if (output->path.empty() || output->path == "-") continue;
+    for (const auto& trace : traces) {
+      if (trace == "-" ? !is_standard_input(output->path) : !same_file(output->path, trace)) {
+        continue;
+      }
+      std::fprintf(stderr,
+                   "%s: %s file '%s' is the trace '%s'%s%s: it would be overwritten. Fix: name "
+                   "another file\n",
+                   command, output->flag, output->path.c_str(), trace.c_str(),
+                   trace == "-" ? " (standard input)" : "", read_by);
       return false;
     }
   }

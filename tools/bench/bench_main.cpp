@@ -248,19 +248,10 @@ int run_bench(const std::vector<std::string>& args) {
   // The replay scenario reads its traces after the outputs' paths are fixed: none of them
   // may be an output.
   if (std::find(config.scenarios.begin(), config.scenarios.end(), "replay") !=
-      config.scenarios.end()) {
-    const auto traces = bench::replay_trace_paths();
-    for (const OutputFile* output : {&json, &svg, &markdown}) {
-      if (output->path.empty() || output->path == "-") continue;
-      for (const auto& trace : traces) {
-        if (!same_file(output->path, trace)) continue;
-        std::fprintf(stderr,
-                     "vram bench: %s file '%s' is the trace '%s' that the replay scenario "
-                     "reads: it would be overwritten. Fix: name another file\n",
-                     output->flag, output->path.c_str(), trace.c_str());
-        return kExitUsage;
-      }
-    }
+          config.scenarios.end() &&
+      !outputs_spare_traces(kCommand, {&json, &svg, &markdown}, bench::replay_trace_paths(),
+                            " that the replay scenario reads")) {
+    return kExitUsage;
   }
   // With the JSON on stdout, everything meant for a person goes to stderr.
   std::FILE* human = json.path == "-" ? stderr : stdout;

@@ -410,20 +410,8 @@ int run_replay(const std::vector<std::string>& args) {
     std::fprintf(stderr, "vram replay: --json - and --svg - both want stdout; name a file\n");
     return 2;
   }
-  // An output is never one of the traces: a trace "-" is whatever fd 0 is (a file
-  // redirected in), any other is compared by same_file.
+  if (!outputs_spare_traces(kCommand, {&json, &svg}, paths, "")) return 2;
   for (const OutputFile* output : {&json, &svg}) {
-    if (output->path.empty() || output->path == "-") continue;
-    for (const auto& path : paths) {
-      if (path == "-" ? is_standard_input(output->path) : same_file(output->path, path)) {
-        std::fprintf(stderr,
-                     "vram replay: %s file '%s' is the trace '%s'%s: it would be overwritten. "
-                     "Fix: name another file\n",
-                     output->flag, output->path.c_str(), path.c_str(),
-                     path == "-" ? " (standard input)" : "");
-        return 2;
-      }
-    }
     if (!can_create(kCommand, *output)) return 2;
   }
   if (!distinct_outputs(kCommand, {&json, &svg})) return 2;
