@@ -26,18 +26,24 @@ void wait_quietly(SleepCopier& copies) noexcept {
   }
 }
 
-// Unlinks the entries of the calling thread's stack that are no longer open.
-void prune_tag_scopes() noexcept {
+// Walks the calling thread's stack, unlinking (and releasing) the entries no longer open;
+// returns the first open entry naming the pool with uid `pool_uid`, null when none does (a
+// pool uid is never 0: 0 walks the whole stack).
+TagScopeEntry* walk_tag_scopes(std::uint64_t pool_uid) noexcept {
   TagScopeEntry** link = &tl_tag_scopes;
   while (TagScopeEntry* entry = *link) {
-    if (entry->open.load(std::memory_order_acquire)) {
-      link = &entry->below;
-    } else {
+    if (!entry->open.load(std::memory_order_acquire)) {  // ended, maybe on another thread
       *link = entry->below;
       entry->release();
+    } else if (entry->pool_uid == pool_uid) {
+      return entry;
+    } else {
+      link = &entry->below;
     }
   }
+  return nullptr;
 }
+void prune_tag_scopes() noexcept { (void)walk_tag_scopes(0); }
 
 // Releases the stack's references at thread exit (scopes still open elsewhere keep theirs).
 struct TagScopeStackRelease {
@@ -72,18 +78,8 @@ void end_tag_scope(TagScopeEntry* entry) noexcept {
 }
 
 Tag* SleepTags::scoped_tag() const noexcept {
-  TagScopeEntry** link = &tl_tag_scopes;
-  while (TagScopeEntry* entry = *link) {
-    if (!entry->open.load(std::memory_order_acquire)) {  // ended on another thread
-      *link = entry->below;
-      entry->release();
-    } else if (entry->pool_uid == pool_uid_) {
-      return tags_[entry->index - 1].load(std::memory_order_acquire);
-    } else {
-      link = &entry->below;
-    }
-  }
-  return nullptr;
+  const TagScopeEntry* entry = walk_tag_scopes(pool_uid_);
+  return entry == nullptr ? nullptr : tags_[entry->index - 1].load(std::memory_order_acquire);
 }
 
 Tag::Tag(std::string name_in, const SleepTagOptions& options_in, VirtualMemory& memory,
