@@ -62,11 +62,16 @@ VRAM_TORCH_API size_t vram_torch_block_bytes(int device, size_t size) {
 
 namespace {
 
-// A block vram_torch_alloc could not file (no host memory for the entry): back where it
-// came from, as vram_torch_free would send it with no recorded stream.
-void give_back_unfiled(DeviceState& state, void* ptr, size_t size, vram_torch_stream_t stream,
-                       bool capturing) noexcept {
-  if (capturing && state.graphs.deallocate(ptr, size, stream)) return;
+// A freed block (`bytes`: its block_bytes) on its way: to a capture's route or held back
+// for its recorded streams, else to the pool. vram_torch_free's end, and the way back of a
+// block vram_torch_alloc could not file (no host memory for the entry).
+void pass_on(DeviceState& state, void* ptr, size_t size, std::size_t bytes,
+             vram_torch_stream_t stream) noexcept {
+  if (vram_torch::graph_hooks_installed() && state.graphs.active()) {
+    if (state.route_or_hold_back(ptr, size, bytes, stream)) return;
+  } else if (state.streams.hold_back(ptr, size, bytes, stream)) {
+    return;  // the pool gets it later
+  }
   state.pool.deallocate_async(ptr, size, stream);
 }
 
@@ -107,7 +112,7 @@ VRAM_TORCH_API void* vram_torch_alloc(size_t size, int device, vram_torch_stream
     } catch (const std::bad_alloc& e) {
       // The host ran out: for the pool's bookkeeping (nothing handed out), or for the
       // block's entry (the block goes back).
-      if (ptr != nullptr) give_back_unfiled(*state, ptr, size, stream, capturing);
+      if (ptr != nullptr) pass_on(*state, ptr, size, state->pool.block_bytes(size), stream);
       state->counters.ooms.fetch_add(1, std::memory_order_relaxed);
       note_error(e.what(), true);
       return vram_torch::out_of_memory(e.what());
@@ -156,12 +161,7 @@ VRAM_TORCH_API void vram_torch_free(void* ptr, size_t size, int device,
   }
   const std::size_t bytes = state->pool.block_bytes(size);
   state->counters.count_free(bytes, size);
-  if (vram_torch::graph_hooks_installed() && state->graphs.active()) {
-    if (state->route_or_hold_back(ptr, size, bytes, stream)) return;
-  } else if (state->streams.hold_back(ptr, size, bytes, stream)) {
-    return;  // the pool gets it later
-  }
-  state->pool.deallocate_async(ptr, size, stream);
+  pass_on(*state, ptr, size, bytes, stream);
 }
 
 VRAM_TORCH_API void vram_torch_record_stream(void* ptr, vram_torch_stream_t stream) {
